@@ -1,0 +1,25 @@
+#include "base/tensor_view.h"
+
+namespace pulseloco {
+
+std::string_view dtype_name(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::float32:
+      return "float32";
+    case DType::bfloat16:
+      return "bfloat16";
+  }
+  return "unknown";
+}
+
+std::string_view device_kind_name(DeviceKind kind) noexcept {
+  switch (kind) {
+    case DeviceKind::cpu:
+      return "cpu";
+    case DeviceKind::cuda:
+      return "cuda";
+  }
+  return "unknown";
+}
+
+}  // namespace pulseloco

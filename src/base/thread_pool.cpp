@@ -1,0 +1,90 @@
+#include "base/thread_pool.h"
+
+#include <atomic>
+#include <exception>
+#include <limits>
+#include <memory>
+
+namespace pulseloco {
+
+ThreadPool::ThreadPool(std::size_t threads) {
+  if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  workers_.reserve(threads - 1);
+  for (std::size_t i = 1; i < threads; ++i)
+    workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  workers_.clear();  // joins
+}
+
+void ThreadPool::worker_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+std::future<void> ThreadPool::submit(std::function<void()> fn) {
+  auto task = std::make_shared<std::packaged_task<void()>>(std::move(fn));
+  std::future<void> result = task->get_future();
+  if (workers_.empty()) {
+    (*task)();
+    return result;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    queue_.emplace_back([task] { (*task)(); });
+  }
+  wake_.notify_one();
+  return result;
+}
+
+void ThreadPool::parallel_for(std::size_t count, const std::function<void(std::size_t)>& fn) {
+  if (count == 0) return;
+
+  struct Shared {
+    std::atomic<std::size_t> next{0};
+    std::mutex error_mutex;
+    std::size_t error_index = std::numeric_limits<std::size_t>::max();
+    std::exception_ptr error;
+  };
+  auto shared = std::make_shared<Shared>();
+  auto drain = [shared, count, &fn] {
+    for (std::size_t i = shared->next.fetch_add(1); i < count; i = shared->next.fetch_add(1)) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard lock(shared->error_mutex);
+        if (i < shared->error_index) {
+          shared->error_index = i;
+          shared->error = std::current_exception();
+        }
+      }
+    }
+  };
+
+  const std::size_t helpers = std::min(workers_.size(), count - 1);
+  std::vector<std::future<void>> pending;
+  pending.reserve(helpers);
+  for (std::size_t h = 0; h < helpers; ++h)
+    pending.push_back(submit(drain));
+  drain();
+  for (auto& p : pending)
+    p.get();
+  if (shared->error) std::rethrow_exception(shared->error);
+}
+
+}  // namespace pulseloco

@@ -1,0 +1,30 @@
+// `pulseloco`: the command-line tool (build information, message inspection, trace replay).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+
+#include "base/build_config.h"
+#include "base/errors.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"pulseloco " PULSELOCO_VERSION_STRING
+               ": sparse, bit-identical DiLoCo-style synchronisation",
+               "pulseloco"};
+  app.set_version_flag("--version", PULSELOCO_VERSION_STRING);
+  app.require_subcommand(1);
+  pulseloco::cli::add_info_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const pulseloco::Error& e) {
+    std::fprintf(stderr, "pulseloco: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pulseloco: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

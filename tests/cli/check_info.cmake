@@ -1,0 +1,45 @@
+# Runs `pulseloco info --json` and compares it with what CMake detected at configure time.
+execute_process(COMMAND ${PULSELOCO} info --json
+  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pulseloco info --json exited with ${rc}: ${err}")
+endif()
+
+string(JSON version GET "${out}" version)
+if(NOT version STREQUAL EXPECT_VERSION)
+  message(FATAL_ERROR "version is '${version}', expected '${EXPECT_VERSION}'")
+endif()
+
+foreach(feature cuda nccl mpi torch)
+  string(TOUPPER ${feature} upper)
+  string(JSON reported GET "${out}" features ${feature})
+  # string(JSON) renders JSON booleans as ON/OFF.
+  if(EXPECT_${upper})
+    set(expected ON)
+  else()
+    set(expected OFF)
+  endif()
+  if(NOT reported STREQUAL expected)
+    message(FATAL_ERROR "feature ${feature}: info says ${reported}, configure found ${expected}")
+  endif()
+endforeach()
+
+if(EXPECT_TORCH)
+  string(JSON torch_version GET "${out}" versions torch)
+  if(NOT torch_version STREQUAL EXPECT_TORCH_VERSION)
+    message(FATAL_ERROR "torch version '${torch_version}' != '${EXPECT_TORCH_VERSION}'")
+  endif()
+endif()
+if(EXPECT_NCCL)
+  string(JSON nccl_version GET "${out}" versions nccl)
+  if(NOT nccl_version STREQUAL EXPECT_NCCL_VERSION)
+    message(FATAL_ERROR "nccl version '${nccl_version}' != '${EXPECT_NCCL_VERSION}'")
+  endif()
+endif()
+
+# The human-readable form must work too.
+execute_process(COMMAND ${PULSELOCO} info RESULT_VARIABLE rc OUTPUT_VARIABLE text)
+if(NOT rc EQUAL 0 OR NOT text MATCHES "pulseloco ${EXPECT_VERSION}")
+  message(FATAL_ERROR "pulseloco info failed (${rc}): ${text}")
+endif()
+message(STATUS "info --json agrees with the configure step: ${out}")

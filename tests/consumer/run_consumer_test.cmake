@@ -1,0 +1,28 @@
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    string(REPLACE ";" " " command "${ARGN}")
+    message(FATAL_ERROR "'${command}' failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install ${PULSELOCO_BUILD_DIR} --prefix ${prefix})
+set(configure_args -S ${PROJECT_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
+  -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
+  -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+if(CUDA_COMPILER)
+  get_filename_component(cuda_bin ${CUDA_COMPILER} DIRECTORY)
+  get_filename_component(cuda_root ${cuda_bin} DIRECTORY)
+  list(APPEND configure_args -DCUDAToolkit_ROOT=${cuda_root})
+endif()
+run(${CMAKE_COMMAND} ${configure_args})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${WORK_DIR}/build/pulseloco_consumer)
+if(NOT last_output MATCHES "consumer ok")
+  message(FATAL_ERROR "unexpected consumer output: ${last_output}")
+endif()
+message(STATUS "${last_output}")
