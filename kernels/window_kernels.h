@@ -1,0 +1,83 @@
+// The window kernels on the CPU: pure functions over raw buffers for one chunk of one tensor.
+//
+// Semantics: ../docs/algorithm.md steps 1-9 (the gate, the residual commit, the aggregate, the
+// Nesterov outer step and the reset). All arithmetic is fp32 with round-to-nearest-even; the only
+// fused operations are the two std::fma of step 8. Every function here is deterministic: the
+// same inputs give the same bits on every machine, with either CPU ISA, and on CUDA
+// (kernels/cuda/window_kernels_cuda.h implements the same contract for device buffers).
+//
+// Threading: each call handles one chunk on the calling thread. Callers parallelise across
+// chunks (the engine does, with base/thread_pool.h); the chunk size bounds all temporary memory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "base/cpu_features.h"
+#include "base/tensor_view.h"
+
+namespace pulseloco::kernels {
+
+// Offsets inside a chunk are uint32, so a chunk holds at most 2^31 elements.
+inline constexpr std::uint64_t kMaxChunkElements = std::uint64_t{1} << 31;
+
+// The state of one chunk as the gate and the residual commit read it.
+struct GateChunk {
+  const float* global = nullptr;    // θ_g, fp32
+  const void* local = nullptr;      // θ_l, fp32 or bf16 (local_dtype)
+  DType local_dtype = DType::float32;
+  const float* residual = nullptr;  // e, fp32
+  std::uint64_t count = 0;          // elements; at most kMaxChunkElements
+};
+
+struct GateResult {
+  std::uint64_t fired = 0;  // entries written to the output
+  // Lowest offset whose s = e + Δ is NaN or infinite. When set, the run has diverged: `fired`
+  // is 0 and the output holds nothing valid. The caller reports tensor, index and rank.
+  std::optional<std::uint64_t> non_finite_offset;
+};
+
+// Steps 1-5 for one chunk. Writes every fired element as (offset, s), offsets ascending, into
+// `out_offsets` / `out_values` (each with room for `chunk.count` entries). Mutates no state.
+[[nodiscard]] GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values,
+                              CpuIsa isa = active_cpu_isa());
+
+// Step 5's state change, once the exchange has succeeded: e = fire ? 0 : s, where s and fire
+// are recomputed exactly as gate() computed them (θ_l must not have been reset yet).
+void commit_residual(const GateChunk& chunk, float* residual_out, CpuIsa isa = active_cpu_isa());
+
+// One rank's entries for one chunk (offsets strictly ascending, each < chunk count).
+struct SparseEntries {
+  std::span<const std::uint32_t> offsets;
+  std::span<const float> values;
+};
+
+// Step 7 for one chunk: g = +0 everywhere; for each rank in order, g[offset] += value; then
+// g = g / R (a true division) with R = ranks_in_order.size(). `g` has `count` elements.
+void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uint64_t count,
+               CpuIsa isa = active_cpu_isa());
+
+struct OuterStepParams {
+  float lr = 0.7f;        // η
+  float momentum = 0.9f;  // μ
+  bool first_step = false;  // m = g on the first outer step, m = μ·m + g afterwards
+};
+
+// Steps 8 and 9 for one chunk: updates m and θ_g from g (PyTorch SGD Nesterov roundings),
+// then writes θ_l = cast_local(θ_g).
+void outer_step(float* global, float* momentum, const float* g, void* local, DType local_dtype,
+                std::uint64_t count, const OuterStepParams& params, CpuIsa isa = active_cpu_isa());
+
+// Step 9 alone: θ_l = cast_local(θ_g) (start-up, resume, DDP broadcast).
+void reset_local(const float* global, void* local, DType local_dtype, std::uint64_t count,
+                 CpuIsa isa = active_cpu_isa());
+
+// Dense baselines (DiLoCo): Δ = float(cast_local(θ_g)) − float(θ_l), step 1 for every element.
+void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
+                     std::uint64_t count, CpuIsa isa = active_cpu_isa());
+
+// values[i] = values[i] / divisor, a true fp32 division (dense averages).
+void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa = active_cpu_isa());
+
+}  // namespace pulseloco::kernels

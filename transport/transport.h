@@ -1,0 +1,86 @@
+// The transport interface: tagged point-to-point byte messages between the ranks of one group,
+// non-blocking with deadlines, in the manner of NCCL's net plugins. One folder per backend
+// (tcp/, mpi/, nccl/) implements it with the same file set. A transport knows nothing of
+// tensors, windows or collectives.
+//
+// Failure semantics: every wait has a deadline. A dead, stalled or misbehaving peer turns into
+// TimeoutError, PeerLostError or ProtocolError naming that peer; abort() makes every pending and
+// future operation fail promptly. Nothing partial is ever reported as success.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "base/tensor_view.h"
+
+namespace pulseloco::transport {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+using Tag = std::uint64_t;
+
+[[nodiscard]] inline Deadline deadline_after(std::chrono::milliseconds timeout) {
+  return Clock::now() + timeout;
+}
+
+// Bytes this transport moved since it was created. "payload" counts what callers handed to
+// isend/received through irecv; "wire" adds every framing, header and handshake byte.
+struct TransportStats {
+  std::uint64_t payload_bytes_sent = 0;
+  std::uint64_t payload_bytes_received = 0;
+  std::uint64_t wire_bytes_sent = 0;
+  std::uint64_t wire_bytes_received = 0;
+  std::uint64_t messages_sent = 0;
+  std::uint64_t messages_received = 0;
+};
+
+// An operation in flight. Destroying an unfinished request cancels interest in it; the buffer
+// may then be reused only after the transport is aborted or destroyed.
+class Request {
+ public:
+  virtual ~Request() = default;
+  // True once complete; throws the operation's error if it failed.
+  [[nodiscard]] virtual bool test() = 0;
+  // Blocks until complete; throws TimeoutError once `deadline` passes (naming the peer), or the
+  // operation's error.
+  virtual void wait(Deadline deadline) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  [[nodiscard]] virtual int rank() const noexcept = 0;
+  [[nodiscard]] virtual int size() const noexcept = 0;
+  [[nodiscard]] virtual std::string_view backend() const noexcept = 0;  // "tcp", "mpi", "nccl"
+  // Where message buffers must live (the CPU, or the GPU for NCCL).
+  [[nodiscard]] virtual Device buffer_device() const noexcept { return Device{}; }
+
+  // Sends `data` to `peer` under `tag`. The buffer must stay valid and unchanged until done.
+  [[nodiscard]] virtual std::unique_ptr<Request> isend(int peer, Tag tag,
+                                                       std::span<const std::byte> data) = 0;
+  // Receives the message `peer` sent under `tag` into `data`; the message must be exactly
+  // data.size() bytes (else ProtocolError). Messages with equal (peer, tag) arrive in order.
+  [[nodiscard]] virtual std::unique_ptr<Request> irecv(int peer, Tag tag,
+                                                       std::span<std::byte> data) = 0;
+
+  // Fails every pending and future operation with PeerLostError("aborted: <reason>").
+  virtual void abort(std::string_view reason) noexcept = 0;
+
+  [[nodiscard]] virtual TransportStats stats() const = 0;
+
+  // Blocking helpers.
+  void send(int peer, Tag tag, std::span<const std::byte> data, Deadline deadline) {
+    isend(peer, tag, data)->wait(deadline);
+  }
+  void recv(int peer, Tag tag, std::span<std::byte> data, Deadline deadline) {
+    irecv(peer, tag, data)->wait(deadline);
+  }
+};
+
+}  // namespace pulseloco::transport
