@@ -24,8 +24,8 @@ inline constexpr std::uint64_t kMaxChunkElements = std::uint64_t{1} << 31;
 
 // The state of one chunk as the gate and the residual commit read it.
 struct GateChunk {
-  const float* global = nullptr;    // θ_g, fp32
-  const void* local = nullptr;      // θ_l, fp32 or bf16 (local_dtype)
+  const float* global = nullptr;  // θ_g, fp32
+  const void* local = nullptr;    // θ_l, fp32 or bf16 (local_dtype)
   DType local_dtype = DType::float32;
   const float* residual = nullptr;  // e, fp32
   std::uint64_t count = 0;          // elements; at most kMaxChunkElements
@@ -59,8 +59,8 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
                CpuIsa isa = active_cpu_isa());
 
 struct OuterStepParams {
-  float lr = 0.7f;        // η
-  float momentum = 0.9f;  // μ
+  float lr = 0.7f;          // η
+  float momentum = 0.9f;    // μ
   bool first_step = false;  // m = g on the first outer step, m = μ·m + g afterwards
 };
 

@@ -44,46 +44,57 @@ std::future<void> ThreadPool::submit(std::function<void()> fn) {
     (*task)();
     return result;
   }
+  enqueue([task] { (*task)(); });
+  return result;
+}
+
+void ThreadPool::enqueue(std::function<void()> task) {
   {
     std::lock_guard lock(mutex_);
-    queue_.emplace_back([task] { (*task)(); });
+    queue_.push_back(std::move(task));
   }
   wake_.notify_one();
-  return result;
 }
 
 void ThreadPool::parallel_for(std::size_t count, const std::function<void(std::size_t)>& fn) {
   if (count == 0) return;
 
+  // Completion is counted per index, not per helper: the caller drains indices itself, so the
+  // call finishes even when every worker is busy (e.g. a parallel_for nested in a pool task).
+  // Helpers that start late find no index left and return without touching `fn`.
   struct Shared {
     std::atomic<std::size_t> next{0};
-    std::mutex error_mutex;
+    std::size_t completed = 0;  // guarded by mutex
+    std::mutex mutex;
+    std::condition_variable all_done;
     std::size_t error_index = std::numeric_limits<std::size_t>::max();
     std::exception_ptr error;
   };
   auto shared = std::make_shared<Shared>();
-  auto drain = [shared, count, &fn] {
+  const std::function<void(std::size_t)>* body = &fn;
+  auto drain = [shared, count, body] {
     for (std::size_t i = shared->next.fetch_add(1); i < count; i = shared->next.fetch_add(1)) {
+      std::exception_ptr error;
       try {
-        fn(i);
+        (*body)(i);
       } catch (...) {
-        std::lock_guard lock(shared->error_mutex);
-        if (i < shared->error_index) {
-          shared->error_index = i;
-          shared->error = std::current_exception();
-        }
+        error = std::current_exception();
       }
+      std::lock_guard lock(shared->mutex);
+      if (error && i < shared->error_index) {
+        shared->error_index = i;
+        shared->error = error;
+      }
+      if (++shared->completed == count) shared->all_done.notify_all();
     }
   };
 
   const std::size_t helpers = std::min(workers_.size(), count - 1);
-  std::vector<std::future<void>> pending;
-  pending.reserve(helpers);
   for (std::size_t h = 0; h < helpers; ++h)
-    pending.push_back(submit(drain));
+    enqueue(drain);
   drain();
-  for (auto& p : pending)
-    p.get();
+  std::unique_lock lock(shared->mutex);
+  shared->all_done.wait(lock, [&] { return shared->completed == count; });
   if (shared->error) std::rethrow_exception(shared->error);
 }
 

@@ -25,7 +25,8 @@ class ThreadPool {
 
   // Runs fn(i) for every i in [0, count) on the pool and the calling thread, and returns when all
   // have finished. If some calls throw, the exception of the lowest index is rethrown (so errors
-  // are reported deterministically, whatever the scheduling).
+  // are reported deterministically, whatever the scheduling). May be nested: a task running on
+  // the pool can call parallel_for without risk of deadlock.
   void parallel_for(std::size_t count, const std::function<void(std::size_t)>& fn);
 
   // Runs fn on a pool thread (or inline when the pool has no workers).
@@ -33,6 +34,7 @@ class ThreadPool {
 
  private:
   void worker_loop();
+  void enqueue(std::function<void()> task);
 
   std::vector<std::jthread> workers_;
   std::mutex mutex_;

@@ -47,3 +47,18 @@ INSTANTIATE_TEST_SUITE_P(Threads, ThreadPoolSizes, ::testing::Values(1, 2, 4));
 
 }  // namespace
 }  // namespace pulseloco
+
+namespace pulseloco {
+namespace {
+
+TEST(ThreadPoolNesting, NestedParallelForDoesNotDeadlock) {
+  ThreadPool pool(2);
+  std::atomic<int> total{0};
+  // Every worker is busy in an outer task that itself calls parallel_for.
+  pool.parallel_for(
+      8, [&](std::size_t) { pool.parallel_for(100, [&](std::size_t) { total.fetch_add(1); }); });
+  EXPECT_EQ(total.load(), 800);
+}
+
+}  // namespace
+}  // namespace pulseloco

@@ -1,0 +1,136 @@
+#include "engine/options.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "base/bf16.h"
+#include "base/digest.h"
+#include "base/errors.h"
+
+namespace pulseloco {
+
+std::string_view mode_name(Mode mode) noexcept {
+  switch (mode) {
+    case Mode::pulse:
+      return "pulse";
+    case Mode::diloco:
+      return "diloco";
+    case Mode::ddp:
+      return "ddp";
+  }
+  return "unknown";
+}
+
+Mode parse_mode(std::string_view name) {
+  if (name == "pulse") return Mode::pulse;
+  if (name == "diloco") return Mode::diloco;
+  if (name == "ddp") return Mode::ddp;
+  throw InvalidArgument("mode '" + std::string(name) + "' is not one of pulse, diloco, ddp");
+}
+
+namespace {
+
+std::string_view algorithm_name(collectives::AllGatherAlgorithm algorithm) {
+  switch (algorithm) {
+    case collectives::AllGatherAlgorithm::automatic:
+      return "auto";
+    case collectives::AllGatherAlgorithm::ring:
+      return "ring";
+    case collectives::AllGatherAlgorithm::direct:
+      return "direct";
+  }
+  return "auto";
+}
+
+collectives::AllGatherAlgorithm parse_algorithm(std::string_view name) {
+  if (name == "auto") return collectives::AllGatherAlgorithm::automatic;
+  if (name == "ring") return collectives::AllGatherAlgorithm::ring;
+  if (name == "direct") return collectives::AllGatherAlgorithm::direct;
+  throw InvalidArgument("all-gather algorithm '" + std::string(name) +
+                        "' is not one of auto, ring, direct");
+}
+
+codec::Encoding parse_encoding(std::string_view name) {
+  for (auto encoding :
+       {codec::Encoding::pulse, codec::Encoding::plain_i64_f32, codec::Encoding::plain_i32_f32}) {
+    if (codec::encoding_name(encoding) == name) return encoding;
+  }
+  throw InvalidArgument("encoding '" + std::string(name) + "' is unknown");
+}
+
+}  // namespace
+
+void EngineOptions::validate() const {
+  if (steps_per_window < 1) throw InvalidArgument("steps_per_window (H) must be at least 1");
+  if (!std::isfinite(outer_lr) || outer_lr <= 0.0f) {
+    throw InvalidArgument("outer_lr must be finite and positive");
+  }
+  if (!std::isfinite(outer_momentum) || outer_momentum < 0.0f || outer_momentum >= 1.0f) {
+    throw InvalidArgument("outer_momentum must be finite and in [0, 1)");
+  }
+  if (chunk_elements < 1024 || chunk_elements > (std::uint64_t{1} << 31)) {
+    throw InvalidArgument("chunk_elements must be in [1024, 2^31]");
+  }
+  if (bucket_elements < 1024 || bucket_elements > (std::uint64_t{1} << 31)) {
+    throw InvalidArgument("bucket_elements must be in [1024, 2^31]");
+  }
+  if (codec.zstd_level < 0 || codec.zstd_level > 22) {
+    throw InvalidArgument("codec level must be in [0, 22] (0 = default)");
+  }
+  if (timeout.count() <= 0) throw InvalidArgument("timeout must be positive");
+}
+
+nlohmann::json to_json(const EngineOptions& options) {
+  // Floats are stored both as decimal (readable) and as raw bits (exact).
+  return nlohmann::json{
+      {"mode", mode_name(options.mode)},
+      {"steps_per_window", options.steps_per_window},
+      {"outer_lr", options.outer_lr},
+      {"outer_lr_bits", float_to_bits(options.outer_lr)},
+      {"outer_momentum", options.outer_momentum},
+      {"outer_momentum_bits", float_to_bits(options.outer_momentum)},
+      {"chunk_elements", options.chunk_elements},
+      {"bucket_elements", options.bucket_elements},
+      {"threads", options.threads},
+      {"encoding", codec::encoding_name(options.codec.encoding)},
+      {"codec_level", options.codec.zstd_level},
+      {"timeout_ms", options.timeout.count()},
+      {"allgather", algorithm_name(options.allgather)},
+      {"verify_digests", options.verify_digests},
+      {"trace_dir", options.trace_dir},
+  };
+}
+
+EngineOptions options_from_json(const nlohmann::json& json) {
+  try {
+    EngineOptions options;
+    options.mode = parse_mode(json.at("mode").get<std::string>());
+    options.steps_per_window = json.at("steps_per_window").get<std::uint32_t>();
+    options.outer_lr = bits_to_float(json.at("outer_lr_bits").get<std::uint32_t>());
+    options.outer_momentum = bits_to_float(json.at("outer_momentum_bits").get<std::uint32_t>());
+    options.chunk_elements = json.at("chunk_elements").get<std::uint64_t>();
+    options.bucket_elements = json.at("bucket_elements").get<std::uint64_t>();
+    options.threads = json.at("threads").get<std::uint32_t>();
+    options.codec.encoding = parse_encoding(json.at("encoding").get<std::string>());
+    options.codec.zstd_level = json.at("codec_level").get<int>();
+    options.timeout = std::chrono::milliseconds(json.at("timeout_ms").get<std::int64_t>());
+    options.allgather = parse_algorithm(json.at("allgather").get<std::string>());
+    options.verify_digests = json.at("verify_digests").get<bool>();
+    options.trace_dir = json.at("trace_dir").get<std::string>();
+    options.validate();
+    return options;
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(std::string("options JSON: ") + e.what());
+  }
+}
+
+std::uint64_t shared_options_digest(const EngineOptions& options) {
+  nlohmann::json shared = to_json(options);
+  shared.erase("threads");
+  shared.erase("trace_dir");
+  shared.erase("timeout_ms");
+  const std::string text = shared.dump();
+  return digest_bytes(std::as_bytes(std::span(text.data(), text.size())));
+}
+
+}  // namespace pulseloco

@@ -1,0 +1,55 @@
+// Everything that configures a synchronisation run, validated before use and checked to be
+// identical on every rank at start-up (the canonical JSON form is hashed and all-gathered).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "codec/message.h"
+#include "collectives/collectives.h"
+
+namespace pulseloco {
+
+enum class Mode : std::uint8_t {
+  pulse,   // PULSELoCo: sparse bf16-visible pseudo-gradient, error feedback, outer Nesterov step
+  diloco,  // DiLoCo: dense all-reduce of the fp32 pseudo-gradient, same outer step
+  ddp,     // data parallel: gradients all-reduced after every backward pass, no outer step
+};
+
+[[nodiscard]] std::string_view mode_name(Mode mode) noexcept;
+[[nodiscard]] Mode parse_mode(std::string_view name);  // throws InvalidArgument
+
+struct EngineOptions {
+  Mode mode = Mode::pulse;
+  std::uint32_t steps_per_window = 8;  // H: inner optimizer steps between windows (>= 1)
+  float outer_lr = 0.7f;               // η of the outer Nesterov step
+  float outer_momentum = 0.9f;         // μ
+  // Elements per chunk: the unit of gating, encoding (one frame), aggregation and parallelism.
+  // It bounds the engine's temporary memory (a few chunk-sized buffers per thread).
+  std::uint64_t chunk_elements = std::uint64_t{1} << 20;
+  // Elements per dense all-reduce bucket (diloco and ddp modes).
+  std::uint64_t bucket_elements = std::uint64_t{1} << 24;
+  std::uint32_t threads = 0;  // worker threads for gate/encode/decode/apply; 0 = all cores
+  codec::EncodeOptions codec{};
+  std::chrono::milliseconds timeout{60'000};  // every collective's deadline
+  collectives::AllGatherAlgorithm allgather = collectives::AllGatherAlgorithm::automatic;
+  bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
+  std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)
+
+  // Throws InvalidArgument naming the first option that is out of range.
+  void validate() const;
+};
+
+// Canonical JSON (stable key order, exact float bits) used for hashing and checkpoints.
+[[nodiscard]] nlohmann::json to_json(const EngineOptions& options);
+[[nodiscard]] EngineOptions options_from_json(
+    const nlohmann::json& json);  // throws InvalidArgument
+
+// The options that must agree on every rank (everything but local paths and thread counts).
+[[nodiscard]] std::uint64_t shared_options_digest(const EngineOptions& options);
+
+}  // namespace pulseloco

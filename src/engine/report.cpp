@@ -1,0 +1,65 @@
+#include "engine/report.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+namespace pulseloco {
+
+nlohmann::json to_json(const WindowReport& report) {
+  nlohmann::json digests = nlohmann::json::array();
+  for (Digest d : report.rank_digests)
+    digests.push_back(digest_hex(d));
+  return nlohmann::json{
+      {"window", report.window},
+      {"mode", mode_name(report.mode)},
+      {"rank", report.rank},
+      {"world_size", report.world_size},
+      {"parameters", report.parameters},
+      {"steps_per_window", report.steps_per_window},
+      {"entries", report.entries_sent},
+      {"density", report.density},
+      {"payload_bytes", report.payload_bytes},
+      {"received_bytes", report.received_bytes},
+      {"wire_bytes_sent", report.wire_bytes_sent},
+      {"wire_bytes_received", report.wire_bytes_received},
+      {"diloco_bytes", report.diloco_bytes},
+      {"ddp_bytes", report.ddp_bytes},
+      {"seconds",
+       {{"gate", report.seconds.gate},
+        {"exchange", report.seconds.exchange},
+        {"apply", report.seconds.apply},
+        {"verify", report.seconds.verify},
+        {"total", report.seconds.total}}},
+      {"digest", digest_hex(report.digest)},
+      {"digests", digests},
+      {"replicas_identical", report.replicas_identical},
+  };
+}
+
+std::string human_bytes(double bytes) {
+  if (bytes < 1e3) return fmt::format("{:.0f} B", bytes);
+  if (bytes < 1e6) return fmt::format("{:.1f} kB", bytes / 1e3);
+  if (bytes < 1e9) return fmt::format("{:.2f} MB", bytes / 1e6);
+  return fmt::format("{:.2f} GB", bytes / 1e9);
+}
+
+std::string summary_line(const WindowReport& report) {
+  const double payload = static_cast<double>(report.payload_bytes);
+  const double vs_diloco = payload > 0 ? static_cast<double>(report.diloco_bytes) / payload : 0;
+  const double vs_ddp = payload > 0 ? static_cast<double>(report.ddp_bytes) / payload : 0;
+  return fmt::format(
+      "window {} {}: density {:.3f}%, payload {} (DiLoCo {} = {:.1f}x, DDP {} = {:.1f}x), "
+      "received {}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f}, apply {:.3f}, "
+      "verify {:.3f}), digest {}{}",
+      report.window, mode_name(report.mode), 100.0 * report.density, human_bytes(payload),
+      human_bytes(static_cast<double>(report.diloco_bytes)), vs_diloco,
+      human_bytes(static_cast<double>(report.ddp_bytes)), vs_ddp,
+      human_bytes(static_cast<double>(report.received_bytes)),
+      human_bytes(static_cast<double>(report.wire_bytes_sent)),
+      human_bytes(static_cast<double>(report.wire_bytes_received)), report.seconds.total,
+      report.seconds.gate, report.seconds.exchange, report.seconds.apply, report.seconds.verify,
+      digest_hex(report.digest), report.replicas_identical ? "" : " REPLICAS DIFFER");
+}
+
+}  // namespace pulseloco

@@ -1,0 +1,55 @@
+// What one window did: returned to the caller and logged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "base/digest.h"
+#include "engine/options.h"
+
+namespace pulseloco {
+
+// Seconds spent in each phase of the window on this rank.
+struct PhaseSeconds {
+  double gate = 0;      // gate + encode (pulse) or pseudo-gradient (diloco)
+  double exchange = 0;  // the collective(s), decoding that overlaps them included
+  double apply = 0;     // decode + aggregate + residual commit + outer step + reset
+  double verify = 0;    // digests of θ_g and m, and their all-gather
+  double total = 0;
+};
+
+struct WindowReport {
+  std::uint64_t window = 0;  // index of the window that just committed (0-based)
+  Mode mode = Mode::pulse;
+  int rank = 0;
+  int world_size = 1;
+  std::uint64_t parameters = 0;        // elements in the model
+  std::uint64_t steps_per_window = 0;  // H
+
+  std::uint64_t entries_sent = 0;         // elements this rank sent (pulse), parameters otherwise
+  double density = 0;                     // entries_sent / parameters
+  std::uint64_t payload_bytes = 0;        // this rank's own contribution (encoded message)
+  std::uint64_t received_bytes = 0;       // payload bytes received from the other ranks
+  std::uint64_t wire_bytes_sent = 0;      // what the transport put on the wire, framing included
+  std::uint64_t wire_bytes_received = 0;  // what the transport took off the wire
+  std::uint64_t diloco_bytes = 0;         // dense DiLoCo payload: 4 B x parameters
+  std::uint64_t ddp_bytes = 0;            // dense DDP payload: H x 4 B x parameters
+
+  PhaseSeconds seconds;
+  Digest digest = 0;                 // combined digest of θ_g and m (ddp: of the weights)
+  std::vector<Digest> rank_digests;  // every rank's digest (empty if verification is off)
+  bool replicas_identical = true;
+};
+
+[[nodiscard]] nlohmann::json to_json(const WindowReport& report);
+
+// One log line: "window 3 pulse: density 1.23%, 1.2 MB sent (DiLoCo 40.0 MB = 33.3x), ...".
+[[nodiscard]] std::string summary_line(const WindowReport& report);
+
+// "1.23 MB", "512 B": decimal units, as network links are rated.
+[[nodiscard]] std::string human_bytes(double bytes);
+
+}  // namespace pulseloco
