@@ -15,7 +15,7 @@ install(TARGETS pulseloco_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # Headers keep their layout under include/pulseloco/: "base/errors.h", "kernels/...", and the
 # public API header <pulseloco/pulseloco.h>.
-foreach(dir src/base src/codec src/engine src/torch_adapter kernels transport collectives)
+foreach(dir src/base src/codec src/io src/engine src/torch_adapter kernels transport collectives)
   if(EXISTS ${PROJECT_SOURCE_DIR}/${dir})
     get_filename_component(name ${dir} NAME)
     install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/
