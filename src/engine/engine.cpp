@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "engine/engine_impl.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,646 +31,581 @@ double seconds_since(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-// Gate output of one chunk.
-struct GateScratch {
-  std::vector<std::uint32_t> offsets;
-  std::vector<float> values;
-};
-
-// Decoded entries of every rank for one chunk, plus the chunk's aggregate.
-struct ApplyScratch {
-  std::vector<std::uint32_t> offsets;
-  std::vector<float> values;
-  std::vector<float> aggregate;
-  codec::DecodeScratch decode;
-};
-
-// Validation decodes into throw-away buffers.
-struct ValidateScratch {
-  std::vector<std::uint32_t> offsets;
-  std::vector<float> values;
-  codec::DecodeScratch decode;
-};
-
-// Dense all-reduce staging for one bucket.
-struct BucketScratch {
-  std::vector<float> input;
-  std::vector<float> output;
-};
-
 // Tags: every collective of the engine gets its own range, in the same order on every rank.
 constexpr int kTagShift = 24;
 
 }  // namespace
 
-struct Engine::Impl {
-  struct TensorState {
-    TensorView local;             // θ_l: the user's tensor
-    std::vector<float> global;    // θ_g
-    std::vector<float> momentum;  // m
-    // pulse: the residual e. diloco: the window's averaged pseudo-gradient (no residual there).
-    std::vector<float> residual;
+using namespace engine_detail;
+
+collectives::CollectiveOptions Engine::Impl::next_collective() {
+  collectives::CollectiveOptions c;
+  c.timeout = options.timeout;
+  c.algorithm = options.allgather;
+  c.tag = (++tag_sequence) << kTagShift;
+  return c;
+}
+
+void Engine::Impl::check_agreement(std::uint64_t mine, const char* what) {
+  const auto all = collectives::allgather_u64(*transport, mine, next_collective());
+  std::vector<int> differing;
+  for (int r = 0; r < world; ++r) {
+    if (all[static_cast<std::size_t>(r)] != all[0]) differing.push_back(r);
+  }
+  if (!differing.empty()) {
+    throw InvalidArgument(fmt::format("{} differ from rank 0's on these ranks", what),
+                          {.rank = rank, .ranks = differing});
+  }
+}
+
+void Engine::Impl::broadcast_initial_weights() {
+  // Rank 0's θ_l becomes everyone's θ_l, bucket by bucket, in the local dtype's bytes.
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    TensorView& local = tensors[t].local;
+    auto* bytes = static_cast<std::byte*>(local.data);
+    const std::size_t element = dtype_size(local.dtype);
+    const std::uint64_t step = options.bucket_elements;
+    for (std::uint64_t begin = 0; begin < local.numel; begin += step) {
+      const std::uint64_t count = std::min(step, local.numel - begin);
+      collectives::broadcast(*transport, 0, std::span(bytes + begin * element, count * element),
+                             next_collective());
+    }
+  }
+  if (options.mode == Mode::ddp) return;  // ddp keeps no global state
+  // θ_g = float(θ_l); θ_l = cast_local(θ_g) is then the identity.
+  pool.parallel_for(layout.chunks().size(), [&](std::size_t c) {
+    const ChunkRef& chunk = layout.chunks()[c];
+    TensorState& state = tensors[chunk.tensor];
+    float* global = state.global.data() + chunk.begin;
+    if (state.local.dtype == DType::float32) {
+      std::memcpy(global, static_cast<const float*>(state.local.data) + chunk.begin,
+                  chunk.length * sizeof(float));
+    } else {
+      bf16_to_float(std::span(static_cast<const std::uint16_t*>(state.local.data) + chunk.begin,
+                              chunk.length),
+                    std::span(global, chunk.length));
+    }
+  });
+}
+
+void Engine::Impl::start(std::vector<NamedTensor> parameters) {
+  options.validate();
+  if (!transport) throw InvalidArgument("the engine needs a transport");
+  rank = transport->rank();
+  world = transport->size();
+  std::vector<TensorInfo> infos;
+  infos.reserve(parameters.size());
+  for (const auto& p : parameters) {
+    if (p.view.dtype != DType::float32 && p.view.dtype != DType::bfloat16) {
+      throw InvalidArgument("parameters must be float32 or bfloat16", {.tensor = p.name});
+    }
+    if (!p.view.device.is_cpu()) {
+      throw InvalidArgument(
+          "this engine keeps its state on the CPU; pass CPU tensors (the libtorch adapter "
+          "stages CUDA parameters through host memory)",
+          {.tensor = p.name});
+    }
+    if (p.view.numel > 0 && p.view.data == nullptr) {
+      throw InvalidArgument("parameter has elements but no data", {.tensor = p.name});
+    }
+    infos.push_back({p.name, p.view.numel, p.view.dtype});
+  }
+  layout = Layout(std::move(infos), options.chunk_elements, options.bucket_elements);
+
+  check_agreement(shared_options_digest(options),
+                  "options (mode, H, outer lr/momentum, chunking, codec)");
+  check_agreement(layout.table_digest(), "parameter tables (names, sizes, dtypes)");
+
+  tensors.resize(parameters.size());
+  for (std::size_t t = 0; t < parameters.size(); ++t) {
+    TensorState& state = tensors[t];
+    state.local = parameters[t].view;
+    state.shape = parameters[t].shape.empty() ? std::vector<std::uint64_t>{state.local.numel}
+                                              : parameters[t].shape;
+    std::uint64_t product = 1;
+    for (std::uint64_t d : state.shape) product *= d;
+    if (product != state.local.numel) {
+      throw InvalidArgument("shape does not match the element count", {.tensor = parameters[t].name});
+    }
+    if (options.mode != Mode::ddp) {
+      state.global.assign(state.local.numel, 0.0f);
+      state.momentum.assign(state.local.numel, 0.0f);
+      state.residual.assign(state.local.numel, 0.0f);
+    }
+  }
+  broadcast_initial_weights();
+  stats_at_window_start = transport->stats();
+  logger().info("engine ready: rank {}/{}, mode {}, {} tensors, {} parameters, H={}, {} chunks",
+                rank, world, mode_name(options.mode), tensors.size(), layout.parameters(),
+                options.steps_per_window, layout.chunks().size());
+}
+
+kernels::GateChunk Engine::Impl::gate_input(const ChunkRef& chunk) const {
+  const TensorState& state = tensors[chunk.tensor];
+  return kernels::GateChunk{
+      .global = state.global.data() + chunk.begin,
+      .local = static_cast<const std::byte*>(state.local.data) +
+               chunk.begin * dtype_size(state.local.dtype),
+      .local_dtype = state.local.dtype,
+      .residual = state.residual.data() + chunk.begin,
+      .count = chunk.length,
   };
+}
 
-  EngineOptions options;
-  std::unique_ptr<transport::Transport> transport;
-  int rank = 0;
-  int world = 1;
-  Layout layout;
-  std::vector<TensorState> tensors;
-  ThreadPool pool;
-  ScratchPool<GateScratch> gate_scratch;
-  ScratchPool<ApplyScratch> apply_scratch;
-  ScratchPool<ValidateScratch> validate_scratch;
-  ScratchPool<BucketScratch> bucket_scratch;
+void Engine::Impl::throw_non_finite(const ChunkRef& chunk, std::uint64_t offset) const {
+  throw NonFiniteError(
+      "the pseudo-gradient is not finite (the local model diverged); nothing was sent",
+      {.rank = rank,
+       .tensor = layout.tensors()[chunk.tensor].name,
+       .index = chunk.begin + offset});
+}
 
-  std::uint64_t window = 0;           // windows committed
-  bool momentum_initialised = false;  // false until the first outer step (m = g)
-  std::uint64_t steps_in_window = 0;  // optimizer steps since the last window
-  std::uint64_t tag_sequence = 0;
-  // ddp: what the gradient all-reduces of the current window moved.
-  std::uint64_t ddp_payload_bytes = 0;
-  double ddp_exchange_seconds = 0;
-  transport::TransportStats stats_at_window_start{};
+// Steps 1-5 (without the state change) and encoding: this rank's message.
+std::vector<std::byte> Engine::Impl::gate_and_encode(std::uint64_t& entries) {
+  const auto& chunks = layout.chunks();
+  std::vector<std::vector<std::byte>> frames(chunks.size());
+  std::vector<std::uint64_t> fired(chunks.size(), 0);
+  pool.parallel_for(chunks.size(), [&](std::size_t c) {
+    const ChunkRef& chunk = chunks[c];
+    auto scratch = gate_scratch.acquire();
+    scratch->offsets.resize(chunk.length);
+    scratch->values.resize(chunk.length);
+    const kernels::GateResult result =
+        kernels::gate(gate_input(chunk), scratch->offsets.data(), scratch->values.data());
+    if (result.non_finite_offset) throw_non_finite(chunk, *result.non_finite_offset);
+    fired[c] = result.fired;
+    const codec::FrameEntries entries_view{
+        .tensor = chunk.tensor,
+        .begin = chunk.begin,
+        .length = chunk.length,
+        .offsets = std::span(scratch->offsets.data(), result.fired),
+        .values = std::span(scratch->values.data(), result.fired),
+    };
+    frames[c] = codec::encode_frame(entries_view, options.codec);
+  });
 
-  Impl(EngineOptions opts, std::unique_ptr<transport::Transport> t)
-      : options(std::move(opts)), transport(std::move(t)), pool(options.threads) {}
-
-  ErrorContext here() const { return ErrorContext{.rank = rank}; }
-
-  collectives::CollectiveOptions next_collective() {
-    collectives::CollectiveOptions c;
-    c.timeout = options.timeout;
-    c.algorithm = options.allgather;
-    c.tag = (++tag_sequence) << kTagShift;
-    return c;
+  codec::MessageHeader header;
+  header.window = window;
+  header.sender_rank = static_cast<std::uint32_t>(rank);
+  header.encoding = options.codec.encoding;
+  header.tensor_numels = layout.numels();
+  std::vector<std::byte> message =
+      codec::encode_header(header, static_cast<std::uint32_t>(chunks.size()));
+  std::size_t total = message.size();
+  for (const auto& f : frames)
+    total += f.size();
+  message.reserve(total);
+  entries = 0;
+  for (std::size_t c = 0; c < frames.size(); ++c) {
+    message.insert(message.end(), frames[c].begin(), frames[c].end());
+    std::vector<std::byte>().swap(frames[c]);
+    entries += fired[c];
   }
+  return message;
+}
 
-  // --- start-up ---------------------------------------------------------------------------
-
-  void check_agreement(std::uint64_t mine, const char* what) {
-    const auto all = collectives::allgather_u64(*transport, mine, next_collective());
-    std::vector<int> differing;
-    for (int r = 0; r < world; ++r) {
-      if (all[static_cast<std::size_t>(r)] != all[0]) differing.push_back(r);
+// Parses rank `sender`'s message and checks everything about it, frame by frame, so that the
+// apply phase cannot fail. Throws ProtocolError naming the sender.
+codec::MessageView Engine::Impl::validate_message(int sender, std::span<const std::byte> bytes) {
+  auto fail = [&](const std::string& what, std::optional<std::uint64_t> offset = {}) {
+    throw ProtocolError(what, {.rank = rank, .peer = sender, .byte_offset = offset});
+  };
+  try {
+    codec::MessageView view = codec::MessageView::parse(bytes);
+    const codec::MessageHeader& header = view.header();
+    if (header.window != window) {
+      fail(fmt::format("message is for window {}, expected {}", header.window, window));
     }
-    if (!differing.empty()) {
-      throw InvalidArgument(fmt::format("{} differ from rank 0's on these ranks", what),
-                            {.rank = rank, .ranks = differing});
+    if (header.sender_rank != static_cast<std::uint32_t>(sender)) {
+      fail(fmt::format("message claims sender rank {}", header.sender_rank));
     }
-  }
-
-  void broadcast_initial_weights() {
-    // Rank 0's θ_l becomes everyone's θ_l, bucket by bucket, in the local dtype's bytes.
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      TensorView& local = tensors[t].local;
-      auto* bytes = static_cast<std::byte*>(local.data);
-      const std::size_t element = dtype_size(local.dtype);
-      const std::uint64_t step = options.bucket_elements;
-      for (std::uint64_t begin = 0; begin < local.numel; begin += step) {
-        const std::uint64_t count = std::min(step, local.numel - begin);
-        collectives::broadcast(*transport, 0, std::span(bytes + begin * element, count * element),
-                               next_collective());
+    if (header.encoding != options.codec.encoding) {
+      fail(fmt::format("message uses encoding {}, the run uses {}",
+                       codec::encoding_name(header.encoding),
+                       codec::encoding_name(options.codec.encoding)));
+    }
+    if (header.tensor_numels != layout.numels()) fail("tensor table differs from this model's");
+    const auto& chunks = layout.chunks();
+    if (view.frame_count() != chunks.size()) {
+      fail(fmt::format("message has {} frames, the model has {} chunks", view.frame_count(),
+                       chunks.size()));
+    }
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const codec::FrameInfo& frame = view.frame(c);
+      if (frame.tensor != chunks[c].tensor || frame.begin != chunks[c].begin ||
+          frame.length != chunks[c].length) {
+        fail(fmt::format("frame {} covers tensor {} [{}, +{}), expected tensor {} [{}, +{})", c,
+                         frame.tensor, frame.begin, frame.length, chunks[c].tensor,
+                         chunks[c].begin, chunks[c].length),
+             frame.byte_offset);
       }
     }
-    if (options.mode == Mode::ddp) return;  // ddp keeps no global state
-    // θ_g = float(θ_l); θ_l = cast_local(θ_g) is then the identity.
-    pool.parallel_for(layout.chunks().size(), [&](std::size_t c) {
-      const ChunkRef& chunk = layout.chunks()[c];
-      TensorState& state = tensors[chunk.tensor];
-      float* global = state.global.data() + chunk.begin;
-      if (state.local.dtype == DType::float32) {
-        std::memcpy(global, static_cast<const float*>(state.local.data) + chunk.begin,
+    // Full decode of every frame (checksums, ranges, ordering, finiteness), in parallel.
+    pool.parallel_for(chunks.size(), [&](std::size_t c) {
+      auto scratch = validate_scratch.acquire();
+      const std::uint64_t n = view.frame(c).entries;
+      scratch->offsets.resize(n);
+      scratch->values.resize(n);
+      const std::uint64_t decoded =
+          view.decode_frame(c, scratch->offsets, scratch->values, scratch->decode);
+      if (decoded != n) {
+        throw ProtocolError(
+            fmt::format("frame {} decoded to {} entries, announced {}", c, decoded, n),
+            {.byte_offset = view.frame(c).byte_offset});
+      }
+    });
+    return view;
+  } catch (const ProtocolError& e) {
+    if (e.context().peer) throw;
+    ErrorContext context = e.context();
+    context.rank = rank;
+    context.peer = sender;
+    throw ProtocolError(fmt::format("invalid message from rank {}: {}", sender, e.message()),
+                        std::move(context));
+  }
+}
+
+// Every rank says whether it accepted every message; commit only when all did. A rank that
+// rejected (or could not exchange) makes every rank keep its state.
+void Engine::Impl::agree_to_commit(bool accepted, const std::exception_ptr& local_error) {
+  const auto votes =
+      collectives::allgather_u64(*transport, accepted ? 1u : 0u, next_collective());
+  if (local_error) std::rethrow_exception(local_error);
+  std::vector<int> rejecting;
+  for (int r = 0; r < world; ++r) {
+    if (votes[static_cast<std::size_t>(r)] != 1) rejecting.push_back(r);
+  }
+  if (!rejecting.empty()) {
+    throw ProtocolError(
+        "the window was rejected by other ranks (invalid messages); "
+        "state left unchanged",
+        {.rank = rank, .ranks = rejecting});
+  }
+}
+
+// Steps 6-9 on every chunk, from validated messages.
+void Engine::Impl::apply_pulse(const std::vector<codec::MessageView>& views) {
+  const auto& chunks = layout.chunks();
+  const kernels::OuterStepParams params{options.outer_lr, options.outer_momentum,
+                                        !momentum_initialised};
+  pool.parallel_for(chunks.size(), [&](std::size_t c) {
+    const ChunkRef& chunk = chunks[c];
+    TensorState& state = tensors[chunk.tensor];
+    auto scratch = apply_scratch.acquire();
+    std::uint64_t total = 0;
+    for (const auto& view : views)
+      total += view.frame(c).entries;
+    scratch->offsets.resize(total);
+    scratch->values.resize(total);
+    scratch->aggregate.resize(chunk.length);
+    std::vector<kernels::SparseEntries> per_rank;
+    per_rank.reserve(views.size());
+    std::uint64_t at = 0;
+    for (const auto& view : views) {
+      const std::uint64_t n = view.frame(c).entries;
+      const std::span offsets(scratch->offsets.data() + at, n);
+      const std::span values(scratch->values.data() + at, n);
+      (void)view.decode_frame(c, offsets, values, scratch->decode);  // validated already
+      per_rank.push_back({offsets, values});
+      at += n;
+    }
+    kernels::aggregate(per_rank, scratch->aggregate.data(), chunk.length);
+    kernels::commit_residual(gate_input(chunk), state.residual.data() + chunk.begin);
+    kernels::outer_step(
+        state.global.data() + chunk.begin, state.momentum.data() + chunk.begin,
+        scratch->aggregate.data(),
+        static_cast<std::byte*>(state.local.data) + chunk.begin * dtype_size(state.local.dtype),
+        state.local.dtype, chunk.length, params);
+  });
+}
+
+void Engine::Impl::run_pulse(WindowReport& report) {
+  auto phase = SteadyClock::now();
+  std::uint64_t entries = 0;
+  const std::vector<std::byte> message = gate_and_encode(entries);
+  report.seconds.gate = seconds_since(phase);
+  report.entries_sent = entries;
+  report.payload_bytes = message.size();
+
+  phase = SteadyClock::now();
+  // Validation of each message starts on the pool as soon as the message is complete,
+  // overlapping the rest of the exchange; the results are collected after the all-gather.
+  struct Validation {
+    const std::byte* data = nullptr;
+    std::optional<codec::MessageView> view;
+    std::exception_ptr error;
+    std::future<void> done;
+  };
+  std::map<int, std::shared_ptr<Validation>> pending;
+  auto wait_all = [&pending] {
+    for (auto& [sender, validation] : pending) {
+      if (validation->done.valid()) validation->done.wait();
+    }
+  };
+  std::vector<std::vector<std::byte>> messages;
+  try {
+    messages = collectives::sparse_allgather(
+        *transport, message, next_collective(),
+        [&](int sender, std::span<const std::byte> bytes) {
+          auto validation = std::make_shared<Validation>();
+          validation->data = bytes.data();
+          pending[sender] = validation;
+          validation->done = pool.submit([this, validation, sender, bytes] {
+            try {
+              validation->view.emplace(validate_message(sender, bytes));
+            } catch (...) {
+              validation->error = std::current_exception();
+            }
+          });
+        });
+  } catch (...) {
+    // The exchange failed and nothing changed; validations still reading the collective's
+    // buffers must finish before those go away.
+    wait_all();
+    throw;
+  }
+  wait_all();
+  std::vector<codec::MessageView> views;
+  views.reserve(static_cast<std::size_t>(world));
+  std::exception_ptr local_error;
+  try {
+    for (int r = 0; r < world; ++r) {
+      const auto& bytes = messages[static_cast<std::size_t>(r)];
+      auto it = pending.find(r);
+      // Use the early validation only if it looked at the very bytes we got back.
+      if (it != pending.end() && it->second->data == bytes.data()) {
+        if (it->second->error) std::rethrow_exception(it->second->error);
+        views.push_back(*it->second->view);
+      } else {
+        views.push_back(validate_message(r, bytes));
+      }
+      if (r != rank) report.received_bytes += bytes.size();
+    }
+  } catch (...) {
+    local_error = std::current_exception();
+  }
+  agree_to_commit(!local_error, local_error);
+  report.seconds.exchange = seconds_since(phase);
+
+  phase = SteadyClock::now();
+  apply_pulse(views);
+  momentum_initialised = true;
+  report.seconds.apply = seconds_since(phase);
+}
+
+void Engine::Impl::run_diloco(WindowReport& report) {
+  const auto& chunks = layout.chunks();
+  auto phase = SteadyClock::now();
+  double exchange_seconds = 0;
+  // Per bucket: pseudo-gradients into the staging buffer, summed over ranks into the
+  // per-tensor g buffers (the residual storage, unused by this mode).
+  for (const BucketRef& bucket : layout.buckets()) {
+    auto scratch = bucket_scratch.acquire();
+    scratch->input.resize(bucket.elements);
+    scratch->output.resize(bucket.elements);
+    std::vector<std::uint64_t> offsets(bucket.chunk_count);
+    for (std::size_t i = 1; i < bucket.chunk_count; ++i) {
+      offsets[i] = offsets[i - 1] + chunks[bucket.first_chunk + i - 1].length;
+    }
+    pool.parallel_for(bucket.chunk_count, [&](std::size_t i) {
+      const ChunkRef& chunk = chunks[bucket.first_chunk + i];
+      const TensorState& state = tensors[chunk.tensor];
+      float* delta = scratch->input.data() + offsets[i];
+      kernels::pseudo_gradient(state.global.data() + chunk.begin,
+                               static_cast<const std::byte*>(state.local.data) +
+                                   chunk.begin * dtype_size(state.local.dtype),
+                               state.local.dtype, delta, chunk.length);
+      for (std::uint64_t k = 0; k < chunk.length; ++k) {
+        if (!std::isfinite(delta[k])) throw_non_finite(chunk, k);
+      }
+    });
+    const auto exchange_start = SteadyClock::now();
+    collectives::allreduce_sum(*transport, scratch->input, scratch->output, next_collective());
+    exchange_seconds += seconds_since(exchange_start);
+    for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
+      const ChunkRef& chunk = chunks[bucket.first_chunk + i];
+      std::memcpy(tensors[chunk.tensor].residual.data() + chunk.begin,
+                  scratch->output.data() + offsets[i], chunk.length * sizeof(float));
+    }
+  }
+  const auto agree_start = SteadyClock::now();
+  agree_to_commit(true, nullptr);
+  exchange_seconds += seconds_since(agree_start);
+  report.seconds.exchange = exchange_seconds;
+  report.seconds.gate = seconds_since(phase) - exchange_seconds;
+  report.entries_sent = layout.parameters();
+  report.payload_bytes = layout.parameters() * sizeof(float);
+  report.received_bytes = report.payload_bytes * static_cast<std::uint64_t>(world - 1);
+
+  phase = SteadyClock::now();
+  const kernels::OuterStepParams params{options.outer_lr, options.outer_momentum,
+                                        !momentum_initialised};
+  const auto divisor = static_cast<float>(world);
+  pool.parallel_for(chunks.size(), [&](std::size_t c) {
+    const ChunkRef& chunk = chunks[c];
+    TensorState& state = tensors[chunk.tensor];
+    float* g = state.residual.data() + chunk.begin;
+    kernels::divide(g, chunk.length, divisor);
+    kernels::outer_step(
+        state.global.data() + chunk.begin, state.momentum.data() + chunk.begin, g,
+        static_cast<std::byte*>(state.local.data) + chunk.begin * dtype_size(state.local.dtype),
+        state.local.dtype, chunk.length, params);
+    std::fill_n(g, chunk.length, 0.0f);
+  });
+  momentum_initialised = true;
+  report.seconds.apply = seconds_since(phase);
+}
+
+void Engine::Impl::average_gradients(std::span<const TensorView> gradients) {
+  if (options.mode != Mode::ddp) {
+    throw InvalidArgument("average_gradients() is for mode ddp; this run is mode " +
+                          std::string(mode_name(options.mode)));
+  }
+  if (gradients.size() != tensors.size()) {
+    throw InvalidArgument(
+        fmt::format("{} gradients given for {} parameters", gradients.size(), tensors.size()));
+  }
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const TensorView& g = gradients[t];
+    if (g.numel != tensors[t].local.numel || g.dtype != tensors[t].local.dtype ||
+        !g.device.is_cpu() || (g.numel > 0 && g.data == nullptr)) {
+      throw InvalidArgument("gradient does not match its parameter (size, dtype, device)",
+                            {.tensor = layout.tensors()[t].name});
+    }
+  }
+  const auto start = SteadyClock::now();
+  const auto& chunks = layout.chunks();
+  const auto divisor = static_cast<float>(world);
+  for (const BucketRef& bucket : layout.buckets()) {
+    auto scratch = bucket_scratch.acquire();
+    scratch->input.resize(bucket.elements);
+    scratch->output.resize(bucket.elements);
+    std::uint64_t at = 0;
+    for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
+      const ChunkRef& chunk = chunks[bucket.first_chunk + i];
+      const TensorView& g = gradients[chunk.tensor];
+      if (g.dtype == DType::float32) {
+        std::memcpy(scratch->input.data() + at, static_cast<const float*>(g.data) + chunk.begin,
                     chunk.length * sizeof(float));
       } else {
-        bf16_to_float(std::span(static_cast<const std::uint16_t*>(state.local.data) + chunk.begin,
-                                chunk.length),
-                      std::span(global, chunk.length));
+        bf16_to_float(
+            std::span(static_cast<const std::uint16_t*>(g.data) + chunk.begin, chunk.length),
+            std::span(scratch->input.data() + at, chunk.length));
       }
-    });
-  }
-
-  void start(std::vector<NamedTensor> parameters) {
-    options.validate();
-    if (!transport) throw InvalidArgument("the engine needs a transport");
-    rank = transport->rank();
-    world = transport->size();
-    std::vector<TensorInfo> infos;
-    infos.reserve(parameters.size());
-    for (const auto& p : parameters) {
-      if (p.view.dtype != DType::float32 && p.view.dtype != DType::bfloat16) {
-        throw InvalidArgument("parameters must be float32 or bfloat16", {.tensor = p.name});
-      }
-      if (!p.view.device.is_cpu()) {
-        throw InvalidArgument(
-            "this engine keeps its state on the CPU; pass CPU tensors (the libtorch adapter "
-            "stages CUDA parameters through host memory)",
-            {.tensor = p.name});
-      }
-      if (p.view.numel > 0 && p.view.data == nullptr) {
-        throw InvalidArgument("parameter has elements but no data", {.tensor = p.name});
-      }
-      infos.push_back({p.name, p.view.numel, p.view.dtype});
+      at += chunk.length;
     }
-    layout = Layout(std::move(infos), options.chunk_elements, options.bucket_elements);
-
-    check_agreement(shared_options_digest(options),
-                    "options (mode, H, outer lr/momentum, chunking, codec)");
-    check_agreement(layout.table_digest(), "parameter tables (names, sizes, dtypes)");
-
-    tensors.resize(parameters.size());
-    for (std::size_t t = 0; t < parameters.size(); ++t) {
-      TensorState& state = tensors[t];
-      state.local = parameters[t].view;
-      if (options.mode != Mode::ddp) {
-        state.global.assign(state.local.numel, 0.0f);
-        state.momentum.assign(state.local.numel, 0.0f);
-        state.residual.assign(state.local.numel, 0.0f);
-      }
-    }
-    broadcast_initial_weights();
-    stats_at_window_start = transport->stats();
-    logger().info("engine ready: rank {}/{}, mode {}, {} tensors, {} parameters, H={}, {} chunks",
-                  rank, world, mode_name(options.mode), tensors.size(), layout.parameters(),
-                  options.steps_per_window, layout.chunks().size());
-  }
-
-  // --- pulse window -----------------------------------------------------------------------
-
-  kernels::GateChunk gate_input(const ChunkRef& chunk) const {
-    const TensorState& state = tensors[chunk.tensor];
-    return kernels::GateChunk{
-        .global = state.global.data() + chunk.begin,
-        .local = static_cast<const std::byte*>(state.local.data) +
-                 chunk.begin * dtype_size(state.local.dtype),
-        .local_dtype = state.local.dtype,
-        .residual = state.residual.data() + chunk.begin,
-        .count = chunk.length,
-    };
-  }
-
-  [[noreturn]] void throw_non_finite(const ChunkRef& chunk, std::uint64_t offset) const {
-    throw NonFiniteError(
-        "the pseudo-gradient is not finite (the local model diverged); nothing was sent",
-        {.rank = rank,
-         .tensor = layout.tensors()[chunk.tensor].name,
-         .index = chunk.begin + offset});
-  }
-
-  // Steps 1-5 (without the state change) and encoding: this rank's message.
-  std::vector<std::byte> gate_and_encode(std::uint64_t& entries) {
-    const auto& chunks = layout.chunks();
-    std::vector<std::vector<std::byte>> frames(chunks.size());
-    std::vector<std::uint64_t> fired(chunks.size(), 0);
-    pool.parallel_for(chunks.size(), [&](std::size_t c) {
-      const ChunkRef& chunk = chunks[c];
-      auto scratch = gate_scratch.acquire();
-      scratch->offsets.resize(chunk.length);
-      scratch->values.resize(chunk.length);
-      const kernels::GateResult result =
-          kernels::gate(gate_input(chunk), scratch->offsets.data(), scratch->values.data());
-      if (result.non_finite_offset) throw_non_finite(chunk, *result.non_finite_offset);
-      fired[c] = result.fired;
-      const codec::FrameEntries entries_view{
-          .tensor = chunk.tensor,
-          .begin = chunk.begin,
-          .length = chunk.length,
-          .offsets = std::span(scratch->offsets.data(), result.fired),
-          .values = std::span(scratch->values.data(), result.fired),
-      };
-      frames[c] = codec::encode_frame(entries_view, options.codec);
-    });
-
-    codec::MessageHeader header;
-    header.window = window;
-    header.sender_rank = static_cast<std::uint32_t>(rank);
-    header.encoding = options.codec.encoding;
-    header.tensor_numels = layout.numels();
-    std::vector<std::byte> message =
-        codec::encode_header(header, static_cast<std::uint32_t>(chunks.size()));
-    std::size_t total = message.size();
-    for (const auto& f : frames)
-      total += f.size();
-    message.reserve(total);
-    entries = 0;
-    for (std::size_t c = 0; c < frames.size(); ++c) {
-      message.insert(message.end(), frames[c].begin(), frames[c].end());
-      std::vector<std::byte>().swap(frames[c]);
-      entries += fired[c];
-    }
-    return message;
-  }
-
-  // Parses rank `sender`'s message and checks everything about it, frame by frame, so that the
-  // apply phase cannot fail. Throws ProtocolError naming the sender.
-  codec::MessageView validate_message(int sender, std::span<const std::byte> bytes) {
-    auto fail = [&](const std::string& what, std::optional<std::uint64_t> offset = {}) {
-      throw ProtocolError(what, {.rank = rank, .peer = sender, .byte_offset = offset});
-    };
-    try {
-      codec::MessageView view = codec::MessageView::parse(bytes);
-      const codec::MessageHeader& header = view.header();
-      if (header.window != window) {
-        fail(fmt::format("message is for window {}, expected {}", header.window, window));
-      }
-      if (header.sender_rank != static_cast<std::uint32_t>(sender)) {
-        fail(fmt::format("message claims sender rank {}", header.sender_rank));
-      }
-      if (header.encoding != options.codec.encoding) {
-        fail(fmt::format("message uses encoding {}, the run uses {}",
-                         codec::encoding_name(header.encoding),
-                         codec::encoding_name(options.codec.encoding)));
-      }
-      if (header.tensor_numels != layout.numels()) fail("tensor table differs from this model's");
-      const auto& chunks = layout.chunks();
-      if (view.frame_count() != chunks.size()) {
-        fail(fmt::format("message has {} frames, the model has {} chunks", view.frame_count(),
-                         chunks.size()));
-      }
-      for (std::size_t c = 0; c < chunks.size(); ++c) {
-        const codec::FrameInfo& frame = view.frame(c);
-        if (frame.tensor != chunks[c].tensor || frame.begin != chunks[c].begin ||
-            frame.length != chunks[c].length) {
-          fail(fmt::format("frame {} covers tensor {} [{}, +{}), expected tensor {} [{}, +{})", c,
-                           frame.tensor, frame.begin, frame.length, chunks[c].tensor,
-                           chunks[c].begin, chunks[c].length),
-               frame.byte_offset);
-        }
-      }
-      // Full decode of every frame (checksums, ranges, ordering, finiteness), in parallel.
-      pool.parallel_for(chunks.size(), [&](std::size_t c) {
-        auto scratch = validate_scratch.acquire();
-        const std::uint64_t n = view.frame(c).entries;
-        scratch->offsets.resize(n);
-        scratch->values.resize(n);
-        const std::uint64_t decoded =
-            view.decode_frame(c, scratch->offsets, scratch->values, scratch->decode);
-        if (decoded != n) {
-          throw ProtocolError(
-              fmt::format("frame {} decoded to {} entries, announced {}", c, decoded, n),
-              {.byte_offset = view.frame(c).byte_offset});
-        }
-      });
-      return view;
-    } catch (const ProtocolError& e) {
-      if (e.context().peer) throw;
-      ErrorContext context = e.context();
-      context.rank = rank;
-      context.peer = sender;
-      throw ProtocolError(fmt::format("invalid message from rank {}: {}", sender, e.message()),
-                          std::move(context));
-    }
-  }
-
-  // Every rank says whether it accepted every message; commit only when all did. A rank that
-  // rejected (or could not exchange) makes every rank keep its state.
-  void agree_to_commit(bool accepted, const std::exception_ptr& local_error) {
-    const auto votes =
-        collectives::allgather_u64(*transport, accepted ? 1u : 0u, next_collective());
-    if (local_error) std::rethrow_exception(local_error);
-    std::vector<int> rejecting;
-    for (int r = 0; r < world; ++r) {
-      if (votes[static_cast<std::size_t>(r)] != 1) rejecting.push_back(r);
-    }
-    if (!rejecting.empty()) {
-      throw ProtocolError(
-          "the window was rejected by other ranks (invalid messages); "
-          "state left unchanged",
-          {.rank = rank, .ranks = rejecting});
-    }
-  }
-
-  // Steps 6-9 on every chunk, from validated messages.
-  void apply_pulse(const std::vector<codec::MessageView>& views) {
-    const auto& chunks = layout.chunks();
-    const kernels::OuterStepParams params{options.outer_lr, options.outer_momentum,
-                                          !momentum_initialised};
-    pool.parallel_for(chunks.size(), [&](std::size_t c) {
-      const ChunkRef& chunk = chunks[c];
-      TensorState& state = tensors[chunk.tensor];
-      auto scratch = apply_scratch.acquire();
-      std::uint64_t total = 0;
-      for (const auto& view : views)
-        total += view.frame(c).entries;
-      scratch->offsets.resize(total);
-      scratch->values.resize(total);
-      scratch->aggregate.resize(chunk.length);
-      std::vector<kernels::SparseEntries> per_rank;
-      per_rank.reserve(views.size());
-      std::uint64_t at = 0;
-      for (const auto& view : views) {
-        const std::uint64_t n = view.frame(c).entries;
-        const std::span offsets(scratch->offsets.data() + at, n);
-        const std::span values(scratch->values.data() + at, n);
-        (void)view.decode_frame(c, offsets, values, scratch->decode);  // validated already
-        per_rank.push_back({offsets, values});
-        at += n;
-      }
-      kernels::aggregate(per_rank, scratch->aggregate.data(), chunk.length);
-      kernels::commit_residual(gate_input(chunk), state.residual.data() + chunk.begin);
-      kernels::outer_step(
-          state.global.data() + chunk.begin, state.momentum.data() + chunk.begin,
-          scratch->aggregate.data(),
-          static_cast<std::byte*>(state.local.data) + chunk.begin * dtype_size(state.local.dtype),
-          state.local.dtype, chunk.length, params);
-    });
-  }
-
-  void run_pulse(WindowReport& report) {
-    auto phase = SteadyClock::now();
-    std::uint64_t entries = 0;
-    const std::vector<std::byte> message = gate_and_encode(entries);
-    report.seconds.gate = seconds_since(phase);
-    report.entries_sent = entries;
-    report.payload_bytes = message.size();
-
-    phase = SteadyClock::now();
-    // Validation of each message starts on the pool as soon as the message is complete,
-    // overlapping the rest of the exchange; the results are collected after the all-gather.
-    struct Validation {
-      const std::byte* data = nullptr;
-      std::optional<codec::MessageView> view;
-      std::exception_ptr error;
-      std::future<void> done;
-    };
-    std::map<int, std::shared_ptr<Validation>> pending;
-    auto wait_all = [&pending] {
-      for (auto& [sender, validation] : pending) {
-        if (validation->done.valid()) validation->done.wait();
-      }
-    };
-    std::vector<std::vector<std::byte>> messages;
-    try {
-      messages = collectives::sparse_allgather(
-          *transport, message, next_collective(),
-          [&](int sender, std::span<const std::byte> bytes) {
-            auto validation = std::make_shared<Validation>();
-            validation->data = bytes.data();
-            pending[sender] = validation;
-            validation->done = pool.submit([this, validation, sender, bytes] {
-              try {
-                validation->view.emplace(validate_message(sender, bytes));
-              } catch (...) {
-                validation->error = std::current_exception();
-              }
-            });
-          });
-    } catch (...) {
-      // The exchange failed and nothing changed; validations still reading the collective's
-      // buffers must finish before those go away.
-      wait_all();
-      throw;
-    }
-    wait_all();
-    std::vector<codec::MessageView> views;
-    views.reserve(static_cast<std::size_t>(world));
-    std::exception_ptr local_error;
-    try {
-      for (int r = 0; r < world; ++r) {
-        const auto& bytes = messages[static_cast<std::size_t>(r)];
-        auto it = pending.find(r);
-        // Use the early validation only if it looked at the very bytes we got back.
-        if (it != pending.end() && it->second->data == bytes.data()) {
-          if (it->second->error) std::rethrow_exception(it->second->error);
-          views.push_back(*it->second->view);
-        } else {
-          views.push_back(validate_message(r, bytes));
-        }
-        if (r != rank) report.received_bytes += bytes.size();
-      }
-    } catch (...) {
-      local_error = std::current_exception();
-    }
-    agree_to_commit(!local_error, local_error);
-    report.seconds.exchange = seconds_since(phase);
-
-    phase = SteadyClock::now();
-    apply_pulse(views);
-    momentum_initialised = true;
-    report.seconds.apply = seconds_since(phase);
-  }
-
-  // --- diloco window ----------------------------------------------------------------------
-
-  void run_diloco(WindowReport& report) {
-    const auto& chunks = layout.chunks();
-    auto phase = SteadyClock::now();
-    double exchange_seconds = 0;
-    // Per bucket: pseudo-gradients into the staging buffer, summed over ranks into the
-    // per-tensor g buffers (the residual storage, unused by this mode).
-    for (const BucketRef& bucket : layout.buckets()) {
-      auto scratch = bucket_scratch.acquire();
-      scratch->input.resize(bucket.elements);
-      scratch->output.resize(bucket.elements);
-      std::vector<std::uint64_t> offsets(bucket.chunk_count);
-      for (std::size_t i = 1; i < bucket.chunk_count; ++i) {
-        offsets[i] = offsets[i - 1] + chunks[bucket.first_chunk + i - 1].length;
-      }
-      pool.parallel_for(bucket.chunk_count, [&](std::size_t i) {
-        const ChunkRef& chunk = chunks[bucket.first_chunk + i];
-        const TensorState& state = tensors[chunk.tensor];
-        float* delta = scratch->input.data() + offsets[i];
-        kernels::pseudo_gradient(state.global.data() + chunk.begin,
-                                 static_cast<const std::byte*>(state.local.data) +
-                                     chunk.begin * dtype_size(state.local.dtype),
-                                 state.local.dtype, delta, chunk.length);
-        for (std::uint64_t k = 0; k < chunk.length; ++k) {
-          if (!std::isfinite(delta[k])) throw_non_finite(chunk, k);
-        }
-      });
-      const auto exchange_start = SteadyClock::now();
-      collectives::allreduce_sum(*transport, scratch->input, scratch->output, next_collective());
-      exchange_seconds += seconds_since(exchange_start);
-      for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
-        const ChunkRef& chunk = chunks[bucket.first_chunk + i];
-        std::memcpy(tensors[chunk.tensor].residual.data() + chunk.begin,
-                    scratch->output.data() + offsets[i], chunk.length * sizeof(float));
-      }
-    }
-    const auto agree_start = SteadyClock::now();
-    agree_to_commit(true, nullptr);
-    exchange_seconds += seconds_since(agree_start);
-    report.seconds.exchange = exchange_seconds;
-    report.seconds.gate = seconds_since(phase) - exchange_seconds;
-    report.entries_sent = layout.parameters();
-    report.payload_bytes = layout.parameters() * sizeof(float);
-    report.received_bytes = report.payload_bytes * static_cast<std::uint64_t>(world - 1);
-
-    phase = SteadyClock::now();
-    const kernels::OuterStepParams params{options.outer_lr, options.outer_momentum,
-                                          !momentum_initialised};
-    const auto divisor = static_cast<float>(world);
-    pool.parallel_for(chunks.size(), [&](std::size_t c) {
-      const ChunkRef& chunk = chunks[c];
-      TensorState& state = tensors[chunk.tensor];
-      float* g = state.residual.data() + chunk.begin;
-      kernels::divide(g, chunk.length, divisor);
-      kernels::outer_step(
-          state.global.data() + chunk.begin, state.momentum.data() + chunk.begin, g,
-          static_cast<std::byte*>(state.local.data) + chunk.begin * dtype_size(state.local.dtype),
-          state.local.dtype, chunk.length, params);
-      std::fill_n(g, chunk.length, 0.0f);
-    });
-    momentum_initialised = true;
-    report.seconds.apply = seconds_since(phase);
-  }
-
-  // --- ddp --------------------------------------------------------------------------------
-
-  void average_gradients(std::span<const TensorView> gradients) {
-    if (options.mode != Mode::ddp) {
-      throw InvalidArgument("average_gradients() is for mode ddp; this run is mode " +
-                            std::string(mode_name(options.mode)));
-    }
-    if (gradients.size() != tensors.size()) {
-      throw InvalidArgument(
-          fmt::format("{} gradients given for {} parameters", gradients.size(), tensors.size()));
-    }
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const TensorView& g = gradients[t];
-      if (g.numel != tensors[t].local.numel || g.dtype != tensors[t].local.dtype ||
-          !g.device.is_cpu() || (g.numel > 0 && g.data == nullptr)) {
-        throw InvalidArgument("gradient does not match its parameter (size, dtype, device)",
-                              {.tensor = layout.tensors()[t].name});
-      }
-    }
-    const auto start = SteadyClock::now();
-    const auto& chunks = layout.chunks();
-    const auto divisor = static_cast<float>(world);
-    for (const BucketRef& bucket : layout.buckets()) {
-      auto scratch = bucket_scratch.acquire();
-      scratch->input.resize(bucket.elements);
-      scratch->output.resize(bucket.elements);
-      std::uint64_t at = 0;
-      for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
-        const ChunkRef& chunk = chunks[bucket.first_chunk + i];
-        const TensorView& g = gradients[chunk.tensor];
-        if (g.dtype == DType::float32) {
-          std::memcpy(scratch->input.data() + at, static_cast<const float*>(g.data) + chunk.begin,
-                      chunk.length * sizeof(float));
-        } else {
-          bf16_to_float(
-              std::span(static_cast<const std::uint16_t*>(g.data) + chunk.begin, chunk.length),
-              std::span(scratch->input.data() + at, chunk.length));
-        }
-        at += chunk.length;
-      }
-      collectives::allreduce_sum(*transport, scratch->input, scratch->output, next_collective());
-      kernels::divide(scratch->output.data(), bucket.elements, divisor);
-      at = 0;
-      for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
-        const ChunkRef& chunk = chunks[bucket.first_chunk + i];
-        const TensorView& g = gradients[chunk.tensor];
-        if (g.dtype == DType::float32) {
-          std::memcpy(static_cast<float*>(g.data) + chunk.begin, scratch->output.data() + at,
-                      chunk.length * sizeof(float));
-        } else {
-          float_to_bf16(std::span(scratch->output.data() + at, chunk.length),
-                        std::span(static_cast<std::uint16_t*>(g.data) + chunk.begin, chunk.length));
-        }
-        at += chunk.length;
-      }
-    }
-    ddp_payload_bytes += layout.parameters() * sizeof(float);
-    ddp_exchange_seconds += seconds_since(start);
-  }
-
-  // --- verification -----------------------------------------------------------------------
-
-  static Digest digest_floats(const std::vector<float>& values) { return digest_of<float>(values); }
-
-  Digest compute_state_digest() {
-    std::vector<Digest> parts(tensors.size() * 2);
-    pool.parallel_for(tensors.size(), [&](std::size_t t) {
-      const TensorState& state = tensors[t];
-      if (options.mode == Mode::ddp) {
-        // No global state in ddp: the replicas' weights themselves must agree.
-        parts[2 * t] = digest_bytes(
-            std::span(static_cast<const std::byte*>(state.local.data), state.local.bytes()));
-        parts[2 * t + 1] = 0;
+    collectives::allreduce_sum(*transport, scratch->input, scratch->output, next_collective());
+    kernels::divide(scratch->output.data(), bucket.elements, divisor);
+    at = 0;
+    for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
+      const ChunkRef& chunk = chunks[bucket.first_chunk + i];
+      const TensorView& g = gradients[chunk.tensor];
+      if (g.dtype == DType::float32) {
+        std::memcpy(static_cast<float*>(g.data) + chunk.begin, scratch->output.data() + at,
+                    chunk.length * sizeof(float));
       } else {
-        parts[2 * t] = digest_floats(state.global);
-        parts[2 * t + 1] = digest_floats(state.momentum);
+        float_to_bf16(std::span(scratch->output.data() + at, chunk.length),
+                      std::span(static_cast<std::uint16_t*>(g.data) + chunk.begin, chunk.length));
       }
-    });
-    return combine_digests(parts);
-  }
-
-  void verify(WindowReport& report) {
-    const auto start = SteadyClock::now();
-    report.digest = compute_state_digest();
-    if (options.verify_digests) {
-      report.rank_digests =
-          collectives::allgather_u64(*transport, report.digest, next_collective());
-      std::map<Digest, int> votes;
-      for (Digest d : report.rank_digests)
-        ++votes[d];
-      const Digest majority =
-          std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-            return a.second < b.second || (a.second == b.second && a.first > b.first);
-          })->first;
-      std::vector<int> diverging;
-      for (int r = 0; r < world; ++r) {
-        if (report.rank_digests[static_cast<std::size_t>(r)] != majority) diverging.push_back(r);
-      }
-      report.replicas_identical = diverging.empty();
-      if (!diverging.empty()) {
-        throw DivergenceError(
-            fmt::format("replica digests differ after window {} (majority digest {})",
-                        report.window, digest_hex(majority)),
-            {.rank = rank, .ranks = diverging});
-      }
+      at += chunk.length;
     }
-    report.seconds.verify = seconds_since(start);
   }
+  ddp_payload_bytes += layout.parameters() * sizeof(float);
+  ddp_exchange_seconds += seconds_since(start);
+}
 
-  // --- one window -------------------------------------------------------------------------
-
-  WindowReport run_window() {
-    const auto start = SteadyClock::now();
-    WindowReport report;
-    report.window = window;
-    report.mode = options.mode;
-    report.rank = rank;
-    report.world_size = world;
-    report.parameters = layout.parameters();
-    report.steps_per_window = options.steps_per_window;
-    report.diloco_bytes = layout.parameters() * sizeof(float);
-    report.ddp_bytes = options.steps_per_window * layout.parameters() * sizeof(float);
-
-    switch (options.mode) {
-      case Mode::pulse:
-        run_pulse(report);
-        break;
-      case Mode::diloco:
-        run_diloco(report);
-        break;
-      case Mode::ddp:
-        report.entries_sent = ddp_payload_bytes / sizeof(float);
-        report.payload_bytes = ddp_payload_bytes;
-        report.received_bytes = ddp_payload_bytes * static_cast<std::uint64_t>(world - 1);
-        report.seconds.exchange = ddp_exchange_seconds;
-        break;
+Digest Engine::Impl::compute_state_digest() {
+  std::vector<Digest> parts(tensors.size() * 2);
+  pool.parallel_for(tensors.size(), [&](std::size_t t) {
+    const TensorState& state = tensors[t];
+    if (options.mode == Mode::ddp) {
+      // No global state in ddp: the replicas' weights themselves must agree.
+      parts[2 * t] = digest_bytes(
+          std::span(static_cast<const std::byte*>(state.local.data), state.local.bytes()));
+      parts[2 * t + 1] = 0;
+    } else {
+      parts[2 * t] = digest_floats(state.global);
+      parts[2 * t + 1] = digest_floats(state.momentum);
     }
-    report.density = report.parameters > 0 ? static_cast<double>(report.entries_sent) /
-                                                 static_cast<double>(report.parameters)
-                                           : 0.0;
-    verify(report);
+  });
+  return combine_digests(parts);
+}
 
-    const transport::TransportStats now = transport->stats();
-    report.wire_bytes_sent = now.wire_bytes_sent - stats_at_window_start.wire_bytes_sent;
-    report.wire_bytes_received =
-        now.wire_bytes_received - stats_at_window_start.wire_bytes_received;
-    stats_at_window_start = now;
-    ddp_payload_bytes = 0;
-    ddp_exchange_seconds = 0;
-    steps_in_window = 0;
-    ++window;
-    report.seconds.total = seconds_since(start);
-    logger().info("{}", summary_line(report));
-    return report;
+void Engine::Impl::verify(WindowReport& report) {
+  const auto start = SteadyClock::now();
+  report.digest = compute_state_digest();
+  if (options.verify_digests) {
+    report.rank_digests =
+        collectives::allgather_u64(*transport, report.digest, next_collective());
+    std::map<Digest, int> votes;
+    for (Digest d : report.rank_digests)
+      ++votes[d];
+    const Digest majority =
+        std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
+          return a.second < b.second || (a.second == b.second && a.first > b.first);
+        })->first;
+    std::vector<int> diverging;
+    for (int r = 0; r < world; ++r) {
+      if (report.rank_digests[static_cast<std::size_t>(r)] != majority) diverging.push_back(r);
+    }
+    report.replicas_identical = diverging.empty();
+    if (!diverging.empty()) {
+      throw DivergenceError(
+          fmt::format("replica digests differ after window {} (majority digest {})",
+                      report.window, digest_hex(majority)),
+          {.rank = rank, .ranks = diverging});
+    }
   }
-};
+  report.seconds.verify = seconds_since(start);
+}
+
+WindowReport Engine::Impl::run_window() {
+  const auto start = SteadyClock::now();
+  WindowReport report;
+  report.window = window;
+  report.mode = options.mode;
+  report.rank = rank;
+  report.world_size = world;
+  report.parameters = layout.parameters();
+  report.steps_per_window = options.steps_per_window;
+  report.diloco_bytes = layout.parameters() * sizeof(float);
+  report.ddp_bytes = options.steps_per_window * layout.parameters() * sizeof(float);
+
+  const bool tracing = !options.trace_dir.empty();
+  if (tracing) write_trace_inputs();
+  switch (options.mode) {
+    case Mode::pulse:
+      run_pulse(report);
+      break;
+    case Mode::diloco:
+      run_diloco(report);
+      break;
+    case Mode::ddp:
+      report.entries_sent = ddp_payload_bytes / sizeof(float);
+      report.payload_bytes = ddp_payload_bytes;
+      report.received_bytes = ddp_payload_bytes * static_cast<std::uint64_t>(world - 1);
+      report.seconds.exchange = ddp_exchange_seconds;
+      break;
+  }
+  report.density = report.parameters > 0 ? static_cast<double>(report.entries_sent) /
+                                               static_cast<double>(report.parameters)
+                                         : 0.0;
+  verify(report);
+
+  const transport::TransportStats now = transport->stats();
+  report.wire_bytes_sent = now.wire_bytes_sent - stats_at_window_start.wire_bytes_sent;
+  report.wire_bytes_received =
+      now.wire_bytes_received - stats_at_window_start.wire_bytes_received;
+  stats_at_window_start = now;
+  ddp_payload_bytes = 0;
+  ddp_exchange_seconds = 0;
+  steps_in_window = 0;
+  ++window;
+  report.seconds.total = seconds_since(start);
+  if (tracing) write_trace_outputs(report);
+  logger().info("{}", summary_line(report));
+  return report;
+}
 
 Engine::Engine(std::vector<NamedTensor> parameters, EngineOptions options,
                std::unique_ptr<transport::Transport> transport)

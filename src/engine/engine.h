@@ -30,6 +30,7 @@ namespace pulseloco {
 struct NamedTensor {
   std::string name;
   TensorView view;
+  std::vector<std::uint64_t> shape;  // optional, for checkpoint files; empty means {numel}
 };
 
 class Engine {
@@ -47,6 +48,9 @@ class Engine {
   // returns its report.
   [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
 
+  // True when the next after_optimizer_step() call will run a window.
+  [[nodiscard]] bool next_step_runs_window() const noexcept;
+
   // Runs a window now (collective), regardless of the step count.
   [[nodiscard]] WindowReport run_window();
 
@@ -60,6 +64,10 @@ class Engine {
   // Restores a checkpoint written by a run with the same tensor table, options and world size
   // (collective). Validates everything before changing any state; θ_l is reset to cast(θ_g).
   void load_checkpoint(const std::filesystem::path& dir);
+
+  // Replaces θ_g, m, e, θ_l and the window counter with the inputs recorded in a window trace
+  // (for `pulseloco replay`). Not collective. Validates the file before changing anything.
+  void load_trace_inputs(const std::filesystem::path& file);
 
   [[nodiscard]] int rank() const noexcept;
   [[nodiscard]] int world_size() const noexcept;

@@ -1,0 +1,288 @@
+// Checkpoints: rank 0 writes the replicated state (θ_g, m, window counter, options) to
+// `global.safetensors`; every rank writes its own residual e to `rank-NNNNN.safetensors`.
+// Loading validates every file completely (metadata, tensor table, data digests) and all ranks
+// agree before any state changes.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "engine/engine_impl.h"
+#include "engine/state_files.h"
+
+namespace pulseloco {
+namespace {
+
+using state_files::require;
+using state_files::require_u64;
+
+constexpr std::uint64_t kIoChunkBytes = std::uint64_t{16} << 20;
+
+io::TensorSpec spec_of(std::string_view prefix, const std::string& name, io::TensorDType dtype,
+                       const std::vector<std::uint64_t>& shape) {
+  return io::TensorSpec{std::string(prefix) + name, dtype, shape};
+}
+
+// The xxh3-64 of a tensor's bytes in a file, read in bounded pieces.
+Digest file_tensor_digest(const io::SafetensorsReader& reader, const std::string& name,
+                          std::vector<std::byte>& buffer) {
+  const io::TensorInfo& info = reader.tensor(name);
+  DigestStream stream;
+  for (std::uint64_t at = 0; at < info.byte_size(); at += kIoChunkBytes) {
+    const std::uint64_t n = std::min(kIoChunkBytes, info.byte_size() - at);
+    buffer.resize(n);
+    reader.read_range(name, at, buffer);
+    stream.update(buffer);
+  }
+  return stream.finish();
+}
+
+void check_tensor(const io::SafetensorsReader& reader, const io::TensorSpec& expected) {
+  if (!reader.contains(expected.name)) {
+    throw ProtocolError(fmt::format("{}: tensor '{}' is missing", reader.path().string(),
+                                    expected.name));
+  }
+  const io::TensorSpec& found = reader.tensor(expected.name).spec;
+  if (found.dtype != expected.dtype || found.shape != expected.shape) {
+    throw ProtocolError(fmt::format("{}: tensor '{}' is {} {}, this model needs {} {}",
+                                    reader.path().string(), expected.name,
+                                    io::tensor_dtype_name(found.dtype),
+                                    nlohmann::json(found.shape).dump(),
+                                    io::tensor_dtype_name(expected.dtype),
+                                    nlohmann::json(expected.shape).dump()));
+  }
+}
+
+void check_equal(const io::Metadata& metadata, const std::string& key, const std::string& expected,
+                 const std::filesystem::path& file) {
+  const std::string& found = require(metadata, key, file);
+  if (found != expected) {
+    throw ProtocolError(fmt::format("{}: '{}' is '{}', expected '{}'", file.string(), key, found,
+                                    expected));
+  }
+}
+
+}  // namespace
+
+void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    throw IoError(fmt::format("cannot create checkpoint directory {}: {}", dir.string(),
+                              error.message()),
+                  {.rank = rank});
+  }
+  const Digest state_digest = compute_state_digest();
+  const std::string state_hex = digest_hex(state_digest);
+  const std::string table_hex = digest_hex(layout.table_digest());
+  const bool pulse = options.mode == Mode::pulse;
+  const bool ddp = options.mode == Mode::ddp;
+
+  if (rank == 0) {
+    io::Metadata metadata{
+        {"format", std::string(state_files::kCheckpointFormat)},
+        {"format_version", std::string(state_files::kFormatVersion)},
+        {"window", std::to_string(window)},
+        {"world_size", std::to_string(world)},
+        {"mode", std::string(mode_name(options.mode))},
+        {"momentum_initialised", momentum_initialised ? "true" : "false"},
+        {"options", to_json(options).dump()},
+        {"table_digest", table_hex},
+        {"state_digest", state_hex},
+    };
+    std::vector<io::TensorSpec> specs;
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const std::string& name = layout.tensors()[t].name;
+      if (ddp) {
+        specs.push_back(spec_of(state_files::kLocal, name,
+                                io::to_tensor_dtype(tensors[t].local.dtype), tensors[t].shape));
+      } else {
+        specs.push_back(spec_of(state_files::kGlobal, name, io::TensorDType::f32, tensors[t].shape));
+        specs.push_back(
+            spec_of(state_files::kMomentum, name, io::TensorDType::f32, tensors[t].shape));
+      }
+    }
+    io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata, specs);
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const std::string& name = layout.tensors()[t].name;
+      if (ddp) {
+        writer.write(std::string(state_files::kLocal) + name,
+                     std::span(static_cast<const std::byte*>(tensors[t].local.data),
+                               tensors[t].local.bytes()));
+      } else {
+        writer.write(std::string(state_files::kGlobal) + name,
+                     std::span<const float>(tensors[t].global));
+        writer.write(std::string(state_files::kMomentum) + name,
+                     std::span<const float>(tensors[t].momentum));
+      }
+    }
+    writer.finish();
+  }
+
+  std::vector<Digest> residual_digests;
+  std::vector<io::TensorSpec> specs;
+  for (std::size_t t = 0; t < tensors.size() && pulse; ++t) {
+    specs.push_back(spec_of(state_files::kResidual, layout.tensors()[t].name, io::TensorDType::f32,
+                            tensors[t].shape));
+    residual_digests.push_back(digest_of<float>(tensors[t].residual));
+  }
+  io::Metadata metadata{
+      {"format", std::string(state_files::kCheckpointRankFormat)},
+      {"format_version", std::string(state_files::kFormatVersion)},
+      {"window", std::to_string(window)},
+      {"rank", std::to_string(rank)},
+      {"world_size", std::to_string(world)},
+      {"table_digest", table_hex},
+      {"state_digest", state_hex},
+      {"residual_digest", digest_hex(combine_digests(residual_digests))},
+  };
+  io::SafetensorsWriter writer(state_files::checkpoint_rank_file(dir, rank), metadata, specs);
+  for (std::size_t t = 0; t < tensors.size() && pulse; ++t) {
+    writer.write(std::string(state_files::kResidual) + layout.tensors()[t].name,
+                 std::span<const float>(tensors[t].residual));
+  }
+  writer.finish();
+  // Every file exists once any rank returns.
+  collectives::barrier(*transport, next_collective());
+  logger().info("checkpoint of window {} written to {} (state digest {})", window, dir.string(),
+                state_hex);
+}
+
+void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
+  const bool pulse = options.mode == Mode::pulse;
+  const bool ddp = options.mode == Mode::ddp;
+  const auto global_path = state_files::checkpoint_global_file(dir);
+  const auto rank_path = state_files::checkpoint_rank_file(dir, rank);
+
+  // Phase 1: validate everything this rank will read, without touching the state.
+  std::exception_ptr local_error;
+  std::uint64_t loaded_window = 0;
+  Digest loaded_digest = 0;
+  bool loaded_momentum_initialised = false;
+  std::optional<io::SafetensorsReader> global_file;
+  std::optional<io::SafetensorsReader> rank_file;
+  try {
+    global_file.emplace(global_path);
+    const io::Metadata& meta = global_file->metadata();
+    check_equal(meta, "format", std::string(state_files::kCheckpointFormat), global_path);
+    check_equal(meta, "format_version", std::string(state_files::kFormatVersion), global_path);
+    check_equal(meta, "world_size", std::to_string(world), global_path);
+    check_equal(meta, "mode", std::string(mode_name(options.mode)), global_path);
+    check_equal(meta, "table_digest", digest_hex(layout.table_digest()), global_path);
+    const EngineOptions saved =
+        options_from_json(nlohmann::json::parse(require(meta, "options", global_path)));
+    if (shared_options_digest(saved) != shared_options_digest(options)) {
+      throw InvalidArgument(fmt::format(
+          "{}: the checkpoint was written with different options: {}", global_path.string(),
+          to_json(saved).dump()));
+    }
+    loaded_window = require_u64(meta, "window", global_path);
+    const std::string& initialised = require(meta, "momentum_initialised", global_path);
+    if (initialised != "true" && initialised != "false") {
+      throw ProtocolError(global_path.string() + ": momentum_initialised is not true/false");
+    }
+    loaded_momentum_initialised = initialised == "true";
+    const std::string& state_hex = require(meta, "state_digest", global_path);
+
+    std::vector<std::byte> buffer;
+    std::vector<Digest> parts;
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const std::string& name = layout.tensors()[t].name;
+      if (ddp) {
+        const auto spec = spec_of(state_files::kLocal, name,
+                                  io::to_tensor_dtype(tensors[t].local.dtype), tensors[t].shape);
+        check_tensor(*global_file, spec);
+        parts.push_back(file_tensor_digest(*global_file, spec.name, buffer));
+        parts.push_back(0);
+      } else {
+        for (auto prefix : {state_files::kGlobal, state_files::kMomentum}) {
+          const auto spec = spec_of(prefix, name, io::TensorDType::f32, tensors[t].shape);
+          check_tensor(*global_file, spec);
+          parts.push_back(file_tensor_digest(*global_file, spec.name, buffer));
+        }
+      }
+    }
+    loaded_digest = combine_digests(parts);
+    if (digest_hex(loaded_digest) != state_hex) {
+      throw ProtocolError(fmt::format("{}: data digest {} does not match the recorded {}",
+                                      global_path.string(), digest_hex(loaded_digest), state_hex));
+    }
+
+    rank_file.emplace(rank_path);
+    const io::Metadata& rank_meta = rank_file->metadata();
+    check_equal(rank_meta, "format", std::string(state_files::kCheckpointRankFormat), rank_path);
+    check_equal(rank_meta, "format_version", std::string(state_files::kFormatVersion), rank_path);
+    check_equal(rank_meta, "rank", std::to_string(rank), rank_path);
+    check_equal(rank_meta, "world_size", std::to_string(world), rank_path);
+    check_equal(rank_meta, "window", std::to_string(loaded_window), rank_path);
+    check_equal(rank_meta, "state_digest", state_hex, rank_path);
+    std::vector<Digest> residual_parts;
+    for (std::size_t t = 0; t < tensors.size() && pulse; ++t) {
+      const auto spec = spec_of(state_files::kResidual, layout.tensors()[t].name,
+                                io::TensorDType::f32, tensors[t].shape);
+      check_tensor(*rank_file, spec);
+      residual_parts.push_back(file_tensor_digest(*rank_file, spec.name, buffer));
+    }
+    check_equal(rank_meta, "residual_digest", digest_hex(combine_digests(residual_parts)),
+                rank_path);
+  } catch (...) {
+    local_error = std::current_exception();
+  }
+
+  // Phase 2: every rank must have validated the same checkpoint.
+  const std::uint64_t token =
+      local_error ? 0
+                  : combine_digests(std::array<Digest, 2>{loaded_window, loaded_digest}) | 1u;
+  const auto tokens = collectives::allgather_u64(*transport, token, next_collective());
+  if (local_error) std::rethrow_exception(local_error);
+  std::vector<int> disagreeing;
+  for (int r = 0; r < world; ++r) {
+    if (tokens[static_cast<std::size_t>(r)] != token) disagreeing.push_back(r);
+  }
+  if (!disagreeing.empty()) {
+    throw InvalidArgument(fmt::format("checkpoint {} could not be loaded consistently: these "
+                                      "ranks failed or read a different state; nothing changed",
+                                      dir.string()),
+                          {.rank = rank, .ranks = disagreeing});
+  }
+
+  // Phase 3: load.
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const std::string& name = layout.tensors()[t].name;
+    TensorState& state = tensors[t];
+    if (ddp) {
+      global_file->read(std::string(state_files::kLocal) + name,
+                        std::span(static_cast<std::byte*>(state.local.data), state.local.bytes()));
+      continue;
+    }
+    global_file->read(std::string(state_files::kGlobal) + name,
+                      std::as_writable_bytes(std::span(state.global)));
+    global_file->read(std::string(state_files::kMomentum) + name,
+                      std::as_writable_bytes(std::span(state.momentum)));
+    if (pulse) {
+      rank_file->read(std::string(state_files::kResidual) + name,
+                      std::as_writable_bytes(std::span(state.residual)));
+    } else {
+      std::fill(state.residual.begin(), state.residual.end(), 0.0f);
+    }
+  }
+  if (!ddp) {
+    pool.parallel_for(layout.chunks().size(), [&](std::size_t c) {
+      const ChunkRef& chunk = layout.chunks()[c];
+      TensorState& state = tensors[chunk.tensor];
+      kernels::reset_local(state.global.data() + chunk.begin,
+                           static_cast<std::byte*>(state.local.data) +
+                               chunk.begin * dtype_size(state.local.dtype),
+                           state.local.dtype, chunk.length);
+    });
+  }
+  window = loaded_window;
+  momentum_initialised = loaded_momentum_initialised;
+  steps_in_window = 0;
+  logger().info("resumed from {} at window {} (state digest {})", dir.string(), window,
+                digest_hex(loaded_digest));
+}
+
+}  // namespace pulseloco

@@ -1,0 +1,170 @@
+#include "engine/replay.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "base/errors.h"
+#include "engine/engine.h"
+#include "engine/state_files.h"
+#include "io/safetensors.h"
+#include "transport/inproc/inproc.h"
+
+namespace pulseloco {
+namespace {
+
+struct TracedTensor {
+  std::string name;
+  DType dtype = DType::float32;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t numel = 0;
+};
+
+// The model's tensors in order, from the "local.<name>" entries (files list tensors in the order
+// they were written, which is the model's order).
+std::vector<TracedTensor> traced_tensors(const io::SafetensorsReader& reader) {
+  std::vector<TracedTensor> result;
+  const std::string prefix(state_files::kLocal);
+  for (const io::TensorInfo& info : reader.tensors()) {
+    if (info.spec.name.rfind(prefix, 0) != 0) continue;
+    const auto dtype = io::to_core_dtype(info.spec.dtype);
+    if (!dtype) {
+      throw ProtocolError(fmt::format("{}: '{}' has dtype {}, expected F32 or BF16",
+                                      reader.path().string(), info.spec.name,
+                                      io::tensor_dtype_name(info.spec.dtype)));
+    }
+    result.push_back({info.spec.name.substr(prefix.size()), *dtype, info.spec.shape,
+                      info.spec.numel()});
+  }
+  return result;
+}
+
+std::uint64_t count_rank_files(const std::filesystem::path& window_dir) {
+  const std::regex pattern(R"(rank-(\d{5})\.in\.safetensors)");
+  std::uint64_t count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(window_dir)) {
+    if (std::regex_match(entry.path().filename().string(), pattern)) ++count;
+  }
+  return count;
+}
+
+void compare(const io::SafetensorsReader& expected, const std::string& key,
+             std::span<const std::byte> actual, int rank, ReplayResult& result) {
+  std::vector<std::byte> bytes(expected.tensor(key).byte_size());
+  if (bytes.size() != actual.size()) {
+    result.differences.push_back({rank, key, 0, actual.size()});
+    return;
+  }
+  expected.read(key, bytes);
+  const std::size_t element = io::tensor_dtype_size(expected.tensor(key).spec.dtype);
+  ReplayDifference difference{rank, key, 0, 0};
+  for (std::size_t i = 0; i < bytes.size(); i += element) {
+    if (std::memcmp(bytes.data() + i, actual.data() + i, element) != 0) {
+      if (difference.differing++ == 0) difference.first_index = i / element;
+    }
+  }
+  if (difference.differing > 0) result.differences.push_back(difference);
+  ++result.tensors_compared;
+}
+
+}  // namespace
+
+std::vector<std::uint64_t> traced_windows(const std::filesystem::path& trace_dir) {
+  if (!std::filesystem::is_directory(trace_dir)) {
+    throw InvalidArgument(fmt::format("{} is not a directory", trace_dir.string()));
+  }
+  const std::regex pattern(R"(window-(\d{6}))");
+  std::vector<std::uint64_t> windows;
+  for (const auto& entry : std::filesystem::directory_iterator(trace_dir)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(name, match, pattern)) {
+      windows.push_back(std::stoull(match[1].str()));
+    }
+  }
+  std::sort(windows.begin(), windows.end());
+  return windows;
+}
+
+ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t window) {
+  const auto window_dir = state_files::trace_window_dir(trace_dir, window);
+  if (!std::filesystem::is_directory(window_dir)) {
+    throw InvalidArgument(fmt::format("no trace of window {} in {}", window, trace_dir.string()));
+  }
+  const auto first = io::SafetensorsReader(state_files::trace_file(trace_dir, window, 0, true));
+  const io::Metadata& meta = first.metadata();
+  const auto world = static_cast<int>(state_files::require_u64(meta, "world_size", first.path()));
+  if (world < 1 || count_rank_files(window_dir) != static_cast<std::uint64_t>(world)) {
+    throw InvalidArgument(fmt::format("{}: expected inputs of {} ranks, found {}",
+                                      window_dir.string(), world, count_rank_files(window_dir)));
+  }
+  for (int r = 0; r < world; ++r) {
+    for (bool inputs : {true, false}) {
+      const auto path = state_files::trace_file(trace_dir, window, r, inputs);
+      if (!std::filesystem::exists(path)) {
+        throw InvalidArgument(fmt::format("trace file {} is missing", path.string()));
+      }
+    }
+  }
+  EngineOptions options =
+      options_from_json(nlohmann::json::parse(state_files::require(meta, "options", first.path())));
+  options.trace_dir.clear();
+  options.threads = std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
+  const std::vector<TracedTensor> tensors = traced_tensors(first);
+
+  // Each rank's θ_l lives in buffers owned here; the engines see views of them.
+  std::vector<std::vector<std::vector<std::byte>>> locals(static_cast<std::size_t>(world));
+  auto transports = transport::inproc::make_group(world);
+  std::vector<std::unique_ptr<Engine>> engines(static_cast<std::size_t>(world));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      const auto index = static_cast<std::size_t>(r);
+      try {
+        std::vector<NamedTensor> parameters;
+        for (const TracedTensor& t : tensors) {
+          auto& buffer = locals[index].emplace_back(t.numel * dtype_size(t.dtype));
+          parameters.push_back(
+              {t.name, TensorView{buffer.data(), t.numel, t.dtype, Device{}}, t.shape});
+        }
+        engines[index] = std::make_unique<Engine>(std::move(parameters), options,
+                                                  std::move(transports[index]));
+        engines[index]->load_trace_inputs(state_files::trace_file(trace_dir, window, r, true));
+        (void)engines[index]->run_window();
+      } catch (...) {
+        errors[index] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+
+  ReplayResult result;
+  result.window = window;
+  result.world_size = world;
+  for (int r = 0; r < world; ++r) {
+    const auto index = static_cast<std::size_t>(r);
+    const io::SafetensorsReader expected(state_files::trace_file(trace_dir, window, r, false));
+    for (std::size_t t = 0; t < tensors.size(); ++t) {
+      const std::string& name = tensors[t].name;
+      compare(expected, std::string(state_files::kGlobal) + name,
+              std::as_bytes(engines[index]->global_weights(t)), r, result);
+      compare(expected, std::string(state_files::kMomentum) + name,
+              std::as_bytes(engines[index]->momentum(t)), r, result);
+      compare(expected, std::string(state_files::kResidual) + name,
+              std::as_bytes(engines[index]->residual(t)), r, result);
+      compare(expected, std::string(state_files::kLocal) + name, locals[index][t], r, result);
+    }
+  }
+  return result;
+}
+
+}  // namespace pulseloco

@@ -1,0 +1,50 @@
+#include "engine/state_files.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+#include "base/errors.h"
+
+namespace pulseloco::state_files {
+
+std::filesystem::path checkpoint_global_file(const std::filesystem::path& dir) {
+  return dir / "global.safetensors";
+}
+
+std::filesystem::path checkpoint_rank_file(const std::filesystem::path& dir, int rank) {
+  return dir / fmt::format("rank-{:05}.safetensors", rank);
+}
+
+std::filesystem::path trace_window_dir(const std::filesystem::path& dir, std::uint64_t window) {
+  return dir / fmt::format("window-{:06}", window);
+}
+
+std::filesystem::path trace_file(const std::filesystem::path& dir, std::uint64_t window, int rank,
+                                 bool inputs) {
+  return trace_window_dir(dir, window) /
+         fmt::format("rank-{:05}.{}.safetensors", rank, inputs ? "in" : "out");
+}
+
+const std::string& require(const io::Metadata& metadata, const std::string& key,
+                           const std::filesystem::path& file) {
+  const auto it = metadata.find(key);
+  if (it == metadata.end()) {
+    throw ProtocolError(fmt::format("{}: metadata has no '{}'", file.string(), key));
+  }
+  return it->second;
+}
+
+std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,
+                          const std::filesystem::path& file) {
+  const std::string& text = require(metadata, key, file);
+  std::uint64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size()) {
+    throw ProtocolError(
+        fmt::format("{}: metadata '{}' = '{}' is not an unsigned integer", file.string(), key, text));
+  }
+  return value;
+}
+
+}  // namespace pulseloco::state_files

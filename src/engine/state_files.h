@@ -1,0 +1,39 @@
+// Internal: the layout of pulseloco's state files (checkpoints and window traces), shared by
+// checkpoint.cpp, trace.cpp and replay.cpp. docs/operations.md describes the files for users.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "io/safetensors.h"
+
+namespace pulseloco::state_files {
+
+inline constexpr std::string_view kCheckpointFormat = "pulseloco-checkpoint";
+inline constexpr std::string_view kCheckpointRankFormat = "pulseloco-checkpoint-rank";
+inline constexpr std::string_view kTraceFormat = "pulseloco-trace";
+inline constexpr std::string_view kFormatVersion = "1";
+
+// Tensor name prefixes inside the files.
+inline constexpr std::string_view kGlobal = "global.";      // θ_g, F32
+inline constexpr std::string_view kMomentum = "momentum.";  // m, F32
+inline constexpr std::string_view kResidual = "residual.";  // e, F32
+inline constexpr std::string_view kLocal = "local.";        // θ_l, the model's dtype
+
+[[nodiscard]] std::filesystem::path checkpoint_global_file(const std::filesystem::path& dir);
+[[nodiscard]] std::filesystem::path checkpoint_rank_file(const std::filesystem::path& dir,
+                                                         int rank);
+[[nodiscard]] std::filesystem::path trace_window_dir(const std::filesystem::path& dir,
+                                                     std::uint64_t window);
+[[nodiscard]] std::filesystem::path trace_file(const std::filesystem::path& dir,
+                                               std::uint64_t window, int rank, bool inputs);
+
+// Metadata helpers: every value is a string in safetensors.
+[[nodiscard]] const std::string& require(const io::Metadata& metadata, const std::string& key,
+                                         const std::filesystem::path& file);
+[[nodiscard]] std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,
+                                        const std::filesystem::path& file);
+
+}  // namespace pulseloco::state_files

@@ -1,0 +1,59 @@
+// libtorch integration: wrap a module's parameters and call one method after each optimizer
+// step. The only part of pulseloco that includes libtorch.
+//
+//   pulseloco::libtorch::Synchronizer sync(model->named_parameters(), options, std::move(t));
+//   for (...) {
+//     loss.backward();
+//     sync.before_optimizer_step();   // ddp averages gradients here; a no-op otherwise
+//     optimizer.step();
+//     if (auto report = sync.after_optimizer_step()) { ... }  // a window ran
+//   }
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace pulseloco::libtorch {
+
+class Synchronizer {
+ public:
+  // Collective. Parameters must be contiguous fp32 or bf16 tensors, all on the CPU or all on
+  // one CUDA device (CUDA parameters are staged through pinned host buffers at each window).
+  // Rank 0's values are broadcast into every replica.
+  Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+               EngineOptions options, std::unique_ptr<transport::Transport> transport);
+  ~Synchronizer();
+  Synchronizer(const Synchronizer&) = delete;
+  Synchronizer& operator=(const Synchronizer&) = delete;
+
+  // ddp: average every parameter's gradient across ranks (collective). Other modes: nothing.
+  void before_optimizer_step();
+
+  // Counts the step; every H-th call runs a window (collective) and returns its report.
+  [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
+
+  void save_checkpoint(const std::filesystem::path& dir);
+  void load_checkpoint(const std::filesystem::path& dir);
+
+  [[nodiscard]] Engine& engine() noexcept { return *engine_; }
+
+ private:
+  void stage_to_host();
+  void stage_from_host();
+
+  std::vector<std::string> names_;
+  std::vector<torch::Tensor> parameters_;  // the user's tensors
+  std::vector<torch::Tensor> host_;        // what the engine sees (== parameters_ on the CPU)
+  bool staged_ = false;
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace pulseloco::libtorch
