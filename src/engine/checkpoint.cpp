@@ -67,6 +67,7 @@ void check_equal(const io::Metadata& metadata, const std::string& key, const std
 }  // namespace
 
 void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
+  begin_operation();
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
@@ -151,6 +152,7 @@ void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
 }
 
 void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
+  begin_operation();
   const bool pulse = options.mode == Mode::pulse;
   const bool ddp = options.mode == Mode::ddp;
   const auto global_path = state_files::checkpoint_global_file(dir);

@@ -31,8 +31,12 @@ double seconds_since(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-// Tags: every collective of the engine gets its own range, in the same order on every rank.
-constexpr int kTagShift = 24;
+// Tags: every public operation (start-up, window attempt, gradient average, checkpoint) gets its
+// own range and every collective inside it a sub-range, the low bits being the collective's
+// own. Ranks agree on the numbering as long as they call the same operations in the same
+// order, even when an attempt failed half-way on some ranks (the next one starts afresh).
+constexpr int kOperationShift = 32;
+constexpr int kCollectiveShift = 20;
 
 }  // namespace
 
@@ -42,15 +46,33 @@ collectives::CollectiveOptions Engine::Impl::next_collective() {
   collectives::CollectiveOptions c;
   c.timeout = options.timeout;
   c.algorithm = options.allgather;
-  c.tag = (++tag_sequence) << kTagShift;
+  c.tag = (operation_counter << kOperationShift) | (++collective_in_operation << kCollectiveShift);
   return c;
 }
 
-void Engine::Impl::check_agreement(std::uint64_t mine, const char* what) {
+void Engine::Impl::begin_operation() {
+  ++operation_counter;
+  collective_in_operation = 0;
+}
+
+void Engine::Impl::check_agreement(std::uint64_t mine, const char* what,
+                                   const std::exception_ptr& local_error) {
+  // `mine` is 0 when this rank failed locally (then its own error is thrown).
   const auto all = collectives::allgather_u64(*transport, mine, next_collective());
+  if (local_error) std::rethrow_exception(local_error);
+  std::vector<int> failed;
   std::vector<int> differing;
   for (int r = 0; r < world; ++r) {
-    if (all[static_cast<std::size_t>(r)] != all[0]) differing.push_back(r);
+    const std::uint64_t theirs = all[static_cast<std::size_t>(r)];
+    if (theirs == 0) {
+      failed.push_back(r);
+    } else if (theirs != all[0] && all[0] != 0) {
+      differing.push_back(r);
+    }
+  }
+  if (!failed.empty()) {
+    throw InvalidArgument("these ranks could not start (invalid parameters; see their logs)",
+                          {.rank = rank, .ranks = failed});
   }
   if (!differing.empty()) {
     throw InvalidArgument(fmt::format("{} differ from rank 0's on these ranks", what),
@@ -89,44 +111,54 @@ void Engine::Impl::broadcast_initial_weights() {
 }
 
 void Engine::Impl::start(std::vector<NamedTensor> parameters) {
+  begin_operation();
+  // Invalid options are refused before any communication (the timeout itself may be invalid).
   options.validate();
   if (!transport) throw InvalidArgument("the engine needs a transport");
   rank = transport->rank();
   world = transport->size();
-  std::vector<TensorInfo> infos;
-  infos.reserve(parameters.size());
-  for (const auto& p : parameters) {
-    if (p.view.dtype != DType::float32 && p.view.dtype != DType::bfloat16) {
-      throw InvalidArgument("parameters must be float32 or bfloat16", {.tensor = p.name});
+
+  // A rank with invalid parameters still takes part in the agreement rounds below, so that
+  // every rank fails at once instead of waiting for it until the timeout.
+  std::exception_ptr local_error;
+  try {
+    std::vector<TensorInfo> infos;
+    infos.reserve(parameters.size());
+    tensors.resize(parameters.size());
+    for (std::size_t t = 0; t < parameters.size(); ++t) {
+      const NamedTensor& p = parameters[t];
+      if (p.view.dtype != DType::float32 && p.view.dtype != DType::bfloat16) {
+        throw InvalidArgument("parameters must be float32 or bfloat16", {.tensor = p.name});
+      }
+      if (!p.view.device.is_cpu()) {
+        throw InvalidArgument(
+            "this engine keeps its state on the CPU; pass CPU tensors (the libtorch adapter "
+            "stages CUDA parameters through host memory)",
+            {.tensor = p.name});
+      }
+      if (p.view.numel > 0 && p.view.data == nullptr) {
+        throw InvalidArgument("parameter has elements but no data", {.tensor = p.name});
+      }
+      std::vector<std::uint64_t> shape =
+          p.shape.empty() ? std::vector<std::uint64_t>{p.view.numel} : p.shape;
+      std::uint64_t product = 1;
+      for (std::uint64_t d : shape) product *= d;
+      if (product != p.view.numel) {
+        throw InvalidArgument("shape does not match the element count", {.tensor = p.name});
+      }
+      tensors[t].local = p.view;
+      tensors[t].shape = std::move(shape);
+      infos.push_back({p.name, p.view.numel, p.view.dtype});
     }
-    if (!p.view.device.is_cpu()) {
-      throw InvalidArgument(
-          "this engine keeps its state on the CPU; pass CPU tensors (the libtorch adapter "
-          "stages CUDA parameters through host memory)",
-          {.tensor = p.name});
-    }
-    if (p.view.numel > 0 && p.view.data == nullptr) {
-      throw InvalidArgument("parameter has elements but no data", {.tensor = p.name});
-    }
-    infos.push_back({p.name, p.view.numel, p.view.dtype});
+    layout = Layout(std::move(infos), options.chunk_elements, options.bucket_elements);
+  } catch (...) {
+    local_error = std::current_exception();
   }
-  layout = Layout(std::move(infos), options.chunk_elements, options.bucket_elements);
+  check_agreement(local_error ? 0 : shared_options_digest(options) | 1u,
+                  "options (mode, H, outer lr/momentum, chunking, codec)", local_error);
+  check_agreement(layout.table_digest() | 1u, "parameter tables (names, sizes, dtypes)", nullptr);
 
-  check_agreement(shared_options_digest(options),
-                  "options (mode, H, outer lr/momentum, chunking, codec)");
-  check_agreement(layout.table_digest(), "parameter tables (names, sizes, dtypes)");
-
-  tensors.resize(parameters.size());
-  for (std::size_t t = 0; t < parameters.size(); ++t) {
-    TensorState& state = tensors[t];
-    state.local = parameters[t].view;
-    state.shape = parameters[t].shape.empty() ? std::vector<std::uint64_t>{state.local.numel}
-                                              : parameters[t].shape;
-    std::uint64_t product = 1;
-    for (std::uint64_t d : state.shape) product *= d;
-    if (product != state.local.numel) {
-      throw InvalidArgument("shape does not match the element count", {.tensor = parameters[t].name});
-    }
+  for (TensorState& state : tensors) {
     if (options.mode != Mode::ddp) {
       state.global.assign(state.local.numel, 0.0f);
       state.momentum.assign(state.local.numel, 0.0f);
@@ -457,6 +489,7 @@ void Engine::Impl::run_diloco(WindowReport& report) {
 }
 
 void Engine::Impl::average_gradients(std::span<const TensorView> gradients) {
+  begin_operation();
   if (options.mode != Mode::ddp) {
     throw InvalidArgument("average_gradients() is for mode ddp; this run is mode " +
                           std::string(mode_name(options.mode)));
@@ -560,6 +593,7 @@ void Engine::Impl::verify(WindowReport& report) {
 }
 
 WindowReport Engine::Impl::run_window() {
+  begin_operation();
   const auto start = SteadyClock::now();
   WindowReport report;
   report.window = window;

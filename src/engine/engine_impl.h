@@ -74,7 +74,8 @@ struct Engine::Impl {
   std::uint64_t window = 0;           // windows committed
   bool momentum_initialised = false;  // false until the first outer step (m = g)
   std::uint64_t steps_in_window = 0;  // optimizer steps since the last window
-  std::uint64_t tag_sequence = 0;
+  std::uint64_t operation_counter = 0;        // see next_collective()
+  std::uint64_t collective_in_operation = 0;
   // ddp: what the gradient all-reduces of the current window moved.
   std::uint64_t ddp_payload_bytes = 0;
   double ddp_exchange_seconds = 0;
@@ -84,10 +85,11 @@ struct Engine::Impl {
       : options(std::move(opts)), transport(std::move(t)), pool(options.threads) {}
 
   collectives::CollectiveOptions next_collective();
+  void begin_operation();
 
   // --- start-up ---------------------------------------------------------------------------
 
-  void check_agreement(std::uint64_t mine, const char* what);
+  void check_agreement(std::uint64_t mine, const char* what, const std::exception_ptr& local_error);
 
   void broadcast_initial_weights();
 

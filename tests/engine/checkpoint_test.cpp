@@ -1,0 +1,205 @@
+// Checkpoint/resume continues bit-identically; damaged checkpoints are refused without changing
+// anything; window traces replay bit-identically and a tampered trace is caught.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "base/errors.h"
+#include "engine/engine.h"
+#include "engine/replay.h"
+#include "engine_test_util.h"
+#include "io/safetensors.h"
+
+namespace pulseloco {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::LocalModel;
+
+constexpr int kWorld = 3;
+const std::vector<std::uint64_t> kSizes{2500, 1, 700};
+
+EngineOptions options_for_test() {
+  EngineOptions options;
+  options.steps_per_window = 2;
+  options.chunk_elements = 1024;
+  options.threads = 2;
+  options.timeout = std::chrono::milliseconds(20'000);
+  return options;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("pulseloco_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+struct Run {
+  std::vector<LocalModel> models;
+  std::vector<std::unique_ptr<Engine>> engines;
+
+  Run(const EngineOptions& options, std::uint32_t seed) {
+    for (int r = 0; r < kWorld; ++r) {
+      models.push_back(testing::make_model(kSizes, DType::float32, seed + static_cast<std::uint32_t>(r)));
+    }
+    auto transports = transport::inproc::make_group(kWorld);
+    engines.resize(kWorld);
+    testing::rethrow_first(testing::run_ranks(kWorld, [&](int r) {
+      const auto i = static_cast<std::size_t>(r);
+      engines[i] = std::make_unique<Engine>(testing::views_of(models[i]), options,
+                                            std::move(transports[i]));
+    }));
+  }
+
+  // Local training (deterministic per window and rank) followed by a window, on every rank.
+  void window(int index) {
+    for (int r = 0; r < kWorld; ++r) {
+      testing::local_training(models[static_cast<std::size_t>(r)], 3e-5f, 2,
+                              static_cast<std::uint32_t>(1000 * index + r));
+    }
+    testing::rethrow_first(testing::run_ranks(kWorld, [&](int r) {
+      (void)engines[static_cast<std::size_t>(r)]->run_window();
+    }));
+  }
+
+  void on_all(const std::function<void(Engine&)>& fn) {
+    testing::rethrow_first(testing::run_ranks(
+        kWorld, [&](int r) { fn(*engines[static_cast<std::size_t>(r)]); }));
+  }
+};
+
+void expect_same_state(const Run& a, const Run& b) {
+  for (int r = 0; r < kWorld; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    EXPECT_EQ(a.engines[i]->window(), b.engines[i]->window());
+    for (std::size_t t = 0; t < kSizes.size(); ++t) {
+      const auto ga = a.engines[i]->global_weights(t), gb = b.engines[i]->global_weights(t);
+      const auto ma = a.engines[i]->momentum(t), mb = b.engines[i]->momentum(t);
+      const auto ea = a.engines[i]->residual(t), eb = b.engines[i]->residual(t);
+      ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size_bytes())) << r << "/" << t;
+      ASSERT_EQ(0, std::memcmp(ma.data(), mb.data(), ma.size_bytes())) << r << "/" << t;
+      ASSERT_EQ(0, std::memcmp(ea.data(), eb.data(), ea.size_bytes())) << r << "/" << t;
+      ASSERT_EQ(a.models[i][t].f32, b.models[i][t].f32) << r << "/" << t;
+    }
+  }
+}
+
+TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
+  const fs::path dir = fresh_dir("resume");
+  const EngineOptions options = options_for_test();
+
+  Run uninterrupted(options, 10);
+  for (int w = 0; w < 5; ++w) uninterrupted.window(w);
+
+  Run first(options, 10);
+  for (int w = 0; w < 2; ++w) first.window(w);
+  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  EXPECT_TRUE(fs::exists(dir / "global.safetensors"));
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_TRUE(fs::exists(dir / ("rank-0000" + std::to_string(r) + ".safetensors")));
+  }
+
+  // A new job, started from other weights, resumes from the checkpoint.
+  Run resumed(options, 777);
+  resumed.on_all([&](Engine& e) { e.load_checkpoint(dir); });
+  for (int w = 2; w < 5; ++w) resumed.window(w);
+  expect_same_state(uninterrupted, resumed);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
+  const fs::path dir = fresh_dir("damaged");
+  const EngineOptions options = options_for_test();
+  Run run(options, 20);
+  run.window(0);
+  run.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  run.window(1);
+  std::vector<Digest> before;
+  for (const auto& e : run.engines) before.push_back(e->state_digest());
+
+  // Flip one byte of rank 1's residual data: only rank 1 can notice, but every rank refuses.
+  const fs::path victim = dir / "rank-00001.safetensors";
+  {
+    const io::SafetensorsReader reader(victim);
+    const auto& info = reader.tensor("residual.tensor0");
+    std::fstream file(victim, std::ios::in | std::ios::out | std::ios::binary);
+    const auto offset =
+        static_cast<std::streamoff>(reader.data_section_offset() + info.data_begin + 5);
+    file.seekg(offset);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    file.seekp(offset);
+    file.write(&byte, 1);
+  }
+  const auto errors = testing::run_ranks(kWorld, [&](int r) {
+    run.engines[static_cast<std::size_t>(r)]->load_checkpoint(dir);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " loaded";
+    EXPECT_EQ(run.engines[static_cast<std::size_t>(r)]->state_digest(),
+              before[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(run.engines[static_cast<std::size_t>(r)]->window(), 2u);
+  }
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank-00001"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, MissingDirectoryIsAClearError) {
+  const EngineOptions options = options_for_test();
+  Run run(options, 30);
+  const auto errors = testing::run_ranks(kWorld, [&](int r) {
+    run.engines[static_cast<std::size_t>(r)]->load_checkpoint("/nonexistent/pulseloco/ckpt");
+  });
+  for (const auto& error : errors) {
+    ASSERT_TRUE(error);
+    EXPECT_THROW(std::rethrow_exception(error), Error);
+  }
+}
+
+TEST(Trace, EveryTracedWindowReplaysBitIdenticallyAndTamperingIsCaught) {
+  const fs::path dir = fresh_dir("trace");
+  EngineOptions options = options_for_test();
+  options.trace_dir = dir.string();
+  Run run(options, 40);
+  for (int w = 0; w < 3; ++w) run.window(w);
+
+  EXPECT_EQ(traced_windows(dir), (std::vector<std::uint64_t>{0, 1, 2}));
+  for (std::uint64_t w : traced_windows(dir)) {
+    const ReplayResult result = replay_window(dir, w);
+    EXPECT_TRUE(result.identical()) << "window " << w;
+    EXPECT_EQ(result.world_size, kWorld);
+    EXPECT_EQ(result.tensors_compared, kWorld * kSizes.size() * 4);
+  }
+
+  // Change one recorded output value: the replay must point at it.
+  const fs::path out = dir / "window-000001" / "rank-00002.out.safetensors";
+  {
+    const io::SafetensorsReader reader(out);
+    const auto& info = reader.tensor("global.tensor2");
+    std::fstream file(out, std::ios::in | std::ios::out | std::ios::binary);
+    const auto offset =
+        static_cast<std::streamoff>(reader.data_section_offset() + info.data_begin + 4 * 123);
+    file.seekp(offset);
+    const float changed = 1.0f;
+    file.write(reinterpret_cast<const char*>(&changed), sizeof changed);
+  }
+  const ReplayResult tampered = replay_window(dir, 1);
+  ASSERT_FALSE(tampered.identical());
+  ASSERT_EQ(tampered.differences.size(), 1u);
+  EXPECT_EQ(tampered.differences[0].rank, 2);
+  EXPECT_EQ(tampered.differences[0].tensor, "global.tensor2");
+  EXPECT_EQ(tampered.differences[0].first_index, 123u);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pulseloco

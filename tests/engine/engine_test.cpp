@@ -1,0 +1,351 @@
+// The window engine end to end over an in-process group: bit-identity with the scalar reference
+// of docs/algorithm.md, replicas identical, atomic failure, start-up checks, dense modes.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "base/errors.h"
+#include "engine_test_util.h"
+#include "transport/inproc/inproc.h"
+
+namespace pulseloco {
+namespace {
+
+using testing::LocalModel;
+using testing::ReferenceState;
+
+EngineOptions small_options(Mode mode = Mode::pulse) {
+  EngineOptions options;
+  options.mode = mode;
+  options.steps_per_window = 4;
+  options.chunk_elements = 1024;  // several chunks per tensor
+  options.bucket_elements = 4096;
+  options.threads = 2;
+  options.timeout = std::chrono::milliseconds(20'000);
+  return options;
+}
+
+std::vector<std::unique_ptr<Engine>> start_engines(std::vector<LocalModel>& models,
+                                                   const EngineOptions& options,
+                                                   transport::inproc::InprocOptions inproc = {}) {
+  const int world = static_cast<int>(models.size());
+  auto transports = transport::inproc::make_group(world, std::move(inproc));
+  std::vector<std::unique_ptr<Engine>> engines(models.size());
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] = std::make_unique<Engine>(testing::views_of(models[i]), options,
+                                          std::move(transports[i]));
+  }));
+  return engines;
+}
+
+void expect_matches_reference(const std::vector<std::unique_ptr<Engine>>& engines,
+                              const ReferenceState& reference,
+                              const std::vector<LocalModel>& models,
+                              const std::vector<LocalModel>& reference_models) {
+  for (std::size_t r = 0; r < engines.size(); ++r) {
+    for (std::size_t t = 0; t < reference.global.size(); ++t) {
+      const auto global = engines[r]->global_weights(t);
+      const auto momentum = engines[r]->momentum(t);
+      const auto residual = engines[r]->residual(t);
+      ASSERT_EQ(global.size(), reference.global[t].size());
+      ASSERT_EQ(0, std::memcmp(global.data(), reference.global[t].data(), global.size_bytes()))
+          << "θ_g of rank " << r << " tensor " << t;
+      ASSERT_EQ(0, std::memcmp(momentum.data(), reference.momentum[t].data(),
+                               momentum.size_bytes()))
+          << "m of rank " << r << " tensor " << t;
+      ASSERT_EQ(0, std::memcmp(residual.data(), reference.residual[r][t].data(),
+                               residual.size_bytes()))
+          << "e of rank " << r << " tensor " << t;
+      const auto& local = models[r][t];
+      const auto& expected_local = reference_models[r][t];
+      ASSERT_EQ(local.f32, expected_local.f32) << "θ_l of rank " << r << " tensor " << t;
+      ASSERT_EQ(local.bf16, expected_local.bf16) << "θ_l of rank " << r << " tensor " << t;
+    }
+  }
+}
+
+struct PulseCase {
+  int world;
+  DType dtype;
+};
+
+class EnginePulse : public ::testing::TestWithParam<PulseCase> {};
+
+TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
+  const auto [world, dtype] = GetParam();
+  // Sizes: empty, one element, odd, several chunks, a non-multiple of the chunk size.
+  const std::vector<std::uint64_t> sizes{0, 1, 37, 3000, 4097};
+  const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;  // bf16 models need visible steps
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r) {
+    models.push_back(testing::make_model(sizes, dtype, r == 0 ? 7 : 1000 + r));  // rank 0 wins
+  }
+  const EngineOptions options = small_options();
+  auto engines = start_engines(models, options);
+  // After start-up every replica holds rank 0's weights.
+  for (int r = 1; r < world; ++r) {
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      ASSERT_EQ(models[static_cast<std::size_t>(r)][t].f32, models[0][t].f32);
+      ASSERT_EQ(models[static_cast<std::size_t>(r)][t].bf16, models[0][t].bf16);
+    }
+  }
+  ReferenceState reference = testing::reference_start(models[0], world);
+  std::vector<LocalModel> reference_models = models;
+
+  for (int window = 0; window < 4; ++window) {
+    for (int r = 0; r < world; ++r) {
+      const auto seed = static_cast<std::uint32_t>(100 * window + r);
+      testing::local_training(models[static_cast<std::size_t>(r)], lr, 4, seed);
+      testing::local_training(reference_models[static_cast<std::size_t>(r)], lr, 4, seed);
+    }
+    std::vector<WindowReport> reports(static_cast<std::size_t>(world));
+    testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+      reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
+    }));
+    testing::reference_window(reference, reference_models, options.outer_lr,
+                              options.outer_momentum);
+    expect_matches_reference(engines, reference, models, reference_models);
+    for (const auto& report : reports) {
+      EXPECT_EQ(report.window, static_cast<std::uint64_t>(window));
+      EXPECT_TRUE(report.replicas_identical);
+      EXPECT_EQ(report.rank_digests.size(), static_cast<std::size_t>(world));
+      EXPECT_EQ(report.digest, reports[0].digest);
+      EXPECT_GT(report.entries_sent, 0u);
+      EXPECT_LT(report.density, 1.0);
+      EXPECT_EQ(report.diloco_bytes, report.parameters * 4);
+      EXPECT_EQ(report.ddp_bytes, report.parameters * 4 * options.steps_per_window);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndDtypes, EnginePulse,
+    ::testing::Values(PulseCase{1, DType::float32}, PulseCase{2, DType::float32},
+                      PulseCase{3, DType::bfloat16}, PulseCase{4, DType::float32},
+                      PulseCase{5, DType::bfloat16}),
+    [](const auto& info) {
+      return "R" + std::to_string(info.param.world) + "_" +
+             std::string(dtype_name(info.param.dtype));
+    });
+
+TEST(Engine, AfterOptimizerStepRunsAWindowEveryHSteps) {
+  std::vector<LocalModel> models{testing::make_model({100}, DType::float32, 1),
+                                 testing::make_model({100}, DType::float32, 2)};
+  auto options = small_options();
+  options.steps_per_window = 3;
+  auto engines = start_engines(models, options);
+  testing::rethrow_first(testing::run_ranks(2, [&](int r) {
+    Engine& engine = *engines[static_cast<std::size_t>(r)];
+    for (int step = 1; step <= 7; ++step) {
+      EXPECT_EQ(engine.next_step_runs_window(), step % 3 == 0);
+      const auto report = engine.after_optimizer_step();
+      EXPECT_EQ(report.has_value(), step % 3 == 0) << "step " << step;
+    }
+    EXPECT_EQ(engine.window(), 2u);
+  }));
+}
+
+TEST(Engine, MismatchedOptionsAreRejectedNamingTheRanks) {
+  std::vector<LocalModel> models{testing::make_model({10}, DType::float32, 1),
+                                 testing::make_model({10}, DType::float32, 2),
+                                 testing::make_model({10}, DType::float32, 3)};
+  auto transports = transport::inproc::make_group(3);
+  const auto errors = testing::run_ranks(3, [&](int r) {
+    auto options = small_options();
+    if (r == 2) options.outer_lr = 0.5f;
+    Engine engine(testing::views_of(models[static_cast<std::size_t>(r)]), options,
+                  std::move(transports[static_cast<std::size_t>(r)]));
+  });
+  for (const auto& error : errors) {
+    ASSERT_TRUE(error);
+    try {
+      std::rethrow_exception(error);
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.context().ranks, std::vector<int>{2}) << e.what();
+      EXPECT_NE(std::string(e.what()).find("options"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Engine, MismatchedTensorTablesAreRejected) {
+  std::vector<LocalModel> models{testing::make_model({10, 5}, DType::float32, 1),
+                                 testing::make_model({10, 6}, DType::float32, 2)};
+  auto transports = transport::inproc::make_group(2);
+  const auto errors = testing::run_ranks(2, [&](int r) {
+    Engine engine(testing::views_of(models[static_cast<std::size_t>(r)]), small_options(),
+                  std::move(transports[static_cast<std::size_t>(r)]));
+  });
+  for (const auto& error : errors) {
+    ASSERT_TRUE(error);
+    EXPECT_THROW(std::rethrow_exception(error), InvalidArgument);
+  }
+}
+
+TEST(Engine, BadOptionsAreRejectedBeforeAnyCommunication) {
+  std::vector<LocalModel> models{testing::make_model({10}, DType::float32, 1)};
+  auto options = small_options();
+  options.steps_per_window = 0;
+  auto transports = transport::inproc::make_group(1);
+  EXPECT_THROW(Engine(testing::views_of(models[0]), options, std::move(transports[0])),
+               InvalidArgument);
+}
+
+TEST(Engine, NonFinitePseudoGradientIsReportedAndNothingChanges) {
+  std::vector<LocalModel> models{testing::make_model({50, 2000}, DType::float32, 1),
+                                 testing::make_model({50, 2000}, DType::float32, 2)};
+  auto options = small_options();
+  options.timeout = std::chrono::milliseconds(2000);
+  auto engines = start_engines(models, options);
+  testing::local_training(models[0], 1e-4f, 2, 11);
+  testing::local_training(models[1], 1e-4f, 2, 12);
+  models[1][1].f32[1234] = std::numeric_limits<float>::infinity();
+  const std::vector<Digest> before{engines[0]->state_digest(), engines[1]->state_digest()};
+  const auto residual_before = std::vector<float>(engines[0]->residual(1).begin(),
+                                                  engines[0]->residual(1).end());
+  const auto errors = testing::run_ranks(2, [&](int r) {
+    (void)engines[static_cast<std::size_t>(r)]->run_window();
+  });
+  ASSERT_TRUE(errors[1]);
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const NonFiniteError& e) {
+    EXPECT_EQ(e.context().tensor, "tensor1");
+    EXPECT_EQ(e.context().index, 1234u);
+    EXPECT_EQ(e.context().rank, 1);
+  }
+  ASSERT_TRUE(errors[0]) << "the healthy rank must not commit a window its peer never joined";
+  EXPECT_EQ(engines[0]->state_digest(), before[0]);
+  EXPECT_EQ(engines[1]->state_digest(), before[1]);
+  EXPECT_EQ(std::vector<float>(engines[0]->residual(1).begin(), engines[0]->residual(1).end()),
+            residual_before);
+  EXPECT_EQ(engines[0]->window(), 0u);
+}
+
+TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried) {
+  const int world = 3;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r) {
+    models.push_back(testing::make_model({3000, 17}, DType::float32, 50 + r));
+  }
+  auto faults = std::make_shared<transport::inproc::FaultInjector>();
+  auto options = small_options();
+  options.timeout = std::chrono::milliseconds(2000);
+  auto engines = start_engines(models, options, {.faults = faults});
+  ReferenceState reference = testing::reference_start(models[0], world);
+  std::vector<LocalModel> reference_models = models;
+  for (int r = 0; r < world; ++r) {
+    testing::local_training(models[static_cast<std::size_t>(r)], 3e-5f, 4, 70 + r);
+    testing::local_training(reference_models[static_cast<std::size_t>(r)], 3e-5f, 4, 70 + r);
+  }
+  std::vector<Digest> before;
+  for (const auto& engine : engines) before.push_back(engine->state_digest());
+  const std::vector<LocalModel> models_before = models;
+
+  // Corrupt the first large message rank 2 sends (its window message).
+  faults->set_hook([](const transport::inproc::MessageEvent& m) {
+    return m.from == 2 && m.bytes > 64 ? transport::inproc::FaultAction::corrupt
+                                       : transport::inproc::FaultAction::deliver;
+  });
+  const auto errors = testing::run_ranks(world, [&](int r) {
+    (void)engines[static_cast<std::size_t>(r)]->run_window();
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " committed";
+    EXPECT_EQ(engines[static_cast<std::size_t>(r)]->state_digest(),
+              before[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(engines[static_cast<std::size_t>(r)]->window(), 0u);
+    for (std::size_t t = 0; t < models[0].size(); ++t) {
+      EXPECT_EQ(models[static_cast<std::size_t>(r)][t].f32,
+                models_before[static_cast<std::size_t>(r)][t].f32);
+    }
+  }
+
+  // The retry, with a healthy network, gives exactly the reference result.
+  faults->set_hook([](const auto&) { return transport::inproc::FaultAction::deliver; });
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    (void)engines[static_cast<std::size_t>(r)]->run_window();
+  }));
+  testing::reference_window(reference, reference_models, options.outer_lr,
+                            options.outer_momentum);
+  expect_matches_reference(engines, reference, models, reference_models);
+}
+
+TEST(Engine, DilocoModeKeepsReplicasIdenticalAndAveragesThePseudoGradient) {
+  const int world = 3;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r) {
+    models.push_back(testing::make_model({5000, 3}, DType::float32, 90 + r));
+  }
+  auto options = small_options(Mode::diloco);
+  auto engines = start_engines(models, options);
+  const std::vector<float> start(engines[0]->global_weights(0).begin(),
+                                 engines[0]->global_weights(0).end());
+  std::vector<std::vector<float>> deltas(world);
+  for (int r = 0; r < world; ++r) {
+    testing::local_training(models[static_cast<std::size_t>(r)], 1e-4f, 3, 200 + r);
+    for (std::size_t i = 0; i < start.size(); ++i) {
+      deltas[static_cast<std::size_t>(r)].push_back(start[i] -
+                                                    models[static_cast<std::size_t>(r)][0].f32[i]);
+    }
+  }
+  std::vector<WindowReport> reports(world);
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
+  }));
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(reports[static_cast<std::size_t>(r)].digest, reports[0].digest);
+    EXPECT_EQ(models[static_cast<std::size_t>(r)][0].f32, models[0][0].f32);
+  }
+  // First outer step: θ_g = θ_0 - lr * (1 + μ) * mean(Δ) (up to the summation order).
+  const auto global = engines[0]->global_weights(0);
+  for (std::size_t i = 0; i < start.size(); ++i) {
+    const double mean = (static_cast<double>(deltas[0][i]) + deltas[1][i] + deltas[2][i]) / 3.0;
+    const double expected = start[i] - 0.7 * 1.9 * mean;
+    ASSERT_NEAR(global[i], expected, 1e-6) << i;
+  }
+  EXPECT_EQ(reports[0].payload_bytes, reports[0].parameters * 4);
+  EXPECT_DOUBLE_EQ(reports[0].density, 1.0);
+}
+
+TEST(Engine, DdpModeAveragesGradientsAcrossRanks) {
+  const int world = 3;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r) {
+    models.push_back(testing::make_model({3000, 10}, DType::float32, 300 + r));
+  }
+  auto options = small_options(Mode::ddp);
+  options.steps_per_window = 2;
+  auto engines = start_engines(models, options);
+  std::vector<std::vector<std::vector<float>>> grads(world);
+  for (int r = 0; r < world; ++r) {
+    for (const auto& t : models[static_cast<std::size_t>(r)]) {
+      std::vector<float> g(t.numel());
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(r + 1) * 0.25f;
+      grads[static_cast<std::size_t>(r)].push_back(g);
+    }
+  }
+  std::vector<std::optional<WindowReport>> reports(world);
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    auto& mine = grads[static_cast<std::size_t>(r)];
+    for (int step = 0; step < 2; ++step) {
+      std::vector<TensorView> views;
+      for (auto& g : mine) views.push_back({g.data(), g.size(), DType::float32, Device{}});
+      engines[static_cast<std::size_t>(r)]->average_gradients(views);
+      reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->after_optimizer_step();
+    }
+  }));
+  for (int r = 0; r < world; ++r) {
+    for (const auto& g : grads[static_cast<std::size_t>(r)]) {
+      for (float v : g) ASSERT_EQ(v, 0.5f);  // (0.25 + 0.5 + 0.75) / 3, exact
+    }
+    ASSERT_TRUE(reports[static_cast<std::size_t>(r)].has_value());
+    EXPECT_EQ(reports[static_cast<std::size_t>(r)]->payload_bytes, 2 * 3010 * 4u);
+  }
+}
+
+}  // namespace
+}  // namespace pulseloco

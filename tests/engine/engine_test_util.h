@@ -1,0 +1,192 @@
+// Helpers for engine tests: a scalar reference of the window written straight from
+// docs/algorithm.md, simulated local training, and running R engines over an in-process group.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/bf16.h"
+#include "engine/engine.h"
+#include "transport/inproc/inproc.h"
+
+namespace pulseloco::testing {
+
+// One tensor of one rank's model, owned by the test (the engine sees a view).
+struct LocalTensor {
+  std::string name;
+  DType dtype = DType::float32;
+  std::vector<float> f32;          // used when dtype == float32
+  std::vector<std::uint16_t> bf16;  // used when dtype == bfloat16
+
+  [[nodiscard]] std::uint64_t numel() const {
+    return dtype == DType::float32 ? f32.size() : bf16.size();
+  }
+  [[nodiscard]] float get(std::size_t i) const {
+    return dtype == DType::float32 ? f32[i] : bf16_bits_to_float(bf16[i]);
+  }
+  void set_from_global(std::size_t i, float global) {
+    if (dtype == DType::float32) {
+      f32[i] = global;
+    } else {
+      bf16[i] = float_to_bf16_bits(global);
+    }
+  }
+  [[nodiscard]] TensorView view() {
+    return dtype == DType::float32
+               ? TensorView{f32.data(), f32.size(), DType::float32, Device{}}
+               : TensorView{bf16.data(), bf16.size(), DType::bfloat16, Device{}};
+  }
+};
+
+using LocalModel = std::vector<LocalTensor>;
+
+// A model with the given sizes; values ~ N(0, 0.02), rounded to bf16 (pretrained weights).
+inline LocalModel make_model(const std::vector<std::uint64_t>& sizes, DType dtype,
+                             std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  LocalModel model;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    LocalTensor tensor{"tensor" + std::to_string(t), dtype, {}, {}};
+    for (std::uint64_t i = 0; i < sizes[t]; ++i) {
+      const float w = round_to_bf16(normal(rng));
+      if (dtype == DType::float32) {
+        tensor.f32.push_back(w);
+      } else {
+        tensor.bf16.push_back(float_to_bf16_bits(w));
+      }
+    }
+    model.push_back(std::move(tensor));
+  }
+  return model;
+}
+
+inline std::vector<NamedTensor> views_of(LocalModel& model) {
+  std::vector<NamedTensor> views;
+  for (auto& t : model) views.push_back({t.name, t.view(), {}});
+  return views;
+}
+
+// H steps of an AdamW-like local update: each element moves by ~lr * U(0.2, 1.8) with a random
+// sign per step (seeded by rank and window, so ranks differ).
+inline void local_training(LocalModel& model, float lr, int steps, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> magnitude(0.2f, 1.8f);
+  std::bernoulli_distribution sign(0.5);
+  for (auto& tensor : model) {
+    for (std::size_t i = 0; i < tensor.numel(); ++i) {
+      float w = tensor.get(i);
+      for (int s = 0; s < steps; ++s) {
+        const float step = lr * magnitude(rng);
+        w = sign(rng) ? w - step : w + step;
+      }
+      if (tensor.dtype == DType::float32) {
+        tensor.f32[i] = w;
+      } else {
+        tensor.bf16[i] = float_to_bf16_bits(w);
+      }
+    }
+  }
+}
+
+// The replicated and per-rank state as the reference tracks it.
+struct ReferenceState {
+  std::vector<std::vector<float>> global;                 // per tensor
+  std::vector<std::vector<float>> momentum;               // per tensor
+  std::vector<std::vector<std::vector<float>>> residual;  // per rank, per tensor
+  bool momentum_initialised = false;
+};
+
+inline ReferenceState reference_start(const LocalModel& rank0, int world) {
+  ReferenceState state;
+  for (const auto& t : rank0) {
+    std::vector<float> g(t.numel());
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = t.get(i);
+    state.global.push_back(g);
+    state.momentum.emplace_back(t.numel(), 0.0f);
+  }
+  state.residual.resize(static_cast<std::size_t>(world));
+  for (auto& per_rank : state.residual) {
+    for (const auto& t : rank0) per_rank.emplace_back(t.numel(), 0.0f);
+  }
+  return state;
+}
+
+// One window, steps 1-9, exactly as docs/algorithm.md states them; updates `models` (θ_l).
+inline void reference_window(ReferenceState& state, std::vector<LocalModel>& models, float lr,
+                             float mu) {
+  const std::size_t world = models.size();
+  for (std::size_t t = 0; t < state.global.size(); ++t) {
+    const std::size_t n = state.global[t].size();
+    std::vector<float> sum(n, 0.0f);
+    for (std::size_t r = 0; r < world; ++r) {
+      const LocalTensor& local = models[r][t];
+      std::vector<float>& e = state.residual[r][t];
+      for (std::size_t i = 0; i < n; ++i) {
+        const float global = state.global[t][i];
+        const float cast_global =
+            local.dtype == DType::float32 ? global : round_to_bf16(global);
+        const float delta = cast_global - local.get(i);     // step 1
+        const float s = e[i] + delta;                        // step 2
+        const float corrected = global - s;                  // step 3
+        const bool fire = !bf16_numeric_equal(float_to_bf16_bits(global),
+                                              float_to_bf16_bits(corrected));  // step 4
+        if (fire) {                                          // step 5
+          sum[i] = sum[i] + s;                               // step 7, rank order
+          e[i] = 0.0f;
+        } else {
+          e[i] = s;
+        }
+      }
+    }
+    const auto divisor = static_cast<float>(world);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float g = sum[i] / divisor;
+      float& m = state.momentum[t][i];
+      if (state.momentum_initialised) {
+        const float product = mu * m;
+        m = product + g;
+      } else {
+        m = g;
+      }
+      const float d = std::fma(mu, m, g);                    // step 8
+      state.global[t][i] = std::fma(-lr, d, state.global[t][i]);
+    }
+    for (std::size_t r = 0; r < world; ++r) {                 // step 9
+      for (std::size_t i = 0; i < n; ++i) models[r][t].set_from_global(i, state.global[t][i]);
+    }
+  }
+  state.momentum_initialised = true;
+}
+
+// Runs fn(rank) on `world` threads and rethrows the lowest rank's exception, if any.
+inline std::vector<std::exception_ptr> run_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return errors;
+}
+
+inline void rethrow_first(const std::vector<std::exception_ptr>& errors) {
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace pulseloco::testing
