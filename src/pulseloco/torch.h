@@ -1,0 +1,5 @@
+// The libtorch adapter: `#include <pulseloco/torch.h>` (needs a build with libtorch).
+#pragma once
+
+#include "pulseloco/pulseloco.h"
+#include "torch_adapter/synchronizer.h"
