@@ -151,6 +151,38 @@ void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
                 state_hex);
 }
 
+void Engine::Impl::save_global_weights(const std::filesystem::path& file) {
+  if (options.mode == Mode::ddp) {
+    throw InvalidArgument("mode ddp keeps no global weights; save the model's own weights");
+  }
+  if (file.has_parent_path()) {
+    std::error_code error;
+    std::filesystem::create_directories(file.parent_path(), error);
+    if (error) {
+      throw IoError(fmt::format("cannot create {}: {}", file.parent_path().string(),
+                                error.message()),
+                    {.rank = rank});
+    }
+  }
+  const io::Metadata metadata{
+      {"format", "pulseloco-global-weights"},
+      {"format_version", std::string(state_files::kFormatVersion)},
+      {"window", std::to_string(window)},
+      {"state_digest", digest_hex(compute_state_digest())},
+  };
+  std::vector<io::TensorSpec> specs;
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    specs.push_back(spec_of(state_files::kGlobal, layout.tensors()[t].name, io::TensorDType::f32,
+                            tensors[t].shape));
+  }
+  io::SafetensorsWriter writer(file, metadata, specs);
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    writer.write(std::string(state_files::kGlobal) + layout.tensors()[t].name,
+                 std::span<const float>(tensors[t].global));
+  }
+  writer.finish();
+}
+
 void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
   begin_operation();
   const bool pulse = options.mode == Mode::pulse;

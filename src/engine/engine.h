@@ -65,6 +65,10 @@ class Engine {
   // (collective). Validates everything before changing any state; θ_l is reset to cast(θ_g).
   void load_checkpoint(const std::filesystem::path& dir);
 
+  // Writes this rank's θ_g to one safetensors file (not collective). Replicas that are
+  // bit-identical write byte-identical files: the metadata holds only the window and digest.
+  void save_global_weights(const std::filesystem::path& file) const;
+
   // Replaces θ_g, m, e, θ_l and the window counter with the inputs recorded in a window trace
   // (for `pulseloco replay`). Not collective. Validates the file before changing anything.
   void load_trace_inputs(const std::filesystem::path& file);

@@ -141,6 +141,7 @@ struct Engine::Impl {
 
   void save_checkpoint(const std::filesystem::path& dir);
   void load_checkpoint(const std::filesystem::path& dir);
+  void save_global_weights(const std::filesystem::path& file);
   // Writes this rank's trace of the window about to run (inputs) or just committed (outputs).
   void write_trace_inputs() const;
   void write_trace_outputs(const WindowReport& report) const;

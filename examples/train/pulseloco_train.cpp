@@ -1,0 +1,404 @@
+// pulseloco_train: the training demo. Post-trains the example transformer (pretrained first,
+// cached) with AdamW at an RL-like learning rate on several workers, synchronised by pulseloco
+// in mode pulse (default), diloco or ddp, and prints a live per-window table.
+//
+//   mpirun -np 4 build/bin/pulseloco_train --mode pulse             # ranks from mpirun
+//   build/bin/pulseloco_train --local-workers 4 --mode pulse        # spawns 4 TCP workers here
+//   RANK=1 WORLD_SIZE=4 MASTER_ADDR=host MASTER_PORT=29500 build/bin/pulseloco_train ...
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "collectives/collectives.h"
+#include "engine/engine.h"
+#include "engine/report.h"
+#include "model.h"
+#include "pretrain.h"
+#include "task.h"
+#include "torch_adapter/synchronizer.h"
+#include "transport/factory.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace pulseloco;
+
+struct Settings {
+  std::string mode = "pulse";
+  std::string transport = "auto";
+  int windows = 10;
+  std::uint32_t steps_per_window = 8;
+  double lr = 3e-6;
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
+  int batch_size = 4;
+  int eval_batch_size = 64;
+  std::uint64_t seed = 1234;
+  int threads = 1;
+  int timeout_ms = 120'000;
+  int local_workers = 0;
+  std::string json_path;
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;
+  std::string resume_dir;
+  std::string trace_dir;
+  std::string final_weights_dir;
+  bool pretrain_only = false;
+  example::PretrainOptions pretrain;
+};
+
+fs::path default_cache_dir() {
+  std::error_code error;
+  const auto exe = fs::read_symlink("/proc/self/exe", error);
+  if (error) return fs::path("cache");
+  return exe.parent_path().parent_path() / "cache";  // build/bin/.. -> build/cache
+}
+
+// --- --local-workers: one process per rank over TCP on this machine --------------------------
+
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw IoError("socket() failed while choosing a port");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    throw IoError("could not find a free TCP port on 127.0.0.1");
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+int run_local_workers(int workers, int argc, char** argv) {
+  const std::uint16_t port = free_port();
+  std::vector<std::string> arguments;
+  for (int i = 0; i < argc; ++i) {
+    const std::string argument = argv[i];
+    if (argument == "--local-workers") {
+      ++i;  // skip its value
+      continue;
+    }
+    if (argument.rfind("--local-workers=", 0) == 0) continue;
+    arguments.push_back(argument);
+  }
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < workers; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw IoError("fork() failed");
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(workers).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("PULSELOCO_RENDEZVOUS", "env", 1);
+      std::vector<char*> child_argv;
+      for (auto& a : arguments) child_argv.push_back(a.data());
+      child_argv.push_back(nullptr);
+      ::execv("/proc/self/exe", child_argv.data());
+      std::perror("execv");
+      std::_Exit(127);
+    }
+    children.push_back(pid);
+  }
+  int failures = 0;
+  for (pid_t child : children) {
+    int status = 0;
+    if (::waitpid(child, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failures;
+    }
+  }
+  if (failures > 0) std::fprintf(stderr, "pulseloco_train: %d worker(s) failed\n", failures);
+  return failures == 0 ? 0 : 1;
+}
+
+// --- one worker ------------------------------------------------------------------------------
+
+std::unique_ptr<transport::Transport> connect(const Settings& settings) {
+  transport::TransportOptions options = transport::from_environment();
+  if (settings.transport != "auto") {
+    const auto backend = transport::parse_backend(settings.transport);
+    if (!backend) throw InvalidArgument("--transport must be auto, tcp or mpi");
+    options.backend = *backend;
+  } else if (std::getenv("PULSELOCO_TRANSPORT") == nullptr) {
+    options.backend = transport::Backend::tcp;  // commodity-internet default, also under mpirun
+  }
+  return transport::make_transport(options);
+}
+
+struct WindowRow {
+  WindowReport report;
+  double train_loss = 0;  // this rank's mean loss over the window's H steps
+  double eval_loss = 0;   // held-out loss of the synchronised model (rank 0)
+};
+
+void print_header(const Settings& settings, int world, std::uint64_t parameters) {
+  fmt::print("pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
+             "outer lr {:g}, outer momentum {:g}\n",
+             settings.mode, world, parameters, settings.steps_per_window, settings.lr,
+             settings.outer_lr, settings.outer_momentum);
+  fmt::print("{:>6} {:>10} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>9} {:>9} {:>9}\n", "window",
+             "train", "eval", "density", "payload", "vs DiLoCo", "vs DDP", "received", "sync s",
+             "digest", "replicas");
+}
+
+void print_row(const WindowRow& row) {
+  const auto& r = row.report;
+  const double payload = static_cast<double>(r.payload_bytes);
+  fmt::print("{:>6} {:>10.5f} {:>10.5f} {:>8.3f}% {:>12} {:>11.1f}x {:>8.1f}x {:>12} {:>9.3f} "
+             "{:>9} {:>9}\n",
+             r.window, row.train_loss, row.eval_loss, 100.0 * r.density, human_bytes(payload),
+             payload > 0 ? static_cast<double>(r.diloco_bytes) / payload : 0.0,
+             payload > 0 ? static_cast<double>(r.ddp_bytes) / payload : 0.0,
+             human_bytes(static_cast<double>(r.received_bytes)), r.seconds.total,
+             digest_hex(r.digest).substr(0, 8), r.replicas_identical ? "identical" : "DIFFER");
+  std::fflush(stdout);
+}
+
+nlohmann::json window_json(const WindowRow& row) {
+  const auto& r = row.report;
+  nlohmann::json digests = nlohmann::json::array();
+  for (Digest d : r.rank_digests) digests.push_back(digest_hex(d));
+  return {{"window", r.window},
+          {"loss", row.eval_loss},
+          {"train_loss", row.train_loss},
+          {"density", r.density},
+          {"entries", r.entries_sent},
+          {"payload_bytes", r.payload_bytes},
+          {"received_bytes", r.received_bytes},
+          {"wire_bytes_sent", r.wire_bytes_sent},
+          {"wire_bytes_received", r.wire_bytes_received},
+          {"diloco_bytes", r.diloco_bytes},
+          {"ddp_bytes", r.ddp_bytes},
+          {"sync_seconds", r.seconds.total},
+          {"digests", digests}};
+}
+
+int run_worker(const Settings& settings) {
+  auto transport = connect(settings);
+  const int rank = transport->rank();
+  const int world = transport->size();
+  set_log_rank(rank);
+  torch::set_num_threads(settings.threads);
+
+  const example::ModelConfig config;
+  example::TransformerLM model(config, settings.seed);
+  // Only rank 0 needs the pretrained weights (the engine broadcasts them); the others wait.
+  if (rank == 0) {
+    example::PretrainOptions pretrain = settings.pretrain;
+    pretrain.seed = settings.seed;
+    const auto result = example::load_or_pretrain(model, pretrain);
+    if (result.loaded_from_cache) {
+      fmt::print("pretrained state loaded from {}\n", result.checkpoint.string());
+    } else {
+      fmt::print("pretrained {} steps in {:.1f} s (held-out loss {:.4f} -> {:.4f}), cached in {}\n",
+                 result.steps, result.seconds, result.eval_loss_initial, result.eval_loss_final,
+                 result.checkpoint.string());
+    }
+  }
+  {
+    collectives::CollectiveOptions wait;
+    wait.timeout = std::chrono::hours(2);  // pretraining on rank 0 may take minutes
+    wait.tag = 1;
+    collectives::barrier(*transport, wait);
+  }
+
+  EngineOptions options;
+  options.mode = parse_mode(settings.mode);
+  options.steps_per_window = settings.steps_per_window;
+  options.outer_lr = settings.outer_lr;
+  options.outer_momentum = settings.outer_momentum;
+  options.threads = static_cast<std::uint32_t>(settings.threads);
+  options.timeout = std::chrono::milliseconds(settings.timeout_ms);
+  options.trace_dir = settings.trace_dir;
+
+  torch::OrderedDict<std::string, torch::Tensor> named;
+  const auto names = model.parameter_names();
+  const auto parameters = model.parameters();
+  for (std::size_t i = 0; i < names.size(); ++i) named.insert(names[i], parameters[i]);
+  libtorch::Synchronizer sync(named, options, std::move(transport));
+
+  example::OptimizerSettings optimizer;
+  optimizer.lr = settings.lr;
+  example::Trainer trainer(model, optimizer);
+  const example::TaskMix mix = example::post_training_mix();
+  const example::Batch eval_batch =
+      example::make_eval_batch(mix, settings.seed, settings.eval_batch_size, config.context);
+
+  int first_window = 0;
+  if (!settings.resume_dir.empty()) {
+    sync.load_checkpoint(settings.resume_dir);
+    trainer.load_state(fs::path(settings.resume_dir) / fmt::format("optimizer-{:05}.pt", rank));
+    first_window = static_cast<int>(sync.engine().window());
+    if (rank == 0) fmt::print("resumed at window {}\n", first_window);
+  }
+
+  if (rank == 0) {
+    print_header(settings, world, sync.engine().parameter_count());
+    fmt::print("{:>6} {:>10} {:>10.5f}   (held-out loss before post-training)\n", "start", "",
+               model.evaluate(eval_batch));
+  }
+  std::vector<WindowRow> rows;
+  bool identical = true;
+  for (int window = first_window; window < settings.windows; ++window) {
+    double loss_sum = 0;
+    std::optional<WindowReport> report;
+    for (std::uint32_t h = 0; h < settings.steps_per_window; ++h) {
+      const std::uint64_t step =
+          static_cast<std::uint64_t>(window) * settings.steps_per_window + h;
+      const example::Batch batch = example::make_batch(mix, settings.seed, rank, step,
+                                                       settings.batch_size, config.context);
+      loss_sum += trainer.forward_backward(batch);
+      sync.before_optimizer_step();
+      trainer.optimizer_step();
+      report = sync.after_optimizer_step();
+    }
+    if (!report) throw InvalidArgument("internal: a window did not run after H steps");
+    WindowRow row{*report, loss_sum / settings.steps_per_window, 0.0};
+    if (rank == 0) row.eval_loss = model.evaluate(eval_batch);
+    identical = identical && report->replicas_identical;
+    if (rank == 0) print_row(row);
+    rows.push_back(row);
+    if (!settings.checkpoint_dir.empty() && settings.checkpoint_every > 0 &&
+        (window + 1) % settings.checkpoint_every == 0) {
+      sync.save_checkpoint(settings.checkpoint_dir);
+      trainer.save_state(fs::path(settings.checkpoint_dir) / fmt::format("optimizer-{:05}.pt", rank));
+    }
+  }
+  if (!settings.final_weights_dir.empty()) {
+    sync.engine().save_global_weights(fs::path(settings.final_weights_dir) /
+                                      fmt::format("global-rank-{:05}.safetensors", rank));
+  }
+
+  if (rank == 0) {
+    std::uint64_t payload = 0, diloco = 0, ddp = 0;
+    for (const auto& row : rows) {
+      payload += row.report.payload_bytes;
+      diloco += row.report.diloco_bytes;
+      ddp += row.report.ddp_bytes;
+    }
+    const double final_loss = rows.empty() ? model.evaluate(eval_batch) : rows.back().eval_loss;
+    fmt::print("summary: {} windows, final held-out loss {:.5f}, payload per worker {} in total "
+               "(DiLoCo would send {} = {:.1f}x, DDP {} = {:.1f}x), replicas {}\n",
+               rows.size(), final_loss, human_bytes(static_cast<double>(payload)),
+               human_bytes(static_cast<double>(diloco)),
+               payload > 0 ? static_cast<double>(diloco) / static_cast<double>(payload) : 0.0,
+               human_bytes(static_cast<double>(ddp)),
+               payload > 0 ? static_cast<double>(ddp) / static_cast<double>(payload) : 0.0,
+               identical ? "bit-identical every window" : "DIFFERED");
+    if (!settings.json_path.empty()) {
+      nlohmann::json windows = nlohmann::json::array();
+      for (const auto& row : rows) windows.push_back(window_json(row));
+      const nlohmann::json out{{"mode", settings.mode},
+                               {"world_size", world},
+                               {"params", sync.engine().parameter_count()},
+                               {"H", settings.steps_per_window},
+                               {"lr", settings.lr},
+                               {"seed", settings.seed},
+                               {"windows", windows},
+                               {"replicas_identical", identical},
+                               {"final_loss", final_loss}};
+      std::ofstream file(settings.json_path);
+      file << out.dump(2) << '\n';
+      if (!file) throw IoError("could not write " + settings.json_path);
+    }
+  }
+  return identical ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  settings.pretrain.cache_dir = default_cache_dir();
+  CLI::App app{"pulseloco training demo: post-train a small transformer on several workers"};
+  app.add_option("--mode", settings.mode, "pulse, diloco or ddp")
+      ->check(CLI::IsMember({"pulse", "diloco", "ddp"}))
+      ->capture_default_str();
+  app.add_option("--transport", settings.transport, "auto (tcp), tcp or mpi")
+      ->check(CLI::IsMember({"auto", "tcp", "mpi"}))
+      ->capture_default_str();
+  app.add_option("--windows", settings.windows, "windows to run")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("-H,--steps-per-window", settings.steps_per_window, "inner steps per window")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", settings.lr, "inner AdamW learning rate")->capture_default_str();
+  app.add_option("--outer-lr", settings.outer_lr, "outer Nesterov learning rate")
+      ->capture_default_str();
+  app.add_option("--outer-momentum", settings.outer_momentum, "outer Nesterov momentum")
+      ->capture_default_str();
+  app.add_option("--batch", settings.batch_size, "sequences per inner step and worker")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--eval-batch", settings.eval_batch_size, "sequences in the held-out batch")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--seed", settings.seed, "weights and data seed")->capture_default_str();
+  app.add_option("--threads", settings.threads, "libtorch and engine threads per worker")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--timeout-ms", settings.timeout_ms, "deadline of every collective")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--local-workers", settings.local_workers,
+                 "spawn this many workers on this machine over TCP (no mpirun needed)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--json", settings.json_path, "rank 0 writes the run's report here");
+  app.add_option("--checkpoint-dir", settings.checkpoint_dir, "where checkpoints go");
+  app.add_option("--checkpoint-every", settings.checkpoint_every, "windows between checkpoints")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume", settings.resume_dir, "resume from this checkpoint directory");
+  app.add_option("--trace-dir", settings.trace_dir, "write window traces here");
+  app.add_option("--final-weights", settings.final_weights_dir,
+                 "every rank writes its final θ_g here (global-rank-NNNNN.safetensors)");
+  app.add_option("--cache-dir", settings.pretrain.cache_dir, "pretrained-state cache")
+      ->capture_default_str();
+  app.add_option("--pretrain-steps", settings.pretrain.steps, "pretraining steps")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--pretrain-only", settings.pretrain_only,
+               "pretrain (or check the cache) in this process and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (settings.pretrain_only) {
+      torch::set_num_threads(settings.threads);
+      example::TransformerLM model(example::ModelConfig{}, settings.seed);
+      example::PretrainOptions pretrain = settings.pretrain;
+      pretrain.seed = settings.seed;
+      const auto result = example::load_or_pretrain(model, pretrain);
+      fmt::print("pretrained state {} ({})\n", result.checkpoint.string(),
+                 result.loaded_from_cache ? "cached" : fmt::format("built in {:.1f} s", result.seconds));
+      return 0;
+    }
+    if (settings.local_workers > 0) return run_local_workers(settings.local_workers, argc, argv);
+    return run_worker(settings);
+  } catch (const pulseloco::Error& e) {
+    std::fprintf(stderr, "pulseloco_train: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pulseloco_train: error: %s\n", e.what());
+    return 1;
+  }
+}
