@@ -41,18 +41,25 @@ PULSELOCO_AVX2_INLINE __m256i left_pack_permutation(int mask) {
   return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(kLeftPack[mask])));
 }
 
-// The fp32 value of bf16(x) in every lane (round to nearest even; NaN -> canonical 0x7FC0).
-PULSELOCO_AVX2_INLINE __m256 round_to_bf16_ps(__m256 x) {
+// The fp32 value of bf16(x) in every lane for every non-NaN x (round to nearest even; values
+// past the largest bf16 round to infinity).
+PULSELOCO_AVX2_INLINE __m256 round_to_bf16_non_nan_ps(__m256 x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i bias = _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb);
-  const __m256i rounded = _mm256_and_si256(_mm256_add_epi32(bits, bias),
-                                           _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm256_castsi256_ps(_mm256_and_si256(_mm256_add_epi32(bits, bias),
+                                              _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// The fp32 value of bf16(x) in every lane, NaN included (-> canonical 0x7FC0), as base/bf16.h.
+PULSELOCO_AVX2_INLINE __m256 round_to_bf16_ps(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
   // Signed compare is safe: both sides are non-negative once the sign is masked off.
   const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)),
                                             _mm256_set1_epi32(0x7F800000));
   const __m256i canonical_nan = _mm256_set1_epi32(static_cast<int>(kBf16CanonicalNaN) << 16);
-  return _mm256_castsi256_ps(_mm256_blendv_epi8(rounded, canonical_nan, is_nan));
+  return _mm256_castsi256_ps(
+      _mm256_blendv_epi8(_mm256_castps_si256(round_to_bf16_non_nan_ps(x)), canonical_nan, is_nan));
 }
 
 // Eight bf16 values (as the fp32 values of round_to_bf16_ps) -> eight packed bf16 bit patterns.
@@ -107,6 +114,23 @@ PULSELOCO_AVX2_INLINE int non_finite_mask(__m256 values) {
   return _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(bits, exponent)));
 }
 
+// The gate's lanes, cheaper than gate_lanes because the gate stops at the first non-finite s:
+// `bad` flags lanes whose s or θ_g is NaN or infinite. A non-finite θ_g always makes the
+// scalar s non-finite (its cast is NaN or infinite), and for finite θ_g and s no NaN reaches a
+// rounding, so NaN canonicalisation can be skipped: lanes not flagged equal gate_lanes'.
+template <DType kLocal>
+PULSELOCO_AVX2_INLINE GateLanes gate_lanes_unless_non_finite(__m256 global, __m256 local,
+                                                             __m256 residual, int& bad) {
+  const __m256 global_bf16 = round_to_bf16_non_nan_ps(global);
+  const __m256 cast_global = kLocal == DType::float32 ? global : global_bf16;
+  const __m256 s = _mm256_add_ps(residual, _mm256_sub_ps(cast_global, local));
+  const __m256 corrected = _mm256_sub_ps(global, s);
+  // x - x is NaN exactly when x is NaN or infinite.
+  const __m256 poison = _mm256_add_ps(_mm256_sub_ps(s, s), _mm256_sub_ps(global, global));
+  bad = _mm256_movemask_ps(_mm256_cmp_ps(poison, poison, _CMP_UNORD_Q));
+  return {s, _mm256_cmp_ps(global_bf16, round_to_bf16_non_nan_ps(corrected), _CMP_NEQ_UQ)};
+}
+
 struct OuterLanes {
   __m256 global;
   __m256 momentum;
@@ -123,17 +147,22 @@ PULSELOCO_AVX2_INLINE OuterLanes outer_lanes(__m256 global, __m256 momentum, __m
 template <DType kLocal>
 PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t* out_offsets,
                                           float* out_values) {
+  // Local copies: the intrinsics' stores may alias anything, including `chunk`.
+  const float* const global = chunk.global;
+  const void* const local = chunk.local;
+  const float* const residual = chunk.residual;
   const std::uint64_t count = chunk.count;
   std::uint64_t fired = 0;
   std::uint64_t i = 0;
   __m256i lane_offsets = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i eight = _mm256_set1_epi32(8);
   for (; i + 8 <= count; i += 8) {
-    const GateLanes lanes =
-        gate_lanes<kLocal>(_mm256_loadu_ps(chunk.global + i), load_local_ps<kLocal>(chunk.local, i),
-                           _mm256_loadu_ps(chunk.residual + i));
-    const int bad = non_finite_mask(lanes.s);
+    int bad = 0;
+    const GateLanes lanes = gate_lanes_unless_non_finite<kLocal>(
+        _mm256_loadu_ps(global + i), load_local_ps<kLocal>(local, i), _mm256_loadu_ps(residual + i),
+        bad);
     if (bad != 0) {
+      // The lowest flagged lane: its s is non-finite (a non-finite θ_g makes s non-finite).
       return GateResult{.fired = 0,
                         .non_finite_offset = i + static_cast<std::uint64_t>(
                                                      std::countr_zero(static_cast<unsigned>(bad)))};
@@ -162,12 +191,15 @@ PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t*
 
 template <DType kLocal>
 PULSELOCO_AVX2 void commit_residual_avx2_typed(const GateChunk& chunk, float* residual_out) {
+  const float* const global = chunk.global;  // (the intrinsics' stores may alias `chunk`)
+  const void* const local = chunk.local;
+  const float* const residual = chunk.residual;
   const std::uint64_t count = chunk.count;
   std::uint64_t i = 0;
   for (; i + 8 <= count; i += 8) {
     const GateLanes lanes =
-        gate_lanes<kLocal>(_mm256_loadu_ps(chunk.global + i), load_local_ps<kLocal>(chunk.local, i),
-                           _mm256_loadu_ps(chunk.residual + i));
+        gate_lanes<kLocal>(_mm256_loadu_ps(global + i), load_local_ps<kLocal>(local, i),
+                           _mm256_loadu_ps(residual + i));
     _mm256_storeu_ps(residual_out + i, _mm256_andnot_ps(lanes.fire, lanes.s));  // fire ? +0 : s
   }
   for (; i < count; ++i) {
@@ -183,12 +215,12 @@ PULSELOCO_AVX2 void outer_step_avx2_typed(float* global, float* momentum, const 
                                           const OuterStepParams& params) {
   const __m256 neg_lr = _mm256_set1_ps(-params.lr);
   const __m256 mu = _mm256_set1_ps(params.momentum);
+  const bool first_step = params.first_step;
   std::uint64_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    const __m256 old_momentum =
-        params.first_step ? _mm256_setzero_ps() : _mm256_loadu_ps(momentum + i);
+    const __m256 old_momentum = first_step ? _mm256_setzero_ps() : _mm256_loadu_ps(momentum + i);
     const OuterLanes out = outer_lanes(_mm256_loadu_ps(global + i), old_momentum,
-                                       _mm256_loadu_ps(g + i), neg_lr, mu, params.first_step);
+                                       _mm256_loadu_ps(g + i), neg_lr, mu, first_step);
     _mm256_storeu_ps(global + i, out.global);
     _mm256_storeu_ps(momentum + i, out.momentum);
     store_local_ps<kLocal>(local, i,
@@ -205,20 +237,25 @@ PULSELOCO_AVX2 void commit_and_outer_step_avx2_typed(const WindowChunk& chunk, c
                                                      const OuterStepParams& params) {
   const __m256 neg_lr = _mm256_set1_ps(-params.lr);
   const __m256 mu = _mm256_set1_ps(params.momentum);
+  const bool first_step = params.first_step;
+  float* const global_out = chunk.global;  // (the intrinsics' stores may alias `chunk`)
+  float* const momentum_out = chunk.momentum;
+  float* const residual_out = chunk.residual;
+  void* const local_out = chunk.local;
   const std::uint64_t count = chunk.count;
   std::uint64_t i = 0;
   for (; i + 8 <= count; i += 8) {
-    const __m256 global = _mm256_loadu_ps(chunk.global + i);
-    const GateLanes lanes = gate_lanes<kLocal>(global, load_local_ps<kLocal>(chunk.local, i),
-                                               _mm256_loadu_ps(chunk.residual + i));
-    _mm256_storeu_ps(chunk.residual + i, _mm256_andnot_ps(lanes.fire, lanes.s));
+    const __m256 global = _mm256_loadu_ps(global_out + i);
+    const GateLanes lanes = gate_lanes<kLocal>(global, load_local_ps<kLocal>(local_out, i),
+                                               _mm256_loadu_ps(residual_out + i));
+    _mm256_storeu_ps(residual_out + i, _mm256_andnot_ps(lanes.fire, lanes.s));
     const __m256 old_momentum =
-        params.first_step ? _mm256_setzero_ps() : _mm256_loadu_ps(chunk.momentum + i);
+        first_step ? _mm256_setzero_ps() : _mm256_loadu_ps(momentum_out + i);
     const OuterLanes out =
-        outer_lanes(global, old_momentum, _mm256_loadu_ps(g + i), neg_lr, mu, params.first_step);
-    _mm256_storeu_ps(chunk.global + i, out.global);
-    _mm256_storeu_ps(chunk.momentum + i, out.momentum);
-    store_local_ps<kLocal>(chunk.local, i,
+        outer_lanes(global, old_momentum, _mm256_loadu_ps(g + i), neg_lr, mu, first_step);
+    _mm256_storeu_ps(global_out + i, out.global);
+    _mm256_storeu_ps(momentum_out + i, out.momentum);
+    store_local_ps<kLocal>(local_out, i,
                            kLocal == DType::float32 ? out.global : round_to_bf16_ps(out.global));
   }
   for (; i < count; ++i) {

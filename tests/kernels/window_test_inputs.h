@@ -94,20 +94,22 @@ inline void cast_global_into(const std::vector<float>& global, LocalWeights& loc
 }
 
 // `steps` AdamW-like inner steps at learning rate `lr`: each element moves by lr times a
-// direction that is consistent across steps (|m̂/√v̂| is near 1 for a steady gradient sign)
-// plus noise, and decays by lr * 0.1 (weight decay). bf16 local weights round after every step,
-// as a bf16 model's would.
-inline void apply_inner_steps(LocalWeights& local, float lr, int steps, std::uint64_t seed) {
+// direction that is consistent across steps (Adam's m̂/√v̂, of size `direction_scale` in the
+// mean: near 1 for a steady gradient sign, well below 1 for noisy gradients) plus noise, and
+// decays by lr * 0.1 (weight decay). bf16 local weights round after every step, as a bf16
+// model's would.
+inline void apply_inner_steps(LocalWeights& local, float lr, int steps, std::uint64_t seed,
+                              float direction_scale = 1.0f) {
   FastRandom random(seed);
   for (std::size_t i = 0; i < local.size(); ++i) {
-    const float direction = random.normal();
+    const float direction = direction_scale * random.normal();
     std::uint64_t noise_bits = random.next();  // 8 bits of noise per step, 8 steps per draw
     float value = local.get(i);
     for (int step = 0; step < steps; ++step) {
       if (step % 8 == 7) noise_bits = random.next();
       const float noise = static_cast<float>(static_cast<int>(noise_bits & 0xFF) - 128) * 0x1p-7f;
       noise_bits >>= 8;
-      const float update = direction + 0.3f * noise + 0.1f * value;
+      const float update = direction + 0.3f * direction_scale * noise + 0.1f * value;
       value = value - lr * update;
       if (local.dtype() == DType::bfloat16) value = round_to_bf16(value);
     }
