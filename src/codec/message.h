@@ -6,11 +6,16 @@
 // independently (as bytes arrive). The decoder treats every byte as hostile: it validates
 // lengths, counts, checksums, tensor ids, index ranges and ordering against the real buffer
 // and the configured limits before writing anything to the caller's output.
+//
+// A message is encode_header(header, n) followed by exactly n frames from encode_frame(),
+// concatenated, in ascending (tensor, begin) order with no two frames of a tensor overlapping
+// (the decoder rejects anything else, so every (tensor, index) occurs at most once per message).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -26,9 +31,31 @@ enum class Encoding : std::uint8_t {
 
 [[nodiscard]] std::string_view encoding_name(Encoding encoding) noexcept;
 
+// How a pulse frame codes its offsets (recorded in the frame; the encoder picks per frame).
+enum class IndexCoding : std::uint8_t {
+  varint = 0,      // LEB128 gaps
+  bitpack = 1,     // gaps bit-packed in blocks of 128 with a per-block width
+  elias_fano = 2,  // Elias-Fano over the offsets
+};
+
+[[nodiscard]] std::string_view index_coding_name(IndexCoding coding) noexcept;
+
+// The format version this library writes and the only one it reads (docs/wire-format.md,
+// "Versioning").
+inline constexpr std::uint16_t kFormatVersion = 1;
+// A chunk (frame) covers at most this many elements: offsets are uint32.
+inline constexpr std::uint64_t kMaxFrameElements = std::uint64_t{1} << 31;
+// zstd level used when EncodeOptions::zstd_level is 0, chosen by measurement
+// (docs/benchmarks.md, "Codec").
+inline constexpr int kDefaultZstdLevel = 1;
+inline constexpr int kMaxZstdLevel = 19;
+
 struct EncodeOptions {
   Encoding encoding = Encoding::pulse;
   int zstd_level = 0;  // 0 = the measured default (see docs/benchmarks.md); 1..19 otherwise
+  // pulse only: force one index coding (tests, benchmarks). Unset: per frame, the coding with
+  // the fewest bytes (deterministic: ties go to the lower code).
+  std::optional<IndexCoding> index_coding;
 };
 
 struct MessageHeader {
@@ -36,6 +63,8 @@ struct MessageHeader {
   std::uint32_t sender_rank = 0;
   Encoding encoding = Encoding::pulse;
   std::vector<std::uint64_t> tensor_numels;  // the tensor table, in tensor order
+
+  friend bool operator==(const MessageHeader&, const MessageHeader&) = default;
 };
 
 // One chunk's entries as the gate produced them: offsets relative to `begin`, ascending.
@@ -48,6 +77,9 @@ struct FrameEntries {
 };
 
 // Encodes one frame. Pure and thread-safe: frames of one message may be encoded concurrently.
+// Throws InvalidArgument (naming the entry) unless offsets are strictly ascending and < length,
+// values are finite, offsets and values have the same size, length <= kMaxFrameElements and
+// the zstd level is 0 or 1..kMaxZstdLevel.
 [[nodiscard]] std::vector<std::byte> encode_frame(const FrameEntries& entries,
                                                   const EncodeOptions& options);
 
@@ -70,9 +102,25 @@ struct FrameInfo {
   std::uint64_t entries = 0;      // validated against length
   std::uint64_t byte_offset = 0;  // where the frame starts in the message
   std::uint64_t byte_size = 0;    // the whole frame, header included
+  // How the entries are stored (index_coding is varint for plain frames and empty frames).
+  Encoding encoding = Encoding::pulse;
+  IndexCoding index_coding = IndexCoding::varint;
+  std::uint64_t index_bytes = 0;  // payload bytes holding the indices (stream table included)
+  std::uint64_t value_bytes = 0;  // payload bytes holding the values
 };
 
+// Fixed sizes of the format (docs/wire-format.md).
+inline constexpr std::size_t kHeaderPrefixBytes = 32;  // the header before the tensor table
+inline constexpr std::size_t kFramePrefixBytes = 32;   // a frame before its payload
+inline constexpr std::size_t kChecksumBytes = 8;
+
+// Streaming receivers: the size of the whole header, known from its first kHeaderPrefixBytes.
+// Validates magic, version, encoding, reserved fields and the counts against `limits`.
+[[nodiscard]] std::uint64_t message_header_size(std::span<const std::byte> prefix,
+                                                const DecodeLimits& limits = {});
+
 // Per-thread scratch for decoding (zstd contexts, staging buffers); reuse it across frames.
+// Its memory grows to at most 13 bytes per entry of the largest frame decoded with it.
 class DecodeScratch {
  public:
   DecodeScratch();
@@ -95,21 +143,41 @@ class MessageView {
   [[nodiscard]] static MessageView parse(std::span<const std::byte> message,
                                          const DecodeLimits& limits = {});
 
+  // Streaming: parses a message that is still arriving. `received` must hold at least the
+  // whole header (message_header_size); the view holds every frame complete in `received`
+  // (frame_count() of them) and validates them exactly as parse() does. A trailing partial
+  // frame is not an error; bytes beyond the last announced frame are.
+  [[nodiscard]] static MessageView parse_prefix(std::span<const std::byte> received,
+                                                const DecodeLimits& limits = {});
+
   [[nodiscard]] const MessageHeader& header() const noexcept { return header_; }
   [[nodiscard]] std::size_t frame_count() const noexcept { return frames_.size(); }
   [[nodiscard]] const FrameInfo& frame(std::size_t i) const { return frames_.at(i); }
+  // Frames the header announces; frame_count() equals it once the message is complete.
+  [[nodiscard]] std::uint32_t announced_frame_count() const noexcept { return announced_frames_; }
+  [[nodiscard]] bool complete() const noexcept { return frames_.size() == announced_frames_; }
+  // Streaming: the message bytes needed before one more frame can be parsed (the end of the
+  // next frame when its prefix has arrived, else the end of that prefix); the message size
+  // once complete().
+  [[nodiscard]] std::uint64_t bytes_needed() const noexcept { return bytes_needed_; }
 
   // Decodes frame i into the caller's buffers (each with room for frame(i).entries). Verifies
   // the checksum, decompresses, and checks that offsets are strictly ascending and < length
   // and that values are finite, all before the first write to `out_offsets`/`out_values`.
-  // Returns the entry count. Throws ProtocolError (with the byte offset) on any violation.
+  // Returns the entry count. Throws ProtocolError (with the byte offset) on any violation and
+  // InvalidArgument when an output span is too small.
   std::uint64_t decode_frame(std::size_t i, std::span<std::uint32_t> out_offsets,
                              std::span<float> out_values, DecodeScratch& scratch) const;
 
  private:
+  static MessageView parse_impl(std::span<const std::byte> bytes, const DecodeLimits& limits,
+                                bool require_complete);
+
   std::span<const std::byte> bytes_;
   MessageHeader header_;
   std::vector<FrameInfo> frames_;
+  std::uint32_t announced_frames_ = 0;
+  std::uint64_t bytes_needed_ = 0;
 };
 
 }  // namespace pulseloco::codec

@@ -1,0 +1,911 @@
+#include "codec/message.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "base/errors.h"
+#include "codec/index_coding.h"
+#include "codec/value_planes.h"
+#include "codec/wire.h"
+#include "codec/zstd_frames.h"
+
+namespace pulseloco::codec {
+
+using wire::fail;
+
+// ---------------------------------------------------------------------------------------------
+// Layout constants (docs/wire-format.md)
+namespace {
+
+// Message header prefix.
+constexpr std::size_t kHeaderVersionAt = 4;
+constexpr std::size_t kHeaderEncodingAt = 6;
+constexpr std::size_t kHeaderFlagsAt = 7;
+constexpr std::size_t kHeaderWindowAt = 8;
+constexpr std::size_t kHeaderRankAt = 16;
+constexpr std::size_t kHeaderTensorCountAt = 20;
+constexpr std::size_t kHeaderFrameCountAt = 24;
+constexpr std::size_t kHeaderReservedAt = 28;
+
+// Frame prefix.
+constexpr std::size_t kFrameTensorAt = 0;
+constexpr std::size_t kFrameEncodingAt = 4;
+constexpr std::size_t kFrameIndexCodingAt = 5;
+constexpr std::size_t kFrameZstdStreamsAt = 6;
+constexpr std::size_t kFrameSparsePlanesAt = 7;
+constexpr std::size_t kFrameBeginAt = 8;
+constexpr std::size_t kFrameLengthAt = 16;
+constexpr std::size_t kFrameEntriesAt = 20;
+constexpr std::size_t kFramePayloadBytesAt = 24;
+
+constexpr std::size_t kFrameOverheadBytes = kFramePrefixBytes + kChecksumBytes;
+constexpr std::uint64_t kMaxNumel = (std::uint64_t{1} << 63) - 1;
+constexpr std::uint8_t kZstdStreamsMask = (1u << wire::kPulseStreams) - 1;
+constexpr std::uint8_t kSparsePlanesMask = 0x0F;
+
+static_assert(kHeaderReservedAt + 4 == kHeaderPrefixBytes);
+static_assert(kFramePayloadBytesAt + 8 == kFramePrefixBytes);
+
+[[nodiscard]] bool valid_encoding(std::uint8_t code) noexcept { return code <= 2; }
+[[nodiscard]] bool valid_index_coding(std::uint8_t code) noexcept { return code <= 2; }
+
+[[nodiscard]] std::uint64_t plain_index_bytes(Encoding encoding) noexcept {
+  return encoding == Encoding::plain_i64_f32 ? 8 : 4;
+}
+
+[[nodiscard]] std::string frame_text(std::size_t i) { return "frame " + std::to_string(i); }
+
+// Where the streams of a validated pulse frame are (docs/wire-format.md, "pulse payload").
+// Stream 0 holds the index coding's bytes, stream 1 + k value byte plane k.
+struct PulseLayout {
+  std::uint64_t index_raw_bytes = 0;
+  std::uint64_t directory_bytes = 0;
+  std::array<bool, 4> sparse{};              // plane k stored as bitmap + non-zero bytes
+  std::array<std::uint64_t, 4> nonzero{};    // non-zero bytes of a sparse plane
+  std::array<std::uint64_t, wire::kPulseStreams> decoded{};  // bytes before zstd
+  std::array<std::span<const std::byte>, wire::kPulseStreams> stored{};
+  std::array<std::uint64_t, wire::kPulseStreams> offset{};  // in the message
+  std::array<bool, wire::kPulseStreams> compressed{};
+};
+
+// Parses and checks the stream directory of a pulse frame with entries >= 1.
+PulseLayout parse_pulse_layout(std::span<const std::byte> payload, std::uint64_t payload_offset,
+                               const FrameInfo& info, std::uint8_t zstd_streams,
+                               std::uint8_t sparse_planes, std::size_t frame_index) {
+  const std::string where = frame_text(frame_index);
+  wire::Reader reader(payload, payload_offset);
+  PulseLayout layout;
+  const std::uint64_t raw_at = reader.offset();
+  layout.index_raw_bytes = reader.varint(where + " index stream size");
+  const detail::SizeRange range =
+      detail::index_raw_size_range(info.index_coding, info.entries, info.length);
+  if (layout.index_raw_bytes < range.min || layout.index_raw_bytes > range.max) {
+    fail(where + ": " + std::string(index_coding_name(info.index_coding)) + " index stream of " +
+             std::to_string(info.entries) + " entries cannot be " +
+             std::to_string(layout.index_raw_bytes) + " bytes (allowed " +
+             std::to_string(range.min) + ".." + std::to_string(range.max) + ")",
+         raw_at);
+  }
+  layout.decoded[wire::kIndexStream] = layout.index_raw_bytes;
+  for (int k = 0; k < 4; ++k) {
+    layout.sparse[k] = ((sparse_planes >> k) & 1u) != 0;
+    layout.decoded[1 + k] = info.entries;
+    if (!layout.sparse[k]) continue;
+    const std::uint64_t count_at = reader.offset();
+    layout.nonzero[k] = reader.varint(where + " plane " + std::to_string(k) + " non-zero count");
+    if (layout.nonzero[k] > info.entries) {
+      fail(where + ": sparse plane " + std::to_string(k) + " claims " +
+               std::to_string(layout.nonzero[k]) + " non-zero bytes of " +
+               std::to_string(info.entries),
+           count_at);
+    }
+    layout.decoded[1 + k] = detail::sparse_plane_bytes(info.entries, layout.nonzero[k]);
+  }
+  std::array<std::uint64_t, wire::kPulseStreams> stored_size{};
+  std::array<std::uint64_t, wire::kPulseStreams> size_at{};
+  for (int s = 0; s < wire::kPulseStreams; ++s) {
+    size_at[s] = reader.offset();
+    stored_size[s] = reader.varint(where + " stream " + std::to_string(s) + " size");
+  }
+  layout.directory_bytes = reader.offset() - payload_offset;
+  for (int s = 0; s < wire::kPulseStreams; ++s) {
+    layout.compressed[s] = ((zstd_streams >> s) & 1u) != 0;
+    if (!layout.compressed[s] && stored_size[s] != layout.decoded[s]) {
+      fail(where + ": uncompressed stream " + std::to_string(s) + " stores " +
+               std::to_string(stored_size[s]) + " bytes, it decodes to " +
+               std::to_string(layout.decoded[s]),
+           size_at[s]);
+    }
+    if (layout.compressed[s] && (stored_size[s] == 0 || layout.decoded[s] == 0)) {
+      fail(where + ": compressed stream " + std::to_string(s) + " is empty", size_at[s]);
+    }
+    layout.offset[s] = reader.offset();
+    layout.stored[s] = reader.take(stored_size[s], where + " stream " + std::to_string(s));
+  }
+  if (reader.remaining() != 0) {
+    fail(where + ": " + std::to_string(reader.remaining()) + " payload bytes after the streams",
+         reader.offset());
+  }
+  return layout;
+}
+
+// Validates one frame's prefix and structure. `available` starts at the frame; in streaming
+// mode it may end early, in which case the return value has byte_size == 0 and `needed` says
+// how many message bytes are needed.
+struct FrameParse {
+  FrameInfo info;
+  bool complete = false;
+  std::uint64_t needed = 0;  // message bytes needed to complete this frame
+};
+
+FrameParse parse_frame(std::span<const std::byte> available, std::uint64_t frame_offset,
+                       const MessageHeader& header, const DecodeLimits& limits,
+                       std::size_t frame_index) {
+  const std::string where = frame_text(frame_index);
+  FrameParse result;
+  FrameInfo& info = result.info;
+  info.byte_offset = frame_offset;
+  if (available.size() < kFramePrefixBytes) {
+    result.needed = frame_offset + kFramePrefixBytes;
+    return result;
+  }
+  const std::byte* p = available.data();
+  info.tensor = wire::load<std::uint32_t>(p + kFrameTensorAt);
+  if (info.tensor >= header.tensor_numels.size()) {
+    fail(where + ": tensor " + std::to_string(info.tensor) + " is not in the tensor table (" +
+             std::to_string(header.tensor_numels.size()) + " tensors)",
+         frame_offset + kFrameTensorAt);
+  }
+  const auto encoding_code = static_cast<std::uint8_t>(p[kFrameEncodingAt]);
+  if (encoding_code != static_cast<std::uint8_t>(header.encoding)) {
+    fail(where + ": encoding " + std::to_string(encoding_code) + " differs from the message's (" +
+             std::to_string(static_cast<int>(header.encoding)) + ")",
+         frame_offset + kFrameEncodingAt);
+  }
+  info.encoding = header.encoding;
+  const auto coding_code = static_cast<std::uint8_t>(p[kFrameIndexCodingAt]);
+  const auto zstd_streams = static_cast<std::uint8_t>(p[kFrameZstdStreamsAt]);
+  const auto sparse_planes = static_cast<std::uint8_t>(p[kFrameSparsePlanesAt]);
+  info.begin = wire::load<std::uint64_t>(p + kFrameBeginAt);
+  info.length = wire::load<std::uint32_t>(p + kFrameLengthAt);
+  info.entries = wire::load<std::uint32_t>(p + kFrameEntriesAt);
+  const auto payload_bytes = wire::load<std::uint64_t>(p + kFramePayloadBytesAt);
+
+  const std::uint64_t max_length = std::min(kMaxFrameElements, limits.max_frame_elements);
+  if (info.length > max_length) {
+    fail(where + ": chunk length " + std::to_string(info.length) + " exceeds the limit " +
+             std::to_string(max_length),
+         frame_offset + kFrameLengthAt);
+  }
+  const std::uint64_t numel = header.tensor_numels[info.tensor];
+  if (info.begin > numel || info.length > numel - info.begin) {
+    fail(where + ": chunk [" + std::to_string(info.begin) + ", +" + std::to_string(info.length) +
+             ") exceeds tensor " + std::to_string(info.tensor) + " of " + std::to_string(numel) +
+             " elements",
+         frame_offset + kFrameBeginAt);
+  }
+  if (info.entries > info.length) {
+    fail(where + ": " + std::to_string(info.entries) + " entries in a chunk of " +
+             std::to_string(info.length) + " elements",
+         frame_offset + kFrameEntriesAt);
+  }
+  if (header.encoding == Encoding::pulse && info.entries > 0) {
+    if (!valid_index_coding(coding_code)) {
+      fail(where + ": unknown index coding " + std::to_string(coding_code),
+           frame_offset + kFrameIndexCodingAt);
+    }
+    if ((zstd_streams & ~kZstdStreamsMask) != 0) {
+      fail(where + ": unknown stream flags " + std::to_string(zstd_streams),
+           frame_offset + kFrameZstdStreamsAt);
+    }
+    if ((sparse_planes & ~kSparsePlanesMask) != 0) {
+      fail(where + ": unknown plane flags " + std::to_string(sparse_planes),
+           frame_offset + kFrameSparsePlanesAt);
+    }
+    info.index_coding = static_cast<IndexCoding>(coding_code);
+  } else {
+    // Plain frames and empty pulse frames have no streams to describe.
+    if (coding_code != 0) {
+      fail(where + ": index coding must be 0 in a frame without streams",
+           frame_offset + kFrameIndexCodingAt);
+    }
+    if (zstd_streams != 0) {
+      fail(where + ": stream flags must be 0 in a frame without streams",
+           frame_offset + kFrameZstdStreamsAt);
+    }
+    if (sparse_planes != 0) {
+      fail(where + ": plane flags must be 0 in a frame without streams",
+           frame_offset + kFrameSparsePlanesAt);
+    }
+  }
+  // Sizes: everything in u64 arithmetic that cannot overflow (entries < 2^32, payload checked
+  // against what can still fit in the message before it is added to anything).
+  std::uint64_t expected_payload = 0;
+  bool payload_size_fixed = false;
+  if (header.encoding != Encoding::pulse) {
+    expected_payload = info.entries * (plain_index_bytes(header.encoding) + 4);
+    payload_size_fixed = true;
+  } else if (info.entries == 0) {
+    payload_size_fixed = true;
+  }
+  if (payload_size_fixed && payload_bytes != expected_payload) {
+    fail(where + ": payload of " + std::to_string(payload_bytes) + " bytes, expected " +
+             std::to_string(expected_payload),
+         frame_offset + kFramePayloadBytesAt);
+  }
+  const std::uint64_t room = limits.max_message_bytes > frame_offset + kFrameOverheadBytes
+                                 ? limits.max_message_bytes - frame_offset - kFrameOverheadBytes
+                                 : 0;
+  if (payload_bytes > room) {
+    fail(where + ": payload of " + std::to_string(payload_bytes) +
+             " bytes exceeds the message size limit",
+         frame_offset + kFramePayloadBytesAt);
+  }
+  info.byte_size = kFrameOverheadBytes + payload_bytes;
+  if (available.size() < info.byte_size) {
+    result.needed = frame_offset + info.byte_size;
+    return result;
+  }
+  const auto payload = available.subspan(kFramePrefixBytes, payload_bytes);
+  if (header.encoding == Encoding::pulse) {
+    if (info.entries > 0) {
+      const PulseLayout layout =
+          parse_pulse_layout(payload, frame_offset + kFramePrefixBytes, info, zstd_streams,
+                             sparse_planes, frame_index);
+      info.index_bytes = layout.directory_bytes + layout.stored[wire::kIndexStream].size();
+      info.value_bytes = payload_bytes - info.index_bytes;
+    }
+  } else {
+    info.index_bytes = info.entries * plain_index_bytes(header.encoding);
+    info.value_bytes = info.entries * 4;
+  }
+  result.complete = true;
+  result.needed = frame_offset + info.byte_size;
+  return result;
+}
+
+struct HeaderPrefix {
+  Encoding encoding = Encoding::pulse;
+  std::uint32_t tensor_count = 0;
+  std::uint32_t frame_count = 0;
+  std::uint64_t header_bytes = 0;
+};
+
+HeaderPrefix parse_header_prefix(std::span<const std::byte> bytes, const DecodeLimits& limits) {
+  if (bytes.size() < kHeaderPrefixBytes) {
+    fail("truncated: the message header needs " + std::to_string(kHeaderPrefixBytes) +
+             " bytes, " + std::to_string(bytes.size()) + " present",
+         bytes.size());
+  }
+  const std::byte* p = bytes.data();
+  if (std::memcmp(p, wire::kMagic, sizeof wire::kMagic) != 0) {
+    fail("bad magic: not a pulseloco message", 0);
+  }
+  const auto version = wire::load<std::uint16_t>(p + kHeaderVersionAt);
+  if (version != kFormatVersion) {
+    fail("unsupported format version " + std::to_string(version) + " (this build reads " +
+             std::to_string(kFormatVersion) + ")",
+         kHeaderVersionAt);
+  }
+  const auto encoding_code = static_cast<std::uint8_t>(p[kHeaderEncodingAt]);
+  if (!valid_encoding(encoding_code)) {
+    fail("unknown encoding " + std::to_string(encoding_code), kHeaderEncodingAt);
+  }
+  if (p[kHeaderFlagsAt] != std::byte{0}) fail("header flags are not zero", kHeaderFlagsAt);
+  if (wire::load<std::uint32_t>(p + kHeaderReservedAt) != 0) {
+    fail("reserved header field is not zero", kHeaderReservedAt);
+  }
+  HeaderPrefix prefix;
+  prefix.encoding = static_cast<Encoding>(encoding_code);
+  prefix.tensor_count = wire::load<std::uint32_t>(p + kHeaderTensorCountAt);
+  prefix.frame_count = wire::load<std::uint32_t>(p + kHeaderFrameCountAt);
+  if (prefix.tensor_count > limits.max_tensors) {
+    fail(std::to_string(prefix.tensor_count) + " tensors exceed the limit of " +
+             std::to_string(limits.max_tensors),
+         kHeaderTensorCountAt);
+  }
+  if (prefix.frame_count > limits.max_frames) {
+    fail(std::to_string(prefix.frame_count) + " frames exceed the limit of " +
+             std::to_string(limits.max_frames),
+         kHeaderFrameCountAt);
+  }
+  prefix.header_bytes = kHeaderPrefixBytes + 8 * std::uint64_t{prefix.tensor_count} + kChecksumBytes;
+  const std::uint64_t minimum = prefix.header_bytes + prefix.frame_count * kFrameOverheadBytes;
+  if (minimum > limits.max_message_bytes) {
+    fail("a header of " + std::to_string(prefix.tensor_count) + " tensors and " +
+             std::to_string(prefix.frame_count) + " frames exceeds the message size limit",
+         kHeaderTensorCountAt);
+  }
+  return prefix;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Names
+
+std::string_view encoding_name(Encoding encoding) noexcept {
+  switch (encoding) {
+    case Encoding::pulse:
+      return "pulse";
+    case Encoding::plain_i64_f32:
+      return "plain_i64_f32";
+    case Encoding::plain_i32_f32:
+      return "plain_i32_f32";
+  }
+  return "unknown";
+}
+
+std::string_view index_coding_name(IndexCoding coding) noexcept {
+  switch (coding) {
+    case IndexCoding::varint:
+      return "varint";
+    case IndexCoding::bitpack:
+      return "bitpack";
+    case IndexCoding::elias_fano:
+      return "elias_fano";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+namespace {
+
+// Per-thread encoder state: a zstd context and staging buffers, reused across frames.
+struct EncodeState {
+  detail::ZstdCCtxPtr cctx = detail::make_zstd_cctx();
+  std::vector<std::uint32_t> gaps;
+  std::vector<std::byte> index_raw;     // the index coding's bytes
+  std::vector<std::byte> index_packed;  // ... and their zstd frame
+  std::vector<std::byte> planes;            // 4 dense planes
+  std::array<std::vector<std::byte>, 4> sparse;
+  std::array<std::vector<std::byte>, 4> plane_packed;
+};
+
+EncodeState& encode_state() {
+  thread_local EncodeState state;
+  return state;
+}
+
+void grow(std::vector<std::byte>& buffer, std::size_t size) {
+  if (buffer.size() < size) buffer.resize(size);
+}
+
+void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& options) {
+  const auto error = [&](const std::string& message, std::optional<std::uint64_t> index = {}) {
+    throw InvalidArgument("encode_frame: " + message, ErrorContext{.index = index});
+  };
+  if (!valid_encoding(static_cast<std::uint8_t>(options.encoding))) error("unknown encoding");
+  if (options.index_coding && !valid_index_coding(static_cast<std::uint8_t>(*options.index_coding)))
+    error("unknown index coding");
+  if (options.zstd_level < 0 || options.zstd_level > kMaxZstdLevel) {
+    error("zstd level " + std::to_string(options.zstd_level) + " is not 0 (default) or 1.." +
+          std::to_string(kMaxZstdLevel));
+  }
+  if (entries.offsets.size() != entries.values.size()) {
+    error(std::to_string(entries.offsets.size()) + " offsets but " +
+          std::to_string(entries.values.size()) + " values");
+  }
+  if (entries.length > kMaxFrameElements) {
+    error("chunk length " + std::to_string(entries.length) + " exceeds " +
+          std::to_string(kMaxFrameElements));
+  }
+  if (entries.begin > kMaxNumel || entries.length > kMaxNumel - entries.begin) {
+    error("chunk [" + std::to_string(entries.begin) + ", +" + std::to_string(entries.length) +
+          ") exceeds the largest tensor the format allows (2^63 - 1 elements)");
+  }
+  std::uint64_t next = 0;
+  for (std::size_t i = 0; i < entries.offsets.size(); ++i) {
+    const std::uint32_t offset = entries.offsets[i];
+    if (offset < next || offset >= entries.length) {
+      error("entry " + std::to_string(i) + ": offset " + std::to_string(offset) +
+                (offset >= entries.length ? " is not below the chunk length " +
+                                                std::to_string(entries.length)
+                                          : " does not ascend"),
+            entries.begin + offset);
+    }
+    next = std::uint64_t{offset} + 1;
+  }
+  const std::size_t bad = detail::first_non_finite(entries.values);
+  if (bad != entries.values.size()) {
+    error("entry " + std::to_string(bad) + ": value is not finite",
+          entries.begin + entries.offsets[bad]);
+  }
+}
+
+void write_frame_prefix(std::byte* p, const FrameEntries& entries, Encoding encoding,
+                        IndexCoding coding, std::uint8_t zstd_streams,
+                        std::uint8_t sparse_planes, std::uint64_t payload_bytes) {
+  wire::store<std::uint32_t>(p + kFrameTensorAt, entries.tensor);
+  p[kFrameEncodingAt] = static_cast<std::byte>(encoding);
+  p[kFrameIndexCodingAt] = static_cast<std::byte>(coding);
+  p[kFrameZstdStreamsAt] = static_cast<std::byte>(zstd_streams);
+  p[kFrameSparsePlanesAt] = static_cast<std::byte>(sparse_planes);
+  wire::store<std::uint64_t>(p + kFrameBeginAt, entries.begin);
+  wire::store<std::uint32_t>(p + kFrameLengthAt, static_cast<std::uint32_t>(entries.length));
+  wire::store<std::uint32_t>(p + kFrameEntriesAt,
+                             static_cast<std::uint32_t>(entries.offsets.size()));
+  wire::store<std::uint64_t>(p + kFramePayloadBytesAt, payload_bytes);
+}
+
+void append_checksum(std::vector<std::byte>& frame) {
+  const std::uint64_t checksum = XXH3_64bits(frame.data(), frame.size());
+  wire::append<std::uint64_t>(frame, checksum);
+}
+
+std::vector<std::byte> encode_plain(const FrameEntries& entries, Encoding encoding) {
+  const std::size_t n = entries.offsets.size();
+  const std::uint64_t index_bytes = plain_index_bytes(encoding);
+  const std::uint64_t payload = n * (index_bytes + 4);
+  std::vector<std::byte> frame(kFramePrefixBytes + payload);
+  frame.reserve(frame.size() + kChecksumBytes);
+  write_frame_prefix(frame.data(), entries, encoding, IndexCoding::varint, 0, 0, payload);
+  std::byte* p = frame.data() + kFramePrefixBytes;
+  if (encoding == Encoding::plain_i64_f32) {
+    for (std::size_t i = 0; i < n; ++i) {
+      wire::store<std::int64_t>(p + 8 * i,
+                                static_cast<std::int64_t>(entries.begin + entries.offsets[i]));
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      wire::store<std::int32_t>(p + 4 * i, static_cast<std::int32_t>(entries.offsets[i]));
+    }
+  }
+  if (n > 0) std::memcpy(p + n * index_bytes, entries.values.data(), n * 4);
+  append_checksum(frame);
+  return frame;
+}
+
+// A stream as it goes on the wire: its zstd frame when that is smaller, else the raw bytes.
+struct StoredStream {
+  std::span<const std::byte> bytes;
+  bool compressed = false;
+};
+
+// True when an order-0 entropy coder could save at most about 6% of `bytes`: their Renyi-2
+// entropy -log2(sum p_i^2), a lower bound of the Shannon entropy, is at least 7.5 bits per
+// byte. Such streams (the random-looking mantissa planes) are stored without asking zstd, whose
+// match finder would find nothing there (measured: docs/benchmarks.md, "Codec"). Deterministic:
+// integer counts and one comparison.
+bool looks_incompressible(std::span<const std::byte> bytes) {
+  constexpr std::size_t kMinBytes = 256;
+  constexpr double kTwoPow7_5 = 181.01933598375618;  // 2^7.5
+  if (bytes.size() < kMinBytes) return false;
+  // Four interleaved histograms break the store-to-load dependency on repeated symbols.
+  std::array<std::array<std::uint32_t, 256>, 4> counts{};
+  const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  const std::size_t n = bytes.size();
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++counts[0][p[i]];
+    ++counts[1][p[i + 1]];
+    ++counts[2][p[i + 2]];
+    ++counts[3][p[i + 3]];
+  }
+  for (; i < n; ++i) ++counts[0][p[i]];
+  std::uint64_t sum_squares = 0;  // <= n^2 < 2^64
+  for (std::size_t symbol = 0; symbol < 256; ++symbol) {
+    const std::uint64_t c = std::uint64_t{counts[0][symbol]} + counts[1][symbol] +
+                            counts[2][symbol] + counts[3][symbol];
+    sum_squares += c * c;
+  }
+  const auto total = static_cast<double>(n);
+  return static_cast<double>(sum_squares) * kTwoPow7_5 <= total * total;
+}
+
+StoredStream store_stream(ZSTD_CCtx* cctx, std::span<const std::byte> raw,
+                          std::vector<std::byte>& packed, int level) {
+  if (looks_incompressible(raw)) return {raw, false};
+  const std::size_t bound = ZSTD_compressBound(raw.size());
+  grow(packed, bound);
+  const std::size_t size = detail::zstd_compress(cctx, raw, packed.data(), bound, level);
+  if (size < raw.size()) return {std::span<const std::byte>(packed.data(), size), true};
+  return {raw, false};
+}
+
+std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
+  const std::size_t n = entries.offsets.size();
+  if (n == 0) {
+    std::vector<std::byte> frame(kFramePrefixBytes);
+    frame.reserve(kFrameOverheadBytes);
+    write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
+    append_checksum(frame);
+    return frame;
+  }
+  EncodeState& state = encode_state();
+  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+  std::array<StoredStream, wire::kPulseStreams> stored{};
+
+  // Indices. The varint gaps are compressed and compared with the raw sizes of bit-packing and
+  // Elias-Fano (whose bits zstd can rarely shrink, so they are only compressed once chosen);
+  // the fewest bytes win, ties going to the lower code. Deterministic, one or two zstd calls.
+  if (state.gaps.size() < n) state.gaps.resize(n);
+  const std::span<const std::uint32_t> gaps(state.gaps.data(), n);
+  detail::compute_gaps(entries.offsets, state.gaps.data());
+  const detail::IndexCodingSizes sizes = detail::index_coding_sizes(gaps, entries.length);
+  const auto encode_and_store = [&](IndexCoding candidate) {
+    const std::uint64_t raw_bytes = sizes.of(candidate);
+    grow(state.index_raw, raw_bytes);
+    detail::encode_indices(candidate, entries.offsets, gaps, entries.length,
+                           state.index_raw.data());
+    return store_stream(state.cctx.get(), std::span(state.index_raw.data(), raw_bytes),
+                        state.index_packed, level);
+  };
+  IndexCoding coding = options.index_coding.value_or(IndexCoding::varint);
+  stored[wire::kIndexStream] = encode_and_store(coding);
+  if (!options.index_coding) {
+    IndexCoding best = IndexCoding::varint;
+    std::uint64_t best_bytes = stored[wire::kIndexStream].bytes.size();
+    for (const IndexCoding candidate : {IndexCoding::bitpack, IndexCoding::elias_fano}) {
+      if (sizes.of(candidate) < best_bytes) {
+        best = candidate;
+        best_bytes = sizes.of(candidate);
+      }
+    }
+    if (best != IndexCoding::varint) {
+      coding = best;
+      stored[wire::kIndexStream] = encode_and_store(coding);
+    }
+  }
+  const std::uint64_t index_raw_bytes = sizes.of(coding);
+
+  // Values: four byte planes; a plane that is mostly zero bytes goes in its sparse form.
+  grow(state.planes, 4 * n);
+  detail::split_planes(entries.values, state.planes.data());
+  std::uint8_t sparse_planes = 0;
+  std::array<std::uint64_t, 4> nonzero{};
+  for (std::size_t k = 0; k < 4; ++k) {
+    const std::byte* plane = state.planes.data() + k * n;
+    const std::size_t zeros = detail::count_zero_bytes(plane, n);
+    std::span<const std::byte> raw(plane, n);
+    if (2 * zeros > n) {
+      sparse_planes |= static_cast<std::uint8_t>(1u << k);
+      nonzero[k] = n - zeros;
+      const std::size_t bytes = detail::sparse_plane_bytes(n, nonzero[k]);
+      grow(state.sparse[k], bytes);
+      detail::encode_sparse_plane(plane, n, state.sparse[k].data());
+      raw = std::span<const std::byte>(state.sparse[k].data(), bytes);
+    }
+    stored[1 + k] = store_stream(state.cctx.get(), raw, state.plane_packed[k], level);
+  }
+
+  std::uint8_t zstd_streams = 0;
+  for (int s = 0; s < wire::kPulseStreams; ++s) {
+    if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
+  }
+  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + 4 + wire::kPulseStreams)> directory{};
+  std::byte* d = wire::put_varint(directory.data(), index_raw_bytes);
+  for (std::size_t k = 0; k < 4; ++k) {
+    if (((sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
+  }
+  for (const auto& stream : stored) d = wire::put_varint(d, stream.bytes.size());
+  const auto directory_bytes = static_cast<std::size_t>(d - directory.data());
+  std::uint64_t payload = directory_bytes;
+  for (const auto& stream : stored) payload += stream.bytes.size();
+
+  std::vector<std::byte> frame;
+  frame.reserve(kFrameOverheadBytes + payload);
+  frame.resize(kFramePrefixBytes);
+  write_frame_prefix(frame.data(), entries, Encoding::pulse, coding, zstd_streams, sparse_planes,
+                     payload);
+  frame.insert(frame.end(), directory.begin(), directory.begin() + directory_bytes);
+  for (const auto& stream : stored) {
+    frame.insert(frame.end(), stream.bytes.begin(), stream.bytes.end());
+  }
+  append_checksum(frame);
+  return frame;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_frame(const FrameEntries& entries, const EncodeOptions& options) {
+  validate_frame_entries(entries, options);
+  if (options.encoding == Encoding::pulse) return encode_pulse(entries, options);
+  return encode_plain(entries, options.encoding);
+}
+
+std::vector<std::byte> encode_header(const MessageHeader& header, std::uint32_t frame_count) {
+  if (!valid_encoding(static_cast<std::uint8_t>(header.encoding))) {
+    throw InvalidArgument("encode_header: unknown encoding");
+  }
+  if (header.tensor_numels.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw InvalidArgument("encode_header: more than 2^32 - 1 tensors");
+  }
+  for (std::size_t t = 0; t < header.tensor_numels.size(); ++t) {
+    if (header.tensor_numels[t] > kMaxNumel) {
+      throw InvalidArgument("encode_header: tensor " + std::to_string(t) + " has " +
+                            std::to_string(header.tensor_numels[t]) +
+                            " elements, more than 2^63 - 1");
+    }
+  }
+  std::vector<std::byte> out(kHeaderPrefixBytes);
+  out.reserve(kHeaderPrefixBytes + 8 * header.tensor_numels.size() + kChecksumBytes);
+  std::byte* p = out.data();
+  std::memcpy(p, wire::kMagic, sizeof wire::kMagic);
+  wire::store<std::uint16_t>(p + kHeaderVersionAt, kFormatVersion);
+  p[kHeaderEncodingAt] = static_cast<std::byte>(header.encoding);
+  p[kHeaderFlagsAt] = std::byte{0};
+  wire::store<std::uint64_t>(p + kHeaderWindowAt, header.window);
+  wire::store<std::uint32_t>(p + kHeaderRankAt, header.sender_rank);
+  wire::store<std::uint32_t>(p + kHeaderTensorCountAt,
+                             static_cast<std::uint32_t>(header.tensor_numels.size()));
+  wire::store<std::uint32_t>(p + kHeaderFrameCountAt, frame_count);
+  wire::store<std::uint32_t>(p + kHeaderReservedAt, 0);
+  for (const std::uint64_t numel : header.tensor_numels) wire::append<std::uint64_t>(out, numel);
+  append_checksum(out);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+struct DecodeScratch::Impl {
+  detail::ZstdDCtxPtr dctx = detail::make_zstd_dctx();
+  std::vector<std::byte> index_raw;  // decompressed or padded index stream
+  std::vector<std::byte> planes;     // value planes that are not used in place
+  std::vector<std::byte> sparse;     // a decompressed sparse plane
+  std::vector<std::uint32_t> offsets;
+};
+
+DecodeScratch::DecodeScratch() : impl_(std::make_unique<Impl>()) {}
+DecodeScratch::~DecodeScratch() = default;
+DecodeScratch::DecodeScratch(DecodeScratch&&) noexcept = default;
+DecodeScratch& DecodeScratch::operator=(DecodeScratch&&) noexcept = default;
+
+std::uint64_t message_header_size(std::span<const std::byte> prefix, const DecodeLimits& limits) {
+  return parse_header_prefix(prefix, limits).header_bytes;
+}
+
+MessageView MessageView::parse(std::span<const std::byte> message, const DecodeLimits& limits) {
+  return parse_impl(message, limits, true);
+}
+
+MessageView MessageView::parse_prefix(std::span<const std::byte> received,
+                                      const DecodeLimits& limits) {
+  return parse_impl(received, limits, false);
+}
+
+MessageView MessageView::parse_impl(std::span<const std::byte> bytes, const DecodeLimits& limits,
+                                    bool require_complete) {
+  if (bytes.size() > limits.max_message_bytes) {
+    fail("message of " + std::to_string(bytes.size()) + " bytes exceeds the limit of " +
+             std::to_string(limits.max_message_bytes),
+         0);
+  }
+  const HeaderPrefix prefix = parse_header_prefix(bytes, limits);
+  if (bytes.size() < prefix.header_bytes) {
+    fail("truncated: the header of " + std::to_string(prefix.tensor_count) + " tensors needs " +
+             std::to_string(prefix.header_bytes) + " bytes, " + std::to_string(bytes.size()) +
+             " present",
+         bytes.size());
+  }
+  const std::uint64_t checksum_at = prefix.header_bytes - kChecksumBytes;
+  const std::uint64_t expected = XXH3_64bits(bytes.data(), checksum_at);
+  if (wire::load<std::uint64_t>(bytes.data() + checksum_at) != expected) {
+    fail("header checksum mismatch", checksum_at);
+  }
+
+  MessageView view;
+  view.bytes_ = bytes;
+  view.announced_frames_ = prefix.frame_count;
+  MessageHeader& header = view.header_;
+  header.encoding = prefix.encoding;
+  header.window = wire::load<std::uint64_t>(bytes.data() + kHeaderWindowAt);
+  header.sender_rank = wire::load<std::uint32_t>(bytes.data() + kHeaderRankAt);
+  header.tensor_numels.resize(prefix.tensor_count);
+  for (std::uint32_t t = 0; t < prefix.tensor_count; ++t) {
+    const std::uint64_t at = kHeaderPrefixBytes + 8 * std::uint64_t{t};
+    header.tensor_numels[t] = wire::load<std::uint64_t>(bytes.data() + at);
+    if (header.tensor_numels[t] > kMaxNumel) {
+      fail("tensor " + std::to_string(t) + " has " + std::to_string(header.tensor_numels[t]) +
+               " elements, more than 2^63 - 1",
+           at);
+    }
+  }
+
+  // Never trust frame_count for memory: reserve only what the bytes present could hold.
+  std::uint64_t offset = prefix.header_bytes;
+  view.frames_.reserve(static_cast<std::size_t>(
+      std::min<std::uint64_t>(prefix.frame_count, (bytes.size() - offset) / kFrameOverheadBytes)));
+  std::uint32_t previous_tensor = 0;
+  std::uint64_t previous_end = 0;
+  view.bytes_needed_ = offset;
+  for (std::uint32_t i = 0; i < prefix.frame_count; ++i) {
+    const FrameParse parsed = parse_frame(bytes.subspan(offset), offset, header, limits, i);
+    if (!parsed.complete) {
+      view.bytes_needed_ = parsed.needed;
+      if (require_complete) {
+        fail("truncated: " + frame_text(i) + " of " + std::to_string(prefix.frame_count) +
+                 " needs bytes up to " + std::to_string(parsed.needed) + ", the message has " +
+                 std::to_string(bytes.size()),
+             offset);
+      }
+      break;
+    }
+    const FrameInfo& info = parsed.info;
+    if (i > 0 && (info.tensor < previous_tensor ||
+                  (info.tensor == previous_tensor && info.begin < previous_end))) {
+      fail(frame_text(i) + ": chunk (tensor " + std::to_string(info.tensor) + ", begin " +
+               std::to_string(info.begin) +
+               ") is out of order or overlaps the previous frame's (tensor " +
+               std::to_string(previous_tensor) + ", end " + std::to_string(previous_end) + ")",
+           offset);
+    }
+    previous_tensor = info.tensor;
+    previous_end = info.begin + info.length;
+    view.frames_.push_back(info);
+    offset += info.byte_size;
+    view.bytes_needed_ = offset;
+  }
+  if (view.complete() && offset != bytes.size()) {
+    fail(std::to_string(bytes.size() - offset) + " bytes after the last of " +
+             std::to_string(prefix.frame_count) + " frames",
+         offset);
+  }
+  return view;
+}
+
+namespace {
+
+std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t payload_offset,
+                           const FrameInfo& info, std::size_t frame_index,
+                           std::span<std::uint32_t> out_offsets, std::span<float> out_values) {
+  const std::size_t n = info.entries;
+  const std::uint64_t index_bytes = plain_index_bytes(info.encoding);
+  const std::byte* indices = payload.data();
+  const std::byte* values = payload.data() + n * index_bytes;
+  const auto offset_of = [&](std::size_t i) -> std::uint64_t {
+    // As unsigned: a negative index wraps to >= 2^63 and fails the range check like any other.
+    if (info.encoding == Encoding::plain_i64_f32) {
+      return wire::load<std::uint64_t>(indices + 8 * i) - info.begin;
+    }
+    return wire::load<std::uint32_t>(indices + 4 * i);
+  };
+  // Validate every entry before the first write.
+  std::uint64_t next = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t offset = offset_of(i);
+    if (offset >= info.length || offset < next) {
+      const std::uint64_t at = payload_offset + i * index_bytes;
+      if (info.encoding == Encoding::plain_i64_f32) {
+        const auto index = wire::load<std::int64_t>(indices + 8 * i);
+        fail(frame_text(frame_index) + ": entry " + std::to_string(i) + ": index " +
+                 std::to_string(index) +
+                 (offset >= info.length ? " is outside the chunk [" + std::to_string(info.begin) +
+                                              ", " + std::to_string(info.begin + info.length) +
+                                              ")"
+                                        : " does not ascend"),
+             at);
+      }
+      fail(frame_text(frame_index) + ": entry " + std::to_string(i) + ": offset " +
+               std::to_string(static_cast<std::int32_t>(offset)) +
+               (offset >= info.length ? " is not below the chunk length " +
+                                            std::to_string(info.length)
+                                      : " does not ascend"),
+           at);
+    }
+    next = offset + 1;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto bits = wire::load<std::uint32_t>(values + 4 * i);
+    if ((bits & 0x7F800000u) == 0x7F800000u) {
+      throw ProtocolError(frame_text(frame_index) + ": entry " + std::to_string(i) +
+                              ": value is not finite",
+                          ErrorContext{.index = info.begin + offset_of(i),
+                                       .byte_offset = payload_offset + n * index_bytes + 4 * i});
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) out_offsets[i] = static_cast<std::uint32_t>(offset_of(i));
+  std::memcpy(out_values.data(), values, n * 4);
+  return n;
+}
+
+std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t payload_offset,
+                           const FrameInfo& info, std::uint8_t zstd_streams,
+                           std::uint8_t sparse_planes, std::size_t frame_index,
+                           std::span<std::uint32_t> out_offsets, std::span<float> out_values,
+                           DecodeScratch::Impl& scratch) {
+  const std::size_t n = info.entries;
+  const PulseLayout layout =
+      parse_pulse_layout(payload, payload_offset, info, zstd_streams, sparse_planes, frame_index);
+  const std::string where = frame_text(frame_index);
+
+  // Indices: stage the raw stream with zero padding (the bit-level decoders read whole words).
+  const auto raw_bytes = static_cast<std::size_t>(layout.index_raw_bytes);
+  grow(scratch.index_raw, raw_bytes + detail::kIndexPadding);
+  const std::span<std::byte> index_raw(scratch.index_raw.data(), raw_bytes);
+  const auto& index_stored = layout.stored[wire::kIndexStream];
+  if (layout.compressed[wire::kIndexStream]) {
+    detail::zstd_decompress_exact(scratch.dctx.get(), index_stored, index_raw,
+                                  layout.offset[wire::kIndexStream], where + " index stream");
+  } else {
+    std::memcpy(index_raw.data(), index_stored.data(), raw_bytes);
+  }
+  std::fill_n(scratch.index_raw.data() + raw_bytes, detail::kIndexPadding, std::byte{0});
+  if (scratch.offsets.size() < n) scratch.offsets.resize(n);
+  try {
+    detail::decode_indices(info.index_coding, index_raw, n, info.length, scratch.offsets.data(),
+                           layout.offset[wire::kIndexStream],
+                           layout.compressed[wire::kIndexStream]);
+  } catch (const ProtocolError& e) {
+    throw ProtocolError(where + " " + e.message(), e.context());
+  }
+
+  // Values: dense planes stored raw are used in place; the others are rebuilt in scratch.
+  grow(scratch.planes, 4 * n);
+  detail::PlanePointers planes;
+  for (std::size_t k = 0; k < 4; ++k) {
+    const std::size_t s = 1 + k;
+    const std::string what = where + " value plane " + std::to_string(k);
+    std::span<const std::byte> raw = layout.stored[s];
+    if (layout.compressed[s]) {
+      const auto decoded = static_cast<std::size_t>(layout.decoded[s]);
+      std::byte* target = scratch.planes.data() + k * n;
+      if (layout.sparse[k]) {
+        grow(scratch.sparse, decoded);
+        target = scratch.sparse.data();
+      }
+      detail::zstd_decompress_exact(scratch.dctx.get(), layout.stored[s],
+                                    std::span<std::byte>(target, decoded), layout.offset[s], what);
+      raw = std::span<const std::byte>(target, decoded);
+    }
+    if (layout.sparse[k]) {
+      std::byte* plane = scratch.planes.data() + k * n;
+      detail::decode_sparse_plane(raw, n, static_cast<std::size_t>(layout.nonzero[k]), plane,
+                                  layout.offset[s], what);
+      planes.plane[k] = plane;
+    } else {
+      planes.plane[k] = raw.data();
+    }
+  }
+  const std::size_t bad = detail::first_non_finite_in_planes(planes, n);
+  if (bad != n) {
+    throw ProtocolError(where + ": entry " + std::to_string(bad) + ": value is not finite",
+                        ErrorContext{.index = info.begin + scratch.offsets[bad],
+                                     .byte_offset = layout.offset[4]});
+  }
+
+  // Everything is valid: now, and only now, write the caller's buffers.
+  std::memcpy(out_offsets.data(), scratch.offsets.data(), n * sizeof(std::uint32_t));
+  detail::merge_planes(planes, n, out_values.data());
+  return n;
+}
+
+}  // namespace
+
+std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> out_offsets,
+                                        std::span<float> out_values,
+                                        DecodeScratch& scratch) const {
+  const FrameInfo& info = frames_.at(i);
+  if (out_offsets.size() < info.entries || out_values.size() < info.entries) {
+    throw InvalidArgument("decode_frame: frame " + std::to_string(i) + " has " +
+                          std::to_string(info.entries) + " entries; the output holds " +
+                          std::to_string(std::min(out_offsets.size(), out_values.size())));
+  }
+  const auto frame = bytes_.subspan(info.byte_offset, info.byte_size);
+  const std::size_t checksum_at = frame.size() - kChecksumBytes;
+  if (wire::load<std::uint64_t>(frame.data() + checksum_at) !=
+      XXH3_64bits(frame.data(), checksum_at)) {
+    fail(frame_text(i) + ": checksum mismatch", info.byte_offset + checksum_at);
+  }
+  if (info.entries == 0) return 0;
+  const auto payload = frame.subspan(kFramePrefixBytes, checksum_at - kFramePrefixBytes);
+  const std::uint64_t payload_offset = info.byte_offset + kFramePrefixBytes;
+  if (info.encoding == Encoding::pulse) {
+    const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
+    const auto sparse_planes = static_cast<std::uint8_t>(frame[kFrameSparsePlanesAt]);
+    return decode_pulse(payload, payload_offset, info, zstd_streams, sparse_planes, i,
+                        out_offsets, out_values, scratch.impl());
+  }
+  return decode_plain(payload, payload_offset, info, i, out_offsets, out_values);
+}
+
+}  // namespace pulseloco::codec

@@ -1,0 +1,69 @@
+#include "codec/zstd_frames.h"
+
+#include <new>
+#include <string>
+
+#include "base/errors.h"
+#include "codec/wire.h"
+
+namespace pulseloco::codec::detail {
+
+ZstdCCtxPtr make_zstd_cctx() {
+  ZstdCCtxPtr context(ZSTD_createCCtx());
+  if (!context) throw std::bad_alloc();
+  return context;
+}
+
+ZstdDCtxPtr make_zstd_dctx() {
+  ZstdDCtxPtr context(ZSTD_createDCtx());
+  if (!context) throw std::bad_alloc();
+  return context;
+}
+
+std::size_t zstd_compress(ZSTD_CCtx* context, std::span<const std::byte> src, std::byte* dst,
+                          std::size_t capacity, int level) {
+  ZSTD_CCtx_reset(context, ZSTD_reset_session_and_parameters);
+  ZSTD_CCtx_setParameter(context, ZSTD_c_compressionLevel, level);
+  // Our streams are byte planes and gap codes with short, random-looking symbols: matches of
+  // fewer than 7 bytes are mostly chance and cost more than the literals they replace
+  // (measured: docs/benchmarks.md, "Codec").
+  ZSTD_CCtx_setParameter(context, ZSTD_c_minMatch, kZstdMinMatch);
+  const std::size_t result = ZSTD_compress2(context, dst, capacity, src.data(), src.size());
+  // With a capacity of ZSTD_compressBound() compression cannot fail on valid arguments.
+  PULSELOCO_CHECK(!ZSTD_isError(result), ZSTD_getErrorName(result));
+  return result;
+}
+
+void zstd_decompress_exact(ZSTD_DCtx* context, std::span<const std::byte> frame,
+                           std::span<std::byte> dst, std::uint64_t byte_offset,
+                           std::string_view what) {
+  const auto fail = [&](const std::string& reason) {
+    wire::fail(std::string(what) + ": " + reason, byte_offset);
+  };
+  const unsigned long long declared = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (declared == ZSTD_CONTENTSIZE_ERROR) fail("not a zstd frame");
+  if (declared == ZSTD_CONTENTSIZE_UNKNOWN) fail("zstd frame does not declare its content size");
+  if (declared != dst.size()) {
+    fail("zstd frame declares " + std::to_string(declared) + " bytes, expected " +
+         std::to_string(dst.size()));
+  }
+  const std::size_t frame_size = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
+  if (ZSTD_isError(frame_size)) {
+    fail(std::string("malformed zstd frame: ") + ZSTD_getErrorName(frame_size));
+  }
+  if (frame_size != frame.size()) {
+    fail("zstd frame is " + std::to_string(frame_size) + " bytes, the stream " +
+         std::to_string(frame.size()));
+  }
+  const std::size_t produced =
+      ZSTD_decompressDCtx(context, dst.data(), dst.size(), frame.data(), frame.size());
+  if (ZSTD_isError(produced)) {
+    fail(std::string("zstd decompression failed: ") + ZSTD_getErrorName(produced));
+  }
+  if (produced != dst.size()) {
+    fail("zstd produced " + std::to_string(produced) + " bytes, expected " +
+         std::to_string(dst.size()));
+  }
+}
+
+}  // namespace pulseloco::codec::detail
