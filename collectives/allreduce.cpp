@@ -72,31 +72,50 @@ void ring_allreduce(Call& call, std::span<const float> input, std::span<float> o
   const auto in_bytes = [&](Range range) {
     return std::as_bytes(input.subspan(range.begin, range.end - range.begin));
   };
+  // The chunks of the segments that arrive from the left: segment first(s) at step s.
+  const auto stream = [&](auto first) {
+    std::vector<Step> steps;
+    for (int step = 0; step + 1 < n; ++step) {
+      std::vector<Range> chunks;
+      append_chunks(chunks, segments.segment(first(step)), chunk_elements);
+      for (const Range& range : chunks)
+        steps.push_back({range, step});
+    }
+    return steps;
+  };
 
-  // Reduce-scatter. Every receive lands in `output`, where the own input is added to it.
-  std::vector<Step> scatter;
-  for (int step = 0; step + 1 < n; ++step) {
-    std::vector<Range> chunks;
-    append_chunks(chunks, segments.segment((r - step - 1 + n) % n), chunk_elements);
-    for (const Range& range : chunks)
-      scatter.push_back({range, step});
-  }
-  std::vector<Request*> receives;
-  receives.reserve(scatter.size());
+  // Reduce-scatter: step s receives segment r-s-1, adds the own input to it and sends it on.
+  // Every receive lands in `output`, where the reduction happens in place.
+  const std::vector<Step> scatter = stream([&](int step) { return (r - step - 1 + n) % n; });
+  // All-gather: step s receives the finished segment r-s and forwards it (except the last).
+  const std::vector<Step> gather = stream([&](int step) { return (r - step + n) % n; });
+
+  std::vector<Request*> scatter_receives;
+  scatter_receives.reserve(scatter.size());
   for (const Step& s : scatter) {
-    receives.push_back(&call.irecv(left, Phase::reduce_scatter, out_bytes(s.range)));
+    scatter_receives.push_back(&call.irecv(left, Phase::reduce_scatter, out_bytes(s.range)));
+  }
+  // The output of segment r is untouched by the reduce-scatter, so the all-gather's step-0
+  // receives are posted now (the left neighbour sends them while this rank may still be
+  // reducing). The later ones overwrite regions this rank sends from during the
+  // reduce-scatter, so they wait until those sends are done.
+  std::vector<Request*> gather_receives;
+  gather_receives.reserve(gather.size());
+  std::size_t posted = 0;
+  for (; posted < gather.size() && gather[posted].step == 0; ++posted) {
+    gather_receives.push_back(&call.irecv(left, Phase::gather, out_bytes(gather[posted].range)));
   }
   {
-    std::vector<Range> first;
-    append_chunks(first, segments.segment(r), chunk_elements);
-    for (const Range& range : first) {
+    std::vector<Range> own;
+    append_chunks(own, segments.segment(r), chunk_elements);
+    for (const Range& range : own) {
       (void)call.isend(right, Phase::reduce_scatter, in_bytes(range));
     }
   }
-  std::vector<Request*> sends_from_output;  // must finish before the all-gather reuses them
+  std::vector<Request*> sends_from_output;
   for (std::size_t i = 0; i < scatter.size(); ++i) {
     const Step& s = scatter[i];
-    call.wait(*receives[i], left);
+    call.wait(*scatter_receives[i], left);
     float* out = output.data();
     const float* in = input.data();
     for (std::size_t e = s.range.begin; e < s.range.end; ++e)
@@ -104,29 +123,19 @@ void ring_allreduce(Call& call, std::span<const float> input, std::span<float> o
     if (s.step + 2 < n) {
       sends_from_output.push_back(&call.isend(right, Phase::reduce_scatter, out_bytes(s.range)));
     } else {
-      // The segment r+1 is finished here: it opens the all-gather.
+      // Segment r+1 is finished here: it opens the all-gather.
       (void)call.isend(right, Phase::gather, out_bytes(s.range));
     }
   }
-  // Their receivers posted every reduce-scatter receive up front, so these complete.
+  // Their receiver posted every reduce-scatter receive up front, so these complete.
   for (Request* send : sends_from_output)
     call.wait(*send, right);
-
-  // All-gather: step s receives the finished segment r-s and forwards it (except the last).
-  std::vector<Step> gather;
-  for (int step = 0; step + 1 < n; ++step) {
-    std::vector<Range> chunks;
-    append_chunks(chunks, segments.segment((r - step + n) % n), chunk_elements);
-    for (const Range& range : chunks)
-      gather.push_back({range, step});
-  }
-  receives.clear();
-  for (const Step& s : gather) {
-    receives.push_back(&call.irecv(left, Phase::gather, out_bytes(s.range)));
+  for (; posted < gather.size(); ++posted) {
+    gather_receives.push_back(&call.irecv(left, Phase::gather, out_bytes(gather[posted].range)));
   }
   for (std::size_t i = 0; i < gather.size(); ++i) {
     const Step& s = gather[i];
-    call.wait(*receives[i], left);
+    call.wait(*gather_receives[i], left);
     if (s.step + 2 < n) (void)call.isend(right, Phase::gather, out_bytes(s.range));
   }
 }
