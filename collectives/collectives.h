@@ -3,6 +3,31 @@
 // Guarantees: every rank obtains identical bytes; a failed collective throws on every survivor
 // within at most 2x options.timeout, naming the peer at fault, and leaves the caller's input
 // buffers unchanged; nothing partial is returned as success.
+//
+// How a call runs (docs/collectives.md has the details):
+// - Every call first exchanges a small header with every peer (which collective, its call
+//   number, the options that must agree, and the sizes), then moves its payload, then ends with
+//   a completion round: a rank returns success only once every rank has received everything.
+// - Every call has its own tags: (options.tag, the call's sequence number under that tag, the
+//   phase), so messages of a failed call can never be taken for a later call's.
+// - options.timeout bounds every single wait: for one chunk from one peer, for one send to be
+//   taken by its peer, for one peer's completion notice. It must exceed the time one
+//   pipeline chunk needs on the slowest link (for `direct`, world_size - 1 chunks share a
+//   link). A dead peer is usually noticed at once (its connections close); a stalled one after
+//   the timeout.
+// - Failure: the rank that notices a failure tells every other rank which peer failed (a
+//   failure notice), so ranks that were waiting on healthy neighbours blame the right peer;
+//   ranks that time out in a chain of waits follow the chain to the silent rank. Every
+//   survivor throws within 2x options.timeout of the fault: PeerLostError (the peer died or
+//   closed), TimeoutError (it stopped responding), ProtocolError (it sent invalid data) or
+//   InvalidArgument (the ranks' arguments disagree), with ErrorContext::peer = the culprit.
+// - After a collective has thrown, its transport has been aborted (pending operations cannot
+//   be cancelled safely any other way): build a new transport to continue, as with NCCL's
+//   ncclCommAbort or Gloo's context. Arguments that are invalid on the calling rank alone throw
+//   InvalidArgument before anything is sent and leave the transport usable.
+// - Edge case inherent to any protocol: if a rank fails during the final completion round,
+//   ranks that already received every completion notice return success while the others
+//   throw. The data phase had completed everywhere by then.
 #pragma once
 
 #include <chrono>
@@ -10,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "transport/transport.h"
@@ -22,16 +48,27 @@ enum class AllGatherAlgorithm : std::uint8_t {
   direct,     // every rank sends its message straight to every other rank
 };
 
+[[nodiscard]] std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept;
+
+// Base tags must be below this (the rest of the 64-bit transport tag holds the call's sequence
+// number and phase).
+inline constexpr transport::Tag kTagLimit = transport::Tag{1} << 23;
+
 struct CollectiveOptions {
   std::chrono::milliseconds timeout{60'000};
   AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
   std::size_t pipeline_chunk_bytes = std::size_t{4} << 20;  // ring pipelining granularity
   // Tags of this call: every collective in flight at the same time needs its own base tag.
   transport::Tag tag = 0;
+  // The largest message a peer may announce in sparse_allgather; a larger size is a protocol
+  // violation by that peer (it guards this rank's memory).
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 36;
 };
 
 // Called as soon as rank `rank`'s complete message is available, so decoding can overlap the
-// rest of the exchange. Runs on the calling thread.
+// rest of the exchange. Runs on the calling thread, exactly once per rank (the caller's own
+// rank included, first), in any order. The bytes are tentative until the collective returns:
+// if it throws, callbacks may already have run for some ranks.
 using OnMessage = std::function<void(int rank, std::span<const std::byte> message)>;
 
 // Variable-size all-gather: sizes first, then payloads. Returns every rank's message (the
@@ -40,13 +77,39 @@ using OnMessage = std::function<void(int rank, std::span<const std::byte> messag
     transport::Transport& transport, std::span<const std::byte> mine,
     const CollectiveOptions& options, const OnMessage& on_message = {});
 
+// Where rank `rank`'s message of `bytes` bytes is to be stored: a buffer of exactly `bytes`
+// bytes that stays valid and untouched by the caller until the collective returns.
+using MessageBuffer = std::function<std::span<std::byte>(int rank, std::size_t bytes)>;
+
+// The same exchange into storage the caller provides (a reusable arena avoids allocating and
+// first-touching fresh pages on every call). `buffer_for` is called on the calling thread once
+// per rank, in rank order, as soon as the sizes are known and before any payload moves; the
+// caller's own message is copied into its buffer. On failure the buffers hold garbage.
+void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
+                           const MessageBuffer& buffer_for, const CollectiveOptions& options,
+                           const OnMessage& on_message = {});
+
+// The algorithm `automatic` picks for these message sizes (one per rank, in rank order); every
+// rank computes the same choice from the same sizes. The rule and the measurements behind it
+// are in docs/collectives.md.
+[[nodiscard]] AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes);
+
 // Dense fp32 sum (ring reduce-scatter + all-gather, chunked); `output` receives identical
 // bytes on every rank. `input` and `output` have the same size on every rank and must not
 // overlap.
+//
+// Summation order: the vector is cut into world_size near-equal segments; segment g is summed
+// left to right in ring order starting at rank g, ((x_g + x_{g+1}) + x_{g+2}) + ... +
+// x_{g-1}, in plain fp32 additions, by the rank that finishes it, and every other rank copies
+// those bytes. The result therefore depends only on the inputs and the world size. On failure
+// `output` holds garbage; `input` is never written.
 void allreduce_sum(transport::Transport& transport, std::span<const float> input,
                    std::span<float> output, const CollectiveOptions& options);
 
-// Copies `root`'s `data` into every rank's `data` (same size everywhere).
+// Copies `root`'s `data` into every rank's `data` (same size everywhere). The root's data is
+// only read; on failure the other ranks' data holds garbage. Small data (at most one pipeline
+// chunk) goes straight from the root to every rank; larger data is pipelined in chunks along
+// a chain starting at the root (options.algorithm `direct` or `ring` forces either).
 void broadcast(transport::Transport& transport, int root, std::span<std::byte> data,
                const CollectiveOptions& options);
 

@@ -12,9 +12,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "base/tensor_view.h"
 
@@ -81,6 +83,19 @@ class Transport {
   void recv(int peer, Tag tag, std::span<std::byte> data, Deadline deadline) {
     irecv(peer, tag, data)->wait(deadline);
   }
+
+  // Numbers the collective calls made under base tag `base_tag` on this transport: 0, 1, 2, ...
+  // Every rank makes the same calls in the same order under one base tag, so all ranks agree on
+  // the numbers (as with Gloo's Context::nextSlot); collectives put them into their tags so that
+  // a failed call's stragglers can never be taken for a later call's messages.
+  [[nodiscard]] std::uint64_t next_sequence(Tag base_tag) {
+    const std::lock_guard lock(sequence_mutex_);
+    return sequences_[base_tag]++;
+  }
+
+ private:
+  std::mutex sequence_mutex_;
+  std::unordered_map<Tag, std::uint64_t> sequences_;
 };
 
 }  // namespace pulseloco::transport

@@ -1,0 +1,176 @@
+// Dense fp32 sum: ring reduce-scatter then ring all-gather, both pipelined in chunks.
+//
+// The vector is cut into world_size segments. Reduce-scatter step s (0..n-2): rank r sends
+// segment r-s to r+1 and receives segment r-s-1 from r-1, adding its own input to it
+// (received + own, in that order). Segment g thus starts at rank g and is finished by rank
+// g-1 after n-1 additions in ring order. The all-gather then passes every finished segment
+// around the ring as bytes, so every rank ends with the finisher's exact bits. Chunks are
+// forwarded as soon as they are reduced, so every link is busy during both phases.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "base/errors.h"
+#include "collectives/collectives.h"
+#include "collectives/detail/call.h"
+
+namespace pulseloco::collectives {
+
+using detail::Call;
+using detail::Phase;
+using transport::Request;
+
+namespace {
+
+// Elements [begin, end) of the vector.
+struct Range {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+class Segments {
+ public:
+  Segments(std::size_t count, int world)
+      : base_(count / static_cast<std::size_t>(world)),
+        remainder_(count % static_cast<std::size_t>(world)) {}
+  [[nodiscard]] Range segment(int g) const {
+    const auto index = static_cast<std::size_t>(g);
+    const std::size_t begin = index * base_ + std::min(index, remainder_);
+    return {begin, begin + base_ + (index < remainder_ ? 1 : 0)};
+  }
+
+ private:
+  std::size_t base_;
+  std::size_t remainder_;
+};
+
+void append_chunks(std::vector<Range>& out, Range segment, std::size_t chunk_elements) {
+  for (std::size_t begin = segment.begin; begin < segment.end; begin += chunk_elements) {
+    out.push_back({begin, std::min(segment.end, begin + chunk_elements)});
+  }
+}
+
+// One chunk of the receive stream, and the ring step it belongs to.
+struct Step {
+  Range range;
+  int step = 0;
+};
+
+void ring_allreduce(Call& call, std::span<const float> input, std::span<float> output) {
+  const int n = call.size();
+  const int r = call.rank();
+  const int left = (r - 1 + n) % n;
+  const int right = (r + 1) % n;
+  const std::size_t chunk_elements =
+      std::max<std::size_t>(1, call.options().pipeline_chunk_bytes / sizeof(float));
+  const Segments segments(input.size(), n);
+  const auto out_bytes = [&](Range range) {
+    return std::as_writable_bytes(output.subspan(range.begin, range.end - range.begin));
+  };
+  const auto in_bytes = [&](Range range) {
+    return std::as_bytes(input.subspan(range.begin, range.end - range.begin));
+  };
+  // The chunks of the segments that arrive from the left: segment first(s) at step s.
+  const auto stream = [&](auto first) {
+    std::vector<Step> steps;
+    for (int step = 0; step + 1 < n; ++step) {
+      std::vector<Range> chunks;
+      append_chunks(chunks, segments.segment(first(step)), chunk_elements);
+      for (const Range& range : chunks)
+        steps.push_back({range, step});
+    }
+    return steps;
+  };
+
+  // Reduce-scatter: step s receives segment r-s-1, adds the own input to it and sends it on.
+  // Every receive lands in `output`, where the reduction happens in place.
+  const std::vector<Step> scatter = stream([&](int step) { return (r - step - 1 + n) % n; });
+  // All-gather: step s receives the finished segment r-s and forwards it (except the last).
+  const std::vector<Step> gather = stream([&](int step) { return (r - step + n) % n; });
+
+  std::vector<Request*> scatter_receives;
+  scatter_receives.reserve(scatter.size());
+  for (const Step& s : scatter) {
+    scatter_receives.push_back(&call.irecv(left, Phase::reduce_scatter, out_bytes(s.range)));
+  }
+  // The output of segment r is untouched by the reduce-scatter, so the all-gather's step-0
+  // receives are posted now (the left neighbour sends them while this rank may still be
+  // reducing). The later ones overwrite regions this rank sends from during the
+  // reduce-scatter, so they wait until those sends are done.
+  std::vector<Request*> gather_receives;
+  gather_receives.reserve(gather.size());
+  std::size_t posted = 0;
+  for (; posted < gather.size() && gather[posted].step == 0; ++posted) {
+    gather_receives.push_back(&call.irecv(left, Phase::gather, out_bytes(gather[posted].range)));
+  }
+  {
+    std::vector<Range> own;
+    append_chunks(own, segments.segment(r), chunk_elements);
+    for (const Range& range : own) {
+      (void)call.isend(right, Phase::reduce_scatter, in_bytes(range));
+    }
+  }
+  std::vector<Request*> sends_from_output;
+  for (std::size_t i = 0; i < scatter.size(); ++i) {
+    const Step& s = scatter[i];
+    call.wait(*scatter_receives[i], left);
+    float* out = output.data();
+    const float* in = input.data();
+    for (std::size_t e = s.range.begin; e < s.range.end; ++e)
+      out[e] = out[e] + in[e];
+    if (s.step + 2 < n) {
+      sends_from_output.push_back(&call.isend(right, Phase::reduce_scatter, out_bytes(s.range)));
+    } else {
+      // Segment r+1 is finished here: it opens the all-gather.
+      (void)call.isend(right, Phase::gather, out_bytes(s.range));
+    }
+  }
+  // Their receiver posted every reduce-scatter receive up front, so these complete.
+  for (Request* send : sends_from_output)
+    call.wait(*send, right);
+  for (; posted < gather.size(); ++posted) {
+    gather_receives.push_back(&call.irecv(left, Phase::gather, out_bytes(gather[posted].range)));
+  }
+  for (std::size_t i = 0; i < gather.size(); ++i) {
+    const Step& s = gather[i];
+    call.wait(*gather_receives[i], left);
+    if (s.step + 2 < n) (void)call.isend(right, Phase::gather, out_bytes(s.range));
+  }
+}
+
+[[nodiscard]] bool overlap(std::span<const float> a, std::span<float> b) {
+  if (a.empty() || b.empty()) return false;
+  const std::less<const float*> less;
+  return less(a.data(), b.data() + b.size()) && less(b.data(), a.data() + a.size());
+}
+
+}  // namespace
+
+void allreduce_sum(transport::Transport& transport, std::span<const float> input,
+                   std::span<float> output, const CollectiveOptions& options) {
+  detail::validate_options(options, transport, "allreduce_sum");
+  const int r = transport.rank();
+  if (input.size() != output.size()) {
+    throw InvalidArgument(
+        fmt::format("allreduce_sum: input has {} elements, output {}", input.size(), output.size()),
+        {.rank = r});
+  }
+  if (overlap(input, output)) {
+    throw InvalidArgument("allreduce_sum: input and output overlap", {.rank = r});
+  }
+  detail::run_call(transport, options, detail::Op::allreduce_sum, [&](Call& call) {
+    const std::vector<detail::Header> headers = call.exchange_headers({.value = input.size()});
+    call.require_agreement(
+        headers, ErrorKind::invalid_argument, "allreduce_sum needs the same length on every rank",
+        [](const detail::Header& h) { return fmt::format("{} elements", h.value); });
+    if (call.size() == 1) {
+      if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
+      return;
+    }
+    ring_allreduce(call, input, output);
+  });
+}
+
+}  // namespace pulseloco::collectives

@@ -1,0 +1,746 @@
+#include "collectives/detail/call.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "base/log.h"
+
+namespace pulseloco::collectives::detail {
+
+static_assert(std::endian::native == std::endian::little,
+              "the collective headers and notices are little-endian on the wire");
+
+using transport::Clock;
+using transport::Request;
+using transport::Tag;
+
+namespace {
+
+constexpr std::uint32_t kHeaderMagic = 0x48434C50;  // "PLCH"
+constexpr std::uint32_t kNoticeMagic = 0x4E434C50;  // "PLCN"
+constexpr std::uint8_t kWireVersion = 1;
+
+template <typename T, std::size_t N>
+void put(std::array<std::byte, N>& out, std::size_t offset, T value) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  std::memcpy(out.data() + offset, &value, sizeof(T));
+}
+
+template <typename T, std::size_t N>
+[[nodiscard]] T get(std::span<const std::byte, N> in, std::size_t offset) {
+  T value;
+  std::memcpy(&value, in.data() + offset, sizeof(T));
+  return value;
+}
+
+// A failure this rank observed itself while waiting on or posting to `peer`.
+struct ObservedFailure : std::exception {
+  ObservedFailure(int p, ErrorKind k, bool timeout, std::string d)
+      : peer(p), kind(k), timed_out(timeout), detail(std::move(d)) {}
+  [[nodiscard]] const char* what() const noexcept override { return detail.c_str(); }
+  int peer;
+  ErrorKind kind;
+  bool timed_out;  // no progress within the timeout: `peer` is a suspect, not proven guilty
+  std::string detail;
+};
+
+// A notice from another rank (or a lost notice channel) says that the call has failed.
+struct NoticeFailure : std::exception {
+  [[nodiscard]] const char* what() const noexcept override {
+    return "a peer reported that the collective failed";
+  }
+};
+
+// The transport was aborted on this rank (by the caller or an earlier failure).
+[[nodiscard]] bool is_local_abort(const Error& error) {
+  return error.kind() == ErrorKind::peer_lost && error.message().starts_with("aborted");
+}
+
+// Inside a catch block for `error`: rethrows a local abort unchanged, else reports what this
+// rank observed about `peer`.
+[[noreturn]] void throw_observed(const Error& error, int peer) {
+  if (is_local_abort(error)) throw;
+  const int culprit = error.context().peer.value_or(peer);
+  throw ObservedFailure(culprit, error.kind(), error.kind() == ErrorKind::timeout, error.what());
+}
+
+[[nodiscard]] bool is_terminal(NoticeType type) {
+  return type == NoticeType::culprit || type == NoticeType::aborted;
+}
+
+[[nodiscard]] std::string_view describe(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::peer_lost:
+      return "was lost (its connection closed or its process died)";
+    case ErrorKind::timeout:
+      return "stopped responding";
+    case ErrorKind::protocol:
+      return "sent invalid data";
+    case ErrorKind::invalid_argument:
+      return "disagrees with this rank on the call's arguments";
+    default:
+      return error_kind_name(kind);
+  }
+}
+
+[[noreturn]] void throw_kind(ErrorKind kind, const std::string& message, ErrorContext context) {
+  switch (kind) {
+    case ErrorKind::timeout:
+      throw TimeoutError(message, std::move(context));
+    case ErrorKind::protocol:
+      throw ProtocolError(message, std::move(context));
+    case ErrorKind::invalid_argument:
+      throw InvalidArgument(message, std::move(context));
+    case ErrorKind::io:
+      throw IoError(message, std::move(context));
+    default:
+      throw PeerLostError(message, std::move(context));
+  }
+}
+
+}  // namespace
+
+std::string_view op_name(Op op) noexcept {
+  switch (op) {
+    case Op::sparse_allgather:
+      return "sparse_allgather";
+    case Op::allreduce_sum:
+      return "allreduce_sum";
+    case Op::broadcast:
+      return "broadcast";
+    case Op::barrier:
+      return "barrier";
+    case Op::allgather_u64:
+      return "allgather_u64";
+  }
+  return "unknown collective";
+}
+
+Tag make_tag(Tag base, std::uint64_t sequence, Phase phase) {
+  PULSELOCO_CHECK(base < kTagLimit, "base tag out of range");
+  return (Tag{1} << 63) | (base << 40) | ((sequence & 0xFFFF'FFFFULL) << 8) |
+         static_cast<Tag>(phase);
+}
+
+std::array<std::byte, kHeaderBytes> encode_header(const Header& header) {
+  std::array<std::byte, kHeaderBytes> out{};
+  put(out, 0, kHeaderMagic);
+  put(out, 4, kWireVersion);
+  put(out, 5, static_cast<std::uint8_t>(header.op));
+  put(out, 6, static_cast<std::uint8_t>(header.algorithm));
+  put(out, 8, header.root);
+  put(out, 16, header.sequence);
+  put(out, 24, header.chunk_bytes);
+  put(out, 32, header.value);
+  return out;
+}
+
+Header decode_header(std::span<const std::byte, kHeaderBytes> bytes, int rank, int peer) {
+  const ErrorContext context{.rank = rank, .peer = peer};
+  if (get<std::uint32_t>(bytes, 0) != kHeaderMagic || get<std::uint8_t>(bytes, 4) != kWireVersion) {
+    throw ProtocolError(
+        fmt::format("peer {} sent something that is not a version-{} collective header", peer,
+                    kWireVersion),
+        context);
+  }
+  const auto op = get<std::uint8_t>(bytes, 5);
+  const auto algorithm = get<std::uint8_t>(bytes, 6);
+  if (op < static_cast<std::uint8_t>(Op::sparse_allgather) ||
+      op > static_cast<std::uint8_t>(Op::allgather_u64) ||
+      algorithm > static_cast<std::uint8_t>(AllGatherAlgorithm::direct)) {
+    throw ProtocolError(fmt::format("peer {} sent a collective header with operation {} and "
+                                    "algorithm {}, which do not exist",
+                                    peer, op, algorithm),
+                        context);
+  }
+  return Header{.op = static_cast<Op>(op),
+                .algorithm = static_cast<AllGatherAlgorithm>(algorithm),
+                .root = get<std::int32_t>(bytes, 8),
+                .sequence = get<std::uint64_t>(bytes, 16),
+                .chunk_bytes = get<std::uint64_t>(bytes, 24),
+                .value = get<std::uint64_t>(bytes, 32)};
+}
+
+std::array<std::byte, kNoticeBytes> encode_notice(const Notice& notice) {
+  std::array<std::byte, kNoticeBytes> out{};
+  put(out, 0, kNoticeMagic);
+  put(out, 4, kWireVersion);
+  put(out, 5, static_cast<std::uint8_t>(notice.type));
+  put(out, 6, static_cast<std::uint8_t>(notice.kind));
+  put(out, 8, notice.reporter);
+  put(out, 12, notice.subject);
+  put(out, 16, notice.sequence);
+  return out;
+}
+
+Notice decode_notice(std::span<const std::byte, kNoticeBytes> bytes, int rank, int peer,
+                     int world_size, std::uint64_t sequence) {
+  const ErrorContext context{.rank = rank, .peer = peer};
+  const auto type = get<std::uint8_t>(bytes, 5);
+  const auto kind = get<std::uint8_t>(bytes, 6);
+  const Notice notice{.type = static_cast<NoticeType>(type),
+                      .kind = static_cast<ErrorKind>(kind),
+                      .reporter = get<std::int32_t>(bytes, 8),
+                      .subject = get<std::int32_t>(bytes, 12),
+                      .sequence = get<std::uint64_t>(bytes, 16)};
+  const bool valid =
+      get<std::uint32_t>(bytes, 0) == kNoticeMagic && get<std::uint8_t>(bytes, 4) == kWireVersion &&
+      type >= static_cast<std::uint8_t>(NoticeType::done) &&
+      type <= static_cast<std::uint8_t>(NoticeType::aborted) &&
+      kind <= static_cast<std::uint8_t>(ErrorKind::non_finite) && notice.reporter == peer &&
+      notice.subject >= 0 && notice.subject < world_size && notice.sequence == sequence;
+  if (!valid) {
+    throw ProtocolError(
+        fmt::format("peer {} sent an invalid completion/failure notice for call #{}", peer,
+                    sequence),
+        context);
+  }
+  return notice;
+}
+
+void validate_options(const CollectiveOptions& options, const transport::Transport& transport,
+                      std::string_view operation) {
+  const ErrorContext context{.rank = transport.rank()};
+  if (options.tag >= kTagLimit) {
+    throw InvalidArgument(
+        fmt::format("{}: base tag {} is not below {}", operation, options.tag, kTagLimit), context);
+  }
+  if (options.timeout <= std::chrono::milliseconds::zero()) {
+    throw InvalidArgument(
+        fmt::format("{}: timeout {} ms must be positive", operation, options.timeout.count()),
+        context);
+  }
+  if (options.pipeline_chunk_bytes == 0) {
+    throw InvalidArgument(fmt::format("{}: pipeline_chunk_bytes must be positive", operation),
+                          context);
+  }
+  if (options.algorithm > AllGatherAlgorithm::direct) {
+    throw InvalidArgument(fmt::format("{}: algorithm {} does not exist", operation,
+                                      static_cast<int>(options.algorithm)),
+                          context);
+  }
+}
+
+Call::Call(transport::Transport& transport, const CollectiveOptions& options, Op op)
+    : transport_(transport),
+      options_(options),
+      op_(op),
+      rank_(transport.rank()),
+      size_(transport.size()),
+      sequence_(transport.next_sequence(options.tag)),
+      slice_(std::clamp(options.timeout / 16, std::chrono::milliseconds{1},
+                        std::chrono::milliseconds{25})),
+      notices_(static_cast<std::size_t>(size_)),
+      headers_in_(static_cast<std::size_t>(size_)) {
+  try {
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_) post_notice_receive(peer);
+    }
+  } catch (...) {
+    abort_transport(fmt::format("{} call #{} could not start", op_name(op_), sequence_));
+    throw;
+  }
+}
+
+Call::~Call() {
+  if (!finished_) {
+    abort_transport(fmt::format("{} call #{} was abandoned", op_name(op_), sequence_));
+  }
+}
+
+Request& Call::own(std::unique_ptr<Request> request) {
+  requests_.push_back(std::move(request));
+  return *requests_.back();
+}
+
+void Call::post_notice_receive(int peer) {
+  NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+  slot.request = &own(transport_.irecv(peer, tag(Phase::notice), slot.buffer));
+  slot.pending = true;
+}
+
+Request& Call::isend(int peer, Phase phase, std::span<const std::byte> data) {
+  try {
+    Request& request = own(transport_.isend(peer, tag(phase), data));
+    sends_.emplace_back(&request, peer);
+    return request;
+  } catch (const Error& error) {
+    throw_observed(error, peer);
+  }
+}
+
+Request& Call::irecv(int peer, Phase phase, std::span<std::byte> data) {
+  try {
+    return own(transport_.irecv(peer, tag(phase), data));
+  } catch (const Error& error) {
+    throw_observed(error, peer);
+  }
+}
+
+void Call::wait(Request& request, int peer) {
+  waiting_on_ = peer;
+  const auto step_deadline = Clock::now() + options_.timeout;
+  for (;;) {
+    poll_notices(false);
+    const auto slice_end = std::min(step_deadline, Clock::now() + slice_);
+    try {
+      request.wait(slice_end);
+      waiting_on_ = -1;
+      return;
+    } catch (const TimeoutError&) {
+      if (Clock::now() >= step_deadline) {
+        throw ObservedFailure(
+            peer, ErrorKind::timeout, true,
+            fmt::format("no progress from peer {} for {} ms", peer, options_.timeout.count()));
+      }
+    } catch (const Error& error) {
+      throw_observed(error, peer);
+    }
+  }
+}
+
+void Call::wait_sends() {
+  for (const auto& [request, peer] : sends_)
+    wait(*request, peer);
+  sends_.clear();
+}
+
+void Call::poll_notices(bool quiet) {
+  // In the failure path every consumed notice may already have a follow-up waiting: repeat
+  // until nothing more arrives.
+  bool progressed = true;
+  while (progressed) {
+    progressed = false;
+    poll_notices_once(quiet, progressed);
+  }
+}
+
+void Call::poll_notices_once(bool quiet, bool& progressed) {
+  for (int peer = 0; peer < size_; ++peer) {
+    NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+    if (!slot.pending) continue;
+    bool complete = false;
+    try {
+      complete = slot.request->test();
+    } catch (const Error& error) {
+      slot.pending = false;
+      if (is_local_abort(error)) {
+        if (quiet) continue;
+        throw;
+      }
+      slot.broken = error.kind();
+      slot.broken_detail = error.what();
+      if (!quiet) throw NoticeFailure();
+      continue;
+    }
+    if (!complete) continue;
+    slot.pending = false;
+    progressed = failing_;
+    try {
+      slot.latest = decode_notice(slot.buffer, rank_, peer, size_, sequence_);
+    } catch (const ProtocolError& error) {
+      slot.broken = ErrorKind::protocol;
+      slot.broken_detail = error.what();
+      if (!quiet) throw NoticeFailure();
+      continue;
+    }
+    if (slot.latest->type == NoticeType::suspect && slot.latest->subject == rank_) {
+      slot.timed_out_on_me = true;
+    }
+    if (failing_ && !is_terminal(slot.latest->type)) {
+      try {
+        post_notice_receive(peer);  // a follow-up notice may still come
+      } catch (...) {
+        // The transport is going down; what arrived so far has to do.
+      }
+    }
+    if (!quiet && slot.latest->type != NoticeType::done) throw NoticeFailure();
+  }
+}
+
+std::vector<Header> Call::exchange_headers(Header mine) {
+  mine.op = op_;
+  mine.sequence = sequence_;
+  const bool uses_options = op_ != Op::barrier && op_ != Op::allgather_u64;
+  mine.chunk_bytes = uses_options ? options_.pipeline_chunk_bytes : 0;
+  mine.algorithm = uses_options ? options_.algorithm : AllGatherAlgorithm::automatic;
+  std::vector<Header> all(static_cast<std::size_t>(size_));
+  all[static_cast<std::size_t>(rank_)] = mine;
+  if (size_ == 1) return all;
+
+  header_out_ = encode_header(mine);
+  std::vector<Request*> receives(static_cast<std::size_t>(size_), nullptr);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    receives[static_cast<std::size_t>(peer)] =
+        &irecv(peer, Phase::header, headers_in_[static_cast<std::size_t>(peer)]);
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer != rank_) isend(peer, Phase::header, header_out_);
+  }
+  for (int distance = 1; distance < size_; ++distance) {
+    const int peer = (rank_ + distance) % size_;
+    const auto index = static_cast<std::size_t>(peer);
+    wait(*receives[index], peer);
+    all[index] = decode_header(headers_in_[index], rank_, peer);
+  }
+  // Checked once every header is in, so that every rank names the same culprit.
+  require_agreement(
+      all, ErrorKind::protocol, "the ranks called different collectives", [&](const Header& h) {
+        return fmt::format("{} call #{} under tag {}", op_name(h.op), h.sequence, options_.tag);
+      });
+  require_agreement(all, ErrorKind::invalid_argument, "every rank must pass the same options",
+                    [](const Header& h) {
+                      return fmt::format("pipeline_chunk_bytes {} and algorithm {}", h.chunk_bytes,
+                                         algorithm_name(h.algorithm));
+                    });
+  return all;
+}
+
+void Call::require_agreement(const std::vector<Header>& headers, ErrorKind kind,
+                             std::string_view what,
+                             const std::function<std::string(const Header&)>& key) const {
+  std::vector<std::string> keys;
+  keys.reserve(headers.size());
+  for (const Header& header : headers)
+    keys.push_back(key(header));
+  // The majority's value; a tie goes to the value of the lowest rank.
+  std::size_t majority = 0;
+  std::size_t majority_count = 0;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    const auto count = static_cast<std::size_t>(std::count(keys.begin(), keys.end(), keys[i]));
+    if (count > majority_count) {
+      majority = i;
+      majority_count = count;
+    }
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] == keys[majority]) continue;
+    throw Disagreement(static_cast<int>(i), static_cast<int>(majority), kind,
+                       fmt::format("{}: rank {} has {} while {} of {} ranks have {}", what, i,
+                                   keys[i], majority_count, keys.size(), keys[majority]));
+  }
+}
+
+void Call::send_notice(const Notice& notice, int skip_peer,
+                       std::vector<std::pair<Request*, int>>& sent) {
+  const auto& bytes = outgoing_notices_.emplace_back(encode_notice(notice));
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_ || peer == skip_peer) continue;
+    try {
+      sent.emplace_back(&own(transport_.isend(peer, tag(Phase::notice), bytes)), peer);
+    } catch (...) {
+      // Best effort: a peer we cannot reach learns of the failure from its own waits.
+    }
+  }
+}
+
+void Call::finish() {
+  wait_sends();
+  if (size_ > 1) {
+    send_notice(
+        {.type = NoticeType::done, .reporter = rank_, .subject = rank_, .sequence = sequence_}, -1,
+        sends_);
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+      while (!slot.latest) {
+        if (!slot.pending) throw NoticeFailure();
+        wait(*slot.request, peer);
+        poll_notices(false);
+      }
+    }
+    wait_sends();
+  }
+  finished_ = true;
+}
+
+bool Call::failure_reported_by(int peer) const {
+  const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+  return slot.broken || (slot.latest && slot.latest->type != NoticeType::done);
+}
+
+Call::Verdict Call::verdict_from_notice(int peer) const {
+  const Notice& notice = *notices_[static_cast<std::size_t>(peer)].latest;
+  if (notice.type == NoticeType::aborted) {
+    return {.culprit = peer,
+            .kind = ErrorKind::peer_lost,
+            .reporter = peer,
+            .detail = "it abandoned the call after an error of its own"};
+  }
+  return {.culprit = notice.subject, .kind = notice.kind, .reporter = peer, .detail = {}};
+}
+
+std::optional<Call::Verdict> Call::verdict_from_notices() const {
+  for (const NoticeType wanted : {NoticeType::culprit, NoticeType::aborted}) {
+    for (int peer = 0; peer < size_; ++peer) {
+      const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+      if (slot.latest && slot.latest->type == wanted) return verdict_from_notice(peer);
+    }
+  }
+  for (int peer = 0; peer < size_; ++peer) {
+    const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+    if (slot.broken) {
+      return Verdict{
+          .culprit = peer, .kind = *slot.broken, .reporter = rank_, .detail = slot.broken_detail};
+    }
+  }
+  return std::nullopt;
+}
+
+Call::Verdict Call::resolve_definitive(int peer, ErrorKind kind, std::string detail) {
+  poll_notices(true);
+  const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+  if (slot.latest && is_terminal(slot.latest->type)) return verdict_from_notice(peer);
+  if (kind == ErrorKind::peer_lost) {
+    // A peer that aborted after finding the culprit looks lost too: prefer what the others
+    // found (its own notice may have been overtaken by the closing connection).
+    for (int other = 0; other < size_; ++other) {
+      const NoticeSlot& s = notices_[static_cast<std::size_t>(other)];
+      if (s.latest && s.latest->type == NoticeType::culprit && s.latest->subject != rank_) {
+        return verdict_from_notice(other);
+      }
+    }
+  }
+  return {.culprit = peer, .kind = kind, .reporter = rank_, .detail = std::move(detail)};
+}
+
+Call::Verdict Call::resolve_chain(int start, int fallback) {
+  const auto grace_end = Clock::now() + options_.timeout / 2;
+  for (;;) {
+    poll_notices(true);
+    // Follow "X timed out waiting on Y" from `start` to the first rank that is silent or known
+    // to have failed.
+    std::vector<bool> visited(static_cast<std::size_t>(size_), false);
+    int previous = rank_;
+    int current = start;
+    for (;;) {
+      if (current == rank_) {
+        return {.culprit = previous,
+                .kind = ErrorKind::timeout,
+                .reporter = rank_,
+                .detail = fmt::format("peer {} timed out waiting for this rank", previous)};
+      }
+      const NoticeSlot& slot = notices_[static_cast<std::size_t>(current)];
+      if (slot.latest && is_terminal(slot.latest->type)) return verdict_from_notice(current);
+      if (slot.broken) {
+        return {.culprit = current,
+                .kind = *slot.broken,
+                .reporter = rank_,
+                .detail = slot.broken_detail};
+      }
+      if (!slot.latest || slot.latest->type != NoticeType::suspect) break;
+      if (visited[static_cast<std::size_t>(current)]) {
+        return {.culprit = fallback,
+                .kind = ErrorKind::timeout,
+                .reporter = rank_,
+                .detail =
+                    "the ranks time out waiting on one another in a cycle (a lost message, "
+                    "or a timeout shorter than one chunk's transfer)"};
+      }
+      visited[static_cast<std::size_t>(current)] = true;
+      previous = current;
+      current = slot.latest->subject;
+    }
+    // `current` has said nothing about the failure. It is the culprit once every other rank
+    // has reported, or when the grace period ends.
+    const int silent = current;
+    bool everyone_else_reported = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_ && peer != silent && !failure_reported_by(peer)) {
+        everyone_else_reported = false;
+      }
+    }
+    if (everyone_else_reported || Clock::now() >= grace_end) {
+      return {.culprit = silent,
+              .kind = ErrorKind::timeout,
+              .reporter = rank_,
+              .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
+    }
+    // Wait a little for a notice: the silent rank's own if it can still speak, else any.
+    Request* next = nullptr;
+    if (notices_[static_cast<std::size_t>(silent)].pending) {
+      next = notices_[static_cast<std::size_t>(silent)].request;
+    } else {
+      for (NoticeSlot& slot : notices_) {
+        if (slot.pending) {
+          next = slot.request;
+          break;
+        }
+      }
+    }
+    if (next == nullptr) {
+      return {.culprit = silent,
+              .kind = ErrorKind::timeout,
+              .reporter = rank_,
+              .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
+    }
+    try {
+      next->wait(std::min(grace_end, Clock::now() + slice_));
+    } catch (...) {
+      // Timeouts and failures alike: the next poll sorts them out.
+    }
+  }
+}
+
+void Call::abort_transport(std::string_view reason) noexcept {
+  if (aborted_) return;
+  aborted_ = true;
+  transport_.abort(reason);
+}
+
+void Call::throw_verdict(const Verdict& verdict) const {
+  const std::string call =
+      fmt::format("{} call #{} under tag {}", op_name(op_), sequence_, options_.tag);
+  if (verdict.culprit == rank_ && verdict.reporter == rank_) {
+    throw_kind(
+        verdict.kind,
+        fmt::format("{} failed: this rank disagrees with the others: {}", call, verdict.detail),
+        {.rank = rank_, .peer = verdict.majority});
+  }
+  if (verdict.culprit == rank_) {
+    // Accused by the others: name the peer that timed out waiting for this rank, if one did
+    // (the link between the two is the likely fault), else the peer that reported it.
+    int accuser = verdict.reporter;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (notices_[static_cast<std::size_t>(peer)].timed_out_on_me) {
+        accuser = peer;
+        break;
+      }
+    }
+    std::string message = fmt::format("{} failed: peer {} reports that this rank failed ({})", call,
+                                      verdict.reporter, error_kind_name(verdict.kind));
+    if (accuser != verdict.reporter) {
+      message += fmt::format("; peer {} timed out waiting for this rank", accuser);
+    }
+    throw_kind(verdict.kind, message, {.rank = rank_, .peer = accuser});
+  }
+  std::string message =
+      fmt::format("{} failed: peer {} {}", call, verdict.culprit, describe(verdict.kind));
+  if (verdict.reporter != rank_) message += fmt::format(" (reported by peer {})", verdict.reporter);
+  if (!verdict.detail.empty()) message += fmt::format(": {}", verdict.detail);
+  throw_kind(verdict.kind, message, {.rank = rank_, .peer = verdict.culprit});
+}
+
+void Call::fail() {
+  const std::exception_ptr error = std::current_exception();
+  failing_ = true;
+  std::optional<ObservedFailure> observed;
+  std::optional<Verdict> disagreement;
+  bool local = false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const ObservedFailure& failure) {
+    observed = failure;
+  } catch (const NoticeFailure&) {
+    // Examined below.
+  } catch (const Disagreement& d) {
+    disagreement = Verdict{.culprit = d.culprit,
+                           .kind = d.kind,
+                           .reporter = rank_,
+                           .detail = d.detail,
+                           .majority = d.majority_rank};
+  } catch (const Error& e) {
+    if (is_local_abort(e)) {
+      aborted_ = true;  // someone else aborted the transport: nothing can be sent any more
+      std::rethrow_exception(error);
+    }
+    const auto peer = e.context().peer;
+    if (peer && *peer >= 0 && *peer < size_ && *peer != rank_) {
+      observed.emplace(*peer, e.kind(), false, e.what());
+    } else {
+      local = true;
+    }
+  } catch (...) {
+    local = true;
+  }
+
+  // Tells every peer (the culprit too: it may be alive and merely disagree), waits a little for
+  // the notices to leave (not for the culprit, which may never take one), and aborts.
+  const auto tell_and_abort = [&](const Notice& notice, int skip_peer, const std::string& reason) {
+    send_notice(notice, -1, failure_sends_);
+    const auto deadline =
+        Clock::now() +
+        std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::milliseconds{2'000});
+    for (const auto& [request, peer] : failure_sends_) {
+      if (peer == skip_peer) continue;  // a stalled culprit may never take it
+      try {
+        request->wait(deadline);
+      } catch (...) {
+        // A peer that cannot take the notice learns of the failure from its own waits.
+      }
+    }
+    abort_transport(reason);
+  };
+
+  if (local) {
+    tell_and_abort(
+        {.type = NoticeType::aborted,
+         .kind = ErrorKind::peer_lost,
+         .reporter = rank_,
+         .subject = rank_,
+         .sequence = sequence_},
+        -1, fmt::format("{} call #{} abandoned after a local error", op_name(op_), sequence_));
+    std::rethrow_exception(error);
+  }
+
+  // Notices that arrived complete so far may be followed by others now.
+  for (int peer = 0; peer < size_; ++peer) {
+    NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+    if (peer != rank_ && !slot.pending && !slot.broken && slot.latest &&
+        !is_terminal(slot.latest->type)) {
+      try {
+        post_notice_receive(peer);
+      } catch (...) {
+        // The transport is going down.
+      }
+    }
+  }
+
+  Verdict verdict;
+  if (disagreement) {
+    verdict = *disagreement;
+  } else if (observed && !observed->timed_out) {
+    verdict = resolve_definitive(observed->peer, observed->kind, observed->detail);
+  } else if (observed) {
+    send_notice({.type = NoticeType::suspect,
+                 .kind = ErrorKind::timeout,
+                 .reporter = rank_,
+                 .subject = observed->peer,
+                 .sequence = sequence_},
+                -1, failure_sends_);
+    verdict = resolve_chain(observed->peer, observed->peer);
+  } else {
+    poll_notices(true);
+    if (auto from_notices = verdict_from_notices()) {
+      verdict = *from_notices;
+    } else {
+      int start = -1;
+      for (int peer = 0; peer < size_ && start < 0; ++peer) {
+        if (failure_reported_by(peer)) start = peer;
+      }
+      PULSELOCO_CHECK(start >= 0, "a notice failure without any failure notice");
+      verdict = resolve_chain(start, waiting_on_ >= 0 ? waiting_on_ : start);
+    }
+  }
+
+  logger().debug("{} call #{}: rank {} blames peer {} ({}), reported by {}", op_name(op_),
+                 sequence_, rank_, verdict.culprit, error_kind_name(verdict.kind),
+                 verdict.reporter);
+  tell_and_abort({.type = NoticeType::culprit,
+                  .kind = verdict.kind,
+                  .reporter = rank_,
+                  .subject = verdict.culprit,
+                  .sequence = sequence_},
+                 verdict.culprit,
+                 fmt::format("{} call #{} failed: peer {} {}", op_name(op_), sequence_,
+                             verdict.culprit, describe(verdict.kind)));
+  throw_verdict(verdict);
+}
+
+}  // namespace pulseloco::collectives::detail

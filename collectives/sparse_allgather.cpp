@@ -1,0 +1,242 @@
+// Variable-size all-gather: the header exchange carries every rank's message size, then the
+// payloads move by one of two algorithms.
+//
+// ring:   rank r sends to r+1 and receives from r-1. Messages travel in chunks of
+//         pipeline_chunk_bytes; a rank forwards each chunk of another rank's message as soon as
+//         it has arrived, so all links are busy at once. Every link carries each message once
+//         (except the message of the rank it leads to): the busiest link moves
+//         sum(sizes) - size(next rank). Latency: world_size - 1 hops.
+// direct: every rank sends its message, chunk by chunk, straight to every other rank. A rank's
+//         uplink carries (world_size - 1) x its own message; one hop.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "base/errors.h"
+#include "collectives/collectives.h"
+#include "collectives/detail/call.h"
+
+namespace pulseloco::collectives {
+
+using detail::Call;
+using detail::Phase;
+using transport::Request;
+
+std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept {
+  switch (algorithm) {
+    case AllGatherAlgorithm::automatic:
+      return "automatic";
+    case AllGatherAlgorithm::ring:
+      return "ring";
+    case AllGatherAlgorithm::direct:
+      return "direct";
+  }
+  return "unknown";
+}
+
+namespace {
+// The rule of `automatic` (docs/collectives.md shows the measurements behind the numbers).
+constexpr std::uint64_t kDirectAlwaysBytes = std::uint64_t{256} << 10;
+constexpr double kSkewFactor = 1.5;
+constexpr std::size_t kDirectMaxWorld = 4;
+}  // namespace
+
+AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes) {
+  const std::size_t world = sizes.size();
+  if (world <= 2) return AllGatherAlgorithm::direct;  // both move exactly the same bytes
+  const std::uint64_t total = std::accumulate(sizes.begin(), sizes.end(), std::uint64_t{0});
+  const std::uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  const std::uint64_t smallest = *std::min_element(sizes.begin(), sizes.end());
+  // Latency-bound: one hop beats world_size - 1 hops.
+  if (largest <= kDirectAlwaysBytes) return AllGatherAlgorithm::direct;
+  // Skewed sizes: direct makes the largest rank send its message world_size - 1 times, the ring
+  // spreads it over all links.
+  const std::uint64_t direct_busiest = (world - 1) * largest;
+  const std::uint64_t ring_busiest = total - smallest;
+  if (static_cast<double>(direct_busiest) > kSkewFactor * static_cast<double>(ring_busiest)) {
+    return AllGatherAlgorithm::ring;
+  }
+  return world <= kDirectMaxWorld ? AllGatherAlgorithm::direct : AllGatherAlgorithm::ring;
+}
+
+namespace {
+
+// A piece of one rank's message.
+struct Piece {
+  int origin = 0;
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
+  [[nodiscard]] bool last_of(std::uint64_t size) const { return offset + bytes == size; }
+};
+
+void append_chunks(std::vector<Piece>& out, int origin, std::uint64_t size, std::size_t chunk) {
+  for (std::uint64_t offset = 0; offset < size; offset += chunk) {
+    out.push_back({origin, static_cast<std::size_t>(offset),
+                   static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size - offset))});
+  }
+}
+
+void ring_allgather(Call& call, std::span<const std::byte> mine,
+                    const std::vector<std::uint64_t>& sizes,
+                    const std::vector<std::span<std::byte>>& buffers, const OnMessage& on_message) {
+  const int n = call.size();
+  const int r = call.rank();
+  const int left = (r - 1 + n) % n;
+  const int right = (r + 1) % n;
+  const std::size_t chunk = call.options().pipeline_chunk_bytes;
+
+  // From the left come the messages of r-1, r-2, ..., r+1, in that order.
+  std::vector<Piece> incoming;
+  for (int step = 1; step < n; ++step) {
+    const int origin = (r - step + n) % n;
+    append_chunks(incoming, origin, sizes[static_cast<std::size_t>(origin)], chunk);
+  }
+  std::vector<Request*> receives;
+  receives.reserve(incoming.size());
+  for (const Piece& piece : incoming) {
+    receives.push_back(&call.irecv(
+        left, Phase::payload,
+        buffers[static_cast<std::size_t>(piece.origin)].subspan(piece.offset, piece.bytes)));
+  }
+  std::vector<Piece> own;
+  append_chunks(own, r, mine.size(), chunk);
+  for (const Piece& piece : own) {
+    (void)call.isend(right, Phase::payload, mine.subspan(piece.offset, piece.bytes));
+  }
+  // Forward everything except the right neighbour's own message.
+  for (std::size_t i = 0; i < incoming.size(); ++i) {
+    const Piece& piece = incoming[i];
+    call.wait(*receives[i], left);
+    const auto& buffer = buffers[static_cast<std::size_t>(piece.origin)];
+    if (piece.origin != right) {
+      (void)call.isend(right, Phase::payload, buffer.subspan(piece.offset, piece.bytes));
+    }
+    if (on_message && piece.last_of(sizes[static_cast<std::size_t>(piece.origin)])) {
+      on_message(piece.origin, buffer);
+    }
+  }
+}
+
+void direct_allgather(Call& call, std::span<const std::byte> mine,
+                      const std::vector<std::uint64_t>& sizes,
+                      const std::vector<std::span<std::byte>>& buffers,
+                      const OnMessage& on_message) {
+  const int n = call.size();
+  const int r = call.rank();
+  const std::size_t chunk = call.options().pipeline_chunk_bytes;
+
+  std::vector<std::vector<Piece>> pieces(static_cast<std::size_t>(n));
+  std::vector<std::vector<Request*>> receives(static_cast<std::size_t>(n));
+  std::size_t rounds = 0;
+  for (int distance = 1; distance < n; ++distance) {
+    const int peer = (r + distance) % n;
+    const auto index = static_cast<std::size_t>(peer);
+    append_chunks(pieces[index], peer, sizes[index], chunk);
+    for (const Piece& piece : pieces[index]) {
+      receives[index].push_back(
+          &call.irecv(peer, Phase::payload, buffers[index].subspan(piece.offset, piece.bytes)));
+    }
+    rounds = std::max(rounds, pieces[index].size());
+  }
+  std::vector<Piece> own;
+  append_chunks(own, r, mine.size(), chunk);
+  rounds = std::max(rounds, own.size());
+  // Chunk by chunk to every peer in turn, so that all peers progress together.
+  for (const Piece& piece : own) {
+    for (int distance = 1; distance < n; ++distance) {
+      (void)call.isend((r + distance) % n, Phase::payload, mine.subspan(piece.offset, piece.bytes));
+    }
+  }
+  for (std::size_t round = 0; round < rounds; ++round) {
+    for (int distance = 1; distance < n; ++distance) {
+      const int peer = (r + distance) % n;
+      const auto index = static_cast<std::size_t>(peer);
+      if (round >= pieces[index].size()) continue;
+      call.wait(*receives[index][round], peer);
+      if (on_message && pieces[index][round].last_of(sizes[index])) {
+        on_message(peer, buffers[index]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
+                           const MessageBuffer& buffer_for, const CollectiveOptions& options,
+                           const OnMessage& on_message) {
+  detail::validate_options(options, transport, "sparse_allgather");
+  const int n = transport.size();
+  const int r = transport.rank();
+  if (!buffer_for) {
+    throw InvalidArgument("sparse_allgather: no MessageBuffer callback", {.rank = r});
+  }
+  if (mine.size() > options.max_message_bytes) {
+    throw InvalidArgument(fmt::format("sparse_allgather: this rank's message of {} bytes exceeds "
+                                      "max_message_bytes {}",
+                                      mine.size(), options.max_message_bytes),
+                          {.rank = r});
+  }
+  std::vector<std::span<std::byte>> buffers(static_cast<std::size_t>(n));
+  detail::run_call(transport, options, detail::Op::sparse_allgather, [&](Call& call) {
+    const std::vector<detail::Header> headers = call.exchange_headers({.value = mine.size()});
+    std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n));
+    for (int peer = 0; peer < n; ++peer) {
+      const std::uint64_t size = headers[static_cast<std::size_t>(peer)].value;
+      if (size > options.max_message_bytes) {
+        throw ProtocolError(fmt::format("sparse_allgather: peer {} announces a message of {} "
+                                        "bytes, above max_message_bytes {}",
+                                        peer, size, options.max_message_bytes),
+                            {.rank = r, .peer = peer});
+      }
+      sizes[static_cast<std::size_t>(peer)] = size;
+    }
+    for (int peer = 0; peer < n; ++peer) {
+      const auto index = static_cast<std::size_t>(peer);
+      buffers[index] = buffer_for(peer, static_cast<std::size_t>(sizes[index]));
+      if (buffers[index].size() != sizes[index]) {
+        throw InvalidArgument(fmt::format("sparse_allgather: the buffer for rank {}'s message "
+                                          "has {} bytes where {} are needed",
+                                          peer, buffers[index].size(), sizes[index]),
+                              {.rank = r});
+      }
+    }
+    if (!mine.empty())
+      std::memcpy(buffers[static_cast<std::size_t>(r)].data(), mine.data(), mine.size());
+    if (on_message) {
+      on_message(r, buffers[static_cast<std::size_t>(r)]);
+      for (int peer = 0; peer < n; ++peer) {
+        if (peer != r && sizes[static_cast<std::size_t>(peer)] == 0) on_message(peer, {});
+      }
+    }
+    if (n == 1) return;
+    const AllGatherAlgorithm algorithm = options.algorithm == AllGatherAlgorithm::automatic
+                                             ? choose_allgather_algorithm(sizes)
+                                             : options.algorithm;
+    if (algorithm == AllGatherAlgorithm::ring) {
+      ring_allgather(call, mine, sizes, buffers, on_message);
+    } else {
+      direct_allgather(call, mine, sizes, buffers, on_message);
+    }
+  });
+}
+
+std::vector<std::vector<std::byte>> sparse_allgather(transport::Transport& transport,
+                                                     std::span<const std::byte> mine,
+                                                     const CollectiveOptions& options,
+                                                     const OnMessage& on_message) {
+  std::vector<std::vector<std::byte>> messages(static_cast<std::size_t>(transport.size()));
+  sparse_allgather_into(
+      transport, mine,
+      [&](int rank, std::size_t bytes) {
+        auto& message = messages[static_cast<std::size_t>(rank)];
+        message.resize(bytes);
+        return std::span<std::byte>(message);
+      },
+      options, on_message);
+  return messages;
+}
+
+}  // namespace pulseloco::collectives

@@ -1,0 +1,598 @@
+// The collectives with every rank a thread of this process: results against independently
+// computed expectations, for world sizes 1, 2, 3, 4 and 7, payloads from 0 bytes to 64 MiB,
+// both all-gather algorithms, and every backend of test_groups.h.
+#include "collectives/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <numeric>
+#include <set>
+
+#include "base/errors.h"
+#include "rank_harness.h"
+#include "test_groups.h"
+
+namespace pulseloco::collectives {
+namespace {
+
+using pulseloco::testing::describe;
+using pulseloco::testing::make_test_group;
+using pulseloco::testing::pattern_bytes;
+using pulseloco::testing::RankOutcome;
+using pulseloco::testing::run_ranks;
+using transport::Transport;
+
+void expect_all_succeeded(const std::vector<RankOutcome>& outcomes) {
+  for (std::size_t rank = 0; rank < outcomes.size(); ++rank) {
+    EXPECT_FALSE(outcomes[rank].error) << "rank " << rank << ": " << describe(outcomes[rank]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sparse all-gather
+
+enum class Sizes { empty, one_byte, odd_different, some_empty, skewed, large_64mib };
+
+std::string_view sizes_name(Sizes sizes) {
+  switch (sizes) {
+    case Sizes::empty:
+      return "empty";
+    case Sizes::one_byte:
+      return "one_byte";
+    case Sizes::odd_different:
+      return "odd_different";
+    case Sizes::some_empty:
+      return "some_empty";
+    case Sizes::skewed:
+      return "skewed";
+    case Sizes::large_64mib:
+      return "large_64MiB";
+  }
+  return "?";
+}
+
+std::size_t message_size(Sizes sizes, int rank) {
+  const auto r = static_cast<std::size_t>(rank);
+  switch (sizes) {
+    case Sizes::empty:
+      return 0;
+    case Sizes::one_byte:
+      return 1;
+    case Sizes::odd_different:
+      return 1 + 2 * (r * 1009 + r * r * 37);  // odd, and different on every rank
+    case Sizes::some_empty:
+      return r % 2 == 0 ? 0 : 777 * r + 3;
+    case Sizes::skewed:
+      return rank == 0 ? (std::size_t{1} << 20) + 3 : 17 + r;
+    case Sizes::large_64mib:
+      return (std::size_t{64} << 20) + r;  // 64 MiB, different on every rank
+  }
+  return 0;
+}
+
+// Small chunks make even small messages travel in many pipelined pieces.
+std::size_t chunk_for(Sizes sizes) {
+  switch (sizes) {
+    case Sizes::odd_different:
+      return 100;
+    case Sizes::some_empty:
+      return 128;
+    case Sizes::skewed:
+      return std::size_t{64} << 10;
+    default:
+      return std::size_t{4} << 20;
+  }
+}
+
+struct AllGatherCase {
+  std::string backend;
+  int world = 1;
+  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
+  Sizes sizes = Sizes::empty;
+};
+
+std::string case_name(const ::testing::TestParamInfo<AllGatherCase>& info) {
+  return fmt::format("{}_world{}_{}_{}", info.param.backend, info.param.world,
+                     algorithm_name(info.param.algorithm), sizes_name(info.param.sizes));
+}
+
+class SparseAllGather : public ::testing::TestWithParam<AllGatherCase> {};
+
+TEST_P(SparseAllGather, EveryRankReceivesEveryMessageExactlyAndInRankOrder) {
+  const AllGatherCase& c = GetParam();
+  auto group = make_test_group(c.backend, c.world);
+  const CollectiveOptions options{.timeout = std::chrono::seconds(60),
+                                  .algorithm = c.algorithm,
+                                  .pipeline_chunk_bytes = chunk_for(c.sizes)};
+  std::vector<std::vector<std::byte>> expected(static_cast<std::size_t>(c.world));
+  for (int rank = 0; rank < c.world; ++rank) {
+    expected[static_cast<std::size_t>(rank)] = pattern_bytes(message_size(c.sizes, rank), rank, 42);
+  }
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const int r = t.rank();
+    const std::vector<std::byte> mine = expected[static_cast<std::size_t>(r)];
+    std::vector<int> callback_order;
+    std::vector<std::vector<std::byte>> seen_in_callback(static_cast<std::size_t>(c.world));
+    const auto result = sparse_allgather(t, mine, options, [&](int rank, auto message) {
+      callback_order.push_back(rank);
+      seen_in_callback[static_cast<std::size_t>(rank)].assign(message.begin(), message.end());
+    });
+    if (result != expected) throw std::runtime_error("result differs from the messages sent");
+    if (seen_in_callback != expected) throw std::runtime_error("callback saw other bytes");
+    std::vector<int> sorted = callback_order;
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int> all(static_cast<std::size_t>(c.world));
+    std::iota(all.begin(), all.end(), 0);
+    if (sorted != all) throw std::runtime_error("callback did not run exactly once per rank");
+    if (callback_order.front() != r) throw std::runtime_error("own message was not first");
+    if (mine != expected[static_cast<std::size_t>(r)]) throw std::runtime_error("input changed");
+  });
+  expect_all_succeeded(outcomes);
+}
+
+std::vector<AllGatherCase> all_gather_cases() {
+  std::vector<AllGatherCase> cases;
+  for (const std::string& backend : pulseloco::testing::test_backends()) {
+    for (const int world : {1, 2, 3, 4, 7}) {
+      for (const auto algorithm :
+           {AllGatherAlgorithm::automatic, AllGatherAlgorithm::ring, AllGatherAlgorithm::direct}) {
+        for (const auto sizes : {Sizes::empty, Sizes::one_byte, Sizes::odd_different,
+                                 Sizes::some_empty, Sizes::skewed}) {
+          cases.push_back({backend, world, algorithm, sizes});
+        }
+      }
+    }
+    // 64 MiB per rank: both algorithms on four ranks, automatic on two.
+    cases.push_back({backend, 4, AllGatherAlgorithm::ring, Sizes::large_64mib});
+    cases.push_back({backend, 4, AllGatherAlgorithm::direct, Sizes::large_64mib});
+    cases.push_back({backend, 2, AllGatherAlgorithm::automatic, Sizes::large_64mib});
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SparseAllGather, ::testing::ValuesIn(all_gather_cases()),
+                         case_name);
+
+TEST(SparseAllGatherInto, WritesIntoTheCallersBuffersAndChecksTheirSizes) {
+  auto group = make_test_group("inproc", 3);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    const auto mine = pattern_bytes(10 + static_cast<std::size_t>(t.rank()), t.rank());
+    std::vector<std::byte> arena(100);
+    std::size_t used = 0;
+    std::vector<std::span<std::byte>> where(3);
+    sparse_allgather_into(t, mine,
+                          [&](int rank, std::size_t bytes) {
+                            where[static_cast<std::size_t>(rank)] =
+                                std::span(arena).subspan(used, bytes);
+                            used += bytes;
+                            return where[static_cast<std::size_t>(rank)];
+                          },
+                          {});
+    for (int rank = 0; rank < 3; ++rank) {
+      const auto expected = pattern_bytes(10 + static_cast<std::size_t>(rank), rank);
+      const auto got = where[static_cast<std::size_t>(rank)];
+      if (!std::equal(got.begin(), got.end(), expected.begin(), expected.end())) {
+        throw std::runtime_error("wrong bytes in the arena");
+      }
+    }
+  });
+  expect_all_succeeded(outcomes);
+}
+
+TEST(SparseAllGatherInto, AWrongSizedBufferFailsTheCallOnEveryRank) {
+  auto group = make_test_group("inproc", 3);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    const std::vector<std::byte> mine(5);
+    std::vector<std::vector<std::byte>> storage(3, std::vector<std::byte>(5));
+    sparse_allgather_into(t, mine,
+                          [&](int rank, std::size_t bytes) {
+                            // Rank 1 hands out one byte too few for rank 2's message.
+                            return std::span(storage[static_cast<std::size_t>(rank)])
+                                .first(t.rank() == 1 && rank == 2 ? bytes - 1 : bytes);
+                          },
+                          {.timeout = std::chrono::seconds(10)});
+  });
+  const auto one = pulseloco::testing::caught_error(outcomes[1]);
+  ASSERT_TRUE(one) << describe(outcomes[1]);
+  EXPECT_EQ(one->kind, ErrorKind::invalid_argument);
+  for (const int rank : {0, 2}) {
+    const auto error = pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << describe(outcomes[static_cast<std::size_t>(rank)]);
+    EXPECT_EQ(error->context.peer, 1) << error->what;
+  }
+}
+
+TEST(AlgorithmChoice, FollowsTheDocumentedRule) {
+  const std::uint64_t mib = 1 << 20;
+  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>{5}), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>{64 * mib, 64 * mib}),
+            AllGatherAlgorithm::direct);
+  // Small messages: one hop.
+  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>(7, 1000)),
+            AllGatherAlgorithm::direct);
+  // One rank with most of the data: the ring spreads it.
+  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>{64 * mib, 1, 1, 1}),
+            AllGatherAlgorithm::ring);
+  // Many ranks, large messages: the ring.
+  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>(7, 8 * mib)),
+            AllGatherAlgorithm::ring);
+}
+
+// ---------------------------------------------------------------------------------------------
+// All-reduce
+
+// Values whose fp32 sum depends on the order of the additions.
+float order_sensitive_value(int rank, std::size_t index) {
+  static constexpr float kValues[] = {1e8F, 1.0F, -1e8F, 3.1415927F, 1e-3F, -7.5e7F, 0.3F, 2.5e7F};
+  const std::size_t pick = (index * 7 + static_cast<std::size_t>(rank) * 3 + index / 5) % 8;
+  return kValues[pick] * (1.0F + static_cast<float>(index % 13) * 0.125F);
+}
+
+// The documented order: segment g is summed from rank g around the ring.
+std::vector<float> reference_allreduce(const std::vector<std::vector<float>>& inputs) {
+  const int n = static_cast<int>(inputs.size());
+  const std::size_t count = inputs[0].size();
+  std::vector<float> out(count);
+  const std::size_t base = count / static_cast<std::size_t>(n);
+  const std::size_t remainder = count % static_cast<std::size_t>(n);
+  for (int g = 0; g < n; ++g) {
+    const auto gi = static_cast<std::size_t>(g);
+    const std::size_t begin = gi * base + std::min(gi, remainder);
+    const std::size_t end = begin + base + (gi < remainder ? 1 : 0);
+    for (std::size_t e = begin; e < end; ++e) {
+      float sum = inputs[gi][e];
+      for (int k = 1; k < n; ++k)
+        sum = sum + inputs[static_cast<std::size_t>((g + k) % n)][e];
+      out[e] = sum;
+    }
+  }
+  return out;
+}
+
+struct AllReduceCase {
+  std::string backend;
+  int world = 1;
+  std::size_t count = 0;
+  std::size_t chunk_bytes = 0;
+};
+
+class AllReduce : public ::testing::TestWithParam<AllReduceCase> {};
+
+TEST_P(AllReduce, EveryRankGetsTheSameBitsInTheDocumentedSummationOrder) {
+  const AllReduceCase& c = GetParam();
+  auto group = make_test_group(c.backend, c.world);
+  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(c.world));
+  for (int rank = 0; rank < c.world; ++rank) {
+    auto& input = inputs[static_cast<std::size_t>(rank)];
+    input.resize(c.count);
+    for (std::size_t e = 0; e < c.count; ++e)
+      input[e] = order_sensitive_value(rank, e);
+  }
+  const std::vector<float> expected = reference_allreduce(inputs);
+  std::vector<std::vector<float>> outputs(static_cast<std::size_t>(c.world));
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const auto& input = inputs[static_cast<std::size_t>(t.rank())];
+    const std::vector<float> before = input;
+    auto& output = outputs[static_cast<std::size_t>(t.rank())];
+    output.assign(c.count, std::numeric_limits<float>::quiet_NaN());
+    allreduce_sum(t, input, output, {.pipeline_chunk_bytes = c.chunk_bytes});
+    if (std::memcmp(before.data(), input.data(), before.size() * sizeof(float)) != 0) {
+      throw std::runtime_error("input changed");
+    }
+  });
+  expect_all_succeeded(outcomes);
+  for (int rank = 0; rank < c.world; ++rank) {
+    const auto& output = outputs[static_cast<std::size_t>(rank)];
+    ASSERT_EQ(output.size(), c.count);
+    EXPECT_EQ(std::memcmp(output.data(), expected.data(), c.count * sizeof(float)), 0)
+        << "rank " << rank << " differs from the documented summation order";
+  }
+  if (c.world >= 3 && c.count >= 1000) {
+    // The inputs are order-sensitive: summing in plain rank order gives other bits somewhere,
+    // so the identical bytes above are not a coincidence of the data.
+    std::size_t differing = 0;
+    for (std::size_t e = 0; e < c.count; ++e) {
+      float naive = inputs[0][e];
+      for (int k = 1; k < c.world; ++k)
+        naive = naive + inputs[static_cast<std::size_t>(k)][e];
+      if (std::memcmp(&naive, &expected[e], sizeof(float)) != 0) ++differing;
+    }
+    EXPECT_GT(differing, 0U);
+  }
+}
+
+std::vector<AllReduceCase> all_reduce_cases() {
+  std::vector<AllReduceCase> cases;
+  for (const std::string& backend : pulseloco::testing::test_backends()) {
+    for (const int world : {1, 2, 3, 4, 7}) {
+      for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{5},
+                                      std::size_t{1000}, (std::size_t{1} << 20) + 3}) {
+        for (const std::size_t chunk : {std::size_t{4}, std::size_t{100}, std::size_t{4} << 20}) {
+          if (chunk == 4 && count > 1000) continue;  // a million one-element messages: slow
+          cases.push_back({backend, world, count, chunk});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AllReduce, ::testing::ValuesIn(all_reduce_cases()),
+                         [](const ::testing::TestParamInfo<AllReduceCase>& param_info) {
+                           const AllReduceCase& c = param_info.param;
+                           return fmt::format("{}_world{}_count{}_chunk{}", c.backend, c.world,
+                                              c.count, c.chunk_bytes);
+                         });
+
+TEST(AllReduceSpecialValues, NaNInfinityAndSignedZeroGiveIdenticalBitsEverywhere) {
+  constexpr int kWorld = 4;
+  auto group = make_test_group("inproc", kWorld);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<float>> outputs(kWorld);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const int r = t.rank();
+    const std::vector<float> input = {r == 1 ? nan : 1.0F, r == 2 ? inf : (r == 3 ? -inf : 0.0F),
+                                      -0.0F, r == 0 ? -nan : 2.0F, r == 2 ? inf : 1.0F};
+    auto& output = outputs[static_cast<std::size_t>(r)];
+    output.resize(input.size());
+    allreduce_sum(t, input, output, {.pipeline_chunk_bytes = 4});
+  });
+  expect_all_succeeded(outcomes);
+  for (int rank = 1; rank < kWorld; ++rank) {
+    EXPECT_EQ(std::memcmp(outputs[0].data(), outputs[static_cast<std::size_t>(rank)].data(),
+                          outputs[0].size() * sizeof(float)),
+              0);
+  }
+  EXPECT_TRUE(std::isnan(outputs[0][0]));
+  EXPECT_TRUE(std::isnan(outputs[0][1]));  // inf + -inf
+  EXPECT_EQ(outputs[0][2], 0.0F);
+  EXPECT_TRUE(std::signbit(outputs[0][2]));  // -0 + -0 + -0 + -0
+  EXPECT_TRUE(std::isnan(outputs[0][3]));
+  EXPECT_TRUE(std::isinf(outputs[0][4]));
+}
+
+TEST(AllReduceArguments, AreCheckedBeforeAnythingIsSentAndTheTransportStaysUsable) {
+  auto group = make_test_group("inproc", 2);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    std::vector<float> buffer(8, 1.0F);
+    std::vector<float> short_output(7);
+    bool threw = false;
+    try {
+      allreduce_sum(t, buffer, short_output, {});
+    } catch (const InvalidArgument&) {
+      threw = true;
+    }
+    if (!threw) throw std::runtime_error("size mismatch accepted");
+    threw = false;
+    try {
+      allreduce_sum(t, std::span<const float>(buffer).first(5), std::span(buffer).subspan(3), {});
+    } catch (const InvalidArgument&) {
+      threw = true;
+    }
+    if (!threw) throw std::runtime_error("overlap accepted");
+    threw = false;
+    try {
+      barrier(t, {.tag = kTagLimit});
+    } catch (const InvalidArgument&) {
+      threw = true;
+    }
+    if (!threw) throw std::runtime_error("tag out of range accepted");
+    std::vector<float> output(8);
+    allreduce_sum(t, buffer, output, {});
+    if (output != std::vector<float>(8, 2.0F)) throw std::runtime_error("wrong sum");
+  });
+  expect_all_succeeded(outcomes);
+}
+
+TEST(AllReduceArguments, RanksWithDifferentLengthsAllFailNamingAPeer) {
+  auto group = make_test_group("inproc", 3);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    std::vector<float> input(t.rank() == 2 ? 9 : 8, 1.0F);
+    std::vector<float> output(input.size());
+    allreduce_sum(t, input, output, {.timeout = std::chrono::seconds(10)});
+  });
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto error = pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << "rank " << rank << ": "
+                       << describe(outcomes[static_cast<std::size_t>(rank)]);
+    EXPECT_EQ(error->kind, ErrorKind::invalid_argument) << error->what;
+    EXPECT_EQ(error->context.peer, rank == 2 ? 0 : 2) << error->what;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Broadcast, barrier, all-gather of 64-bit values
+
+struct BroadcastCase {
+  int world = 1;
+  int root = 0;
+  std::size_t bytes = 0;
+  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
+};
+
+class Broadcast : public ::testing::TestWithParam<BroadcastCase> {};
+
+TEST_P(Broadcast, EveryRankGetsTheRootsBytes) {
+  const BroadcastCase& c = GetParam();
+  auto group = make_test_group("inproc", c.world);
+  const auto expected = pattern_bytes(c.bytes, c.root, 7);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    std::vector<std::byte> data =
+        t.rank() == c.root ? expected : std::vector<std::byte>(c.bytes, std::byte{0x5A});
+    broadcast(t, c.root, data,
+              {.algorithm = c.algorithm, .pipeline_chunk_bytes = std::size_t{64} << 10});
+    if (data != expected) throw std::runtime_error("broadcast delivered other bytes");
+  });
+  expect_all_succeeded(outcomes);
+}
+
+std::vector<BroadcastCase> broadcast_cases() {
+  std::vector<BroadcastCase> cases;
+  for (const int world : {1, 2, 3, 4, 7}) {
+    for (const int root : std::set<int>{0, world - 1}) {
+      for (const std::size_t bytes :
+           {std::size_t{0}, std::size_t{1}, std::size_t{1001}, std::size_t{300'001}}) {
+        for (const auto algorithm : {AllGatherAlgorithm::automatic, AllGatherAlgorithm::ring,
+                                     AllGatherAlgorithm::direct}) {
+          cases.push_back({world, root, bytes, algorithm});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Broadcast, ::testing::ValuesIn(broadcast_cases()),
+                         [](const ::testing::TestParamInfo<BroadcastCase>& param_info) {
+                           const BroadcastCase& c = param_info.param;
+                           return fmt::format("world{}_root{}_{}bytes_{}", c.world, c.root, c.bytes,
+                                              algorithm_name(c.algorithm));
+                         });
+
+TEST(Barrier, NoRankLeavesBeforeEveryRankHasArrived) {
+  constexpr int kWorld = 7;
+  constexpr int kRounds = 30;
+  auto group = make_test_group("inproc", kWorld);
+  std::vector<std::atomic<int>> arrived(kRounds);
+  std::atomic<int> early_leaves{0};
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    for (int round = 0; round < kRounds; ++round) {
+      arrived[static_cast<std::size_t>(round)].fetch_add(1);
+      barrier(t, {});
+      if (arrived[static_cast<std::size_t>(round)].load() != kWorld) early_leaves.fetch_add(1);
+    }
+  });
+  expect_all_succeeded(outcomes);
+  EXPECT_EQ(early_leaves.load(), 0);
+}
+
+TEST(AllGatherU64, ReturnsEveryRanksValueInRankOrder) {
+  for (const int world : {1, 2, 3, 4, 7}) {
+    auto group = make_test_group("inproc", world);
+    const auto outcomes = run_ranks(group, [&](Transport& t) {
+      for (std::uint64_t round = 0; round < 5; ++round) {
+        const auto values = allgather_u64(
+            t, round * 1000 + static_cast<std::uint64_t>(t.rank()) + (std::uint64_t{1} << 63), {});
+        for (int rank = 0; rank < world; ++rank) {
+          if (values[static_cast<std::size_t>(rank)] !=
+              round * 1000 + static_cast<std::uint64_t>(rank) + (std::uint64_t{1} << 63)) {
+            throw std::runtime_error("wrong value");
+          }
+        }
+      }
+    });
+    expect_all_succeeded(outcomes);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tags, sequencing, mismatched calls
+
+TEST(Tags, ConcurrentCallsUnderDifferentBaseTagsDoNotMix) {
+  constexpr int kWorld = 4;
+  auto group = make_test_group("inproc", kWorld);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    std::exception_ptr second_error;
+    std::jthread second([&] {
+      try {
+        for (int round = 0; round < 20; ++round) {
+          std::vector<float> input(1000, static_cast<float>(t.rank() + round));
+          std::vector<float> output(1000);
+          allreduce_sum(t, input, output, {.pipeline_chunk_bytes = 256, .tag = 2});
+          const float expected = static_cast<float>(0 + 1 + 2 + 3 + 4 * round);
+          if (output != std::vector<float>(1000, expected)) {
+            throw std::runtime_error("allreduce under tag 2 got foreign data");
+          }
+        }
+      } catch (...) {
+        second_error = std::current_exception();
+      }
+    });
+    for (int round = 0; round < 20; ++round) {
+      const auto mine = pattern_bytes(500 + static_cast<std::size_t>(t.rank()), t.rank(),
+                                      static_cast<std::uint64_t>(round));
+      const auto all = sparse_allgather(t, mine, {.pipeline_chunk_bytes = 64, .tag = 1});
+      for (int rank = 0; rank < kWorld; ++rank) {
+        if (all[static_cast<std::size_t>(rank)] !=
+            pattern_bytes(500 + static_cast<std::size_t>(rank), rank,
+                          static_cast<std::uint64_t>(round))) {
+          throw std::runtime_error("all-gather under tag 1 got foreign data");
+        }
+      }
+    }
+    second.join();
+    if (second_error) std::rethrow_exception(second_error);
+  });
+  expect_all_succeeded(outcomes);
+}
+
+TEST(Tags, SequenceNumbersAreKeptPerBaseTag) {
+  auto group = make_test_group("inproc", 2);
+  EXPECT_EQ(group[0]->next_sequence(5), 0U);
+  EXPECT_EQ(group[0]->next_sequence(5), 1U);
+  EXPECT_EQ(group[0]->next_sequence(6), 0U);
+}
+
+TEST(Mismatch, RanksInDifferentCollectivesFailNamingAPeer) {
+  auto group = make_test_group("inproc", 3);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    const CollectiveOptions options{.timeout = std::chrono::seconds(10)};
+    if (t.rank() == 1) {
+      barrier(t, options);
+    } else {
+      (void)allgather_u64(t, 1, options);
+    }
+  });
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto error = pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << describe(outcomes[static_cast<std::size_t>(rank)]);
+    EXPECT_EQ(error->kind, ErrorKind::protocol) << error->what;
+    ASSERT_TRUE(error->context.peer) << error->what;
+    if (rank != 1) {
+      EXPECT_EQ(error->context.peer, 1) << error->what;
+    }
+  }
+}
+
+TEST(Mismatch, DifferentOptionsAreReportedAsInvalidArguments) {
+  auto group = make_test_group("inproc", 2);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    const std::vector<std::byte> mine(10);
+    (void)sparse_allgather(t, mine,
+                           {.timeout = std::chrono::seconds(10),
+                            .pipeline_chunk_bytes = t.rank() == 0 ? 4096U : 8192U});
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto error = pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << describe(outcomes[static_cast<std::size_t>(rank)]);
+    EXPECT_EQ(error->kind, ErrorKind::invalid_argument) << error->what;
+    EXPECT_EQ(error->context.peer, 1 - rank) << error->what;
+  }
+}
+
+TEST(Mismatch, AnAnnouncedSizeAboveTheLimitIsAProtocolViolation) {
+  auto group = make_test_group("inproc", 2);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    const std::vector<std::byte> mine(t.rank() == 0 ? 2000 : 10);
+    // Rank 1 accepts at most 1000 bytes from a peer; rank 0 allows its own 2000.
+    (void)sparse_allgather(
+        t, mine,
+        {.timeout = std::chrono::seconds(10), .max_message_bytes = t.rank() == 1 ? 1000U : 4000U});
+  });
+  const auto error = pulseloco::testing::caught_error(outcomes[1]);
+  ASSERT_TRUE(error) << describe(outcomes[1]);
+  EXPECT_EQ(error->kind, ErrorKind::protocol) << error->what;
+  EXPECT_EQ(error->context.peer, 0);
+  EXPECT_TRUE(outcomes[0].error);
+}
+
+}  // namespace
+}  // namespace pulseloco::collectives

@@ -1,0 +1,23 @@
+#include "test_groups.h"
+
+#include <stdexcept>
+
+#include "transport/loopback_group.h"  // tests/transport: TCP groups on loopback
+
+namespace pulseloco::testing {
+
+std::vector<std::string> test_backends() { return {"inproc", "tcp"}; }
+
+std::vector<std::unique_ptr<transport::Transport>> make_test_group(std::string_view backend,
+                                                                   int world_size) {
+  if (backend == "inproc") return transport::inproc::make_group(world_size);
+  if (backend == "tcp") {
+    auto tcp = transport::testing::make_loopback_group(world_size);
+    std::vector<std::unique_ptr<transport::Transport>> group;
+    for (auto& t : tcp) group.push_back(std::move(t));
+    return group;
+  }
+  throw std::invalid_argument("unknown test backend " + std::string(backend));
+}
+
+}  // namespace pulseloco::testing

@@ -1,0 +1,22 @@
+// Groups of in-process ranks for the collectives' tests, by backend name: "inproc" (threads
+// exchanging through shared queues) and, when the TCP transport is built, "tcp" (threads
+// connected over loopback sockets).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "transport/inproc/inproc.h"
+#include "transport/transport.h"
+
+namespace pulseloco::testing {
+
+[[nodiscard]] std::vector<std::string> test_backends();
+
+// One transport per rank, rank i at index i.
+[[nodiscard]] std::vector<std::unique_ptr<transport::Transport>> make_test_group(
+    std::string_view backend, int world_size);
+
+}  // namespace pulseloco::testing

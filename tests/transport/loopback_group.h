@@ -1,0 +1,110 @@
+// Test helpers: groups of TCP transports on loopback inside one process (one thread per rank),
+// joined by an external rendezvous server on an ephemeral port, and deterministic payloads.
+// Usable by any test that needs real TCP transports (the collectives' tests too).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transport/factory.h"
+#include "transport/rendezvous.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace pulseloco::transport::testing {
+
+// Runs fn(rank) on `count` threads at once and rethrows the first exception (by rank order)
+// after all of them finished.
+inline void run_parallel(int count, const std::function<void(int rank)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(count));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(count));
+  for (int rank = 0; rank < count; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        fn(rank);
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  for (auto& error : errors)
+    if (error) std::rethrow_exception(error);
+}
+
+// Options for rank `rank` of a loopback group whose rendezvous server listens on `port`.
+inline TransportOptions loopback_options(TransportOptions base, int rank, int world_size,
+                                         std::uint16_t port) {
+  base.backend = Backend::tcp;
+  base.rendezvous = RendezvousMethod::environment;
+  base.rank = rank;
+  base.world_size = world_size;
+  base.master_addr = "127.0.0.1";
+  base.master_port = port;
+  base.external_rendezvous_server = true;
+  base.listen_addr = "127.0.0.1";
+  return base;
+}
+
+// `world_size` connected TCP transports, index = rank.
+inline std::vector<std::unique_ptr<TcpTransport>> make_loopback_group(
+    int world_size, const TransportOptions& base = {}) {
+  RendezvousServer server("127.0.0.1", 0, world_size, base.secret,
+                          deadline_after(base.connect_timeout));
+  std::vector<std::unique_ptr<TcpTransport>> group(static_cast<std::size_t>(world_size));
+  run_parallel(world_size, [&](int rank) {
+    group[static_cast<std::size_t>(rank)] =
+        std::make_unique<TcpTransport>(loopback_options(base, rank, world_size, server.port()));
+  });
+  server.wait();
+  return group;
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the caller must cope with losing a race).
+inline std::uint16_t pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("socket() failed");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    throw std::runtime_error("bind() to an ephemeral port failed");
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// Deterministic bytes: payload(seed, n) differs for different seeds.
+inline std::vector<std::byte> payload(std::uint64_t seed, std::size_t bytes) {
+  std::vector<std::byte> out(bytes);
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 1;
+  std::size_t i = 0;
+  while (i < bytes) {
+    state += 0x9E3779B97F4A7C15ULL;
+    std::uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    for (int b = 0; b < 8 && i < bytes; ++b, ++i)
+      out[i] = static_cast<std::byte>(z >> (8 * b));
+  }
+  return out;
+}
+
+}  // namespace pulseloco::transport::testing

@@ -1,0 +1,489 @@
+// The TCP transport with in-process ranks on loopback (one thread and one transport per rank).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <random>
+#include <string>
+
+#include "base/errors.h"
+#include "transport/loopback_group.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+
+namespace pulseloco::transport {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::make_loopback_group;
+using testing::payload;
+using testing::run_parallel;
+
+constexpr auto kTimeout = 60s;
+
+// The message rank `src` sends to rank `dst` in the all-pairs tests: a different size for every
+// pair, including 0 and 1 byte and odd sizes.
+std::size_t pair_size(int src, int dst) {
+  static constexpr std::size_t kSizes[] = {0, 1, 7, 4093, 65537, 1'000'003, 3, 131'071};
+  return kSizes[static_cast<std::size_t>(src * 3 + dst) % std::size(kSizes)];
+}
+
+std::uint64_t pair_seed(int src, int dst, int round = 0) {
+  return static_cast<std::uint64_t>(src) * 1000003 + static_cast<std::uint64_t>(dst) * 1009 +
+         static_cast<std::uint64_t>(round);
+}
+
+// Every rank sends a distinct message to every other rank and checks what it receives.
+void exchange_all_pairs(std::vector<std::unique_ptr<TcpTransport>>& group, int rounds = 1) {
+  const int n = static_cast<int>(group.size());
+  run_parallel(n, [&](int rank) {
+    auto& t = *group[static_cast<std::size_t>(rank)];
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<std::vector<std::byte>> outgoing(static_cast<std::size_t>(n));
+      std::vector<std::vector<std::byte>> incoming(static_cast<std::size_t>(n));
+      std::vector<std::unique_ptr<Request>> requests;
+      for (int peer = 0; peer < n; ++peer) {
+        const auto p = static_cast<std::size_t>(peer);
+        incoming[p].resize(pair_size(peer, rank));
+        requests.push_back(t.irecv(peer, 7, incoming[p]));
+      }
+      for (int peer = 0; peer < n; ++peer) {
+        const auto p = static_cast<std::size_t>(peer);
+        outgoing[p] = payload(pair_seed(rank, peer, round), pair_size(rank, peer));
+        requests.push_back(t.isend(peer, 7, outgoing[p]));
+      }
+      for (auto& request : requests)
+        request->wait(deadline_after(kTimeout));
+      for (int peer = 0; peer < n; ++peer)
+        ASSERT_EQ(incoming[static_cast<std::size_t>(peer)],
+                  payload(pair_seed(peer, rank, round), pair_size(peer, rank)))
+            << "rank " << rank << " from " << peer << " round " << round;
+    }
+  });
+}
+
+class WorldSize : public ::testing::TestWithParam<int> {};
+
+TEST_P(WorldSize, EveryPairExchangesDistinctMessagesOfEverySize) {
+  auto group = make_loopback_group(GetParam());
+  for (int rank = 0; rank < GetParam(); ++rank) {
+    EXPECT_EQ(group[static_cast<std::size_t>(rank)]->rank(), rank);
+    EXPECT_EQ(group[static_cast<std::size_t>(rank)]->size(), GetParam());
+    EXPECT_EQ(group[static_cast<std::size_t>(rank)]->backend(), "tcp");
+  }
+  exchange_all_pairs(group, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, WorldSize, ::testing::Values(1, 2, 3, 4, 7));
+
+TEST(TcpTransport, GroupOfOneWithoutRendezvous) {
+  TransportOptions options;
+  options.world_size = 1;
+  auto transport = make_transport(options);
+  EXPECT_EQ(transport->size(), 1);
+  const auto message = payload(1, 1000);
+  std::vector<std::byte> received(1000);
+  auto recv = transport->irecv(0, 3, received);
+  transport->send(0, 3, message, deadline_after(kTimeout));
+  recv->wait(deadline_after(kTimeout));
+  EXPECT_EQ(received, message);
+}
+
+TEST(TcpTransport, SixtyFourMebibytesStripedOverFourConnections) {
+  TransportOptions options;
+  options.connections_per_peer = 4;
+  auto group = make_loopback_group(3, options);
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  run_parallel(3, [&](int rank) {
+    auto& t = *group[static_cast<std::size_t>(rank)];
+    const auto mine = payload(static_cast<std::uint64_t>(rank) + 100, kBytes + 17 * rank);
+    std::vector<std::vector<std::byte>> theirs(3);
+    std::vector<std::unique_ptr<Request>> requests;
+    for (int peer = 0; peer < 3; ++peer) {
+      if (peer == rank) continue;
+      theirs[static_cast<std::size_t>(peer)].resize(kBytes + 17 * static_cast<std::size_t>(peer));
+      requests.push_back(t.irecv(peer, 1, theirs[static_cast<std::size_t>(peer)]));
+      requests.push_back(t.isend(peer, 1, mine));
+    }
+    for (auto& request : requests)
+      request->wait(deadline_after(kTimeout));
+    for (int peer = 0; peer < 3; ++peer) {
+      if (peer == rank) continue;
+      ASSERT_TRUE(theirs[static_cast<std::size_t>(peer)] ==
+                  payload(static_cast<std::uint64_t>(peer) + 100,
+                          kBytes + 17 * static_cast<std::size_t>(peer)));
+    }
+    // The message went as chunks over every connection.
+    const auto plan =
+        tcp::plan_chunks(kBytes, 4, options.stripe_threshold_bytes, options.stripe_chunk_bytes);
+    EXPECT_GE(plan.count, 4U);
+  });
+}
+
+TEST(TcpTransport, EqualTagsArriveInOrderAndTagsInterleave) {
+  auto group = make_loopback_group(2);
+  constexpr int kTags = 9;
+  constexpr int kPerTag = 40;
+  run_parallel(2, [&](int rank) {
+    auto& t = *group[static_cast<std::size_t>(rank)];
+    if (rank == 0) {
+      // Round-robin over tags, sizes varying so that large and small messages mix.
+      std::vector<std::vector<std::byte>> messages;
+      std::vector<std::unique_ptr<Request>> sends;
+      messages.reserve(kTags * kPerTag);
+      for (int i = 0; i < kPerTag; ++i)
+        for (int tag = 0; tag < kTags; ++tag) {
+          messages.push_back(payload(static_cast<std::uint64_t>(tag * 1000 + i),
+                                     static_cast<std::size_t>((i * 7919 + tag * 104729) % 300000)));
+          sends.push_back(t.isend(1, static_cast<Tag>(tag) << 40, messages.back()));
+        }
+      for (auto& send : sends)
+        send->wait(deadline_after(kTimeout));
+    } else {
+      // Receives posted tag by tag (the reverse of the sending order), partly after arrival.
+      std::map<std::pair<int, int>, std::vector<std::byte>> buffers;
+      std::vector<std::pair<std::pair<int, int>, std::unique_ptr<Request>>> recvs;
+      for (int tag = kTags - 1; tag >= 0; --tag)
+        for (int i = 0; i < kPerTag; ++i) {
+          auto& buffer = buffers[{tag, i}];
+          buffer.resize(static_cast<std::size_t>((i * 7919 + tag * 104729) % 300000));
+          recvs.emplace_back(std::pair{tag, i}, t.irecv(0, static_cast<Tag>(tag) << 40, buffer));
+        }
+      for (auto& [key, request] : recvs)
+        request->wait(deadline_after(kTimeout));
+      for (const auto& [key, buffer] : buffers)
+        ASSERT_EQ(buffer,
+                  payload(static_cast<std::uint64_t>(key.first * 1000 + key.second), buffer.size()))
+            << "tag " << key.first << " message " << key.second;
+    }
+  });
+}
+
+TEST(TcpTransport, MessagesThatArriveBeforeTheirReceiveAreKept) {
+  auto group = make_loopback_group(2);
+  const auto small = payload(1, 100);
+  const auto large = payload(2, 5'000'000);
+  // Everything is sent and delivered to rank 1's transport before any receive is posted.
+  group[0]->send(1, 5, small, deadline_after(kTimeout));
+  group[0]->send(1, 5, large, deadline_after(kTimeout));
+  group[0]->send(1, 6, {}, deadline_after(kTimeout));
+  // The sender's end completes when the kernel has the bytes; a receive of a message behind them
+  // proves that rank 1 read them all.
+  const auto marker = payload(3, 10);
+  group[0]->send(1, 99, marker, deadline_after(kTimeout));
+  std::vector<std::byte> got_marker(10);
+  group[1]->recv(0, 99, got_marker, deadline_after(kTimeout));
+  EXPECT_EQ(group[1]->unexpected_bytes(), small.size() + large.size());
+
+  std::vector<std::byte> got_empty;
+  std::vector<std::byte> got_small(100);
+  std::vector<std::byte> got_large(large.size());
+  group[1]->recv(0, 6, got_empty, deadline_after(kTimeout));
+  group[1]->recv(0, 5, got_small, deadline_after(kTimeout));
+  group[1]->recv(0, 5, got_large, deadline_after(kTimeout));
+  EXPECT_EQ(got_small, small);
+  EXPECT_EQ(got_large, large);
+  EXPECT_EQ(group[1]->unexpected_bytes(), 0U);
+}
+
+TEST(TcpTransport, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
+  TransportOptions options;
+  options.connections_per_peer = 1;
+  options.max_unexpected_bytes = std::size_t{4} << 20;
+  options.socket_send_buffer_bytes = 64 * 1024;
+  options.socket_receive_buffer_bytes = 64 * 1024;
+  auto group = make_loopback_group(2, options);
+  constexpr std::size_t kBytes = std::size_t{4} << 20;
+  std::vector<std::vector<std::byte>> messages;
+  std::vector<std::unique_ptr<Request>> sends;
+  for (int i = 0; i < 4; ++i) {
+    messages.push_back(payload(static_cast<std::uint64_t>(i), kBytes));
+    sends.push_back(group[0]->isend(1, 1, messages.back()));
+  }
+  // The first message fills the cap; the second waits in the paused connection, the kernel
+  // buffers (about 0.5 MiB) hold a little more, so the last send cannot complete.
+  sends[0]->wait(deadline_after(kTimeout));
+  EXPECT_THROW(sends[3]->wait(deadline_after(300ms)), TimeoutError);
+  EXPECT_LE(group[1]->unexpected_bytes(), options.max_unexpected_bytes);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::byte> got(kBytes);
+    group[1]->recv(0, 1, got, deadline_after(kTimeout));
+    EXPECT_LE(group[1]->unexpected_bytes(), options.max_unexpected_bytes);
+    ASSERT_EQ(got, messages[static_cast<std::size_t>(i)]) << "message " << i;
+  }
+  for (auto& send : sends)
+    send->wait(deadline_after(kTimeout));
+}
+
+TEST(TcpTransport, SizeMismatchFailsThatReceiveOnly) {
+  auto group = make_loopback_group(2);
+  const auto ten = payload(1, 10);
+  const auto after = payload(2, 33);
+  group[0]->send(1, 4, ten, deadline_after(kTimeout));
+  group[0]->send(1, 4, after, deadline_after(kTimeout));
+  std::vector<std::byte> eight(8);
+  try {
+    group[1]->recv(0, 4, eight, deadline_after(kTimeout));
+    FAIL() << "a 10-byte message into an 8-byte receive must fail";
+  } catch (const ProtocolError& error) {
+    EXPECT_EQ(error.context().peer, 0);
+    EXPECT_NE(std::string(error.what()).find("sent 10 bytes"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("expects 8 bytes"), std::string::npos);
+  }
+  std::vector<std::byte> next(33);
+  group[1]->recv(0, 4, next, deadline_after(kTimeout));
+  EXPECT_EQ(next, after);
+  // A receive posted before a mismatched message arrives fails the same way.
+  std::vector<std::byte> small(5);
+  auto posted = group[1]->irecv(0, 8, small);
+  group[0]->send(1, 8, ten, deadline_after(kTimeout));
+  EXPECT_THROW(posted->wait(deadline_after(kTimeout)), ProtocolError);
+}
+
+TEST(TcpTransport, ReceiveTimesOutAtItsDeadlineNamingThePeer) {
+  auto group = make_loopback_group(3);
+  std::vector<std::byte> buffer(16);
+  auto request = group[0]->irecv(2, 1, buffer);
+  const auto start = Clock::now();
+  try {
+    request->wait(deadline_after(300ms));
+    FAIL() << "nothing was sent";
+  } catch (const TimeoutError& error) {
+    const auto elapsed = Clock::now() - start;
+    EXPECT_GE(elapsed, 300ms);
+    EXPECT_LT(elapsed, 600ms);
+    EXPECT_EQ(error.context().peer, 2);
+    EXPECT_EQ(error.context().rank, 0);
+    EXPECT_NE(std::string(error.what()).find("receive from peer 2"), std::string::npos);
+  }
+  EXPECT_FALSE(request->test());
+}
+
+TEST(TcpTransport, AbortFailsPendingAndFutureOperationsAndTellsThePeers) {
+  auto group = make_loopback_group(3);
+  std::vector<std::byte> buffer(16);
+  auto pending = group[0]->irecv(1, 1, buffer);
+  auto remote_pending = group[2]->irecv(0, 1, buffer);
+  group[0]->abort("test says stop");
+  try {
+    pending->wait(deadline_after(kTimeout));
+    FAIL();
+  } catch (const PeerLostError& error) {
+    EXPECT_NE(std::string(error.what()).find("aborted: test says stop"), std::string::npos);
+  }
+  EXPECT_THROW(group[0]->isend(1, 1, buffer)->wait(deadline_after(kTimeout)), PeerLostError);
+  // Rank 2 learns that rank 0 aborted, and why.
+  try {
+    remote_pending->wait(deadline_after(kTimeout));
+    FAIL();
+  } catch (const PeerLostError& error) {
+    EXPECT_EQ(error.context().peer, 0);
+    EXPECT_NE(std::string(error.what()).find("test says stop"), std::string::npos) << error.what();
+  }
+  // Ranks 1 and 2 still talk to each other.
+  const auto message = payload(5, 1234);
+  std::vector<std::byte> got(1234);
+  auto recv = group[2]->irecv(1, 2, got);
+  group[1]->send(2, 2, message, deadline_after(kTimeout));
+  recv->wait(deadline_after(kTimeout));
+  EXPECT_EQ(got, message);
+}
+
+TEST(TcpTransport, APeerThatClosesLeavesItsSentMessagesReceivable) {
+  auto group = make_loopback_group(2);
+  const auto last_words = payload(8, 3'000'000);
+  group[1]->send(0, 9, last_words, deadline_after(kTimeout));
+  group[1].reset();  // says goodbye, waits until rank 0 has read everything
+  std::vector<std::byte> got(last_words.size());
+  group[0]->recv(1, 9, got, deadline_after(kTimeout));
+  EXPECT_EQ(got, last_words);
+  std::vector<std::byte> more(1);
+  try {
+    group[0]->recv(1, 9, more, deadline_after(kTimeout));
+    FAIL();
+  } catch (const PeerLostError& error) {
+    EXPECT_EQ(error.context().peer, 1);
+    EXPECT_NE(std::string(error.what()).find("closed its transport"), std::string::npos);
+  }
+}
+
+TEST(TcpTransport, DestroyingTheTransportFailsItsPendingRequests) {
+  auto group = make_loopback_group(2);
+  std::vector<std::byte> buffer(4);
+  auto pending = group[0]->irecv(1, 1, buffer);
+  group[0].reset();
+  EXPECT_THROW(pending->wait(deadline_after(kTimeout)), PeerLostError);
+}
+
+class Corruption : public ::testing::TestWithParam<FrameCorruption> {};
+
+TEST_P(Corruption, IsDetectedAndNamesThePeer) {
+  TransportOptions options;
+  options.connections_per_peer = 2;
+  auto group = make_loopback_group(2, options);
+  const auto good = payload(1, 50'000);
+  std::vector<std::byte> received(good.size());
+  group[0]->send(1, 1, good, deadline_after(kTimeout));
+  group[1]->recv(0, 1, received, deadline_after(kTimeout));
+  ASSERT_EQ(received, good);
+
+  group[0]->corrupt_outgoing_frame(CorruptFrame{0, GetParam()});
+  auto recv = group[1]->irecv(0, 2, received);
+  group[0]->send(1, 2, good, deadline_after(kTimeout));
+  try {
+    recv->wait(deadline_after(kTimeout));
+    FAIL() << "corruption went unnoticed";
+  } catch (const ProtocolError& error) {
+    EXPECT_EQ(error.context().peer, 0);
+    const std::string expected = GetParam() == FrameCorruption::payload
+                                     ? "payload checksum mismatch"
+                                     : "frame header checksum mismatch";
+    EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+  }
+  // Rank 1 dropped its connections to rank 0, which therefore loses rank 1.
+  std::vector<std::byte> nothing(1);
+  try {
+    group[0]->recv(1, 3, nothing, deadline_after(kTimeout));
+    FAIL();
+  } catch (const PeerLostError& error) {
+    EXPECT_EQ(error.context().peer, 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TcpTransport, Corruption,
+                         ::testing::Values(FrameCorruption::payload, FrameCorruption::header));
+
+TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {
+  TransportOptions options;
+  options.connections_per_peer = 3;
+  options.stripe_threshold_bytes = 1 << 16;
+  options.stripe_chunk_bytes = 1 << 16;
+  auto group = make_loopback_group(2, options);
+  const std::vector<std::size_t> sizes = {0, 1, 1000, 65536, 65537, 1'000'000};
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t frames = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const auto message = payload(i, sizes[i]);
+    std::vector<std::byte> got(sizes[i]);
+    auto recv = group[1]->irecv(0, i, got);
+    group[0]->send(1, i, message, deadline_after(kTimeout));
+    recv->wait(deadline_after(kTimeout));
+    payload_bytes += sizes[i];
+    frames +=
+        tcp::plan_chunks(sizes[i], 3, options.stripe_threshold_bytes, options.stripe_chunk_bytes)
+            .count;
+  }
+  const auto sender = group[0]->stats();
+  const auto receiver = group[1]->stats();
+  EXPECT_EQ(sender.payload_bytes_sent, payload_bytes);
+  EXPECT_EQ(sender.messages_sent, sizes.size());
+  EXPECT_EQ(receiver.payload_bytes_received, payload_bytes);
+  EXPECT_EQ(receiver.messages_received, sizes.size());
+  // Rank 0 opened 3 connections (hello + response out, challenge + verdict in).
+  constexpr std::uint64_t kClientSends = tcp::kHelloBytes + tcp::kResponseBytes;
+  constexpr std::uint64_t kServerSends = tcp::kChallengeBytes + tcp::kVerdictHeaderBytes;
+  const std::uint64_t data_wire = payload_bytes + frames * tcp::kFrameHeaderBytes;
+  EXPECT_EQ(sender.wire_bytes_sent, data_wire + 3 * kClientSends);
+  EXPECT_EQ(receiver.wire_bytes_received, data_wire + 3 * kClientSends);
+  EXPECT_EQ(receiver.wire_bytes_sent, 3 * kServerSends);
+  EXPECT_EQ(sender.wire_bytes_received, 3 * kServerSends);
+}
+
+TEST(TcpTransport, RandomTrafficBetweenFourRanks) {
+  TransportOptions options;
+  options.connections_per_peer = 3;
+  options.stripe_threshold_bytes = 32 * 1024;
+  options.stripe_chunk_bytes = 16 * 1024;
+  auto group = make_loopback_group(4, options);
+  constexpr int kMessages = 150;
+  // Message m from s to d has tag (m % 5) and a size drawn from a seeded generator.
+  const auto size_of = [](int s, int d, int m) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(s * 100000 + d * 1000 + m));
+    return static_cast<std::size_t>(rng() % 200'000);
+  };
+  run_parallel(4, [&](int rank) {
+    auto& t = *group[static_cast<std::size_t>(rank)];
+    std::vector<std::vector<std::byte>> out;
+    std::vector<std::vector<std::byte>> in;
+    std::vector<std::unique_ptr<Request>> requests;
+    out.reserve(4 * kMessages);
+    in.reserve(4 * kMessages);
+    std::mt19937 order(static_cast<unsigned>(rank));
+    for (int m = 0; m < kMessages; ++m) {
+      for (int peer = 0; peer < 4; ++peer) {
+        // Sends and receives interleave in a rank-specific order.
+        if (order() % 2 == 0) {
+          out.push_back(payload(pair_seed(rank, peer, m), size_of(rank, peer, m)));
+          requests.push_back(t.isend(peer, static_cast<Tag>(m % 5), out.back()));
+          in.emplace_back(size_of(peer, rank, m));
+          requests.push_back(t.irecv(peer, static_cast<Tag>(m % 5), in.back()));
+        } else {
+          in.emplace_back(size_of(peer, rank, m));
+          requests.push_back(t.irecv(peer, static_cast<Tag>(m % 5), in.back()));
+          out.push_back(payload(pair_seed(rank, peer, m), size_of(rank, peer, m)));
+          requests.push_back(t.isend(peer, static_cast<Tag>(m % 5), out.back()));
+        }
+      }
+    }
+    for (auto& request : requests)
+      request->wait(deadline_after(kTimeout));
+    std::size_t index = 0;
+    for (int m = 0; m < kMessages; ++m)
+      for (int peer = 0; peer < 4; ++peer)
+        ASSERT_EQ(in[index++], payload(pair_seed(peer, rank, m), size_of(peer, rank, m)))
+            << "rank " << rank << " message " << m << " from " << peer;
+  });
+}
+
+TEST(TcpTransport, PeerListRendezvous) {
+  // Ports are picked free just before use; a collision with another process is retried.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<std::string> peers;
+    for (int rank = 0; rank < 3; ++rank)
+      peers.push_back("127.0.0.1:" + std::to_string(testing::pick_free_port()));
+    std::vector<std::unique_ptr<Transport>> group(3);
+    try {
+      run_parallel(3, [&](int rank) {
+        TransportOptions options;
+        options.rendezvous = RendezvousMethod::peer_list;
+        options.peers = peers;
+        options.rank = rank;
+        options.secret = "peer-list secret";
+        options.connect_timeout = 20s;
+        group[static_cast<std::size_t>(rank)] = make_transport(options);
+      });
+    } catch (const IoError& error) {
+      if (attempt < 3) continue;  // a port was taken meanwhile
+      throw;
+    }
+    std::vector<std::byte> got(100);
+    const auto message = payload(1, 100);
+    auto recv = group[2]->irecv(0, 1, got);
+    group[0]->send(2, 1, message, deadline_after(kTimeout));
+    recv->wait(deadline_after(kTimeout));
+    EXPECT_EQ(got, message);
+    break;
+  }
+}
+
+TEST(TcpTransport, OptionsAreValidated) {
+  TransportOptions options;
+  options.connections_per_peer = 0;
+  EXPECT_THROW(validate(options), InvalidArgument);
+  options = {};
+  options.stripe_chunk_bytes = 100;
+  EXPECT_THROW(validate(options), InvalidArgument);
+  options = {};
+  options.world_size = 2;
+  options.rank = 2;
+  EXPECT_THROW(validate(options), InvalidArgument);
+  options = {};
+  options.world_size = 3;
+  options.rank = 0;
+  // Three ranks but no way to find them.
+  EXPECT_THROW((void)make_transport(options), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace pulseloco::transport

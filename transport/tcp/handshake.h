@@ -1,0 +1,85 @@
+// Mutual authentication of a new TCP connection (rendezvous and data plane alike): an
+// HMAC-SHA256 challenge-response over the shared secret, with fresh 32-byte nonces from
+// OpenSSL's RAND_bytes on both sides and constant-time comparison (CRYPTO_memcmp).
+//
+//   client -> server  hello     (80 bytes): magic, purpose, ranks, lane, group id, client nonce
+//   server -> client  challenge (64 bytes): server nonce,
+//                                           HMAC(K, "pulseloco-server-v1" | hello | server nonce)
+//   client -> server  response  (32 bytes): HMAC(K, "pulseloco-client-v1" | hello | server nonce)
+//   server -> client  verdict   (4 + n):    accepted | authentication failed | refused + reason
+//
+// Each side proves knowledge of K over a nonce the other side chose, so neither proof can be
+// replayed. The server decides on the hello's claims (rank, lane, group) only after the client
+// proved itself. This authenticates peers; it does not encrypt or sign the data that follows
+// (frame checksums detect corruption, not tampering).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "base/errors.h"
+#include "transport/rendezvous.h"
+#include "transport/tcp/asio_util.h"
+
+namespace pulseloco::transport::tcp {
+
+inline constexpr std::size_t kHelloBytes = 80;
+inline constexpr std::size_t kChallengeBytes = 64;
+inline constexpr std::size_t kResponseBytes = 32;
+inline constexpr std::size_t kVerdictHeaderBytes = 4;
+inline constexpr std::size_t kMaxVerdictReasonBytes = 512;
+
+enum class Purpose : std::uint8_t { rendezvous = 1, data = 2 };
+
+using Nonce = std::array<std::uint8_t, 32>;
+using Mac = std::array<std::uint8_t, 32>;
+
+struct Hello {
+  Purpose purpose = Purpose::data;
+  std::uint32_t src_rank = 0;  // the connecting rank
+  std::uint32_t dst_rank = 0;  // the rank it means to reach
+  std::uint32_t world_size = 0;
+  std::uint16_t lane = 0;   // which of the connections to that peer
+  std::uint16_t lanes = 0;  // connections per peer the client uses
+  GroupId group_id{};
+  Nonce nonce{};
+};
+
+// Bytes a handshake moved, for TransportStats.
+struct HandshakeTraffic {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+};
+
+// Thrown by client_handshake when the server does not prove knowledge of our secret or refuses
+// us; what() says which.
+struct HandshakeRefused : ProtocolError {
+  using ProtocolError::ProtocolError;
+};
+
+// Client side. Fills hello.nonce. Throws ProtocolError when the server's proof is wrong (the
+// secrets differ) or the server refused us (with its reason), boost::system::system_error on
+// I/O failure.
+[[nodiscard]] asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
+                                                                 std::string_view secret);
+
+struct ServerHandshake {
+  Hello hello;
+  bool accepted = false;
+  std::string refusal;  // why not accepted
+  HandshakeTraffic traffic;
+};
+
+// Server side. `admit` is called once the client has proved knowledge of the secret; it returns
+// an empty string to accept (and may claim resources then) or the reason for refusing. Throws
+// ProtocolError on a malformed hello, boost::system::system_error on I/O failure.
+[[nodiscard]] asio::awaitable<ServerHandshake> server_handshake(
+    Socket& socket, std::string_view secret, const std::function<std::string(const Hello&)>& admit);
+
+// HMAC-SHA256 (exposed for tests).
+[[nodiscard]] Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message);
+
+}  // namespace pulseloco::transport::tcp
