@@ -1,0 +1,104 @@
+// Training the example model: the inner optimizer (AdamW), the pretraining phase with its
+// cached checkpoint, weight files, and the bf16 update-sparsity measurement.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "model.h"
+#include "task.h"
+
+namespace pulseloco::example {
+
+// AdamW as PyTorch's torch.optim.AdamW (decoupled weight decay), fp32 master weights.
+struct OptimizerSettings {
+  double lr = 3e-6;  // the RL-like post-training default
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double weight_decay = 0.1;
+  double eps = 1e-8;
+  double clip_grad_norm = 1.0;  // <= 0: no clipping
+};
+
+// One model's optimizer. step() = forward_backward() + optimizer_step(); the split lets a
+// caller act on the gradients in between (e.g. DDP all-reduces them).
+class Trainer {
+ public:
+  Trainer(TransformerLM& model, const OptimizerSettings& settings);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Zeroes the gradients, computes the loss of `batch` and its gradients; returns the loss.
+  double forward_backward(const Batch& batch);
+  // Clips the gradient norm (if configured) and applies one AdamW step.
+  void optimizer_step();
+  // Both; returns the loss before the step.
+  double step(const Batch& batch);
+
+  void set_lr(double lr);
+  [[nodiscard]] const OptimizerSettings& settings() const noexcept { return settings_; }
+  [[nodiscard]] TransformerLM& model() noexcept { return model_; }
+
+ private:
+  struct Impl;
+  TransformerLM& model_;
+  OptimizerSettings settings_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Weight files: one F32 tensor per parameter, named as TransformerLM::parameter_names().
+void save_weights(const TransformerLM& model, const std::filesystem::path& path,
+                  const io::Metadata& metadata);
+// Validates the file against the model (every parameter present with the right shape and
+// dtype, nothing else) before changing any weight. Throws ProtocolError/IoError/InvalidArgument.
+void load_weights(TransformerLM& model, const std::filesystem::path& path);
+
+struct PretrainOptions {
+  std::uint64_t seed = 1234;     // initial weights and data
+  int steps = 400;
+  int batch_size = 16;
+  double peak_lr = 2e-3;
+  int warmup_steps = 40;         // linear warmup, then cosine decay to 10% of the peak
+  int eval_batch_size = 64;
+  int log_every = 50;            // 0: quiet
+  std::filesystem::path cache_dir;  // where the pretrained checkpoint is cached
+};
+
+struct PretrainResult {
+  bool loaded_from_cache = false;
+  std::filesystem::path checkpoint;
+  std::string rebuild_reason;    // why an existing cache was not used (empty if none was there)
+  double seconds = 0;            // pretraining wall time (0 when loaded)
+  int steps = 0;
+  double eval_loss_initial = 0;  // held-out pretraining-mix loss of the initial weights
+  double eval_loss_final = 0;    // ... and of the pretrained weights
+};
+
+// The metadata that identifies a pretrained state: model config, seed, optimizer schedule,
+// task version and mix. A cache whose metadata differs in any of them is rebuilt.
+[[nodiscard]] io::Metadata pretrain_identity(const ModelConfig& config,
+                                             const PretrainOptions& options);
+// <cache_dir>/pretrained-<digest of the identity>.safetensors
+[[nodiscard]] std::filesystem::path pretrain_cache_path(const ModelConfig& config,
+                                                        const PretrainOptions& options);
+
+// Makes `model` (freshly constructed with options.seed) the pretrained model: loads the cache
+// when it exists and matches, otherwise pretrains and writes the cache (atomically, so
+// concurrent processes never see a partial file).
+PretrainResult load_or_pretrain(TransformerLM& model, const PretrainOptions& options);
+
+// Trains `steps` steps on `mix` from its current weights (the pretraining loop).
+void pretrain(TransformerLM& model, const PretrainOptions& options);
+
+// Snapshot of the bf16 view of every parameter (what a bf16 forward pass sees).
+[[nodiscard]] std::vector<std::uint16_t> bf16_snapshot(const TransformerLM& model);
+// Fraction of elements whose bf16 value is numerically equal in two snapshots.
+[[nodiscard]] double bf16_unchanged_fraction(const std::vector<std::uint16_t>& before,
+                                             const std::vector<std::uint16_t>& after);
+
+}  // namespace pulseloco::example
