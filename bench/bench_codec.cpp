@@ -12,9 +12,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -88,7 +88,8 @@ std::vector<int> parse_levels(const std::string& text) {
   std::vector<int> levels;
   std::stringstream stream(text);
   std::string item;
-  while (std::getline(stream, item, ',')) levels.push_back(std::stoi(item));
+  while (std::getline(stream, item, ','))
+    levels.push_back(std::stoi(item));
   return levels;
 }
 
@@ -192,7 +193,7 @@ Result measure(const Variant& variant, const std::vector<Message>& messages, dou
                  ? std::string(codec::index_coding_name(*variant.options.index_coding))
                  : "smallest");
   result.zstd_level = variant.options.encoding != codec::Encoding::pulse ? 0
-                      : variant.options.zstd_level == 0 ? codec::kDefaultZstdLevel
+                      : variant.options.zstd_level == 0                  ? codec::kDefaultZstdLevel
                                                         : variant.options.zstd_level;
   result.study = variant.study;
 
@@ -239,12 +240,14 @@ Result measure(const Variant& variant, const std::vector<Message>& messages, dou
   });
   std::uint64_t largest = 0;
   for (const auto& message : messages) {
-    for (const auto& chunk : *message.chunks) largest = std::max<std::uint64_t>(largest, chunk.offsets.size());
+    for (const auto& chunk : *message.chunks)
+      largest = std::max<std::uint64_t>(largest, chunk.offsets.size());
   }
   offsets.resize(largest);
   values.resize(largest);
   std::vector<codec::MessageView> views;
-  for (const auto& bytes : encoded) views.push_back(codec::MessageView::parse(bytes));
+  for (const auto& bytes : encoded)
+    views.push_back(codec::MessageView::parse(bytes));
   result.decode = entries_per_second(min_time, result.entries, [&] {
     for (const auto& view : views) {
       for (std::size_t i = 0; i < view.frame_count(); ++i) {
@@ -318,9 +321,8 @@ int main(int argc, char** argv) try {
     windows.push_back(trainer.run_window());
     const double density = static_cast<double>(windows.back().entries(0)) /
                            static_cast<double>(trainer.total_elements());
-    window_stats.push_back({{"window", w},
-                            {"entries", windows.back().entries(0)},
-                            {"density", density}});
+    window_stats.push_back(
+        {{"window", w}, {"entries", windows.back().entries(0)}, {"density", density}});
   }
   if (options.trace_only) {
     std::cout << window_stats.dump() << '\n';
@@ -331,7 +333,8 @@ int main(int argc, char** argv) try {
     Message message;
     message.header.window = window.window;
     message.header.sender_rank = 0;
-    for (const auto& tensor : config.tensors) message.header.tensor_numels.push_back(tensor.numel);
+    for (const auto& tensor : config.tensors)
+      message.header.tensor_numels.push_back(tensor.numel);
     message.chunks = &window.workers[0];
     messages.push_back(message);
   }
@@ -341,8 +344,8 @@ int main(int argc, char** argv) try {
       {"plain_i64_f32", {.encoding = codec::Encoding::plain_i64_f32}, false},
       {"plain_i32_f32", {.encoding = codec::Encoding::plain_i32_f32}, false},
   };
-  for (const auto coding : {codec::IndexCoding::varint, codec::IndexCoding::bitpack,
-                            codec::IndexCoding::elias_fano}) {
+  for (const auto coding :
+       {codec::IndexCoding::varint, codec::IndexCoding::bitpack, codec::IndexCoding::elias_fano}) {
     variants.push_back({"pulse/" + std::string(codec::index_coding_name(coding)),
                         {.encoding = codec::Encoding::pulse, .index_coding = coding},
                         true});
@@ -360,7 +363,8 @@ int main(int argc, char** argv) try {
   }
 
   nlohmann::json planes = nlohmann::json::array();
-  for (int k = 0; k < 4; ++k) planes.push_back(plane_entropy(messages, k));
+  for (int k = 0; k < 4; ++k)
+    planes.push_back(plane_entropy(messages, k));
 
   if (options.json) {
     nlohmann::json out;
@@ -373,12 +377,14 @@ int main(int argc, char** argv) try {
                     {"chunk_elements", config.chunk_elements}};
     out["value_plane_entropy_bits_per_entry"] = planes;
     out["results"] = nlohmann::json::array();
-    for (const Result& r : results) out["results"].push_back(to_json(r));
+    for (const Result& r : results)
+      out["results"].push_back(to_json(r));
     std::cout << out.dump(2) << '\n';
     return 0;
   }
-  fmt::print("trace: {} elements in {} tensors, {} workers, H={}, lr={}\n", trainer.total_elements(),
-             config.tensors.size(), config.workers, config.inner_steps, config.lr);
+  fmt::print("trace: {} elements in {} tensors, {} workers, H={}, lr={}\n",
+             trainer.total_elements(), config.tensors.size(), config.workers, config.inner_steps,
+             config.lr);
   for (const auto& w : window_stats) {
     fmt::print("  window {}: {} entries from rank 0 (density {:.3f}%)\n", w["window"].get<int>(),
                w["entries"].get<std::uint64_t>(), 100 * w["density"].get<double>());

@@ -5,13 +5,13 @@
 //   mpirun -np 4 build/bin/pulseloco_train --mode pulse             # ranks from mpirun
 //   build/bin/pulseloco_train --local-workers 4 --mode pulse        # spawns 4 TCP workers here
 //   RANK=1 WORLD_SIZE=4 MASTER_ADDR=host MASTER_PORT=29500 build/bin/pulseloco_train ...
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -112,7 +112,8 @@ int run_local_workers(int workers, int argc, char** argv) {
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("PULSELOCO_RENDEZVOUS", "env", 1);
       std::vector<char*> child_argv;
-      for (auto& a : arguments) child_argv.push_back(a.data());
+      for (auto& a : arguments)
+        child_argv.push_back(a.data());
       child_argv.push_back(nullptr);
       ::execv("/proc/self/exe", child_argv.data());
       std::perror("execv");
@@ -152,10 +153,11 @@ struct WindowRow {
 };
 
 void print_header(const Settings& settings, int world, std::uint64_t parameters) {
-  fmt::print("pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
-             "outer lr {:g}, outer momentum {:g}\n",
-             settings.mode, world, parameters, settings.steps_per_window, settings.lr,
-             settings.outer_lr, settings.outer_momentum);
+  fmt::print(
+      "pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
+      "outer lr {:g}, outer momentum {:g}\n",
+      settings.mode, world, parameters, settings.steps_per_window, settings.lr, settings.outer_lr,
+      settings.outer_momentum);
   fmt::print("{:>6} {:>10} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>9} {:>9} {:>9}\n", "window",
              "train", "eval", "density", "payload", "vs DiLoCo", "vs DDP", "received", "sync s",
              "digest", "replicas");
@@ -164,20 +166,22 @@ void print_header(const Settings& settings, int world, std::uint64_t parameters)
 void print_row(const WindowRow& row) {
   const auto& r = row.report;
   const double payload = static_cast<double>(r.payload_bytes);
-  fmt::print("{:>6} {:>10.5f} {:>10.5f} {:>8.3f}% {:>12} {:>11.1f}x {:>8.1f}x {:>12} {:>9.3f} "
-             "{:>9} {:>9}\n",
-             r.window, row.train_loss, row.eval_loss, 100.0 * r.density, human_bytes(payload),
-             payload > 0 ? static_cast<double>(r.diloco_bytes) / payload : 0.0,
-             payload > 0 ? static_cast<double>(r.ddp_bytes) / payload : 0.0,
-             human_bytes(static_cast<double>(r.received_bytes)), r.seconds.total,
-             digest_hex(r.digest).substr(0, 8), r.replicas_identical ? "identical" : "DIFFER");
+  fmt::print(
+      "{:>6} {:>10.5f} {:>10.5f} {:>8.3f}% {:>12} {:>11.1f}x {:>8.1f}x {:>12} {:>9.3f} "
+      "{:>9} {:>9}\n",
+      r.window, row.train_loss, row.eval_loss, 100.0 * r.density, human_bytes(payload),
+      payload > 0 ? static_cast<double>(r.diloco_bytes) / payload : 0.0,
+      payload > 0 ? static_cast<double>(r.ddp_bytes) / payload : 0.0,
+      human_bytes(static_cast<double>(r.received_bytes)), r.seconds.total,
+      digest_hex(r.digest).substr(0, 8), r.replicas_identical ? "identical" : "DIFFER");
   std::fflush(stdout);
 }
 
 nlohmann::json window_json(const WindowRow& row) {
   const auto& r = row.report;
   nlohmann::json digests = nlohmann::json::array();
-  for (Digest d : r.rank_digests) digests.push_back(digest_hex(d));
+  for (Digest d : r.rank_digests)
+    digests.push_back(digest_hex(d));
   return {{"window", r.window},
           {"loss", row.eval_loss},
           {"train_loss", row.train_loss},
@@ -234,7 +238,8 @@ int run_worker(const Settings& settings) {
   torch::OrderedDict<std::string, torch::Tensor> named;
   const auto names = model.parameter_names();
   const auto parameters = model.parameters();
-  for (std::size_t i = 0; i < names.size(); ++i) named.insert(names[i], parameters[i]);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    named.insert(names[i], parameters[i]);
   libtorch::Synchronizer sync(named, options, std::move(transport));
 
   example::OptimizerSettings optimizer;
@@ -263,10 +268,9 @@ int run_worker(const Settings& settings) {
     double loss_sum = 0;
     std::optional<WindowReport> report;
     for (std::uint32_t h = 0; h < settings.steps_per_window; ++h) {
-      const std::uint64_t step =
-          static_cast<std::uint64_t>(window) * settings.steps_per_window + h;
-      const example::Batch batch = example::make_batch(mix, settings.seed, rank, step,
-                                                       settings.batch_size, config.context);
+      const std::uint64_t step = static_cast<std::uint64_t>(window) * settings.steps_per_window + h;
+      const example::Batch batch =
+          example::make_batch(mix, settings.seed, rank, step, settings.batch_size, config.context);
       loss_sum += trainer.forward_backward(batch);
       sync.before_optimizer_step();
       trainer.optimizer_step();
@@ -281,7 +285,8 @@ int run_worker(const Settings& settings) {
     if (!settings.checkpoint_dir.empty() && settings.checkpoint_every > 0 &&
         (window + 1) % settings.checkpoint_every == 0) {
       sync.save_checkpoint(settings.checkpoint_dir);
-      trainer.save_state(fs::path(settings.checkpoint_dir) / fmt::format("optimizer-{:05}.pt", rank));
+      trainer.save_state(fs::path(settings.checkpoint_dir) /
+                         fmt::format("optimizer-{:05}.pt", rank));
     }
   }
   if (!settings.final_weights_dir.empty()) {
@@ -297,17 +302,19 @@ int run_worker(const Settings& settings) {
       ddp += row.report.ddp_bytes;
     }
     const double final_loss = rows.empty() ? model.evaluate(eval_batch) : rows.back().eval_loss;
-    fmt::print("summary: {} windows, final held-out loss {:.5f}, payload per worker {} in total "
-               "(DiLoCo would send {} = {:.1f}x, DDP {} = {:.1f}x), replicas {}\n",
-               rows.size(), final_loss, human_bytes(static_cast<double>(payload)),
-               human_bytes(static_cast<double>(diloco)),
-               payload > 0 ? static_cast<double>(diloco) / static_cast<double>(payload) : 0.0,
-               human_bytes(static_cast<double>(ddp)),
-               payload > 0 ? static_cast<double>(ddp) / static_cast<double>(payload) : 0.0,
-               identical ? "bit-identical every window" : "DIFFERED");
+    fmt::print(
+        "summary: {} windows, final held-out loss {:.5f}, payload per worker {} in total "
+        "(DiLoCo would send {} = {:.1f}x, DDP {} = {:.1f}x), replicas {}\n",
+        rows.size(), final_loss, human_bytes(static_cast<double>(payload)),
+        human_bytes(static_cast<double>(diloco)),
+        payload > 0 ? static_cast<double>(diloco) / static_cast<double>(payload) : 0.0,
+        human_bytes(static_cast<double>(ddp)),
+        payload > 0 ? static_cast<double>(ddp) / static_cast<double>(payload) : 0.0,
+        identical ? "bit-identical every window" : "DIFFERED");
     if (!settings.json_path.empty()) {
       nlohmann::json windows = nlohmann::json::array();
-      for (const auto& row : rows) windows.push_back(window_json(row));
+      for (const auto& row : rows)
+        windows.push_back(window_json(row));
       const nlohmann::json out{{"mode", settings.mode},
                                {"world_size", world},
                                {"params", sync.engine().parameter_count()},
@@ -388,8 +395,9 @@ int main(int argc, char** argv) {
       example::PretrainOptions pretrain = settings.pretrain;
       pretrain.seed = settings.seed;
       const auto result = example::load_or_pretrain(model, pretrain);
-      fmt::print("pretrained state {} ({})\n", result.checkpoint.string(),
-                 result.loaded_from_cache ? "cached" : fmt::format("built in {:.1f} s", result.seconds));
+      fmt::print(
+          "pretrained state {} ({})\n", result.checkpoint.string(),
+          result.loaded_from_cache ? "cached" : fmt::format("built in {:.1f} s", result.seconds));
       return 0;
     }
     if (settings.local_workers > 0) return run_local_workers(settings.local_workers, argc, argv);

@@ -41,17 +41,15 @@ Digest file_tensor_digest(const io::SafetensorsReader& reader, const std::string
 
 void check_tensor(const io::SafetensorsReader& reader, const io::TensorSpec& expected) {
   if (!reader.contains(expected.name)) {
-    throw ProtocolError(fmt::format("{}: tensor '{}' is missing", reader.path().string(),
-                                    expected.name));
+    throw ProtocolError(
+        fmt::format("{}: tensor '{}' is missing", reader.path().string(), expected.name));
   }
   const io::TensorSpec& found = reader.tensor(expected.name).spec;
   if (found.dtype != expected.dtype || found.shape != expected.shape) {
-    throw ProtocolError(fmt::format("{}: tensor '{}' is {} {}, this model needs {} {}",
-                                    reader.path().string(), expected.name,
-                                    io::tensor_dtype_name(found.dtype),
-                                    nlohmann::json(found.shape).dump(),
-                                    io::tensor_dtype_name(expected.dtype),
-                                    nlohmann::json(expected.shape).dump()));
+    throw ProtocolError(fmt::format(
+        "{}: tensor '{}' is {} {}, this model needs {} {}", reader.path().string(), expected.name,
+        io::tensor_dtype_name(found.dtype), nlohmann::json(found.shape).dump(),
+        io::tensor_dtype_name(expected.dtype), nlohmann::json(expected.shape).dump()));
   }
 }
 
@@ -59,21 +57,20 @@ void check_equal(const io::Metadata& metadata, const std::string& key, const std
                  const std::filesystem::path& file) {
   const std::string& found = require(metadata, key, file);
   if (found != expected) {
-    throw ProtocolError(fmt::format("{}: '{}' is '{}', expected '{}'", file.string(), key, found,
-                                    expected));
+    throw ProtocolError(
+        fmt::format("{}: '{}' is '{}', expected '{}'", file.string(), key, found, expected));
   }
 }
 
 }  // namespace
 
 void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
-  begin_operation();
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
-    throw IoError(fmt::format("cannot create checkpoint directory {}: {}", dir.string(),
-                              error.message()),
-                  {.rank = rank});
+    throw IoError(
+        fmt::format("cannot create checkpoint directory {}: {}", dir.string(), error.message()),
+        {.rank = rank});
   }
   const Digest state_digest = compute_state_digest();
   const std::string state_hex = digest_hex(state_digest);
@@ -100,7 +97,8 @@ void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
         specs.push_back(spec_of(state_files::kLocal, name,
                                 io::to_tensor_dtype(tensors[t].local.dtype), tensors[t].shape));
       } else {
-        specs.push_back(spec_of(state_files::kGlobal, name, io::TensorDType::f32, tensors[t].shape));
+        specs.push_back(
+            spec_of(state_files::kGlobal, name, io::TensorDType::f32, tensors[t].shape));
         specs.push_back(
             spec_of(state_files::kMomentum, name, io::TensorDType::f32, tensors[t].shape));
       }
@@ -159,9 +157,9 @@ void Engine::Impl::save_global_weights(const std::filesystem::path& file) {
     std::error_code error;
     std::filesystem::create_directories(file.parent_path(), error);
     if (error) {
-      throw IoError(fmt::format("cannot create {}: {}", file.parent_path().string(),
-                                error.message()),
-                    {.rank = rank});
+      throw IoError(
+          fmt::format("cannot create {}: {}", file.parent_path().string(), error.message()),
+          {.rank = rank});
     }
   }
   const io::Metadata metadata{
@@ -184,7 +182,6 @@ void Engine::Impl::save_global_weights(const std::filesystem::path& file) {
 }
 
 void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
-  begin_operation();
   const bool pulse = options.mode == Mode::pulse;
   const bool ddp = options.mode == Mode::ddp;
   const auto global_path = state_files::checkpoint_global_file(dir);
@@ -208,9 +205,8 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
     const EngineOptions saved =
         options_from_json(nlohmann::json::parse(require(meta, "options", global_path)));
     if (shared_options_digest(saved) != shared_options_digest(options)) {
-      throw InvalidArgument(fmt::format(
-          "{}: the checkpoint was written with different options: {}", global_path.string(),
-          to_json(saved).dump()));
+      throw InvalidArgument(fmt::format("{}: the checkpoint was written with different options: {}",
+                                        global_path.string(), to_json(saved).dump()));
     }
     loaded_window = require_u64(meta, "window", global_path);
     const std::string& initialised = require(meta, "momentum_initialised", global_path);
@@ -267,8 +263,7 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
 
   // Phase 2: every rank must have validated the same checkpoint.
   const std::uint64_t token =
-      local_error ? 0
-                  : combine_digests(std::array<Digest, 2>{loaded_window, loaded_digest}) | 1u;
+      local_error ? 0 : combine_digests(std::array<Digest, 2>{loaded_window, loaded_digest}) | 1u;
   const auto tokens = collectives::allgather_u64(*transport, token, next_collective());
   if (local_error) std::rethrow_exception(local_error);
   std::vector<int> disagreeing;
@@ -306,10 +301,10 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
     pool.parallel_for(layout.chunks().size(), [&](std::size_t c) {
       const ChunkRef& chunk = layout.chunks()[c];
       TensorState& state = tensors[chunk.tensor];
-      kernels::reset_local(state.global.data() + chunk.begin,
-                           static_cast<std::byte*>(state.local.data) +
-                               chunk.begin * dtype_size(state.local.dtype),
-                           state.local.dtype, chunk.length);
+      kernels::reset_local(
+          state.global.data() + chunk.begin,
+          static_cast<std::byte*>(state.local.data) + chunk.begin * dtype_size(state.local.dtype),
+          state.local.dtype, chunk.length);
     });
   }
   window = loaded_window;

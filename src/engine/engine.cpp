@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -31,28 +32,20 @@ double seconds_since(SteadyClock::time_point start) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
-// Tags: every public operation (start-up, window attempt, gradient average, checkpoint) gets its
-// own range and every collective inside it a sub-range, the low bits being the collective's
-// own. Ranks agree on the numbering as long as they call the same operations in the same
-// order, even when an attempt failed half-way on some ranks (the next one starts afresh).
-constexpr int kOperationShift = 32;
-constexpr int kCollectiveShift = 20;
+// The engine's collectives run one at a time, in the same order on every rank, under one base
+// tag; the collectives number their calls per base tag themselves.
+constexpr transport::Tag kEngineTag = 7;
 
 }  // namespace
 
 using namespace engine_detail;
 
-collectives::CollectiveOptions Engine::Impl::next_collective() {
+collectives::CollectiveOptions Engine::Impl::next_collective() const {
   collectives::CollectiveOptions c;
   c.timeout = options.timeout;
   c.algorithm = options.allgather;
-  c.tag = (operation_counter << kOperationShift) | (++collective_in_operation << kCollectiveShift);
+  c.tag = kEngineTag;
   return c;
-}
-
-void Engine::Impl::begin_operation() {
-  ++operation_counter;
-  collective_in_operation = 0;
 }
 
 void Engine::Impl::check_agreement(std::uint64_t mine, const char* what,
@@ -111,7 +104,6 @@ void Engine::Impl::broadcast_initial_weights() {
 }
 
 void Engine::Impl::start(std::vector<NamedTensor> parameters) {
-  begin_operation();
   // Invalid options are refused before any communication (the timeout itself may be invalid).
   options.validate();
   if (!transport) throw InvalidArgument("the engine needs a transport");
@@ -142,7 +134,8 @@ void Engine::Impl::start(std::vector<NamedTensor> parameters) {
       std::vector<std::uint64_t> shape =
           p.shape.empty() ? std::vector<std::uint64_t>{p.view.numel} : p.shape;
       std::uint64_t product = 1;
-      for (std::uint64_t d : shape) product *= d;
+      for (std::uint64_t d : shape)
+        product *= d;
       if (product != p.view.numel) {
         throw InvalidArgument("shape does not match the element count", {.tensor = p.name});
       }
@@ -172,6 +165,36 @@ void Engine::Impl::start(std::vector<NamedTensor> parameters) {
                 options.steps_per_window, layout.chunks().size());
 }
 
+void Engine::Impl::rejoin(std::unique_ptr<transport::Transport> replacement) {
+  if (!replacement) throw InvalidArgument("rejoin needs a transport");
+  if (replacement->rank() != rank || replacement->size() != world) {
+    throw InvalidArgument(
+        fmt::format("rejoin: the new group has rank {}/{}, this engine is rank "
+                    "{}/{} (membership changes are not supported here)",
+                    replacement->rank(), replacement->size(), rank, world));
+  }
+  const std::array<Digest, 5> mine{compute_state_digest(), window, momentum_initialised ? 1u : 0u,
+                                   layout.table_digest(), shared_options_digest(options)};
+  const auto all =
+      collectives::allgather_u64(*replacement, combine_digests(mine), next_collective());
+  std::vector<int> differing;
+  for (int r = 0; r < world; ++r) {
+    if (all[static_cast<std::size_t>(r)] != all[static_cast<std::size_t>(rank)]) {
+      differing.push_back(r);
+    }
+  }
+  if (!differing.empty()) {
+    throw DivergenceError(
+        "rejoin: these ranks hold a different state (θ_g, m, window or options) than this one",
+        {.rank = rank, .ranks = differing});
+  }
+  transport = std::move(replacement);
+  stats_at_window_start = transport->stats();
+  ddp_payload_bytes = 0;
+  ddp_exchange_seconds = 0;
+  logger().info("rejoined a new group at window {}", window);
+}
+
 kernels::GateChunk Engine::Impl::gate_input(const ChunkRef& chunk) const {
   const TensorState& state = tensors[chunk.tensor];
   return kernels::GateChunk{
@@ -187,9 +210,7 @@ kernels::GateChunk Engine::Impl::gate_input(const ChunkRef& chunk) const {
 void Engine::Impl::throw_non_finite(const ChunkRef& chunk, std::uint64_t offset) const {
   throw NonFiniteError(
       "the pseudo-gradient is not finite (the local model diverged); nothing was sent",
-      {.rank = rank,
-       .tensor = layout.tensors()[chunk.tensor].name,
-       .index = chunk.begin + offset});
+      {.rank = rank, .tensor = layout.tensors()[chunk.tensor].name, .index = chunk.begin + offset});
 }
 
 // Steps 1-5 (without the state change) and encoding: this rank's message.
@@ -267,8 +288,8 @@ codec::MessageView Engine::Impl::validate_message(int sender, std::span<const st
       if (frame.tensor != chunks[c].tensor || frame.begin != chunks[c].begin ||
           frame.length != chunks[c].length) {
         fail(fmt::format("frame {} covers tensor {} [{}, +{}), expected tensor {} [{}, +{})", c,
-                         frame.tensor, frame.begin, frame.length, chunks[c].tensor,
-                         chunks[c].begin, chunks[c].length),
+                         frame.tensor, frame.begin, frame.length, chunks[c].tensor, chunks[c].begin,
+                         chunks[c].length),
              frame.byte_offset);
       }
     }
@@ -300,8 +321,7 @@ codec::MessageView Engine::Impl::validate_message(int sender, std::span<const st
 // Every rank says whether it accepted every message; commit only when all did. A rank that
 // rejected (or could not exchange) makes every rank keep its state.
 void Engine::Impl::agree_to_commit(bool accepted, const std::exception_ptr& local_error) {
-  const auto votes =
-      collectives::allgather_u64(*transport, accepted ? 1u : 0u, next_collective());
+  const auto votes = collectives::allgather_u64(*transport, accepted ? 1u : 0u, next_collective());
   if (local_error) std::rethrow_exception(local_error);
   std::vector<int> rejecting;
   for (int r = 0; r < world; ++r) {
@@ -377,8 +397,7 @@ void Engine::Impl::run_pulse(WindowReport& report) {
   std::vector<std::vector<std::byte>> messages;
   try {
     messages = collectives::sparse_allgather(
-        *transport, message, next_collective(),
-        [&](int sender, std::span<const std::byte> bytes) {
+        *transport, message, next_collective(), [&](int sender, std::span<const std::byte> bytes) {
           auto validation = std::make_shared<Validation>();
           validation->data = bytes.data();
           pending[sender] = validation;
@@ -489,7 +508,6 @@ void Engine::Impl::run_diloco(WindowReport& report) {
 }
 
 void Engine::Impl::average_gradients(std::span<const TensorView> gradients) {
-  begin_operation();
   if (options.mode != Mode::ddp) {
     throw InvalidArgument("average_gradients() is for mode ddp; this run is mode " +
                           std::string(mode_name(options.mode)));
@@ -568,8 +586,7 @@ void Engine::Impl::verify(WindowReport& report) {
   const auto start = SteadyClock::now();
   report.digest = compute_state_digest();
   if (options.verify_digests) {
-    report.rank_digests =
-        collectives::allgather_u64(*transport, report.digest, next_collective());
+    report.rank_digests = collectives::allgather_u64(*transport, report.digest, next_collective());
     std::map<Digest, int> votes;
     for (Digest d : report.rank_digests)
       ++votes[d];
@@ -584,8 +601,8 @@ void Engine::Impl::verify(WindowReport& report) {
     report.replicas_identical = diverging.empty();
     if (!diverging.empty()) {
       throw DivergenceError(
-          fmt::format("replica digests differ after window {} (majority digest {})",
-                      report.window, digest_hex(majority)),
+          fmt::format("replica digests differ after window {} (majority digest {})", report.window,
+                      digest_hex(majority)),
           {.rank = rank, .ranks = diverging});
     }
   }
@@ -593,7 +610,6 @@ void Engine::Impl::verify(WindowReport& report) {
 }
 
 WindowReport Engine::Impl::run_window() {
-  begin_operation();
   const auto start = SteadyClock::now();
   WindowReport report;
   report.window = window;
@@ -628,8 +644,7 @@ WindowReport Engine::Impl::run_window() {
 
   const transport::TransportStats now = transport->stats();
   report.wire_bytes_sent = now.wire_bytes_sent - stats_at_window_start.wire_bytes_sent;
-  report.wire_bytes_received =
-      now.wire_bytes_received - stats_at_window_start.wire_bytes_received;
+  report.wire_bytes_received = now.wire_bytes_received - stats_at_window_start.wire_bytes_received;
   stats_at_window_start = now;
   ddp_payload_bytes = 0;
   ddp_exchange_seconds = 0;
@@ -648,6 +663,30 @@ Engine::Engine(std::vector<NamedTensor> parameters, EngineOptions options,
 }
 
 Engine::~Engine() = default;
+
+void Engine::rejoin(std::unique_ptr<transport::Transport> transport) {
+  impl_->rejoin(std::move(transport));
+}
+
+bool Engine::next_step_runs_window() const noexcept {
+  return impl_->steps_in_window + 1 >= impl_->options.steps_per_window;
+}
+
+void Engine::save_checkpoint(const std::filesystem::path& dir) {
+  impl_->save_checkpoint(dir);
+}
+
+void Engine::load_checkpoint(const std::filesystem::path& dir) {
+  impl_->load_checkpoint(dir);
+}
+
+void Engine::save_global_weights(const std::filesystem::path& file) const {
+  impl_->save_global_weights(file);
+}
+
+void Engine::load_trace_inputs(const std::filesystem::path& file) {
+  impl_->load_trace_inputs(file);
+}
 
 std::optional<WindowReport> Engine::after_optimizer_step() {
   if (++impl_->steps_in_window < impl_->options.steps_per_window) return std::nullopt;

@@ -48,6 +48,12 @@ class Engine {
   // returns its report.
   [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
 
+  // After a failed window (a failed collective aborts the transport), continues with a newly
+  // formed group of the same ranks (collective on it): checks that every rank still holds the
+  // same θ_g, m, window counter, options and tensor table, then uses `transport` from now on.
+  // The failed window can then be run again.
+  void rejoin(std::unique_ptr<transport::Transport> transport);
+
   // True when the next after_optimizer_step() call will run a window.
   [[nodiscard]] bool next_step_runs_window() const noexcept;
 
@@ -86,8 +92,10 @@ class Engine {
   [[nodiscard]] std::span<const float> residual(std::size_t tensor) const;
   [[nodiscard]] Digest state_digest() const;  // combined digest of θ_g and m
 
- private:
+  // The implementation (src/engine/engine_impl.h); internal to the engine's sources.
   struct Impl;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

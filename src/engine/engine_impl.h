@@ -51,10 +51,10 @@ struct BucketScratch {
 
 struct Engine::Impl {
   struct TensorState {
-    TensorView local;             // θ_l: the user's tensor
+    TensorView local;                  // θ_l: the user's tensor
     std::vector<std::uint64_t> shape;  // for files; {numel} when the caller gave none
-    std::vector<float> global;    // θ_g
-    std::vector<float> momentum;  // m
+    std::vector<float> global;         // θ_g
+    std::vector<float> momentum;       // m
     // pulse: the residual e. diloco: the window's averaged pseudo-gradient (no residual there).
     std::vector<float> residual;
   };
@@ -74,8 +74,6 @@ struct Engine::Impl {
   std::uint64_t window = 0;           // windows committed
   bool momentum_initialised = false;  // false until the first outer step (m = g)
   std::uint64_t steps_in_window = 0;  // optimizer steps since the last window
-  std::uint64_t operation_counter = 0;        // see next_collective()
-  std::uint64_t collective_in_operation = 0;
   // ddp: what the gradient all-reduces of the current window moved.
   std::uint64_t ddp_payload_bytes = 0;
   double ddp_exchange_seconds = 0;
@@ -84,8 +82,7 @@ struct Engine::Impl {
   Impl(EngineOptions opts, std::unique_ptr<transport::Transport> t)
       : options(std::move(opts)), transport(std::move(t)), pool(options.threads) {}
 
-  collectives::CollectiveOptions next_collective();
-  void begin_operation();
+  collectives::CollectiveOptions next_collective() const;
 
   // --- start-up ---------------------------------------------------------------------------
 
@@ -94,6 +91,7 @@ struct Engine::Impl {
   void broadcast_initial_weights();
 
   void start(std::vector<NamedTensor> parameters);
+  void rejoin(std::unique_ptr<transport::Transport> replacement);
 
   // --- pulse window -----------------------------------------------------------------------
 
@@ -148,6 +146,5 @@ struct Engine::Impl {
   // Replaces the state (θ_g, m, e, θ_l, window counter) with a traced window's inputs.
   void load_trace_inputs(const std::filesystem::path& file);
 };
-
 
 }  // namespace pulseloco

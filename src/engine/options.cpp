@@ -30,20 +30,8 @@ Mode parse_mode(std::string_view name) {
 
 namespace {
 
-std::string_view algorithm_name(collectives::AllGatherAlgorithm algorithm) {
-  switch (algorithm) {
-    case collectives::AllGatherAlgorithm::automatic:
-      return "auto";
-    case collectives::AllGatherAlgorithm::ring:
-      return "ring";
-    case collectives::AllGatherAlgorithm::direct:
-      return "direct";
-  }
-  return "auto";
-}
-
 collectives::AllGatherAlgorithm parse_algorithm(std::string_view name) {
-  if (name == "auto") return collectives::AllGatherAlgorithm::automatic;
+  if (name == "auto" || name == "automatic") return collectives::AllGatherAlgorithm::automatic;
   if (name == "ring") return collectives::AllGatherAlgorithm::ring;
   if (name == "direct") return collectives::AllGatherAlgorithm::direct;
   throw InvalidArgument("all-gather algorithm '" + std::string(name) +
@@ -95,7 +83,7 @@ nlohmann::json to_json(const EngineOptions& options) {
       {"encoding", codec::encoding_name(options.codec.encoding)},
       {"codec_level", options.codec.zstd_level},
       {"timeout_ms", options.timeout.count()},
-      {"allgather", algorithm_name(options.allgather)},
+      {"allgather", collectives::algorithm_name(options.allgather)},
       {"verify_digests", options.verify_digests},
       {"trace_dir", options.trace_dir},
   };

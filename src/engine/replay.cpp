@@ -38,8 +38,8 @@ std::vector<TracedTensor> traced_tensors(const io::SafetensorsReader& reader) {
                                       reader.path().string(), info.spec.name,
                                       io::tensor_dtype_name(info.spec.dtype)));
     }
-    result.push_back({info.spec.name.substr(prefix.size()), *dtype, info.spec.shape,
-                      info.spec.numel()});
+    result.push_back(
+        {info.spec.name.substr(prefix.size()), *dtype, info.spec.shape, info.spec.numel()});
   }
   return result;
 }
@@ -114,7 +114,8 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
   EngineOptions options =
       options_from_json(nlohmann::json::parse(state_files::require(meta, "options", first.path())));
   options.trace_dir.clear();
-  options.threads = std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
+  options.threads =
+      std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
   const std::vector<TracedTensor> tensors = traced_tensors(first);
 
   // Each rank's θ_l lives in buffers owned here; the engines see views of them.
@@ -133,8 +134,8 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
           parameters.push_back(
               {t.name, TensorView{buffer.data(), t.numel, t.dtype, Device{}}, t.shape});
         }
-        engines[index] = std::make_unique<Engine>(std::move(parameters), options,
-                                                  std::move(transports[index]));
+        engines[index] =
+            std::make_unique<Engine>(std::move(parameters), options, std::move(transports[index]));
         engines[index]->load_trace_inputs(state_files::trace_file(trace_dir, window, r, true));
         (void)engines[index]->run_window();
       } catch (...) {
@@ -142,7 +143,8 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
       }
     });
   }
-  for (auto& thread : threads) thread.join();
+  for (auto& thread : threads)
+    thread.join();
   for (const auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }

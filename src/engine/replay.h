@@ -12,7 +12,7 @@ namespace pulseloco {
 
 struct ReplayDifference {
   int rank = 0;
-  std::string tensor;           // e.g. "global.layers.0.weight"
+  std::string tensor;             // e.g. "global.layers.0.weight"
   std::uint64_t first_index = 0;  // first differing element
   std::uint64_t differing = 0;    // number of differing elements
 };

@@ -41,8 +41,8 @@ std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,
   std::uint64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size()) {
-    throw ProtocolError(
-        fmt::format("{}: metadata '{}' = '{}' is not an unsigned integer", file.string(), key, text));
+    throw ProtocolError(fmt::format("{}: metadata '{}' = '{}' is not an unsigned integer",
+                                    file.string(), key, text));
   }
   return value;
 }

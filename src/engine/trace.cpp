@@ -18,8 +18,8 @@ void write_state_file(const Engine::Impl& impl, const std::filesystem::path& pat
   std::error_code error;
   std::filesystem::create_directories(path.parent_path(), error);
   if (error) {
-    throw IoError(fmt::format("cannot create trace directory {}: {}",
-                              path.parent_path().string(), error.message()),
+    throw IoError(fmt::format("cannot create trace directory {}: {}", path.parent_path().string(),
+                              error.message()),
                   {.rank = impl.rank});
   }
   std::vector<io::TensorSpec> specs;
@@ -86,8 +86,8 @@ void Engine::Impl::load_trace_inputs(const std::filesystem::path& file) {
   const io::Metadata& meta = reader.metadata();
   auto expect = [&](const std::string& key, const std::string& value) {
     if (state_files::require(meta, key, file) != value) {
-      throw ProtocolError(fmt::format("{}: '{}' is '{}', expected '{}'", file.string(), key,
-                                      meta.at(key), value));
+      throw ProtocolError(
+          fmt::format("{}: '{}' is '{}', expected '{}'", file.string(), key, meta.at(key), value));
     }
   };
   expect("format", std::string(state_files::kTraceFormat));

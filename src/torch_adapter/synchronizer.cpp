@@ -47,9 +47,9 @@ Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>&
   }
   staged_ = device.has_value() && !device->is_cpu();
   for (const auto& p : parameters_) {
-    host_.push_back(staged_ ? torch::empty_like(p, torch::TensorOptions().device(torch::kCPU))
-                                  .pin_memory()
-                            : p);
+    host_.push_back(
+        staged_ ? torch::empty_like(p, torch::TensorOptions().device(torch::kCPU)).pin_memory()
+                : p);
   }
   stage_to_host();
   std::vector<NamedTensor> views;
@@ -67,13 +67,15 @@ Synchronizer::~Synchronizer() = default;
 void Synchronizer::stage_to_host() {
   if (!staged_) return;
   torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < parameters_.size(); ++i) host_[i].copy_(parameters_[i]);
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    host_[i].copy_(parameters_[i]);
 }
 
 void Synchronizer::stage_from_host() {
   if (!staged_) return;
   torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < parameters_.size(); ++i) parameters_[i].copy_(host_[i]);
+  for (std::size_t i = 0; i < parameters_.size(); ++i)
+    parameters_[i].copy_(host_[i]);
 }
 
 void Synchronizer::before_optimizer_step() {

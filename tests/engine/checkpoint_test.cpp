@@ -31,27 +31,28 @@ EngineOptions options_for_test() {
 }
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() /
-                       ("pulseloco_" + name + "_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("pulseloco_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
 }
 
-struct Run {
+struct TrainingRun {
   std::vector<LocalModel> models;
   std::vector<std::unique_ptr<Engine>> engines;
 
-  Run(const EngineOptions& options, std::uint32_t seed) {
+  TrainingRun(const EngineOptions& options, std::uint32_t seed) {
     for (int r = 0; r < kWorld; ++r) {
-      models.push_back(testing::make_model(kSizes, DType::float32, seed + static_cast<std::uint32_t>(r)));
+      models.push_back(
+          testing::make_model(kSizes, DType::float32, seed + static_cast<std::uint32_t>(r)));
     }
     auto transports = transport::inproc::make_group(kWorld);
     engines.resize(kWorld);
     testing::rethrow_first(testing::run_ranks(kWorld, [&](int r) {
       const auto i = static_cast<std::size_t>(r);
-      engines[i] = std::make_unique<Engine>(testing::views_of(models[i]), options,
-                                            std::move(transports[i]));
+      engines[i] =
+          std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
     }));
   }
 
@@ -61,18 +62,17 @@ struct Run {
       testing::local_training(models[static_cast<std::size_t>(r)], 3e-5f, 2,
                               static_cast<std::uint32_t>(1000 * index + r));
     }
-    testing::rethrow_first(testing::run_ranks(kWorld, [&](int r) {
-      (void)engines[static_cast<std::size_t>(r)]->run_window();
-    }));
+    testing::rethrow_first(testing::run_ranks(
+        kWorld, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); }));
   }
 
   void on_all(const std::function<void(Engine&)>& fn) {
-    testing::rethrow_first(testing::run_ranks(
-        kWorld, [&](int r) { fn(*engines[static_cast<std::size_t>(r)]); }));
+    testing::rethrow_first(
+        testing::run_ranks(kWorld, [&](int r) { fn(*engines[static_cast<std::size_t>(r)]); }));
   }
 };
 
-void expect_same_state(const Run& a, const Run& b) {
+void expect_same_state(const TrainingRun& a, const TrainingRun& b) {
   for (int r = 0; r < kWorld; ++r) {
     const auto i = static_cast<std::size_t>(r);
     EXPECT_EQ(a.engines[i]->window(), b.engines[i]->window());
@@ -92,11 +92,13 @@ TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
   const fs::path dir = fresh_dir("resume");
   const EngineOptions options = options_for_test();
 
-  Run uninterrupted(options, 10);
-  for (int w = 0; w < 5; ++w) uninterrupted.window(w);
+  TrainingRun uninterrupted(options, 10);
+  for (int w = 0; w < 5; ++w)
+    uninterrupted.window(w);
 
-  Run first(options, 10);
-  for (int w = 0; w < 2; ++w) first.window(w);
+  TrainingRun first(options, 10);
+  for (int w = 0; w < 2; ++w)
+    first.window(w);
   first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
   EXPECT_TRUE(fs::exists(dir / "global.safetensors"));
   for (int r = 0; r < kWorld; ++r) {
@@ -104,9 +106,10 @@ TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
   }
 
   // A new job, started from other weights, resumes from the checkpoint.
-  Run resumed(options, 777);
+  TrainingRun resumed(options, 777);
   resumed.on_all([&](Engine& e) { e.load_checkpoint(dir); });
-  for (int w = 2; w < 5; ++w) resumed.window(w);
+  for (int w = 2; w < 5; ++w)
+    resumed.window(w);
   expect_same_state(uninterrupted, resumed);
   fs::remove_all(dir);
 }
@@ -114,12 +117,13 @@ TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
 TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
   const fs::path dir = fresh_dir("damaged");
   const EngineOptions options = options_for_test();
-  Run run(options, 20);
+  TrainingRun run(options, 20);
   run.window(0);
   run.on_all([&](Engine& e) { e.save_checkpoint(dir); });
   run.window(1);
   std::vector<Digest> before;
-  for (const auto& e : run.engines) before.push_back(e->state_digest());
+  for (const auto& e : run.engines)
+    before.push_back(e->state_digest());
 
   // Flip one byte of rank 1's residual data: only rank 1 can notice, but every rank refuses.
   const fs::path victim = dir / "rank-00001.safetensors";
@@ -136,9 +140,8 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
     file.seekp(offset);
     file.write(&byte, 1);
   }
-  const auto errors = testing::run_ranks(kWorld, [&](int r) {
-    run.engines[static_cast<std::size_t>(r)]->load_checkpoint(dir);
-  });
+  const auto errors = testing::run_ranks(
+      kWorld, [&](int r) { run.engines[static_cast<std::size_t>(r)]->load_checkpoint(dir); });
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " loaded";
     EXPECT_EQ(run.engines[static_cast<std::size_t>(r)]->state_digest(),
@@ -155,7 +158,7 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
 
 TEST(Checkpoint, MissingDirectoryIsAClearError) {
   const EngineOptions options = options_for_test();
-  Run run(options, 30);
+  TrainingRun run(options, 30);
   const auto errors = testing::run_ranks(kWorld, [&](int r) {
     run.engines[static_cast<std::size_t>(r)]->load_checkpoint("/nonexistent/pulseloco/ckpt");
   });
@@ -169,8 +172,9 @@ TEST(Trace, EveryTracedWindowReplaysBitIdenticallyAndTamperingIsCaught) {
   const fs::path dir = fresh_dir("trace");
   EngineOptions options = options_for_test();
   options.trace_dir = dir.string();
-  Run run(options, 40);
-  for (int w = 0; w < 3; ++w) run.window(w);
+  TrainingRun run(options, 40);
+  for (int w = 0; w < 3; ++w)
+    run.window(w);
 
   EXPECT_EQ(traced_windows(dir), (std::vector<std::uint64_t>{0, 1, 2}));
   for (std::uint64_t w : traced_windows(dir)) {

@@ -22,7 +22,7 @@ namespace pulseloco::testing {
 struct LocalTensor {
   std::string name;
   DType dtype = DType::float32;
-  std::vector<float> f32;          // used when dtype == float32
+  std::vector<float> f32;           // used when dtype == float32
   std::vector<std::uint16_t> bf16;  // used when dtype == bfloat16
 
   [[nodiscard]] std::uint64_t numel() const {
@@ -70,7 +70,8 @@ inline LocalModel make_model(const std::vector<std::uint64_t>& sizes, DType dtyp
 
 inline std::vector<NamedTensor> views_of(LocalModel& model) {
   std::vector<NamedTensor> views;
-  for (auto& t : model) views.push_back({t.name, t.view(), {}});
+  for (auto& t : model)
+    views.push_back({t.name, t.view(), {}});
   return views;
 }
 
@@ -108,13 +109,15 @@ inline ReferenceState reference_start(const LocalModel& rank0, int world) {
   ReferenceState state;
   for (const auto& t : rank0) {
     std::vector<float> g(t.numel());
-    for (std::size_t i = 0; i < g.size(); ++i) g[i] = t.get(i);
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = t.get(i);
     state.global.push_back(g);
     state.momentum.emplace_back(t.numel(), 0.0f);
   }
   state.residual.resize(static_cast<std::size_t>(world));
   for (auto& per_rank : state.residual) {
-    for (const auto& t : rank0) per_rank.emplace_back(t.numel(), 0.0f);
+    for (const auto& t : rank0)
+      per_rank.emplace_back(t.numel(), 0.0f);
   }
   return state;
 }
@@ -131,15 +134,14 @@ inline void reference_window(ReferenceState& state, std::vector<LocalModel>& mod
       std::vector<float>& e = state.residual[r][t];
       for (std::size_t i = 0; i < n; ++i) {
         const float global = state.global[t][i];
-        const float cast_global =
-            local.dtype == DType::float32 ? global : round_to_bf16(global);
-        const float delta = cast_global - local.get(i);     // step 1
-        const float s = e[i] + delta;                        // step 2
-        const float corrected = global - s;                  // step 3
+        const float cast_global = local.dtype == DType::float32 ? global : round_to_bf16(global);
+        const float delta = cast_global - local.get(i);  // step 1
+        const float s = e[i] + delta;                    // step 2
+        const float corrected = global - s;              // step 3
         const bool fire = !bf16_numeric_equal(float_to_bf16_bits(global),
                                               float_to_bf16_bits(corrected));  // step 4
-        if (fire) {                                          // step 5
-          sum[i] = sum[i] + s;                               // step 7, rank order
+        if (fire) {                                                            // step 5
+          sum[i] = sum[i] + s;                                                 // step 7, rank order
           e[i] = 0.0f;
         } else {
           e[i] = s;
@@ -156,11 +158,12 @@ inline void reference_window(ReferenceState& state, std::vector<LocalModel>& mod
       } else {
         m = g;
       }
-      const float d = std::fma(mu, m, g);                    // step 8
+      const float d = std::fma(mu, m, g);  // step 8
       state.global[t][i] = std::fma(-lr, d, state.global[t][i]);
     }
-    for (std::size_t r = 0; r < world; ++r) {                 // step 9
-      for (std::size_t i = 0; i < n; ++i) models[r][t].set_from_global(i, state.global[t][i]);
+    for (std::size_t r = 0; r < world; ++r) {  // step 9
+      for (std::size_t i = 0; i < n; ++i)
+        models[r][t].set_from_global(i, state.global[t][i]);
     }
   }
   state.momentum_initialised = true;
@@ -179,7 +182,8 @@ inline std::vector<std::exception_ptr> run_ranks(int world, const std::function<
       }
     });
   }
-  for (auto& thread : threads) thread.join();
+  for (auto& thread : threads)
+    thread.join();
   return errors;
 }
 

@@ -89,16 +89,16 @@ TEST(ExampleTask, AnswersFollowTheSubTaskRules) {
           ASSERT_LT(p, static_cast<std::size_t>(batch.context));
         }
         // Prompt positions carry no target; from SEP on, targets are the answer then EOS.
-        for (std::size_t q = t; q < p; ++q) EXPECT_EQ(target[q], kIgnoreTarget);
+        for (std::size_t q = t; q < p; ++q)
+          EXPECT_EQ(target[q], kIgnoreTarget);
         std::vector<std::int64_t> expected = x;
         switch (static_cast<SubTask>(task)) {
           case SubTask::count:
             ASSERT_EQ(x.size(), 1u);
             expected.clear();
             // The answer's length is not in the prompt: read it up to EOS.
-            for (std::size_t q = p + 1; q < static_cast<std::size_t>(batch.context) &&
-                                        in[q] != kEosToken;
-                 ++q) {
+            for (std::size_t q = p + 1;
+                 q < static_cast<std::size_t>(batch.context) && in[q] != kEosToken; ++q) {
               expected.push_back((x[0] + static_cast<std::int64_t>(expected.size()) + 1) %
                                  kAlphabet);
             }
@@ -212,7 +212,8 @@ TEST(ExampleModel, TrainingStepsReduceLossOnAFixedBatch) {
   Trainer trainer(model, settings);
   const double before = model.evaluate(batch);
   EXPECT_NEAR(before, std::log(512.0), 0.3);  // near-uniform predictions at initialisation
-  for (int i = 0; i < 15; ++i) (void)trainer.step(batch);
+  for (int i = 0; i < 15; ++i)
+    (void)trainer.step(batch);
   const double after = model.evaluate(batch);
   EXPECT_LT(after, 0.7 * before) << "before " << before << " after " << after;
 }
@@ -224,7 +225,8 @@ TEST(ExampleModel, TrainingIsDeterministic) {
     OptimizerSettings settings;
     settings.lr = 1e-3;
     Trainer trainer(model, settings);
-    for (int i = 0; i < 3; ++i) (void)trainer.step(batch);
+    for (int i = 0; i < 3; ++i)
+      (void)trainer.step(batch);
     return model.weights_digest();
   };
   EXPECT_EQ(run(), run());
