@@ -109,13 +109,13 @@ Workload& workload() {
         const std::uint64_t begin = c * kChunk, count = std::min<std::uint64_t>(kChunk, n - begin);
         std::vector<std::uint32_t> off(count);
         std::vector<float> val(count);
-        const auto result = kernels::gate(
-            GateChunk{.global = wl.global.data() + begin,
-                      .local = static_cast<const float*>(rank_local.data()) + begin,
-                      .local_dtype = DType::float32,
-                      .residual = wl.residual.data() + begin,
-                      .count = count},
-            off.data(), val.data());
+        const auto result =
+            kernels::gate(GateChunk{.global = wl.global.data() + begin,
+                                    .local = static_cast<const float*>(rank_local.data()) + begin,
+                                    .local_dtype = DType::float32,
+                                    .residual = wl.residual.data() + begin,
+                                    .count = count},
+                          off.data(), val.data());
         off.resize(result.fired);
         val.resize(result.fired);
         wl.message_entries += result.fired;
@@ -145,14 +145,23 @@ Workload& workload() {
 void set_rates(benchmark::State& state, std::size_t elements, double bytes) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(elements));
-  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(state.iterations()) * bytes));
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(static_cast<double>(state.iterations()) * bytes));
 }
 
 // Bytes each kernel reads + writes per element (fp32 state; local weights of `local_bytes`).
-double gate_bytes(std::size_t local_bytes) { return 8.0 + static_cast<double>(local_bytes); }
-double commit_bytes(std::size_t local_bytes) { return 12.0 + static_cast<double>(local_bytes); }
-double outer_bytes(std::size_t local_bytes) { return 20.0 + static_cast<double>(local_bytes); }
-double fused_bytes(std::size_t local_bytes) { return 32.0 + 2.0 * static_cast<double>(local_bytes); }
+double gate_bytes(std::size_t local_bytes) {
+  return 8.0 + static_cast<double>(local_bytes);
+}
+double commit_bytes(std::size_t local_bytes) {
+  return 12.0 + static_cast<double>(local_bytes);
+}
+double outer_bytes(std::size_t local_bytes) {
+  return 20.0 + static_cast<double>(local_bytes);
+}
+double fused_bytes(std::size_t local_bytes) {
+  return 32.0 + 2.0 * static_cast<double>(local_bytes);
+}
 
 // ---- pulseloco kernels ----------------------------------------------------------------------
 
@@ -193,14 +202,13 @@ void run_gate_threads(benchmark::State& state, DType dtype, CpuIsa isa, std::siz
   for (auto _ : state) {
     pool.parallel_for(chunks, [&](std::size_t c) {
       const std::uint64_t begin = c * kChunk, count = std::min<std::uint64_t>(kChunk, w.n - begin);
-      fired[c] = kernels::gate(
-                     GateChunk{.global = w.global.data() + begin,
-                               .local = static_cast<const char*>(local.data()) +
-                                        begin * dtype_size(dtype),
-                               .local_dtype = dtype,
-                               .residual = w.residual.data() + begin,
-                               .count = count},
-                     offsets.data() + begin, values.data() + begin, isa)
+      fired[c] = kernels::gate(GateChunk{.global = w.global.data() + begin,
+                                         .local = static_cast<const char*>(local.data()) +
+                                                  begin * dtype_size(dtype),
+                                         .local_dtype = dtype,
+                                         .residual = w.residual.data() + begin,
+                                         .count = count},
+                               offsets.data() + begin, values.data() + begin, isa)
                      .fired;
     });
     benchmark::DoNotOptimize(values.data());
@@ -281,12 +289,13 @@ void run_fused(benchmark::State& state, DType dtype, CpuIsa isa) {
     for (std::uint64_t begin = 0; begin < w.n; begin += kChunk) {
       const std::uint64_t count = std::min<std::uint64_t>(kChunk, w.n - begin);
       kernels::commit_and_outer_step(
-          kernels::WindowChunk{.global = global.data() + begin,
-                               .momentum = momentum.data() + begin,
-                               .residual = residual.data() + begin,
-                               .local = static_cast<char*>(local.data()) + begin * dtype_size(dtype),
-                               .local_dtype = dtype,
-                               .count = count},
+          kernels::WindowChunk{
+              .global = global.data() + begin,
+              .momentum = momentum.data() + begin,
+              .residual = residual.data() + begin,
+              .local = static_cast<char*>(local.data()) + begin * dtype_size(dtype),
+              .local_dtype = dtype,
+              .count = count},
           w.g.data() + begin, kernels::OuterStepParams{}, isa);
     }
     benchmark::DoNotOptimize(global.data());
@@ -313,7 +322,8 @@ torch::Tensor tensor_of(const std::vector<float>& values) {
 }
 
 torch::Tensor tensor_of(const LocalWeights& local) {
-  return torch::from_blob(const_cast<void*>(local.data()), {static_cast<std::int64_t>(local.size())},
+  return torch::from_blob(const_cast<void*>(local.data()),
+                          {static_cast<std::int64_t>(local.size())},
                           local.dtype() == DType::float32 ? torch::kFloat32 : torch::kBFloat16);
 }
 
@@ -325,10 +335,10 @@ void torch_gate(benchmark::State& state, DType dtype) {
   const torch::Tensor global = tensor_of(w.global), residual = tensor_of(w.residual);
   const torch::Tensor local = tensor_of(w.local(dtype));
   for (auto _ : state) {
-    const torch::Tensor delta = dtype == DType::float32
-                                    ? global - local
-                                    : global.to(torch::kBFloat16).to(torch::kFloat32) -
-                                          local.to(torch::kFloat32);
+    const torch::Tensor delta =
+        dtype == DType::float32
+            ? global - local
+            : global.to(torch::kBFloat16).to(torch::kFloat32) - local.to(torch::kFloat32);
     const torch::Tensor s = residual + delta;
     if (!torch::isfinite(s).all().item<bool>()) state.SkipWithError("non-finite s");
     const torch::Tensor fire = (global - s).to(torch::kBFloat16) != global.to(torch::kBFloat16);
@@ -347,10 +357,10 @@ void torch_commit(benchmark::State& state, DType dtype) {
   const torch::Tensor global = tensor_of(w.global), residual = tensor_of(w.residual);
   const torch::Tensor local = tensor_of(w.local(dtype));
   for (auto _ : state) {
-    const torch::Tensor delta = dtype == DType::float32
-                                    ? global - local
-                                    : global.to(torch::kBFloat16).to(torch::kFloat32) -
-                                          local.to(torch::kFloat32);
+    const torch::Tensor delta =
+        dtype == DType::float32
+            ? global - local
+            : global.to(torch::kBFloat16).to(torch::kFloat32) - local.to(torch::kFloat32);
     const torch::Tensor s = residual + delta;
     const torch::Tensor fire = (global - s).to(torch::kBFloat16) != global.to(torch::kBFloat16);
     const torch::Tensor e = torch::where(fire, torch::zeros_like(s), s);
@@ -397,8 +407,8 @@ void torch_outer(benchmark::State& state, DType dtype) {
   for (auto _ : state) {
     optimizer.step();
     torch::NoGradGuard no_grad;
-    const torch::Tensor local = dtype == DType::float32 ? param.detach().clone()
-                                                        : param.detach().to(torch::kBFloat16);
+    const torch::Tensor local =
+        dtype == DType::float32 ? param.detach().clone() : param.detach().to(torch::kBFloat16);
     benchmark::DoNotOptimize(local.data_ptr());
   }
   set_rates(state, w.n, static_cast<double>(w.n) * outer_bytes(dtype_size(dtype)));
@@ -440,9 +450,12 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       const std::size_t second = name.find('/', name.find('/') + 1);
       const std::string base = name.substr(0, second);
       std::string of_copy = "-", over_torch = "-";
-      if (auto it = rows_.find("copy/" + base); it != rows_.end() && it->second.bytes_per_second > 0)
-        of_copy = fmt::format("{:.0f}%", 100.0 * row.bytes_per_second / it->second.bytes_per_second);
-      if (auto it = rows_.find("torch/" + base); it != rows_.end() && it->second.items_per_second > 0)
+      if (auto it = rows_.find("copy/" + base);
+          it != rows_.end() && it->second.bytes_per_second > 0)
+        of_copy =
+            fmt::format("{:.0f}%", 100.0 * row.bytes_per_second / it->second.bytes_per_second);
+      if (auto it = rows_.find("torch/" + base);
+          it != rows_.end() && it->second.items_per_second > 0)
         over_torch = fmt::format("{:.1f}", row.items_per_second / it->second.items_per_second);
       out << fmt::format("{:<36} {:>10.3f} {:>10.2f} {:>9} {:>12}\n", name,
                          row.items_per_second / 1e9, row.bytes_per_second / 1e9, of_copy,
@@ -488,8 +501,9 @@ void register_all() {
     benchmark::RegisterBenchmark(name("copy/outer_step", dtype).c_str(), [=](benchmark::State& s) {
       run_copy(s, outer_bytes(local_bytes));
     });
-    benchmark::RegisterBenchmark(name("copy/commit_and_outer_step", dtype).c_str(),
-                                 [=](benchmark::State& s) { run_copy(s, fused_bytes(local_bytes)); });
+    benchmark::RegisterBenchmark(
+        name("copy/commit_and_outer_step", dtype).c_str(),
+        [=](benchmark::State& s) { run_copy(s, fused_bytes(local_bytes)); });
     benchmark::RegisterBenchmark(name("torch/gate", dtype).c_str(),
                                  [=](benchmark::State& s) { torch_gate(s, dtype); });
     benchmark::RegisterBenchmark(name("torch/commit", dtype).c_str(),
@@ -498,8 +512,9 @@ void register_all() {
                                  [=](benchmark::State& s) { torch_outer(s, dtype); });
   }
   for (CpuIsa isa : isas) {
-    benchmark::RegisterBenchmark(fmt::format("aggregate/r{}/{}", kAggregateRanks, cpu_isa_name(isa)).c_str(),
-                                 [=](benchmark::State& s) { run_aggregate(s, isa); });
+    benchmark::RegisterBenchmark(
+        fmt::format("aggregate/r{}/{}", kAggregateRanks, cpu_isa_name(isa)).c_str(),
+        [=](benchmark::State& s) { run_aggregate(s, isa); });
   }
   benchmark::RegisterBenchmark(fmt::format("copy/aggregate/r{}", kAggregateRanks).c_str(),
                                [](benchmark::State& s) {
