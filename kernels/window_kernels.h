@@ -1,6 +1,6 @@
 // The window kernels on the CPU: pure functions over raw buffers for one chunk of one tensor.
 //
-// Semantics: ../docs/algorithm.md steps 1-9 (the gate, the residual commit, the aggregate, the
+// Semantics: docs/algorithm.md steps 1-9 (the gate, the residual commit, the aggregate, the
 // Nesterov outer step and the reset). All arithmetic is fp32 with round-to-nearest-even; the only
 // fused operations are the two std::fma of step 8. Every function here is deterministic: the
 // same inputs give the same bits on every machine, with either CPU ISA, and on CUDA
@@ -13,8 +13,10 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 
 #include "base/cpu_features.h"
+#include "base/digest.h"
 #include "base/tensor_view.h"
 
 namespace pulseloco::kernels {
@@ -24,8 +26,8 @@ inline constexpr std::uint64_t kMaxChunkElements = std::uint64_t{1} << 31;
 
 // The state of one chunk as the gate and the residual commit read it.
 struct GateChunk {
-  const float* global = nullptr;    // θ_g, fp32
-  const void* local = nullptr;      // θ_l, fp32 or bf16 (local_dtype)
+  const float* global = nullptr;  // θ_g, fp32
+  const void* local = nullptr;    // θ_l, fp32 or bf16 (local_dtype)
   DType local_dtype = DType::float32;
   const float* residual = nullptr;  // e, fp32
   std::uint64_t count = 0;          // elements; at most kMaxChunkElements
@@ -43,8 +45,14 @@ struct GateResult {
 [[nodiscard]] GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values,
                               CpuIsa isa = active_cpu_isa());
 
+// Turns a gate result that reports a non-finite s into a NonFiniteError naming the tensor, the
+// element index within the tensor (chunk_begin + offset) and the rank; returns otherwise.
+void check_finite(const GateResult& result, std::string_view tensor, std::uint64_t chunk_begin,
+                  std::optional<int> rank = std::nullopt);
+
 // Step 5's state change, once the exchange has succeeded: e = fire ? 0 : s, where s and fire
 // are recomputed exactly as gate() computed them (θ_l must not have been reset yet).
+// `residual_out` may be chunk.residual (in place).
 void commit_residual(const GateChunk& chunk, float* residual_out, CpuIsa isa = active_cpu_isa());
 
 // One rank's entries for one chunk (offsets strictly ascending, each < chunk count).
@@ -59,8 +67,8 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
                CpuIsa isa = active_cpu_isa());
 
 struct OuterStepParams {
-  float lr = 0.7f;        // η
-  float momentum = 0.9f;  // μ
+  float lr = 0.7f;          // η
+  float momentum = 0.9f;    // μ
   bool first_step = false;  // m = g on the first outer step, m = μ·m + g afterwards
 };
 
@@ -68,6 +76,19 @@ struct OuterStepParams {
 // then writes θ_l = cast_local(θ_g).
 void outer_step(float* global, float* momentum, const float* g, void* local, DType local_dtype,
                 std::uint64_t count, const OuterStepParams& params, CpuIsa isa = active_cpu_isa());
+
+// The end of a window for one chunk in one pass: commit_residual, then outer_step (steps 5, 8
+// and 9), with exactly their results, reading θ_g and θ_l once instead of twice.
+struct WindowChunk {
+  float* global = nullptr;    // θ_g, updated
+  float* momentum = nullptr;  // m, updated (not read on the first outer step)
+  float* residual = nullptr;  // e, committed
+  void* local = nullptr;      // θ_l, read for the commit, then reset
+  DType local_dtype = DType::float32;
+  std::uint64_t count = 0;  // at most kMaxChunkElements
+};
+void commit_and_outer_step(const WindowChunk& chunk, const float* g, const OuterStepParams& params,
+                           CpuIsa isa = active_cpu_isa());
 
 // Step 9 alone: θ_l = cast_local(θ_g) (start-up, resume, DDP broadcast).
 void reset_local(const float* global, void* local, DType local_dtype, std::uint64_t count,
@@ -79,5 +100,10 @@ void pseudo_gradient(const float* global, const void* local, DType local_dtype, 
 
 // values[i] = values[i] / divisor, a true fp32 division (dense averages).
 void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa = active_cpu_isa());
+
+// Step 10 for one tensor: combine_digests({xxh3-64 of θ_g's bytes, xxh3-64 of m's bytes}).
+// `momentum` is empty before the first outer step. The CUDA build computes the same value from
+// device buffers (kernels/cuda/window_kernels_cuda.h), so CPU and GPU replicas compare digests.
+[[nodiscard]] Digest state_digest(std::span<const float> global, std::span<const float> momentum);
 
 }  // namespace pulseloco::kernels

@@ -1,0 +1,327 @@
+// The CPU window kernels: argument checks, ISA dispatch and the portable implementations.
+// The AVX2 implementations are in window_kernels_avx2.cpp; both give identical bits.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/bf16.h"
+#include "base/errors.h"
+#include "kernels/cpu/window_kernels_internal.h"
+#include "kernels/window_kernels.h"
+
+namespace pulseloco::kernels {
+namespace detail {
+namespace {
+
+template <DType kLocal>
+GateResult gate_portable_typed(const GateChunk& chunk, std::uint32_t* out_offsets,
+                               float* out_values) {
+  std::uint64_t fired = 0;
+  for (std::uint64_t i = 0; i < chunk.count; ++i) {
+    const GateLane lane =
+        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    if (!is_finite_value(lane.s)) return GateResult{.fired = 0, .non_finite_offset = i};
+    // Branch-free compaction: always write, advance only when fired (fired <= i < count).
+    out_offsets[fired] = static_cast<std::uint32_t>(i);
+    out_values[fired] = lane.s;
+    fired += lane.fire ? 1 : 0;
+  }
+  return GateResult{.fired = fired, .non_finite_offset = std::nullopt};
+}
+
+template <DType kLocal>
+void commit_residual_portable_typed(const GateChunk& chunk, float* residual_out) {
+  for (std::uint64_t i = 0; i < chunk.count; ++i) {
+    const GateLane lane =
+        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    residual_out[i] = lane.fire ? 0.0f : lane.s;
+  }
+}
+
+template <DType kLocal>
+void outer_step_portable_typed(float* global, float* momentum, const float* g, void* local,
+                               std::uint64_t count, const OuterStepParams& params) {
+  for (std::uint64_t i = 0; i < count; ++i) {
+    outer_lane(global[i], momentum[i], g[i], params.lr, params.momentum, params.first_step);
+    store_local<kLocal>(local, i, global[i]);
+  }
+}
+
+template <DType kLocal>
+void commit_and_outer_step_portable_typed(const WindowChunk& chunk, const float* g,
+                                          const OuterStepParams& params) {
+  for (std::uint64_t i = 0; i < chunk.count; ++i) {
+    const GateLane lane =
+        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    chunk.residual[i] = lane.fire ? 0.0f : lane.s;
+    outer_lane(chunk.global[i], chunk.momentum[i], g[i], params.lr, params.momentum,
+               params.first_step);
+    store_local<kLocal>(chunk.local, i, chunk.global[i]);
+  }
+}
+
+template <DType kLocal>
+void pseudo_gradient_portable_typed(const float* global, const void* local, float* delta,
+                                    std::uint64_t count) {
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const float cast_global = kLocal == DType::float32 ? global[i] : round_to_bf16(global[i]);
+    delta[i] = cast_global - load_local<kLocal>(local, i);
+  }
+}
+
+}  // namespace
+
+GateResult gate_portable(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values) {
+  return chunk.local_dtype == DType::float32
+             ? gate_portable_typed<DType::float32>(chunk, out_offsets, out_values)
+             : gate_portable_typed<DType::bfloat16>(chunk, out_offsets, out_values);
+}
+
+void commit_residual_portable(const GateChunk& chunk, float* residual_out) {
+  if (chunk.local_dtype == DType::float32) {
+    commit_residual_portable_typed<DType::float32>(chunk, residual_out);
+  } else {
+    commit_residual_portable_typed<DType::bfloat16>(chunk, residual_out);
+  }
+}
+
+void outer_step_portable(float* global, float* momentum, const float* g, void* local,
+                         DType local_dtype, std::uint64_t count, const OuterStepParams& params) {
+  if (local_dtype == DType::float32) {
+    outer_step_portable_typed<DType::float32>(global, momentum, g, local, count, params);
+  } else {
+    outer_step_portable_typed<DType::bfloat16>(global, momentum, g, local, count, params);
+  }
+}
+
+void commit_and_outer_step_portable(const WindowChunk& chunk, const float* g,
+                                    const OuterStepParams& params) {
+  if (chunk.local_dtype == DType::float32) {
+    commit_and_outer_step_portable_typed<DType::float32>(chunk, g, params);
+  } else {
+    commit_and_outer_step_portable_typed<DType::bfloat16>(chunk, g, params);
+  }
+}
+
+void pseudo_gradient_portable(const float* global, const void* local, DType local_dtype,
+                              float* delta, std::uint64_t count) {
+  if (local_dtype == DType::float32) {
+    pseudo_gradient_portable_typed<DType::float32>(global, local, delta, count);
+  } else {
+    pseudo_gradient_portable_typed<DType::bfloat16>(global, local, delta, count);
+  }
+}
+
+void divide_portable(float* values, std::uint64_t count, float divisor) {
+  for (std::uint64_t i = 0; i < count; ++i)
+    values[i] = values[i] / divisor;
+}
+
+}  // namespace detail
+
+namespace {
+
+bool use_avx2(CpuIsa isa, std::string_view kernel) {
+  if (isa == CpuIsa::portable) return false;
+  if (isa == CpuIsa::avx2) {
+    if (!cpu_has_avx2()) {
+      throw InvalidArgument(
+          fmt::format("{}: CpuIsa::avx2 was requested but this CPU lacks AVX2/FMA", kernel));
+    }
+    return true;
+  }
+  throw InvalidArgument(fmt::format("{}: unknown CpuIsa {}", kernel, static_cast<int>(isa)));
+}
+
+void check_count(std::uint64_t count, std::string_view kernel) {
+  if (count > kMaxChunkElements) {
+    throw InvalidArgument(fmt::format("{}: chunk of {} elements exceeds the maximum of {}", kernel,
+                                      count, kMaxChunkElements));
+  }
+}
+
+void check_dtype(DType dtype, std::string_view kernel) {
+  if (dtype != DType::float32 && dtype != DType::bfloat16) {
+    throw InvalidArgument(
+        fmt::format("{}: unknown local dtype code {}", kernel, static_cast<int>(dtype)));
+  }
+}
+
+void check_pointer(const void* pointer, std::uint64_t count, std::string_view kernel,
+                   std::string_view what) {
+  if (pointer == nullptr && count > 0) {
+    throw InvalidArgument(
+        fmt::format("{}: {} is null for a chunk of {} elements", kernel, what, count));
+  }
+}
+
+void check_gate_chunk(const GateChunk& chunk, std::string_view kernel) {
+  check_count(chunk.count, kernel);
+  check_dtype(chunk.local_dtype, kernel);
+  check_pointer(chunk.global, chunk.count, kernel, "global weights");
+  check_pointer(chunk.local, chunk.count, kernel, "local weights");
+  check_pointer(chunk.residual, chunk.count, kernel, "residual");
+}
+
+void check_outer_params(const OuterStepParams& params, std::string_view kernel) {
+  if (!detail::is_finite_value(params.lr) || !detail::is_finite_value(params.momentum)) {
+    throw InvalidArgument(fmt::format("{}: learning rate {} and momentum {} must be finite", kernel,
+                                      params.lr, params.momentum));
+  }
+}
+
+}  // namespace
+
+GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values, CpuIsa isa) {
+  check_gate_chunk(chunk, "gate");
+  check_pointer(out_offsets, chunk.count, "gate", "offset output");
+  check_pointer(out_values, chunk.count, "gate", "value output");
+  return use_avx2(isa, "gate") ? detail::gate_avx2(chunk, out_offsets, out_values)
+                               : detail::gate_portable(chunk, out_offsets, out_values);
+}
+
+void check_finite(const GateResult& result, std::string_view tensor, std::uint64_t chunk_begin,
+                  std::optional<int> rank) {
+  if (!result.non_finite_offset) return;
+  throw NonFiniteError(
+      "the pseudo-gradient s = e + Δ is NaN or infinite: the run has diverged; nothing was sent "
+      "and the state is unchanged",
+      ErrorContext{.rank = rank,
+                   .tensor = std::string(tensor),
+                   .index = chunk_begin + *result.non_finite_offset});
+}
+
+void commit_residual(const GateChunk& chunk, float* residual_out, CpuIsa isa) {
+  check_gate_chunk(chunk, "commit_residual");
+  check_pointer(residual_out, chunk.count, "commit_residual", "residual output");
+  if (use_avx2(isa, "commit_residual")) {
+    detail::commit_residual_avx2(chunk, residual_out);
+  } else {
+    detail::commit_residual_portable(chunk, residual_out);
+  }
+}
+
+void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uint64_t count,
+               CpuIsa isa) {
+  check_count(count, "aggregate");
+  check_pointer(g, count, "aggregate", "output");
+  const bool avx2 = use_avx2(isa, "aggregate");
+  if (ranks_in_order.empty()) throw InvalidArgument("aggregate: no ranks to average over");
+  // Validate every rank's entries before writing anything.
+  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
+    const SparseEntries& entries = ranks_in_order[r];
+    if (entries.offsets.size() != entries.values.size()) {
+      throw InvalidArgument(fmt::format("aggregate: {} offsets but {} values",
+                                        entries.offsets.size(), entries.values.size()),
+                            ErrorContext{.peer = static_cast<int>(r)});
+    }
+    std::uint64_t next_allowed = 0;
+    for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
+      const std::uint64_t offset = entries.offsets[k];
+      if (offset < next_allowed || offset >= count) {
+        throw InvalidArgument(
+            fmt::format("aggregate: entry {} has offset {}; offsets must be strictly ascending "
+                        "and below the chunk length {}",
+                        k, offset, count),
+            ErrorContext{.peer = static_cast<int>(r), .index = k});
+      }
+      next_allowed = offset + 1;
+    }
+  }
+  std::fill_n(g, count, 0.0f);  // +0
+  for (const SparseEntries& entries : ranks_in_order) {
+    const std::uint32_t* offsets = entries.offsets.data();
+    const float* values = entries.values.data();
+    for (std::size_t k = 0; k < entries.offsets.size(); ++k)
+      g[offsets[k]] = g[offsets[k]] + values[k];
+  }
+  const auto ranks = static_cast<float>(ranks_in_order.size());
+  if (avx2) {
+    detail::divide_avx2(g, count, ranks);
+  } else {
+    detail::divide_portable(g, count, ranks);
+  }
+}
+
+void outer_step(float* global, float* momentum, const float* g, void* local, DType local_dtype,
+                std::uint64_t count, const OuterStepParams& params, CpuIsa isa) {
+  check_count(count, "outer_step");
+  check_dtype(local_dtype, "outer_step");
+  check_outer_params(params, "outer_step");
+  check_pointer(global, count, "outer_step", "global weights");
+  check_pointer(momentum, count, "outer_step", "momentum");
+  check_pointer(g, count, "outer_step", "aggregate");
+  check_pointer(local, count, "outer_step", "local weights");
+  if (use_avx2(isa, "outer_step")) {
+    detail::outer_step_avx2(global, momentum, g, local, local_dtype, count, params);
+  } else {
+    detail::outer_step_portable(global, momentum, g, local, local_dtype, count, params);
+  }
+}
+
+void commit_and_outer_step(const WindowChunk& chunk, const float* g, const OuterStepParams& params,
+                           CpuIsa isa) {
+  constexpr std::string_view kName = "commit_and_outer_step";
+  check_count(chunk.count, kName);
+  check_dtype(chunk.local_dtype, kName);
+  check_outer_params(params, kName);
+  check_pointer(chunk.global, chunk.count, kName, "global weights");
+  check_pointer(chunk.momentum, chunk.count, kName, "momentum");
+  check_pointer(chunk.residual, chunk.count, kName, "residual");
+  check_pointer(chunk.local, chunk.count, kName, "local weights");
+  check_pointer(g, chunk.count, kName, "aggregate");
+  if (use_avx2(isa, kName)) {
+    detail::commit_and_outer_step_avx2(chunk, g, params);
+  } else {
+    detail::commit_and_outer_step_portable(chunk, g, params);
+  }
+}
+
+void reset_local(const float* global, void* local, DType local_dtype, std::uint64_t count,
+                 CpuIsa isa) {
+  check_count(count, "reset_local");
+  check_dtype(local_dtype, "reset_local");
+  check_pointer(global, count, "reset_local", "global weights");
+  check_pointer(local, count, "reset_local", "local weights");
+  const bool avx2 = use_avx2(isa, "reset_local");
+  if (local_dtype == DType::float32) {
+    if (count > 0 && static_cast<const void*>(global) != local)
+      std::memmove(local, global, count * sizeof(float));
+  } else if (avx2) {
+    bf16_impl::float_to_bf16_avx2(global, static_cast<std::uint16_t*>(local), count);
+  } else {
+    bf16_impl::float_to_bf16_portable(global, static_cast<std::uint16_t*>(local), count);
+  }
+}
+
+void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
+                     std::uint64_t count, CpuIsa isa) {
+  check_count(count, "pseudo_gradient");
+  check_dtype(local_dtype, "pseudo_gradient");
+  check_pointer(global, count, "pseudo_gradient", "global weights");
+  check_pointer(local, count, "pseudo_gradient", "local weights");
+  check_pointer(delta, count, "pseudo_gradient", "output");
+  if (use_avx2(isa, "pseudo_gradient")) {
+    detail::pseudo_gradient_avx2(global, local, local_dtype, delta, count);
+  } else {
+    detail::pseudo_gradient_portable(global, local, local_dtype, delta, count);
+  }
+}
+
+void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa) {
+  check_count(count, "divide");
+  check_pointer(values, count, "divide", "values");
+  if (use_avx2(isa, "divide")) {
+    detail::divide_avx2(values, count, divisor);
+  } else {
+    detail::divide_portable(values, count, divisor);
+  }
+}
+
+Digest state_digest(std::span<const float> global, std::span<const float> momentum) {
+  const Digest parts[2] = {digest_of(global), digest_of(momentum)};
+  return combine_digests(parts);
+}
+
+}  // namespace pulseloco::kernels

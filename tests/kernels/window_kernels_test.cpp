@@ -1,0 +1,474 @@
+// The CPU window kernels without libtorch: the semantics of each step on hand-built inputs,
+// identical bits from the portable and the AVX2 paths on arbitrary bit patterns, and argument
+// checks. (window_kernels_reference_test.cpp compares against the libtorch reference.)
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "base/bf16.h"
+#include "base/digest.h"
+#include "base/errors.h"
+#include "kernels/window_kernels.h"
+#include "kernels/window_test_inputs.h"
+
+namespace pulseloco::kernels {
+namespace {
+
+using testing::FastRandom;
+using testing::LocalWeights;
+
+std::uint32_t bits(float value) {
+  return std::bit_cast<std::uint32_t>(value);
+}
+
+struct GateOutput {
+  GateResult result;
+  std::vector<std::uint32_t> offsets;
+  std::vector<float> values;
+};
+
+GateOutput run_gate(const std::vector<float>& global, const LocalWeights& local,
+                    const std::vector<float>& residual, CpuIsa isa = active_cpu_isa()) {
+  std::vector<std::uint32_t> offsets(global.size());
+  std::vector<float> values(global.size());
+  const GateResult result = gate(GateChunk{.global = global.data(),
+                                           .local = local.data(),
+                                           .local_dtype = local.dtype(),
+                                           .residual = residual.data(),
+                                           .count = global.size()},
+                                 offsets.data(), values.data(), isa);
+  const auto fired = static_cast<std::ptrdiff_t>(result.fired);
+  return GateOutput{result, std::vector<std::uint32_t>(offsets.begin(), offsets.begin() + fired),
+                    std::vector<float>(values.begin(), values.begin() + fired)};
+}
+
+// --- Semantics on hand-built inputs ------------------------------------------------------------
+
+TEST(Gate, FiresExactlyWhenTheBf16ValueWouldChange) {
+  // θ_g = 1.0: bf16 neighbours are 1 - 2^-8 below and 1 + 2^-7 above.
+  const float one = 1.0f;
+  const std::vector<float> global{one, one, one, one, one, one};
+  LocalWeights local(DType::float32, 6);
+  // s = θ_g - θ_l; w̃ = θ_l. Fires iff bf16(θ_l) != bf16(1).
+  const float locals[6] = {
+      one,                       // no move: s = 0
+      one + 0x1p-8f,             // half way up (tie between 1 and 1 + 2^-7): ties to even 1.0
+      one + 0x1p-8f + 0x1p-23f,  // just past the tie: rounds up, fires
+      one - 0x1p-9f,             // exact tie below (1 - 2^-9): ties to even 1.0
+      one - 0x1p-9f - 0x1p-23f,  // just past: rounds down to 1 - 2^-8, fires
+      one + 0x1p-20f,            // tiny move: invisible in bf16
+  };
+  for (int i = 0; i < 6; ++i)
+    local.set(static_cast<std::size_t>(i), locals[i]);
+  const GateOutput out = run_gate(global, local, std::vector<float>(6, 0.0f));
+  ASSERT_FALSE(out.result.non_finite_offset);
+  ASSERT_EQ(out.offsets, (std::vector<std::uint32_t>{2, 4}));
+  EXPECT_EQ(bits(out.values[0]), bits(one - locals[2]));
+  EXPECT_EQ(bits(out.values[1]), bits(one - locals[4]));
+}
+
+TEST(Gate, ResidualAccumulatesAndZeroNeverFires) {
+  // e carries earlier invisible changes: s = e + Δ may cross the gap although Δ alone does not.
+  const std::vector<float> global{0.5f, 0.5f, 0.0f, -0.0f, 0.0f};
+  LocalWeights local(DType::float32, 5);
+  local.set(0, 0.5f - 0x1p-12f);  // Δ = 2^-12, half gap at 0.5 is 2^-10
+  local.set(1, 0.5f - 0x1p-12f);
+  local.set(2, 0.0f);
+  local.set(3, 0.0f);
+  local.set(4, -0.0f);
+  const std::vector<float> residual{0.0f, 0x1p-9f, -0.0f, -0.0f, 0.0f};
+  const GateOutput out = run_gate(global, local, residual);
+  ASSERT_EQ(out.offsets, (std::vector<std::uint32_t>{1}));
+  EXPECT_EQ(out.values[0], 0x1p-9f + 0x1p-12f);
+}
+
+TEST(Gate, Bf16LocalWeightsIgnoreTheCastResidue) {
+  // θ_g off the bf16 grid; θ_l = bf16(θ_g): Δ must be 0, not θ_g - bf16(θ_g).
+  const std::vector<float> global{0.0123456f, -1.2345678f, 3.0e-39f};
+  LocalWeights local(DType::bfloat16, 3);
+  testing::cast_global_into(global, local);
+  const GateOutput out = run_gate(global, local, std::vector<float>(3, 0.0f));
+  EXPECT_EQ(out.result.fired, 0u);
+  std::vector<float> delta(3, 1.0f);
+  pseudo_gradient(global.data(), local.data(), DType::bfloat16, delta.data(), 3);
+  for (float d : delta)
+    EXPECT_EQ(bits(d), 0u);
+}
+
+TEST(Gate, ReportsTheLowestNonFiniteOffsetAndSendsNothing) {
+  std::vector<float> global(40, 0.25f);
+  LocalWeights local(DType::float32, 40);
+  for (std::size_t i = 0; i < 40; ++i)
+    local.set(i, 0.2f);  // every element fires
+  std::vector<float> residual(40, 0.0f);
+  residual[33] = std::numeric_limits<float>::infinity();
+  residual[21] = std::numeric_limits<float>::quiet_NaN();
+  for (CpuIsa isa : {CpuIsa::portable, active_cpu_isa()}) {
+    const GateOutput out = run_gate(global, local, residual, isa);
+    ASSERT_TRUE(out.result.non_finite_offset);
+    EXPECT_EQ(*out.result.non_finite_offset, 21u);
+    EXPECT_EQ(out.result.fired, 0u);
+  }
+  residual[21] = 0.0f;
+  EXPECT_EQ(*run_gate(global, local, residual).result.non_finite_offset, 33u);
+  EXPECT_NO_THROW(check_finite(GateResult{.fired = 3}, "w", 100));
+}
+
+TEST(Gate, CheckFiniteNamesTensorIndexAndRank) {
+  try {
+    check_finite(GateResult{.fired = 0, .non_finite_offset = 7}, "embed.weight", 4096, 3);
+    FAIL() << "no exception";
+  } catch (const NonFiniteError& error) {
+    EXPECT_EQ(error.context().tensor, "embed.weight");
+    EXPECT_EQ(error.context().index, 4103u);
+    EXPECT_EQ(error.context().rank, 3);
+    EXPECT_NE(std::string(error.what()).find("index 4103"), std::string::npos);
+  }
+}
+
+TEST(CommitResidual, ZeroWhereFiredSElsewhereInPlaceOrNot) {
+  const std::size_t n = 1000;
+  std::vector<float> global = testing::make_global_weights(n, 21);
+  LocalWeights local(DType::float32, n);
+  testing::cast_global_into(global, local);
+  testing::apply_inner_steps(local, 1e-4f, 8, 22);
+  std::vector<float> residual(n);
+  FastRandom random(23);
+  for (float& e : residual)
+    e = 1e-5f * random.normal();
+  const GateOutput out = run_gate(global, local, residual);
+  ASSERT_GT(out.result.fired, 0u);
+  ASSERT_LT(out.result.fired, n);
+
+  std::vector<float> committed(n, -1.0f);
+  const GateChunk chunk{.global = global.data(),
+                        .local = local.data(),
+                        .local_dtype = DType::float32,
+                        .residual = residual.data(),
+                        .count = n};
+  commit_residual(chunk, committed.data());
+  std::size_t next_fired = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float s = residual[i] + (global[i] - local.get(i));
+    if (next_fired < out.offsets.size() && out.offsets[next_fired] == i) {
+      EXPECT_EQ(bits(committed[i]), 0u) << i;  // +0
+      ++next_fired;
+    } else {
+      EXPECT_EQ(bits(committed[i]), bits(s)) << i;
+    }
+  }
+  commit_residual(chunk, residual.data());  // in place
+  EXPECT_EQ(std::memcmp(residual.data(), committed.data(), n * sizeof(float)), 0);
+}
+
+TEST(Aggregate, AddsInRankOrderThenTrulyDivides) {
+  // Rank order matters in fp32: ((0 + 1e8) + 1) + -1e8 = 0, whereas 1 + (1e8 + -1e8) = 1.
+  const std::vector<std::uint32_t> o0{0, 2}, o1{0, 1}, o2{0, 2};
+  const std::vector<float> v0{1e8f, 1.0f}, v1{1.0f, -0.0f}, v2{-1e8f, 4.0f};
+  const std::vector<SparseEntries> ranks{{o0, v0}, {o1, v1}, {o2, v2}};
+  std::vector<float> g(4, 123.0f);
+  for (CpuIsa isa : {CpuIsa::portable, active_cpu_isa()}) {
+    aggregate(ranks, g.data(), 4, isa);
+    EXPECT_EQ(bits(g[0]), bits(0.0f));
+    EXPECT_EQ(bits(g[1]), bits(0.0f));      // +0 + -0 = +0
+    EXPECT_EQ(g[2], 5.0f / 3.0f);           // a true division ...
+    EXPECT_NE(g[2], 5.0f * (1.0f / 3.0f));  // ... not a multiplication by 1/R
+    EXPECT_EQ(bits(g[3]), bits(0.0f));
+  }
+}
+
+TEST(Aggregate, RejectsBadEntriesBeforeWriting) {
+  const std::vector<std::uint32_t> good{1, 3}, unsorted{3, 1}, repeated{2, 2}, beyond{1, 4};
+  const std::vector<float> two{1.0f, 2.0f}, one{1.0f};
+  std::vector<float> g(4, 7.0f);
+  const auto rejects = [&](std::vector<SparseEntries> ranks, std::uint64_t count) {
+    EXPECT_THROW(aggregate(ranks, g.data(), count), InvalidArgument);
+    for (float value : g)
+      EXPECT_EQ(value, 7.0f);
+  };
+  rejects({{good, two}, {unsorted, two}}, 4);
+  rejects({{good, two}, {repeated, two}}, 4);
+  rejects({{good, two}, {beyond, two}}, 4);
+  rejects({{good, one}}, 4);
+  rejects({}, 4);
+  try {
+    const std::vector<SparseEntries> ranks{{good, two}, {beyond, two}};
+    aggregate(ranks, g.data(), 4);
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.context().peer, 1);
+    EXPECT_EQ(error.context().index, 1u);
+  }
+}
+
+// Inputs where a fused multiply-add and a separate multiply and add differ: the kernel must
+// round m's product separately and fuse d and θ_g, whichever way the compiler is tempted.
+TEST(OuterStep, RoundsExactlyAsPyTorchSgdNesterov) {
+  const float lr = 0.7f, mu = 0.9f;
+  FastRandom random(5);
+  std::vector<float> global, momentum, g;
+  while (global.size() < 64) {
+    const float m = random.normal(), gv = random.normal(), theta = random.normal();
+    const float m_new = (mu * m) + gv;
+    const bool m_sensitive = m_new != std::fma(mu, m, gv);
+    const float d = std::fma(mu, m_new, gv);
+    const bool d_sensitive = d != (mu * m_new) + gv;
+    const bool theta_sensitive = std::fma(-lr, d, theta) != theta + (-lr * d);
+    if (m_sensitive && d_sensitive && theta_sensitive) {
+      global.push_back(theta);
+      momentum.push_back(m);
+      g.push_back(gv);
+    }
+  }
+  const std::size_t n = global.size();
+  for (CpuIsa isa : {CpuIsa::portable, active_cpu_isa()}) {
+    for (bool first : {true, false}) {
+      std::vector<float> theta = global, m = momentum;
+      LocalWeights local(DType::bfloat16, n);
+      outer_step(theta.data(), m.data(), g.data(), local.data(), DType::bfloat16, n,
+                 OuterStepParams{.lr = lr, .momentum = mu, .first_step = first}, isa);
+      for (std::size_t i = 0; i < n; ++i) {
+        const float m_expected = first ? g[i] : (mu * momentum[i]) + g[i];
+        const float d = std::fma(mu, m_expected, g[i]);
+        const float theta_expected = std::fma(-lr, d, global[i]);
+        ASSERT_EQ(bits(m[i]), bits(m_expected)) << i;
+        ASSERT_EQ(bits(theta[i]), bits(theta_expected)) << i;
+        ASSERT_EQ(local.get(i), round_to_bf16(theta_expected)) << i;
+      }
+    }
+  }
+}
+
+TEST(OuterStep, MomentumMovesElementsWithoutGradient) {
+  std::vector<float> theta{1.0f}, m{0.5f};
+  const std::vector<float> g{0.0f};
+  LocalWeights local(DType::float32, 1);
+  outer_step(theta.data(), m.data(), g.data(), local.data(), DType::float32, 1, OuterStepParams{});
+  EXPECT_EQ(m[0], 0.9f * 0.5f);
+  EXPECT_EQ(theta[0], std::fma(-0.7f, std::fma(0.9f, 0.9f * 0.5f, 0.0f), 1.0f));
+  EXPECT_EQ(local.get(0), theta[0]);
+}
+
+TEST(ResetLocal, CastsWithRoundToNearestEven) {
+  const std::vector<float> global{1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -0.0f, 1e-40f, 0.0123f};
+  LocalWeights bf16(DType::bfloat16, global.size()), f32(DType::float32, global.size());
+  for (CpuIsa isa : {CpuIsa::portable, active_cpu_isa()}) {
+    reset_local(global.data(), bf16.data(), DType::bfloat16, global.size(), isa);
+    reset_local(global.data(), f32.data(), DType::float32, global.size(), isa);
+    EXPECT_EQ(bf16.get(0), 1.0f);                // tie to even (down)
+    EXPECT_EQ(bf16.get(1), 1.0f + 4 * 0x1p-8f);  // tie to even (up)
+    EXPECT_EQ(bits(bf16.get(2)), bits(-0.0f));
+    for (std::size_t i = 0; i < global.size(); ++i) {
+      EXPECT_EQ(bits(bf16.get(i)), bits(round_to_bf16(global[i])));
+      EXPECT_EQ(bits(f32.get(i)), bits(global[i]));
+    }
+  }
+}
+
+TEST(DenseHelpers, PseudoGradientAndDivide) {
+  const std::vector<float> global{1.0f, 0.3f, -2.0f};
+  LocalWeights local(DType::float32, 3);
+  local.set(0, 0.5f);
+  local.set(1, 0.1f);
+  local.set(2, -2.0f);
+  std::vector<float> delta(3);
+  pseudo_gradient(global.data(), local.data(), DType::float32, delta.data(), 3);
+  EXPECT_EQ(delta[0], 0.5f);
+  EXPECT_EQ(delta[1], 0.3f - 0.1f);
+  EXPECT_EQ(bits(delta[2]), 0u);
+  std::vector<float> values{11.0f, 1.0f, -0.0f};
+  divide(values.data(), 3, 3.0f);
+  EXPECT_EQ(values[0], 11.0f / 3.0f);
+  EXPECT_EQ(values[1], 1.0f / 3.0f);
+  EXPECT_EQ(bits(values[2]), bits(-0.0f));
+}
+
+TEST(StateDigest, CoversBothTensorsAndEveryBit) {
+  std::vector<float> global = testing::make_global_weights(1000, 1);
+  std::vector<float> momentum = testing::make_global_weights(1000, 2);
+  const Digest base = state_digest(global, momentum);
+  const Digest parts[2] = {digest_of(std::span<const float>(global)),
+                           digest_of(std::span<const float>(momentum))};
+  EXPECT_EQ(base, combine_digests(parts));
+  EXPECT_NE(base, state_digest(global, {}));
+  EXPECT_NE(base, state_digest(momentum, global));  // order matters
+  global[999] = std::bit_cast<float>(bits(global[999]) ^ 1u);
+  EXPECT_NE(base, state_digest(global, momentum));
+  global[999] = std::bit_cast<float>(bits(global[999]) ^ 1u);
+  momentum[0] = -momentum[0];
+  EXPECT_NE(base, state_digest(global, momentum));
+}
+
+TEST(Arguments, AreCheckedBeforeAnyWork) {
+  std::vector<float> buffer(16);
+  const GateChunk too_big{.global = buffer.data(),
+                          .local = buffer.data(),
+                          .residual = buffer.data(),
+                          .count = kMaxChunkElements + 1};
+  std::vector<std::uint32_t> offsets(16);
+  EXPECT_THROW((void)gate(too_big, offsets.data(), buffer.data()), InvalidArgument);
+  const GateChunk null_local{
+      .global = buffer.data(), .local = nullptr, .residual = buffer.data(), .count = 4};
+  EXPECT_THROW((void)gate(null_local, offsets.data(), buffer.data()), InvalidArgument);
+  const GateChunk bad_dtype{.global = buffer.data(),
+                            .local = buffer.data(),
+                            .local_dtype = static_cast<DType>(7),
+                            .residual = buffer.data(),
+                            .count = 4};
+  EXPECT_THROW(commit_residual(bad_dtype, buffer.data()), InvalidArgument);
+  EXPECT_THROW(
+      outer_step(buffer.data(), buffer.data(), buffer.data(), buffer.data(), DType::float32, 4,
+                 OuterStepParams{.lr = std::numeric_limits<float>::quiet_NaN()}),
+      InvalidArgument);
+  // Empty chunks need no buffers.
+  const GateChunk empty{};
+  EXPECT_EQ(gate(empty, nullptr, nullptr).fired, 0u);
+  if (!cpu_has_avx2()) {
+    EXPECT_THROW(divide(buffer.data(), 16, 2.0f, CpuIsa::avx2), InvalidArgument);
+  }
+}
+
+// --- Portable and AVX2 give identical bits ----------------------------------------------------
+
+// Arbitrary bit patterns (NaN, infinities, subnormals, ±0 included) mixed with realistic
+// values, at sizes around the vector width, with misaligned starts.
+std::vector<float> mixed_values(std::size_t n, std::uint64_t seed, bool finite_only) {
+  FastRandom random(seed);
+  std::vector<float> out(n);
+  for (float& value : out) {
+    const std::uint64_t pick = random.next() % 8;
+    if (pick < 4) {
+      value = 0.02f * random.normal();
+    } else if (pick < 6) {
+      value = std::bit_cast<float>(static_cast<std::uint32_t>(random.next()));
+    } else if (pick == 6) {
+      const float specials[] = {0.0f,
+                                -0.0f,
+                                1e-45f,
+                                -1e-40f,
+                                3.3e38f,
+                                std::bit_cast<float>(0x3F808000u),  // a bf16 tie
+                                std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN()};
+      value = specials[random.next() % 8];
+    } else {
+      value = round_to_bf16(0.02f * random.normal());
+    }
+    if (finite_only && !std::isfinite(value)) value = 1.5f;
+  }
+  return out;
+}
+
+class IsaIdentity : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!cpu_has_avx2()) GTEST_SKIP() << "this CPU has no AVX2: only the portable path exists";
+  }
+};
+
+TEST_P(IsaIdentity, EveryKernel) {
+  const DType dtype = GetParam();
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 0; n <= 40; ++n)
+    sizes.push_back(n);
+  for (std::size_t n : {63u, 64u, 65u, 1000u, 4099u, 65536u})
+    sizes.push_back(n);
+  for (std::size_t n : sizes) {
+    for (std::size_t misalign : {0u, 1u, 3u}) {
+      SCOPED_TRACE("count " + std::to_string(n) + ", misaligned by " + std::to_string(misalign));
+      for (bool finite : {true, false}) {
+        const std::uint64_t seed = n * 31 + misalign * 7 + (finite ? 1 : 0);
+        // Realistic fire rates need θ_l near θ_g: mix both kinds of local values.
+        std::vector<float> global = mixed_values(n + misalign, seed, finite);
+        std::vector<float> residual = mixed_values(n + misalign, seed + 1, finite);
+        LocalWeights local(dtype, n + misalign);
+        const std::vector<float> noise = mixed_values(n + misalign, seed + 2, finite);
+        for (std::size_t i = 0; i < n + misalign; ++i) {
+          local.set(i, i % 3 == 0 ? noise[i] : global[i] + 1e-4f * noise[i]);
+          if (i % 2 == 0) residual[i] *= 1e-3f;
+        }
+        const char* local_base =
+            static_cast<const char*>(local.data()) + misalign * dtype_size(dtype);
+        const GateChunk chunk{.global = global.data() + misalign,
+                              .local = local_base,
+                              .local_dtype = dtype,
+                              .residual = residual.data() + misalign,
+                              .count = n};
+        std::vector<std::uint32_t> off_p(n + 1), off_a(n + 1);
+        std::vector<float> val_p(n + 1), val_a(n + 1);
+        const GateResult rp = gate(chunk, off_p.data(), val_p.data(), CpuIsa::portable);
+        const GateResult ra = gate(chunk, off_a.data(), val_a.data(), CpuIsa::avx2);
+        ASSERT_EQ(rp.fired, ra.fired);
+        ASSERT_EQ(rp.non_finite_offset, ra.non_finite_offset);
+        ASSERT_EQ(std::memcmp(off_p.data(), off_a.data(), rp.fired * 4), 0);
+        ASSERT_EQ(std::memcmp(val_p.data(), val_a.data(), rp.fired * 4), 0);
+
+        std::vector<float> e_p(n), e_a(n);
+        commit_residual(chunk, e_p.data(), CpuIsa::portable);
+        commit_residual(chunk, e_a.data(), CpuIsa::avx2);
+        ASSERT_EQ(std::memcmp(e_p.data(), e_a.data(), n * 4), 0);
+
+        std::vector<float> d_p(n), d_a(n);
+        pseudo_gradient(chunk.global, chunk.local, dtype, d_p.data(), n, CpuIsa::portable);
+        pseudo_gradient(chunk.global, chunk.local, dtype, d_a.data(), n, CpuIsa::avx2);
+        ASSERT_EQ(std::memcmp(d_p.data(), d_a.data(), n * 4), 0);
+
+        std::vector<float> q_p = residual, q_a = residual;
+        divide(q_p.data() + misalign, n, 3.0f, CpuIsa::portable);
+        divide(q_a.data() + misalign, n, 3.0f, CpuIsa::avx2);
+        ASSERT_EQ(std::memcmp(q_p.data(), q_a.data(), (n + misalign) * 4), 0);
+
+        // The outer step sees finite state in a valid window; NaN payloads are not specified.
+        if (!finite) continue;
+        for (bool first : {true, false}) {
+          const OuterStepParams params{.lr = 0.7f, .momentum = 0.9f, .first_step = first};
+          std::vector<float> theta_p = global, theta_a = global;
+          std::vector<float> m_p = mixed_values(n + misalign, seed + 3, true), m_a = m_p;
+          LocalWeights l_p(dtype, n + misalign), l_a(dtype, n + misalign);
+          const std::vector<float> g = mixed_values(n + misalign, seed + 4, true);
+          outer_step(theta_p.data() + misalign, m_p.data() + misalign, g.data() + misalign,
+                     static_cast<char*>(l_p.data()) + misalign * dtype_size(dtype), dtype, n,
+                     params, CpuIsa::portable);
+          outer_step(theta_a.data() + misalign, m_a.data() + misalign, g.data() + misalign,
+                     static_cast<char*>(l_a.data()) + misalign * dtype_size(dtype), dtype, n,
+                     params, CpuIsa::avx2);
+          ASSERT_EQ(std::memcmp(theta_p.data(), theta_a.data(), (n + misalign) * 4), 0);
+          ASSERT_EQ(std::memcmp(m_p.data(), m_a.data(), (n + misalign) * 4), 0);
+          ASSERT_TRUE(l_p == l_a);
+
+          // The fused end of window equals commit_residual followed by outer_step.
+          for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2}) {
+            std::vector<float> theta_f = global, m_f = mixed_values(n + misalign, seed + 3, true);
+            std::vector<float> e_f = residual;
+            LocalWeights l_f = local;
+            commit_and_outer_step(
+                WindowChunk{.global = theta_f.data() + misalign,
+                            .momentum = m_f.data() + misalign,
+                            .residual = e_f.data() + misalign,
+                            .local = static_cast<char*>(l_f.data()) + misalign * dtype_size(dtype),
+                            .local_dtype = dtype,
+                            .count = n},
+                g.data() + misalign, params, isa);
+            ASSERT_EQ(std::memcmp(theta_f.data(), theta_p.data(), (n + misalign) * 4), 0);
+            ASSERT_EQ(std::memcmp(m_f.data(), m_p.data(), (n + misalign) * 4), 0);
+            ASSERT_EQ(std::memcmp(e_f.data() + misalign, e_p.data(), n * 4), 0);
+            for (std::size_t i = misalign; i < n + misalign; ++i)
+              ASSERT_EQ(bits(l_f.get(i)), bits(l_p.get(i))) << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LocalDtypes, IsaIdentity,
+                         ::testing::Values(DType::float32, DType::bfloat16),
+                         [](const auto& param_info) {
+                           return std::string(dtype_name(param_info.param));
+                         });
+
+}  // namespace
+}  // namespace pulseloco::kernels
