@@ -481,6 +481,23 @@ TEST(CodecGolden, SmallPulseFrameBytes) {
                               .entries = 3,
                               .payload = testing::make_pulse_payload(streams)};
   EXPECT_EQ(encode_frame(entries, {}), testing::make_frame(raw));
+
+  // The same entries with each index coding forced (docs/wire-format.md, the worked example).
+  const Bytes bitpack = {std::byte{0x09}, std::byte{0x00}, std::byte{0x04}, std::byte{0xA0},
+                         std::byte{0x04}};
+  const Bytes elias_fano = {std::byte{0x00}, std::byte{0x03}, std::byte{0x2C}, std::byte{0x0B}};
+  EXPECT_EQ(testing::bitpack_index(offsets), bitpack);
+  EXPECT_EQ(testing::elias_fano_index(offsets, 1000), elias_fano);
+  for (const auto& [coding, index] :
+       {std::pair{IndexCoding::bitpack, bitpack}, std::pair{IndexCoding::elias_fano, elias_fano}}) {
+    testing::RawPulseStreams forced = streams;
+    forced.index = index;
+    testing::RawFrame forced_raw = raw;
+    forced_raw.index_coding = static_cast<std::uint8_t>(coding);
+    forced_raw.payload = testing::make_pulse_payload(forced);
+    EXPECT_EQ(encode_frame(entries, {.index_coding = coding}), testing::make_frame(forced_raw))
+        << index_coding_name(coding);
+  }
 }
 
 }  // namespace

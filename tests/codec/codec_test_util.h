@@ -23,9 +23,9 @@ using Bytes = std::vector<std::byte>;
 
 template <typename T>
 void put(Bytes& out, T value) {
-  const std::size_t at = out.size();
-  out.resize(at + sizeof(T));
-  std::memcpy(out.data() + at, &value, sizeof(T));
+  std::byte raw[sizeof(T)];
+  std::memcpy(raw, &value, sizeof(T));
+  out.insert(out.end(), raw, raw + sizeof(T));
 }
 
 template <typename T>
