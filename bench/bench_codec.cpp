@@ -12,9 +12,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <ctime>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -79,7 +79,8 @@ struct Result {
   std::uint64_t message_bytes = 0;
   std::uint64_t index_bytes = 0;
   std::uint64_t value_bytes = 0;
-  std::uint64_t framing_bytes = 0;  // headers, frame prefixes, checksums
+  std::uint64_t framing_bytes = 0;             // headers, frame prefixes, checksums
+  std::vector<double> window_bytes_per_entry;  // whole message / entries, per window
   Rate encode;
   Rate decode;
 };
@@ -88,7 +89,8 @@ std::vector<int> parse_levels(const std::string& text) {
   std::vector<int> levels;
   std::stringstream stream(text);
   std::string item;
-  while (std::getline(stream, item, ',')) levels.push_back(std::stoi(item));
+  while (std::getline(stream, item, ','))
+    levels.push_back(std::stoi(item));
   return levels;
 }
 
@@ -192,7 +194,7 @@ Result measure(const Variant& variant, const std::vector<Message>& messages, dou
                  ? std::string(codec::index_coding_name(*variant.options.index_coding))
                  : "smallest");
   result.zstd_level = variant.options.encoding != codec::Encoding::pulse ? 0
-                      : variant.options.zstd_level == 0 ? codec::kDefaultZstdLevel
+                      : variant.options.zstd_level == 0                  ? codec::kDefaultZstdLevel
                                                         : variant.options.zstd_level;
   result.study = variant.study;
 
@@ -202,12 +204,18 @@ Result measure(const Variant& variant, const std::vector<Message>& messages, dou
     const auto view = codec::MessageView::parse(encoded.back());
     result.message_bytes += encoded.back().size();
     result.frames += view.frame_count();
+    std::uint64_t window_entries = 0;
     for (std::size_t i = 0; i < view.frame_count(); ++i) {
       const codec::FrameInfo& info = view.frame(i);
-      result.entries += info.entries;
+      window_entries += info.entries;
       result.index_bytes += info.index_bytes;
       result.value_bytes += info.value_bytes;
     }
+    result.entries += window_entries;
+    result.window_bytes_per_entry.push_back(window_entries == 0
+                                                ? 0.0
+                                                : static_cast<double>(encoded.back().size()) /
+                                                      static_cast<double>(window_entries));
   }
   result.framing_bytes = result.message_bytes - result.index_bytes - result.value_bytes;
 
@@ -239,12 +247,14 @@ Result measure(const Variant& variant, const std::vector<Message>& messages, dou
   });
   std::uint64_t largest = 0;
   for (const auto& message : messages) {
-    for (const auto& chunk : *message.chunks) largest = std::max<std::uint64_t>(largest, chunk.offsets.size());
+    for (const auto& chunk : *message.chunks)
+      largest = std::max<std::uint64_t>(largest, chunk.offsets.size());
   }
   offsets.resize(largest);
   values.resize(largest);
   std::vector<codec::MessageView> views;
-  for (const auto& bytes : encoded) views.push_back(codec::MessageView::parse(bytes));
+  for (const auto& bytes : encoded)
+    views.push_back(codec::MessageView::parse(bytes));
   result.decode = entries_per_second(min_time, result.entries, [&] {
     for (const auto& view : views) {
       for (std::size_t i = 0; i < view.frame_count(); ++i) {
@@ -294,6 +304,7 @@ nlohmann::json to_json(const Result& r) {
           {"value_bytes_per_entry", per_entry(r.value_bytes)},
           {"framing_bytes_per_entry", per_entry(r.framing_bytes)},
           {"bytes_per_entry", per_entry(r.message_bytes)},
+          {"window_bytes_per_entry", r.window_bytes_per_entry},
           {"encode_M_entries_per_s_per_thread", r.encode.cpu / 1e6},
           {"decode_M_entries_per_s_per_thread", r.decode.cpu / 1e6},
           {"encode_M_entries_per_s_wall", r.encode.wall / 1e6},
@@ -318,9 +329,8 @@ int main(int argc, char** argv) try {
     windows.push_back(trainer.run_window());
     const double density = static_cast<double>(windows.back().entries(0)) /
                            static_cast<double>(trainer.total_elements());
-    window_stats.push_back({{"window", w},
-                            {"entries", windows.back().entries(0)},
-                            {"density", density}});
+    window_stats.push_back(
+        {{"window", w}, {"entries", windows.back().entries(0)}, {"density", density}});
   }
   if (options.trace_only) {
     std::cout << window_stats.dump() << '\n';
@@ -331,7 +341,8 @@ int main(int argc, char** argv) try {
     Message message;
     message.header.window = window.window;
     message.header.sender_rank = 0;
-    for (const auto& tensor : config.tensors) message.header.tensor_numels.push_back(tensor.numel);
+    for (const auto& tensor : config.tensors)
+      message.header.tensor_numels.push_back(tensor.numel);
     message.chunks = &window.workers[0];
     messages.push_back(message);
   }
@@ -341,8 +352,8 @@ int main(int argc, char** argv) try {
       {"plain_i64_f32", {.encoding = codec::Encoding::plain_i64_f32}, false},
       {"plain_i32_f32", {.encoding = codec::Encoding::plain_i32_f32}, false},
   };
-  for (const auto coding : {codec::IndexCoding::varint, codec::IndexCoding::bitpack,
-                            codec::IndexCoding::elias_fano}) {
+  for (const auto coding :
+       {codec::IndexCoding::varint, codec::IndexCoding::bitpack, codec::IndexCoding::elias_fano}) {
     variants.push_back({"pulse/" + std::string(codec::index_coding_name(coding)),
                         {.encoding = codec::Encoding::pulse, .index_coding = coding},
                         true});
@@ -360,7 +371,8 @@ int main(int argc, char** argv) try {
   }
 
   nlohmann::json planes = nlohmann::json::array();
-  for (int k = 0; k < 4; ++k) planes.push_back(plane_entropy(messages, k));
+  for (int k = 0; k < 4; ++k)
+    planes.push_back(plane_entropy(messages, k));
 
   if (options.json) {
     nlohmann::json out;
@@ -373,12 +385,14 @@ int main(int argc, char** argv) try {
                     {"chunk_elements", config.chunk_elements}};
     out["value_plane_entropy_bits_per_entry"] = planes;
     out["results"] = nlohmann::json::array();
-    for (const Result& r : results) out["results"].push_back(to_json(r));
+    for (const Result& r : results)
+      out["results"].push_back(to_json(r));
     std::cout << out.dump(2) << '\n';
     return 0;
   }
-  fmt::print("trace: {} elements in {} tensors, {} workers, H={}, lr={}\n", trainer.total_elements(),
-             config.tensors.size(), config.workers, config.inner_steps, config.lr);
+  fmt::print("trace: {} elements in {} tensors, {} workers, H={}, lr={}\n",
+             trainer.total_elements(), config.tensors.size(), config.workers, config.inner_steps,
+             config.lr);
   for (const auto& w : window_stats) {
     fmt::print("  window {}: {} entries from rank 0 (density {:.3f}%)\n", w["window"].get<int>(),
                w["entries"].get<std::uint64_t>(), 100 * w["density"].get<double>());

@@ -76,7 +76,8 @@ SyntheticTrainer::SyntheticTrainer(TraceConfig config) : config_(std::move(confi
       config_.chunk_elements > kernels::kMaxChunkElements) {
     throw std::invalid_argument("SyntheticTrainer: invalid configuration");
   }
-  for (const auto& tensor : config_.tensors) total_elements_ += tensor.numel;
+  for (const auto& tensor : config_.tensors)
+    total_elements_ += tensor.numel;
   global_.resize(total_elements_);
   momentum_.assign(total_elements_, 0.0f);
   g_.resize(total_elements_);
@@ -143,7 +144,8 @@ void SyntheticTrainer::inner_steps(Worker& worker) {
 }
 
 WindowMessages SyntheticTrainer::run_window() {
-  for (Worker& worker : workers_) inner_steps(worker);
+  for (Worker& worker : workers_)
+    inner_steps(worker);
   adam_step_ += static_cast<std::uint64_t>(config_.inner_steps);
 
   WindowMessages messages;
@@ -167,8 +169,7 @@ WindowMessages SyntheticTrainer::run_window() {
                                        .count = length};
         const kernels::GateResult result = kernels::gate(chunk, offsets.data(), values.data());
         if (result.non_finite_offset) {
-          throw std::runtime_error("synthetic trace diverged at tensor " +
-                                   config_.tensors[t].name);
+          throw std::runtime_error("synthetic trace diverged at tensor " + config_.tensors[t].name);
         }
         ChunkEntries entries;
         entries.tensor = static_cast<std::uint32_t>(t);
@@ -188,11 +189,10 @@ WindowMessages SyntheticTrainer::run_window() {
       kernels::aggregate(per_rank, g_.data() + at, length);
       // Every worker resets θ_l to the same θ_g; the first worker's buffer carries the step's
       // output and the others copy it.
-      kernels::outer_step(global_.data() + at, momentum_.data() + at, g_.data() + at,
-                          workers_[0].local.data() + at, DType::float32, length,
-                          {.lr = config_.outer_lr,
-                           .momentum = config_.outer_momentum,
-                           .first_step = window_ == 0});
+      kernels::outer_step(
+          global_.data() + at, momentum_.data() + at, g_.data() + at, workers_[0].local.data() + at,
+          DType::float32, length,
+          {.lr = config_.outer_lr, .momentum = config_.outer_momentum, .first_step = window_ == 0});
       for (std::size_t r = 1; r < workers_.size(); ++r) {
         std::copy_n(workers_[0].local.data() + at, length, workers_[r].local.data() + at);
       }

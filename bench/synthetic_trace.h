@@ -97,9 +97,9 @@ class SyntheticTrainer {
 
   TraceConfig config_;
   std::uint64_t total_elements_ = 0;
-  std::vector<float> global_;    // θ_g
-  std::vector<float> momentum_;  // outer m
-  std::vector<float> g_;         // aggregate buffer
+  std::vector<float> global_;         // θ_g
+  std::vector<float> momentum_;       // outer m
+  std::vector<float> g_;              // aggregate buffer
   std::vector<float> element_scale_;  // exp(grad_rms_log_sigma * z_i)
   std::vector<Worker> workers_;
   std::uint64_t window_ = 0;

@@ -76,7 +76,8 @@ void inspect(const InspectOptions& options) {
   codec::DecodeScratch scratch;
   std::vector<FrameReport> frames;
   std::vector<TensorReport> tensors(header.tensor_numels.size());
-  for (std::size_t t = 0; t < tensors.size(); ++t) tensors[t].numel = header.tensor_numels[t];
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    tensors[t].numel = header.tensor_numels[t];
   std::uint64_t entries = 0;
   std::uint64_t index_bytes = 0;
   std::uint64_t value_bytes = 0;
@@ -101,8 +102,8 @@ void inspect(const InspectOptions& options) {
     value_bytes += info.value_bytes;
     frames.push_back(std::move(report));
   }
-  const std::uint64_t header_bytes = view.frame_count() == 0 ? bytes.size()
-                                                             : view.frame(0).byte_offset;
+  const std::uint64_t header_bytes =
+      view.frame_count() == 0 ? bytes.size() : view.frame(0).byte_offset;
   const std::uint64_t framing_bytes = bytes.size() - index_bytes - value_bytes;
 
   if (options.json) {
@@ -164,17 +165,19 @@ void inspect(const InspectOptions& options) {
     fmt::print("  tensors    {}\n", header.tensor_numels.size());
     fmt::print("  frames     {}\n", view.frame_count());
     fmt::print("  entries    {}\n", entries);
-    fmt::print("  bytes      header {}, indices {} ({:.3f} B/entry), values {} ({:.3f} B/entry), "
-               "framing {} ({:.3f} B/entry); total {:.3f} B/entry\n",
-               header_bytes, index_bytes, per_entry(index_bytes, entries), value_bytes,
-               per_entry(value_bytes, entries), framing_bytes, per_entry(framing_bytes, entries),
-               per_entry(bytes.size(), entries));
+    fmt::print(
+        "  bytes      header {}, indices {} ({:.3f} B/entry), values {} ({:.3f} B/entry), "
+        "framing {} ({:.3f} B/entry); total {:.3f} B/entry\n",
+        header_bytes, index_bytes, per_entry(index_bytes, entries), value_bytes,
+        per_entry(value_bytes, entries), framing_bytes, per_entry(framing_bytes, entries),
+        per_entry(bytes.size(), entries));
     fmt::print("\ntensors\n  {:>6} {:>14} {:>7} {:>12} {:>9} {:>12} {:>8}\n", "tensor", "numel",
                "frames", "entries", "density", "bytes", "B/entry");
     for (std::size_t t = 0; t < tensors.size(); ++t) {
       const TensorReport& r = tensors[t];
       const double density =
-          r.covered == 0 ? 0.0 : 100.0 * static_cast<double>(r.entries) / static_cast<double>(r.covered);
+          r.covered == 0 ? 0.0
+                         : 100.0 * static_cast<double>(r.entries) / static_cast<double>(r.covered);
       fmt::print("  {:>6} {:>14} {:>7} {:>12} {:>8.3f}% {:>12} {:>8.3f}\n", t, r.numel, r.frames,
                  r.entries, density, r.bytes, per_entry(r.bytes, r.entries));
     }
@@ -183,10 +186,9 @@ void inspect(const InspectOptions& options) {
                  "tensor", "begin", "length", "entries", "bytes", "coding", "B/entry", "status");
       for (std::size_t i = 0; i < frames.size(); ++i) {
         const codec::FrameInfo& f = frames[i].info;
-        const std::string coding =
-            f.encoding != codec::Encoding::pulse || f.entries == 0
-                ? "-"
-                : std::string(codec::index_coding_name(f.index_coding));
+        const std::string coding = f.encoding != codec::Encoding::pulse || f.entries == 0
+                                       ? "-"
+                                       : std::string(codec::index_coding_name(f.index_coding));
         fmt::print("  {:>6} {:>6} {:>14} {:>11} {:>9} {:>10} {:>10} {:>8.3f}  {}\n", i, f.tensor,
                    f.begin, f.length, f.entries, f.byte_size, coding,
                    per_entry(f.byte_size, f.entries),
@@ -198,9 +200,8 @@ void inspect(const InspectOptions& options) {
     }
   }
   if (first_error) {
-    throw ProtocolError(fmt::format("{}: {} of {} frames are invalid; the first: {}",
-                                    options.path, invalid, frames.size(),
-                                    first_error->message()),
+    throw ProtocolError(fmt::format("{}: {} of {} frames are invalid; the first: {}", options.path,
+                                    invalid, frames.size(), first_error->message()),
                         first_error->context());
   }
 }
@@ -216,8 +217,9 @@ void add_inspect_command(CLI::App& app) {
   command->add_flag("--json", options->json, "Print machine-readable JSON");
   command->add_flag("--frames,!--no-frames", options->frames,
                     "List every frame (default) or only the header and tensors");
-  command->add_option("--max-frame-elements", options->max_frame_elements,
-                      "Reject frames covering more elements (bounds the decode buffers)")
+  command
+      ->add_option("--max-frame-elements", options->max_frame_elements,
+                   "Reject frames covering more elements (bounds the decode buffers)")
       ->capture_default_str();
   command->callback([options] { inspect(*options); });
 }

@@ -9,7 +9,9 @@
 namespace pulseloco::codec::detail {
 namespace {
 
-[[nodiscard]] std::uint64_t ceil_div8(std::uint64_t bits) noexcept { return (bits + 7) / 8; }
+[[nodiscard]] std::uint64_t ceil_div8(std::uint64_t bits) noexcept {
+  return (bits + 7) / 8;
+}
 
 [[nodiscard]] std::uint64_t load64(const std::uint8_t* p) noexcept {
   std::uint64_t v;
@@ -52,7 +54,9 @@ class BitWriter {
   wire::fail("index stream: " + reason, at);
 }
 
-[[nodiscard]] std::string entry_text(std::uint64_t i) { return "entry " + std::to_string(i); }
+[[nodiscard]] std::string entry_text(std::uint64_t i) {
+  return "entry " + std::to_string(i);
+}
 
 // Decodes one canonical LEB128 value of at most 32 bits from p[0..avail). Returns the bytes
 // consumed, or 0 with `error` set.
@@ -96,8 +100,8 @@ void decode_varint(std::span<const std::byte> raw, std::uint64_t n, std::uint64_
     } else {
       const char* error = nullptr;
       const std::size_t used = read_varint32(p + pos, size - pos, gap, error);
-      if (used == 0) index_error(std::string(error) + " at " + entry_text(i), stream_offset,
-                                 compressed, pos);
+      if (used == 0)
+        index_error(std::string(error) + " at " + entry_text(i), stream_offset, compressed, pos);
       pos += used;
     }
     const std::uint64_t offset = next + gap;
@@ -123,15 +127,18 @@ void decode_bitpack(std::span<const std::byte> raw, std::uint64_t n, std::uint64
   std::uint64_t next = 0;
   for (std::uint64_t i = 0; i < n; i += kBitpackBlock) {
     const std::uint64_t count = std::min<std::uint64_t>(kBitpackBlock, n - i);
-    if (pos >= size) index_error("truncated before block " + std::to_string(i / kBitpackBlock),
-                                 stream_offset, compressed, pos);
+    if (pos >= size)
+      index_error("truncated before block " + std::to_string(i / kBitpackBlock), stream_offset,
+                  compressed, pos);
     const unsigned width = p[pos++];
-    if (width > 32) index_error("block width " + std::to_string(width) + " exceeds 32",
-                                stream_offset, compressed, pos - 1);
+    if (width > 32)
+      index_error("block width " + std::to_string(width) + " exceeds 32", stream_offset, compressed,
+                  pos - 1);
     const std::uint64_t bits = count * width;
     const std::uint64_t bytes = ceil_div8(bits);
-    if (bytes > size - pos) index_error("truncated block " + std::to_string(i / kBitpackBlock),
-                                        stream_offset, compressed, pos);
+    if (bytes > size - pos)
+      index_error("truncated block " + std::to_string(i / kBitpackBlock), stream_offset, compressed,
+                  pos);
     if (bits % 8 != 0 && (p[pos + bytes - 1] >> (bits % 8)) != 0) {
       index_error("non-zero padding bits in block " + std::to_string(i / kBitpackBlock),
                   stream_offset, compressed, pos + bytes - 1);
@@ -245,7 +252,8 @@ void compute_gaps(std::span<const std::uint32_t> offsets, std::uint32_t* gaps) n
   const std::size_t n = offsets.size();
   if (n == 0) return;
   gaps[0] = offsets[0];
-  for (std::size_t i = 1; i < n; ++i) gaps[i] = offsets[i] - offsets[i - 1] - 1;
+  for (std::size_t i = 1; i < n; ++i)
+    gaps[i] = offsets[i] - offsets[i - 1] - 1;
 }
 
 IndexCodingSizes index_coding_sizes(std::span<const std::uint32_t> gaps,
@@ -263,7 +271,8 @@ IndexCodingSizes index_coding_sizes(std::span<const std::uint32_t> gaps,
   for (std::size_t i = 0; i < n; i += kBitpackBlock) {
     const std::size_t end = std::min(n, i + kBitpackBlock);
     std::uint32_t all_bits = 0;
-    for (std::size_t j = i; j < end; ++j) all_bits |= gaps[j];
+    for (std::size_t j = i; j < end; ++j)
+      all_bits |= gaps[j];
     // The widest gap of the block sets its width: the bit width of the OR of all gaps.
     const auto width = static_cast<std::uint64_t>(std::bit_width(all_bits));
     sizes.bitpack += 1 + ceil_div8((end - i) * width);
@@ -272,8 +281,7 @@ IndexCodingSizes index_coding_sizes(std::span<const std::uint32_t> gaps,
   return sizes;
 }
 
-SizeRange index_raw_size_range(IndexCoding coding, std::uint64_t n,
-                               std::uint64_t length) noexcept {
+SizeRange index_raw_size_range(IndexCoding coding, std::uint64_t n, std::uint64_t length) noexcept {
   switch (coding) {
     case IndexCoding::varint:
       return {n, 5 * n};
@@ -295,17 +303,20 @@ void encode_indices(IndexCoding coding, std::span<const std::uint32_t> offsets,
   const std::size_t n = offsets.size();
   switch (coding) {
     case IndexCoding::varint:
-      for (const std::uint32_t gap : gaps) out = wire::put_varint(out, gap);
+      for (const std::uint32_t gap : gaps)
+        out = wire::put_varint(out, gap);
       return;
     case IndexCoding::bitpack:
       for (std::size_t i = 0; i < n; i += kBitpackBlock) {
         const std::size_t end = std::min(n, i + kBitpackBlock);
         std::uint32_t all_bits = 0;
-        for (std::size_t j = i; j < end; ++j) all_bits |= gaps[j];
+        for (std::size_t j = i; j < end; ++j)
+          all_bits |= gaps[j];
         const auto width = static_cast<unsigned>(std::bit_width(all_bits));
         *out++ = static_cast<std::byte>(width);
         BitWriter writer(out);
-        for (std::size_t j = i; j < end; ++j) writer.put(gaps[j], width);
+        for (std::size_t j = i; j < end; ++j)
+          writer.put(gaps[j], width);
         out = writer.flush();
       }
       return;
@@ -314,7 +325,8 @@ void encode_indices(IndexCoding coding, std::span<const std::uint32_t> offsets,
       const unsigned low_bits = elias_fano_low_bits(n, length);
       const std::uint64_t low_mask = (std::uint64_t{1} << low_bits) - 1;
       BitWriter writer(out);
-      for (const std::uint32_t offset : offsets) writer.put(offset & low_mask, low_bits);
+      for (const std::uint32_t offset : offsets)
+        writer.put(offset & low_mask, low_bits);
       std::byte* upper = writer.flush();
       const std::uint64_t upper_bytes = ceil_div8(n + ((length - 1) >> low_bits));
       std::fill_n(upper, upper_bytes, std::byte{0});

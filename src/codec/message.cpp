@@ -52,22 +52,28 @@ constexpr std::uint8_t kSparsePlanesMask = 0x0F;
 static_assert(kHeaderReservedAt + 4 == kHeaderPrefixBytes);
 static_assert(kFramePayloadBytesAt + 8 == kFramePrefixBytes);
 
-[[nodiscard]] bool valid_encoding(std::uint8_t code) noexcept { return code <= 2; }
-[[nodiscard]] bool valid_index_coding(std::uint8_t code) noexcept { return code <= 2; }
+[[nodiscard]] bool valid_encoding(std::uint8_t code) noexcept {
+  return code <= 2;
+}
+[[nodiscard]] bool valid_index_coding(std::uint8_t code) noexcept {
+  return code <= 2;
+}
 
 [[nodiscard]] std::uint64_t plain_index_bytes(Encoding encoding) noexcept {
   return encoding == Encoding::plain_i64_f32 ? 8 : 4;
 }
 
-[[nodiscard]] std::string frame_text(std::size_t i) { return "frame " + std::to_string(i); }
+[[nodiscard]] std::string frame_text(std::size_t i) {
+  return "frame " + std::to_string(i);
+}
 
 // Where the streams of a validated pulse frame are (docs/wire-format.md, "pulse payload").
 // Stream 0 holds the index coding's bytes, stream 1 + k value byte plane k.
 struct PulseLayout {
   std::uint64_t index_raw_bytes = 0;
   std::uint64_t directory_bytes = 0;
-  std::array<bool, 4> sparse{};              // plane k stored as bitmap + non-zero bytes
-  std::array<std::uint64_t, 4> nonzero{};    // non-zero bytes of a sparse plane
+  std::array<bool, 4> sparse{};            // plane k stored as bitmap + non-zero bytes
+  std::array<std::uint64_t, 4> nonzero{};  // non-zero bytes of a sparse plane
   std::array<std::uint64_t, wire::kPulseStreams> decoded{};  // bytes before zstd
   std::array<std::span<const std::byte>, wire::kPulseStreams> stored{};
   std::array<std::uint64_t, wire::kPulseStreams> offset{};  // in the message
@@ -255,9 +261,8 @@ FrameParse parse_frame(std::span<const std::byte> available, std::uint64_t frame
   const auto payload = available.subspan(kFramePrefixBytes, payload_bytes);
   if (header.encoding == Encoding::pulse) {
     if (info.entries > 0) {
-      const PulseLayout layout =
-          parse_pulse_layout(payload, frame_offset + kFramePrefixBytes, info, zstd_streams,
-                             sparse_planes, frame_index);
+      const PulseLayout layout = parse_pulse_layout(payload, frame_offset + kFramePrefixBytes, info,
+                                                    zstd_streams, sparse_planes, frame_index);
       info.index_bytes = layout.directory_bytes + layout.stored[wire::kIndexStream].size();
       info.value_bytes = payload_bytes - info.index_bytes;
     }
@@ -279,8 +284,8 @@ struct HeaderPrefix {
 
 HeaderPrefix parse_header_prefix(std::span<const std::byte> bytes, const DecodeLimits& limits) {
   if (bytes.size() < kHeaderPrefixBytes) {
-    fail("truncated: the message header needs " + std::to_string(kHeaderPrefixBytes) +
-             " bytes, " + std::to_string(bytes.size()) + " present",
+    fail("truncated: the message header needs " + std::to_string(kHeaderPrefixBytes) + " bytes, " +
+             std::to_string(bytes.size()) + " present",
          bytes.size());
   }
   const std::byte* p = bytes.data();
@@ -315,7 +320,8 @@ HeaderPrefix parse_header_prefix(std::span<const std::byte> bytes, const DecodeL
              std::to_string(limits.max_frames),
          kHeaderFrameCountAt);
   }
-  prefix.header_bytes = kHeaderPrefixBytes + 8 * std::uint64_t{prefix.tensor_count} + kChecksumBytes;
+  prefix.header_bytes =
+      kHeaderPrefixBytes + 8 * std::uint64_t{prefix.tensor_count} + kChecksumBytes;
   const std::uint64_t minimum = prefix.header_bytes + prefix.frame_count * kFrameOverheadBytes;
   if (minimum > limits.max_message_bytes) {
     fail("a header of " + std::to_string(prefix.tensor_count) + " tensors and " +
@@ -365,7 +371,7 @@ struct EncodeState {
   std::vector<std::uint32_t> gaps;
   std::vector<std::byte> index_raw;     // the index coding's bytes
   std::vector<std::byte> index_packed;  // ... and their zstd frame
-  std::vector<std::byte> planes;            // 4 dense planes
+  std::vector<std::byte> planes;        // 4 dense planes
   std::array<std::vector<std::byte>, 4> sparse;
   std::array<std::vector<std::byte>, 4> plane_packed;
 };
@@ -407,9 +413,9 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
     const std::uint32_t offset = entries.offsets[i];
     if (offset < next || offset >= entries.length) {
       error("entry " + std::to_string(i) + ": offset " + std::to_string(offset) +
-                (offset >= entries.length ? " is not below the chunk length " +
-                                                std::to_string(entries.length)
-                                          : " does not ascend"),
+                (offset >= entries.length
+                     ? " is not below the chunk length " + std::to_string(entries.length)
+                     : " does not ascend"),
             entries.begin + offset);
     }
     next = std::uint64_t{offset} + 1;
@@ -422,8 +428,8 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
 }
 
 void write_frame_prefix(std::byte* p, const FrameEntries& entries, Encoding encoding,
-                        IndexCoding coding, std::uint8_t zstd_streams,
-                        std::uint8_t sparse_planes, std::uint64_t payload_bytes) {
+                        IndexCoding coding, std::uint8_t zstd_streams, std::uint8_t sparse_planes,
+                        std::uint64_t payload_bytes) {
   wire::store<std::uint32_t>(p + kFrameTensorAt, entries.tensor);
   p[kFrameEncodingAt] = static_cast<std::byte>(encoding);
   p[kFrameIndexCodingAt] = static_cast<std::byte>(coding);
@@ -490,7 +496,8 @@ bool looks_incompressible(std::span<const std::byte> bytes) {
     ++counts[2][p[i + 2]];
     ++counts[3][p[i + 3]];
   }
-  for (; i < n; ++i) ++counts[0][p[i]];
+  for (; i < n; ++i)
+    ++counts[0][p[i]];
   std::uint64_t sum_squares = 0;  // <= n^2 < 2^64
   for (std::size_t symbol = 0; symbol < 256; ++symbol) {
     const std::uint64_t c = std::uint64_t{counts[0][symbol]} + counts[1][symbol] +
@@ -588,10 +595,12 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
   for (std::size_t k = 0; k < 4; ++k) {
     if (((sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
   }
-  for (const auto& stream : stored) d = wire::put_varint(d, stream.bytes.size());
+  for (const auto& stream : stored)
+    d = wire::put_varint(d, stream.bytes.size());
   const auto directory_bytes = static_cast<std::size_t>(d - directory.data());
   std::uint64_t payload = directory_bytes;
-  for (const auto& stream : stored) payload += stream.bytes.size();
+  for (const auto& stream : stored)
+    payload += stream.bytes.size();
 
   std::vector<std::byte> frame;
   frame.reserve(kFrameOverheadBytes + payload);
@@ -641,7 +650,8 @@ std::vector<std::byte> encode_header(const MessageHeader& header, std::uint32_t 
                              static_cast<std::uint32_t>(header.tensor_numels.size()));
   wire::store<std::uint32_t>(p + kHeaderFrameCountAt, frame_count);
   wire::store<std::uint32_t>(p + kHeaderReservedAt, 0);
-  for (const std::uint64_t numel : header.tensor_numels) wire::append<std::uint64_t>(out, numel);
+  for (const std::uint64_t numel : header.tensor_numels)
+    wire::append<std::uint64_t>(out, numel);
   append_checksum(out);
   return out;
 }
@@ -782,16 +792,15 @@ std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t pay
         fail(frame_text(frame_index) + ": entry " + std::to_string(i) + ": index " +
                  std::to_string(index) +
                  (offset >= info.length ? " is outside the chunk [" + std::to_string(info.begin) +
-                                              ", " + std::to_string(info.begin + info.length) +
-                                              ")"
+                                              ", " + std::to_string(info.begin + info.length) + ")"
                                         : " does not ascend"),
              at);
       }
       fail(frame_text(frame_index) + ": entry " + std::to_string(i) + ": offset " +
                std::to_string(static_cast<std::int32_t>(offset)) +
-               (offset >= info.length ? " is not below the chunk length " +
-                                            std::to_string(info.length)
-                                      : " does not ascend"),
+               (offset >= info.length
+                    ? " is not below the chunk length " + std::to_string(info.length)
+                    : " does not ascend"),
            at);
     }
     next = offset + 1;
@@ -799,13 +808,14 @@ std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t pay
   for (std::size_t i = 0; i < n; ++i) {
     const auto bits = wire::load<std::uint32_t>(values + 4 * i);
     if ((bits & 0x7F800000u) == 0x7F800000u) {
-      throw ProtocolError(frame_text(frame_index) + ": entry " + std::to_string(i) +
-                              ": value is not finite",
-                          ErrorContext{.index = info.begin + offset_of(i),
-                                       .byte_offset = payload_offset + n * index_bytes + 4 * i});
+      throw ProtocolError(
+          frame_text(frame_index) + ": entry " + std::to_string(i) + ": value is not finite",
+          ErrorContext{.index = info.begin + offset_of(i),
+                       .byte_offset = payload_offset + n * index_bytes + 4 * i});
     }
   }
-  for (std::size_t i = 0; i < n; ++i) out_offsets[i] = static_cast<std::uint32_t>(offset_of(i));
+  for (std::size_t i = 0; i < n; ++i)
+    out_offsets[i] = static_cast<std::uint32_t>(offset_of(i));
   std::memcpy(out_values.data(), values, n * 4);
   return n;
 }
@@ -870,9 +880,9 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
   }
   const std::size_t bad = detail::first_non_finite_in_planes(planes, n);
   if (bad != n) {
-    throw ProtocolError(where + ": entry " + std::to_string(bad) + ": value is not finite",
-                        ErrorContext{.index = info.begin + scratch.offsets[bad],
-                                     .byte_offset = layout.offset[4]});
+    throw ProtocolError(
+        where + ": entry " + std::to_string(bad) + ": value is not finite",
+        ErrorContext{.index = info.begin + scratch.offsets[bad], .byte_offset = layout.offset[4]});
   }
 
   // Everything is valid: now, and only now, write the caller's buffers.
@@ -884,8 +894,7 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
 }  // namespace
 
 std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> out_offsets,
-                                        std::span<float> out_values,
-                                        DecodeScratch& scratch) const {
+                                        std::span<float> out_values, DecodeScratch& scratch) const {
   const FrameInfo& info = frames_.at(i);
   if (out_offsets.size() < info.entries || out_values.size() < info.entries) {
     throw InvalidArgument("decode_frame: frame " + std::to_string(i) + " has " +
@@ -904,8 +913,8 @@ std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> 
   if (info.encoding == Encoding::pulse) {
     const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
     const auto sparse_planes = static_cast<std::uint8_t>(frame[kFrameSparsePlanesAt]);
-    return decode_pulse(payload, payload_offset, info, zstd_streams, sparse_planes, i,
-                        out_offsets, out_values, scratch.impl());
+    return decode_pulse(payload, payload_offset, info, zstd_streams, sparse_planes, i, out_offsets,
+                        out_values, scratch.impl());
   }
   return decode_plain(payload, payload_offset, info, i, out_offsets, out_values);
 }

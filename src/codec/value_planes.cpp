@@ -73,7 +73,8 @@ std::size_t first_non_finite_in_planes(const PlanePointers& planes, std::size_t 
 std::size_t count_zero_bytes(const std::byte* plane, std::size_t n) noexcept {
   const auto* p = reinterpret_cast<const std::uint8_t*>(plane);
   std::size_t zeros = 0;
-  for (std::size_t i = 0; i < n; ++i) zeros += static_cast<std::size_t>(p[i] == 0);
+  for (std::size_t i = 0; i < n; ++i)
+    zeros += static_cast<std::size_t>(p[i] == 0);
   return zeros;
 }
 
@@ -147,14 +148,16 @@ void decode_sparse_plane(std::span<const std::byte> stream, std::size_t n, std::
     std::memcpy(&word, bitmap + b, sizeof word);
     set += popcount64(word);
   }
-  for (; b < bitmap_bytes; ++b) set += popcount64(bitmap[b]);
+  for (; b < bitmap_bytes; ++b)
+    set += popcount64(bitmap[b]);
   if (set != nonzero) {
     wire::fail(what + ": sparse plane bitmap marks " + std::to_string(set) +
                    " non-zero bytes, the directory " + std::to_string(nonzero),
                byte_offset);
   }
   std::uint8_t any_zero = 0;
-  for (std::size_t j = 0; j < nonzero; ++j) any_zero |= static_cast<std::uint8_t>(listed[j] == 0);
+  for (std::size_t j = 0; j < nonzero; ++j)
+    any_zero |= static_cast<std::uint8_t>(listed[j] == 0);
   if (any_zero != 0) {
     wire::fail(what + ": sparse plane lists a zero byte", byte_offset);
   }

@@ -91,8 +91,7 @@ Decoded decode_everything(const Bytes& message, const DecodeLimits& limits = {})
         written += offsets[j] != kPoisonOffset ? 1 : 0;
         written += std::bit_cast<std::uint32_t>(values[j]) != kPoisonBits ? 1 : 0;
       }
-      EXPECT_EQ(written, 0u) << "the decoder wrote to the output before failing: "
-                             << error.what();
+      EXPECT_EQ(written, 0u) << "the decoder wrote to the output before failing: " << error.what();
       return result;
     }
   }
@@ -112,7 +111,9 @@ void expect_rejected(const Bytes& message, const std::string& reason_fragment,
 
 Chunk random_chunk(std::mt19937_64& rng, std::uint32_t tensor, std::uint64_t begin,
                    std::uint64_t length, double density) {
-  Chunk chunk{.tensor = tensor, .begin = begin, .length = length,
+  Chunk chunk{.tensor = tensor,
+              .begin = begin,
+              .length = length,
               .offsets = testing::random_offsets(rng, length, density)};
   for (std::size_t i = 0; i < chunk.offsets.size(); ++i) {
     chunk.values.push_back(testing::random_value(rng));
@@ -125,7 +126,8 @@ Bytes build(const MessageHeader& header, const std::vector<Chunk>& chunks,
   MessageHeader h = header;
   h.encoding = options.encoding;
   Bytes message = encode_header(h, static_cast<std::uint32_t>(chunks.size()));
-  for (const Chunk& chunk : chunks) testing::append(message, encode_frame(chunk.entries(), options));
+  for (const Chunk& chunk : chunks)
+    testing::append(message, encode_frame(chunk.entries(), options));
   return message;
 }
 
@@ -147,8 +149,10 @@ std::vector<std::pair<std::string, Bytes>> small_samples() {
     samples.emplace_back("pulse/" + std::string(index_coding_name(coding)),
                          build(header, chunks, {.index_coding = coding}));
   }
-  samples.emplace_back("plain_i64_f32", build(header, chunks, {.encoding = Encoding::plain_i64_f32}));
-  samples.emplace_back("plain_i32_f32", build(header, chunks, {.encoding = Encoding::plain_i32_f32}));
+  samples.emplace_back("plain_i64_f32",
+                       build(header, chunks, {.encoding = Encoding::plain_i64_f32}));
+  samples.emplace_back("plain_i32_f32",
+                       build(header, chunks, {.encoding = Encoding::plain_i32_f32}));
   return samples;
 }
 
@@ -156,7 +160,8 @@ std::vector<std::pair<std::string, Bytes>> small_samples() {
 Bytes compressed_sample() {
   std::mt19937_64 rng(43);
   Chunk chunk = random_chunk(rng, 0, 0, 20000, 0.2);
-  for (float& v : chunk.values) v = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) & 0xFFFF0000u);
+  for (float& v : chunk.values)
+    v = std::bit_cast<float>(std::bit_cast<std::uint32_t>(v) & 0xFFFF0000u);
   return build(MessageHeader{.tensor_numels = {20000}}, {chunk}, {});
 }
 
@@ -211,8 +216,8 @@ TEST(CodecMalformed, EveryHeaderFieldCorrupted) {
       {"version 2", [](Bytes& m) { testing::poke<std::uint16_t>(m, layout::kVersion, 2); },
        "unsupported format version"},
       {"encoding 3", [](Bytes& m) { m[layout::kEncoding] = std::byte{3}; }, "unknown encoding"},
-      {"encoding of another kind",
-       [](Bytes& m) { m[layout::kEncoding] = std::byte{1}; }, "differs from the message"},
+      {"encoding of another kind", [](Bytes& m) { m[layout::kEncoding] = std::byte{1}; },
+       "differs from the message"},
       {"flags", [](Bytes& m) { m[layout::kFlags] = std::byte{1}; }, "flags"},
       {"reserved", [](Bytes& m) { testing::poke<std::uint32_t>(m, layout::kReserved, 1); },
        "reserved"},
@@ -225,11 +230,10 @@ TEST(CodecMalformed, EveryHeaderFieldCorrupted) {
        "tensors exceed the limit"},
       {"frame count 0", [](Bytes& m) { testing::poke<std::uint32_t>(m, layout::kFrameCount, 0); },
        "bytes after the last"},
-      {"frame count - 1",
-       [](Bytes& m) { testing::poke<std::uint32_t>(m, layout::kFrameCount, 2); },
+      {"frame count - 1", [](Bytes& m) { testing::poke<std::uint32_t>(m, layout::kFrameCount, 2); },
        "bytes after the last"},
-      {"frame count + 1",
-       [](Bytes& m) { testing::poke<std::uint32_t>(m, layout::kFrameCount, 4); }, "truncated"},
+      {"frame count + 1", [](Bytes& m) { testing::poke<std::uint32_t>(m, layout::kFrameCount, 4); },
+       "truncated"},
       {"frame count huge",
        [](Bytes& m) { testing::poke<std::uint32_t>(m, layout::kFrameCount, 0xFFFFFFFFu); },
        "frames exceed the limit"},
@@ -244,8 +248,8 @@ TEST(CodecMalformed, EveryHeaderFieldCorrupted) {
          testing::poke<std::uint64_t>(m, layout::kHeaderPrefix + 16, std::uint64_t{1} << 63);
        },
        "more than 2^63 - 1"},
-      {"header checksum",
-       [](Bytes& m) { m[layout::kHeaderPrefix + 3 * 8] ^= std::byte{1}; }, "header checksum"},
+      {"header checksum", [](Bytes& m) { m[layout::kHeaderPrefix + 3 * 8] ^= std::byte{1}; },
+       "header checksum"},
   };
   for (const Corruption& c : corruptions) {
     SCOPED_TRACE(c.name);
@@ -307,12 +311,13 @@ struct Crafted {
   Bytes trailing;
 
   [[nodiscard]] Bytes message() const {
-    testing::RawHeader raw{.encoding = static_cast<std::uint8_t>(header.encoding),
-                           .numels = header.tensor_numels,
-                           .frame_count = frame_count.value_or(
-                               static_cast<std::uint32_t>(frames.size()))};
+    testing::RawHeader raw{
+        .encoding = static_cast<std::uint8_t>(header.encoding),
+        .numels = header.tensor_numels,
+        .frame_count = frame_count.value_or(static_cast<std::uint32_t>(frames.size()))};
     Bytes out = testing::make_header(raw);
-    for (const Bytes& frame : frames) testing::append(out, frame);
+    for (const Bytes& frame : frames)
+      testing::append(out, frame);
     testing::append(out, trailing);
     return out;
   }
@@ -322,10 +327,11 @@ const std::vector<std::uint32_t> kOffsets = {0, 3, 300, 301, 999};
 const std::vector<float> kValues = {1.0f, -2.5f, 3.0e-5f, 1.0e-40f, -0.0f};
 
 // A valid pulse frame with all streams raw; `edit` may change anything before it is sealed.
-Bytes pulse_frame(IndexCoding coding, const std::function<void(testing::RawPulseStreams&,
-                                                              testing::RawFrame&)>& edit = {},
-                  std::vector<std::uint32_t> offsets = kOffsets,
-                  std::vector<float> values = kValues, std::uint32_t length = 1000) {
+Bytes pulse_frame(
+    IndexCoding coding,
+    const std::function<void(testing::RawPulseStreams&, testing::RawFrame&)>& edit = {},
+    std::vector<std::uint32_t> offsets = kOffsets, std::vector<float> values = kValues,
+    std::uint32_t length = 1000) {
   testing::RawPulseStreams streams;
   switch (coding) {
     case IndexCoding::varint:
@@ -338,7 +344,8 @@ Bytes pulse_frame(IndexCoding coding, const std::function<void(testing::RawPulse
       streams.index = testing::elias_fano_index(offsets, length);
       break;
   }
-  for (int k = 0; k < 4; ++k) streams.planes[k] = testing::plane_of(values, k);
+  for (int k = 0; k < 4; ++k)
+    streams.planes[k] = testing::plane_of(values, k);
   testing::RawFrame frame{.encoding = 0,
                           .index_coding = static_cast<std::uint8_t>(coding),
                           .length = length,
@@ -362,7 +369,8 @@ Bytes plain_frame(Encoding encoding, const std::vector<std::int64_t>& indices,
       testing::put<std::int32_t>(frame.payload, static_cast<std::int32_t>(index));
     }
   }
-  for (const float v : values) testing::put<float>(frame.payload, v);
+  for (const float v : values)
+    testing::put<float>(frame.payload, v);
   return testing::make_frame(frame);
 }
 
@@ -399,8 +407,8 @@ TEST(CodecMalformed, HandBuiltValidFramesDecode) {
 
 TEST(CodecMalformed, OversizedCountsAndLengths) {
   const auto with_frame = [](const std::function<void(testing::RawFrame&)>& edit) {
-    return one_frame(pulse_frame(IndexCoding::varint,
-                                 [&](testing::RawPulseStreams&, testing::RawFrame& f) { edit(f); }));
+    return one_frame(pulse_frame(
+        IndexCoding::varint, [&](testing::RawPulseStreams&, testing::RawFrame& f) { edit(f); }));
   };
   expect_rejected(with_frame([](auto& f) { f.entries = 1001; }), "entries in a chunk of");
   expect_rejected(with_frame([](auto& f) { f.length = 0x80000001u; }), "exceeds the limit");
@@ -471,8 +479,8 @@ TEST(CodecMalformed, FrameOrderAndTrailingBytes) {
 
 TEST(CodecMalformed, FlagsAndCodesOutOfRange) {
   const auto edit_frame = [](const std::function<void(testing::RawFrame&)>& edit) {
-    return one_frame(pulse_frame(IndexCoding::varint,
-                                 [&](testing::RawPulseStreams&, testing::RawFrame& f) { edit(f); }));
+    return one_frame(pulse_frame(
+        IndexCoding::varint, [&](testing::RawPulseStreams&, testing::RawFrame& f) { edit(f); }));
   };
   expect_rejected(edit_frame([](auto& f) { f.encoding = 1; }), "differs from the message");
   expect_rejected(edit_frame([](auto& f) { f.index_coding = 3; }), "unknown index coding");
@@ -503,22 +511,23 @@ TEST(CodecMalformed, PulseDirectoryLies) {
     return one_frame(pulse_frame(coding, [&](Streams& s, testing::RawFrame&) { edit(s); }));
   };
   const auto with_payload = [](const Bytes& payload) {
-    return one_frame(pulse_frame(IndexCoding::varint, [&](Streams&, testing::RawFrame& f) {
-      f.payload = payload;
-    }));
+    return one_frame(pulse_frame(IndexCoding::varint,
+                                 [&](Streams&, testing::RawFrame& f) { f.payload = payload; }));
   };
   // Index stream sizes impossible for 5 entries.
   expect_rejected(edited(IndexCoding::varint, [](Streams& s) { s.index.resize(4); }),
                   "cannot be 4 bytes");
   expect_rejected(edited(IndexCoding::varint, [](Streams& s) { s.index.resize(26); }),
                   "cannot be 26 bytes");
-  expect_rejected(edited(IndexCoding::elias_fano, [](Streams& s) { s.index.push_back(std::byte{0}); }),
-                  "index stream of 5 entries cannot be");
+  expect_rejected(
+      edited(IndexCoding::elias_fano, [](Streams& s) { s.index.push_back(std::byte{0}); }),
+      "index stream of 5 entries cannot be");
   expect_rejected(edited(IndexCoding::bitpack, [](Streams& s) { s.index.resize(21 + 1); }),
                   "cannot be 22 bytes");
   // A raw plane whose size is not the entry count.
-  expect_rejected(edited(IndexCoding::varint, [](Streams& s) { s.planes[2].push_back(std::byte{1}); }),
-                  "decodes to 5");
+  expect_rejected(
+      edited(IndexCoding::varint, [](Streams& s) { s.planes[2].push_back(std::byte{1}); }),
+      "decodes to 5");
   // A sparse plane claiming more non-zero bytes than entries.
   expect_rejected(one_frame(pulse_frame(IndexCoding::varint,
                                         [](Streams& s, testing::RawFrame& f) {
@@ -534,7 +543,8 @@ TEST(CodecMalformed, PulseDirectoryLies) {
   // Streams that extend past the payload, and bytes after the streams.
   Streams streams;
   streams.index = testing::varint_index(kOffsets);
-  for (int k = 0; k < 4; ++k) streams.planes[k] = testing::plane_of(kValues, k);
+  for (int k = 0; k < 4; ++k)
+    streams.planes[k] = testing::plane_of(kValues, k);
   Bytes payload = testing::make_pulse_payload(streams);
   Bytes longer = payload;
   longer.push_back(std::byte{0});
@@ -559,30 +569,28 @@ TEST(CodecMalformed, OffsetsOutOfRangeOrNotAscending) {
   // varint: a gap that runs past the chunk; non-canonical and over-long gaps; leftovers.
   expect_rejected(with_index(IndexCoding::varint, testing::varint_index({0, 3, 300, 301, 1000})),
                   "is not below length 1000");
-  expect_rejected(with_index(IndexCoding::varint,
-                             {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0x80},
-                              std::byte{0x00}}),
+  expect_rejected(with_index(IndexCoding::varint, {std::byte{0}, std::byte{0}, std::byte{0},
+                                                   std::byte{0x80}, std::byte{0x00}}),
                   "non-canonical varint");
-  expect_rejected(with_index(IndexCoding::varint,
-                             {std::byte{0}, std::byte{0xFF}, std::byte{0xFF}, std::byte{0xFF},
-                              std::byte{0xFF}, std::byte{0x1F}}),
-                  "exceeds 32 bits");
-  expect_rejected(with_index(IndexCoding::varint,
-                             {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
-                              std::byte{0}, std::byte{0}}),
+  expect_rejected(
+      with_index(IndexCoding::varint, {std::byte{0}, std::byte{0xFF}, std::byte{0xFF},
+                                       std::byte{0xFF}, std::byte{0xFF}, std::byte{0x1F}}),
+      "exceeds 32 bits");
+  expect_rejected(with_index(IndexCoding::varint, {std::byte{0}, std::byte{0}, std::byte{0},
+                                                   std::byte{0}, std::byte{0}, std::byte{0}}),
                   "bytes left after 5 gaps");
-  expect_rejected(with_index(IndexCoding::varint,
-                             {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
-                              std::byte{0x80}}),
+  expect_rejected(with_index(IndexCoding::varint, {std::byte{0}, std::byte{0}, std::byte{0},
+                                                   std::byte{0}, std::byte{0x80}}),
                   "truncated varint");
   // bitpack: widths over 32 (a second block of one gap after 128 zero gaps, so that the
   // stream size is still plausible), offsets past the chunk, non-zero padding.
   {
     std::vector<std::uint32_t> offsets(129);
-    for (std::uint32_t i = 0; i < 129; ++i) offsets[i] = i;
+    for (std::uint32_t i = 0; i < 129; ++i)
+      offsets[i] = i;
     const std::vector<float> values(129, 1.0f);
-    Bytes wide = {std::byte{0}, std::byte{33}, std::byte{0}, std::byte{0}, std::byte{0},
-                  std::byte{0}, std::byte{0}};
+    Bytes wide = {std::byte{0}, std::byte{33}, std::byte{0}, std::byte{0},
+                  std::byte{0}, std::byte{0},  std::byte{0}};
     expect_rejected(one_frame(pulse_frame(
                         IndexCoding::bitpack,
                         [&](testing::RawPulseStreams& s, testing::RawFrame&) { s.index = wide; },
@@ -590,12 +598,11 @@ TEST(CodecMalformed, OffsetsOutOfRangeOrNotAscending) {
                     "width 33 exceeds 32");
     wide[1] = std::byte{0};  // the same stream with a valid width: only the size is wrong now
     wide.resize(2);
-    EXPECT_EQ(decode_everything(one_frame(pulse_frame(
-                                    IndexCoding::bitpack,
-                                    [&](testing::RawPulseStreams& s, testing::RawFrame&) {
-                                      s.index = wide;
-                                    },
-                                    offsets, values)))
+    EXPECT_EQ(decode_everything(
+                  one_frame(pulse_frame(
+                      IndexCoding::bitpack,
+                      [&](testing::RawPulseStreams& s, testing::RawFrame&) { s.index = wide; },
+                      offsets, values)))
                   .outcome,
               Outcome::accepted);
   }
@@ -629,7 +636,8 @@ TEST(CodecMalformed, OffsetsOutOfRangeOrNotAscending) {
   extra[upper_at + 10 / 8] |= static_cast<std::byte>(1u << (10 % 8));
   expect_rejected(with_index(IndexCoding::elias_fano, extra), "more than 5 high parts");
   Bytes missing = ef(kOffsets);
-  for (std::size_t i = upper_at; i < missing.size(); ++i) missing[i] = std::byte{0};
+  for (std::size_t i = upper_at; i < missing.size(); ++i)
+    missing[i] = std::byte{0};
   expect_rejected(with_index(IndexCoding::elias_fano, missing), "only 0 of 5 high parts");
   Bytes upper_padding = ef(kOffsets);
   if (upper_bits % 8 != 0) {
@@ -655,13 +663,12 @@ TEST(CodecMalformed, OffsetsOutOfRangeOrNotAscending) {
 }
 
 TEST(CodecMalformed, NonFiniteValues) {
-  for (const std::uint32_t bad : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u,
-                                  0xFFFFFFFFu}) {
+  for (const std::uint32_t bad :
+       {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFFFFFFFu}) {
     SCOPED_TRACE(bad);
     std::vector<float> values = kValues;
     values[3] = std::bit_cast<float>(bad);
-    for (const auto coding :
-         {IndexCoding::varint, IndexCoding::bitpack, IndexCoding::elias_fano}) {
+    for (const auto coding : {IndexCoding::varint, IndexCoding::bitpack, IndexCoding::elias_fano}) {
       const Bytes message = one_frame(pulse_frame(coding, {}, kOffsets, values));
       expect_rejected(message, "entry 3: value is not finite");
       try {
@@ -674,10 +681,12 @@ TEST(CodecMalformed, NonFiniteValues) {
         EXPECT_EQ(error.context().index, std::optional<std::uint64_t>(301)) << error.what();
       }
     }
-    expect_rejected(one_frame(plain_frame(Encoding::plain_i64_f32, {0, 1, 2}, {1, std::bit_cast<float>(bad), 2}),
+    expect_rejected(one_frame(plain_frame(Encoding::plain_i64_f32, {0, 1, 2},
+                                          {1, std::bit_cast<float>(bad), 2}),
                               Encoding::plain_i64_f32),
                     "entry 1: value is not finite");
-    expect_rejected(one_frame(plain_frame(Encoding::plain_i32_f32, {0, 1, 2}, {1, 2, std::bit_cast<float>(bad)}),
+    expect_rejected(one_frame(plain_frame(Encoding::plain_i32_f32, {0, 1, 2},
+                                          {1, 2, std::bit_cast<float>(bad)}),
                               Encoding::plain_i32_f32),
                     "entry 2: value is not finite");
   }
@@ -732,15 +741,14 @@ Bytes zstd_frame(const Bytes& content, bool with_size = true) {
   Bytes out(ZSTD_compressBound(content.size()) + 64);
   ZSTD_CCtx* cctx = ZSTD_createCCtx();
   ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, with_size ? 1 : 0);
-  const std::size_t size = with_size
-                               ? ZSTD_compress2(cctx, out.data(), out.size(), content.data(),
-                                                content.size())
-                               : [&] {
-                                   ZSTD_outBuffer o{out.data(), out.size(), 0};
-                                   ZSTD_inBuffer i{content.data(), content.size(), 0};
-                                   (void)ZSTD_compressStream2(cctx, &o, &i, ZSTD_e_end);
-                                   return o.pos;
-                                 }();
+  const std::size_t size =
+      with_size ? ZSTD_compress2(cctx, out.data(), out.size(), content.data(), content.size())
+                : [&] {
+                    ZSTD_outBuffer o{out.data(), out.size(), 0};
+                    ZSTD_inBuffer i{content.data(), content.size(), 0};
+                    (void)ZSTD_compressStream2(cctx, &o, &i, ZSTD_e_end);
+                    return o.pos;
+                  }();
   ZSTD_freeCCtx(cctx);
   out.resize(size);
   return out;
@@ -809,7 +817,8 @@ TEST(CodecMalformed, OutputTooSmallIsACallerErrorAndWritesNothing) {
   std::vector<std::uint32_t> offsets(4, kPoisonOffset);
   std::vector<float> values(5, 0.0f);
   EXPECT_THROW((void)view.decode_frame(0, offsets, values, scratch), InvalidArgument);
-  for (const std::uint32_t o : offsets) EXPECT_EQ(o, kPoisonOffset);
+  for (const std::uint32_t o : offsets)
+    EXPECT_EQ(o, kPoisonOffset);
   EXPECT_THROW((void)view.decode_frame(1, offsets, values, scratch), std::out_of_range);
 }
 

@@ -55,7 +55,8 @@ Bytes encode_message(const MessageHeader& header, const std::vector<Chunk>& chun
   const EncodeOptions options{.encoding = config.encoding,
                               .zstd_level = config.zstd_level,
                               .index_coding = config.index_coding};
-  for (const Chunk& chunk : chunks) testing::append(message, encode_frame(chunk.entries(), options));
+  for (const Chunk& chunk : chunks)
+    testing::append(message, encode_frame(chunk.entries(), options));
   return message;
 }
 
@@ -107,7 +108,8 @@ void expect_round_trip(const MessageHeader& header, const std::vector<Chunk>& ch
 }
 
 void expect_round_trip_all(const MessageHeader& header, const std::vector<Chunk>& chunks) {
-  for (const Config& config : all_configs()) expect_round_trip(header, chunks, config);
+  for (const Config& config : all_configs())
+    expect_round_trip(header, chunks, config);
 }
 
 Chunk make_chunk(std::uint32_t tensor, std::uint64_t begin, std::uint64_t length,
@@ -146,12 +148,13 @@ TEST(CodecRoundTrip, EveryElementSetAndDenseRuns) {
   std::iota(all.begin(), all.end(), 0u);
   std::vector<std::uint32_t> runs;
   for (std::uint32_t start = 17; start + 3000 < length; start += 9000) {
-    for (std::uint32_t i = 0; i < 3000; ++i) runs.push_back(start + i);
+    for (std::uint32_t i = 0; i < 3000; ++i)
+      runs.push_back(start + i);
   }
   const MessageHeader header{.tensor_numels = {length, 2 * length}};
-  expect_round_trip_all(header, {make_chunk(0, 0, length, all, rng),
-                                 make_chunk(1, 0, length, runs, rng),
-                                 make_chunk(1, length, length, all, rng)});
+  expect_round_trip_all(header,
+                        {make_chunk(0, 0, length, all, rng), make_chunk(1, 0, length, runs, rng),
+                         make_chunk(1, length, length, all, rng)});
   // Every element set with one repeated value: zstd shrinks this to almost nothing, and the
   // decoder must still produce every entry.
   Chunk constant = make_chunk(0, 0, length, all, rng);
@@ -198,9 +201,9 @@ TEST(CodecRoundTrip, TensorsLargerThan2To31Elements) {
 }
 
 TEST(CodecRoundTrip, ExtremeValues) {
-  const std::vector<std::uint32_t> patterns = {
-      0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007FFFFFu, 0x807FFFFFu,
-      0x00800000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x3F800000u, 0x7F000000u, 0x00400000u};
+  const std::vector<std::uint32_t> patterns = {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u,
+                                               0x007FFFFFu, 0x807FFFFFu, 0x00800000u, 0x7F7FFFFFu,
+                                               0xFF7FFFFFu, 0x3F800000u, 0x7F000000u, 0x00400000u};
   Chunk chunk{.tensor = 0, .begin = 0, .length = 4096};
   for (std::size_t i = 0; i < 4096 && chunk.offsets.size() < 1200; i += 3) {
     chunk.offsets.push_back(static_cast<std::uint32_t>(i));
@@ -241,8 +244,8 @@ TEST(CodecRoundTrip, MostlyZeroPlanesUseTheSparseFormAndRoundTrip) {
   Chunk chunk{.tensor = 0, .begin = 0, .length = 100000};
   chunk.offsets = testing::random_offsets(rng, chunk.length, 0.05);
   for (std::size_t i = 0; i < chunk.offsets.size(); ++i) {
-    const std::uint32_t bits = 0x37000000u | (static_cast<std::uint32_t>(rng()) & 0x7FFF00u) |
-                               (i % 9 == 0 ? 0x80u : 0u);
+    const std::uint32_t bits =
+        0x37000000u | (static_cast<std::uint32_t>(rng()) & 0x7FFF00u) | (i % 9 == 0 ? 0x80u : 0u);
     float value;
     std::memcpy(&value, &bits, sizeof value);
     chunk.values.push_back(value);
@@ -276,14 +279,13 @@ TEST(CodecEncode, PicksTheSmallestIndexCoding) {
         make_chunk(0, 0, 200000, testing::random_offsets(rng, 200000, density), rng);
     const MessageHeader header{.tensor_numels = {200000}};
     const auto index_bytes = [&](const EncodeOptions& options) {
-      const Bytes message = encode_message(header, {chunk},
-                                           {.encoding = Encoding::pulse,
-                                            .index_coding = options.index_coding});
+      const Bytes message = encode_message(
+          header, {chunk}, {.encoding = Encoding::pulse, .index_coding = options.index_coding});
       return MessageView::parse(message).frame(0).index_bytes;
     };
     const auto info_of = [&](std::optional<IndexCoding> coding) {
-      const Bytes message = encode_message(header, {chunk},
-                                           {.encoding = Encoding::pulse, .index_coding = coding});
+      const Bytes message =
+          encode_message(header, {chunk}, {.encoding = Encoding::pulse, .index_coding = coding});
       return MessageView::parse(message).frame(0);
     };
     const FrameInfo automatic = info_of(std::nullopt);
@@ -303,8 +305,8 @@ TEST(CodecEncode, PicksTheSmallestIndexCoding) {
 TEST(CodecEncode, RejectsInvalidEntries) {
   const std::vector<std::uint32_t> offsets = {1, 5, 9};
   const std::vector<float> values = {1.0f, 2.0f, 3.0f};
-  const FrameEntries good{.tensor = 0, .begin = 0, .length = 10, .offsets = offsets,
-                          .values = values};
+  const FrameEntries good{
+      .tensor = 0, .begin = 0, .length = 10, .offsets = offsets, .values = values};
   EXPECT_NO_THROW((void)encode_frame(good, {}));
 
   const auto expect_invalid = [](const FrameEntries& entries, const EncodeOptions& options,
@@ -330,9 +332,9 @@ TEST(CodecEncode, RejectsInvalidEntries) {
   e = good;
   e.values = std::span<const float>(values).first(2);
   expect_invalid(e, {}, "size mismatch");
-  for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity()}) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
     const std::vector<float> with_bad = {1.0f, bad, 3.0f};
     e = good;
     e.values = with_bad;
@@ -347,9 +349,8 @@ TEST(CodecEncode, RejectsInvalidEntries) {
   expect_invalid(good, {.zstd_level = -1}, "zstd level -1");
   expect_invalid(good, {.zstd_level = kMaxZstdLevel + 1}, "zstd level too high");
   try {
-    (void)encode_frame(FrameEntries{.begin = 100, .length = 10, .offsets = unsorted,
-                                    .values = values},
-                       {});
+    (void)encode_frame(
+        FrameEntries{.begin = 100, .length = 10, .offsets = unsorted, .values = values}, {});
     FAIL() << "expected InvalidArgument";
   } catch (const InvalidArgument& error) {
     EXPECT_EQ(error.context().index, std::optional<std::uint64_t>(105)) << error.what();
@@ -408,12 +409,11 @@ TEST(CodecDecode, StreamingParseSeesEachFrameOnceItHasArrived) {
 
 // Golden bytes: the layout in docs/wire-format.md, byte for byte.
 TEST(CodecGolden, HeaderBytes) {
-  const Bytes header =
-      encode_header(MessageHeader{.window = 0x0102030405060708ull,
-                                  .sender_rank = 0x0A0B0C0Du,
-                                  .encoding = Encoding::plain_i32_f32,
-                                  .tensor_numels = {5, 0x100000000ull}},
-                    3);
+  const Bytes header = encode_header(MessageHeader{.window = 0x0102030405060708ull,
+                                                   .sender_rank = 0x0A0B0C0Du,
+                                                   .encoding = Encoding::plain_i32_f32,
+                                                   .tensor_numels = {5, 0x100000000ull}},
+                                     3);
   Bytes expected = {std::byte{'P'}, std::byte{'L'}, std::byte{'S'}, std::byte{'M'},
                     std::byte{1},   std::byte{0},   std::byte{2},   std::byte{0}};
   testing::put<std::uint64_t>(expected, 0x0102030405060708ull);
@@ -431,8 +431,8 @@ TEST(CodecGolden, HeaderBytes) {
 TEST(CodecGolden, PlainFrameBytes) {
   const std::vector<std::uint32_t> offsets = {2, 7};
   const std::vector<float> values = {0.5f, -2.0f};
-  const FrameEntries entries{.tensor = 4, .begin = 0x100000000ull, .length = 8,
-                             .offsets = offsets, .values = values};
+  const FrameEntries entries{
+      .tensor = 4, .begin = 0x100000000ull, .length = 8, .offsets = offsets, .values = values};
   for (const Encoding encoding : {Encoding::plain_i64_f32, Encoding::plain_i32_f32}) {
     testing::RawFrame raw{.tensor = 4,
                           .encoding = static_cast<std::uint8_t>(encoding),
@@ -446,7 +446,8 @@ TEST(CodecGolden, PlainFrameBytes) {
         testing::put<std::int32_t>(raw.payload, static_cast<std::int32_t>(o));
       }
     }
-    for (const float v : values) testing::put<float>(raw.payload, v);
+    for (const float v : values)
+      testing::put<float>(raw.payload, v);
     EXPECT_EQ(encode_frame(entries, {.encoding = encoding}), testing::make_frame(raw))
         << encoding_name(encoding);
   }
@@ -457,8 +458,8 @@ TEST(CodecGolden, SmallPulseFrameBytes) {
   // is mostly zero bytes... except plane 0 (values 1.0, 2.0, -3.0 have zero low bytes).
   const std::vector<std::uint32_t> offsets = {0, 3, 300};
   const std::vector<float> values = {1.0f, 2.0f, -3.0f};
-  const FrameEntries entries{.tensor = 1, .begin = 10, .length = 1000, .offsets = offsets,
-                             .values = values};
+  const FrameEntries entries{
+      .tensor = 1, .begin = 10, .length = 1000, .offsets = offsets, .values = values};
   testing::RawPulseStreams streams;
   // Index coding: varint gaps 0, 2, 296 -> 00 02 A8 02 (4 bytes); bit-packing needs
   // 1 + ceil(3 * 9 / 8) = 5 bytes; Elias-Fano with l = floor(log2(1000 / 3)) = 8 needs

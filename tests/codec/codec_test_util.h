@@ -7,10 +7,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <random>
 #include <span>
 #include <vector>
@@ -98,7 +98,8 @@ struct RawHeader {
 
 [[nodiscard]] inline Bytes make_header(const RawHeader& h) {
   Bytes out;
-  for (const std::uint8_t m : h.magic) out.push_back(static_cast<std::byte>(m));
+  for (const std::uint8_t m : h.magic)
+    out.push_back(static_cast<std::byte>(m));
   put<std::uint16_t>(out, h.version);
   put<std::uint8_t>(out, h.encoding);
   put<std::uint8_t>(out, h.flags);
@@ -109,7 +110,8 @@ struct RawHeader {
                               : static_cast<std::uint32_t>(h.numels.size()));
   put<std::uint32_t>(out, h.frame_count);
   put<std::uint32_t>(out, h.reserved);
-  for (const std::uint64_t numel : h.numels) put<std::uint64_t>(out, numel);
+  for (const std::uint64_t numel : h.numels)
+    put<std::uint64_t>(out, numel);
   put<std::uint64_t>(out, xxh3(out));
   return out;
 }
@@ -146,19 +148,22 @@ struct RawFrame {
 
 // A pulse payload with every stream stored raw (no zstd): directory then streams.
 struct RawPulseStreams {
-  Bytes index;                        // the index coding's bytes
-  std::vector<Bytes> planes{4};       // each dense (n bytes) or sparse (bitmap + non-zero)
-  std::vector<std::uint64_t> nonzero; // one per sparse plane, in plane order
+  Bytes index;                         // the index coding's bytes
+  std::vector<Bytes> planes{4};        // each dense (n bytes) or sparse (bitmap + non-zero)
+  std::vector<std::uint64_t> nonzero;  // one per sparse plane, in plane order
 };
 
 [[nodiscard]] inline Bytes make_pulse_payload(const RawPulseStreams& s) {
   Bytes out;
   put_leb128(out, s.index.size());
-  for (const std::uint64_t count : s.nonzero) put_leb128(out, count);
+  for (const std::uint64_t count : s.nonzero)
+    put_leb128(out, count);
   put_leb128(out, s.index.size());
-  for (const Bytes& plane : s.planes) put_leb128(out, plane.size());
+  for (const Bytes& plane : s.planes)
+    put_leb128(out, plane.size());
   append(out, s.index);
-  for (const Bytes& plane : s.planes) append(out, plane);
+  for (const Bytes& plane : s.planes)
+    append(out, plane);
   return out;
 }
 
@@ -192,7 +197,8 @@ class BitSink {
 
 [[nodiscard]] inline Bytes varint_index(const std::vector<std::uint32_t>& offsets) {
   Bytes out;
-  for (const std::uint64_t gap : gaps_of(offsets)) put_leb128(out, gap);
+  for (const std::uint64_t gap : gaps_of(offsets))
+    put_leb128(out, gap);
   return out;
 }
 
@@ -203,18 +209,21 @@ class BitSink {
     const std::size_t end = std::min(gaps.size(), i + 128);
     unsigned width = 0;
     for (std::size_t j = i; j < end; ++j) {
-      while (width < 64 && (gaps[j] >> width) != 0) ++width;
+      while (width < 64 && (gaps[j] >> width) != 0)
+        ++width;
     }
     out.push_back(static_cast<std::byte>(width));
     BitSink sink(out);
-    for (std::size_t j = i; j < end; ++j) sink.put(gaps[j], width);
+    for (std::size_t j = i; j < end; ++j)
+      sink.put(gaps[j], width);
   }
   return out;
 }
 
 [[nodiscard]] inline unsigned elias_fano_low_bits(std::uint64_t n, std::uint64_t length) {
   unsigned l = 0;
-  while ((length / n) >> (l + 1) != 0) ++l;
+  while ((length / n) >> (l + 1) != 0)
+    ++l;
   return l;
 }
 
@@ -224,7 +233,8 @@ class BitSink {
   const std::uint64_t n = offsets.size();
   const unsigned l = elias_fano_low_bits(n, length);
   BitSink low(out);
-  for (const std::uint32_t o : offsets) low.put(o & ((std::uint64_t{1} << l) - 1), l);
+  for (const std::uint32_t o : offsets)
+    low.put(o & ((std::uint64_t{1} << l) - 1), l);
   const std::uint64_t upper_bits = n + ((length - 1) >> l);
   Bytes upper((upper_bits + 7) / 8, std::byte{0});
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -297,8 +307,8 @@ struct Chunk {
   std::vector<float> values;
 
   [[nodiscard]] FrameEntries entries() const {
-    return {.tensor = tensor, .begin = begin, .length = length, .offsets = offsets,
-            .values = values};
+    return {
+        .tensor = tensor, .begin = begin, .length = length, .offsets = offsets, .values = values};
   }
 };
 
@@ -309,9 +319,8 @@ struct Chunk {
   switch (rng() % 4) {
     case 0: {  // s on a fine power-of-two grid: 8..16 significant bits, exponent near 2^-17
       const int significant = 8 + static_cast<int>(rng() % 9);
-      const std::uint32_t mantissa =
-          static_cast<std::uint32_t>(rng() & ((1u << 23) - 1)) >> (23 - significant)
-                                                                 << (23 - significant);
+      const std::uint32_t mantissa = static_cast<std::uint32_t>(rng() & ((1u << 23) - 1)) >>
+                                     (23 - significant) << (23 - significant);
       const std::uint32_t exponent = 127 - 17 + static_cast<std::uint32_t>(rng() % 8) - 4;
       bits = (static_cast<std::uint32_t>(rng() & 1) << 31) | (exponent << 23) | mantissa;
       break;

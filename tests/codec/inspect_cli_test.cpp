@@ -3,13 +3,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
-#include <sys/wait.h>
 #include <vector>
 
 #include "codec/codec_test_util.h"
@@ -32,7 +32,8 @@ CliRun run_cli(const std::string& arguments) {
   if (pipe == nullptr) return run;
   char buffer[4096];
   std::size_t got;
-  while ((got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) run.output.append(buffer, got);
+  while ((got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0)
+    run.output.append(buffer, got);
   const int status = pclose(pipe);
   run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
@@ -47,10 +48,14 @@ class InspectCli : public ::testing::Test {
     // Two tensors, three frames (one empty), 64-bit indices in the second tensor.
     std::mt19937_64 rng(11);
     header_ = {.window = 77, .sender_rank = 3, .tensor_numels = {5000, std::uint64_t{6} << 30}};
-    chunks_.push_back({.tensor = 0, .begin = 0, .length = 5000,
+    chunks_.push_back({.tensor = 0,
+                       .begin = 0,
+                       .length = 5000,
                        .offsets = testing::random_offsets(rng, 5000, 0.05)});
     chunks_.push_back({.tensor = 1, .begin = 0, .length = 1u << 20});
-    chunks_.push_back({.tensor = 1, .begin = std::uint64_t{5} << 30, .length = 1u << 20,
+    chunks_.push_back({.tensor = 1,
+                       .begin = std::uint64_t{5} << 30,
+                       .length = 1u << 20,
                        .offsets = {0, 9, (1u << 20) - 1}});
     for (auto& chunk : chunks_) {
       for (std::size_t i = 0; i < chunk.offsets.size(); ++i) {
@@ -160,8 +165,10 @@ TEST_F(InspectCli, TruncatedForeignAndMissingFilesFail) {
   EXPECT_NE(run.output.find("protocol violation: truncated"), std::string::npos) << run.output;
 
   const std::string text = "not a message at all, just some text in a file\n";
-  run = run_cli("inspect " + write("foreign.txt", Bytes(reinterpret_cast<const std::byte*>(text.data()),
-                                                        reinterpret_cast<const std::byte*>(text.data()) + text.size())));
+  run = run_cli(
+      "inspect " +
+      write("foreign.txt", Bytes(reinterpret_cast<const std::byte*>(text.data()),
+                                 reinterpret_cast<const std::byte*>(text.data()) + text.size())));
   EXPECT_EQ(run.status, 1) << run.output;
   EXPECT_NE(run.output.find("bad magic"), std::string::npos) << run.output;
 

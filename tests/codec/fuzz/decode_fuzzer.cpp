@@ -25,10 +25,9 @@ void run(std::span<const std::byte> bytes) {
   // The streaming parser on every shorter prefix length class must not misbehave either.
   if (bytes.size() > kHeaderPrefixBytes) {
     try {
-      const auto view = MessageView::parse_prefix(bytes.first(bytes.size() / 2 + 16 > bytes.size()
-                                                                  ? bytes.size()
-                                                                  : bytes.size() / 2 + 16),
-                                                   fuzz::fuzz_limits());
+      const auto view = MessageView::parse_prefix(
+          bytes.first(bytes.size() / 2 + 16 > bytes.size() ? bytes.size() : bytes.size() / 2 + 16),
+          fuzz::fuzz_limits());
       if (view.frame_count() > view.announced_frame_count()) fuzz::violated("prefix frames");
     } catch (const pulseloco::ProtocolError&) {
     }

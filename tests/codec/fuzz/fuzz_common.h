@@ -1,8 +1,8 @@
 // Shared by the libFuzzer targets: decode everything in a message under strict checks.
 #pragma once
 
-#include <cstddef>
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -70,7 +70,8 @@ inline bool decode_all(std::span<const std::byte> bytes, std::vector<DecodedFram
       }
     } catch (const ProtocolError&) {
       for (std::size_t j = 0; j < info.entries; ++j) {
-        if (frame.offsets[j] != kPoison || std::bit_cast<std::uint32_t>(frame.values[j]) != kPoison) {
+        if (frame.offsets[j] != kPoison ||
+            std::bit_cast<std::uint32_t>(frame.values[j]) != kPoison) {
           violated("output written before a protocol error");
         }
       }
@@ -110,10 +111,10 @@ inline void check_round_trip(const MessageHeader& header, const std::vector<Deco
   }
   if (!(header_again == h) || again.size() != frames.size()) violated("header round trip");
   for (std::size_t i = 0; i < frames.size(); ++i) {
-    if (again[i].offsets != frames[i].offsets || again[i].values.size() != frames[i].values.size() ||
-        (!frames[i].values.empty() &&
-         std::memcmp(again[i].values.data(), frames[i].values.data(),
-                     frames[i].values.size() * sizeof(float)) != 0)) {
+    if (again[i].offsets != frames[i].offsets ||
+        again[i].values.size() != frames[i].values.size() ||
+        (!frames[i].values.empty() && std::memcmp(again[i].values.data(), frames[i].values.data(),
+                                                  frames[i].values.size() * sizeof(float)) != 0)) {
       violated("round trip is not lossless");
     }
   }

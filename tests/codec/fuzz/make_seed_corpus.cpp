@@ -21,7 +21,9 @@ using testing::Chunk;
 
 Chunk chunk_of(std::mt19937_64& rng, std::uint32_t tensor, std::uint64_t begin,
                std::uint64_t length, double density, bool grid_values) {
-  Chunk chunk{.tensor = tensor, .begin = begin, .length = length,
+  Chunk chunk{.tensor = tensor,
+              .begin = begin,
+              .length = length,
               .offsets = testing::random_offsets(rng, length, density)};
   for (std::size_t i = 0; i < chunk.offsets.size(); ++i) {
     float v = testing::random_value(rng);
@@ -36,7 +38,8 @@ Bytes message_of(const MessageHeader& header, const std::vector<Chunk>& chunks,
   MessageHeader h = header;
   h.encoding = options.encoding;
   Bytes out = encode_header(h, static_cast<std::uint32_t>(chunks.size()));
-  for (const Chunk& c : chunks) testing::append(out, encode_frame(c.entries(), options));
+  for (const Chunk& c : chunks)
+    testing::append(out, encode_frame(c.entries(), options));
   return out;
 }
 
@@ -64,8 +67,8 @@ int main(int argc, char** argv) {
   }
   for (const EncodeOptions& o : options) {
     // Tiny: one entry; empty chunks; a zero-element tensor.
-    write(message_of(MessageHeader{.tensor_numels = {8, 0}},
-                     {chunk_of(rng, 0, 0, 8, 0.2, false)}, o));
+    write(message_of(MessageHeader{.tensor_numels = {8, 0}}, {chunk_of(rng, 0, 0, 8, 0.2, false)},
+                     o));
     write(message_of(MessageHeader{.window = 3, .tensor_numels = {100, 30}},
                      {chunk_of(rng, 0, 0, 50, 0.0, false), chunk_of(rng, 0, 50, 50, 0.3, true),
                       chunk_of(rng, 1, 0, 30, 1.0, false)},
@@ -75,8 +78,11 @@ int main(int argc, char** argv) {
                      {chunk_of(rng, 0, 0, 3000, 0.15, true)}, o));
     // A chunk beyond 2^32 in a large tensor.
     write(message_of(MessageHeader{.tensor_numels = {std::uint64_t{5} << 30}},
-                     {Chunk{.tensor = 0, .begin = std::uint64_t{4} << 30, .length = 1u << 20,
-                            .offsets = {0, 7, (1u << 20) - 1}, .values = {1.0f, -0.0f, 3e-40f}}},
+                     {Chunk{.tensor = 0,
+                            .begin = std::uint64_t{4} << 30,
+                            .length = 1u << 20,
+                            .offsets = {0, 7, (1u << 20) - 1},
+                            .values = {1.0f, -0.0f, 3e-40f}}},
                      o));
   }
   std::printf("wrote %d seeds to %s\n", written, dir.c_str());
