@@ -79,7 +79,8 @@ struct Result {
   std::uint64_t message_bytes = 0;
   std::uint64_t index_bytes = 0;
   std::uint64_t value_bytes = 0;
-  std::uint64_t framing_bytes = 0;  // headers, frame prefixes, checksums
+  std::uint64_t framing_bytes = 0;             // headers, frame prefixes, checksums
+  std::vector<double> window_bytes_per_entry;  // whole message / entries, per window
   Rate encode;
   Rate decode;
 };
@@ -203,12 +204,18 @@ Result measure(const Variant& variant, const std::vector<Message>& messages, dou
     const auto view = codec::MessageView::parse(encoded.back());
     result.message_bytes += encoded.back().size();
     result.frames += view.frame_count();
+    std::uint64_t window_entries = 0;
     for (std::size_t i = 0; i < view.frame_count(); ++i) {
       const codec::FrameInfo& info = view.frame(i);
-      result.entries += info.entries;
+      window_entries += info.entries;
       result.index_bytes += info.index_bytes;
       result.value_bytes += info.value_bytes;
     }
+    result.entries += window_entries;
+    result.window_bytes_per_entry.push_back(window_entries == 0
+                                                ? 0.0
+                                                : static_cast<double>(encoded.back().size()) /
+                                                      static_cast<double>(window_entries));
   }
   result.framing_bytes = result.message_bytes - result.index_bytes - result.value_bytes;
 
@@ -297,6 +304,7 @@ nlohmann::json to_json(const Result& r) {
           {"value_bytes_per_entry", per_entry(r.value_bytes)},
           {"framing_bytes_per_entry", per_entry(r.framing_bytes)},
           {"bytes_per_entry", per_entry(r.message_bytes)},
+          {"window_bytes_per_entry", r.window_bytes_per_entry},
           {"encode_M_entries_per_s_per_thread", r.encode.cpu / 1e6},
           {"decode_M_entries_per_s_per_thread", r.decode.cpu / 1e6},
           {"encode_M_entries_per_s_wall", r.encode.wall / 1e6},

@@ -6,5 +6,6 @@
 namespace pulseloco::cli {
 
 void add_info_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
 
 }  // namespace pulseloco::cli

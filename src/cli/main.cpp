@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", PULSELOCO_VERSION_STRING);
   app.require_subcommand(1);
   pulseloco::cli::add_info_command(app);
+  pulseloco::cli::add_inspect_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,7 @@
 #include "codec/zstd_frames.h"
 
+#include <zstd_errors.h>
+
 #include <new>
 #include <string>
 
@@ -29,8 +31,12 @@ std::size_t zstd_compress(ZSTD_CCtx* context, std::span<const std::byte> src, st
   // (measured: docs/benchmarks.md, "Codec").
   ZSTD_CCtx_setParameter(context, ZSTD_c_minMatch, kZstdMinMatch);
   const std::size_t result = ZSTD_compress2(context, dst, capacity, src.data(), src.size());
-  // With a capacity of ZSTD_compressBound() compression cannot fail on valid arguments.
-  PULSELOCO_CHECK(!ZSTD_isError(result), ZSTD_getErrorName(result));
+  if (ZSTD_isError(result)) {
+    // With a capacity of ZSTD_compressBound() only an allocation can fail; anything else is a
+    // bug in how we call zstd.
+    if (ZSTD_getErrorCode(result) == ZSTD_error_memory_allocation) throw std::bad_alloc();
+    PULSELOCO_CHECK(false, ZSTD_getErrorName(result));
+  }
   return result;
 }
 

@@ -1,0 +1,123 @@
+// Shared by the libFuzzer targets: decode everything in a message under strict checks.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "base/errors.h"
+#include "codec/codec_test_util.h"
+#include "codec/message.h"
+
+namespace pulseloco::codec::fuzz {
+
+// Bounds the memory a hostile header can make the harness allocate for outputs.
+inline DecodeLimits fuzz_limits() {
+  DecodeLimits limits;
+  limits.max_message_bytes = std::uint64_t{1} << 24;
+  limits.max_frame_elements = std::uint64_t{1} << 20;
+  limits.max_tensors = 1u << 16;
+  limits.max_frames = 1u << 16;
+  return limits;
+}
+
+[[noreturn]] inline void violated(const char* what) {
+  std::fprintf(stderr, "fuzz invariant violated: %s\n", what);
+  std::abort();
+}
+
+struct DecodedFrame {
+  FrameInfo info;
+  std::vector<std::uint32_t> offsets;
+  std::vector<float> values;
+};
+
+constexpr std::uint32_t kPoison = 0xA5A5A5A5u;
+
+// Parses and decodes every frame. Any exception other than ProtocolError escapes (libFuzzer
+// reports it). Returns true when the whole message decoded.
+inline bool decode_all(std::span<const std::byte> bytes, std::vector<DecodedFrame>& out,
+                       MessageHeader& header, const DecodeLimits& limits = fuzz_limits()) {
+  std::optional<MessageView> view;
+  try {
+    view.emplace(MessageView::parse(bytes, limits));
+  } catch (const ProtocolError& error) {
+    if (!error.context().byte_offset || *error.context().byte_offset > bytes.size()) {
+      violated("protocol error without a byte offset inside the message");
+    }
+    return false;
+  }
+  header = view->header();
+  DecodeScratch scratch;
+  for (std::size_t i = 0; i < view->frame_count(); ++i) {
+    const FrameInfo& info = view->frame(i);
+    if (info.entries > info.length || info.length > limits.max_frame_elements ||
+        info.byte_offset + info.byte_size > bytes.size()) {
+      violated("frame info out of range");
+    }
+    DecodedFrame frame{.info = info};
+    frame.offsets.assign(info.entries, kPoison);
+    frame.values.assign(info.entries, std::bit_cast<float>(kPoison));
+    try {
+      if (view->decode_frame(i, frame.offsets, frame.values, scratch) != info.entries) {
+        violated("entry count");
+      }
+    } catch (const ProtocolError&) {
+      for (std::size_t j = 0; j < info.entries; ++j) {
+        if (frame.offsets[j] != kPoison ||
+            std::bit_cast<std::uint32_t>(frame.values[j]) != kPoison) {
+          violated("output written before a protocol error");
+        }
+      }
+      return false;
+    }
+    for (std::size_t j = 0; j < info.entries; ++j) {
+      if (frame.offsets[j] >= info.length) violated("offset not below length");
+      if (j > 0 && frame.offsets[j] <= frame.offsets[j - 1]) violated("offsets not ascending");
+      if ((std::bit_cast<std::uint32_t>(frame.values[j]) & 0x7F800000u) == 0x7F800000u) {
+        violated("non-finite value");
+      }
+    }
+    out.push_back(std::move(frame));
+  }
+  return true;
+}
+
+// Re-encodes decoded frames and checks that they decode to the same bits.
+inline void check_round_trip(const MessageHeader& header, const std::vector<DecodedFrame>& frames,
+                             const EncodeOptions& options) {
+  MessageHeader h = header;
+  h.encoding = options.encoding;
+  testing::Bytes message = encode_header(h, static_cast<std::uint32_t>(frames.size()));
+  for (const DecodedFrame& f : frames) {
+    testing::append(message, encode_frame({.tensor = f.info.tensor,
+                                           .begin = f.info.begin,
+                                           .length = f.info.length,
+                                           .offsets = f.offsets,
+                                           .values = f.values},
+                                          options));
+  }
+  std::vector<DecodedFrame> again;
+  MessageHeader header_again;
+  // Default limits: these frames came from the caller, not from a hostile peer.
+  if (!decode_all(message, again, header_again, DecodeLimits{})) {
+    violated("re-encoded message does not decode");
+  }
+  if (!(header_again == h) || again.size() != frames.size()) violated("header round trip");
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    if (again[i].offsets != frames[i].offsets ||
+        again[i].values.size() != frames[i].values.size() ||
+        (!frames[i].values.empty() && std::memcmp(again[i].values.data(), frames[i].values.data(),
+                                                  frames[i].values.size() * sizeof(float)) != 0)) {
+      violated("round trip is not lossless");
+    }
+  }
+}
+
+}  // namespace pulseloco::codec::fuzz

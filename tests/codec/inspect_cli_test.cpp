@@ -1,0 +1,184 @@
+// `pulseloco inspect FILE`: the report for valid messages and a non-zero exit that names the
+// reason for corrupt, truncated, foreign and missing files. Runs the real CLI binary.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <sys/wait.h>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/codec_test_util.h"
+#include "codec/message.h"
+
+namespace pulseloco::codec {
+namespace {
+
+using testing::Bytes;
+
+struct CliRun {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+CliRun run_cli(const std::string& arguments) {
+  const std::string command = std::string(PULSELOCO_CLI) + " " + arguments + " 2>&1";
+  CliRun run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  std::size_t got;
+  while ((got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0)
+    run.output.append(buffer, got);
+  const int status = pclose(pipe);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+class InspectCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("pulseloco-inspect-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    // Two tensors, three frames (one empty), 64-bit indices in the second tensor.
+    std::mt19937_64 rng(11);
+    header_ = {.window = 77, .sender_rank = 3, .tensor_numels = {5000, std::uint64_t{6} << 30}};
+    chunks_.push_back({.tensor = 0,
+                       .begin = 0,
+                       .length = 5000,
+                       .offsets = testing::random_offsets(rng, 5000, 0.05)});
+    chunks_.push_back({.tensor = 1, .begin = 0, .length = 1u << 20});
+    chunks_.push_back({.tensor = 1,
+                       .begin = std::uint64_t{5} << 30,
+                       .length = 1u << 20,
+                       .offsets = {0, 9, (1u << 20) - 1}});
+    for (auto& chunk : chunks_) {
+      for (std::size_t i = 0; i < chunk.offsets.size(); ++i) {
+        chunk.values.push_back(testing::random_value(rng));
+      }
+      entries_ += chunk.offsets.size();
+    }
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Bytes message(Encoding encoding) const {
+    MessageHeader h = header_;
+    h.encoding = encoding;
+    Bytes out = encode_header(h, static_cast<std::uint32_t>(chunks_.size()));
+    for (const auto& chunk : chunks_) {
+      testing::append(out, encode_frame(chunk.entries(), {.encoding = encoding}));
+    }
+    return out;
+  }
+
+  std::string write(const std::string& name, const Bytes& bytes) const {
+    const auto path = dir_ / name;
+    std::ofstream file(path, std::ios::binary);
+    file.write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    return path.string();
+  }
+
+  std::filesystem::path dir_;
+  MessageHeader header_;
+  std::vector<testing::Chunk> chunks_;
+  std::size_t entries_ = 0;
+};
+
+TEST_F(InspectCli, ReportsAndVerifiesAValidMessage) {
+  for (const Encoding encoding :
+       {Encoding::pulse, Encoding::plain_i64_f32, Encoding::plain_i32_f32}) {
+    const Bytes bytes = message(encoding);
+    const std::string path = write("valid.msg", bytes);
+    const CliRun run = run_cli("inspect " + path);
+    ASSERT_EQ(run.status, 0) << run.output;
+    EXPECT_NE(run.output.find(std::to_string(bytes.size()) + " bytes"), std::string::npos)
+        << run.output;
+    EXPECT_NE(run.output.find("encoding   " + std::string(encoding_name(encoding))),
+              std::string::npos)
+        << run.output;
+    EXPECT_NE(run.output.find("window     77"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("sender     rank 3"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("frames     3"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("entries    " + std::to_string(entries_)), std::string::npos)
+        << run.output;
+    EXPECT_NE(run.output.find("5368709120"), std::string::npos) << "64-bit begin: " << run.output;
+    EXPECT_NE(run.output.find("verified: all 3 frames decode"), std::string::npos) << run.output;
+  }
+}
+
+TEST_F(InspectCli, JsonAgreesWithTheMessage) {
+  const Bytes bytes = message(Encoding::pulse);
+  const CliRun run = run_cli("inspect --json " + write("valid.msg", bytes));
+  ASSERT_EQ(run.status, 0) << run.output;
+  const auto json = nlohmann::json::parse(run.output);
+  EXPECT_EQ(json["bytes"].get<std::size_t>(), bytes.size());
+  EXPECT_EQ(json["entries"].get<std::size_t>(), entries_);
+  EXPECT_TRUE(json["valid"].get<bool>());
+  EXPECT_EQ(json["header"]["encoding"], "pulse");
+  EXPECT_EQ(json["header"]["window"].get<std::uint64_t>(), 77u);
+  ASSERT_EQ(json["frames"].size(), 3u);
+  ASSERT_EQ(json["tensors"].size(), 2u);
+  EXPECT_EQ(json["tensors"][1]["numel"].get<std::uint64_t>(), std::uint64_t{6} << 30);
+  std::uint64_t frame_bytes = 0;
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(json["frames"][i]["entries"].get<std::size_t>(), chunks_[i].offsets.size());
+    EXPECT_EQ(json["frames"][i]["begin"].get<std::uint64_t>(), chunks_[i].begin);
+    frame_bytes += json["frames"][i]["bytes"].get<std::uint64_t>();
+  }
+  EXPECT_EQ(frame_bytes + json["header"]["bytes"].get<std::uint64_t>(), bytes.size());
+  EXPECT_DOUBLE_EQ(json["bytes_per_entry"].get<double>(),
+                   static_cast<double>(bytes.size()) / static_cast<double>(entries_));
+  EXPECT_EQ(json["index_bytes"].get<std::uint64_t>() + json["value_bytes"].get<std::uint64_t>() +
+                json["framing_bytes"].get<std::uint64_t>(),
+            bytes.size());
+}
+
+TEST_F(InspectCli, ACorruptFrameFailsWithItsReasonAndOffset) {
+  Bytes bytes = message(Encoding::pulse);
+  const MessageView view = MessageView::parse(bytes);
+  const std::size_t at = view.frame(2).byte_offset + view.frame(2).byte_size - 12;
+  bytes[at] ^= std::byte{0x10};
+  const std::string path = write("corrupt.msg", bytes);
+  const CliRun run = run_cli("inspect " + path);
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("1 of 3 frames are invalid"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("frame 2: checksum mismatch"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("byte offset"), std::string::npos) << run.output;
+  // The valid frames are still listed as ok.
+  EXPECT_NE(run.output.find("  ok"), std::string::npos) << run.output;
+  const CliRun json = run_cli("inspect --json " + path);
+  EXPECT_EQ(json.status, 1) << json.output;
+  EXPECT_NE(json.output.find("\"valid\": false"), std::string::npos) << json.output;
+}
+
+TEST_F(InspectCli, TruncatedForeignAndMissingFilesFail) {
+  Bytes truncated = message(Encoding::plain_i32_f32);
+  truncated.resize(truncated.size() - 3);
+  CliRun run = run_cli("inspect " + write("truncated.msg", truncated));
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("protocol violation: truncated"), std::string::npos) << run.output;
+
+  const std::string text = "not a message at all, just some text in a file\n";
+  run = run_cli(
+      "inspect " +
+      write("foreign.txt", Bytes(reinterpret_cast<const std::byte*>(text.data()),
+                                 reinterpret_cast<const std::byte*>(text.data()) + text.size())));
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("bad magic"), std::string::npos) << run.output;
+
+  run = run_cli("inspect " + (dir_ / "missing.msg").string());
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("cannot open"), std::string::npos) << run.output;
+
+  run = run_cli("inspect");
+  EXPECT_NE(run.status, 0) << run.output;
+}
+
+}  // namespace
+}  // namespace pulseloco::codec
