@@ -7,6 +7,7 @@
 
 #include "base/bf16.h"
 #include "base/errors.h"
+#include "kernels/argument_checks.h"
 #include "kernels/cpu/window_kernels_internal.h"
 #include "kernels/window_kernels.h"
 
@@ -122,6 +123,12 @@ void divide_portable(float* values, std::uint64_t count, float divisor) {
 
 namespace {
 
+using detail::check_count;
+using detail::check_dtype;
+using detail::check_gate_chunk;
+using detail::check_outer_params;
+using detail::check_pointer;
+
 bool use_avx2(CpuIsa isa, std::string_view kernel) {
   if (isa == CpuIsa::portable) return false;
   if (isa == CpuIsa::avx2) {
@@ -132,43 +139,6 @@ bool use_avx2(CpuIsa isa, std::string_view kernel) {
     return true;
   }
   throw InvalidArgument(fmt::format("{}: unknown CpuIsa {}", kernel, static_cast<int>(isa)));
-}
-
-void check_count(std::uint64_t count, std::string_view kernel) {
-  if (count > kMaxChunkElements) {
-    throw InvalidArgument(fmt::format("{}: chunk of {} elements exceeds the maximum of {}", kernel,
-                                      count, kMaxChunkElements));
-  }
-}
-
-void check_dtype(DType dtype, std::string_view kernel) {
-  if (dtype != DType::float32 && dtype != DType::bfloat16) {
-    throw InvalidArgument(
-        fmt::format("{}: unknown local dtype code {}", kernel, static_cast<int>(dtype)));
-  }
-}
-
-void check_pointer(const void* pointer, std::uint64_t count, std::string_view kernel,
-                   std::string_view what) {
-  if (pointer == nullptr && count > 0) {
-    throw InvalidArgument(
-        fmt::format("{}: {} is null for a chunk of {} elements", kernel, what, count));
-  }
-}
-
-void check_gate_chunk(const GateChunk& chunk, std::string_view kernel) {
-  check_count(chunk.count, kernel);
-  check_dtype(chunk.local_dtype, kernel);
-  check_pointer(chunk.global, chunk.count, kernel, "global weights");
-  check_pointer(chunk.local, chunk.count, kernel, "local weights");
-  check_pointer(chunk.residual, chunk.count, kernel, "residual");
-}
-
-void check_outer_params(const OuterStepParams& params, std::string_view kernel) {
-  if (!detail::is_finite_value(params.lr) || !detail::is_finite_value(params.momentum)) {
-    throw InvalidArgument(fmt::format("{}: learning rate {} and momentum {} must be finite", kernel,
-                                      params.lr, params.momentum));
-  }
 }
 
 }  // namespace
@@ -207,15 +177,10 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
   check_count(count, "aggregate");
   check_pointer(g, count, "aggregate", "output");
   const bool avx2 = use_avx2(isa, "aggregate");
-  if (ranks_in_order.empty()) throw InvalidArgument("aggregate: no ranks to average over");
-  // Validate every rank's entries before writing anything.
+  detail::check_ranks_shape(ranks_in_order, "aggregate");
+  // Validate every rank's offsets before writing anything.
   for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
     const SparseEntries& entries = ranks_in_order[r];
-    if (entries.offsets.size() != entries.values.size()) {
-      throw InvalidArgument(fmt::format("aggregate: {} offsets but {} values",
-                                        entries.offsets.size(), entries.values.size()),
-                            ErrorContext{.peer = static_cast<int>(r)});
-    }
     std::uint64_t next_allowed = 0;
     for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
       const std::uint64_t offset = entries.offsets[k];
@@ -263,13 +228,8 @@ void outer_step(float* global, float* momentum, const float* g, void* local, DTy
 void commit_and_outer_step(const WindowChunk& chunk, const float* g, const OuterStepParams& params,
                            CpuIsa isa) {
   constexpr std::string_view kName = "commit_and_outer_step";
-  check_count(chunk.count, kName);
-  check_dtype(chunk.local_dtype, kName);
+  detail::check_window_chunk(chunk, kName);
   check_outer_params(params, kName);
-  check_pointer(chunk.global, chunk.count, kName, "global weights");
-  check_pointer(chunk.momentum, chunk.count, kName, "momentum");
-  check_pointer(chunk.residual, chunk.count, kName, "residual");
-  check_pointer(chunk.local, chunk.count, kName, "local weights");
   check_pointer(g, chunk.count, kName, "aggregate");
   if (use_avx2(isa, kName)) {
     detail::commit_and_outer_step_avx2(chunk, g, params);
