@@ -280,7 +280,8 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
   };
   std::size_t needed = 0;
   PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
-  impl.reserve_temp(needed);
+  // Never leave the storage null: CUB would take the second call for another size query.
+  impl.reserve_temp(std::max<std::size_t>(needed, 256));
   PULSELOCO_CUDA_CHECK(cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF,
                                        sizeof(unsigned long long), s));
   std::size_t available = impl.temp_bytes;
