@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -114,7 +115,13 @@ TEST_P(CpuVsCuda, ArbitraryBitPatterns) {
       std::vector<float> d_cpu(n), d_cuda(n);
       cpu.pseudo_gradient(global.data(), local.data(), dtype, d_cpu.data(), n);
       cuda.pseudo_gradient(global.data(), local.data(), dtype, d_cuda.data(), n);
-      ASSERT_TRUE(same_floats(d_cpu, d_cuda, "pseudo_gradient"));
+      // NaN payloads are not specified (x86 propagates an input's payload, NVIDIA GPUs return
+      // the canonical NaN, and a valid window never computes one): every NaN equals every NaN,
+      // every other value must have the same bits.
+      for (std::size_t i = 0; i < n; ++i) {
+        if (std::isnan(d_cpu[i]) && std::isnan(d_cuda[i])) continue;
+        ASSERT_EQ(float_to_bits(d_cpu[i]), float_to_bits(d_cuda[i])) << "pseudo_gradient " << i;
+      }
       if (!finite) {
         // A poisoned element early on: both report it.
         residual[n / 2] = std::numeric_limits<float>::quiet_NaN();
