@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "base/bf16.h"
 #include "base/errors.h"
 #include "kernels/argument_checks.h"
@@ -123,6 +127,36 @@ void divide_portable(float* values, std::uint64_t count, float divisor) {
 
 namespace {
 
+// IEEE arithmetic for the duration of a kernel, whatever the caller's floating-point mode: the
+// host process (a training framework, torch.set_flush_denormal) may have set flush-to-zero,
+// denormals-are-zero or another rounding mode in MXCSR, which would change our bits and break
+// agreement with other replicas. Restores the caller's mode on exit.
+class IeeeFloatMode {
+ public:
+#if defined(__x86_64__)
+  IeeeFloatMode() : saved_(_mm_getcsr()) {
+    constexpr unsigned kFlushToZero = 1u << 15, kDenormalsAreZero = 1u << 6;
+    constexpr unsigned kRoundingControl = 3u << 13;  // 00 = round to nearest even
+    const unsigned ieee = saved_ & ~(kFlushToZero | kDenormalsAreZero | kRoundingControl);
+    if (ieee != saved_) _mm_setcsr(ieee);
+  }
+  ~IeeeFloatMode() {
+    // Keep the exception flags raised meanwhile; restore the modes.
+    constexpr unsigned kFlags = 0x3Fu;
+    const unsigned now = _mm_getcsr();
+    if ((now & ~kFlags) != (saved_ & ~kFlags)) _mm_setcsr((saved_ & ~kFlags) | (now & kFlags));
+  }
+
+ private:
+  unsigned saved_;
+#else
+  IeeeFloatMode() = default;  // other targets: IEEE unless the caller changed the FP environment
+#endif
+ public:
+  IeeeFloatMode(const IeeeFloatMode&) = delete;
+  IeeeFloatMode& operator=(const IeeeFloatMode&) = delete;
+};
+
 using detail::check_count;
 using detail::check_dtype;
 using detail::check_gate_chunk;
@@ -147,6 +181,7 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
   check_gate_chunk(chunk, "gate");
   check_pointer(out_offsets, chunk.count, "gate", "offset output");
   check_pointer(out_values, chunk.count, "gate", "value output");
+  const IeeeFloatMode ieee_mode;
   return use_avx2(isa, "gate") ? detail::gate_avx2(chunk, out_offsets, out_values)
                                : detail::gate_portable(chunk, out_offsets, out_values);
 }
@@ -165,6 +200,7 @@ void check_finite(const GateResult& result, std::string_view tensor, std::uint64
 void commit_residual(const GateChunk& chunk, float* residual_out, CpuIsa isa) {
   check_gate_chunk(chunk, "commit_residual");
   check_pointer(residual_out, chunk.count, "commit_residual", "residual output");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "commit_residual")) {
     detail::commit_residual_avx2(chunk, residual_out);
   } else {
@@ -194,6 +230,7 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
       next_allowed = offset + 1;
     }
   }
+  const IeeeFloatMode ieee_mode;
   std::fill_n(g, count, 0.0f);  // +0
   for (const SparseEntries& entries : ranks_in_order) {
     const std::uint32_t* offsets = entries.offsets.data();
@@ -218,6 +255,7 @@ void outer_step(float* global, float* momentum, const float* g, void* local, DTy
   check_pointer(momentum, count, "outer_step", "momentum");
   check_pointer(g, count, "outer_step", "aggregate");
   check_pointer(local, count, "outer_step", "local weights");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "outer_step")) {
     detail::outer_step_avx2(global, momentum, g, local, local_dtype, count, params);
   } else {
@@ -231,6 +269,7 @@ void commit_and_outer_step(const WindowChunk& chunk, const float* g, const Outer
   detail::check_window_chunk(chunk, kName);
   check_outer_params(params, kName);
   check_pointer(g, chunk.count, kName, "aggregate");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, kName)) {
     detail::commit_and_outer_step_avx2(chunk, g, params);
   } else {
@@ -262,6 +301,7 @@ void pseudo_gradient(const float* global, const void* local, DType local_dtype, 
   check_pointer(global, count, "pseudo_gradient", "global weights");
   check_pointer(local, count, "pseudo_gradient", "local weights");
   check_pointer(delta, count, "pseudo_gradient", "output");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "pseudo_gradient")) {
     detail::pseudo_gradient_avx2(global, local, local_dtype, delta, count);
   } else {
@@ -272,6 +312,7 @@ void pseudo_gradient(const float* global, const void* local, DType local_dtype, 
 void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa) {
   check_count(count, "divide");
   check_pointer(values, count, "divide", "values");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "divide")) {
     detail::divide_avx2(values, count, divisor);
   } else {

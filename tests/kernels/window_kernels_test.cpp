@@ -9,6 +9,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "base/bf16.h"
 #include "base/digest.h"
 #include "base/errors.h"
@@ -330,6 +334,52 @@ TEST(Arguments, AreCheckedBeforeAnyWork) {
     EXPECT_THROW(divide(buffer.data(), 16, 2.0f, CpuIsa::avx2), InvalidArgument);
   }
 }
+
+#if defined(__x86_64__)
+// A caller that flushes subnormals (MXCSR FTZ + DAZ, as torch.set_flush_denormal(True) sets) or
+// rounds differently must not change the kernels' bits; its mode is restored afterwards.
+TEST(FloatingPointMode, CallerModeDoesNotChangeResultsAndIsRestored) {
+  const std::size_t n = 1000;
+  std::vector<float> global(n), residual(n), g(n);
+  LocalWeights local(DType::float32, n);
+  FastRandom random(8);
+  for (std::size_t i = 0; i < n; ++i) {
+    global[i] = 1e-39f * random.normal();  // subnormal
+    local.set(i, global[i] * 0.5f);
+    residual[i] = 1e-40f * random.normal();
+    g[i] = 1e-39f * random.normal();
+  }
+  const auto run_all = [&](CpuIsa isa) {
+    std::vector<float> out = run_gate(global, local, residual, isa).values;
+    std::vector<float> theta = global, m = residual, e(n), delta(n);
+    LocalWeights reset(DType::float32, n);
+    commit_residual(GateChunk{.global = global.data(),
+                              .local = local.data(),
+                              .residual = residual.data(),
+                              .count = n},
+                    e.data(), isa);
+    outer_step(theta.data(), m.data(), g.data(), reset.data(), DType::float32, n, OuterStepParams{},
+               isa);
+    pseudo_gradient(global.data(), local.data(), DType::float32, delta.data(), n, isa);
+    for (const auto* part : {&e, &theta, &m, &delta})
+      out.insert(out.end(), part->begin(), part->end());
+    return out;
+  };
+  for (CpuIsa isa : {CpuIsa::portable, active_cpu_isa()}) {
+    const std::vector<float> ieee = run_all(isa);
+    const unsigned before = _mm_getcsr();
+    const unsigned flushing =
+        (before | (1u << 15) | (1u << 6) | (3u << 13)) & ~0x3Fu;  // FTZ, DAZ, toward zero
+    _mm_setcsr(flushing);
+    const std::vector<float> under_caller_mode = run_all(isa);
+    const unsigned after = _mm_getcsr();
+    _mm_setcsr(before);
+    EXPECT_EQ(after & ~0x3Fu, flushing);  // restored (exception flags aside)
+    ASSERT_EQ(ieee.size(), under_caller_mode.size());
+    EXPECT_EQ(std::memcmp(ieee.data(), under_caller_mode.data(), ieee.size() * 4), 0);
+  }
+}
+#endif
 
 // --- Portable and AVX2 give identical bits ----------------------------------------------------
 
