@@ -48,8 +48,8 @@ __global__ void fill_kernel(float* global, float* local_f32, std::uint16_t* loca
 
 }  // namespace
 
-void fill_window_inputs(float* global, float* local_f32, std::uint16_t* local_bf16,
-                        float* momentum, std::uint64_t count, std::uint64_t seed, void* stream) {
+void fill_window_inputs(float* global, float* local_f32, std::uint16_t* local_bf16, float* momentum,
+                        std::uint64_t count, std::uint64_t seed, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   fill_kernel<<<4096, 256, 0, s>>>(global, local_f32, local_bf16, momentum, count, seed);
   cudaError_t status = cudaGetLastError();

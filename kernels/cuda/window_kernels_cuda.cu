@@ -3,11 +3,11 @@
 // Per-element arithmetic mirrors kernels/cpu/window_kernels_internal.h operation for operation,
 // with explicitly rounded intrinsics so that nvcc can neither contract nor reassociate
 // (the build also passes --fmad=false).
-#include <cub/device/device_select.cuh>
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/tabulate_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
+#include <cub/device/device_select.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -63,9 +63,9 @@ template <DType kLocal>
 __device__ __forceinline__ GateLane gate_lane(float global, float local, float residual) {
   const std::uint16_t global_bf16 = float_to_bf16_bits(global);
   const float cast_global = kLocal == DType::float32 ? global : bf16_bits_to_float(global_bf16);
-  const float delta = __fsub_rn(cast_global, local);  // step 1
-  const float s = __fadd_rn(residual, delta);         // step 2
-  const float corrected = __fsub_rn(global, s);       // step 3
+  const float delta = __fsub_rn(cast_global, local);                            // step 1
+  const float s = __fadd_rn(residual, delta);                                   // step 2
+  const float corrected = __fsub_rn(global, s);                                 // step 3
   return {s, !bf16_numeric_equal(global_bf16, float_to_bf16_bits(corrected))};  // step 4
 }
 
@@ -275,15 +275,15 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
   const auto select = [&](void* temp, std::size_t& bytes, detail::DeviceCounters* counters) {
     return f32 ? detail::gate_select<DType::float32>(temp, bytes, chunk, out_offsets, out_values,
                                                      counters, s)
-               : detail::gate_select<DType::bfloat16>(temp, bytes, chunk, out_offsets,
-                                                      out_values, counters, s);
+               : detail::gate_select<DType::bfloat16>(temp, bytes, chunk, out_offsets, out_values,
+                                                      counters, s);
   };
   std::size_t needed = 0;
   PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
   // Never leave the storage null: CUB would take the second call for another size query.
   impl.reserve_temp(std::max<std::size_t>(needed, 256));
-  PULSELOCO_CUDA_CHECK(cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF,
-                                       sizeof(unsigned long long), s));
+  PULSELOCO_CUDA_CHECK(
+      cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF, sizeof(unsigned long long), s));
   std::size_t available = impl.temp_bytes;
   PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
   PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
@@ -301,12 +301,10 @@ void commit_residual(const GateChunk& chunk, float* residual_out, void* stream) 
   checks::check_pointer(residual_out, chunk.count, "cuda::commit_residual", "residual output");
   if (chunk.local_dtype == DType::float32) {
     launch("commit_residual_kernel", detail::commit_residual_kernel<DType::float32>, chunk.count,
-           as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out,
-           chunk.count);
+           as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out, chunk.count);
   } else {
     launch("commit_residual_kernel", detail::commit_residual_kernel<DType::bfloat16>, chunk.count,
-           as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out,
-           chunk.count);
+           as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out, chunk.count);
   }
 }
 
@@ -321,8 +319,8 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
   const cudaStream_t s = as_stream(stream);
 
   // Validate every rank's offsets on the device, and look at the verdict before writing g.
-  PULSELOCO_CUDA_CHECK(cudaMemsetAsync(&impl.device_counters->bad_entry_min, 0xFF,
-                                       sizeof(unsigned long long), s));
+  PULSELOCO_CUDA_CHECK(
+      cudaMemsetAsync(&impl.device_counters->bad_entry_min, 0xFF, sizeof(unsigned long long), s));
   for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
     const SparseEntries& entries = ranks_in_order[r];
     launch("validate_entries_kernel", detail::validate_entries_kernel, entries.offsets.size(), s,
@@ -370,9 +368,8 @@ void outer_step(float* global, float* momentum, const float* g, void* local, DTy
   checks::check_pointer(g, count, kName, "aggregate");
   checks::check_pointer(local, count, kName, "local weights");
   if (local_dtype == DType::float32) {
-    launch("outer_step_kernel", detail::outer_step_kernel<DType::float32>, count,
-           as_stream(stream), global, momentum, g, local, count, params.lr, params.momentum,
-           params.first_step);
+    launch("outer_step_kernel", detail::outer_step_kernel<DType::float32>, count, as_stream(stream),
+           global, momentum, g, local, count, params.lr, params.momentum, params.first_step);
   } else {
     launch("outer_step_kernel", detail::outer_step_kernel<DType::bfloat16>, count,
            as_stream(stream), global, momentum, g, local, count, params.lr, params.momentum,
