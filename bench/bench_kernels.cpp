@@ -29,6 +29,7 @@
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
 #include "kernels/window_kernels.h"
+#include "summary_reporter.h"
 #include "tests/kernels/window_test_inputs.h"
 
 namespace pulseloco::bench {
@@ -416,57 +417,6 @@ void torch_outer(benchmark::State& state, DType dtype) {
 
 // ---- registration and the summary ------------------------------------------------------------
 
-struct Row {
-  double bytes_per_second = 0;
-  double items_per_second = 0;
-};
-
-// Prints the usual table, then each kernel's share of the copy bandwidth and its speed-up over
-// the libtorch-ops reference.
-class SummaryReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
-      Row row;
-      if (auto it = run.counters.find("bytes_per_second"); it != run.counters.end())
-        row.bytes_per_second = it->second.value;
-      if (auto it = run.counters.find("items_per_second"); it != run.counters.end())
-        row.items_per_second = it->second.value;
-      rows_[run.benchmark_name()] = row;
-    }
-  }
-
-  void Finalize() override {
-    ConsoleReporter::Finalize();
-    auto& out = GetOutputStream();
-    out << "\nSummary (one thread unless noted; 'of copy' = kernel bytes/s / copy bytes/s)\n";
-    out << fmt::format("{:<36} {:>10} {:>10} {:>9} {:>12}\n", "kernel", "Gelem/s", "GB/s",
-                       "of copy", "x libtorch");
-    for (const auto& [name, row] : rows_) {
-      if (name.starts_with("copy/") || name.starts_with("torch/")) continue;
-      // gate/fp32/avx2[/threads:2] -> gate/fp32
-      const std::size_t second = name.find('/', name.find('/') + 1);
-      const std::string base = name.substr(0, second);
-      std::string of_copy = "-", over_torch = "-";
-      if (auto it = rows_.find("copy/" + base);
-          it != rows_.end() && it->second.bytes_per_second > 0)
-        of_copy =
-            fmt::format("{:.0f}%", 100.0 * row.bytes_per_second / it->second.bytes_per_second);
-      if (auto it = rows_.find("torch/" + base);
-          it != rows_.end() && it->second.items_per_second > 0)
-        over_torch = fmt::format("{:.1f}", row.items_per_second / it->second.items_per_second);
-      out << fmt::format("{:<36} {:>10.3f} {:>10.2f} {:>9} {:>12}\n", name,
-                         row.items_per_second / 1e9, row.bytes_per_second / 1e9, of_copy,
-                         over_torch);
-    }
-  }
-
- private:
-  std::map<std::string, Row> rows_;
-};
-
 void register_all() {
   std::vector<CpuIsa> isas{CpuIsa::portable};
   if (cpu_has_avx2()) isas.push_back(CpuIsa::avx2);
@@ -543,7 +493,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
   pulseloco::bench::register_all();
-  pulseloco::bench::SummaryReporter reporter;
+  pulseloco::bench::SummaryReporter reporter(
+      "one thread unless noted; 'of copy' = kernel bytes/s / copy bytes/s");
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return 0;

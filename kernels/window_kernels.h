@@ -4,7 +4,10 @@
 // Nesterov outer step and the reset). All arithmetic is fp32 with round-to-nearest-even; the only
 // fused operations are the two std::fma of step 8. Every function here is deterministic: the
 // same inputs give the same bits on every machine, with either CPU ISA, and on CUDA
-// (kernels/cuda/window_kernels_cuda.h implements the same contract for device buffers).
+// (kernels/cuda/window_kernels_cuda.h implements the same contract for device buffers). This
+// holds for every input of gate() and commit_residual() (a non-finite s always fires and is
+// reported); elsewhere the payload of a NaN result is not specified (x86 propagates an input's
+// payload, GPUs return the canonical NaN), which a valid window never computes.
 //
 // Threading: each call handles one chunk on the calling thread. Callers parallelise across
 // chunks (the engine does, with base/thread_pool.h); the chunk size bounds all temporary memory.

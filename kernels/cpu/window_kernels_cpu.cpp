@@ -5,8 +5,13 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "base/bf16.h"
 #include "base/errors.h"
+#include "kernels/argument_checks.h"
 #include "kernels/cpu/window_kernels_internal.h"
 #include "kernels/window_kernels.h"
 
@@ -122,6 +127,42 @@ void divide_portable(float* values, std::uint64_t count, float divisor) {
 
 namespace {
 
+// IEEE arithmetic for the duration of a kernel, whatever the caller's floating-point mode: the
+// host process (a training framework, torch.set_flush_denormal) may have set flush-to-zero,
+// denormals-are-zero or another rounding mode in MXCSR, which would change our bits and break
+// agreement with other replicas. Restores the caller's mode on exit.
+class IeeeFloatMode {
+ public:
+#if defined(__x86_64__)
+  IeeeFloatMode() : saved_(_mm_getcsr()) {
+    constexpr unsigned kFlushToZero = 1u << 15, kDenormalsAreZero = 1u << 6;
+    constexpr unsigned kRoundingControl = 3u << 13;  // 00 = round to nearest even
+    const unsigned ieee = saved_ & ~(kFlushToZero | kDenormalsAreZero | kRoundingControl);
+    if (ieee != saved_) _mm_setcsr(ieee);
+  }
+  ~IeeeFloatMode() {
+    // Keep the exception flags raised meanwhile; restore the modes.
+    constexpr unsigned kFlags = 0x3Fu;
+    const unsigned now = _mm_getcsr();
+    if ((now & ~kFlags) != (saved_ & ~kFlags)) _mm_setcsr((saved_ & ~kFlags) | (now & kFlags));
+  }
+
+ private:
+  unsigned saved_;
+#else
+  IeeeFloatMode() = default;  // other targets: IEEE unless the caller changed the FP environment
+#endif
+ public:
+  IeeeFloatMode(const IeeeFloatMode&) = delete;
+  IeeeFloatMode& operator=(const IeeeFloatMode&) = delete;
+};
+
+using detail::check_count;
+using detail::check_dtype;
+using detail::check_gate_chunk;
+using detail::check_outer_params;
+using detail::check_pointer;
+
 bool use_avx2(CpuIsa isa, std::string_view kernel) {
   if (isa == CpuIsa::portable) return false;
   if (isa == CpuIsa::avx2) {
@@ -134,49 +175,13 @@ bool use_avx2(CpuIsa isa, std::string_view kernel) {
   throw InvalidArgument(fmt::format("{}: unknown CpuIsa {}", kernel, static_cast<int>(isa)));
 }
 
-void check_count(std::uint64_t count, std::string_view kernel) {
-  if (count > kMaxChunkElements) {
-    throw InvalidArgument(fmt::format("{}: chunk of {} elements exceeds the maximum of {}", kernel,
-                                      count, kMaxChunkElements));
-  }
-}
-
-void check_dtype(DType dtype, std::string_view kernel) {
-  if (dtype != DType::float32 && dtype != DType::bfloat16) {
-    throw InvalidArgument(
-        fmt::format("{}: unknown local dtype code {}", kernel, static_cast<int>(dtype)));
-  }
-}
-
-void check_pointer(const void* pointer, std::uint64_t count, std::string_view kernel,
-                   std::string_view what) {
-  if (pointer == nullptr && count > 0) {
-    throw InvalidArgument(
-        fmt::format("{}: {} is null for a chunk of {} elements", kernel, what, count));
-  }
-}
-
-void check_gate_chunk(const GateChunk& chunk, std::string_view kernel) {
-  check_count(chunk.count, kernel);
-  check_dtype(chunk.local_dtype, kernel);
-  check_pointer(chunk.global, chunk.count, kernel, "global weights");
-  check_pointer(chunk.local, chunk.count, kernel, "local weights");
-  check_pointer(chunk.residual, chunk.count, kernel, "residual");
-}
-
-void check_outer_params(const OuterStepParams& params, std::string_view kernel) {
-  if (!detail::is_finite_value(params.lr) || !detail::is_finite_value(params.momentum)) {
-    throw InvalidArgument(fmt::format("{}: learning rate {} and momentum {} must be finite", kernel,
-                                      params.lr, params.momentum));
-  }
-}
-
 }  // namespace
 
 GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values, CpuIsa isa) {
   check_gate_chunk(chunk, "gate");
   check_pointer(out_offsets, chunk.count, "gate", "offset output");
   check_pointer(out_values, chunk.count, "gate", "value output");
+  const IeeeFloatMode ieee_mode;
   return use_avx2(isa, "gate") ? detail::gate_avx2(chunk, out_offsets, out_values)
                                : detail::gate_portable(chunk, out_offsets, out_values);
 }
@@ -195,6 +200,7 @@ void check_finite(const GateResult& result, std::string_view tensor, std::uint64
 void commit_residual(const GateChunk& chunk, float* residual_out, CpuIsa isa) {
   check_gate_chunk(chunk, "commit_residual");
   check_pointer(residual_out, chunk.count, "commit_residual", "residual output");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "commit_residual")) {
     detail::commit_residual_avx2(chunk, residual_out);
   } else {
@@ -207,15 +213,10 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
   check_count(count, "aggregate");
   check_pointer(g, count, "aggregate", "output");
   const bool avx2 = use_avx2(isa, "aggregate");
-  if (ranks_in_order.empty()) throw InvalidArgument("aggregate: no ranks to average over");
-  // Validate every rank's entries before writing anything.
+  detail::check_ranks_shape(ranks_in_order, "aggregate");
+  // Validate every rank's offsets before writing anything.
   for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
     const SparseEntries& entries = ranks_in_order[r];
-    if (entries.offsets.size() != entries.values.size()) {
-      throw InvalidArgument(fmt::format("aggregate: {} offsets but {} values",
-                                        entries.offsets.size(), entries.values.size()),
-                            ErrorContext{.peer = static_cast<int>(r)});
-    }
     std::uint64_t next_allowed = 0;
     for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
       const std::uint64_t offset = entries.offsets[k];
@@ -229,6 +230,7 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
       next_allowed = offset + 1;
     }
   }
+  const IeeeFloatMode ieee_mode;
   std::fill_n(g, count, 0.0f);  // +0
   for (const SparseEntries& entries : ranks_in_order) {
     const std::uint32_t* offsets = entries.offsets.data();
@@ -253,6 +255,7 @@ void outer_step(float* global, float* momentum, const float* g, void* local, DTy
   check_pointer(momentum, count, "outer_step", "momentum");
   check_pointer(g, count, "outer_step", "aggregate");
   check_pointer(local, count, "outer_step", "local weights");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "outer_step")) {
     detail::outer_step_avx2(global, momentum, g, local, local_dtype, count, params);
   } else {
@@ -263,14 +266,10 @@ void outer_step(float* global, float* momentum, const float* g, void* local, DTy
 void commit_and_outer_step(const WindowChunk& chunk, const float* g, const OuterStepParams& params,
                            CpuIsa isa) {
   constexpr std::string_view kName = "commit_and_outer_step";
-  check_count(chunk.count, kName);
-  check_dtype(chunk.local_dtype, kName);
+  detail::check_window_chunk(chunk, kName);
   check_outer_params(params, kName);
-  check_pointer(chunk.global, chunk.count, kName, "global weights");
-  check_pointer(chunk.momentum, chunk.count, kName, "momentum");
-  check_pointer(chunk.residual, chunk.count, kName, "residual");
-  check_pointer(chunk.local, chunk.count, kName, "local weights");
   check_pointer(g, chunk.count, kName, "aggregate");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, kName)) {
     detail::commit_and_outer_step_avx2(chunk, g, params);
   } else {
@@ -302,6 +301,7 @@ void pseudo_gradient(const float* global, const void* local, DType local_dtype, 
   check_pointer(global, count, "pseudo_gradient", "global weights");
   check_pointer(local, count, "pseudo_gradient", "local weights");
   check_pointer(delta, count, "pseudo_gradient", "output");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "pseudo_gradient")) {
     detail::pseudo_gradient_avx2(global, local, local_dtype, delta, count);
   } else {
@@ -312,6 +312,7 @@ void pseudo_gradient(const float* global, const void* local, DType local_dtype, 
 void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa) {
   check_count(count, "divide");
   check_pointer(values, count, "divide", "values");
+  const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "divide")) {
     detail::divide_avx2(values, count, divisor);
   } else {

@@ -368,25 +368,32 @@ TEST_P(KernelsVsTorch, ManyWindowsWithoutEdgeCases) {
   ASSERT_NO_FATAL_FAILURE(run_scenario(s));
 }
 
-TEST_P(KernelsVsTorch, TenMillionElements) {
-  const auto [dtype, isa] = GetParam();
-  if (isa != active_cpu_isa()) GTEST_SKIP() << "run once, with the active ISA";
-  Scenario s{.count = 10'000'000,
-             .local_dtype = dtype,
-             .ranks = 2,
-             .windows = 2,
-             .chunk = (1u << 20) + 3,
-             .isa = isa,
-             .seed = 5};
-  ASSERT_NO_FATAL_FAILURE(run_scenario(s));
-}
-
 INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, KernelsVsTorch,
                          ::testing::Combine(::testing::Values(DType::float32, DType::bfloat16),
                                             ::testing::ValuesIn(isas())),
                          [](const auto& param_info) {
                            return std::string(dtype_name(std::get<0>(param_info.param))) + "_" +
                                   std::string(cpu_isa_name(std::get<1>(param_info.param)));
+                         });
+
+// Once per local dtype, with the ISA the kernels use by default.
+class KernelsVsTorchLarge : public ::testing::TestWithParam<DType> {};
+
+TEST_P(KernelsVsTorchLarge, TenMillionElements) {
+  Scenario s{.count = 10'000'000,
+             .local_dtype = GetParam(),
+             .ranks = 2,
+             .windows = 2,
+             .chunk = (1u << 20) + 3,
+             .isa = active_cpu_isa(),
+             .seed = 5};
+  ASSERT_NO_FATAL_FAILURE(run_scenario(s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, KernelsVsTorchLarge,
+                         ::testing::Values(DType::float32, DType::bfloat16),
+                         [](const auto& param_info) {
+                           return std::string(dtype_name(param_info.param));
                          });
 
 // A non-finite s: the gate reports the lowest offset (as the reference finds it), sends

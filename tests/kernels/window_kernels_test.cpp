@@ -9,6 +9,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 #include "base/bf16.h"
 #include "base/digest.h"
 #include "base/errors.h"
@@ -331,36 +335,53 @@ TEST(Arguments, AreCheckedBeforeAnyWork) {
   }
 }
 
-// --- Portable and AVX2 give identical bits ----------------------------------------------------
-
-// Arbitrary bit patterns (NaN, infinities, subnormals, ±0 included) mixed with realistic
-// values, at sizes around the vector width, with misaligned starts.
-std::vector<float> mixed_values(std::size_t n, std::uint64_t seed, bool finite_only) {
-  FastRandom random(seed);
-  std::vector<float> out(n);
-  for (float& value : out) {
-    const std::uint64_t pick = random.next() % 8;
-    if (pick < 4) {
-      value = 0.02f * random.normal();
-    } else if (pick < 6) {
-      value = std::bit_cast<float>(static_cast<std::uint32_t>(random.next()));
-    } else if (pick == 6) {
-      const float specials[] = {0.0f,
-                                -0.0f,
-                                1e-45f,
-                                -1e-40f,
-                                3.3e38f,
-                                std::bit_cast<float>(0x3F808000u),  // a bf16 tie
-                                std::numeric_limits<float>::infinity(),
-                                std::numeric_limits<float>::quiet_NaN()};
-      value = specials[random.next() % 8];
-    } else {
-      value = round_to_bf16(0.02f * random.normal());
-    }
-    if (finite_only && !std::isfinite(value)) value = 1.5f;
+#if defined(__x86_64__)
+// A caller that flushes subnormals (MXCSR FTZ + DAZ, as torch.set_flush_denormal(True) sets) or
+// rounds differently must not change the kernels' bits; its mode is restored afterwards.
+TEST(FloatingPointMode, CallerModeDoesNotChangeResultsAndIsRestored) {
+  const std::size_t n = 1000;
+  std::vector<float> global(n), residual(n), g(n);
+  LocalWeights local(DType::float32, n);
+  FastRandom random(8);
+  for (std::size_t i = 0; i < n; ++i) {
+    global[i] = 1e-39f * random.normal();  // subnormal
+    local.set(i, global[i] * 0.5f);
+    residual[i] = 1e-40f * random.normal();
+    g[i] = 1e-39f * random.normal();
   }
-  return out;
+  const auto run_all = [&](CpuIsa isa) {
+    std::vector<float> out = run_gate(global, local, residual, isa).values;
+    std::vector<float> theta = global, m = residual, e(n), delta(n);
+    LocalWeights reset(DType::float32, n);
+    commit_residual(GateChunk{.global = global.data(),
+                              .local = local.data(),
+                              .residual = residual.data(),
+                              .count = n},
+                    e.data(), isa);
+    outer_step(theta.data(), m.data(), g.data(), reset.data(), DType::float32, n, OuterStepParams{},
+               isa);
+    pseudo_gradient(global.data(), local.data(), DType::float32, delta.data(), n, isa);
+    for (const auto* part : {&e, &theta, &m, &delta})
+      out.insert(out.end(), part->begin(), part->end());
+    return out;
+  };
+  for (CpuIsa isa : {CpuIsa::portable, active_cpu_isa()}) {
+    const std::vector<float> ieee = run_all(isa);
+    const unsigned before = _mm_getcsr();
+    const unsigned flushing =
+        (before | (1u << 15) | (1u << 6) | (3u << 13)) & ~0x3Fu;  // FTZ, DAZ, toward zero
+    _mm_setcsr(flushing);
+    const std::vector<float> under_caller_mode = run_all(isa);
+    const unsigned after = _mm_getcsr();
+    _mm_setcsr(before);
+    EXPECT_EQ(after & ~0x3Fu, flushing);  // restored (exception flags aside)
+    ASSERT_EQ(ieee.size(), under_caller_mode.size());
+    EXPECT_EQ(std::memcmp(ieee.data(), under_caller_mode.data(), ieee.size() * 4), 0);
+  }
 }
+#endif
+
+// --- Portable and AVX2 give identical bits ----------------------------------------------------
 
 class IsaIdentity : public ::testing::TestWithParam<DType> {
  protected:
@@ -382,10 +403,10 @@ TEST_P(IsaIdentity, EveryKernel) {
       for (bool finite : {true, false}) {
         const std::uint64_t seed = n * 31 + misalign * 7 + (finite ? 1 : 0);
         // Realistic fire rates need θ_l near θ_g: mix both kinds of local values.
-        std::vector<float> global = mixed_values(n + misalign, seed, finite);
-        std::vector<float> residual = mixed_values(n + misalign, seed + 1, finite);
+        std::vector<float> global = testing::arbitrary_values(n + misalign, seed, finite);
+        std::vector<float> residual = testing::arbitrary_values(n + misalign, seed + 1, finite);
         LocalWeights local(dtype, n + misalign);
-        const std::vector<float> noise = mixed_values(n + misalign, seed + 2, finite);
+        const std::vector<float> noise = testing::arbitrary_values(n + misalign, seed + 2, finite);
         for (std::size_t i = 0; i < n + misalign; ++i) {
           local.set(i, i % 3 == 0 ? noise[i] : global[i] + 1e-4f * noise[i]);
           if (i % 2 == 0) residual[i] *= 1e-3f;
@@ -426,9 +447,10 @@ TEST_P(IsaIdentity, EveryKernel) {
         for (bool first : {true, false}) {
           const OuterStepParams params{.lr = 0.7f, .momentum = 0.9f, .first_step = first};
           std::vector<float> theta_p = global, theta_a = global;
-          std::vector<float> m_p = mixed_values(n + misalign, seed + 3, true), m_a = m_p;
+          std::vector<float> m_p = testing::arbitrary_values(n + misalign, seed + 3, true),
+                             m_a = m_p;
           LocalWeights l_p(dtype, n + misalign), l_a(dtype, n + misalign);
-          const std::vector<float> g = mixed_values(n + misalign, seed + 4, true);
+          const std::vector<float> g = testing::arbitrary_values(n + misalign, seed + 4, true);
           outer_step(theta_p.data() + misalign, m_p.data() + misalign, g.data() + misalign,
                      static_cast<char*>(l_p.data()) + misalign * dtype_size(dtype), dtype, n,
                      params, CpuIsa::portable);
@@ -441,7 +463,8 @@ TEST_P(IsaIdentity, EveryKernel) {
 
           // The fused end of window equals commit_residual followed by outer_step.
           for (CpuIsa isa : {CpuIsa::portable, CpuIsa::avx2}) {
-            std::vector<float> theta_f = global, m_f = mixed_values(n + misalign, seed + 3, true);
+            std::vector<float> theta_f = global,
+                               m_f = testing::arbitrary_values(n + misalign, seed + 3, true);
             std::vector<float> e_f = residual;
             LocalWeights l_f = local;
             commit_and_outer_step(

@@ -3,8 +3,10 @@
 // huge and tiny magnitudes, values exactly at bf16 rounding ties) placed among them.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "base/bf16.h"
@@ -211,6 +213,35 @@ inline void inject_edge_cases(std::vector<float>& global, std::vector<LocalWeigh
       }
     }
   }
+}
+
+// Arbitrary bit patterns (NaN, infinities, subnormals, ±0, a bf16 tie) mixed with realistic
+// values; with `finite_only`, NaN and infinities are replaced by 1.5.
+inline std::vector<float> arbitrary_values(std::size_t n, std::uint64_t seed, bool finite_only) {
+  FastRandom random(seed);
+  std::vector<float> out(n);
+  for (float& value : out) {
+    const std::uint64_t pick = random.next() % 8;
+    if (pick < 4) {
+      value = 0.02f * random.normal();
+    } else if (pick < 6) {
+      value = bits_to_float(static_cast<std::uint32_t>(random.next()));
+    } else if (pick == 6) {
+      const float specials[] = {0.0f,
+                                -0.0f,
+                                1e-45f,
+                                -1e-40f,
+                                3.3e38f,
+                                bits_to_float(0x3F808000u),  // a bf16 tie
+                                std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN()};
+      value = specials[random.next() % 8];
+    } else {
+      value = round_to_bf16(0.02f * random.normal());
+    }
+    if (finite_only && !std::isfinite(value)) value = 1.5f;
+  }
+  return out;
 }
 
 }  // namespace pulseloco::testing

@@ -1,0 +1,74 @@
+#include "kernels/argument_checks.h"
+
+#include <fmt/format.h>
+
+#include "base/errors.h"
+
+namespace pulseloco::kernels::detail {
+
+void check_count(std::uint64_t count, std::string_view kernel) {
+  if (count > kMaxChunkElements) {
+    throw InvalidArgument(fmt::format("{}: chunk of {} elements exceeds the maximum of {}", kernel,
+                                      count, kMaxChunkElements));
+  }
+}
+
+void check_dtype(DType dtype, std::string_view kernel) {
+  if (dtype != DType::float32 && dtype != DType::bfloat16) {
+    throw InvalidArgument(
+        fmt::format("{}: unknown local dtype code {}", kernel, static_cast<int>(dtype)));
+  }
+}
+
+void check_pointer(const void* pointer, std::uint64_t count, std::string_view kernel,
+                   std::string_view what) {
+  if (pointer == nullptr && count > 0) {
+    throw InvalidArgument(
+        fmt::format("{}: {} is null for a chunk of {} elements", kernel, what, count));
+  }
+}
+
+void check_gate_chunk(const GateChunk& chunk, std::string_view kernel) {
+  check_count(chunk.count, kernel);
+  check_dtype(chunk.local_dtype, kernel);
+  check_pointer(chunk.global, chunk.count, kernel, "global weights");
+  check_pointer(chunk.local, chunk.count, kernel, "local weights");
+  check_pointer(chunk.residual, chunk.count, kernel, "residual");
+}
+
+void check_window_chunk(const WindowChunk& chunk, std::string_view kernel) {
+  check_count(chunk.count, kernel);
+  check_dtype(chunk.local_dtype, kernel);
+  check_pointer(chunk.global, chunk.count, kernel, "global weights");
+  check_pointer(chunk.momentum, chunk.count, kernel, "momentum");
+  check_pointer(chunk.residual, chunk.count, kernel, "residual");
+  check_pointer(chunk.local, chunk.count, kernel, "local weights");
+}
+
+void check_outer_params(const OuterStepParams& params, std::string_view kernel) {
+  const auto finite = [](float value) { return value - value == 0.0f; };
+  if (!finite(params.lr) || !finite(params.momentum)) {
+    throw InvalidArgument(fmt::format("{}: learning rate {} and momentum {} must be finite", kernel,
+                                      params.lr, params.momentum));
+  }
+}
+
+void check_ranks_shape(std::span<const SparseEntries> ranks_in_order, std::string_view kernel) {
+  if (ranks_in_order.empty())
+    throw InvalidArgument(fmt::format("{}: no ranks to average over", kernel));
+  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
+    const SparseEntries& entries = ranks_in_order[r];
+    if (entries.offsets.size() != entries.values.size()) {
+      throw InvalidArgument(fmt::format("{}: {} offsets but {} values", kernel,
+                                        entries.offsets.size(), entries.values.size()),
+                            ErrorContext{.peer = static_cast<int>(r)});
+    }
+    if (!entries.offsets.empty() &&
+        (entries.offsets.data() == nullptr || entries.values.data() == nullptr)) {
+      throw InvalidArgument(fmt::format("{}: null entry buffers", kernel),
+                            ErrorContext{.peer = static_cast<int>(r)});
+    }
+  }
+}
+
+}  // namespace pulseloco::kernels::detail

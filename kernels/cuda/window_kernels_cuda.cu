@@ -1,0 +1,439 @@
+// The window kernels on CUDA (contract: kernels/cuda/window_kernels_cuda.h).
+//
+// Per-element arithmetic mirrors kernels/cpu/window_kernels_internal.h operation for operation,
+// with explicitly rounded intrinsics so that nvcc can neither contract nor reassociate
+// (the build also passes --fmad=false).
+#include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+#include <cub/device/device_select.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "base/bf16.h"
+#include "base/errors.h"
+#include "kernels/argument_checks.h"
+#include "kernels/cuda/cuda_internal.h"
+#include "kernels/cuda/window_kernels_cuda.h"
+
+#define PULSELOCO_CUDA_CHECK(call) \
+  ::pulseloco::kernels::cuda::detail::check(static_cast<int>(call), #call)
+
+namespace pulseloco::kernels::cuda {
+namespace detail {
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- per-element arithmetic (device) --------------------------------------------------------
+
+__device__ __forceinline__ bool is_finite_value(float value) {
+  return (__float_as_uint(value) & 0x7F800000u) != 0x7F800000u;
+}
+
+template <DType kLocal>
+__device__ __forceinline__ float load_local(const void* local, std::uint64_t i) {
+  if constexpr (kLocal == DType::float32) {
+    return static_cast<const float*>(local)[i];
+  } else {
+    return bf16_bits_to_float(static_cast<const std::uint16_t*>(local)[i]);
+  }
+}
+
+template <DType kLocal>
+__device__ __forceinline__ void store_local(void* local, std::uint64_t i, float value) {
+  if constexpr (kLocal == DType::float32) {
+    static_cast<float*>(local)[i] = value;
+  } else {
+    static_cast<std::uint16_t*>(local)[i] = float_to_bf16_bits(value);
+  }
+}
+
+struct GateLane {
+  float s;
+  bool fire;
+};
+
+// Steps 1-4 for one element (the CPU's gate_lane).
+template <DType kLocal>
+__device__ __forceinline__ GateLane gate_lane(float global, float local, float residual) {
+  const std::uint16_t global_bf16 = float_to_bf16_bits(global);
+  const float cast_global = kLocal == DType::float32 ? global : bf16_bits_to_float(global_bf16);
+  const float delta = __fsub_rn(cast_global, local);                            // step 1
+  const float s = __fadd_rn(residual, delta);                                   // step 2
+  const float corrected = __fsub_rn(global, s);                                 // step 3
+  return {s, !bf16_numeric_equal(global_bf16, float_to_bf16_bits(corrected))};  // step 4
+}
+
+// Step 8 for one element (the CPU's outer_lane).
+__device__ __forceinline__ void outer_lane(float& global, float& momentum, float g, float lr,
+                                           float mu, bool first_step) {
+  const float m = first_step ? g : __fadd_rn(__fmul_rn(mu, momentum), g);  // two roundings
+  const float d = __fmaf_rn(mu, m, g);                                     // one rounding
+  global = __fmaf_rn(-lr, d, global);                                      // one rounding
+  momentum = m;
+}
+
+__device__ __forceinline__ std::uint64_t first_index() {
+  return static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::uint64_t grid_stride() {
+  return static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+}
+
+// ---- the gate: a stable CUB DeviceSelect over computed items ---------------------------------
+
+// Item of element i: fire in bit 63, i in bits 32..62 (i < 2^31), the bits of s in 0..31.
+// A non-finite s is recorded (lowest offset wins, whatever the order) and never selected.
+template <DType kLocal>
+struct GateItem {
+  const float* global;
+  const void* local;
+  const float* residual;
+  unsigned long long* non_finite_min;
+
+  __device__ std::uint64_t operator()(std::uint32_t i) const {
+    const GateLane lane = gate_lane<kLocal>(global[i], load_local<kLocal>(local, i), residual[i]);
+    if (!is_finite_value(lane.s)) {
+      atomicMin(non_finite_min, static_cast<unsigned long long>(i));
+      return 0;
+    }
+    return (static_cast<std::uint64_t>(lane.fire) << 63) | (static_cast<std::uint64_t>(i) << 32) |
+           __float_as_uint(lane.s);
+  }
+};
+
+struct IsFired {
+  __device__ bool operator()(std::uint64_t item) const { return (item >> 63) != 0; }
+};
+
+// Writes the k-th selected item as (offset, value).
+struct WriteEntry {
+  std::uint32_t* offsets;
+  float* values;
+
+  __device__ void operator()(std::ptrdiff_t k, std::uint64_t item) const {
+    offsets[k] = static_cast<std::uint32_t>(item >> 32) & 0x7FFFFFFFu;
+    values[k] = __uint_as_float(static_cast<std::uint32_t>(item));
+  }
+};
+
+// One call of cub::DeviceSelect::If: a size query when `temp` is null, the gate otherwise.
+template <DType kLocal>
+cudaError_t gate_select(void* temp, std::size_t& temp_bytes, const GateChunk& chunk,
+                        std::uint32_t* out_offsets, float* out_values, DeviceCounters* counters,
+                        cudaStream_t stream) {
+  const auto items = thrust::make_transform_iterator(
+      thrust::counting_iterator<std::uint32_t>(0),
+      GateItem<kLocal>{chunk.global, chunk.local, chunk.residual,
+                       counters == nullptr ? nullptr : &counters->non_finite_min});
+  const auto out = thrust::make_tabulate_output_iterator(WriteEntry{out_offsets, out_values});
+  return cub::DeviceSelect::If(temp, temp_bytes, items, out,
+                               counters == nullptr ? nullptr : &counters->selected,
+                               static_cast<std::int64_t>(chunk.count), IsFired{}, stream);
+}
+
+// ---- element-wise kernels ------------------------------------------------------------------
+
+template <DType kLocal>
+__global__ void commit_residual_kernel(const float* global, const void* local,
+                                       const float* residual, float* residual_out,
+                                       std::uint64_t count) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
+    const GateLane lane = gate_lane<kLocal>(global[i], load_local<kLocal>(local, i), residual[i]);
+    residual_out[i] = lane.fire ? 0.0f : lane.s;
+  }
+}
+
+template <DType kLocal>
+__global__ void outer_step_kernel(float* global, float* momentum, const float* g, void* local,
+                                  std::uint64_t count, float lr, float mu, bool first_step) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
+    float theta = global[i];
+    float m = first_step ? 0.0f : momentum[i];
+    outer_lane(theta, m, g[i], lr, mu, first_step);
+    global[i] = theta;
+    momentum[i] = m;
+    store_local<kLocal>(local, i, theta);
+  }
+}
+
+template <DType kLocal>
+__global__ void commit_and_outer_step_kernel(float* global, float* momentum, float* residual,
+                                             void* local, const float* g, std::uint64_t count,
+                                             float lr, float mu, bool first_step) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
+    float theta = global[i];
+    const GateLane lane = gate_lane<kLocal>(theta, load_local<kLocal>(local, i), residual[i]);
+    residual[i] = lane.fire ? 0.0f : lane.s;
+    float m = first_step ? 0.0f : momentum[i];
+    outer_lane(theta, m, g[i], lr, mu, first_step);
+    global[i] = theta;
+    momentum[i] = m;
+    store_local<kLocal>(local, i, theta);
+  }
+}
+
+__global__ void cast_to_bf16_kernel(const float* global, std::uint16_t* local,
+                                    std::uint64_t count) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride())
+    local[i] = float_to_bf16_bits(global[i]);
+}
+
+template <DType kLocal>
+__global__ void pseudo_gradient_kernel(const float* global, const void* local, float* delta,
+                                       std::uint64_t count) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
+    const float cast_global = kLocal == DType::float32 ? global[i] : round_to_bf16(global[i]);
+    delta[i] = __fsub_rn(cast_global, load_local<kLocal>(local, i));
+  }
+}
+
+__global__ void divide_kernel(float* values, std::uint64_t count, float divisor) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride())
+    values[i] = __fdiv_rn(values[i], divisor);
+}
+
+// Flags the first entry (lowest rank, then lowest index) whose offset is not strictly above
+// its predecessor's or not below `count`.
+__global__ void validate_entries_kernel(const std::uint32_t* offsets, std::uint64_t entries,
+                                        std::uint64_t count, unsigned long long rank,
+                                        unsigned long long* bad_entry_min) {
+  for (std::uint64_t k = first_index(); k < entries; k += grid_stride()) {
+    const bool bad = offsets[k] >= count || (k > 0 && offsets[k] <= offsets[k - 1]);
+    if (bad) atomicMin(bad_entry_min, (rank << 32) | k);
+  }
+}
+
+// One rank's entries: its offsets are unique, so no two threads touch the same element.
+__global__ void scatter_add_kernel(const std::uint32_t* offsets, const float* values,
+                                   std::uint64_t entries, float* g) {
+  for (std::uint64_t k = first_index(); k < entries; k += grid_stride()) {
+    const std::uint32_t offset = offsets[k];
+    g[offset] = __fadd_rn(g[offset], values[k]);
+  }
+}
+
+// ---- launching ------------------------------------------------------------------------------
+
+// Enough blocks to fill the device (grid-stride loops cover the rest).
+unsigned blocks_for(std::uint64_t count) {
+  int device = 0, multiprocessors = 0;
+  PULSELOCO_CUDA_CHECK(cudaGetDevice(&device));
+  PULSELOCO_CUDA_CHECK(
+      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  const std::uint64_t needed = (count + kThreads - 1) / kThreads;
+  const std::uint64_t cap = static_cast<std::uint64_t>(std::max(multiprocessors, 1)) * 8;
+  return static_cast<unsigned>(std::max<std::uint64_t>(1, std::min(needed, cap)));
+}
+
+template <typename Kernel, typename... Args>
+void launch(const char* name, Kernel kernel, std::uint64_t count, cudaStream_t stream,
+            Args... args) {
+  if (count == 0) return;
+  kernel<<<blocks_for(count), kThreads, 0, stream>>>(args...);
+  check(static_cast<int>(cudaGetLastError()), name);
+}
+
+cudaStream_t as_stream(void* stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+
+}  // namespace
+
+std::size_t gate_temp_bytes(std::uint64_t count) {
+  std::size_t bytes_f32 = 0, bytes_bf16 = 0;
+  GateChunk chunk;
+  chunk.count = count;
+  PULSELOCO_CUDA_CHECK(
+      gate_select<DType::float32>(nullptr, bytes_f32, chunk, nullptr, nullptr, nullptr, nullptr));
+  PULSELOCO_CUDA_CHECK(
+      gate_select<DType::bfloat16>(nullptr, bytes_bf16, chunk, nullptr, nullptr, nullptr, nullptr));
+  return std::max(bytes_f32, bytes_bf16);
+}
+
+}  // namespace detail
+
+namespace checks = ::pulseloco::kernels::detail;  // the argument checks shared with the CPU
+using detail::as_stream;
+using detail::launch;
+
+GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values,
+                DeviceWorkspace& workspace, void* stream) {
+  checks::check_gate_chunk(chunk, "cuda::gate");
+  checks::check_pointer(out_offsets, chunk.count, "cuda::gate", "offset output");
+  checks::check_pointer(out_values, chunk.count, "cuda::gate", "value output");
+  detail::check_current_device(workspace, "cuda::gate");
+  if (chunk.count == 0) return GateResult{};
+  DeviceWorkspace::Impl& impl = workspace.impl();
+  const cudaStream_t s = as_stream(stream);
+  const bool f32 = chunk.local_dtype == DType::float32;
+  const auto select = [&](void* temp, std::size_t& bytes, detail::DeviceCounters* counters) {
+    return f32 ? detail::gate_select<DType::float32>(temp, bytes, chunk, out_offsets, out_values,
+                                                     counters, s)
+               : detail::gate_select<DType::bfloat16>(temp, bytes, chunk, out_offsets, out_values,
+                                                      counters, s);
+  };
+  std::size_t needed = 0;
+  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
+  // Never leave the storage null: CUB would take the second call for another size query.
+  impl.reserve_temp(std::max<std::size_t>(needed, 256));
+  PULSELOCO_CUDA_CHECK(
+      cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF, sizeof(unsigned long long), s));
+  std::size_t available = impl.temp_bytes;
+  PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
+  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
+                                       sizeof(detail::DeviceCounters), cudaMemcpyDeviceToHost, s));
+  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(s));
+  const detail::DeviceCounters& result = *impl.host_counters;
+  if (result.non_finite_min != detail::kNoOffset)
+    return GateResult{.fired = 0, .non_finite_offset = result.non_finite_min};
+  return GateResult{.fired = static_cast<std::uint64_t>(result.selected),
+                    .non_finite_offset = std::nullopt};
+}
+
+void commit_residual(const GateChunk& chunk, float* residual_out, void* stream) {
+  checks::check_gate_chunk(chunk, "cuda::commit_residual");
+  checks::check_pointer(residual_out, chunk.count, "cuda::commit_residual", "residual output");
+  if (chunk.local_dtype == DType::float32) {
+    launch("commit_residual_kernel", detail::commit_residual_kernel<DType::float32>, chunk.count,
+           as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out, chunk.count);
+  } else {
+    launch("commit_residual_kernel", detail::commit_residual_kernel<DType::bfloat16>, chunk.count,
+           as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out, chunk.count);
+  }
+}
+
+void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uint64_t count,
+               DeviceWorkspace& workspace, void* stream) {
+  constexpr const char* kName = "cuda::aggregate";
+  checks::check_count(count, kName);
+  checks::check_pointer(g, count, kName, "output");
+  checks::check_ranks_shape(ranks_in_order, kName);
+  detail::check_current_device(workspace, kName);
+  DeviceWorkspace::Impl& impl = workspace.impl();
+  const cudaStream_t s = as_stream(stream);
+
+  // Validate every rank's offsets on the device, and look at the verdict before writing g.
+  PULSELOCO_CUDA_CHECK(
+      cudaMemsetAsync(&impl.device_counters->bad_entry_min, 0xFF, sizeof(unsigned long long), s));
+  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
+    const SparseEntries& entries = ranks_in_order[r];
+    launch("validate_entries_kernel", detail::validate_entries_kernel, entries.offsets.size(), s,
+           entries.offsets.data(), static_cast<std::uint64_t>(entries.offsets.size()), count,
+           static_cast<unsigned long long>(r), &impl.device_counters->bad_entry_min);
+  }
+  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
+                                       sizeof(detail::DeviceCounters), cudaMemcpyDeviceToHost, s));
+  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(s));
+  const unsigned long long bad = impl.host_counters->bad_entry_min;
+  if (bad != detail::kNoOffset) {
+    const auto rank = static_cast<int>(bad >> 32);
+    const std::uint64_t entry = bad & 0xFFFFFFFFull;
+    ErrorContext context;  // (no designated initialisers: nvcc's host pass warns about them)
+    context.peer = rank;
+    context.index = entry;
+    throw InvalidArgument("cuda::aggregate: entry " + std::to_string(entry) +
+                              " breaks the rule that offsets are strictly ascending and below "
+                              "the chunk length " +
+                              std::to_string(count),
+                          std::move(context));
+  }
+
+  if (count == 0) return;
+  PULSELOCO_CUDA_CHECK(cudaMemsetAsync(g, 0, count * sizeof(float), s));  // +0
+  // One launch per rank, in rank order on one stream: the additions into each element happen
+  // in rank order, as on the CPU.
+  for (const SparseEntries& entries : ranks_in_order) {
+    launch("scatter_add_kernel", detail::scatter_add_kernel, entries.offsets.size(), s,
+           entries.offsets.data(), entries.values.data(),
+           static_cast<std::uint64_t>(entries.offsets.size()), g);
+  }
+  launch("divide_kernel", detail::divide_kernel, count, s, g, count,
+         static_cast<float>(ranks_in_order.size()));
+}
+
+void outer_step(float* global, float* momentum, const float* g, void* local, DType local_dtype,
+                std::uint64_t count, const OuterStepParams& params, void* stream) {
+  constexpr const char* kName = "cuda::outer_step";
+  checks::check_count(count, kName);
+  checks::check_dtype(local_dtype, kName);
+  checks::check_outer_params(params, kName);
+  checks::check_pointer(global, count, kName, "global weights");
+  checks::check_pointer(momentum, count, kName, "momentum");
+  checks::check_pointer(g, count, kName, "aggregate");
+  checks::check_pointer(local, count, kName, "local weights");
+  if (local_dtype == DType::float32) {
+    launch("outer_step_kernel", detail::outer_step_kernel<DType::float32>, count, as_stream(stream),
+           global, momentum, g, local, count, params.lr, params.momentum, params.first_step);
+  } else {
+    launch("outer_step_kernel", detail::outer_step_kernel<DType::bfloat16>, count,
+           as_stream(stream), global, momentum, g, local, count, params.lr, params.momentum,
+           params.first_step);
+  }
+}
+
+void commit_and_outer_step(const WindowChunk& chunk, const float* g, const OuterStepParams& params,
+                           void* stream) {
+  constexpr const char* kName = "cuda::commit_and_outer_step";
+  checks::check_window_chunk(chunk, kName);
+  checks::check_outer_params(params, kName);
+  checks::check_pointer(g, chunk.count, kName, "aggregate");
+  if (chunk.local_dtype == DType::float32) {
+    launch("commit_and_outer_step_kernel", detail::commit_and_outer_step_kernel<DType::float32>,
+           chunk.count, as_stream(stream), chunk.global, chunk.momentum, chunk.residual,
+           chunk.local, g, chunk.count, params.lr, params.momentum, params.first_step);
+  } else {
+    launch("commit_and_outer_step_kernel", detail::commit_and_outer_step_kernel<DType::bfloat16>,
+           chunk.count, as_stream(stream), chunk.global, chunk.momentum, chunk.residual,
+           chunk.local, g, chunk.count, params.lr, params.momentum, params.first_step);
+  }
+}
+
+void reset_local(const float* global, void* local, DType local_dtype, std::uint64_t count,
+                 void* stream) {
+  constexpr const char* kName = "cuda::reset_local";
+  checks::check_count(count, kName);
+  checks::check_dtype(local_dtype, kName);
+  checks::check_pointer(global, count, kName, "global weights");
+  checks::check_pointer(local, count, kName, "local weights");
+  if (count == 0) return;
+  if (local_dtype == DType::float32) {
+    if (static_cast<const void*>(global) != local) {
+      PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(local, global, count * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, as_stream(stream)));
+    }
+  } else {
+    launch("cast_to_bf16_kernel", detail::cast_to_bf16_kernel, count, as_stream(stream), global,
+           static_cast<std::uint16_t*>(local), count);
+  }
+}
+
+void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
+                     std::uint64_t count, void* stream) {
+  constexpr const char* kName = "cuda::pseudo_gradient";
+  checks::check_count(count, kName);
+  checks::check_dtype(local_dtype, kName);
+  checks::check_pointer(global, count, kName, "global weights");
+  checks::check_pointer(local, count, kName, "local weights");
+  checks::check_pointer(delta, count, kName, "output");
+  if (local_dtype == DType::float32) {
+    launch("pseudo_gradient_kernel", detail::pseudo_gradient_kernel<DType::float32>, count,
+           as_stream(stream), global, local, delta, count);
+  } else {
+    launch("pseudo_gradient_kernel", detail::pseudo_gradient_kernel<DType::bfloat16>, count,
+           as_stream(stream), global, local, delta, count);
+  }
+}
+
+void divide(float* values, std::uint64_t count, float divisor, void* stream) {
+  checks::check_count(count, "cuda::divide");
+  checks::check_pointer(values, count, "cuda::divide", "values");
+  launch("divide_kernel", detail::divide_kernel, count, as_stream(stream), values, count, divisor);
+}
+
+}  // namespace pulseloco::kernels::cuda

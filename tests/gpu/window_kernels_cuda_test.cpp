@@ -1,0 +1,322 @@
+// The CUDA window kernels against the CPU kernels (which window_kernels_reference_test.cpp
+// holds to the libtorch reference bit for bit): identical bits for every kernel over the size,
+// rank and edge-case matrix, several windows, a whole window chained on a device stream without
+// host round trips, non-finite reports, aggregate validation and digests. Skips without a GPU.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "base/digest.h"
+#include "base/errors.h"
+#include "gpu/cuda_backend.h"
+#include "gpu/gpu_test_util.h"
+#include "kernels/backend_comparison.h"
+#include "kernels/cuda/window_kernels_cuda.h"
+#include "kernels/window_kernels.h"
+#include "kernels/window_test_inputs.h"
+
+namespace pulseloco::testing {
+namespace {
+
+class CpuVsCuda : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { PULSELOCO_SKIP_WITHOUT_GPU(); }
+};
+
+TEST_P(CpuVsCuda, SizesAndRanks) {
+  CpuBackend cpu(active_cpu_isa());
+  CudaBackend cuda;
+  for (int ranks = 1; ranks <= 8; ++ranks) {
+    for (std::size_t count :
+         {0u, 1u, 7u, 8u, 9u, 31u, 33u, 255u, 256u, 257u, 1000u, 4099u, 65537u}) {
+      const BackendScenario s{.count = count,
+                              .local_dtype = GetParam(),
+                              .ranks = ranks,
+                              .chunk = 1000,
+                              .seed = 5u * count + static_cast<std::uint64_t>(ranks)};
+      ASSERT_NO_FATAL_FAILURE(compare_backends(cpu, cuda, s));
+    }
+  }
+}
+
+TEST_P(CpuVsCuda, ChunkSizesAndManyWindows) {
+  CpuBackend cpu(active_cpu_isa());
+  CudaBackend cuda;
+  for (std::uint64_t chunk : {1u, 31u, 4096u, 65537u, 300000u}) {
+    const BackendScenario s{.count = 200003,
+                            .local_dtype = GetParam(),
+                            .ranks = 3,
+                            .windows = 2,
+                            .chunk = chunk,
+                            .seed = chunk};
+    ASSERT_NO_FATAL_FAILURE(compare_backends(cpu, cuda, s));
+  }
+  const BackendScenario long_run{.count = 50001,
+                                 .local_dtype = GetParam(),
+                                 .ranks = 4,
+                                 .windows = 8,
+                                 .chunk = 4099,
+                                 .edge_cases = false,
+                                 .seed = 9};
+  ASSERT_NO_FATAL_FAILURE(compare_backends(cpu, cuda, long_run));
+}
+
+TEST_P(CpuVsCuda, TenMillionElements) {
+  CpuBackend cpu(active_cpu_isa());
+  CudaBackend cuda;
+  const BackendScenario s{.count = 10'000'000,
+                          .local_dtype = GetParam(),
+                          .ranks = 2,
+                          .windows = 2,
+                          .chunk = (1u << 22) + 5,
+                          .seed = 10};
+  ASSERT_NO_FATAL_FAILURE(compare_backends(cpu, cuda, s));
+}
+
+// Arbitrary bit patterns, NaN and infinities included: the same gate result (the lowest
+// non-finite offset when there is one) and the same committed residual.
+TEST_P(CpuVsCuda, ArbitraryBitPatterns) {
+  CpuBackend cpu(active_cpu_isa());
+  CudaBackend cuda;
+  const DType dtype = GetParam();
+  for (std::size_t n : {1u, 8u, 100u, 5000u, 70001u}) {
+    for (bool finite : {true, false}) {
+      const std::uint64_t seed = n * 13 + (finite ? 1 : 0);
+      std::vector<float> global = arbitrary_values(n, seed, finite);
+      std::vector<float> residual = arbitrary_values(n, seed + 1, finite);
+      const std::vector<float> noise = arbitrary_values(n, seed + 2, finite);
+      LocalWeights local(dtype, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        local.set(i, i % 3 == 0 ? noise[i] : global[i] + 1e-4f * noise[i]);
+        if (i % 2 == 0) residual[i] *= 1e-3f;
+      }
+      const kernels::GateChunk chunk{.global = global.data(),
+                                     .local = local.data(),
+                                     .local_dtype = dtype,
+                                     .residual = residual.data(),
+                                     .count = n};
+      std::vector<std::uint32_t> off_cpu, off_cuda;
+      std::vector<float> val_cpu, val_cuda;
+      const kernels::GateResult r_cpu = cpu.gate(chunk, off_cpu, val_cpu);
+      const kernels::GateResult r_cuda = cuda.gate(chunk, off_cuda, val_cuda);
+      ASSERT_EQ(r_cpu.non_finite_offset, r_cuda.non_finite_offset) << n;
+      ASSERT_EQ(r_cpu.fired, r_cuda.fired) << n;
+      ASSERT_EQ(off_cpu, off_cuda) << n;
+      ASSERT_TRUE(same_floats(val_cpu, val_cuda, "values"));
+      std::vector<float> e_cpu(n), e_cuda(n);
+      cpu.commit_residual(chunk, e_cpu.data());
+      cuda.commit_residual(chunk, e_cuda.data());
+      ASSERT_TRUE(same_floats(e_cpu, e_cuda, "committed residual"));
+      std::vector<float> d_cpu(n), d_cuda(n);
+      cpu.pseudo_gradient(global.data(), local.data(), dtype, d_cpu.data(), n);
+      cuda.pseudo_gradient(global.data(), local.data(), dtype, d_cuda.data(), n);
+      // NaN payloads are not specified (x86 propagates an input's payload, NVIDIA GPUs return
+      // the canonical NaN, and a valid window never computes one): every NaN equals every NaN,
+      // every other value must have the same bits.
+      for (std::size_t i = 0; i < n; ++i) {
+        if (std::isnan(d_cpu[i]) && std::isnan(d_cuda[i])) continue;
+        ASSERT_EQ(float_to_bits(d_cpu[i]), float_to_bits(d_cuda[i])) << "pseudo_gradient " << i;
+      }
+      if (!finite) {
+        // A poisoned element early on: both report it.
+        residual[n / 2] = std::numeric_limits<float>::quiet_NaN();
+        ASSERT_EQ(cpu.gate(chunk, off_cpu, val_cpu).non_finite_offset,
+                  cuda.gate(chunk, off_cuda, val_cuda).non_finite_offset);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LocalDtypes, CpuVsCuda, ::testing::Values(DType::float32, DType::bfloat16),
+                         [](const auto& param_info) {
+                           return std::string(dtype_name(param_info.param));
+                         });
+
+// A whole window chained on one non-default stream, entirely on the device: the gate's device
+// outputs feed the aggregate directly, then the fused commit + outer step; only the end result
+// comes back. Chunks start at odd element offsets.
+TEST(CudaWindow, ChainedOnAStreamMatchesTheCpu) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  constexpr std::size_t n = 300007;
+  constexpr std::uint64_t kChunk = 65537;
+  constexpr int kRanks = 3;
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    CudaBackend cuda;  // for its stream and workspace
+    const cudaStream_t stream = cuda.stream();
+    std::vector<float> global = make_global_weights(n, 1);
+    std::vector<LocalWeights> locals(kRanks, LocalWeights(dtype, n));
+    std::vector<std::vector<float>> residuals(kRanks, std::vector<float>(n, 0.0f));
+    for (int r = 0; r < kRanks; ++r) {
+      cast_global_into(global, locals[r]);
+      apply_inner_steps(locals[r], dtype == DType::float32 ? 3e-6f : 3e-4f, 8, 20 + r);
+    }
+    inject_edge_cases(global, locals, residuals);
+    std::vector<float> momentum(n, 0.0f);
+    const std::size_t local_size = dtype_size(dtype);
+
+    // Device state of replica 0 and every rank's θ_l and e (to gate all ranks on the device).
+    const DeviceBytes d_global = DeviceBytes::from_host(global.data(), n * 4, stream);
+    const DeviceBytes d_momentum = DeviceBytes::from_host(momentum.data(), n * 4, stream);
+    std::vector<DeviceBytes> d_local, d_residual, d_offsets, d_values;
+    for (int r = 0; r < kRanks; ++r) {
+      d_local.push_back(DeviceBytes::from_host(locals[r].data(), n * local_size, stream));
+      d_residual.push_back(DeviceBytes::from_host(residuals[r].data(), n * 4, stream));
+      d_offsets.emplace_back(n * 4);
+      d_values.emplace_back(n * 4);
+    }
+    const DeviceBytes d_g(n * 4);
+
+    // CPU: the same window, replica 0.
+    std::vector<float> cpu_global = global, cpu_momentum = momentum;
+    LocalWeights cpu_local = locals[0];
+    std::vector<float> cpu_residual = residuals[0];
+    const kernels::OuterStepParams params{.lr = 0.7f, .momentum = 0.9f, .first_step = true};
+
+    for (std::uint64_t begin = 0; begin < n; begin += kChunk) {
+      const std::uint64_t count = std::min<std::uint64_t>(kChunk, n - begin);
+      std::vector<kernels::SparseEntries> device_entries;
+      std::vector<std::vector<std::uint32_t>> cpu_offsets(kRanks);
+      std::vector<std::vector<float>> cpu_values(kRanks);
+      for (int r = 0; r < kRanks; ++r) {
+        const kernels::GateChunk device_chunk{.global = d_global.get<float>() + begin,
+                                              .local = d_local[r].get<char>() + begin * local_size,
+                                              .local_dtype = dtype,
+                                              .residual = d_residual[r].get<float>() + begin,
+                                              .count = count};
+        const kernels::GateResult result =
+            kernels::cuda::gate(device_chunk, d_offsets[r].get<std::uint32_t>() + begin,
+                                d_values[r].get<float>() + begin, cuda.workspace(), stream);
+        ASSERT_FALSE(result.non_finite_offset);
+        device_entries.push_back({{d_offsets[r].get<std::uint32_t>() + begin, result.fired},
+                                  {d_values[r].get<float>() + begin, result.fired}});
+
+        cpu_offsets[r].resize(count);
+        cpu_values[r].resize(count);
+        const kernels::GateChunk cpu_chunk{
+            .global = cpu_global.data() + begin,
+            .local = static_cast<const char*>(locals[r].data()) + begin * local_size,
+            .local_dtype = dtype,
+            .residual = residuals[r].data() + begin,
+            .count = count};
+        const kernels::GateResult cpu_result =
+            kernels::gate(cpu_chunk, cpu_offsets[r].data(), cpu_values[r].data());
+        ASSERT_EQ(cpu_result.fired, result.fired) << "rank " << r << ", chunk at " << begin;
+        cpu_offsets[r].resize(cpu_result.fired);
+        cpu_values[r].resize(cpu_result.fired);
+      }
+      kernels::cuda::aggregate(device_entries, d_g.get<float>() + begin, count, cuda.workspace(),
+                               stream);
+      kernels::cuda::commit_and_outer_step(
+          kernels::WindowChunk{.global = d_global.get<float>() + begin,
+                               .momentum = d_momentum.get<float>() + begin,
+                               .residual = d_residual[0].get<float>() + begin,
+                               .local = d_local[0].get<char>() + begin * local_size,
+                               .local_dtype = dtype,
+                               .count = count},
+          d_g.get<float>() + begin, params, stream);
+
+      std::vector<kernels::SparseEntries> cpu_entries;
+      for (int r = 0; r < kRanks; ++r)
+        cpu_entries.push_back({cpu_offsets[r], cpu_values[r]});
+      std::vector<float> g(count);
+      kernels::aggregate(cpu_entries, g.data(), count);
+      kernels::commit_and_outer_step(
+          kernels::WindowChunk{.global = cpu_global.data() + begin,
+                               .momentum = cpu_momentum.data() + begin,
+                               .residual = cpu_residual.data() + begin,
+                               .local = static_cast<char*>(cpu_local.data()) + begin * local_size,
+                               .local_dtype = dtype,
+                               .count = count},
+          g.data(), params);
+    }
+    std::vector<float> out_global(n), out_momentum(n), out_residual(n);
+    LocalWeights out_local(dtype, n);
+    d_global.to_host(out_global.data(), n * 4, stream);
+    d_momentum.to_host(out_momentum.data(), n * 4, stream);
+    d_residual[0].to_host(out_residual.data(), n * 4, stream);
+    d_local[0].to_host(out_local.data(), n * local_size, stream);
+    ASSERT_TRUE(same_floats(out_global, cpu_global, "global"));
+    ASSERT_TRUE(same_floats(out_momentum, cpu_momentum, "momentum"));
+    ASSERT_TRUE(same_floats(out_residual, cpu_residual, "residual"));
+    ASSERT_TRUE(out_local == cpu_local);
+    EXPECT_EQ(kernels::cuda::state_digest({d_global.get<float>(), n}, {d_momentum.get<float>(), n},
+                                          cuda.workspace(), stream),
+              kernels::state_digest(cpu_global, cpu_momentum));
+  }
+}
+
+TEST(CudaAggregate, RejectsBadEntriesBeforeWriting) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  CudaBackend cuda;
+  const std::vector<std::uint32_t> good{1, 3}, unsorted{3, 1}, repeated{2, 2}, beyond{1, 4};
+  const std::vector<float> two{1.0f, 2.0f};
+  struct Case {
+    const std::vector<std::uint32_t>* second;
+    std::uint64_t bad_index;
+  };
+  for (const Case& c : {Case{&unsorted, 1}, Case{&repeated, 1}, Case{&beyond, 1}}) {
+    std::vector<float> g(4, 7.0f);
+    const std::vector<kernels::SparseEntries> ranks{{good, two}, {good, two}, {*c.second, two}};
+    try {
+      cuda.aggregate(ranks, g.data(), 4);
+      ADD_FAILURE() << "no exception";
+    } catch (const InvalidArgument& error) {
+      EXPECT_EQ(error.context().peer, 2);
+      EXPECT_EQ(error.context().index, c.bad_index);
+    }
+  }
+  // The device buffer was not touched: check on the device itself.
+  const DeviceBytes d_g =
+      DeviceBytes::from_host(std::vector<float>(4, 7.0f).data(), 16, cuda.stream());
+  const DeviceBytes d_off = DeviceBytes::from_host(beyond.data(), 8, cuda.stream());
+  const DeviceBytes d_val = DeviceBytes::from_host(two.data(), 8, cuda.stream());
+  const std::vector<kernels::SparseEntries> device_ranks{
+      {{d_off.get<std::uint32_t>(), 2}, {d_val.get<float>(), 2}}};
+  EXPECT_THROW(
+      kernels::cuda::aggregate(device_ranks, d_g.get<float>(), 4, cuda.workspace(), cuda.stream()),
+      InvalidArgument);
+  std::vector<float> after(4);
+  d_g.to_host(after.data(), 16, cuda.stream());
+  EXPECT_EQ(after, std::vector<float>(4, 7.0f));
+  const std::vector<kernels::SparseEntries> none;
+  EXPECT_THROW(kernels::cuda::aggregate(none, d_g.get<float>(), 4, cuda.workspace(), cuda.stream()),
+               InvalidArgument);
+}
+
+TEST(CudaDigest, MatchesTheHostDigestOfTheSameBytes) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  CudaBackend cuda;
+  // Larger than two staging pieces, an odd byte count, and empty.
+  for (std::size_t bytes :
+       {std::size_t{0}, std::size_t{13}, std::size_t{1} << 20, (std::size_t{20} << 20) + 7}) {
+    std::vector<std::byte> host(bytes);
+    FastRandom random(bytes);
+    for (std::byte& b : host)
+      b = static_cast<std::byte>(random.next());
+    const DeviceBytes device = DeviceBytes::from_host(host.data(), bytes, cuda.stream());
+    DigestStream streamed;
+    kernels::cuda::update_digest(streamed, device.get(), bytes, cuda.workspace(), cuda.stream());
+    EXPECT_EQ(streamed.finish(), digest_bytes(host)) << bytes;
+  }
+}
+
+TEST(CudaArguments, AreChecked) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  kernels::cuda::DeviceWorkspace workspace;
+  const kernels::GateChunk too_big{.count = kernels::kMaxChunkElements + 1};
+  EXPECT_THROW((void)kernels::cuda::gate(too_big, nullptr, nullptr, workspace, nullptr),
+               InvalidArgument);
+  const kernels::GateChunk empty{};
+  EXPECT_EQ(kernels::cuda::gate(empty, nullptr, nullptr, workspace, nullptr).fired, 0u);
+  EXPECT_THROW(kernels::cuda::divide(nullptr, 5, 2.0f, nullptr), InvalidArgument);
+  EXPECT_THROW(kernels::cuda::DeviceWorkspace(kernels::kMaxChunkElements + 1), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace pulseloco::testing
