@@ -7,10 +7,10 @@
 // before/after it; held-out post-training loss after 80 steps at lr 3e-6; and, per learning
 // rate, the fraction of parameters whose bf16 value does not change in one AdamW step (fp32
 // master weights, betas (0.9, 0.95), weight decay 0.1) — the quantity PULSE exploits.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -55,10 +55,11 @@ double seconds_per_step(const ModelConfig& config, int threads, int batch_size, 
 
 struct SparsityResult {
   double lr = 0;
-  double first_step = 0;           // unchanged fraction in step 1 (fresh optimizer state)
-  double later_steps_mean = 0;     // mean over steps 2..N
+  double first_step = 0;        // unchanged fraction in step 1 (fresh optimizer state)
+  double later_steps_mean = 0;  // mean over steps 2..N
   double later_steps_min = 1;
-  double over_window = 0;          // unchanged between the start and the end of steps 1..8
+  double last_steps_mean = 0;  // mean over the last 10 steps (optimizer state settled)
+  double over_window = 0;      // unchanged between the start and the end of steps 1..8
 };
 
 SparsityResult measure_sparsity(const ModelConfig& config, const std::filesystem::path& weights,
@@ -72,6 +73,8 @@ SparsityResult measure_sparsity(const ModelConfig& config, const std::filesystem
   result.lr = lr;
   const auto window_start = bf16_snapshot(model);
   double later_sum = 0;
+  double last_sum = 0;
+  const int last_count = std::min(10, steps - 1);
   for (int step = 0; step < steps; ++step) {
     const auto before = bf16_snapshot(model);
     (void)trainer.step(make_batch(post_training_mix(), seed, 0, static_cast<std::uint64_t>(step),
@@ -84,9 +87,11 @@ SparsityResult measure_sparsity(const ModelConfig& config, const std::filesystem
       later_sum += unchanged;
       result.later_steps_min = std::min(result.later_steps_min, unchanged);
     }
+    if (step >= steps - last_count) last_sum += unchanged;
     if (step == 7) result.over_window = bf16_unchanged_fraction(window_start, after);
   }
   result.later_steps_mean = later_sum / std::max(1, steps - 1);
+  result.last_steps_mean = last_sum / std::max(1, last_count);
   return result;
 }
 
@@ -100,20 +105,24 @@ int main(int argc, char** argv) {
       std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "cache";
   int timed_steps = 10;
   int post_steps = 80;
-  int sparsity_steps = 10;
+  int sparsity_steps = 40;
   int threads_for_training = 2;
   app.add_flag("--fresh-pretrain", fresh_pretrain,
                "pretrain into a temporary cache (measures the wall time) instead of loading");
   app.add_option("--cache-dir", cache_dir, "pretrained cache (when not --fresh-pretrain)")
       ->capture_default_str();
   app.add_option("--timed-steps", timed_steps, "steps timed per thread count")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--post-steps", post_steps, "post-training steps for the loss measurement")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--sparsity-steps", sparsity_steps, "AdamW steps per learning rate")
-      ->check(CLI::Range(8, 1000))->capture_default_str();
+      ->check(CLI::Range(8, 1000))
+      ->capture_default_str();
   app.add_option("--threads", threads_for_training, "threads for pretraining and the loss runs")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--json", json_path, "also write the results as JSON");
   CLI11_PARSE(app, argc, argv);
 
@@ -167,26 +176,32 @@ int main(int argc, char** argv) {
                                     static_cast<std::uint64_t>(step), post_batch, config.context));
     }
     const double end = post.evaluate(eval);
-    out["post_training"] = {{"steps", post_steps}, {"lr", 3e-6}, {"batch_size", post_batch},
-                            {"eval_loss_start", start}, {"eval_loss_end", end}};
-    fmt::print("held-out loss, post-training mix: {:.5f} pretrained -> {:.5f} after {} steps at "
-               "lr 3e-6\n",
-               start, end, post_steps);
+    out["post_training"] = {{"steps", post_steps},
+                            {"lr", 3e-6},
+                            {"batch_size", post_batch},
+                            {"eval_loss_start", start},
+                            {"eval_loss_end", end}};
+    fmt::print(
+        "held-out loss, post-training mix: {:.5f} pretrained -> {:.5f} after {} steps at "
+        "lr 3e-6\n",
+        start, end, post_steps);
   }
 
   fmt::print("bf16 weights unchanged by one AdamW step (from the pretrained state, batch {}):\n",
              post_batch);
-  fmt::print("{:>8} {:>12} {:>16} {:>14} {:>16}\n", "lr", "step 1", "steps 2..N mean",
-             "steps 2..N min", "over 8 steps");
+  fmt::print("{:>8} {:>9} {:>16} {:>15} {:>15} {:>13}\n", "lr", "step 1", "steps 2..N mean",
+             "steps 2..N min", "last 10 mean", "over 8 steps");
   for (double lr : {1e-6, 3e-6, 2e-5}) {
-    const SparsityResult r =
-        measure_sparsity(config, pretrained.checkpoint, options.seed, lr, sparsity_steps, post_batch);
-    fmt::print("{:>8.0e} {:>11.2f}% {:>15.2f}% {:>13.2f}% {:>15.2f}%\n", lr, 100 * r.first_step,
-               100 * r.later_steps_mean, 100 * r.later_steps_min, 100 * r.over_window);
+    const SparsityResult r = measure_sparsity(config, pretrained.checkpoint, options.seed, lr,
+                                              sparsity_steps, post_batch);
+    fmt::print("{:>8.0e} {:>8.2f}% {:>15.2f}% {:>14.2f}% {:>14.2f}% {:>12.2f}%\n", lr,
+               100 * r.first_step, 100 * r.later_steps_mean, 100 * r.later_steps_min,
+               100 * r.last_steps_mean, 100 * r.over_window);
     out["bf16_unchanged"].push_back({{"lr", lr},
                                      {"first_step", r.first_step},
                                      {"later_steps_mean", r.later_steps_mean},
                                      {"later_steps_min", r.later_steps_min},
+                                     {"last_10_steps_mean", r.last_steps_mean},
                                      {"over_8_steps", r.over_window}});
   }
   if (fresh_pretrain) std::filesystem::remove_all(options.cache_dir);

@@ -16,10 +16,10 @@ namespace F = torch::nn::functional;
 // Causal multi-head self-attention (libtorch 1.13 has no fused scaled_dot_product_attention).
 struct AttentionImpl : torch::nn::Module {
   AttentionImpl(int d_model, int heads) : heads_(heads) {
-    qkv = register_module("qkv", torch::nn::Linear(
-                                     torch::nn::LinearOptions(d_model, 3 * d_model).bias(false)));
-    proj = register_module("proj",
-                           torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)));
+    qkv = register_module(
+        "qkv", torch::nn::Linear(torch::nn::LinearOptions(d_model, 3 * d_model).bias(false)));
+    proj = register_module(
+        "proj", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_model).bias(false)));
   }
 
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
@@ -49,7 +49,8 @@ struct BlockImpl : torch::nn::Module {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
     attn = register_module("attn", Attention(d_model, heads));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-    fc = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(d_model, d_ff).bias(false)));
+    fc = register_module("fc",
+                         torch::nn::Linear(torch::nn::LinearOptions(d_model, d_ff).bias(false)));
     out = register_module("out",
                           torch::nn::Linear(torch::nn::LinearOptions(d_ff, d_model).bias(false)));
   }
@@ -69,17 +70,19 @@ TORCH_MODULE(Block);
 
 struct NetImpl : torch::nn::Module {
   explicit NetImpl(const ModelConfig& config) {
-    token_embedding = register_module(
-        "token_embedding", torch::nn::Embedding(config.vocabulary, config.d_model));
+    token_embedding =
+        register_module("token_embedding", torch::nn::Embedding(config.vocabulary, config.d_model));
     position_embedding =
         register_parameter("position_embedding", torch::zeros({config.context, config.d_model}));
     blocks = register_module("blocks", torch::nn::ModuleList());
     for (int i = 0; i < config.layers; ++i) {
       blocks->push_back(Block(config.d_model, config.heads, config.d_ff));
     }
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
+    ln_f = register_module("ln_f",
+                           torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.d_model})));
     head = register_module(
-        "head", torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocabulary).bias(false)));
+        "head",
+        torch::nn::Linear(torch::nn::LinearOptions(config.d_model, config.vocabulary).bias(false)));
     causal_mask = register_buffer(
         "causal_mask", torch::ones({config.context, config.context}, torch::kBool).triu(1));
   }
@@ -87,7 +90,8 @@ struct NetImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens) {
     const auto time = tokens.size(1);
     auto x = token_embedding(tokens) + position_embedding.slice(0, 0, time);
-    for (const auto& block : *blocks) x = block->as<Block>()->forward(x, causal_mask);
+    for (const auto& block : *blocks)
+      x = block->as<Block>()->forward(x, causal_mask);
     return head(ln_f(x));
   }
 
@@ -119,9 +123,9 @@ void initialise(NetImpl& net, const ModelConfig& config, std::uint64_t seed) {
     if (layer_norm) {
       tensor.fill_(ends_with(name, ".weight") ? 1.0 : 0.0);
     } else {
-      const double std_dev =
-          (ends_with(name, "attn.proj.weight") || ends_with(name, ".out.weight")) ? residual_std
-                                                                                   : 0.02;
+      const double std_dev = (ends_with(name, "attn.proj.weight") || ends_with(name, ".out.weight"))
+                                 ? residual_std
+                                 : 0.02;
       SplitMix64 rng(mix_seed({seed, 0x1417ull, index}));
       auto values = tensor.data_ptr<float>();
       for (std::int64_t i = 0; i < tensor.numel(); ++i) {
@@ -142,7 +146,8 @@ torch::Tensor tokens_tensor(const std::vector<std::int64_t>& values, const Batch
 
 void ModelConfig::validate() const {
   auto positive = [](int value, const char* field) {
-    if (value <= 0) throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
+    if (value <= 0)
+      throw InvalidArgument(fmt::format("model config: {} = {} must be > 0", field, value));
   };
   positive(vocabulary, "vocabulary");
   positive(context, "context");
@@ -155,9 +160,10 @@ void ModelConfig::validate() const {
         fmt::format("model config: d_model = {} is not a multiple of heads = {}", d_model, heads));
   }
   if (vocabulary < kMinVocabulary) {
-    throw InvalidArgument(fmt::format("model config: vocabulary = {} is smaller than the {} tokens "
-                                      "the task uses",
-                                      vocabulary, kMinVocabulary));
+    throw InvalidArgument(
+        fmt::format("model config: vocabulary = {} is smaller than the {} tokens "
+                    "the task uses",
+                    vocabulary, kMinVocabulary));
   }
 }
 
@@ -189,24 +195,34 @@ TransformerLM::~TransformerLM() = default;
 TransformerLM::TransformerLM(TransformerLM&&) noexcept = default;
 TransformerLM& TransformerLM::operator=(TransformerLM&&) noexcept = default;
 
-const ModelConfig& TransformerLM::config() const noexcept { return impl_->config; }
-std::uint64_t TransformerLM::seed() const noexcept { return impl_->seed; }
+const ModelConfig& TransformerLM::config() const noexcept {
+  return impl_->config;
+}
+std::uint64_t TransformerLM::seed() const noexcept {
+  return impl_->seed;
+}
 
 std::vector<std::string> TransformerLM::parameter_names() const {
   std::vector<std::string> names;
-  for (const auto& item : impl_->net->named_parameters()) names.push_back(item.key());
+  for (const auto& item : impl_->net->named_parameters())
+    names.push_back(item.key());
   return names;
 }
 
-std::vector<torch::Tensor> TransformerLM::parameters() const { return impl_->net->parameters(); }
+std::vector<torch::Tensor> TransformerLM::parameters() const {
+  return impl_->net->parameters();
+}
 
 std::uint64_t TransformerLM::parameter_count() const {
   std::uint64_t count = 0;
-  for (const auto& p : impl_->net->parameters()) count += static_cast<std::uint64_t>(p.numel());
+  for (const auto& p : impl_->net->parameters())
+    count += static_cast<std::uint64_t>(p.numel());
   return count;
 }
 
-torch::nn::Module& TransformerLM::module() { return *impl_->net; }
+torch::nn::Module& TransformerLM::module() {
+  return *impl_->net;
+}
 
 torch::Tensor TransformerLM::forward(const torch::Tensor& tokens) {
   return impl_->net->forward(tokens);

@@ -32,7 +32,8 @@ double scheduled_lr(const PretrainOptions& options, int step) {
 
 std::vector<std::uint64_t> shape_of(const torch::Tensor& tensor) {
   std::vector<std::uint64_t> shape;
-  for (const auto dim : tensor.sizes()) shape.push_back(static_cast<std::uint64_t>(dim));
+  for (const auto dim : tensor.sizes())
+    shape.push_back(static_cast<std::uint64_t>(dim));
   return shape;
 }
 
@@ -50,7 +51,9 @@ Trainer::Trainer(TransformerLM& model, const OptimizerSettings& settings)
   }
   auto parameters = model.parameters();
   torch::optim::AdamWOptions adam(settings.lr);
-  adam.betas({settings.beta1, settings.beta2}).weight_decay(settings.weight_decay).eps(settings.eps);
+  adam.betas({settings.beta1, settings.beta2})
+      .weight_decay(settings.weight_decay)
+      .eps(settings.eps);
   impl_ = std::make_unique<Impl>(Impl{parameters, torch::optim::AdamW(parameters, adam)});
 }
 
@@ -96,7 +99,7 @@ void save_weights(const TransformerLM& model, const std::filesystem::path& path,
   for (std::size_t i = 0; i < names.size(); ++i) {
     const auto tensor = parameters[i].detach().contiguous();
     writer.write(names[i], std::span(static_cast<const std::byte*>(tensor.data_ptr()),
-                                      static_cast<std::size_t>(tensor.nbytes())));
+                                     static_cast<std::size_t>(tensor.nbytes())));
   }
   writer.finish();
 }
@@ -133,7 +136,8 @@ void load_weights(TransformerLM& model, const std::filesystem::path& path) {
     staged.push_back(std::move(tensor));
   }
   torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < names.size(); ++i) parameters[i].copy_(staged[i]);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    parameters[i].copy_(staged[i]);
 }
 
 io::Metadata pretrain_identity(const ModelConfig& config, const PretrainOptions& options) {
@@ -176,7 +180,8 @@ void pretrain(TransformerLM& model, const PretrainOptions& options) {
     }
     running += loss;
     ++counted;
-    if (options.log_every > 0 && ((step + 1) % options.log_every == 0 || step + 1 == options.steps)) {
+    if (options.log_every > 0 &&
+        ((step + 1) % options.log_every == 0 || step + 1 == options.steps)) {
       logger().info("pretrain step {:4d}/{}: train loss {:.4f} (lr {:.2e})", step + 1,
                     options.steps, running / counted, scheduled_lr(options, step));
       running = 0;
@@ -195,8 +200,8 @@ PretrainResult load_or_pretrain(TransformerLM& model, const PretrainOptions& opt
   }
   const ModelConfig& config = model.config();
   const io::Metadata identity = pretrain_identity(config, options);
-  const Batch eval = make_eval_batch(pretraining_mix(), options.seed, options.eval_batch_size,
-                                     config.context);
+  const Batch eval =
+      make_eval_batch(pretraining_mix(), options.seed, options.eval_batch_size, config.context);
   PretrainResult result;
   result.checkpoint = pretrain_cache_path(config, options);
   result.steps = options.steps;

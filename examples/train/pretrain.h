@@ -59,21 +59,21 @@ void save_weights(const TransformerLM& model, const std::filesystem::path& path,
 void load_weights(TransformerLM& model, const std::filesystem::path& path);
 
 struct PretrainOptions {
-  std::uint64_t seed = 1234;     // initial weights and data
-  int steps = 400;
+  std::uint64_t seed = 1234;  // initial weights and data
+  int steps = 200;            // ~2 minutes on 2 quiet cores; held-out loss 6.3 -> 1.6
   int batch_size = 16;
-  double peak_lr = 2e-3;
-  int warmup_steps = 40;         // linear warmup, then cosine decay to 10% of the peak
+  double peak_lr = 3e-3;
+  int warmup_steps = 40;  // linear warmup, then cosine decay to 10% of the peak
   int eval_batch_size = 64;
-  int log_every = 50;            // 0: quiet
+  int log_every = 50;               // 0: quiet
   std::filesystem::path cache_dir;  // where the pretrained checkpoint is cached
 };
 
 struct PretrainResult {
   bool loaded_from_cache = false;
   std::filesystem::path checkpoint;
-  std::string rebuild_reason;    // why an existing cache was not used (empty if none was there)
-  double seconds = 0;            // pretraining wall time (0 when loaded)
+  std::string rebuild_reason;  // why an existing cache was not used (empty if none was there)
+  double seconds = 0;          // pretraining wall time (0 when loaded)
   int steps = 0;
   double eval_loss_initial = 0;  // held-out pretraining-mix loss of the initial weights
   double eval_loss_final = 0;    // ... and of the pretrained weights

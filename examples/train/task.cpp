@@ -20,7 +20,8 @@ int longest_example(const TaskMix& mix) {
 
 SubTask draw_sub_task(const TaskMix& mix, SplitMix64& rng) {
   double total = 0;
-  for (double w : mix.weights) total += w;
+  for (double w : mix.weights)
+    total += w;
   double point = rng.uniform_open() * total;
   for (std::size_t i = 0; i < kSubTaskCount; ++i) {
     if (mix.weights[i] <= 0) continue;
@@ -53,7 +54,8 @@ void append_example(const TaskMix& mix, SplitMix64& rng, std::vector<std::int64_
     case SubTask::count: {
       const auto start = static_cast<std::int64_t>(rng.below(kAlphabet));
       x = {start};
-      for (int i = 1; i <= length; ++i) y.push_back((start + i) % kAlphabet);
+      for (int i = 1; i <= length; ++i)
+        y.push_back((start + i) % kAlphabet);
       break;
     }
     case SubTask::mod_add: {
@@ -67,20 +69,24 @@ void append_example(const TaskMix& mix, SplitMix64& rng, std::vector<std::int64_
     case SubTask::reverse:
     case SubTask::sort:
       x.resize(static_cast<std::size_t>(length));
-      for (auto& v : x) v = static_cast<std::int64_t>(rng.below(kAlphabet));
+      for (auto& v : x)
+        v = static_cast<std::int64_t>(rng.below(kAlphabet));
       y = x;
       if (task == SubTask::reverse) std::reverse(y.begin(), y.end());
       if (task == SubTask::sort) std::sort(y.begin(), y.end());
       break;
   }
-  for (auto v : x) push(kFirstSymbolToken + v, false);
+  for (auto v : x)
+    push(kFirstSymbolToken + v, false);
   push(kSepToken, false);
-  for (auto v : y) push(kFirstSymbolToken + v, true);
+  for (auto v : y)
+    push(kFirstSymbolToken + v, true);
   push(kEosToken, true);
 }
 
 Batch generate(const TaskMix& mix, std::uint64_t stream_seed, int batch_size, int context) {
-  if (batch_size <= 0) throw InvalidArgument(fmt::format("batch size {} must be positive", batch_size));
+  if (batch_size <= 0)
+    throw InvalidArgument(fmt::format("batch size {} must be positive", batch_size));
   mix.validate(context);
   Batch batch;
   batch.batch_size = batch_size;
@@ -137,13 +143,13 @@ void TaskMix::validate(int context) const {
   }
   if (total <= 0) throw InvalidArgument(fmt::format("task mix '{}': all weights are zero", name));
   if (min_length < 1 || max_length < min_length) {
-    throw InvalidArgument(fmt::format("task mix '{}': lengths [{}, {}] are not a valid range",
-                                      name, min_length, max_length));
+    throw InvalidArgument(fmt::format("task mix '{}': lengths [{}, {}] are not a valid range", name,
+                                      min_length, max_length));
   }
   if (longest_example(*this) > context + 1) {
-    throw InvalidArgument(fmt::format(
-        "task mix '{}': examples of up to {} tokens do not fit a context of {} tokens", name,
-        longest_example(*this), context));
+    throw InvalidArgument(
+        fmt::format("task mix '{}': examples of up to {} tokens do not fit a context of {} tokens",
+                    name, longest_example(*this), context));
   }
 }
 
@@ -174,8 +180,8 @@ TaskMix post_training_mix() {
 }
 
 std::size_t Batch::counted_targets() const noexcept {
-  return static_cast<std::size_t>(
-      std::count_if(targets.begin(), targets.end(), [](std::int64_t t) { return t != kIgnoreTarget; }));
+  return static_cast<std::size_t>(std::count_if(targets.begin(), targets.end(),
+                                                [](std::int64_t t) { return t != kIgnoreTarget; }));
 }
 
 Batch make_batch(const TaskMix& mix, std::uint64_t seed, int rank, std::uint64_t step,
@@ -188,8 +194,8 @@ Batch make_batch(const TaskMix& mix, std::uint64_t seed, int rank, std::uint64_t
 }
 
 Batch make_eval_batch(const TaskMix& mix, std::uint64_t seed, int batch_size, int context) {
-  return generate(mix, mix_seed({seed, static_cast<std::uint64_t>(DataStream::eval)}),
-                  batch_size, context);
+  return generate(mix, mix_seed({seed, static_cast<std::uint64_t>(DataStream::eval)}), batch_size,
+                  context);
 }
 
 std::uint64_t SplitMix64::next() noexcept {

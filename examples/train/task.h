@@ -36,7 +36,7 @@ inline constexpr std::int64_t kPadToken = 0;
 inline constexpr std::int64_t kBosToken = 1;
 inline constexpr std::int64_t kSepToken = 2;
 inline constexpr std::int64_t kEosToken = 3;
-inline constexpr std::int64_t kFirstTaskToken = 8;    // 8 + SubTask
+inline constexpr std::int64_t kFirstTaskToken = 8;     // 8 + SubTask
 inline constexpr std::int64_t kFirstSymbolToken = 16;  // symbol v is token 16 + v
 inline constexpr int kAlphabet = 16;                   // symbols of count/copy/reverse/sort
 inline constexpr int kModulus = 23;                    // mod_add works on 0..22
@@ -53,7 +53,7 @@ inline constexpr std::size_t kSubTaskCount = 5;
 struct TaskMix {
   std::string name;
   std::array<double, kSubTaskCount> weights{};  // relative; need not sum to 1
-  int min_length = 3;                            // symbols of x (copy/reverse/sort), of y (count)
+  int min_length = 3;                           // symbols of x (copy/reverse/sort), of y (count)
   int max_length = 10;
 
   // Throws InvalidArgument when the weights are negative/all zero or the lengths do not fit
@@ -82,8 +82,8 @@ enum class DataStream : std::uint32_t { train = 1, eval = 2 };
 
 // The batch worker `rank` trains on at `step`. Same arguments -> identical batch, on any
 // machine; different ranks or steps -> independent data.
-[[nodiscard]] Batch make_batch(const TaskMix& mix, std::uint64_t seed, int rank,
-                               std::uint64_t step, int batch_size, int context);
+[[nodiscard]] Batch make_batch(const TaskMix& mix, std::uint64_t seed, int rank, std::uint64_t step,
+                               int batch_size, int context);
 
 // The fixed held-out batch for evaluation loss (never used for training).
 [[nodiscard]] Batch make_eval_batch(const TaskMix& mix, std::uint64_t seed, int batch_size,

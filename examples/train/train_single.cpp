@@ -2,9 +2,9 @@
 // Pretrains (or loads the cached pretrained state), then post-trains with AdamW at an RL-like
 // learning rate and prints the training loss of every step and the held-out loss every few
 // steps. A smoke test of the example model and the reference the distributed runs compare with.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -30,8 +30,9 @@ std::filesystem::path default_cache_dir() {
 
 int main(int argc, char** argv) {
   using namespace pulseloco::example;
-  CLI::App app{"pulseloco example: pretrain (or load) a small transformer, then post-train it "
-               "in one process"};
+  CLI::App app{
+      "pulseloco example: pretrain (or load) a small transformer, then post-train it "
+      "in one process"};
   std::uint64_t seed = 1234;
   int threads = 1;
   int steps = 80;
@@ -44,24 +45,32 @@ int main(int argc, char** argv) {
   pretrain_options.cache_dir = default_cache_dir();
   app.add_option("--seed", seed, "initial weights and data")->capture_default_str();
   app.add_option("--threads", threads, "libtorch intra-op threads")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--steps", steps, "post-training steps")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--lr", lr, "post-training AdamW learning rate")->capture_default_str();
   app.add_option("--batch", batch_size, "sequences per post-training step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--rank", rank, "which worker's data stream to train on")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--eval-every", eval_every, "held-out loss every N steps (0: start and end only)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--eval-batch", eval_batch_size, "sequences in the held-out batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--cache-dir", pretrain_options.cache_dir, "where the pretrained state is cached")
       ->capture_default_str();
   app.add_option("--pretrain-steps", pretrain_options.steps, "pretraining steps")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--pretrain-batch", pretrain_options.batch_size, "sequences per pretraining step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--pretrain-lr", pretrain_options.peak_lr, "peak pretraining learning rate")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);

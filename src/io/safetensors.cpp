@@ -58,15 +58,17 @@ const DTypeEntry& dtype_entry(TensorDType dtype) noexcept {
 constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr std::size_t kWriteBufferBytes = std::size_t{1} << 20;
 
-std::string errno_text(int error) { return std::strerror(error); }
+std::string errno_text(int error) {
+  return std::strerror(error);
+}
 
 // Durable rename needs the directory entry on disk too.
 void fsync_directory(const std::filesystem::path& directory) {
   const std::string name = directory.empty() ? std::string(".") : directory.string();
   const int fd = ::open(name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {
-    throw IoError(fmt::format("cannot open directory '{}' to fsync it: {}", name,
-                              errno_text(errno)));
+    throw IoError(
+        fmt::format("cannot open directory '{}' to fsync it: {}", name, errno_text(errno)));
   }
   const int result = ::fsync(fd);
   const int error = errno;
@@ -101,9 +103,13 @@ std::string shape_text(const std::vector<std::uint64_t>& shape) {
 
 }  // namespace
 
-std::string_view tensor_dtype_name(TensorDType dtype) noexcept { return dtype_entry(dtype).name; }
+std::string_view tensor_dtype_name(TensorDType dtype) noexcept {
+  return dtype_entry(dtype).name;
+}
 
-std::size_t tensor_dtype_size(TensorDType dtype) noexcept { return dtype_entry(dtype).size; }
+std::size_t tensor_dtype_size(TensorDType dtype) noexcept {
+  return dtype_entry(dtype).size;
+}
 
 std::optional<TensorDType> parse_tensor_dtype(std::string_view name) noexcept {
   for (const DTypeEntry& entry : kDTypes) {
@@ -153,7 +159,8 @@ SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, const Metadata&
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [key, value] : metadata) meta[key] = value;
+    for (const auto& [key, value] : metadata)
+      meta[key] = value;
     header[std::string(kMetadataKey)] = std::move(meta);
   }
   std::set<std::string_view> names;
@@ -198,8 +205,9 @@ SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, const Metadata&
   // starts 8-byte aligned.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
   if (header_text.size() > kMaxHeaderBytes) {
-    throw InvalidArgument(fmt::format("'{}': the header would be {} bytes; readers accept at most {}",
-                                      path_.string(), header_text.size(), kMaxHeaderBytes));
+    throw InvalidArgument(
+        fmt::format("'{}': the header would be {} bytes; readers accept at most {}", path_.string(),
+                    header_text.size(), kMaxHeaderBytes));
   }
   const std::uint64_t header_size = header_text.size();
   file_size_ = 8 + header_size + offset;
@@ -207,13 +215,14 @@ SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, const Metadata&
   temporary_path_ = temporary_path_for(path_);
   fd_ = ::open(temporary_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) {
-    throw IoError(fmt::format("cannot create '{}': {}", temporary_path_.string(),
-                              errno_text(errno)));
+    throw IoError(
+        fmt::format("cannot create '{}': {}", temporary_path_.string(), errno_text(errno)));
   }
   buffer_.reserve(kWriteBufferBytes);
   try {
     std::array<std::byte, 8> length{};
-    for (std::size_t i = 0; i < 8; ++i) length[i] = std::byte((header_size >> (8 * i)) & 0xFFu);
+    for (std::size_t i = 0; i < 8; ++i)
+      length[i] = std::byte((header_size >> (8 * i)) & 0xFFu);
     write_all(length);
     write_all(std::as_bytes(std::span(header_text.data(), header_text.size())));
   } catch (...) {
@@ -223,7 +232,8 @@ SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, const Metadata&
     throw;
   }
   // Skip leading zero-byte tensors so write() always addresses a tensor that still needs bytes.
-  while (current_ < tensors_.size() && byte_sizes_[current_] == 0) ++current_;
+  while (current_ < tensors_.size() && byte_sizes_[current_] == 0)
+    ++current_;
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -261,9 +271,9 @@ void SafetensorsWriter::write_all(std::span<const std::byte> bytes) {
       if (errno == EINTR) continue;
       const int error = errno;
       broken_ = true;
-      throw IoError(fmt::format("write to '{}' failed: {}", temporary_path_.string(),
-                                errno_text(error)),
-                    {.byte_offset = start + done});
+      throw IoError(
+          fmt::format("write to '{}' failed: {}", temporary_path_.string(), errno_text(error)),
+          {.byte_offset = start + done});
     }
     done += static_cast<std::size_t>(written);
   }
@@ -279,9 +289,9 @@ void SafetensorsWriter::flush_buffer() {
       if (errno == EINTR) continue;
       const int error = errno;
       broken_ = true;
-      throw IoError(fmt::format("write to '{}' failed: {}", temporary_path_.string(),
-                                errno_text(error)),
-                    {.byte_offset = start + done});
+      throw IoError(
+          fmt::format("write to '{}' failed: {}", temporary_path_.string(), errno_text(error)),
+          {.byte_offset = start + done});
     }
     done += static_cast<std::size_t>(written);
   }
@@ -318,7 +328,8 @@ void SafetensorsWriter::write(std::string_view name, std::span<const std::byte> 
   if (current_written_ == byte_sizes_[current_]) {
     current_written_ = 0;
     ++current_;
-    while (current_ < tensors_.size() && byte_sizes_[current_] == 0) ++current_;
+    while (current_ < tensors_.size() && byte_sizes_[current_] == 0)
+      ++current_;
   }
 }
 
@@ -336,15 +347,15 @@ void SafetensorsWriter::finish() {
   if (::fsync(fd_) != 0) {
     const int error = errno;
     broken_ = true;
-    throw IoError(fmt::format("fsync of '{}' failed: {}", temporary_path_.string(),
-                              errno_text(error)));
+    throw IoError(
+        fmt::format("fsync of '{}' failed: {}", temporary_path_.string(), errno_text(error)));
   }
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     const int error = errno;
     broken_ = true;
-    throw IoError(fmt::format("close of '{}' failed: {}", temporary_path_.string(),
-                              errno_text(error)));
+    throw IoError(
+        fmt::format("close of '{}' failed: {}", temporary_path_.string(), errno_text(error)));
   }
   if (::rename(temporary_path_.c_str(), path_.c_str()) != 0) {
     const int error = errno;
@@ -478,8 +489,7 @@ class HeaderParser {
     const std::uint64_t numel = checked_numel(info.spec.shape, &overflow);
     std::uint64_t bytes = 0;
     if (overflow || __builtin_mul_overflow(numel, tensor_dtype_size(info.spec.dtype), &bytes)) {
-      fail(fmt::format("shape {} of {} overflows 64 bits", shape_text(info.spec.shape),
-                       dtype_name),
+      fail(fmt::format("shape {} of {} overflows 64 bits", shape_text(info.spec.shape), dtype_name),
            name);
     }
     if (bytes != info.data_end - info.data_begin) {
@@ -609,7 +619,8 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path) : path_(std::mo
     }
     parser.check_tiling(tensors);
     tensors_ = std::move(tensors);
-    for (std::size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].spec.name, i);
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      index_.emplace(tensors_[i].spec.name, i);
   } catch (...) {
     ::close(fd_);
     fd_ = -1;
@@ -683,10 +694,10 @@ void SafetensorsReader::check_element_type(std::string_view name, TensorDType ex
                                            std::size_t element_count) const {
   const TensorInfo& info = tensor(name);
   if (info.spec.dtype != expected) {
-    throw InvalidArgument(fmt::format("'{}': the tensor is {}, the buffer {}", path_.string(),
-                                      tensor_dtype_name(info.spec.dtype),
-                                      tensor_dtype_name(expected)),
-                          {.tensor = info.spec.name});
+    throw InvalidArgument(
+        fmt::format("'{}': the tensor is {}, the buffer {}", path_.string(),
+                    tensor_dtype_name(info.spec.dtype), tensor_dtype_name(expected)),
+        {.tensor = info.spec.name});
   }
   if (element_count != info.spec.numel()) {
     throw InvalidArgument(fmt::format("'{}': the tensor has {} elements, the buffer {}",
@@ -707,9 +718,9 @@ void SafetensorsReader::pread_exact(std::uint64_t file_offset, std::span<std::by
                     {.tensor = std::string(tensor_name), .byte_offset = file_offset + done});
     }
     if (got == 0) {
-      throw IoError(fmt::format("'{}' ended early (was it truncated after it was opened?)",
-                                path_.string()),
-                    {.tensor = std::string(tensor_name), .byte_offset = file_offset + done});
+      throw IoError(
+          fmt::format("'{}' ended early (was it truncated after it was opened?)", path_.string()),
+          {.tensor = std::string(tensor_name), .byte_offset = file_offset + done});
     }
     done += static_cast<std::size_t>(got);
   }

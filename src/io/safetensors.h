@@ -34,21 +34,21 @@ namespace pulseloco::io {
 
 // The element types of the safetensors format, with their names in the header.
 enum class TensorDType : std::uint8_t {
-  boolean,   // "BOOL" (1 byte)
-  u8,        // "U8"
-  i8,        // "I8"
-  f8_e4m3,   // "F8_E4M3"
-  f8_e5m2,   // "F8_E5M2"
-  i16,       // "I16"
-  u16,       // "U16"
-  f16,       // "F16"
-  bf16,      // "BF16"
-  i32,       // "I32"
-  u32,       // "U32"
-  f32,       // "F32"
-  f64,       // "F64"
-  i64,       // "I64"
-  u64,       // "U64"
+  boolean,  // "BOOL" (1 byte)
+  u8,       // "U8"
+  i8,       // "I8"
+  f8_e4m3,  // "F8_E4M3"
+  f8_e5m2,  // "F8_E5M2"
+  i16,      // "I16"
+  u16,      // "U16"
+  f16,      // "F16"
+  bf16,     // "BF16"
+  i32,      // "I32"
+  u32,      // "U32"
+  f32,      // "F32"
+  f64,      // "F64"
+  i64,      // "I64"
+  u64,      // "U64"
 };
 
 [[nodiscard]] std::string_view tensor_dtype_name(TensorDType dtype) noexcept;
@@ -158,11 +158,11 @@ class SafetensorsWriter {
   std::filesystem::path temporary_path_;
   std::vector<TensorSpec> tensors_;
   std::vector<std::uint64_t> byte_sizes_;
-  std::size_t current_ = 0;              // index of the tensor being written
-  std::uint64_t current_written_ = 0;    // bytes of it written so far
+  std::size_t current_ = 0;            // index of the tensor being written
+  std::uint64_t current_written_ = 0;  // bytes of it written so far
   std::uint64_t file_size_ = 0;
-  std::uint64_t file_offset_ = 0;        // bytes handed to the OS or buffered so far
-  std::vector<std::byte> buffer_;        // coalesces small chunks
+  std::uint64_t file_offset_ = 0;  // bytes handed to the OS or buffered so far
+  std::vector<std::byte> buffer_;  // coalesces small chunks
   int fd_ = -1;
   bool broken_ = false;
   bool finished_ = false;

@@ -85,7 +85,8 @@ inline int run_safetensors_checker(const std::string& mode, const std::filesyste
   }
   std::vector<std::string> args{python, script, mode, file.string(), expectation.string()};
   std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
+  for (std::string& arg : args)
+    argv.push_back(arg.data());
   argv.push_back(nullptr);
   const pid_t child = ::fork();
   if (child < 0) throw std::runtime_error("fork failed");

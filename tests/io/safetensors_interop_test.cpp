@@ -31,7 +31,8 @@ std::vector<std::byte> to_bytes(const std::vector<T>& values) {
 void write_with_pulseloco(const std::filesystem::path& path, const Metadata& metadata,
                           const std::vector<ExpectedTensor>& tensors) {
   std::vector<TensorSpec> specs;
-  for (const ExpectedTensor& tensor : tensors) specs.push_back({tensor.name, tensor.dtype, tensor.shape});
+  for (const ExpectedTensor& tensor : tensors)
+    specs.push_back({tensor.name, tensor.dtype, tensor.shape});
   SafetensorsWriter writer(path, metadata, specs);
   for (const ExpectedTensor& tensor : tensors) {
     const std::span<const std::byte> all(tensor.bytes);
@@ -72,14 +73,16 @@ TEST(SafetensorsInterop, PythonReadsWhatPulselocoWrites) {
   const auto tensors = sample_tensors();
   write_with_pulseloco(dir.path() / "a.safetensors", metadata, tensors);
   test::write_expectation(dir.path() / "a.json", metadata, tensors);
-  EXPECT_EQ(run_safetensors_checker("check", dir.path() / "a.safetensors", dir.path() / "a.json"), 0);
+  EXPECT_EQ(run_safetensors_checker("check", dir.path() / "a.safetensors", dir.path() / "a.json"),
+            0);
 
   // No metadata at all, a single BF16 tensor (the numpy loader cannot hold BF16, so the checker
   // must take the raw-bytes path).
   const std::vector<ExpectedTensor> only_bf16{tensors[1]};
   write_with_pulseloco(dir.path() / "b.safetensors", {}, only_bf16);
   test::write_expectation(dir.path() / "b.json", {}, only_bf16);
-  EXPECT_EQ(run_safetensors_checker("check", dir.path() / "b.safetensors", dir.path() / "b.json"), 0);
+  EXPECT_EQ(run_safetensors_checker("check", dir.path() / "b.safetensors", dir.path() / "b.json"),
+            0);
 }
 
 TEST(SafetensorsInterop, CheckerReportsMismatches) {
@@ -130,9 +133,11 @@ TEST(SafetensorsInterop, PulselocoReadsWhatPythonWrites) {
   SafetensorsReader reader(file);
   EXPECT_EQ(reader.metadata(), expected.at("metadata").get<Metadata>());
   std::set<std::string> names;
-  for (const TensorInfo& info : reader.tensors()) names.insert(info.spec.name);
+  for (const TensorInfo& info : reader.tensors())
+    names.insert(info.spec.name);
   std::set<std::string> expected_names;
-  for (const auto& [name, _] : expected.at("tensors").items()) expected_names.insert(name);
+  for (const auto& [name, _] : expected.at("tensors").items())
+    expected_names.insert(name);
   EXPECT_EQ(names, expected_names);
   ASSERT_GE(names.size(), 8u);
 

@@ -31,9 +31,11 @@ std::span<const std::byte> bytes_of(const std::vector<T>& values) {
 std::string raw_file(const std::string& header, std::size_t data_size) {
   std::string file(8, '\0');
   const std::uint64_t length = header.size();
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((length >> (8 * i)) & 0xFF);
+  for (int i = 0; i < 8; ++i)
+    file[i] = static_cast<char>((length >> (8 * i)) & 0xFF);
   file += header;
-  for (std::size_t i = 0; i < data_size; ++i) file.push_back(static_cast<char>(i & 0xFF));
+  for (std::size_t i = 0; i < data_size; ++i)
+    file.push_back(static_cast<char>(i & 0xFF));
   return file;
 }
 
@@ -82,7 +84,8 @@ TEST(Safetensors, RoundTripSeveralDTypesWithMetadata) {
   std::vector<float> weights(2 * 3);
   std::iota(weights.begin(), weights.end(), -2.5f);
   std::vector<std::uint16_t> bf16_values;
-  for (float v : {1.0f, -0.015625f, 3.140625f, 0.0f}) bf16_values.push_back(float_to_bf16_bits(v));
+  for (float v : {1.0f, -0.015625f, 3.140625f, 0.0f})
+    bf16_values.push_back(float_to_bf16_bits(v));
   const std::vector<std::int64_t> counter{-7, 1LL << 40};
   const std::vector<std::uint8_t> flags{0, 1, 255};
 
@@ -138,10 +141,11 @@ TEST(Safetensors, StreamsLargeTensorInUnevenChunksAndReadsRanges) {
   const auto path = dir.path() / "big.safetensors";
   const std::size_t count = 3'000'001;  // > the writer's 1 MiB buffer, odd size
   std::vector<float> values(count);
-  for (std::size_t i = 0; i < count; ++i) values[i] = static_cast<float>(i) * 0.5f;
+  for (std::size_t i = 0; i < count; ++i)
+    values[i] = static_cast<float>(i) * 0.5f;
   {
-    SafetensorsWriter writer(path, {}, {{"a", TensorDType::f32, {count}},
-                                        {"b", TensorDType::u8, {5}}});
+    SafetensorsWriter writer(path, {},
+                             {{"a", TensorDType::f32, {count}}, {"b", TensorDType::u8, {5}}});
     const auto all = bytes_of(values);
     std::size_t done = 0;
     std::size_t chunk = 1;
@@ -178,10 +182,11 @@ TEST(Safetensors, ZeroElementTensorsAndScalars) {
   const auto path = dir.path() / "empty.safetensors";
   const std::vector<double> scalar{2.25};
   {
-    SafetensorsWriter writer(path, {}, {{"none", TensorDType::f32, {0}},
-                                        {"scalar", TensorDType::f64, {}},
-                                        {"empty_rows", TensorDType::bf16, {0, 16}},
-                                        {"also_none", TensorDType::i64, {3, 0}}});
+    SafetensorsWriter writer(path, {},
+                             {{"none", TensorDType::f32, {0}},
+                              {"scalar", TensorDType::f64, {}},
+                              {"empty_rows", TensorDType::bf16, {0, 16}},
+                              {"also_none", TensorDType::i64, {3, 0}}});
     writer.write(std::string_view("scalar"), std::span<const double>(scalar));
     writer.finish();
   }
@@ -211,7 +216,8 @@ TEST(Safetensors, WriterEnforcesOrderAndExactByteCounts) {
   const std::vector<float> four(4, 1.0f);
   const std::vector<float> five(5, 1.0f);
   {
-    SafetensorsWriter writer(path, {}, {{"a", TensorDType::f32, {4}}, {"b", TensorDType::f32, {4}}});
+    SafetensorsWriter writer(path, {},
+                             {{"a", TensorDType::f32, {4}}, {"b", TensorDType::f32, {4}}});
     EXPECT_THROW(writer.write(std::string_view("b"), std::span<const float>(four)),
                  InvalidArgument);
     EXPECT_THROW(writer.finish(), InvalidArgument);  // broken after an error
@@ -250,15 +256,17 @@ TEST(Safetensors, WriterRejectsBadDeclarations) {
   EXPECT_THROW(SafetensorsWriter(path, {}, {{"", TensorDType::f32, {1}}}), InvalidArgument);
   EXPECT_THROW(SafetensorsWriter(path, {}, {{"__metadata__", TensorDType::f32, {1}}}),
                InvalidArgument);
-  EXPECT_THROW(SafetensorsWriter(path, {}, {{"a", TensorDType::f32, {1}}, {"a", TensorDType::u8, {1}}}),
-               InvalidArgument);
+  EXPECT_THROW(
+      SafetensorsWriter(path, {}, {{"a", TensorDType::f32, {1}}, {"a", TensorDType::u8, {1}}}),
+      InvalidArgument);
   EXPECT_THROW(SafetensorsWriter(path, {}, {{"a", TensorDType::f32, {1ULL << 32, 1ULL << 32}}}),
                InvalidArgument);  // 2^64 elements
   EXPECT_THROW(SafetensorsWriter(path, {}, {{"a", TensorDType::f64, {1ULL << 62}}}),
                InvalidArgument);  // 2^65 bytes
-  EXPECT_THROW(SafetensorsWriter(path, {}, {{"a", TensorDType::u8, {1ULL << 63}},
-                                            {"b", TensorDType::u8, {1ULL << 63}}}),
-               InvalidArgument);  // offsets overflow
+  EXPECT_THROW(
+      SafetensorsWriter(
+          path, {}, {{"a", TensorDType::u8, {1ULL << 63}}, {"b", TensorDType::u8, {1ULL << 63}}}),
+      InvalidArgument);  // offsets overflow
   EXPECT_THROW(SafetensorsWriter(path, {}, {{"bad\xff", TensorDType::u8, {1}}}), InvalidArgument);
   EXPECT_THROW(SafetensorsWriter(path, {{"k", "\xc3"}}, {}), InvalidArgument);
   EXPECT_THROW(SafetensorsWriter(dir.path() / "missing_dir" / "x.safetensors", {}, {}), IoError);
@@ -354,8 +362,7 @@ TEST(Safetensors, ReaderRefusesEveryBadHeaderField) {
       dir, raw_file(one("\"dtype\":\"F32\",\"shape\":[99999999999999999999]," + ok_offsets), 8),
       "not an integer that fits in 64 bits"));
   EXPECT_TRUE(open_fails<ProtocolError>(
-      dir,
-      raw_file(one("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296]," + ok_offsets), 8),
+      dir, raw_file(one("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296]," + ok_offsets), 8),
       "overflows 64 bits"));
   EXPECT_TRUE(open_fails<ProtocolError>(
       dir, raw_file(one("\"dtype\":\"F64\",\"shape\":[4611686018427387904]," + ok_offsets), 8),
@@ -379,12 +386,11 @@ TEST(Safetensors, ReaderRefusesEveryBadHeaderField) {
       dir, raw_file(one("\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]"), 7),
       "reach past the data section"));
   // Huge declared sizes are refused by arithmetic, not by trying to allocate them.
-  EXPECT_TRUE(open_fails<ProtocolError>(
-      dir,
-      raw_file(one("\"dtype\":\"U8\",\"shape\":[1099511627776],"
-                   "\"data_offsets\":[0,1099511627776]"),
-               8),
-      "reach past the data section"));
+  EXPECT_TRUE(open_fails<ProtocolError>(dir,
+                                        raw_file(one("\"dtype\":\"U8\",\"shape\":[1099511627776],"
+                                                     "\"data_offsets\":[0,1099511627776]"),
+                                                 8),
+                                        "reach past the data section"));
   // Unknown fields and bad entries.
   EXPECT_TRUE(open_fails<ProtocolError>(
       dir, raw_file(one("\"dtype\":\"F32\",\"shape\":[2]," + ok_offsets + ",\"extra\":1"), 8),
@@ -402,11 +408,12 @@ TEST(Safetensors, ReaderRefusesEveryBadHeaderField) {
       dir, raw_file(one("\"dtype\":\"F32\",\"dtype\":\"U8\",\"shape\":[2]," + ok_offsets), 8),
       "appears twice"));
   // __metadata__
-  EXPECT_TRUE(open_fails<ProtocolError>(dir, raw_file("{\"__metadata__\":[]}", 0), "not an object"));
-  EXPECT_TRUE(open_fails<ProtocolError>(dir, raw_file("{\"__metadata__\":{\"k\":1}}", 0),
-                                        "not a string"));
-  EXPECT_TRUE(open_fails<ProtocolError>(dir, raw_file("{\"__metadata__\":{\"k\":{\"x\":\"y\"}}}", 0),
-                                        "not a string"));
+  EXPECT_TRUE(
+      open_fails<ProtocolError>(dir, raw_file("{\"__metadata__\":[]}", 0), "not an object"));
+  EXPECT_TRUE(
+      open_fails<ProtocolError>(dir, raw_file("{\"__metadata__\":{\"k\":1}}", 0), "not a string"));
+  EXPECT_TRUE(open_fails<ProtocolError>(
+      dir, raw_file("{\"__metadata__\":{\"k\":{\"x\":\"y\"}}}", 0), "not a string"));
 }
 
 TEST(Safetensors, ReaderRefusesOverlapsAndGaps) {
@@ -419,8 +426,7 @@ TEST(Safetensors, ReaderRefusesOverlapsAndGaps) {
   EXPECT_TRUE(open_fails<ProtocolError>(dir, raw_file(two("[0,4]", "[0,4]"), 8), "overlap"));
   EXPECT_TRUE(open_fails<ProtocolError>(dir, raw_file(two("[0,4]", "[5,9]"), 9),
                                         "bytes [4, 5) of the data section belong to no tensor"));
-  EXPECT_TRUE(open_fails<ProtocolError>(dir, raw_file(two("[1,5]", "[5,9]"), 9),
-                                        "bytes [0, 1)"));
+  EXPECT_TRUE(open_fails<ProtocolError>(dir, raw_file(two("[1,5]", "[5,9]"), 9), "bytes [0, 1)"));
   // Out of order in the header is fine when they tile the section.
   const auto path = dir.path() / "unsorted.safetensors";
   write_file_bytes(path, raw_file(two("[4,8]", "[0,4]"), 8));
