@@ -58,7 +58,8 @@ struct SparsityResult {
   double first_step = 0;        // unchanged fraction in step 1 (fresh optimizer state)
   double later_steps_mean = 0;  // mean over steps 2..N
   double later_steps_min = 1;
-  double over_window = 0;  // unchanged between the start and the end of steps 1..8
+  double last_steps_mean = 0;  // mean over the last 10 steps (optimizer state settled)
+  double over_window = 0;      // unchanged between the start and the end of steps 1..8
 };
 
 SparsityResult measure_sparsity(const ModelConfig& config, const std::filesystem::path& weights,
@@ -72,6 +73,8 @@ SparsityResult measure_sparsity(const ModelConfig& config, const std::filesystem
   result.lr = lr;
   const auto window_start = bf16_snapshot(model);
   double later_sum = 0;
+  double last_sum = 0;
+  const int last_count = std::min(10, steps - 1);
   for (int step = 0; step < steps; ++step) {
     const auto before = bf16_snapshot(model);
     (void)trainer.step(make_batch(post_training_mix(), seed, 0, static_cast<std::uint64_t>(step),
@@ -84,9 +87,11 @@ SparsityResult measure_sparsity(const ModelConfig& config, const std::filesystem
       later_sum += unchanged;
       result.later_steps_min = std::min(result.later_steps_min, unchanged);
     }
+    if (step >= steps - last_count) last_sum += unchanged;
     if (step == 7) result.over_window = bf16_unchanged_fraction(window_start, after);
   }
   result.later_steps_mean = later_sum / std::max(1, steps - 1);
+  result.last_steps_mean = last_sum / std::max(1, last_count);
   return result;
 }
 
@@ -100,7 +105,7 @@ int main(int argc, char** argv) {
       std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "cache";
   int timed_steps = 10;
   int post_steps = 80;
-  int sparsity_steps = 10;
+  int sparsity_steps = 40;
   int threads_for_training = 2;
   app.add_flag("--fresh-pretrain", fresh_pretrain,
                "pretrain into a temporary cache (measures the wall time) instead of loading");
@@ -184,17 +189,19 @@ int main(int argc, char** argv) {
 
   fmt::print("bf16 weights unchanged by one AdamW step (from the pretrained state, batch {}):\n",
              post_batch);
-  fmt::print("{:>8} {:>12} {:>16} {:>14} {:>16}\n", "lr", "step 1", "steps 2..N mean",
-             "steps 2..N min", "over 8 steps");
+  fmt::print("{:>8} {:>9} {:>16} {:>15} {:>15} {:>13}\n", "lr", "step 1", "steps 2..N mean",
+             "steps 2..N min", "last 10 mean", "over 8 steps");
   for (double lr : {1e-6, 3e-6, 2e-5}) {
     const SparsityResult r = measure_sparsity(config, pretrained.checkpoint, options.seed, lr,
                                               sparsity_steps, post_batch);
-    fmt::print("{:>8.0e} {:>11.2f}% {:>15.2f}% {:>13.2f}% {:>15.2f}%\n", lr, 100 * r.first_step,
-               100 * r.later_steps_mean, 100 * r.later_steps_min, 100 * r.over_window);
+    fmt::print("{:>8.0e} {:>8.2f}% {:>15.2f}% {:>14.2f}% {:>14.2f}% {:>12.2f}%\n", lr,
+               100 * r.first_step, 100 * r.later_steps_mean, 100 * r.later_steps_min,
+               100 * r.last_steps_mean, 100 * r.over_window);
     out["bf16_unchanged"].push_back({{"lr", lr},
                                      {"first_step", r.first_step},
                                      {"later_steps_mean", r.later_steps_mean},
                                      {"later_steps_min", r.later_steps_min},
+                                     {"last_10_steps_mean", r.last_steps_mean},
                                      {"over_8_steps", r.over_window}});
   }
   if (fresh_pretrain) std::filesystem::remove_all(options.cache_dir);

@@ -60,9 +60,9 @@ void load_weights(TransformerLM& model, const std::filesystem::path& path);
 
 struct PretrainOptions {
   std::uint64_t seed = 1234;  // initial weights and data
-  int steps = 400;
+  int steps = 200;            // ~2 minutes on 2 quiet cores; held-out loss 6.3 -> 1.6
   int batch_size = 16;
-  double peak_lr = 2e-3;
+  double peak_lr = 3e-3;
   int warmup_steps = 40;  // linear warmup, then cosine decay to 10% of the peak
   int eval_batch_size = 64;
   int log_every = 50;               // 0: quiet

@@ -264,7 +264,13 @@ codec::MessageView Engine::Impl::validate_message(int sender, std::span<const st
     throw ProtocolError(what, {.rank = rank, .peer = sender, .byte_offset = offset});
   };
   try {
-    codec::MessageView view = codec::MessageView::parse(bytes);
+    codec::DecodeLimits limits;
+    limits.max_frame_elements = options.chunk_elements;
+    limits.max_frames = static_cast<std::uint32_t>(
+        std::min<std::size_t>(layout.chunks().size() + 1, limits.max_frames));
+    limits.max_tensors = static_cast<std::uint32_t>(
+        std::min<std::size_t>(layout.tensors().size() + 1, limits.max_tensors));
+    codec::MessageView view = codec::MessageView::parse(bytes, limits);
     const codec::MessageHeader& header = view.header();
     if (header.window != window) {
       fail(fmt::format("message is for window {}, expected {}", header.window, window));
@@ -362,12 +368,18 @@ void Engine::Impl::apply_pulse(const std::vector<codec::MessageView>& views) {
       at += n;
     }
     kernels::aggregate(per_rank, scratch->aggregate.data(), chunk.length);
-    kernels::commit_residual(gate_input(chunk), state.residual.data() + chunk.begin);
-    kernels::outer_step(
-        state.global.data() + chunk.begin, state.momentum.data() + chunk.begin,
-        scratch->aggregate.data(),
-        static_cast<std::byte*>(state.local.data) + chunk.begin * dtype_size(state.local.dtype),
-        state.local.dtype, chunk.length, params);
+    // Step 5's state change (e), then steps 8 and 9, in one pass over the chunk.
+    kernels::commit_and_outer_step(
+        kernels::WindowChunk{
+            .global = state.global.data() + chunk.begin,
+            .momentum = state.momentum.data() + chunk.begin,
+            .residual = state.residual.data() + chunk.begin,
+            .local = static_cast<std::byte*>(state.local.data) +
+                     chunk.begin * dtype_size(state.local.dtype),
+            .local_dtype = state.local.dtype,
+            .count = chunk.length,
+        },
+        scratch->aggregate.data(), params);
   });
 }
 
