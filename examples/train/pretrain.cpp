@@ -87,6 +87,28 @@ void Trainer::set_lr(double lr) {
   }
 }
 
+void Trainer::save_state(const std::filesystem::path& path) const {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  try {
+    torch::save(impl_->optimizer, path.string());
+  } catch (const c10::Error& e) {
+    throw IoError(fmt::format("cannot write optimizer state {}: {}", path.string(),
+                              e.what_without_backtrace()));
+  }
+}
+
+void Trainer::load_state(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) {
+    throw IoError(fmt::format("optimizer state {} does not exist", path.string()));
+  }
+  try {
+    torch::load(impl_->optimizer, path.string());
+  } catch (const c10::Error& e) {
+    throw IoError(fmt::format("cannot read optimizer state {}: {}", path.string(),
+                              e.what_without_backtrace()));
+  }
+}
+
 void save_weights(const TransformerLM& model, const std::filesystem::path& path,
                   const io::Metadata& metadata) {
   const auto names = model.parameter_names();

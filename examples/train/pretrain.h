@@ -41,6 +41,12 @@ class Trainer {
   double step(const Batch& batch);
 
   void set_lr(double lr);
+
+  // The optimizer's state (AdamW moments and step counts), for checkpoints: restoring it makes
+  // a resumed run continue bit-identically. load_state() throws IoError when the file is
+  // missing or unreadable.
+  void save_state(const std::filesystem::path& path) const;
+  void load_state(const std::filesystem::path& path);
   [[nodiscard]] const OptimizerSettings& settings() const noexcept { return settings_; }
   [[nodiscard]] TransformerLM& model() noexcept { return model_; }
 
