@@ -649,8 +649,10 @@ WindowReport Engine::Impl::run_window() {
       report.seconds.exchange = ddp_exchange_seconds;
       break;
   }
-  report.density = report.parameters > 0 ? static_cast<double>(report.entries_sent) /
-                                               static_cast<double>(report.parameters)
+  // Density: the fraction of the model one exchange carries (ddp: every element, every step).
+  report.density = options.mode == Mode::ddp ? 1.0
+                   : report.parameters > 0   ? static_cast<double>(report.entries_sent) /
+                                                 static_cast<double>(report.parameters)
                                          : 0.0;
   verify(report);
 
@@ -662,7 +664,9 @@ WindowReport Engine::Impl::run_window() {
   ddp_exchange_seconds = 0;
   steps_in_window = 0;
   ++window;
-  report.seconds.total = seconds_since(start);
+  // ddp's exchanges happened during the window's steps (average_gradients); count them.
+  report.seconds.total =
+      seconds_since(start) + (options.mode == Mode::ddp ? report.seconds.exchange : 0.0);
   if (tracing) write_trace_outputs(report);
   logger().info("{}", summary_line(report));
   return report;

@@ -1,0 +1,90 @@
+// The per-window report's byte counts agree with what the transport moved and with the other
+// ranks' reports, over the in-process and the TCP transport.
+#include <gtest/gtest.h>
+
+#include "collectives/test_groups.h"
+#include "engine/engine.h"
+#include "engine_test_util.h"
+
+namespace pulseloco {
+namespace {
+
+class ReportBytes : public ::testing::TestWithParam<std::tuple<std::string, Mode>> {};
+
+TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
+  const auto& [backend, mode] = GetParam();
+  const int world = 3;
+  std::vector<testing::LocalModel> models;
+  for (int r = 0; r < world; ++r) {
+    models.push_back(testing::make_model({20000, 513}, DType::float32, 400 + r));
+  }
+  EngineOptions options;
+  options.mode = mode;
+  options.steps_per_window = 2;
+  options.chunk_elements = 4096;
+  options.threads = 1;
+  options.allgather = collectives::AllGatherAlgorithm::direct;  // each message goes once per peer
+  auto transports = testing::make_test_group(backend, world);
+  std::vector<std::unique_ptr<Engine>> engines(world);
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] =
+        std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
+  }));
+
+  for (int window = 0; window < 2; ++window) {
+    for (int r = 0; r < world; ++r) {
+      testing::local_training(models[static_cast<std::size_t>(r)], 5e-5f, 2, 900 + 10 * window + r);
+    }
+    std::vector<WindowReport> reports(world);
+    std::vector<transport::TransportStats> before(world), after(world);
+    testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+      const auto i = static_cast<std::size_t>(r);
+      before[i] = engines[i]->transport().stats();
+      reports[i] = engines[i]->run_window();
+      after[i] = engines[i]->transport().stats();
+    }));
+    std::uint64_t all_payloads = 0;
+    for (const auto& report : reports) all_payloads += report.payload_bytes;
+    for (int r = 0; r < world; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      const WindowReport& report = reports[i];
+      // What this rank received is exactly what the others contributed.
+      EXPECT_EQ(report.received_bytes, all_payloads - report.payload_bytes) << "rank " << r;
+      // The report's wire counts are the transport's counters over the window.
+      EXPECT_EQ(report.wire_bytes_sent, after[i].wire_bytes_sent - before[i].wire_bytes_sent);
+      EXPECT_EQ(report.wire_bytes_received,
+                after[i].wire_bytes_received - before[i].wire_bytes_received);
+      // The direct all-gather hands the payload to the transport once per peer; everything
+      // else the window sends (sizes, commit vote, digests, framing) is small.
+      const std::uint64_t payload_sent = after[i].payload_bytes_sent - before[i].payload_bytes_sent;
+      const std::uint64_t payload_received =
+          after[i].payload_bytes_received - before[i].payload_bytes_received;
+      if (mode == Mode::pulse) {
+        EXPECT_GE(payload_sent, (world - 1) * report.payload_bytes) << "rank " << r;
+        EXPECT_LE(payload_sent, (world - 1) * report.payload_bytes + 4096) << "rank " << r;
+        EXPECT_GE(payload_received, report.received_bytes) << "rank " << r;
+        EXPECT_LE(payload_received, report.received_bytes + 4096) << "rank " << r;
+      } else {
+        // Ring all-reduce: each rank sends and receives 2 (R-1)/R of the dense gradient.
+        const double dense = static_cast<double>(report.parameters) * 4.0;
+        EXPECT_NEAR(static_cast<double>(payload_sent), 2.0 * (world - 1) / world * dense,
+                    0.01 * dense + 4096) << "rank " << r;
+      }
+      EXPECT_GE(report.wire_bytes_sent, payload_sent);
+      EXPECT_LE(report.wire_bytes_sent, payload_sent + payload_sent / 10 + 16384);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, ReportBytes,
+    ::testing::Combine(::testing::ValuesIn(testing::test_backends()),
+                       ::testing::Values(Mode::pulse, Mode::diloco)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& param_info) {
+      return std::get<0>(param_info.param) + "_" +
+             std::string(mode_name(std::get<1>(param_info.param)));
+    });
+
+}  // namespace
+}  // namespace pulseloco
