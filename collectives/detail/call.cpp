@@ -476,13 +476,34 @@ Call::Verdict Call::verdict_from_notice(int peer) const {
   return {.culprit = notice.subject, .kind = notice.kind, .reporter = peer, .detail = {}};
 }
 
-std::optional<Call::Verdict> Call::verdict_from_notices() const {
-  for (const NoticeType wanted : {NoticeType::culprit, NoticeType::aborted}) {
-    for (int peer = 0; peer < size_; ++peer) {
-      const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
-      if (slot.latest && slot.latest->type == wanted) return verdict_from_notice(peer);
-    }
+namespace {
+// How strongly a kind of failure incriminates the peer it names. A lost peer is often only a
+// consequence: it aborted after finding the real culprit, or it closed its connections after
+// rejecting this rank's data. Garbage and disagreement are first-hand evidence.
+[[nodiscard]] int weight(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::protocol:
+    case ErrorKind::invalid_argument:
+      return 3;
+    case ErrorKind::timeout:
+      return 2;
+    case ErrorKind::peer_lost:
+      return 1;
+    default:
+      return 0;
   }
+}
+}  // namespace
+
+std::optional<Call::Verdict> Call::verdict_from_notices() const {
+  std::optional<Verdict> best;
+  for (int peer = 0; peer < size_; ++peer) {
+    const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+    if (!slot.latest || !is_terminal(slot.latest->type)) continue;
+    Verdict candidate = verdict_from_notice(peer);
+    if (!best || weight(candidate.kind) > weight(best->kind)) best = std::move(candidate);
+  }
+  if (best) return best;
   for (int peer = 0; peer < size_; ++peer) {
     const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
     if (slot.broken) {
@@ -493,21 +514,47 @@ std::optional<Call::Verdict> Call::verdict_from_notices() const {
   return std::nullopt;
 }
 
+Call::Verdict Call::settle(Verdict current) {
+  if (weight(current.kind) > weight(ErrorKind::peer_lost)) return current;
+  // Give a better explanation a moment to arrive (bounded, so survivors stay within 2x the
+  // timeout).
+  const auto end = Clock::now() + std::min<std::chrono::milliseconds>(
+                                      options_.timeout / 4, std::chrono::milliseconds{250});
+  for (;;) {
+    poll_notices(true);
+    if (auto best = verdict_from_notices(); best && weight(best->kind) > weight(current.kind)) {
+      return *best;
+    }
+    const auto now = Clock::now();
+    if (now >= end) return current;
+    Request* pending = nullptr;
+    for (NoticeSlot& slot : notices_) {
+      if (slot.pending) {
+        pending = slot.request;
+        break;
+      }
+    }
+    if (pending == nullptr) return current;
+    try {
+      pending->wait(std::min(end, now + slice_));
+    } catch (...) {
+      // Sorted out by the next poll.
+    }
+  }
+}
+
 Call::Verdict Call::resolve_definitive(int peer, ErrorKind kind, std::string detail) {
   poll_notices(true);
   const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
-  if (slot.latest && is_terminal(slot.latest->type)) return verdict_from_notice(peer);
-  if (kind == ErrorKind::peer_lost) {
-    // A peer that aborted after finding the culprit looks lost too: prefer what the others
-    // found (its own notice may have been overtaken by the closing connection).
-    for (int other = 0; other < size_; ++other) {
-      const NoticeSlot& s = notices_[static_cast<std::size_t>(other)];
-      if (s.latest && s.latest->type == NoticeType::culprit && s.latest->subject != rank_) {
-        return verdict_from_notice(other);
-      }
-    }
+  if (slot.latest && is_terminal(slot.latest->type)) return settle(verdict_from_notice(peer));
+  if (kind != ErrorKind::peer_lost) {
+    return {.culprit = peer, .kind = kind, .reporter = rank_, .detail = std::move(detail)};
   }
-  return {.culprit = peer, .kind = kind, .reporter = rank_, .detail = std::move(detail)};
+  // The peer may have aborted after finding the real culprit (and its notice may have been
+  // overtaken by the closing connection), or closed the connection after rejecting this rank's
+  // data: prefer what the others found.
+  if (auto best = verdict_from_notices(); best && best->culprit != peer) return settle(*best);
+  return settle({.culprit = peer, .kind = kind, .reporter = rank_, .detail = std::move(detail)});
 }
 
 Call::Verdict Call::resolve_chain(int start, int fallback) {
@@ -529,10 +576,10 @@ Call::Verdict Call::resolve_chain(int start, int fallback) {
       const NoticeSlot& slot = notices_[static_cast<std::size_t>(current)];
       if (slot.latest && is_terminal(slot.latest->type)) return verdict_from_notice(current);
       if (slot.broken) {
-        return {.culprit = current,
-                .kind = *slot.broken,
-                .reporter = rank_,
-                .detail = slot.broken_detail};
+        return settle({.culprit = current,
+                       .kind = *slot.broken,
+                       .reporter = rank_,
+                       .detail = slot.broken_detail});
       }
       if (!slot.latest || slot.latest->type != NoticeType::suspect) break;
       if (visited[static_cast<std::size_t>(current)]) {
@@ -718,7 +765,7 @@ void Call::fail() {
   } else {
     poll_notices(true);
     if (auto from_notices = verdict_from_notices()) {
-      verdict = *from_notices;
+      verdict = settle(*from_notices);
     } else {
       int start = -1;
       for (int peer = 0; peer < size_ && start < 0; ++peer) {

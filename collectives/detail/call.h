@@ -171,7 +171,11 @@ class Call {
   [[nodiscard]] Verdict verdict_from_notice(int peer) const;
   [[nodiscard]] Verdict resolve_definitive(int peer, ErrorKind kind, std::string detail);
   [[nodiscard]] Verdict resolve_chain(int start, int fallback);
+  // The best explanation the notices offer: the most incriminating culprit notice, else a lost
+  // notice channel.
   [[nodiscard]] std::optional<Verdict> verdict_from_notices() const;
+  // Waits briefly for a better explanation than `current` when that is only a lost peer.
+  [[nodiscard]] Verdict settle(Verdict current);
   void abort_transport(std::string_view reason) noexcept;
   [[noreturn]] void throw_verdict(const Verdict& verdict) const;
 

@@ -6,7 +6,9 @@
 
 namespace pulseloco::testing {
 
-std::vector<std::string> test_backends() { return {"inproc", "tcp"}; }
+std::vector<std::string> test_backends() {
+  return {"inproc", "tcp"};
+}
 
 std::vector<std::unique_ptr<transport::Transport>> make_test_group(std::string_view backend,
                                                                    int world_size) {
@@ -14,7 +16,8 @@ std::vector<std::unique_ptr<transport::Transport>> make_test_group(std::string_v
   if (backend == "tcp") {
     auto tcp = transport::testing::make_loopback_group(world_size);
     std::vector<std::unique_ptr<transport::Transport>> group;
-    for (auto& t : tcp) group.push_back(std::move(t));
+    for (auto& t : tcp)
+      group.push_back(std::move(t));
     return group;
   }
   throw std::invalid_argument("unknown test backend " + std::string(backend));
