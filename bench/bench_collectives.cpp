@@ -15,8 +15,8 @@
 // two libraries are compared byte for byte.
 //
 // --json prints one JSON record per line and per (operation, transport, size).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -121,11 +121,21 @@ class Harness {
   Harness(const Harness&) = delete;
   Harness& operator=(const Harness&) = delete;
 
-  [[nodiscard]] transport::Transport& transport() { return *transport_; }
-  [[nodiscard]] const collectives::CollectiveOptions& options() const { return options_; }
-  [[nodiscard]] bool mpi() const { return mpi_; }
-  [[nodiscard]] int rank() const { return transport_->rank(); }
-  [[nodiscard]] int size() const { return transport_->size(); }
+  [[nodiscard]] transport::Transport& transport() {
+    return *transport_;
+  }
+  [[nodiscard]] const collectives::CollectiveOptions& options() const {
+    return options_;
+  }
+  [[nodiscard]] bool mpi() const {
+    return mpi_;
+  }
+  [[nodiscard]] int rank() const {
+    return transport_->rank();
+  }
+  [[nodiscard]] int size() const {
+    return transport_->size();
+  }
 
   // Times `iterations` calls of `fn` (after one warm-up); `sync` runs before each.
   template <typename Fn, typename Sync, typename Slowest>
@@ -143,10 +153,12 @@ class Harness {
     return summarize(std::move(seconds));
   }
 
-  void our_barrier() { collectives::barrier(*transport_, barrier_options()); }
+  void our_barrier() {
+    collectives::barrier(*transport_, barrier_options());
+  }
   double our_slowest(double mine) {
-    const auto all = collectives::allgather_u64(
-        *transport_, static_cast<std::uint64_t>(mine * 1e9), barrier_options());
+    const auto all = collectives::allgather_u64(*transport_, static_cast<std::uint64_t>(mine * 1e9),
+                                                barrier_options());
     return static_cast<double>(*std::max_element(all.begin(), all.end())) / 1e9;
   }
 
@@ -263,9 +275,9 @@ void bench_allgather(Harness& h, const Reporter& reporter, const Settings& setti
                      std::size_t bytes) {
   const int n = h.size();
   std::vector<std::byte> mine(bytes);
-  for (std::size_t i = 0; i < bytes; ++i) {
-    mine[i] = static_cast<std::byte>((i * 131 + static_cast<std::size_t>(h.rank()) * 7) & 0xFF);
-  }
+  const auto seed = static_cast<std::size_t>(h.rank()) * 7;
+  for (std::size_t i = 0; i < bytes; ++i)
+    mine[i] = static_cast<std::byte>((i * 131 + seed) & 0xFF);
   std::vector<std::byte> ours(bytes * static_cast<std::size_t>(n), std::byte{1});
   const auto buffer_for = [&](int rank, std::size_t size) {
     return std::span(ours).subspan(static_cast<std::size_t>(rank) * bytes, size);
@@ -312,14 +324,15 @@ void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& setti
                      std::size_t bytes) {
   const std::size_t count = bytes / sizeof(float);
   std::vector<float> input(count);
+  const auto offset = static_cast<std::size_t>(h.rank());
   for (std::size_t i = 0; i < count; ++i) {
     // Exactly representable sums: ours and MPI's must agree bit for bit whatever the order.
-    input[i] = static_cast<float>((i + static_cast<std::size_t>(h.rank())) % 1024);
+    input[i] = static_cast<float>((i + offset) % 1024);
   }
   std::vector<float> ours(count, 0.0F);
-  const Timing our_time = h.time(
-      [&] { collectives::allreduce_sum(h.transport(), input, ours, h.options()); },
-      [&] { h.our_barrier(); }, [&](double s) { return h.our_slowest(s); });
+  const Timing our_time =
+      h.time([&] { collectives::allreduce_sum(h.transport(), input, ours, h.options()); },
+             [&] { h.our_barrier(); }, [&](double s) { return h.our_slowest(s); });
   reporter.record("allreduce_sum", "pulseloco-tcp", "ring", bytes, our_time);
 #if PULSELOCO_BENCH_MPI
   if (h.mpi() && settings.run_mpi) {

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "base/errors.h"
 #include "collectives/collectives.h"
@@ -37,28 +36,20 @@ std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept {
 }
 
 namespace {
-// The rule of `automatic` (docs/collectives.md shows the measurements behind the numbers).
-constexpr std::uint64_t kDirectAlwaysBytes = std::uint64_t{256} << 10;
-constexpr double kSkewFactor = 1.5;
-constexpr std::size_t kDirectMaxWorld = 4;
+// The rule of `automatic`; docs/collectives.md shows the measurements behind it.
+constexpr std::uint64_t kLatencyBoundBytes = std::uint64_t{64} << 10;
 }  // namespace
 
 AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes) {
-  const std::size_t world = sizes.size();
-  if (world <= 2) return AllGatherAlgorithm::direct;  // both move exactly the same bytes
-  const std::uint64_t total = std::accumulate(sizes.begin(), sizes.end(), std::uint64_t{0});
+  // Two ranks: both algorithms move exactly the same bytes in one hop.
+  if (sizes.size() <= 2) return AllGatherAlgorithm::direct;
+  // Small messages are latency-bound: one hop beats world_size - 1 hops.
   const std::uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  const std::uint64_t smallest = *std::min_element(sizes.begin(), sizes.end());
-  // Latency-bound: one hop beats world_size - 1 hops.
-  if (largest <= kDirectAlwaysBytes) return AllGatherAlgorithm::direct;
-  // Skewed sizes: direct makes the largest rank send its message world_size - 1 times, the ring
-  // spreads it over all links.
-  const std::uint64_t direct_busiest = (world - 1) * largest;
-  const std::uint64_t ring_busiest = total - smallest;
-  if (static_cast<double>(direct_busiest) > kSkewFactor * static_cast<double>(ring_busiest)) {
-    return AllGatherAlgorithm::ring;
-  }
-  return world <= kDirectMaxWorld ? AllGatherAlgorithm::direct : AllGatherAlgorithm::ring;
+  if (largest <= kLatencyBoundBytes) return AllGatherAlgorithm::direct;
+  // Bandwidth-bound: the ring keeps one flow per link (no incast of world_size - 1 senders
+  // into one link) and spreads a large message over every link instead of making its owner
+  // send it world_size - 1 times.
+  return AllGatherAlgorithm::ring;
 }
 
 namespace {

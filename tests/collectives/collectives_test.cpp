@@ -219,19 +219,22 @@ TEST(SparseAllGatherInto, AWrongSizedBufferFailsTheCallOnEveryRank) {
 }
 
 TEST(AlgorithmChoice, FollowsTheDocumentedRule) {
+  const std::uint64_t kib = 1 << 10;
   const std::uint64_t mib = 1 << 20;
-  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>{5}), AllGatherAlgorithm::direct);
-  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>{64 * mib, 64 * mib}),
-            AllGatherAlgorithm::direct);
-  // Small messages: one hop.
-  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>(7, 1000)),
-            AllGatherAlgorithm::direct);
-  // One rank with most of the data: the ring spreads it.
-  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>{64 * mib, 1, 1, 1}),
-            AllGatherAlgorithm::ring);
-  // Many ranks, large messages: the ring.
-  EXPECT_EQ(choose_allgather_algorithm(std::vector<std::uint64_t>(7, 8 * mib)),
-            AllGatherAlgorithm::ring);
+  const auto choose = [](std::vector<std::uint64_t> sizes) {
+    return choose_allgather_algorithm(sizes);
+  };
+  EXPECT_EQ(choose({5}), AllGatherAlgorithm::direct);
+  // Two ranks: the same traffic either way.
+  EXPECT_EQ(choose({64 * mib, 64 * mib}), AllGatherAlgorithm::direct);
+  // Latency-bound: one hop.
+  EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 1000)), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose({64 * kib, 0, 64 * kib, 17}), AllGatherAlgorithm::direct);
+  // Bandwidth-bound: the ring.
+  EXPECT_EQ(choose({64 * kib + 1, 0, 0, 0}), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose(std::vector<std::uint64_t>(4, mib)), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose({64 * mib, 1, 1, 1}), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 8 * mib)), AllGatherAlgorithm::ring);
 }
 
 // ---------------------------------------------------------------------------------------------
