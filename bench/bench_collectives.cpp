@@ -48,7 +48,7 @@ struct Settings {
   std::vector<std::string> sizes = {"1M", "4M", "16M", "64M", "256M"};
   int iterations = 5;
   std::string algorithm = "automatic";
-  std::size_t chunk = std::size_t{4} << 20;
+  std::size_t chunk = collectives::CollectiveOptions{}.pipeline_chunk_bytes;
   int connections = 0;  // 0: the transport's default
   bool run_mpi = true;
   bool json = false;

@@ -37,7 +37,7 @@ std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept {
 
 namespace {
 // The rule of `automatic`; docs/collectives.md shows the measurements behind it.
-constexpr std::uint64_t kLatencyBoundBytes = std::uint64_t{64} << 10;
+constexpr std::uint64_t kLatencyBoundBytes = std::uint64_t{32} << 10;
 }  // namespace
 
 AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes) {

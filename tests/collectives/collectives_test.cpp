@@ -18,6 +18,7 @@
 #include "base/digest.h"
 #include "base/errors.h"
 #include "collective_reference.h"
+#include "collectives/detail/call.h"
 #include "rank_harness.h"
 #include "test_groups.h"
 
@@ -229,9 +230,9 @@ TEST(AlgorithmChoice, FollowsTheDocumentedRule) {
   EXPECT_EQ(choose({64 * mib, 64 * mib}), AllGatherAlgorithm::direct);
   // Latency-bound: one hop.
   EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 1000)), AllGatherAlgorithm::direct);
-  EXPECT_EQ(choose({64 * kib, 0, 64 * kib, 17}), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose({32 * kib, 0, 32 * kib, 17}), AllGatherAlgorithm::direct);
   // Bandwidth-bound: the ring.
-  EXPECT_EQ(choose({64 * kib + 1, 0, 0, 0}), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose({32 * kib + 1, 0, 0, 0}), AllGatherAlgorithm::ring);
   EXPECT_EQ(choose(std::vector<std::uint64_t>(4, mib)), AllGatherAlgorithm::ring);
   EXPECT_EQ(choose({64 * mib, 1, 1, 1}), AllGatherAlgorithm::ring);
   EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 8 * mib)), AllGatherAlgorithm::ring);
@@ -516,6 +517,48 @@ TEST(Tags, ConcurrentCallsUnderDifferentBaseTagsDoNotMix) {
     if (second_error) std::rethrow_exception(second_error);
   });
   expect_all_succeeded(outcomes);
+}
+
+TEST(Tags, SuccessiveCallsUseDisjointTagsAndIgnoreAnEarlierCallsStragglers) {
+  auto faults = std::make_shared<transport::inproc::FaultInjector>();
+  std::mutex mutex;
+  std::vector<transport::Tag> tags;
+  faults->set_hook([&](const transport::inproc::MessageEvent& m) {
+    const std::lock_guard lock(mutex);
+    tags.push_back(m.tag);
+    return transport::inproc::FaultAction::deliver;
+  });
+  auto group = transport::inproc::make_group(3, {.faults = faults});
+  const CollectiveOptions options{.tag = 5};
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    for (int call = 0; call < 3; ++call) {
+      if (call == 2 && t.rank() == 1) {
+        // A straggler of call #1: a message under that call's payload tag, arriving when the
+        // peers are already in call #2.
+        const auto junk = pattern_bytes(10, 99);
+        t.send(0, detail::make_tag(5, 1, detail::Phase::payload), junk,
+               transport::deadline_after(std::chrono::seconds(5)));
+      }
+      const auto mine = pattern_bytes(10, t.rank(), static_cast<std::uint64_t>(call));
+      const auto all = sparse_allgather(t, mine, options);
+      for (int rank = 0; rank < 3; ++rank) {
+        if (all[static_cast<std::size_t>(rank)] !=
+            pattern_bytes(10, rank, static_cast<std::uint64_t>(call))) {
+          throw std::runtime_error("a call received another call's data");
+        }
+      }
+      barrier(t, {.tag = 6});  // separates the calls' traffic in `tags`
+    }
+  });
+  expect_all_succeeded(outcomes);
+  std::set<std::uint64_t> sequences;
+  for (const transport::Tag tag : tags) {
+    EXPECT_TRUE(tag >> 63) << tag;  // collective traffic
+    const transport::Tag base = (tag >> 40) & (kTagLimit - 1);
+    EXPECT_TRUE(base == 5 || base == 6) << tag;
+    if (base == 5) sequences.insert((tag >> 8) & 0xFFFF'FFFF);
+  }
+  EXPECT_EQ(sequences, (std::set<std::uint64_t>{0, 1, 2}));
 }
 
 TEST(Tags, SequenceNumbersAreKeptPerBaseTag) {
