@@ -284,8 +284,9 @@ TEST(SigKill, DuringALargeAllGather) {
 }
 
 TEST(SigKill, OfARankThatNeverJoinsAnAllReduce) {
-  // The victim reports and blocks before the call; the others are waiting for it inside.
-  ProcessGroup group(3, single("allreduce", std::size_t{32} << 20, "automatic", 1 << 20), 0);
+  // The victim reports and blocks just before the call; the others (whose inputs are small, so
+  // they are inside the call by then) wait for it there.
+  ProcessGroup group(3, single("allreduce", 64 << 10, "automatic", 16 << 10), 0);
   ASSERT_TRUE(group.wait_for_progress(Clock::now() + 120s));
   const auto fault = Clock::now();
   group[0].signal(SIGKILL);
