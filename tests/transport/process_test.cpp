@@ -337,6 +337,25 @@ TEST(Faults, SigstopOfAPeerEndsInATimeoutNamingIt) {
   children[1]->signal(SIGKILL);
 }
 
+TEST(Faults, TheIoTimeoutCatchesAStoppedReceiverBeforeTheOperationDeadline) {
+  // The sender's own deadline is a minute; io_timeout (1 s) ends the stalled connection first.
+  constexpr auto kIoTimeout = 1000ms;
+  auto children = start_group(
+      {worker_args("survivor-send", {"--timeout-ms", "60000"}), worker_args("victim-idle")},
+      [&](int, std::map<std::string, std::string>& env) {
+        env["PULSELOCO_IO_TIMEOUT_MS"] = std::to_string(kIoTimeout.count());
+      });
+  ASSERT_EQ(children.size(), 2U);
+  ASSERT_EQ(children[0]->expect("sent", Clock::now() + kTestDeadline), "sent n=1");
+  children[1]->signal(SIGSTOP);
+  const auto stopped = Clock::now();
+  // The kernel buffers fill within milliseconds; then the connection makes no progress.
+  expect_survivor_error(*children[0], "timeout", 1, stopped, 2 * kIoTimeout);
+  const auto& line = children[0]->lines().back();
+  EXPECT_NE(line.find("made no progress sending"), std::string::npos) << line;
+  children[1]->signal(SIGKILL);
+}
+
 TEST(Faults, AWrongSecretIsRefusedAndTheGroupFormsAnyway) {
   for (int attempt = 0;; ++attempt) {
     const auto port = testing::pick_free_port();

@@ -16,6 +16,7 @@
 //   victim-stream   connects, then streams 64 MiB messages to every other rank forever
 //   survivor-small  waits for a small message from --victim that never comes
 //   survivor-large  receives 64 MiB messages from --victim until that fails
+//   survivor-send   sends 64 MiB messages to --victim until that fails
 //   join            only joins the group (the wrong-secret test's intruder uses it)
 #include <fmt/format.h>
 #include <unistd.h>
@@ -229,7 +230,7 @@ int main(int argc, char** argv) {
   CLI::App app{"pulseloco transport test worker: one rank of a multi-process transport test"};
   app.add_option("--scenario", scenario, "what this rank does")
       ->check(CLI::IsMember({"exchange", "victim-idle", "victim-stream", "survivor-small",
-                             "survivor-large", "join"}));
+                             "survivor-large", "survivor-send", "join"}));
   app.add_option("--backend", backend, "tcp, mpi or nccl (default: PULSELOCO_TRANSPORT or tcp)");
   app.add_option("--rounds", rounds, "exchange rounds");
   app.add_flag("--large", large, "include 64 MiB messages");
@@ -279,6 +280,14 @@ int main(int argc, char** argv) {
       report("waiting");
       request->wait(deadline_after(timeout));
       report("ok unexpectedly received");
+    } else if (scenario == "survivor-send") {
+      const auto message = pattern(2, kLargeBytes);
+      for (Tag round = 0;; ++round) {
+        auto request = t.isend(victim, round, message);
+        since = std::chrono::steady_clock::now();
+        request->wait(deadline_after(timeout));
+        report(fmt::format("sent n={}", round + 1));
+      }
     } else if (scenario == "survivor-large") {
       std::vector<std::byte> buffer(kLargeBytes);
       for (Tag round = 0;; ++round) {
