@@ -69,7 +69,20 @@ struct MpiTransport::State {
     return ErrorContext{.rank = rank, .peer = peer};
   }
 
-  int mpi_tag(Tag tag) const { return static_cast<int>(tag % tag_modulus); }
+  // Tags below half of MPI's tag space map to themselves; larger ones (e.g. the collectives',
+  // which use the top bit) are hashed into the upper half, where two distinct tags meet with
+  // probability 2^-30 (OpenMPI). Matching in MPI is by (source, tag), so such a pair must not
+  // be in flight between the same two ranks at once; a message taken for another one shows up
+  // as a size mismatch or in the collectives' own headers.
+  int mpi_tag(Tag tag) const {
+    const std::uint64_t half = tag_modulus / 2;
+    if (tag < half) return static_cast<int>(tag);
+    std::uint64_t z = tag + 0x9E3779B97F4A7C15ULL;  // splitmix64 finaliser
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return static_cast<int>(half + z % (tag_modulus - half));
+  }
 
   // Tests an operation; returns true once complete. Throws its error. State::mutex held.
   bool test_locked(MpiOp& op) {

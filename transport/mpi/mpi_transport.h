@@ -6,8 +6,11 @@
 //  - isend/irecv are MPI_Isend/MPI_Irecv (messages above 1 GiB are split in parts, matched in
 //    order); waits poll MPI_Test against the deadline. The received size is checked
 //    (MPI_Get_count, truncation): a mismatch is a ProtocolError naming the peer.
-//  - Tags: the MPI tag is the pulseloco tag modulo MPI_TAG_UB + 1 (2^31 with OpenMPI); two tags
-//    that differ by a multiple of that must not be in flight to the same peer at once.
+//  - Tags: MPI tags are ints (up to MPI_TAG_UB, 2^31 - 1 with OpenMPI). Tags below half of that
+//    are used as they are; larger 64-bit tags are hashed into the upper half, where two distinct
+//    tags coincide with probability 2^-30. Two coinciding tags in flight between the same pair
+//    of ranks at once could be matched crosswise (a size check or the collectives' headers then
+//    fail).
 //  - What MPI cannot do: it does not report a dead peer. A rank that dies usually makes mpirun
 //    end the whole job; a stalled or silently dead peer shows as TimeoutError at the deadline.
 //    abort() cancels pending receives and fails every operation, but a receive that MPI has

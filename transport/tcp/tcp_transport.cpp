@@ -171,7 +171,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   Core& operator=(const Core&) = delete;
 
   void bind_listener(const std::string& host, std::uint16_t port);
-  void form_group(GroupTable table);
+  void form_group(GroupTable table, Deadline deadline);
   void shutdown() noexcept;
 
   std::unique_ptr<Request> isend(int peer, Tag tag, std::span<const std::byte> data);
@@ -261,6 +261,8 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;
+  // The listener and the progress timer live on this strand (there may be several I/O threads).
+  asio::strand<asio::io_context::executor_type> control_;
   Acceptor acceptor_;
   std::optional<asio::steady_timer> progress_timer_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; our own entry holds self-messages
@@ -317,7 +319,8 @@ TcpTransport::Core::Core(const TransportOptions& options)
     : options_(options),
       lanes_per_peer_(options.connections_per_peer),
       work_(asio::make_work_guard(io_)),
-      acceptor_(io_) {
+      control_(asio::make_strand(io_)),
+      acceptor_(control_) {
   if (options.corrupt_frame) {
     corrupt_at_ = options.corrupt_frame->frame_index;
     corrupt_target_ = options.corrupt_frame->target;
@@ -349,7 +352,7 @@ void TcpTransport::Core::count_handshake(const tcp::HandshakeTraffic& traffic) {
   wire_received_ += traffic.bytes_received;
 }
 
-void TcpTransport::Core::form_group(GroupTable table) {
+void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
   rank_ = table.rank;
   size_ = table.size();
   group_id_ = table.group_id;
@@ -371,15 +374,14 @@ void TcpTransport::Core::form_group(GroupTable table) {
     logger().warn(
         "tcp transport: no shared secret (PULSELOCO_SECRET): connections are not authenticated");
 
-  const Deadline deadline = deadline_after(options_.connect_timeout);
   if (size_ > 1) {
-    asio::co_spawn(io_, accept_loop(), asio::detached);
+    asio::co_spawn(control_, accept_loop(), asio::detached);
     for (int peer = rank_ + 1; peer < size_; ++peer)
       for (int lane = 0; lane < lanes_per_peer_; ++lane)
         asio::co_spawn(asio::make_strand(io_), connect_lane(peer, lane, deadline), asio::detached);
   }
   if (options_.io_timeout.count() > 0) {
-    progress_timer_.emplace(io_);
+    progress_timer_.emplace(control_);
     check_progress();
   }
   const int thread_count = std::max(1, options_.io_threads);
@@ -1568,7 +1570,7 @@ void TcpTransport::Core::shutdown() noexcept {
       acceptor_.close(ignored);
     } else {
       std::promise<void> closed;
-      asio::post(io_, [this, &closed] {
+      asio::post(control_, [this, &closed] {
         boost::system::error_code ignored;
         acceptor_.close(ignored);
         if (progress_timer_) progress_timer_->cancel();
@@ -1631,6 +1633,8 @@ void TcpTransport::Core::check_progress() {
 TcpTransport::TcpTransport(const TransportOptions& options)
     : core_(std::make_shared<Core>(options)) {
   validate(options);
+  // One budget for the whole formation: rendezvous, connections and handshakes.
+  const Deadline deadline = deadline_after(options.connect_timeout);
   GroupTable table;
   switch (resolve_rendezvous(options)) {
     case RendezvousMethod::peer_list:
@@ -1653,7 +1657,7 @@ TcpTransport::TcpTransport(const TransportOptions& options)
       table.peers.push_back(PeerAddress{"127.0.0.1", 0});
       break;
   }
-  core_->form_group(std::move(table));
+  core_->form_group(std::move(table), deadline);
 }
 
 TcpTransport::~TcpTransport() {
