@@ -157,6 +157,7 @@ struct Peer {
   std::unordered_map<MessageKey, Slot, MessageKeyHash> slots;
   std::deque<Chunk> send_queue;
   std::exception_ptr failure;  // every pending and future operation with this peer fails
+  bool stalled = false;        // an operation with it timed out: closing does not wait for it
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -170,7 +171,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   Core& operator=(const Core&) = delete;
 
   void bind_listener(const std::string& host, std::uint16_t port);
-  void form_group(GroupTable table);
+  void form_group(GroupTable table, Deadline deadline);
   void shutdown() noexcept;
 
   std::unique_ptr<Request> isend(int peer, Tag tag, std::span<const std::byte> data);
@@ -193,7 +194,6 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   std::vector<PeerAddress> addresses_;
   std::atomic<int> refused_{0};
 
- private:
   // Formation.
   asio::awaitable<void> accept_loop();
   asio::awaitable<void> accept_one(std::shared_ptr<Socket> socket);
@@ -228,6 +228,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   void fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool log);
   void fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool log = true);
   void close_lanes_on_strand(Peer& peer, const std::exception_ptr& orphan_error);
+  void tell_peer_why(Peer& peer, std::string_view reason);
   void graceful_close() noexcept;
   void check_progress();
   void run_on_every_strand_and_wait(const std::function<void(Peer&)>& work) noexcept;
@@ -252,12 +253,16 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
         context_for(peer)));
   }
 
+  GroupId group_id_{};
+
+ private:
   const TransportOptions options_;
   const int lanes_per_peer_;
-  GroupId group_id_{};
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;
+  // The listener and the progress timer live on this strand (there may be several I/O threads).
+  asio::strand<asio::io_context::executor_type> control_;
   Acceptor acceptor_;
   std::optional<asio::steady_timer> progress_timer_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; our own entry holds self-messages
@@ -314,7 +319,8 @@ TcpTransport::Core::Core(const TransportOptions& options)
     : options_(options),
       lanes_per_peer_(options.connections_per_peer),
       work_(asio::make_work_guard(io_)),
-      acceptor_(io_) {
+      control_(asio::make_strand(io_)),
+      acceptor_(control_) {
   if (options.corrupt_frame) {
     corrupt_at_ = options.corrupt_frame->frame_index;
     corrupt_target_ = options.corrupt_frame->target;
@@ -346,7 +352,7 @@ void TcpTransport::Core::count_handshake(const tcp::HandshakeTraffic& traffic) {
   wire_received_ += traffic.bytes_received;
 }
 
-void TcpTransport::Core::form_group(GroupTable table) {
+void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
   rank_ = table.rank;
   size_ = table.size();
   group_id_ = table.group_id;
@@ -368,15 +374,14 @@ void TcpTransport::Core::form_group(GroupTable table) {
     logger().warn(
         "tcp transport: no shared secret (PULSELOCO_SECRET): connections are not authenticated");
 
-  const Deadline deadline = deadline_after(options_.connect_timeout);
   if (size_ > 1) {
-    asio::co_spawn(io_, accept_loop(), asio::detached);
+    asio::co_spawn(control_, accept_loop(), asio::detached);
     for (int peer = rank_ + 1; peer < size_; ++peer)
       for (int lane = 0; lane < lanes_per_peer_; ++lane)
         asio::co_spawn(asio::make_strand(io_), connect_lane(peer, lane, deadline), asio::detached);
   }
   if (options_.io_timeout.count() > 0) {
-    progress_timer_.emplace(io_);
+    progress_timer_.emplace(control_);
     check_progress();
   }
   const int thread_count = std::max(1, options_.io_threads);
@@ -1244,6 +1249,7 @@ void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
   changed_.wait_until(lock, deadline,
                       [&] { return op.done || op.error || op.stash_to_copy != nullptr; });
   if (finish_if_ready(op, lock)) return;
+  peers_[static_cast<std::size_t>(op.peer)]->stalled = true;
   const auto waited =
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - op.posted_at);
   if (op.is_send)
@@ -1333,6 +1339,7 @@ void TcpTransport::Core::protocol_violation(Peer& peer, const std::string& probl
                                             std::optional<std::uint64_t> offset) {
   ErrorContext context = context_for(peer.rank);
   context.byte_offset = offset;
+  tell_peer_why(peer, fmt::format("rank {} rejected its frames: {}", rank_, problem));
   fail_peer_on_strand(
       peer, std::make_exception_ptr(
                 ProtocolError(fmt::format("peer {} violated the protocol: {}", peer.rank, problem),
@@ -1445,6 +1452,27 @@ void TcpTransport::Core::run_on_every_strand_and_wait(
   }
 }
 
+void TcpTransport::Core::tell_peer_why(Peer& peer, std::string_view reason) {
+  // An abort frame on every idle connection (never inside a frame being written), without
+  // blocking: the peer then fails with our reason instead of a bare "connection closed".
+  const std::string_view text = reason.substr(0, tcp::kMaxAbortReasonBytes);
+  FrameHeader header;
+  header.kind = FrameKind::abort;
+  header.message_bytes = header.chunk_bytes = text.size();
+  const EncodedHeader encoded = tcp::encode_header(header);
+  const std::array<asio::const_buffer, 2> frame{asio::buffer(encoded),
+                                                asio::buffer(text.data(), text.size())};
+  for (auto& lane : peer.lanes) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!lane->connected || lane->closed || lane->writing || lane->write_shut) continue;
+    }
+    boost::system::error_code ignored;
+    lane->socket.non_blocking(true, ignored);
+    wire_sent_ += lane->socket.send(frame, 0, ignored);
+  }
+}
+
 void TcpTransport::Core::abort(std::string_view reason) noexcept {
   try {
     std::exception_ptr error;
@@ -1456,26 +1484,8 @@ void TcpTransport::Core::abort(std::string_view reason) noexcept {
       error = aborted_;
     }
     logger().warn("tcp transport: rank {} aborting: {}", rank_, reason);
-    const std::string_view text = reason.substr(0, tcp::kMaxAbortReasonBytes);
-    FrameHeader header;
-    header.kind = FrameKind::abort;
-    header.message_bytes = header.chunk_bytes = text.size();
-    const EncodedHeader encoded = tcp::encode_header(header);
     run_on_every_strand_and_wait([&](Peer& peer) {
-      // Tell the peer why on every idle connection (never inside a frame being written).
-      for (auto& lane : peer.lanes) {
-        bool idle = false;
-        {
-          const std::lock_guard lock(mutex_);
-          idle = lane->connected && !lane->closed && !lane->writing && !lane->write_shut;
-        }
-        if (!idle) continue;
-        boost::system::error_code ignored;
-        lane->socket.non_blocking(true, ignored);
-        const std::array<asio::const_buffer, 2> frame{asio::buffer(encoded),
-                                                      asio::buffer(text.data(), text.size())};
-        wire_sent_ += lane->socket.send(frame, 0, ignored);
-      }
+      tell_peer_why(peer, reason);
       close_lanes_on_strand(peer, error);
     });
     {
@@ -1496,9 +1506,10 @@ void TcpTransport::Core::graceful_close() noexcept {
     // 1. Let what is queued go out.
     changed_.wait_until(lock, deadline, [&] {
       return std::all_of(peers_.begin(), peers_.end(), [](const auto& peer) {
-        return peer->failure || (peer->send_queue.empty() &&
-                                 std::none_of(peer->lanes.begin(), peer->lanes.end(),
-                                              [](const auto& lane) { return lane->writing; }));
+        return peer->failure || peer->stalled ||
+               (peer->send_queue.empty() &&
+                std::none_of(peer->lanes.begin(), peer->lanes.end(),
+                             [](const auto& lane) { return lane->writing; }));
       });
     });
     lock.unlock();
@@ -1522,7 +1533,7 @@ void TcpTransport::Core::graceful_close() noexcept {
     lock.lock();
     changed_.wait_until(lock, deadline, [&] {
       return std::all_of(peers_.begin(), peers_.end(), [](const auto& peer) {
-        return peer->failure ||
+        return peer->failure || peer->stalled ||
                std::all_of(peer->lanes.begin(), peer->lanes.end(), [](const auto& lane) {
                  return lane->closed || !lane->connected || (lane->write_shut && lane->eof);
                });
@@ -1559,7 +1570,7 @@ void TcpTransport::Core::shutdown() noexcept {
       acceptor_.close(ignored);
     } else {
       std::promise<void> closed;
-      asio::post(io_, [this, &closed] {
+      asio::post(control_, [this, &closed] {
         boost::system::error_code ignored;
         acceptor_.close(ignored);
         if (progress_timer_) progress_timer_->cancel();
@@ -1622,6 +1633,8 @@ void TcpTransport::Core::check_progress() {
 TcpTransport::TcpTransport(const TransportOptions& options)
     : core_(std::make_shared<Core>(options)) {
   validate(options);
+  // One budget for the whole formation: rendezvous, connections and handshakes.
+  const Deadline deadline = deadline_after(options.connect_timeout);
   GroupTable table;
   switch (resolve_rendezvous(options)) {
     case RendezvousMethod::peer_list:
@@ -1644,7 +1657,7 @@ TcpTransport::TcpTransport(const TransportOptions& options)
       table.peers.push_back(PeerAddress{"127.0.0.1", 0});
       break;
   }
-  core_->form_group(std::move(table));
+  core_->form_group(std::move(table), deadline);
 }
 
 TcpTransport::~TcpTransport() {
@@ -1680,6 +1693,10 @@ std::uint16_t TcpTransport::listen_port() const noexcept {
 
 const std::vector<PeerAddress>& TcpTransport::peer_addresses() const noexcept {
   return core_->addresses_;
+}
+
+GroupId TcpTransport::group_id() const noexcept {
+  return core_->group_id_;
 }
 
 int TcpTransport::refused_connections() const noexcept {

@@ -55,6 +55,8 @@ class TcpTransport final : public Transport {
   [[nodiscard]] std::uint16_t listen_port() const noexcept;
   // Every rank's data listener, in rank order.
   [[nodiscard]] const std::vector<PeerAddress>& peer_addresses() const noexcept;
+  // The id every connection of this group presents (from the rendezvous).
+  [[nodiscard]] GroupId group_id() const noexcept;
   // Connections refused by the data listener so far (authentication failures, strangers).
   [[nodiscard]] int refused_connections() const noexcept;
   // Bytes currently held for messages whose irecv is not posted yet.
