@@ -16,6 +16,7 @@
 #include "base/errors.h"
 #include "collectives/collectives.h"
 #include "collectives/detail/call.h"
+#include "transport/native_collectives.h"
 
 namespace pulseloco::collectives {
 
@@ -153,6 +154,50 @@ void direct_allgather(Call& call, std::span<const std::byte> mine,
   }
 }
 
+// The transport's own all-gather (MPI's), when it has one: returns false when it declines.
+bool native_allgather(Call& call, transport::NativeCollectives& native,
+                      std::span<const std::byte> mine, const std::vector<std::uint64_t>& sizes,
+                      const std::vector<std::span<std::byte>>& buffers,
+                      const OnMessage& on_message) {
+  const int n = call.size();
+  const int r = call.rank();
+  std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
+  std::size_t total = 0;
+  for (int rank = 0; rank < n; ++rank) {
+    offsets[static_cast<std::size_t>(rank)] = total;
+    total += static_cast<std::size_t>(sizes[static_cast<std::size_t>(rank)]);
+  }
+  if (total == 0) return true;  // nothing moves (the same decision on every rank)
+  // Straight into the caller's buffers when they lie back to back in rank order.
+  std::byte* base =
+      buffers[static_cast<std::size_t>(r)].data() - offsets[static_cast<std::size_t>(r)];
+  bool contiguous = !mine.empty();
+  for (int rank = 0; rank < n && contiguous; ++rank) {
+    const auto index = static_cast<std::size_t>(rank);
+    if (sizes[index] > 0 && buffers[index].data() != base + offsets[index]) contiguous = false;
+  }
+  std::span<std::byte> out;
+  if (contiguous) {
+    out = std::span(base, total);
+  } else {
+    call.scratch().resize(total);
+    out = call.scratch();
+  }
+  bool done = false;
+  call.run_native(
+      [&](transport::Deadline deadline) { done = native.allgatherv(mine, sizes, out, deadline); });
+  if (!done) return false;
+  for (int rank = 0; rank < n; ++rank) {
+    const auto index = static_cast<std::size_t>(rank);
+    if (rank == r || sizes[index] == 0) continue;
+    if (!contiguous) {
+      std::memcpy(buffers[index].data(), out.data() + offsets[index], buffers[index].size());
+    }
+    if (on_message) on_message(rank, buffers[index]);
+  }
+  return true;
+}
+
 }  // namespace
 
 void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
@@ -203,6 +248,11 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
       }
     }
     if (n == 1) return;
+    if (auto* native = transport::native_collectives(transport);
+        native != nullptr && options.algorithm == AllGatherAlgorithm::automatic &&
+        native_allgather(call, *native, mine, sizes, buffers, on_message)) {
+      return;
+    }
     const AllGatherAlgorithm algorithm = options.algorithm == AllGatherAlgorithm::automatic
                                              ? choose_allgather_algorithm(sizes)
                                              : options.algorithm;

@@ -304,6 +304,18 @@ void Call::wait(Request& request, int peer) {
   }
 }
 
+void Call::run_native(const std::function<void(transport::Deadline)>& collective) {
+  poll_notices(false);
+  try {
+    collective(transport::deadline_after(options_.timeout));
+  } catch (const TimeoutError& error) {
+    throw ObservedFailure(-1, ErrorKind::timeout, true, error.what());
+  } catch (const Error& error) {
+    if (is_local_abort(error)) throw;
+    throw ObservedFailure(error.context().peer.value_or(-1), error.kind(), false, error.what());
+  }
+}
+
 void Call::wait_sends() {
   for (const auto& [request, peer] : sends_)
     wait(*request, peer);
@@ -559,14 +571,19 @@ Call::Verdict Call::resolve_definitive(int peer, ErrorKind kind, std::string det
 
 Call::Verdict Call::resolve_chain(int start, int fallback) {
   const auto grace_end = Clock::now() + options_.timeout / 2;
+  const Verdict stalled{.culprit = -1,
+                        .kind = ErrorKind::timeout,
+                        .reporter = rank_,
+                        .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
   for (;;) {
     poll_notices(true);
     // Follow "X timed out waiting on Y" from `start` to the first rank that is silent or known
-    // to have failed.
+    // to have failed. A rank that timed out without knowing on whom (a native collective)
+    // ends the chain without an answer.
     std::vector<bool> visited(static_cast<std::size_t>(size_), false);
     int previous = rank_;
     int current = start;
-    for (;;) {
+    while (current >= 0) {
       if (current == rank_) {
         return {.culprit = previous,
                 .kind = ErrorKind::timeout,
@@ -592,27 +609,37 @@ Call::Verdict Call::resolve_chain(int start, int fallback) {
       }
       visited[static_cast<std::size_t>(current)] = true;
       previous = current;
-      current = slot.latest->subject;
+      current = slot.latest->subject == current ? -1 : slot.latest->subject;
     }
-    // `current` has said nothing about the failure. It is the culprit once every other rank
-    // has reported, or when the grace period ends.
-    const int silent = current;
-    bool everyone_else_reported = true;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != rank_ && peer != silent && !failure_reported_by(peer)) {
-        everyone_else_reported = false;
+    // The candidates: the rank the chain ended at, or (without a chain) every rank that has
+    // said nothing about the failure. One is the culprit once every other rank has reported,
+    // or when the grace period ends.
+    std::vector<int> quiet;
+    if (current >= 0) {
+      quiet.push_back(current);
+    } else {
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_ && !failure_reported_by(peer)) quiet.push_back(peer);
+      }
+      if (quiet.empty()) {
+        Verdict everyone = stalled;
+        everyone.detail += " on every rank (no single peer is at fault)";
+        return everyone;
       }
     }
-    if (everyone_else_reported || Clock::now() >= grace_end) {
-      return {.culprit = silent,
-              .kind = ErrorKind::timeout,
-              .reporter = rank_,
-              .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
+    bool others_reported = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_ && peer != quiet.front() && !failure_reported_by(peer)) {
+        others_reported = false;
+      }
     }
-    // Wait a little for a notice: the silent rank's own if it can still speak, else any.
+    Verdict verdict = stalled;
+    verdict.culprit = quiet.front();
+    if (others_reported || Clock::now() >= grace_end) return verdict;
+    // Wait a little for a notice: the candidate's own if it can still speak, else any.
     Request* next = nullptr;
-    if (notices_[static_cast<std::size_t>(silent)].pending) {
-      next = notices_[static_cast<std::size_t>(silent)].request;
+    if (notices_[static_cast<std::size_t>(quiet.front())].pending) {
+      next = notices_[static_cast<std::size_t>(quiet.front())].request;
     } else {
       for (NoticeSlot& slot : notices_) {
         if (slot.pending) {
@@ -621,12 +648,7 @@ Call::Verdict Call::resolve_chain(int start, int fallback) {
         }
       }
     }
-    if (next == nullptr) {
-      return {.culprit = silent,
-              .kind = ErrorKind::timeout,
-              .reporter = rank_,
-              .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
-    }
+    if (next == nullptr) return verdict;
     try {
       next->wait(std::min(grace_end, Clock::now() + slice_));
     } catch (...) {
@@ -644,6 +666,9 @@ void Call::abort_transport(std::string_view reason) noexcept {
 void Call::throw_verdict(const Verdict& verdict) const {
   const std::string call =
       fmt::format("{} call #{} under tag {}", op_name(op_), sequence_, options_.tag);
+  if (verdict.culprit < 0) {
+    throw_kind(verdict.kind, fmt::format("{} failed: {}", call, verdict.detail), {.rank = rank_});
+  }
   if (verdict.culprit == rank_ && verdict.reporter == rank_) {
     throw_kind(
         verdict.kind,
@@ -752,6 +777,16 @@ void Call::fail() {
   Verdict verdict;
   if (disagreement) {
     verdict = *disagreement;
+  } else if (observed && observed->peer < 0) {
+    // A native collective failed without saying on whom it waited: "suspect: unknown" (the
+    // subject is the reporter itself), then find the rank that says nothing.
+    send_notice({.type = NoticeType::suspect,
+                 .kind = ErrorKind::timeout,
+                 .reporter = rank_,
+                 .subject = rank_,
+                 .sequence = sequence_},
+                -1, failure_sends_);
+    verdict = resolve_chain(-1, -1);
   } else if (observed && !observed->timed_out) {
     verdict = resolve_definitive(observed->peer, observed->kind, observed->detail);
   } else if (observed) {
@@ -779,6 +814,11 @@ void Call::fail() {
   logger().debug("{} call #{}: rank {} blames peer {} ({}), reported by {}", op_name(op_),
                  sequence_, rank_, verdict.culprit, error_kind_name(verdict.kind),
                  verdict.reporter);
+  if (verdict.culprit < 0) {
+    // Nobody to blame: every rank reports the same stall itself.
+    abort_transport(fmt::format("{} call #{} failed: {}", op_name(op_), sequence_, verdict.detail));
+    throw_verdict(verdict);
+  }
   tell_and_abort({.type = NoticeType::culprit,
                   .kind = verdict.kind,
                   .reporter = rank_,

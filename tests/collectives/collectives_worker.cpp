@@ -3,7 +3,8 @@
 // against independently computed expectations. Driven by collectives_process_test.cpp (plain
 // processes, faults) and by ctest through mpirun (see CMakeLists.txt).
 //
-//   pulseloco_collectives_worker --bootstrap env|mpi --op suite|compare-mpi|allgather|allreduce
+//   pulseloco_collectives_worker --bootstrap env|mpi [--transport tcp|mpi]
+//       --op suite|compare-mpi|allgather|allreduce
 //       [--bytes N] [--algorithm ring|direct|automatic] [--chunk N] [--timeout-ms N]
 //       [--victim R --event-fd FD [--block-fd FD]]
 //
@@ -47,6 +48,7 @@ struct WrongResult : std::runtime_error {
 
 struct Settings {
   std::string bootstrap = "env";
+  std::string transport = "tcp";  // with --bootstrap mpi: tcp, or the MPI backend itself
   std::string op = "suite";
   std::size_t bytes = 1000;
   std::string algorithm = "automatic";
@@ -251,8 +253,14 @@ void compare_with_mpi(transport::Transport& t, const Settings& settings) {
   }
 }
 
-// Rank 0 serves the rendezvous on an ephemeral port and tells the others through MPI.
-std::unique_ptr<transport::Transport> connect_through_mpi() {
+// The MPI backend, or a TCP group whose rendezvous server runs on rank 0 on an ephemeral port
+// that the others learn through MPI.
+std::unique_ptr<transport::Transport> connect_through_mpi(const std::string& backend) {
+  if (backend == "mpi") {
+    transport::TransportOptions options;
+    options.backend = transport::Backend::mpi;
+    return transport::make_transport(options);
+  }
   int rank = 0;
   int size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -283,7 +291,7 @@ std::unique_ptr<transport::Transport> connect_through_mpi() {
 int run(const Settings& settings) {
   std::unique_ptr<transport::Transport> t;
 #if PULSELOCO_WORKER_MPI
-  if (settings.bootstrap == "mpi") t = connect_through_mpi();
+  if (settings.bootstrap == "mpi") t = connect_through_mpi(settings.transport);
 #endif
   if (settings.bootstrap == "env") t = transport::make_transport(transport::from_environment());
   if (!t) throw std::invalid_argument("unknown or unavailable --bootstrap " + settings.bootstrap);
@@ -321,6 +329,7 @@ int main(int argc, char** argv) {
   Settings settings;
   CLI::App app{"One rank of a multi-process collectives test"};
   app.add_option("--bootstrap", settings.bootstrap)->check(CLI::IsMember({"env", "mpi"}));
+  app.add_option("--transport", settings.transport)->check(CLI::IsMember({"tcp", "mpi"}));
   app.add_option("--op", settings.op);
   app.add_option("--bytes", settings.bytes);
   app.add_option("--algorithm", settings.algorithm)
@@ -332,7 +341,10 @@ int main(int argc, char** argv) {
   app.add_option("--block-fd", settings.block_fd);
   CLI11_PARSE(app, argc, argv);
 #if PULSELOCO_WORKER_MPI
-  if (settings.bootstrap == "mpi") MPI_Init(&argc, &argv);
+  if (settings.bootstrap == "mpi") {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  }
 #endif
   int status = 4;
   try {
