@@ -113,6 +113,7 @@ struct Slot {
 // A frame waiting to be written.
 struct Chunk {
   std::shared_ptr<Operation> op;
+  FrameHeader frame{};  // encoded (with the payload checksum) just before it is written
   EncodedHeader header{};
   std::span<const std::byte> payload;
   std::optional<FrameCorruption> corrupt;
@@ -631,40 +632,35 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
     op->sequence = peer.next_send_sequence[tag]++;
     op->chunks_left = plan.count;
   }
-  // Each chunk's header and checksum are computed here, on the caller's thread, and the chunk
-  // is queued at once, so the I/O thread sends chunk i while chunk i + 1 is being checksummed.
+  std::vector<Chunk> chunks(plan.count);
   for (std::uint64_t i = 0; i < plan.count; ++i) {
     const std::uint64_t offset = i * plan.chunk_bytes;
     const std::uint64_t length = std::min<std::uint64_t>(plan.chunk_bytes, data.size() - offset);
-    Chunk chunk;
+    Chunk& chunk = chunks[i];
     chunk.op = op;
     chunk.payload = data.subspan(offset, length);
-    FrameHeader header;
-    header.kind = FrameKind::data;
-    header.tag = tag;
-    header.sequence = op->sequence;
-    header.message_bytes = data.size();
-    header.chunk_offset = offset;
-    header.chunk_bytes = length;
-    if (options_.payload_checksums) {
-      header.has_payload_checksum = true;
-      header.payload_checksum = digest_bytes(chunk.payload);
-    }
-    chunk.header = tcp::encode_header(header);
-    bool kick = false;
-    {
-      const std::lock_guard lock(mutex_);
-      if (aborted_ || peer.failure) {
-        if (!op->done && !op->error) op->error = aborted_ ? aborted_ : peer.failure;
-        return request;
-      }
-      peer.send_queue.push_back(std::move(chunk));
-      // A busy connection picks the new frame up when its current write completes.
-      for (const auto& lane : peer.lanes)
-        kick = kick || (lane->connected && !lane->closed && !lane->writing && !lane->write_shut);
-    }
-    if (kick) asio::post(peer.strand, [this, &peer] { pump_writes(peer); });
+    chunk.frame.kind = FrameKind::data;
+    chunk.frame.tag = tag;
+    chunk.frame.sequence = op->sequence;
+    chunk.frame.message_bytes = data.size();
+    chunk.frame.chunk_offset = offset;
+    chunk.frame.chunk_bytes = length;
+    chunk.frame.has_payload_checksum = options_.payload_checksums;
   }
+  bool kick = false;
+  {
+    const std::lock_guard lock(mutex_);
+    if (aborted_ || peer.failure) {
+      if (!op->done && !op->error) op->error = aborted_ ? aborted_ : peer.failure;
+      return request;
+    }
+    for (auto& chunk : chunks)
+      peer.send_queue.push_back(std::move(chunk));
+    // A busy connection picks the new frames up when its current write completes.
+    for (const auto& lane : peer.lanes)
+      kick = kick || (lane->connected && !lane->closed && !lane->writing && !lane->write_shut);
+  }
+  if (kick) asio::post(peer.strand, [this, &peer] { pump_writes(peer); });
   return request;
 }
 
@@ -759,6 +755,12 @@ void TcpTransport::Core::start_write(Peer& peer, Lane& lane) {
   lane.corrupted_bytes.clear();
   lane.corrupted_headers.reserve(lane.batch.size());
   lane.corrupted_bytes.reserve(lane.batch.size());
+  for (Chunk& chunk : lane.batch) {
+    // Checksummed right before the write, so that the kernel's copy finds the bytes in cache.
+    if (chunk.frame.has_payload_checksum)
+      chunk.frame.payload_checksum = digest_bytes(chunk.payload);
+    chunk.header = tcp::encode_header(chunk.frame);
+  }
   for (const Chunk& chunk : lane.batch) {
     const auto& payload = chunk.payload;
     const bool corrupt_header =
