@@ -8,6 +8,7 @@
 #include <future>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "base/errors.h"
 #include "transport/loopback_group.h"
@@ -82,6 +83,74 @@ TEST(TcpAuth, StrangersWithTheWrongSecretAreRefusedByTheDataListener) {
   EXPECT_NE(problem.find("authentication failed"), std::string::npos) << problem;
   EXPECT_EQ(group[1]->refused_connections(), 1);
   expect_group_works(group);
+}
+
+TEST(TcpAuth, AStrangerDuringFormationDoesNotKeepTheRealPeerOut) {
+  for (int attempt = 0;; ++attempt) {
+    const std::vector<std::string> peers = {
+        "127.0.0.1:" + std::to_string(testing::pick_free_port()),
+        "127.0.0.1:" + std::to_string(testing::pick_free_port())};
+    const auto options_for = [&](int rank) {
+      TransportOptions options;
+      options.rendezvous = RendezvousMethod::peer_list;
+      options.peers = peers;
+      options.rank = rank;
+      options.secret = kSecret;
+      options.connect_timeout = kTimeout;
+      return options;
+    };
+    // Rank 1 starts alone and waits for rank 0; a stranger gets to its listener first.
+    std::unique_ptr<TcpTransport> rank1;
+    std::exception_ptr rank1_error;
+    std::thread starter([&] {
+      try {
+        rank1 = std::make_unique<TcpTransport>(options_for(1));
+      } catch (...) {
+        rank1_error = std::current_exception();
+      }
+    });
+    const auto port = parse_peer_address(peers[1], "peers[1]").port;
+    std::string problem;
+    {
+      asio::io_context io;
+      tcp::Socket socket(io);
+      // Connection attempts until rank 1 listens (refused meanwhile), as any client retries.
+      const auto give_up = Clock::now() + kTimeout;
+      boost::system::error_code error = asio::error::connection_refused;
+      while (error && Clock::now() < give_up) {
+        socket.close();
+        socket.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port), error);
+        if (error) std::this_thread::yield();
+      }
+      ASSERT_FALSE(error) << error.message();
+      socket.close();
+    }
+    tcp::Hello hello;
+    hello.purpose = tcp::Purpose::data;
+    hello.src_rank = 0;
+    hello.dst_rank = 1;
+    hello.world_size = 2;
+    hello.lanes = 2;
+    problem = intrude(port, hello, "wrong secret");
+    EXPECT_NE(problem.find("authentication failed"), std::string::npos) << problem;
+    // Now the real rank 0 arrives, and the group forms.
+    std::unique_ptr<TcpTransport> rank0;
+    try {
+      rank0 = std::make_unique<TcpTransport>(options_for(0));
+    } catch (const IoError&) {
+      starter.join();
+      if (attempt < 3) continue;  // rank 0's port was taken meanwhile
+      throw;
+    }
+    starter.join();
+    if (rank1_error) std::rethrow_exception(rank1_error);
+    EXPECT_GE(rank1->refused_connections(), 1);
+    std::vector<std::unique_ptr<TcpTransport>> group;
+    group.push_back(std::move(rank0));
+    group.push_back(std::move(rank1));
+    expect_group_works(group);
+    break;
+  }
 }
 
 TEST(TcpAuth, AuthenticatedButUnwantedConnectionsAreRefusedWithAReason) {
