@@ -8,6 +8,7 @@
 #include "base/errors.h"
 #include "collectives/collectives.h"
 #include "collectives/detail/call.h"
+#include "transport/native_collectives.h"
 
 namespace pulseloco::collectives {
 
@@ -100,6 +101,12 @@ void broadcast(transport::Transport& transport, int root, std::span<std::byte> d
                              return fmt::format("root {} and {} bytes", h.root, h.value);
                            });
     if (n == 1) return;
+    if (auto* native = transport::native_collectives(transport);
+        native != nullptr && options.algorithm == AllGatherAlgorithm::automatic) {
+      call.run_native(
+          [&](transport::Deadline deadline) { native->broadcast(root, data, deadline); });
+      return;
+    }
     const bool chain = options.algorithm == AllGatherAlgorithm::ring ||
                        (options.algorithm == AllGatherAlgorithm::automatic && n > 2 &&
                         data.size() > options.pipeline_chunk_bytes);

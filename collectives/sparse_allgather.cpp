@@ -12,11 +12,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "base/errors.h"
 #include "collectives/collectives.h"
 #include "collectives/detail/call.h"
+#include "transport/native_collectives.h"
 
 namespace pulseloco::collectives {
 
@@ -37,28 +37,20 @@ std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept {
 }
 
 namespace {
-// The rule of `automatic` (docs/collectives.md shows the measurements behind the numbers).
-constexpr std::uint64_t kDirectAlwaysBytes = std::uint64_t{256} << 10;
-constexpr double kSkewFactor = 1.5;
-constexpr std::size_t kDirectMaxWorld = 4;
+// The rule of `automatic`; docs/collectives.md shows the measurements behind it.
+constexpr std::uint64_t kLatencyBoundBytes = std::uint64_t{32} << 10;
 }  // namespace
 
 AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes) {
-  const std::size_t world = sizes.size();
-  if (world <= 2) return AllGatherAlgorithm::direct;  // both move exactly the same bytes
-  const std::uint64_t total = std::accumulate(sizes.begin(), sizes.end(), std::uint64_t{0});
+  // Two ranks: both algorithms move exactly the same bytes in one hop.
+  if (sizes.size() <= 2) return AllGatherAlgorithm::direct;
+  // Small messages are latency-bound: one hop beats world_size - 1 hops.
   const std::uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  const std::uint64_t smallest = *std::min_element(sizes.begin(), sizes.end());
-  // Latency-bound: one hop beats world_size - 1 hops.
-  if (largest <= kDirectAlwaysBytes) return AllGatherAlgorithm::direct;
-  // Skewed sizes: direct makes the largest rank send its message world_size - 1 times, the ring
-  // spreads it over all links.
-  const std::uint64_t direct_busiest = (world - 1) * largest;
-  const std::uint64_t ring_busiest = total - smallest;
-  if (static_cast<double>(direct_busiest) > kSkewFactor * static_cast<double>(ring_busiest)) {
-    return AllGatherAlgorithm::ring;
-  }
-  return world <= kDirectMaxWorld ? AllGatherAlgorithm::direct : AllGatherAlgorithm::ring;
+  if (largest <= kLatencyBoundBytes) return AllGatherAlgorithm::direct;
+  // Bandwidth-bound: the ring keeps one flow per link (no incast of world_size - 1 senders
+  // into one link) and spreads a large message over every link instead of making its owner
+  // send it world_size - 1 times.
+  return AllGatherAlgorithm::ring;
 }
 
 namespace {
@@ -162,6 +154,50 @@ void direct_allgather(Call& call, std::span<const std::byte> mine,
   }
 }
 
+// The transport's own all-gather (MPI's), when it has one: returns false when it declines.
+bool native_allgather(Call& call, transport::NativeCollectives& native,
+                      std::span<const std::byte> mine, const std::vector<std::uint64_t>& sizes,
+                      const std::vector<std::span<std::byte>>& buffers,
+                      const OnMessage& on_message) {
+  const int n = call.size();
+  const int r = call.rank();
+  std::vector<std::size_t> offsets(static_cast<std::size_t>(n));
+  std::size_t total = 0;
+  for (int rank = 0; rank < n; ++rank) {
+    offsets[static_cast<std::size_t>(rank)] = total;
+    total += static_cast<std::size_t>(sizes[static_cast<std::size_t>(rank)]);
+  }
+  if (total == 0) return true;  // nothing moves (the same decision on every rank)
+  // Straight into the caller's buffers when they lie back to back in rank order.
+  std::byte* base =
+      buffers[static_cast<std::size_t>(r)].data() - offsets[static_cast<std::size_t>(r)];
+  bool contiguous = !mine.empty();
+  for (int rank = 0; rank < n && contiguous; ++rank) {
+    const auto index = static_cast<std::size_t>(rank);
+    if (sizes[index] > 0 && buffers[index].data() != base + offsets[index]) contiguous = false;
+  }
+  std::span<std::byte> out;
+  if (contiguous) {
+    out = std::span(base, total);
+  } else {
+    call.scratch().resize(total);
+    out = call.scratch();
+  }
+  bool done = false;
+  call.run_native(
+      [&](transport::Deadline deadline) { done = native.allgatherv(mine, sizes, out, deadline); });
+  if (!done) return false;
+  for (int rank = 0; rank < n; ++rank) {
+    const auto index = static_cast<std::size_t>(rank);
+    if (rank == r || sizes[index] == 0) continue;
+    if (!contiguous) {
+      std::memcpy(buffers[index].data(), out.data() + offsets[index], buffers[index].size());
+    }
+    if (on_message) on_message(rank, buffers[index]);
+  }
+  return true;
+}
+
 }  // namespace
 
 void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
@@ -212,6 +248,11 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
       }
     }
     if (n == 1) return;
+    if (auto* native = transport::native_collectives(transport);
+        native != nullptr && options.algorithm == AllGatherAlgorithm::automatic &&
+        native_allgather(call, *native, mine, sizes, buffers, on_message)) {
+      return;
+    }
     const AllGatherAlgorithm algorithm = options.algorithm == AllGatherAlgorithm::automatic
                                              ? choose_allgather_algorithm(sizes)
                                              : options.algorithm;

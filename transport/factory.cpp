@@ -259,6 +259,7 @@ TransportOptions from_environment(TransportOptions options) {
     options.corrupt_frame = hook;
   }
 
+  if (auto env = first_env({"PULSELOCO_MPI_PART_BYTES"})) options.mpi_part_bytes = parse_size(*env);
   if (auto env = first_env({"PULSELOCO_CUDA_DEVICE"}))
     options.cuda_device = static_cast<int>(parse_integer(*env, 0, 1023));
   if (auto env = first_env({"PULSELOCO_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"}))
@@ -313,6 +314,10 @@ void validate(const TransportOptions& options) {
                      options.io_timeout.count()));
   if (options.io_threads < 1 || options.io_threads > 64)
     fail(fmt::format("transport options: io_threads {} is not in [1, 64]", options.io_threads));
+  if (options.mpi_part_bytes < 1 ||
+      options.mpi_part_bytes > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    fail(fmt::format("transport options: mpi_part_bytes {} is not in [1, {}]",
+                     options.mpi_part_bytes, std::numeric_limits<int>::max()));
   if (options.cuda_device < -1) fail("transport options: cuda_device must be -1 or a device");
   if (options.external_rendezvous_server && options.master_port == 0 &&
       options.rendezvous == RendezvousMethod::environment)

@@ -99,6 +99,10 @@ struct TransportOptions {
   std::string secret;
   std::optional<CorruptFrame> corrupt_frame;  // test hook; never set in production
 
+  // --- MPI ------------------------------------------------------------------------------------
+  // Messages above this size travel as several MPI messages (MPI counts are ints).
+  std::size_t mpi_part_bytes = std::size_t{1} << 30;
+
   // --- NCCL -------------------------------------------------------------------------------------
   int cuda_device = -1;  // -1: the local rank modulo the number of visible devices
   int local_rank = -1;   // -1: from LOCAL_RANK / OMPI_COMM_WORLD_LOCAL_RANK, else 0
@@ -125,6 +129,7 @@ struct TransportOptions {
 //   PULSELOCO_TCP_MAX_UNEXPECTED, PULSELOCO_TCP_CHECKSUMS, PULSELOCO_TCP_IO_THREADS
 //   PULSELOCO_SECRET, PULSELOCO_SECRET_FILE (the secret is the file's first line)
 //   PULSELOCO_TEST_CORRUPT_FRAME   N or N:header (test hook)
+//   PULSELOCO_MPI_PART_BYTES
 //   PULSELOCO_CUDA_DEVICE, PULSELOCO_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK
 //   PULSELOCO_NCCL_BOOTSTRAP       auto | mpi | tcp
 // Sizes take an optional binary suffix: 64K, 4M, 1G (also KiB, MiB, GiB). Booleans: 1/0,

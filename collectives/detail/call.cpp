@@ -304,6 +304,18 @@ void Call::wait(Request& request, int peer) {
   }
 }
 
+void Call::run_native(const std::function<void(transport::Deadline)>& collective) {
+  poll_notices(false);
+  try {
+    collective(transport::deadline_after(options_.timeout));
+  } catch (const TimeoutError& error) {
+    throw ObservedFailure(-1, ErrorKind::timeout, true, error.what());
+  } catch (const Error& error) {
+    if (is_local_abort(error)) throw;
+    throw ObservedFailure(error.context().peer.value_or(-1), error.kind(), false, error.what());
+  }
+}
+
 void Call::wait_sends() {
   for (const auto& [request, peer] : sends_)
     wait(*request, peer);
@@ -476,13 +488,34 @@ Call::Verdict Call::verdict_from_notice(int peer) const {
   return {.culprit = notice.subject, .kind = notice.kind, .reporter = peer, .detail = {}};
 }
 
-std::optional<Call::Verdict> Call::verdict_from_notices() const {
-  for (const NoticeType wanted : {NoticeType::culprit, NoticeType::aborted}) {
-    for (int peer = 0; peer < size_; ++peer) {
-      const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
-      if (slot.latest && slot.latest->type == wanted) return verdict_from_notice(peer);
-    }
+namespace {
+// How strongly a kind of failure incriminates the peer it names. A lost peer is often only a
+// consequence: it aborted after finding the real culprit, or it closed its connections after
+// rejecting this rank's data. Garbage and disagreement are first-hand evidence.
+[[nodiscard]] int weight(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::protocol:
+    case ErrorKind::invalid_argument:
+      return 3;
+    case ErrorKind::timeout:
+      return 2;
+    case ErrorKind::peer_lost:
+      return 1;
+    default:
+      return 0;
   }
+}
+}  // namespace
+
+std::optional<Call::Verdict> Call::verdict_from_notices() const {
+  std::optional<Verdict> best;
+  for (int peer = 0; peer < size_; ++peer) {
+    const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
+    if (!slot.latest || !is_terminal(slot.latest->type)) continue;
+    Verdict candidate = verdict_from_notice(peer);
+    if (!best || weight(candidate.kind) > weight(best->kind)) best = std::move(candidate);
+  }
+  if (best) return best;
   for (int peer = 0; peer < size_; ++peer) {
     const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
     if (slot.broken) {
@@ -493,33 +526,64 @@ std::optional<Call::Verdict> Call::verdict_from_notices() const {
   return std::nullopt;
 }
 
+Call::Verdict Call::settle(Verdict current) {
+  if (weight(current.kind) > weight(ErrorKind::peer_lost)) return current;
+  // Give a better explanation a moment to arrive (bounded, so survivors stay within 2x the
+  // timeout).
+  const auto end = Clock::now() + std::min<std::chrono::milliseconds>(
+                                      options_.timeout / 4, std::chrono::milliseconds{250});
+  for (;;) {
+    poll_notices(true);
+    if (auto best = verdict_from_notices(); best && weight(best->kind) > weight(current.kind)) {
+      return *best;
+    }
+    const auto now = Clock::now();
+    if (now >= end) return current;
+    Request* pending = nullptr;
+    for (NoticeSlot& slot : notices_) {
+      if (slot.pending) {
+        pending = slot.request;
+        break;
+      }
+    }
+    if (pending == nullptr) return current;
+    try {
+      pending->wait(std::min(end, now + slice_));
+    } catch (...) {
+      // Sorted out by the next poll.
+    }
+  }
+}
+
 Call::Verdict Call::resolve_definitive(int peer, ErrorKind kind, std::string detail) {
   poll_notices(true);
   const NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
-  if (slot.latest && is_terminal(slot.latest->type)) return verdict_from_notice(peer);
-  if (kind == ErrorKind::peer_lost) {
-    // A peer that aborted after finding the culprit looks lost too: prefer what the others
-    // found (its own notice may have been overtaken by the closing connection).
-    for (int other = 0; other < size_; ++other) {
-      const NoticeSlot& s = notices_[static_cast<std::size_t>(other)];
-      if (s.latest && s.latest->type == NoticeType::culprit && s.latest->subject != rank_) {
-        return verdict_from_notice(other);
-      }
-    }
+  if (slot.latest && is_terminal(slot.latest->type)) return settle(verdict_from_notice(peer));
+  if (kind != ErrorKind::peer_lost) {
+    return {.culprit = peer, .kind = kind, .reporter = rank_, .detail = std::move(detail)};
   }
-  return {.culprit = peer, .kind = kind, .reporter = rank_, .detail = std::move(detail)};
+  // The peer may have aborted after finding the real culprit (and its notice may have been
+  // overtaken by the closing connection), or closed the connection after rejecting this rank's
+  // data: prefer what the others found.
+  if (auto best = verdict_from_notices(); best && best->culprit != peer) return settle(*best);
+  return settle({.culprit = peer, .kind = kind, .reporter = rank_, .detail = std::move(detail)});
 }
 
 Call::Verdict Call::resolve_chain(int start, int fallback) {
   const auto grace_end = Clock::now() + options_.timeout / 2;
+  const Verdict stalled{.culprit = -1,
+                        .kind = ErrorKind::timeout,
+                        .reporter = rank_,
+                        .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
   for (;;) {
     poll_notices(true);
     // Follow "X timed out waiting on Y" from `start` to the first rank that is silent or known
-    // to have failed.
+    // to have failed. A rank that timed out without knowing on whom (a native collective)
+    // ends the chain without an answer.
     std::vector<bool> visited(static_cast<std::size_t>(size_), false);
     int previous = rank_;
     int current = start;
-    for (;;) {
+    while (current >= 0) {
       if (current == rank_) {
         return {.culprit = previous,
                 .kind = ErrorKind::timeout,
@@ -529,10 +593,10 @@ Call::Verdict Call::resolve_chain(int start, int fallback) {
       const NoticeSlot& slot = notices_[static_cast<std::size_t>(current)];
       if (slot.latest && is_terminal(slot.latest->type)) return verdict_from_notice(current);
       if (slot.broken) {
-        return {.culprit = current,
-                .kind = *slot.broken,
-                .reporter = rank_,
-                .detail = slot.broken_detail};
+        return settle({.culprit = current,
+                       .kind = *slot.broken,
+                       .reporter = rank_,
+                       .detail = slot.broken_detail});
       }
       if (!slot.latest || slot.latest->type != NoticeType::suspect) break;
       if (visited[static_cast<std::size_t>(current)]) {
@@ -545,27 +609,37 @@ Call::Verdict Call::resolve_chain(int start, int fallback) {
       }
       visited[static_cast<std::size_t>(current)] = true;
       previous = current;
-      current = slot.latest->subject;
+      current = slot.latest->subject == current ? -1 : slot.latest->subject;
     }
-    // `current` has said nothing about the failure. It is the culprit once every other rank
-    // has reported, or when the grace period ends.
-    const int silent = current;
-    bool everyone_else_reported = true;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (peer != rank_ && peer != silent && !failure_reported_by(peer)) {
-        everyone_else_reported = false;
+    // The candidates: the rank the chain ended at, or (without a chain) every rank that has
+    // said nothing about the failure. One is the culprit once every other rank has reported,
+    // or when the grace period ends.
+    std::vector<int> quiet;
+    if (current >= 0) {
+      quiet.push_back(current);
+    } else {
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_ && !failure_reported_by(peer)) quiet.push_back(peer);
+      }
+      if (quiet.empty()) {
+        Verdict everyone = stalled;
+        everyone.detail += " on every rank (no single peer is at fault)";
+        return everyone;
       }
     }
-    if (everyone_else_reported || Clock::now() >= grace_end) {
-      return {.culprit = silent,
-              .kind = ErrorKind::timeout,
-              .reporter = rank_,
-              .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
+    bool others_reported = true;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer != rank_ && peer != quiet.front() && !failure_reported_by(peer)) {
+        others_reported = false;
+      }
     }
-    // Wait a little for a notice: the silent rank's own if it can still speak, else any.
+    Verdict verdict = stalled;
+    verdict.culprit = quiet.front();
+    if (others_reported || Clock::now() >= grace_end) return verdict;
+    // Wait a little for a notice: the candidate's own if it can still speak, else any.
     Request* next = nullptr;
-    if (notices_[static_cast<std::size_t>(silent)].pending) {
-      next = notices_[static_cast<std::size_t>(silent)].request;
+    if (notices_[static_cast<std::size_t>(quiet.front())].pending) {
+      next = notices_[static_cast<std::size_t>(quiet.front())].request;
     } else {
       for (NoticeSlot& slot : notices_) {
         if (slot.pending) {
@@ -574,12 +648,7 @@ Call::Verdict Call::resolve_chain(int start, int fallback) {
         }
       }
     }
-    if (next == nullptr) {
-      return {.culprit = silent,
-              .kind = ErrorKind::timeout,
-              .reporter = rank_,
-              .detail = fmt::format("no progress for {} ms", options_.timeout.count())};
-    }
+    if (next == nullptr) return verdict;
     try {
       next->wait(std::min(grace_end, Clock::now() + slice_));
     } catch (...) {
@@ -597,6 +666,9 @@ void Call::abort_transport(std::string_view reason) noexcept {
 void Call::throw_verdict(const Verdict& verdict) const {
   const std::string call =
       fmt::format("{} call #{} under tag {}", op_name(op_), sequence_, options_.tag);
+  if (verdict.culprit < 0) {
+    throw_kind(verdict.kind, fmt::format("{} failed: {}", call, verdict.detail), {.rank = rank_});
+  }
   if (verdict.culprit == rank_ && verdict.reporter == rank_) {
     throw_kind(
         verdict.kind,
@@ -705,6 +777,16 @@ void Call::fail() {
   Verdict verdict;
   if (disagreement) {
     verdict = *disagreement;
+  } else if (observed && observed->peer < 0) {
+    // A native collective failed without saying on whom it waited: "suspect: unknown" (the
+    // subject is the reporter itself), then find the rank that says nothing.
+    send_notice({.type = NoticeType::suspect,
+                 .kind = ErrorKind::timeout,
+                 .reporter = rank_,
+                 .subject = rank_,
+                 .sequence = sequence_},
+                -1, failure_sends_);
+    verdict = resolve_chain(-1, -1);
   } else if (observed && !observed->timed_out) {
     verdict = resolve_definitive(observed->peer, observed->kind, observed->detail);
   } else if (observed) {
@@ -718,7 +800,7 @@ void Call::fail() {
   } else {
     poll_notices(true);
     if (auto from_notices = verdict_from_notices()) {
-      verdict = *from_notices;
+      verdict = settle(*from_notices);
     } else {
       int start = -1;
       for (int peer = 0; peer < size_ && start < 0; ++peer) {
@@ -732,6 +814,11 @@ void Call::fail() {
   logger().debug("{} call #{}: rank {} blames peer {} ({}), reported by {}", op_name(op_),
                  sequence_, rank_, verdict.culprit, error_kind_name(verdict.kind),
                  verdict.reporter);
+  if (verdict.culprit < 0) {
+    // Nobody to blame: every rank reports the same stall itself.
+    abort_transport(fmt::format("{} call #{} failed: {}", op_name(op_), sequence_, verdict.detail));
+    throw_verdict(verdict);
+  }
   tell_and_abort({.type = NoticeType::culprit,
                   .kind = verdict.kind,
                   .reporter = rank_,

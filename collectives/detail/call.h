@@ -132,6 +132,13 @@ class Call {
   void wait(transport::Request& request, int peer);
   // Waits for every send posted so far.
   void wait_sends();
+  // Runs one of the transport's native collectives (transport/native_collectives.h) with a
+  // deadline of options.timeout for the whole call. A failure there does not say which peer
+  // is missing: the failure path then looks for the rank that says nothing.
+  void run_native(const std::function<void(transport::Deadline)>& collective);
+  // A buffer that lives as long as the call (for operations that may still write into it
+  // until the transport is aborted).
+  [[nodiscard]] std::vector<std::byte>& scratch() noexcept { return scratch_; }
 
   // The completion round: waits for this rank's sends, tells every peer it is done and waits
   // until every peer is. After it returns the call succeeded.
@@ -171,7 +178,11 @@ class Call {
   [[nodiscard]] Verdict verdict_from_notice(int peer) const;
   [[nodiscard]] Verdict resolve_definitive(int peer, ErrorKind kind, std::string detail);
   [[nodiscard]] Verdict resolve_chain(int start, int fallback);
+  // The best explanation the notices offer: the most incriminating culprit notice, else a lost
+  // notice channel.
   [[nodiscard]] std::optional<Verdict> verdict_from_notices() const;
+  // Waits briefly for a better explanation than `current` when that is only a lost peer.
+  [[nodiscard]] Verdict settle(Verdict current);
   void abort_transport(std::string_view reason) noexcept;
   [[noreturn]] void throw_verdict(const Verdict& verdict) const;
 
@@ -193,6 +204,7 @@ class Call {
   std::deque<std::array<std::byte, kNoticeBytes>> outgoing_notices_;
   std::vector<std::array<std::byte, kHeaderBytes>> headers_in_;
   std::array<std::byte, kHeaderBytes> header_out_{};
+  std::vector<std::byte> scratch_;
   std::vector<std::unique_ptr<transport::Request>> requests_;
   std::vector<std::pair<transport::Request*, int>> sends_;  // (request, peer) not yet waited
   std::vector<std::pair<transport::Request*, int>> failure_sends_;

@@ -16,6 +16,7 @@
 #include "collectives/collectives.h"
 #include "rank_harness.h"
 #include "transport/inproc/inproc.h"
+#include "transport/native_collectives.h"
 
 namespace pulseloco::collectives {
 namespace {
@@ -313,6 +314,107 @@ TEST(AfterFailure, InputsAreUnchangedAndTheTransportIsAborted) {
   EXPECT_EQ(intact.load(), 4);
   EXPECT_EQ(aborted_afterwards.load(), 4);
   expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Native collectives (as the MPI backend offers): a failure inside one does not say which
+// peer is missing, so the ranks find the one that says nothing.
+
+// An in-process transport that also offers a native all-gather (plain sends and receives under
+// a tag of its own), failing at its deadline without naming a peer, as MPI's does.
+class NativeInproc final : public Transport, public transport::NativeCollectives {
+ public:
+  static constexpr transport::Tag kTag = 77;
+  explicit NativeInproc(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  [[nodiscard]] int rank() const noexcept override { return inner_->rank(); }
+  [[nodiscard]] int size() const noexcept override { return inner_->size(); }
+  [[nodiscard]] std::string_view backend() const noexcept override { return "native-inproc"; }
+  [[nodiscard]] std::unique_ptr<transport::Request> isend(
+      int peer, transport::Tag tag, std::span<const std::byte> data) override {
+    return inner_->isend(peer, tag, data);
+  }
+  [[nodiscard]] std::unique_ptr<transport::Request> irecv(int peer, transport::Tag tag,
+                                                          std::span<std::byte> data) override {
+    return inner_->irecv(peer, tag, data);
+  }
+  void abort(std::string_view reason) noexcept override { inner_->abort(reason); }
+  [[nodiscard]] transport::TransportStats stats() const override { return inner_->stats(); }
+
+  bool allgatherv(std::span<const std::byte> mine, std::span<const std::uint64_t> counts,
+                  std::span<std::byte> out, transport::Deadline deadline) override {
+    ++native_calls;
+    std::vector<std::unique_ptr<transport::Request>> requests;
+    std::size_t offset = 0;
+    for (int peer = 0; peer < size(); ++peer) {
+      const auto count = static_cast<std::size_t>(counts[static_cast<std::size_t>(peer)]);
+      if (peer == rank()) {
+        std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(offset));
+      } else {
+        requests.push_back(inner_->irecv(peer, kTag, out.subspan(offset, count)));
+        requests.push_back(inner_->isend(peer, kTag, mine));
+      }
+      offset += count;
+    }
+    for (auto& request : requests) {
+      try {
+        request->wait(deadline);
+      } catch (const TimeoutError&) {
+        throw TimeoutError("native allgatherv did not complete in time", {.rank = rank()});
+      }
+    }
+    return true;
+  }
+  void broadcast(int, std::span<std::byte>, transport::Deadline) override {
+    throw std::logic_error("not used");
+  }
+  void barrier(transport::Deadline) override { throw std::logic_error("not used"); }
+
+  int native_calls = 0;
+
+ private:
+  std::unique_ptr<Transport> inner_;
+};
+
+std::vector<std::unique_ptr<Transport>> native_group(int world,
+                                                     std::shared_ptr<FaultInjector> faults) {
+  auto inner = transport::inproc::make_group(world, {.faults = std::move(faults)});
+  std::vector<std::unique_ptr<Transport>> group;
+  for (auto& t : inner)
+    group.push_back(std::make_unique<NativeInproc>(std::move(t)));
+  return group;
+}
+
+TEST(Native, AllGatherRunsNativelyAndDeliversTheSameBytes) {
+  auto group = native_group(3, nullptr);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    const auto mine = pattern_bytes(1000 + static_cast<std::size_t>(t.rank()) * 7, t.rank());
+    const auto all = sparse_allgather(t, mine, {.timeout = kTimeout});
+    for (int rank = 0; rank < 3; ++rank) {
+      if (all[static_cast<std::size_t>(rank)] !=
+          pattern_bytes(1000 + static_cast<std::size_t>(rank) * 7, rank)) {
+        throw std::runtime_error("native all-gather delivered other bytes");
+      }
+    }
+    if (dynamic_cast<NativeInproc&>(t).native_calls != 1) {
+      throw std::runtime_error("the native all-gather was not used");
+    }
+  });
+  for (const auto& outcome : outcomes)
+    EXPECT_FALSE(outcome.error) << describe(outcome);
+}
+
+TEST(Native, AStallInsideANativeCollectiveIsBlamedOnTheSilentRank) {
+  auto faults = std::make_shared<FaultInjector>();
+  faults->set_hook([](const MessageEvent& m) {
+    return m.from == 2 && m.tag == NativeInproc::kTag ? FaultAction::stall_sender
+                                                      : FaultAction::deliver;
+  });
+  auto group = native_group(4, faults);
+  const auto outcomes = run_ranks(group, [](Transport& t) {
+    const auto mine = pattern_bytes(5000, t.rank());
+    (void)sparse_allgather(t, mine, {.timeout = kTimeout});
+  });
+  expect_survivors_blame(outcomes, 2, ErrorKind::timeout, fault_time(*faults), {2});
 }
 
 }  // namespace

@@ -87,25 +87,33 @@ struct Operation {
   std::uint64_t bytes_arrived = 0;
   std::unique_ptr<std::byte[]> stash_to_copy;  // arrived early; the waiting thread copies it
   std::uint64_t stash_bytes = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> copy_ranges;  // [begin, end); none: all
 };
 
 // One message from a peer, identified by (tag, sequence): an irecv posted before anything
 // arrived, a message arriving, or a message that arrived before its irecv (kept in `stash`).
 struct Slot {
+  struct Range {
+    std::uint64_t end = 0;
+    bool stashed = false;  // went to the stash, not straight to the receive's buffer
+  };
   std::shared_ptr<Operation> op;  // the irecv, once posted
   std::unique_ptr<std::byte[]> stash;
   std::uint64_t message_bytes = 0;
-  std::uint64_t claimed = 0;                      // bytes of chunks that have started arriving
-  std::uint64_t received = 0;                     // bytes of chunks that have arrived completely
-  std::map<std::uint64_t, std::uint64_t> ranges;  // claimed [offset, end) of a striped message
-  bool announced = false;                         // a frame has arrived, so message_bytes is known
+  std::uint64_t claimed = 0;              // bytes of chunks that have started arriving
+  std::uint64_t received = 0;             // bytes of chunks that have arrived completely
+  std::uint64_t stashed_bytes = 0;        // bytes of chunks that went to the stash
+  std::map<std::uint64_t, Range> ranges;  // chunks of a striped message that started arriving
+  bool announced = false;                 // a frame has arrived, so message_bytes is known
   bool discard = false;  // nobody wants it (size mismatch, abandoned): read and drop
+  bool to_user = false;  // its irecv is posted: later chunks go straight to its buffer
   [[nodiscard]] bool complete() const noexcept { return announced && received == message_bytes; }
 };
 
 // A frame waiting to be written.
 struct Chunk {
   std::shared_ptr<Operation> op;
+  FrameHeader frame{};  // encoded (with the payload checksum) just before it is written
   EncodedHeader header{};
   std::span<const std::byte> payload;
   std::optional<FrameCorruption> corrupt;
@@ -137,8 +145,9 @@ struct Lane {
   bool in_payload = false;
   FrameHeader frame{};
   MessageKey key{};
-  std::byte* target = nullptr;       // where the rest of the payload goes; null: drop it
-  std::byte* chunk_start = nullptr;  // for the checksum
+  std::byte* target = nullptr;  // where the rest of the payload goes; null: drop it
+  bool hashing = false;         // the frame's payload checksum is being computed
+  DigestStream payload_digest;
   std::uint64_t remaining = 0;
   std::string abort_reason;
   bool paused = false;  // too many early bytes: waiting for an irecv or for room
@@ -157,6 +166,7 @@ struct Peer {
   std::unordered_map<MessageKey, Slot, MessageKeyHash> slots;
   std::deque<Chunk> send_queue;
   std::exception_ptr failure;  // every pending and future operation with this peer fails
+  bool stalled = false;        // an operation with it timed out: closing does not wait for it
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -170,7 +180,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   Core& operator=(const Core&) = delete;
 
   void bind_listener(const std::string& host, std::uint16_t port);
-  void form_group(GroupTable table);
+  void form_group(GroupTable table, Deadline deadline);
   void shutdown() noexcept;
 
   std::unique_ptr<Request> isend(int peer, Tag tag, std::span<const std::byte> data);
@@ -193,7 +203,6 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   std::vector<PeerAddress> addresses_;
   std::atomic<int> refused_{0};
 
- private:
   // Formation.
   asio::awaitable<void> accept_loop();
   asio::awaitable<void> accept_one(std::shared_ptr<Socket> socket);
@@ -228,6 +237,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   void fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool log);
   void fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool log = true);
   void close_lanes_on_strand(Peer& peer, const std::exception_ptr& orphan_error);
+  void tell_peer_why(Peer& peer, std::string_view reason);
   void graceful_close() noexcept;
   void check_progress();
   void run_on_every_strand_and_wait(const std::function<void(Peer&)>& work) noexcept;
@@ -252,12 +262,16 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
         context_for(peer)));
   }
 
+  GroupId group_id_{};
+
+ private:
   const TransportOptions options_;
   const int lanes_per_peer_;
-  GroupId group_id_{};
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;
+  // The listener and the progress timer live on this strand (there may be several I/O threads).
+  asio::strand<asio::io_context::executor_type> control_;
   Acceptor acceptor_;
   std::optional<asio::steady_timer> progress_timer_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; our own entry holds self-messages
@@ -314,7 +328,8 @@ TcpTransport::Core::Core(const TransportOptions& options)
     : options_(options),
       lanes_per_peer_(options.connections_per_peer),
       work_(asio::make_work_guard(io_)),
-      acceptor_(io_) {
+      control_(asio::make_strand(io_)),
+      acceptor_(control_) {
   if (options.corrupt_frame) {
     corrupt_at_ = options.corrupt_frame->frame_index;
     corrupt_target_ = options.corrupt_frame->target;
@@ -346,7 +361,7 @@ void TcpTransport::Core::count_handshake(const tcp::HandshakeTraffic& traffic) {
   wire_received_ += traffic.bytes_received;
 }
 
-void TcpTransport::Core::form_group(GroupTable table) {
+void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
   rank_ = table.rank;
   size_ = table.size();
   group_id_ = table.group_id;
@@ -368,15 +383,14 @@ void TcpTransport::Core::form_group(GroupTable table) {
     logger().warn(
         "tcp transport: no shared secret (PULSELOCO_SECRET): connections are not authenticated");
 
-  const Deadline deadline = deadline_after(options_.connect_timeout);
   if (size_ > 1) {
-    asio::co_spawn(io_, accept_loop(), asio::detached);
+    asio::co_spawn(control_, accept_loop(), asio::detached);
     for (int peer = rank_ + 1; peer < size_; ++peer)
       for (int lane = 0; lane < lanes_per_peer_; ++lane)
         asio::co_spawn(asio::make_strand(io_), connect_lane(peer, lane, deadline), asio::detached);
   }
   if (options_.io_timeout.count() > 0) {
-    progress_timer_.emplace(io_);
+    progress_timer_.emplace(control_);
     check_progress();
   }
   const int thread_count = std::max(1, options_.io_threads);
@@ -607,6 +621,8 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
     return request;
   }
   Peer& peer = *peers_[static_cast<std::size_t>(peer_rank)];
+  const auto plan = tcp::plan_chunks(data.size(), lanes_per_peer_, options_.stripe_threshold_bytes,
+                                     options_.stripe_chunk_bytes);
   {
     const std::lock_guard lock(mutex_);
     if (aborted_ || peer.failure) {
@@ -614,43 +630,36 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
       return request;
     }
     op->sequence = peer.next_send_sequence[tag]++;
+    op->chunks_left = plan.count;
   }
-  // Headers and checksums are computed here, on the caller's thread, not on the I/O thread.
-  const auto plan = tcp::plan_chunks(data.size(), lanes_per_peer_, options_.stripe_threshold_bytes,
-                                     options_.stripe_chunk_bytes);
   std::vector<Chunk> chunks(plan.count);
   for (std::uint64_t i = 0; i < plan.count; ++i) {
     const std::uint64_t offset = i * plan.chunk_bytes;
     const std::uint64_t length = std::min<std::uint64_t>(plan.chunk_bytes, data.size() - offset);
-    FrameHeader header;
-    header.kind = FrameKind::data;
-    header.tag = tag;
-    header.sequence = op->sequence;
-    header.message_bytes = data.size();
-    header.chunk_offset = offset;
-    header.chunk_bytes = length;
-    chunks[i].payload = data.subspan(offset, length);
-    if (options_.payload_checksums) {
-      header.has_payload_checksum = true;
-      header.payload_checksum = digest_bytes(chunks[i].payload);
-    }
-    chunks[i].header = tcp::encode_header(header);
-    chunks[i].op = op;
+    Chunk& chunk = chunks[i];
+    chunk.op = op;
+    chunk.payload = data.subspan(offset, length);
+    chunk.frame.kind = FrameKind::data;
+    chunk.frame.tag = tag;
+    chunk.frame.sequence = op->sequence;
+    chunk.frame.message_bytes = data.size();
+    chunk.frame.chunk_offset = offset;
+    chunk.frame.chunk_bytes = length;
+    chunk.frame.has_payload_checksum = options_.payload_checksums;
   }
   bool kick = false;
   {
     const std::lock_guard lock(mutex_);
     if (aborted_ || peer.failure) {
-      op->error = aborted_ ? aborted_ : peer.failure;
+      if (!op->done && !op->error) op->error = aborted_ ? aborted_ : peer.failure;
       return request;
     }
-    op->chunks_left = plan.count;
     for (auto& chunk : chunks)
       peer.send_queue.push_back(std::move(chunk));
+    // A busy connection picks the new frames up when its current write completes.
     for (const auto& lane : peer.lanes)
       kick = kick || (lane->connected && !lane->closed && !lane->writing && !lane->write_shut);
   }
-  // A busy connection picks the new frames up when its current write completes.
   if (kick) asio::post(peer.strand, [this, &peer] { pump_writes(peer); });
   return request;
 }
@@ -746,6 +755,12 @@ void TcpTransport::Core::start_write(Peer& peer, Lane& lane) {
   lane.corrupted_bytes.clear();
   lane.corrupted_headers.reserve(lane.batch.size());
   lane.corrupted_bytes.reserve(lane.batch.size());
+  for (Chunk& chunk : lane.batch) {
+    // Checksummed right before the write, so that the kernel's copy finds the bytes in cache.
+    if (chunk.frame.has_payload_checksum)
+      chunk.frame.payload_checksum = digest_bytes(chunk.payload);
+    chunk.header = tcp::encode_header(chunk.frame);
+  }
   for (const Chunk& chunk : lane.batch) {
     const auto& payload = chunk.payload;
     const bool corrupt_header =
@@ -927,7 +942,10 @@ std::unique_ptr<Request> TcpTransport::Core::irecv(int peer_rank, Tag tag,
         }
         peer.slots.erase(it);
       } else {
-        slot.op = op;  // still arriving (into the stash); handed over once complete
+        // Still arriving: the chunks to come go straight into the caller's buffer, those that
+        // went to the stash are copied over once the message is complete.
+        slot.op = op;
+        slot.to_user = true;
         op->bytes_arrived = slot.received;
       }
     }
@@ -991,6 +1009,7 @@ void TcpTransport::Core::on_read(Peer& peer, Lane& lane, const boost::system::er
   wire_received_ += n;
   lane.last_read_progress = Clock::now();
   if (direct) {
+    if (lane.hashing) lane.payload_digest.update(std::span<const std::byte>(lane.target, n));
     lane.target += n;
     lane.remaining -= n;
   } else {
@@ -1022,6 +1041,7 @@ void TcpTransport::Core::process(Peer& peer, Lane& lane) {
     if (take > 0) {
       if (lane.target != nullptr) {
         std::memcpy(lane.target, lane.staging.get() + lane.staging_begin, take);
+        if (lane.hashing) lane.payload_digest.update(std::span<const std::byte>(lane.target, take));
         lane.target += take;
       }
       lane.staging_begin += take;
@@ -1061,7 +1081,8 @@ bool TcpTransport::Core::begin_frame(Peer& peer, Lane& lane) {
   }
   if (frame.kind == FrameKind::abort) {
     lane.abort_reason.assign(frame.chunk_bytes, '\0');
-    lane.target = lane.chunk_start = reinterpret_cast<std::byte*>(lane.abort_reason.data());
+    lane.target = reinterpret_cast<std::byte*>(lane.abort_reason.data());
+    lane.hashing = false;
     lane.remaining = frame.chunk_bytes;
     lane.in_payload = true;
     return true;
@@ -1115,15 +1136,25 @@ bool TcpTransport::Core::begin_frame(Peer& peer, Lane& lane) {
     return false;
   }
   Slot& slot = it->second;
+  std::byte* base = nullptr;
+  bool stashed = false;
+  if (!slot.discard) {
+    if (slot.stash && !slot.to_user) {
+      base = slot.stash.get();
+      stashed = true;
+    } else if (slot.op) {
+      base = slot.op->recv_buffer.data();
+    }
+  }
   // Chunks must not overlap: together they cover the message exactly once.
   bool overlaps = slot.claimed + frame.chunk_bytes > slot.message_bytes;
   if (!overlaps && frame.chunk_bytes > 0 && frame.chunk_bytes < slot.message_bytes) {
     const std::uint64_t end = frame.chunk_offset + frame.chunk_bytes;
     auto next = slot.ranges.lower_bound(frame.chunk_offset);
     if (next != slot.ranges.end() && next->first < end) overlaps = true;
-    if (next != slot.ranges.begin() && std::prev(next)->second > frame.chunk_offset)
+    if (next != slot.ranges.begin() && std::prev(next)->second.end > frame.chunk_offset)
       overlaps = true;
-    if (!overlaps) slot.ranges.emplace(frame.chunk_offset, end);
+    if (!overlaps) slot.ranges.emplace(frame.chunk_offset, Slot::Range{end, stashed});
   }
   if (overlaps) {
     lock.unlock();
@@ -1135,18 +1166,14 @@ bool TcpTransport::Core::begin_frame(Peer& peer, Lane& lane) {
     return false;
   }
   slot.claimed += frame.chunk_bytes;
-  std::byte* base = nullptr;
-  if (!slot.discard) {
-    if (slot.stash) {
-      base = slot.stash.get();
-    } else if (slot.op) {
-      base = slot.op->recv_buffer.data();
-    }
-  }
+  if (stashed) slot.stashed_bytes += frame.chunk_bytes;
   lane.key = key;
-  lane.target = lane.chunk_start = base == nullptr ? nullptr : base + frame.chunk_offset;
+  lane.target = base == nullptr ? nullptr : base + frame.chunk_offset;
   lane.remaining = frame.chunk_bytes;
   lane.in_payload = true;
+  // The checksum is computed piece by piece as the bytes arrive, while they are in the cache.
+  lane.hashing = frame.has_payload_checksum && lane.target != nullptr && frame.chunk_bytes > 0;
+  if (lane.hashing) lane.payload_digest.reset();
   lock.unlock();
   if (notify) changed_.notify_all();
   return true;
@@ -1160,10 +1187,9 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
                                                                lane.abort_reason)));
     return;
   }
-  if (frame.has_payload_checksum && lane.chunk_start != nullptr && frame.chunk_bytes > 0) {
-    const auto computed = digest_bytes(
-        std::span<const std::byte>(lane.chunk_start, static_cast<std::size_t>(frame.chunk_bytes)));
-    if (computed != frame.payload_checksum) {
+  if (lane.hashing) {
+    lane.hashing = false;
+    if (lane.payload_digest.finish() != frame.payload_checksum) {
       protocol_violation(peer,
                          fmt::format("payload checksum mismatch in message (tag {}, sequence {}) "
                                      "bytes [{}, {}) on connection {}: the frame was corrupted",
@@ -1187,10 +1213,20 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
         peer.slots.erase(it);
       } else if (slot.op) {
         Operation& op = *slot.op;
-        if (slot.stash) {
+        if (slot.stash && slot.stashed_bytes > 0) {
           op.stash_to_copy = std::move(slot.stash);
           op.stash_bytes = slot.message_bytes;
+          if (slot.stashed_bytes < slot.message_bytes) {
+            for (const auto& [offset, range] : slot.ranges)
+              if (range.stashed) op.copy_ranges.emplace_back(offset, range.end);
+            logger().debug(
+                "tcp transport: message (tag {}, sequence {}) from peer {}: {} early bytes to "
+                "copy, {} received in place",
+                frame.tag, frame.sequence, peer.rank, slot.stashed_bytes,
+                slot.message_bytes - slot.stashed_bytes);
+          }
         } else {
+          if (slot.stash) release_unexpected_locked(slot.message_bytes);  // nothing went there
           complete_recv_locked(op);
         }
         peer.slots.erase(it);
@@ -1224,8 +1260,14 @@ bool TcpTransport::Core::finish_if_ready(Operation& op, std::unique_lock<std::mu
   if (!op.stash_to_copy) return false;
   auto stash = std::move(op.stash_to_copy);
   const auto bytes = op.stash_bytes;
+  const auto ranges = std::move(op.copy_ranges);
   lock.unlock();
-  std::memcpy(op.recv_buffer.data(), stash.get(), bytes);
+  if (ranges.empty()) {
+    std::memcpy(op.recv_buffer.data(), stash.get(), bytes);
+  } else {
+    for (const auto& [begin, end] : ranges)
+      std::memcpy(op.recv_buffer.data() + begin, stash.get() + begin, end - begin);
+  }
   stash.reset();
   lock.lock();
   release_unexpected_locked(bytes);
@@ -1244,6 +1286,7 @@ void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
   changed_.wait_until(lock, deadline,
                       [&] { return op.done || op.error || op.stash_to_copy != nullptr; });
   if (finish_if_ready(op, lock)) return;
+  peers_[static_cast<std::size_t>(op.peer)]->stalled = true;
   const auto waited =
       std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - op.posted_at);
   if (op.is_send)
@@ -1333,6 +1376,7 @@ void TcpTransport::Core::protocol_violation(Peer& peer, const std::string& probl
                                             std::optional<std::uint64_t> offset) {
   ErrorContext context = context_for(peer.rank);
   context.byte_offset = offset;
+  tell_peer_why(peer, fmt::format("rank {} rejected its frames: {}", rank_, problem));
   fail_peer_on_strand(
       peer, std::make_exception_ptr(
                 ProtocolError(fmt::format("peer {} violated the protocol: {}", peer.rank, problem),
@@ -1445,6 +1489,27 @@ void TcpTransport::Core::run_on_every_strand_and_wait(
   }
 }
 
+void TcpTransport::Core::tell_peer_why(Peer& peer, std::string_view reason) {
+  // An abort frame on every idle connection (never inside a frame being written), without
+  // blocking: the peer then fails with our reason instead of a bare "connection closed".
+  const std::string_view text = reason.substr(0, tcp::kMaxAbortReasonBytes);
+  FrameHeader header;
+  header.kind = FrameKind::abort;
+  header.message_bytes = header.chunk_bytes = text.size();
+  const EncodedHeader encoded = tcp::encode_header(header);
+  const std::array<asio::const_buffer, 2> frame{asio::buffer(encoded),
+                                                asio::buffer(text.data(), text.size())};
+  for (auto& lane : peer.lanes) {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!lane->connected || lane->closed || lane->writing || lane->write_shut) continue;
+    }
+    boost::system::error_code ignored;
+    lane->socket.non_blocking(true, ignored);
+    wire_sent_ += lane->socket.send(frame, 0, ignored);
+  }
+}
+
 void TcpTransport::Core::abort(std::string_view reason) noexcept {
   try {
     std::exception_ptr error;
@@ -1456,26 +1521,8 @@ void TcpTransport::Core::abort(std::string_view reason) noexcept {
       error = aborted_;
     }
     logger().warn("tcp transport: rank {} aborting: {}", rank_, reason);
-    const std::string_view text = reason.substr(0, tcp::kMaxAbortReasonBytes);
-    FrameHeader header;
-    header.kind = FrameKind::abort;
-    header.message_bytes = header.chunk_bytes = text.size();
-    const EncodedHeader encoded = tcp::encode_header(header);
     run_on_every_strand_and_wait([&](Peer& peer) {
-      // Tell the peer why on every idle connection (never inside a frame being written).
-      for (auto& lane : peer.lanes) {
-        bool idle = false;
-        {
-          const std::lock_guard lock(mutex_);
-          idle = lane->connected && !lane->closed && !lane->writing && !lane->write_shut;
-        }
-        if (!idle) continue;
-        boost::system::error_code ignored;
-        lane->socket.non_blocking(true, ignored);
-        const std::array<asio::const_buffer, 2> frame{asio::buffer(encoded),
-                                                      asio::buffer(text.data(), text.size())};
-        wire_sent_ += lane->socket.send(frame, 0, ignored);
-      }
+      tell_peer_why(peer, reason);
       close_lanes_on_strand(peer, error);
     });
     {
@@ -1496,9 +1543,10 @@ void TcpTransport::Core::graceful_close() noexcept {
     // 1. Let what is queued go out.
     changed_.wait_until(lock, deadline, [&] {
       return std::all_of(peers_.begin(), peers_.end(), [](const auto& peer) {
-        return peer->failure || (peer->send_queue.empty() &&
-                                 std::none_of(peer->lanes.begin(), peer->lanes.end(),
-                                              [](const auto& lane) { return lane->writing; }));
+        return peer->failure || peer->stalled ||
+               (peer->send_queue.empty() &&
+                std::none_of(peer->lanes.begin(), peer->lanes.end(),
+                             [](const auto& lane) { return lane->writing; }));
       });
     });
     lock.unlock();
@@ -1522,7 +1570,7 @@ void TcpTransport::Core::graceful_close() noexcept {
     lock.lock();
     changed_.wait_until(lock, deadline, [&] {
       return std::all_of(peers_.begin(), peers_.end(), [](const auto& peer) {
-        return peer->failure ||
+        return peer->failure || peer->stalled ||
                std::all_of(peer->lanes.begin(), peer->lanes.end(), [](const auto& lane) {
                  return lane->closed || !lane->connected || (lane->write_shut && lane->eof);
                });
@@ -1559,7 +1607,7 @@ void TcpTransport::Core::shutdown() noexcept {
       acceptor_.close(ignored);
     } else {
       std::promise<void> closed;
-      asio::post(io_, [this, &closed] {
+      asio::post(control_, [this, &closed] {
         boost::system::error_code ignored;
         acceptor_.close(ignored);
         if (progress_timer_) progress_timer_->cancel();
@@ -1622,6 +1670,8 @@ void TcpTransport::Core::check_progress() {
 TcpTransport::TcpTransport(const TransportOptions& options)
     : core_(std::make_shared<Core>(options)) {
   validate(options);
+  // One budget for the whole formation: rendezvous, connections and handshakes.
+  const Deadline deadline = deadline_after(options.connect_timeout);
   GroupTable table;
   switch (resolve_rendezvous(options)) {
     case RendezvousMethod::peer_list:
@@ -1644,7 +1694,7 @@ TcpTransport::TcpTransport(const TransportOptions& options)
       table.peers.push_back(PeerAddress{"127.0.0.1", 0});
       break;
   }
-  core_->form_group(std::move(table));
+  core_->form_group(std::move(table), deadline);
 }
 
 TcpTransport::~TcpTransport() {
@@ -1680,6 +1730,10 @@ std::uint16_t TcpTransport::listen_port() const noexcept {
 
 const std::vector<PeerAddress>& TcpTransport::peer_addresses() const noexcept {
   return core_->addresses_;
+}
+
+GroupId TcpTransport::group_id() const noexcept {
+  return core_->group_id_;
 }
 
 int TcpTransport::refused_connections() const noexcept {

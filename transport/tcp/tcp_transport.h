@@ -13,9 +13,13 @@
 //  - Matching: the n-th message sent to a peer under a tag matches the n-th irecv posted for that
 //    (peer, tag). A frame whose irecv is posted is read straight into the caller's buffer; an
 //    early one is kept (up to options.max_unexpected_bytes in all, then reading from that
-//    connection pauses until a matching irecv is posted) and copied on completion.
+//    connection pauses until a matching irecv is posted) and copied when the receive completes;
+//    when the irecv is posted while its message is arriving, the remaining chunks go straight
+//    into the caller's buffer and only the early ones are copied.
 //  - Sending writes header and payload with one scatter-gather write (no copy), several small
-//    frames per system call when they queue up.
+//    frames per system call when they queue up. Payload checksums are computed on the I/O
+//    thread just before each write (the kernel then copies bytes that are in cache), and on the
+//    receiving side piece by piece as the bytes arrive.
 //  - Failures: EOF or reset on any connection to a peer fails every pending and future
 //    operation with that peer with PeerLostError naming it (messages that had fully arrived can
 //    still be received); abort() tells the peers why before closing. Destruction says goodbye
@@ -55,6 +59,8 @@ class TcpTransport final : public Transport {
   [[nodiscard]] std::uint16_t listen_port() const noexcept;
   // Every rank's data listener, in rank order.
   [[nodiscard]] const std::vector<PeerAddress>& peer_addresses() const noexcept;
+  // The id every connection of this group presents (from the rendezvous).
+  [[nodiscard]] GroupId group_id() const noexcept;
   // Connections refused by the data listener so far (authentication failures, strangers).
   [[nodiscard]] int refused_connections() const noexcept;
   // Bytes currently held for messages whose irecv is not posted yet.

@@ -1,0 +1,400 @@
+// pulseloco_bench_collectives: our sparse all-gather and dense all-reduce over our TCP
+// transport, against OpenMPI's MPI_Allgatherv and MPI_Allreduce on the same data.
+//
+// Under mpirun (--bootstrap mpi, the default when launched by mpirun) every rank runs both and
+// times both; OpenMPI's transport is whatever mpirun was told (`--mca btl tcp,self` puts it on
+// the same loopback sockets as ours; the default uses shared memory). With --bootstrap env the
+// ranks are plain processes joined by the environment rendezvous (MASTER_ADDR, ...) and only
+// ours runs: scripts/bench_collectives_netns uses that for shaped links.
+//
+// Method: for every (operation, size) one warm-up call, then --iterations timed calls; each
+// starts after a barrier; a call's time is the slowest rank's; the record holds the median and
+// the minimum. Buffers are allocated and touched once, before timing, for both libraries (our
+// all-gather writes into a preallocated arena through sparse_allgather_into, as
+// MPI_Allgatherv writes into its preallocated receive buffer). After timing, the results of the
+// two libraries are compared byte for byte.
+//
+// --json prints one JSON record per line and per (operation, transport, size).
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/errors.h"
+#include "collectives/collectives.h"
+#include "transport/factory.h"
+#include "transport/rendezvous.h"
+
+#if PULSELOCO_BENCH_MPI
+#include <mpi.h>
+#endif
+
+namespace {
+
+using namespace pulseloco;
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  std::string bootstrap = "auto";
+  std::vector<std::string> operations = {"sparse_allgather", "allreduce_sum"};
+  std::vector<std::string> sizes = {"1M", "4M", "16M", "64M", "256M"};
+  int iterations = 5;
+  std::string algorithm = "automatic";
+  std::size_t chunk = collectives::CollectiveOptions{}.pipeline_chunk_bytes;
+  int connections = 0;  // 0: the transport's default
+  bool run_mpi = true;
+  bool json = false;
+  double link_mbit = 0;  // > 0: also report the bound (bytes each rank receives / link rate)
+  std::string label;     // extra "setup" field of every record
+  int timeout_ms = 300'000;
+};
+
+std::size_t parse_size(const std::string& text) {
+  std::size_t end = 0;
+  const unsigned long long value = std::stoull(text, &end);
+  const std::string suffix = text.substr(end);
+  if (suffix.empty()) return value;
+  if (suffix == "K" || suffix == "KiB") return value << 10;
+  if (suffix == "M" || suffix == "MiB") return value << 20;
+  if (suffix == "G" || suffix == "GiB") return value << 30;
+  throw std::invalid_argument("size " + text + ": use a number with K, M or G");
+}
+
+collectives::AllGatherAlgorithm parse_algorithm(const std::string& name) {
+  if (name == "ring") return collectives::AllGatherAlgorithm::ring;
+  if (name == "direct") return collectives::AllGatherAlgorithm::direct;
+  return collectives::AllGatherAlgorithm::automatic;
+}
+
+struct Timing {
+  double median = 0;
+  double min = 0;
+};
+
+Timing summarize(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  const std::size_t n = seconds.size();
+  const double median = n % 2 == 1 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
+  return {median, seconds.front()};
+}
+
+// The pieces every benchmark call needs: the group, how to synchronise and how to combine
+// the ranks' times.
+class Harness {
+ public:
+  explicit Harness(const Settings& settings) : settings_(settings) {
+    bool use_mpi = settings.bootstrap == "mpi" ||
+                   (settings.bootstrap == "auto" && transport::launched_by_mpi());
+#if PULSELOCO_BENCH_MPI
+    if (use_mpi) {
+      MPI_Init(nullptr, nullptr);
+      mpi_ = true;
+      transport_ = connect_through_mpi();
+    }
+#else
+    if (use_mpi) throw std::runtime_error("this build has no MPI");
+#endif
+    if (!transport_) {
+      transport::TransportOptions options = transport::from_environment();
+      if (settings.connections > 0) options.connections_per_peer = settings.connections;
+      transport_ = transport::make_transport(options);
+    }
+    options_.timeout = std::chrono::milliseconds(settings.timeout_ms);
+    options_.algorithm = parse_algorithm(settings.algorithm);
+    options_.pipeline_chunk_bytes = settings.chunk;
+    options_.tag = 1;
+  }
+  ~Harness() {
+    transport_.reset();
+#if PULSELOCO_BENCH_MPI
+    if (mpi_) MPI_Finalize();
+#endif
+  }
+  Harness(const Harness&) = delete;
+  Harness& operator=(const Harness&) = delete;
+
+  [[nodiscard]] transport::Transport& transport() {
+    return *transport_;
+  }
+  [[nodiscard]] const collectives::CollectiveOptions& options() const {
+    return options_;
+  }
+  [[nodiscard]] bool mpi() const {
+    return mpi_;
+  }
+  [[nodiscard]] int rank() const {
+    return transport_->rank();
+  }
+  [[nodiscard]] int size() const {
+    return transport_->size();
+  }
+
+  // Times `iterations` calls of `fn` (after one warm-up); `sync` runs before each.
+  template <typename Fn, typename Sync, typename Slowest>
+  Timing time(Fn&& fn, Sync&& sync, Slowest&& slowest) {
+    sync();
+    fn();  // warm-up
+    std::vector<double> seconds;
+    for (int i = 0; i < settings_.iterations; ++i) {
+      sync();
+      const auto start = Clock::now();
+      fn();
+      const double mine = std::chrono::duration<double>(Clock::now() - start).count();
+      seconds.push_back(slowest(mine));
+    }
+    return summarize(std::move(seconds));
+  }
+
+  void our_barrier() {
+    collectives::barrier(*transport_, barrier_options());
+  }
+  double our_slowest(double mine) {
+    const auto all = collectives::allgather_u64(*transport_, static_cast<std::uint64_t>(mine * 1e9),
+                                                barrier_options());
+    return static_cast<double>(*std::max_element(all.begin(), all.end())) / 1e9;
+  }
+
+ private:
+  [[nodiscard]] collectives::CollectiveOptions barrier_options() const {
+    collectives::CollectiveOptions options = options_;
+    options.tag = 2;
+    return options;
+  }
+
+#if PULSELOCO_BENCH_MPI
+  std::unique_ptr<transport::Transport> connect_through_mpi() {
+    int rank = 0;
+    int size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    transport::TransportOptions options = transport::from_environment();
+    options.backend = transport::Backend::tcp;
+    options.rendezvous = transport::RendezvousMethod::environment;
+    options.rank = rank;
+    options.world_size = size;
+    options.master_addr = "127.0.0.1";
+    options.listen_addr = "127.0.0.1";
+    options.external_rendezvous_server = true;
+    if (settings_.connections > 0) options.connections_per_peer = settings_.connections;
+    std::unique_ptr<transport::RendezvousServer> server;
+    int port = 0;
+    if (rank == 0) {
+      server = std::make_unique<transport::RendezvousServer>(
+          "127.0.0.1", 0, size, options.secret, transport::deadline_after(options.connect_timeout));
+      port = server->port();
+    }
+    MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    options.master_port = static_cast<std::uint16_t>(port);
+    auto t = transport::make_transport(options);
+    if (server) server->wait();
+    return t;
+  }
+#endif
+
+  const Settings& settings_;
+  std::unique_ptr<transport::Transport> transport_;
+  collectives::CollectiveOptions options_;
+  bool mpi_ = false;
+};
+
+std::string mpi_label() {
+  const char* btl = std::getenv("OMPI_MCA_btl");
+  if (btl != nullptr && std::string(btl).find("tcp") != std::string::npos &&
+      std::string(btl).find("vader") == std::string::npos &&
+      std::string(btl).find("sm") == std::string::npos) {
+    return "openmpi-tcp";
+  }
+  return "openmpi-default";
+}
+
+class Reporter {
+ public:
+  Reporter(const Settings& settings, const Harness& harness)
+      : settings_(settings), harness_(harness) {
+    if (harness.rank() == 0 && !settings.json) {
+      fmt::print("{:<18} {:<16} {:<10} {:>12} {:>12} {:>12} {:>10}\n", "operation", "transport",
+                 "algorithm", "bytes/rank", "median s", "min s", "Gbit/s");
+    }
+  }
+
+  void record(const std::string& operation, const std::string& transport,
+              const std::string& algorithm, std::size_t bytes, const Timing& timing) const {
+    if (harness_.rank() != 0) return;
+    const int n = harness_.size();
+    // Bytes every rank receives: (n-1) messages for the all-gather; 2 (n-1)/n of the vector
+    // for the ring all-reduce (the classic algorithm-bandwidth accounting).
+    const double received = operation == "sparse_allgather"
+                                ? static_cast<double>(n - 1) * static_cast<double>(bytes)
+                                : 2.0 * (n - 1) / n * static_cast<double>(bytes);
+    const double gbit = received * 8 / timing.median / 1e9;
+    if (settings_.json) {
+      nlohmann::json j = {{"benchmark", "collectives"},
+                          {"operation", operation},
+                          {"transport", transport},
+                          {"algorithm", algorithm},
+                          {"ranks", n},
+                          {"bytes_per_rank", bytes},
+                          {"seconds", timing.median},
+                          {"seconds_min", timing.min},
+                          {"iterations", settings_.iterations},
+                          {"received_gbit_per_s", gbit}};
+      if (settings_.link_mbit > 0) {
+        const double bound = received * 8 / (settings_.link_mbit * 1e6);
+        j["link_mbit"] = settings_.link_mbit;
+        j["bound_seconds"] = bound;
+        j["ratio_to_bound"] = timing.median / bound;
+      }
+      if (!settings_.label.empty()) j["setup"] = settings_.label;
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("{:<18} {:<16} {:<10} {:>12} {:>12.6f} {:>12.6f} {:>10.2f}", operation, transport,
+                 algorithm, bytes, timing.median, timing.min, gbit);
+      if (settings_.link_mbit > 0) {
+        fmt::print("  ({:.2f}x the link bound)",
+                   timing.median / (received * 8 / (settings_.link_mbit * 1e6)));
+      }
+      fmt::print("\n");
+    }
+    std::fflush(stdout);
+  }
+
+ private:
+  const Settings& settings_;
+  const Harness& harness_;
+};
+
+void bench_allgather(Harness& h, const Reporter& reporter, const Settings& settings,
+                     std::size_t bytes) {
+  const int n = h.size();
+  std::vector<std::byte> mine(bytes);
+  const auto seed = static_cast<std::size_t>(h.rank()) * 7;
+  for (std::size_t i = 0; i < bytes; ++i)
+    mine[i] = static_cast<std::byte>((i * 131 + seed) & 0xFF);
+  std::vector<std::byte> ours(bytes * static_cast<std::size_t>(n), std::byte{1});
+  const auto buffer_for = [&](int rank, std::size_t size) {
+    return std::span(ours).subspan(static_cast<std::size_t>(rank) * bytes, size);
+  };
+  const auto our_call = [&] {
+    collectives::sparse_allgather_into(h.transport(), mine, buffer_for, h.options());
+  };
+  const Timing our_time = h.time(
+      our_call, [&] { h.our_barrier(); }, [&](double s) { return h.our_slowest(s); });
+  std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n), bytes);
+  const auto algorithm = h.options().algorithm == collectives::AllGatherAlgorithm::automatic
+                             ? collectives::choose_allgather_algorithm(sizes)
+                             : h.options().algorithm;
+  reporter.record("sparse_allgather", "pulseloco-tcp",
+                  std::string(collectives::algorithm_name(algorithm)), bytes, our_time);
+#if PULSELOCO_BENCH_MPI
+  if (h.mpi() && settings.run_mpi) {
+    std::vector<std::byte> theirs(bytes * static_cast<std::size_t>(n), std::byte{2});
+    std::vector<int> counts(static_cast<std::size_t>(n), static_cast<int>(bytes));
+    std::vector<int> displacements(static_cast<std::size_t>(n));
+    for (int rank = 0; rank < n; ++rank) {
+      displacements[static_cast<std::size_t>(rank)] = static_cast<int>(bytes) * rank;
+    }
+    const Timing mpi_time = h.time(
+        [&] {
+          MPI_Allgatherv(mine.data(), static_cast<int>(bytes), MPI_BYTE, theirs.data(),
+                         counts.data(), displacements.data(), MPI_BYTE, MPI_COMM_WORLD);
+        },
+        [] { MPI_Barrier(MPI_COMM_WORLD); },
+        [](double s) {
+          double slowest = 0;
+          MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          return slowest;
+        });
+    reporter.record("sparse_allgather", mpi_label(), "MPI_Allgatherv", bytes, mpi_time);
+    if (ours != theirs) throw std::runtime_error("our all-gather and MPI_Allgatherv differ");
+  }
+#else
+  (void)settings;
+#endif
+}
+
+void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& settings,
+                     std::size_t bytes) {
+  const std::size_t count = bytes / sizeof(float);
+  std::vector<float> input(count);
+  const auto offset = static_cast<std::size_t>(h.rank());
+  for (std::size_t i = 0; i < count; ++i) {
+    // Exactly representable sums: ours and MPI's must agree bit for bit whatever the order.
+    input[i] = static_cast<float>((i + offset) % 1024);
+  }
+  std::vector<float> ours(count, 0.0F);
+  const Timing our_time =
+      h.time([&] { collectives::allreduce_sum(h.transport(), input, ours, h.options()); },
+             [&] { h.our_barrier(); }, [&](double s) { return h.our_slowest(s); });
+  reporter.record("allreduce_sum", "pulseloco-tcp", "ring", bytes, our_time);
+#if PULSELOCO_BENCH_MPI
+  if (h.mpi() && settings.run_mpi) {
+    std::vector<float> theirs(count, 0.0F);
+    const Timing mpi_time = h.time(
+        [&] {
+          MPI_Allreduce(input.data(), theirs.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+        },
+        [] { MPI_Barrier(MPI_COMM_WORLD); },
+        [](double s) {
+          double slowest = 0;
+          MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+          return slowest;
+        });
+    reporter.record("allreduce_sum", mpi_label(), "MPI_Allreduce", bytes, mpi_time);
+    if (ours != theirs) throw std::runtime_error("our all-reduce and MPI_Allreduce differ");
+  }
+#else
+  (void)settings;
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings settings;
+  CLI::App app{"Collectives benchmark: pulseloco over TCP against OpenMPI"};
+  app.add_option("--bootstrap", settings.bootstrap, "mpi (under mpirun), env, or auto")
+      ->check(CLI::IsMember({"auto", "mpi", "env"}));
+  app.add_option("--ops", settings.operations, "sparse_allgather, allreduce_sum")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"sparse_allgather", "allreduce_sum"}));
+  app.add_option("--sizes", settings.sizes, "bytes per rank, e.g. 1M,4M,256M")->delimiter(',');
+  app.add_option("--iterations", settings.iterations, "timed calls per point")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--algorithm", settings.algorithm, "all-gather algorithm")
+      ->check(CLI::IsMember({"automatic", "ring", "direct"}));
+  app.add_option("--chunk", settings.chunk, "pipeline_chunk_bytes")->check(CLI::PositiveNumber);
+  app.add_option("--connections", settings.connections, "TCP connections per peer (0: default)");
+  app.add_flag("!--no-mpi", settings.run_mpi, "only our collectives");
+  app.add_flag("--json", settings.json, "one JSON record per line");
+  app.add_option("--link-mbit", settings.link_mbit, "shaped link rate, to report the bound");
+  app.add_option("--label", settings.label, "a 'setup' field for every record");
+  app.add_option("--timeout-ms", settings.timeout_ms, "collective timeout");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    Harness harness(settings);
+    const Reporter reporter(settings, harness);
+    for (const std::string& operation : settings.operations) {
+      for (const std::string& size : settings.sizes) {
+        const std::size_t bytes = parse_size(size);
+        if (operation == "sparse_allgather") {
+          bench_allgather(harness, reporter, settings, bytes);
+        } else {
+          bench_allreduce(harness, reporter, settings, bytes);
+        }
+      }
+    }
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "pulseloco_bench_collectives: {}\n", error.what());
+    return 1;
+  }
+  return 0;
+}

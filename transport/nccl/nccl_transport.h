@@ -1,0 +1,59 @@
+// The NCCL backend: ncclSend/ncclRecv between CUDA devices. Message buffers live on the
+// transport's device (buffer_device() is cuda:N).
+//
+//  - Bootstrap: rank 0 creates the NCCL unique id and hands it to the others with MPI_Bcast
+//    (launched by mpirun, MPI built in) or over a TCP transport formed by the usual rendezvous
+//    (environment variables or peer list; one connection per peer, closed after the id is
+//    delivered). The communicator is non-blocking (ncclConfig_t::blocking = 0), so creation,
+//    launches and closing can all be bounded by deadlines.
+//  - isend/irecv only queue the operation. The first test() or wait() launches everything
+//    queued so far as one ncclGroupStart/ncclGroupEnd group on the transport's stream, so that
+//    the sends and receives of a collective step progress together (NCCL blocks a send until
+//    its receive is posted). Completion is a cudaEvent recorded after the group. Variable sizes
+//    are fine because irecv gives the exact size.
+//  - NCCL matches messages between two ranks by order, not by tag: both ranks must post their
+//    operations with each other in the same order. Sizes must match too (NCCL cannot detect a
+//    mismatch).
+//  - Failures: asynchronous NCCL errors (ncclCommGetAsyncError) fail every operation; a peer
+//    that stops makes waits end in TimeoutError, after which the caller must abort(), which
+//    calls ncclCommAbort. One communicator cannot use the same GPU for two ranks (NCCL does not
+//    support it), so a single-GPU machine runs world size 1 (sends to itself).
+#pragma once
+
+#include <memory>
+
+#include "transport/factory.h"
+#include "transport/transport.h"
+
+namespace pulseloco::transport {
+
+class NcclTransport final : public Transport {
+ public:
+  explicit NcclTransport(const TransportOptions& options);
+  ~NcclTransport() override;
+  NcclTransport(const NcclTransport&) = delete;
+  NcclTransport& operator=(const NcclTransport&) = delete;
+
+  [[nodiscard]] int rank() const noexcept override;
+  [[nodiscard]] int size() const noexcept override;
+  [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
+  [[nodiscard]] Device buffer_device() const noexcept override;
+
+  // `data` must be device memory on buffer_device().
+  [[nodiscard]] std::unique_ptr<Request> isend(int peer, Tag tag,
+                                               std::span<const std::byte> data) override;
+  [[nodiscard]] std::unique_ptr<Request> irecv(int peer, Tag tag,
+                                               std::span<std::byte> data) override;
+  void abort(std::string_view reason) noexcept override;
+  [[nodiscard]] TransportStats stats() const override;
+
+  // Launches every queued operation as one NCCL group now (test() and wait() do it too).
+  void flush();
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace pulseloco::transport
