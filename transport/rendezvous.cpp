@@ -506,7 +506,9 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
 
       std::vector<std::uint8_t> reply;
       boost::system::error_code read_error;
-      co_await asio::async_read(*socket, asio::dynamic_buffer(reply),
+      // The table is a few bytes per rank; anything near this bound is not a table.
+      constexpr std::size_t kMaxReplyBytes = std::size_t{64} << 20;
+      co_await asio::async_read(*socket, asio::dynamic_buffer(reply, kMaxReplyBytes),
                                 asio::redirect_error(asio::use_awaitable, read_error));
       if (read_error != asio::error::eof) throw boost::system::system_error(read_error);
       Reader reader(reply);

@@ -281,6 +281,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   std::exception_ptr aborted_;
   bool closing_ = false;
   bool shut_down_ = false;
+  bool formed_ = false;  // the whole mesh was connected
   int lanes_missing_ = 0;
   std::vector<std::vector<bool>> lane_claimed_;
   std::exception_ptr formation_error_;
@@ -427,6 +428,7 @@ void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
                     (size_ - 1) * lanes_per_peer_),
         std::move(context));
   }
+  formed_ = true;
   logger().debug("tcp transport: rank {} of {} connected ({} connections per peer)", rank_, size_,
                  lanes_per_peer_);
 }
@@ -1592,7 +1594,13 @@ void TcpTransport::Core::shutdown() noexcept {
     const std::lock_guard lock(mutex_);
     aborted = aborted_ != nullptr;
   }
-  if (!aborted && size_ > 1 && !threads_.empty()) graceful_close();
+  bool formed = false;
+  {
+    const std::lock_guard lock(mutex_);
+    formed = formed_;
+  }
+  // A group that never formed has no messages in flight to protect.
+  if (!aborted && formed && size_ > 1 && !threads_.empty()) graceful_close();
   {
     const std::lock_guard lock(mutex_);
     closing_ = true;
