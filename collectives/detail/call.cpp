@@ -66,7 +66,7 @@ struct NoticeFailure : std::exception {
 [[noreturn]] void throw_observed(const Error& error, int peer) {
   if (is_local_abort(error)) throw;
   const int culprit = error.context().peer.value_or(peer);
-  throw ObservedFailure(culprit, error.kind(), error.kind() == ErrorKind::timeout, error.what());
+  throw ObservedFailure(culprit, error.kind(), error.kind() == ErrorKind::timeout, error.message());
 }
 
 [[nodiscard]] bool is_terminal(NoticeType type) {
@@ -309,10 +309,10 @@ void Call::run_native(const std::function<void(transport::Deadline)>& collective
   try {
     collective(transport::deadline_after(options_.timeout));
   } catch (const TimeoutError& error) {
-    throw ObservedFailure(-1, ErrorKind::timeout, true, error.what());
+    throw ObservedFailure(-1, ErrorKind::timeout, true, error.message());
   } catch (const Error& error) {
     if (is_local_abort(error)) throw;
-    throw ObservedFailure(error.context().peer.value_or(-1), error.kind(), false, error.what());
+    throw ObservedFailure(error.context().peer.value_or(-1), error.kind(), false, error.message());
   }
 }
 
@@ -346,7 +346,7 @@ void Call::poll_notices_once(bool quiet, bool& progressed) {
         throw;
       }
       slot.broken = error.kind();
-      slot.broken_detail = error.what();
+      slot.broken_detail = error.message();
       if (!quiet) throw NoticeFailure();
       continue;
     }
@@ -357,7 +357,7 @@ void Call::poll_notices_once(bool quiet, bool& progressed) {
       slot.latest = decode_notice(slot.buffer, rank_, peer, size_, sequence_);
     } catch (const ProtocolError& error) {
       slot.broken = ErrorKind::protocol;
-      slot.broken_detail = error.what();
+      slot.broken_detail = error.message();
       if (!quiet) throw NoticeFailure();
       continue;
     }
@@ -724,7 +724,7 @@ void Call::fail() {
     }
     const auto peer = e.context().peer;
     if (peer && *peer >= 0 && *peer < size_ && *peer != rank_) {
-      observed.emplace(*peer, e.kind(), false, e.what());
+      observed.emplace(*peer, e.kind(), false, e.message());
     } else {
       local = true;
     }

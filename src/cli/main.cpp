@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   pulseloco::cli::add_info_command(app);
   pulseloco::cli::add_inspect_command(app);
+  pulseloco::cli::add_replay_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -24,6 +25,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pulseloco: %s\n", e.what());
     return 1;
   } catch (const std::exception& e) {
+    if (const int status = pulseloco::cli::replay_failure_status(e); status != 0) {
+      std::fprintf(stderr, "pulseloco: %s\n", e.what());
+      return status;
+    }
     std::fprintf(stderr, "pulseloco: error: %s\n", e.what());
     return 1;
   }

@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Integration tests of the training demo (build/bin/pulseloco_train) across real processes.
+
+Each subcommand is one ctest (tests/examples/CMakeLists.txt) and exits 0 when every check holds,
+1 with one line per failed check otherwise. The runs are short (a 5 M-parameter model with no
+pretraining, H = 2, batch 1) so that the suite stays fast; what they check does not depend on
+the model having learnt anything.
+
+  train_integration.py --train BIN --mpirun MPIRUN --work DIR replicas
+      mpirun -np 4, mode pulse, 10 windows, over TCP and then over MPI: every window's digests
+      are equal on all ranks, every rank's final θ_g file is byte-identical to every other's,
+      and the TCP and MPI runs end with byte-identical weights.
+  ... resume
+      2 workers (environment rendezvous via --local-workers): 4 windows uninterrupted, against
+      2 windows + checkpoint + resume to 4: identical final weights and identical per-window
+      digests. The checkpoint and trace files are then opened with the standard `safetensors`
+      package and their names, shapes, dtypes and bytes checked; `pulseloco replay` reproduces
+      every traced window, and names the tensor and index of a value changed in a trace.
+  ... kill
+      3 workers started as plain processes (environment rendezvous). Once rank 2 has logged a
+      finished window, it is SIGKILLed; ranks 0 and 1 must exit non-zero within twice the
+      collective timeout, with an error naming peer 2 as lost.
+
+Synchronisation is on events (log lines, process exits), never on sleeps; every wait is bounded.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+FAILURES = []
+
+
+def check(condition, message):
+    if not condition:
+        FAILURES.append(message)
+        print(f"FAIL: {message}", flush=True)
+    return condition
+
+
+def common_args(args, cache_dir):
+    # No pretraining (the cache key includes the step count, so this never touches the demo's
+    # pretrained cache); short windows; one thread per worker (workers share two cores).
+    return ["--pretrain-steps", "0", "--cache-dir", str(cache_dir), "-H", "2", "--batch", "1",
+            "--eval-batch", "2", "--threads", "1", "--lr", "1e-4"]
+
+
+def mpirun_prefix(args, ranks):
+    prefix = [args.mpirun, "-np", str(ranks), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        prefix.append("--allow-run-as-root")
+    return prefix
+
+
+def run(command, timeout, env=None):
+    print("+ " + " ".join(command), flush=True)
+    result = subprocess.run(command, timeout=timeout, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    if result.returncode != 0:
+        print(result.stdout)
+    return result
+
+
+def final_weights(directory, ranks):
+    files = [directory / f"global-rank-{rank:05}.safetensors" for rank in range(ranks)]
+    return [f.read_bytes() if f.exists() else None for f in files]
+
+
+def check_report(report_path, ranks, windows, label):
+    if not check(report_path.exists(), f"{label}: no JSON report at {report_path}"):
+        return None
+    report = json.loads(report_path.read_text())
+    check(report["world_size"] == ranks, f"{label}: world_size {report['world_size']} != {ranks}")
+    check(len(report["windows"]) == windows,
+          f"{label}: {len(report['windows'])} windows in the report, expected {windows}")
+    check(report["replicas_identical"] is True, f"{label}: replicas_identical is not true")
+    for row in report["windows"]:
+        digests = row["digests"]
+        check(len(digests) == ranks and len(set(digests)) == 1,
+              f"{label}: window {row['window']} digests differ across ranks: {digests}")
+        check(0 < row["density"] <= 1, f"{label}: window {row['window']} density {row['density']}")
+        check(row["payload_bytes"] > 0 and row["payload_bytes"] < row["diloco_bytes"],
+              f"{label}: window {row['window']} payload {row['payload_bytes']} is not below "
+              f"DiLoCo's {row['diloco_bytes']}")
+    return report
+
+
+def test_replicas(args):
+    ranks, windows = 4, 10
+    cache = args.work / "cache"
+    weights = {}
+    for transport in ("tcp", "mpi"):
+        out = args.work / transport
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        result = run(mpirun_prefix(args, ranks) + [
+            args.train, "--mode", "pulse", "--transport", transport, "--windows", str(windows),
+            "--json", str(out / "report.json"), "--final-weights", str(out / "final")]
+            + common_args(args, cache), timeout=args.timeout)
+        if not check(result.returncode == 0, f"{transport}: mpirun exited {result.returncode}"):
+            continue
+        check_report(out / "report.json", ranks, windows, transport)
+        files = final_weights(out / "final", ranks)
+        check(all(f is not None for f in files), f"{transport}: a rank wrote no final weights")
+        if all(f is not None for f in files):
+            check(all(f == files[0] for f in files),
+                  f"{transport}: the ranks' final θ_g files are not byte-identical")
+            weights[transport] = files[0]
+    if len(weights) == 2:
+        check(weights["tcp"] == weights["mpi"],
+              "the TCP and MPI runs ended with different final weights")
+
+
+def test_resume(args):
+    ranks = 2
+    cache = args.work / "cache"
+    shutil.rmtree(args.work / "resume", ignore_errors=True)
+    base = args.work / "resume"
+    full, part = base / "full", base / "part"
+    common = ["--local-workers", str(ranks), "--mode", "pulse"] + common_args(args, cache)
+
+    result = run([args.train, "--windows", "4", "--json", str(full / "report.json"),
+                  "--final-weights", str(full / "final"), "--trace-dir", str(full / "trace"),
+                  "--checkpoint-dir", str(full / "checkpoint"), "--checkpoint-every", "2"]
+                 + common, timeout=args.timeout)
+    check(result.returncode == 0, f"uninterrupted run exited {result.returncode}")
+    result = run([args.train, "--windows", "2", "--json", str(part / "first.json"),
+                  "--checkpoint-dir", str(part / "checkpoint"), "--checkpoint-every", "2"]
+                 + common, timeout=args.timeout)
+    check(result.returncode == 0, f"run to window 2 exited {result.returncode}")
+    result = run([args.train, "--windows", "4", "--json", str(part / "second.json"),
+                  "--resume", str(part / "checkpoint"), "--final-weights", str(part / "final")]
+                 + common, timeout=args.timeout)
+    check(result.returncode == 0, f"resumed run exited {result.returncode}")
+    if FAILURES:
+        return
+
+    check("resumed at window 2" in result.stdout, "the resumed run did not say it resumed")
+    a = final_weights(full / "final", ranks)
+    b = final_weights(part / "final", ranks)
+    check(a[0] is not None and a == b,
+          "the resumed run's final weights differ from the uninterrupted run's")
+    full_report = check_report(full / "report.json", ranks, 4, "uninterrupted")
+    first = check_report(part / "first.json", ranks, 2, "first half")
+    second = check_report(part / "second.json", ranks, 2, "resumed half")
+    if full_report and first and second:
+        resumed = [w["digests"][0] for w in first["windows"] + second["windows"]]
+        uninterrupted = [w["digests"][0] for w in full_report["windows"]]
+        check(resumed == uninterrupted,
+              f"per-window digests differ: {resumed} vs uninterrupted {uninterrupted}")
+        check([w["window"] for w in second["windows"]] == [2, 3],
+              f"the resumed run reports windows {[w['window'] for w in second['windows']]}")
+
+    check_files_with_safetensors(full, ranks)
+    check_replay(args, full / "trace")
+
+
+def check_replay(args, trace):
+    """`pulseloco replay` reproduces every traced window, and points at a tampered value."""
+    result = run([args.pulseloco, "replay", str(trace)], timeout=args.timeout)
+    check(result.returncode == 0, f"pulseloco replay exited {result.returncode}")
+    for window in range(4):
+        check(f"window {window}: 2 ranks, " in result.stdout and "bit-identical" in result.stdout,
+              f"pulseloco replay did not report window {window} bit-identical:\n{result.stdout}")
+    # Change one recorded output of rank 1 in window 1 (a raw edit of the file's data section).
+    path = trace / "window-000001" / "rank-00001.out.safetensors"
+    data = bytearray(path.read_bytes())
+    header_bytes = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_bytes])
+    name = sorted(n for n in header if n.startswith("global."))[0]
+    begin = 8 + header_bytes + header[name]["data_offsets"][0] + 4 * 5  # element 5
+    data[begin:begin + 4] = bytes(a ^ b for a, b in zip(data[begin:begin + 4], b"\x00\x00\x80\x3f"))
+    path.write_bytes(bytes(data))
+    result = run([args.pulseloco, "replay", str(trace), "--window", "1"], timeout=args.timeout)
+    check(result.returncode == 2, f"replay of a tampered trace exited {result.returncode}, not 2")
+    check(f"rank 1 tensor '{name}': 1 elements differ, the first at index 5" in result.stdout,
+          f"replay of a tampered trace does not point at {name}[5]:\n{result.stdout}")
+
+
+def check_files_with_safetensors(run_dir, ranks):
+    """Opens the checkpoint, trace and weight files with the standard safetensors package."""
+    import numpy as np
+    from safetensors import safe_open
+
+    def tensors(path):
+        out = {}
+        with safe_open(str(path), framework="numpy") as f:
+            metadata = f.metadata() or {}
+            for name in f.keys():
+                out[name] = f.get_tensor(name)
+        return metadata, out
+
+    final_meta, final = tensors(run_dir / "final" / "global-rank-00000.safetensors")
+    check(final_meta.get("window") == "4", f"final weights say window {final_meta.get('window')}")
+    names = sorted(n[len("global."):] for n in final)
+    check(len(names) > 0 and all(n.startswith("global.") for n in final),
+          "the final weights hold tensors not named global.*")
+    total = sum(t.size for t in final.values())
+    check(total == 5_003_776, f"the final weights hold {total} parameters, expected 5,003,776")
+    check(all(t.dtype == np.float32 for t in final.values()), "final weights are not all F32")
+
+    # The checkpoint written after window 4: θ_g and m in the shared file, e in each rank's.
+    meta, shared = tensors(run_dir / "checkpoint" / "global.safetensors")
+    check(meta.get("format") == "pulseloco-checkpoint" and meta.get("window") == "4"
+          and meta.get("world_size") == str(ranks),
+          f"checkpoint metadata: {dict((k, meta.get(k)) for k in ('format', 'window', 'world_size'))}")
+    check(sorted(shared) == sorted([f"global.{n}" for n in names] +
+                                   [f"momentum.{n}" for n in names]),
+          "the checkpoint's shared file does not hold exactly global.* and momentum.* per tensor")
+    for n in names:
+        g = shared.get(f"global.{n}")
+        check(g is not None and g.dtype == np.float32 and g.shape == final[f"global.{n}"].shape
+              and g.tobytes() == final[f"global.{n}"].tobytes(),
+              f"checkpoint global.{n} is not the final θ_g (dtype, shape or bytes)")
+        m = shared.get(f"momentum.{n}")
+        check(m is not None and m.dtype == np.float32 and m.shape == g.shape,
+              f"checkpoint momentum.{n}: wrong dtype or shape")
+    any_momentum = any(np.any(shared[f"momentum.{n}"] != 0) for n in names)
+    check(any_momentum, "the checkpoint's momentum is all zeros after 4 windows")
+    for rank in range(ranks):
+        rank_meta, rank_tensors = tensors(run_dir / "checkpoint" / f"rank-{rank:05}.safetensors")
+        check(rank_meta.get("rank") == str(rank), f"rank file {rank} says rank {rank_meta.get('rank')}")
+        check(sorted(rank_tensors) == sorted(f"residual.{n}" for n in names),
+              f"rank file {rank} does not hold exactly residual.* per tensor")
+        check(all(rank_tensors[f"residual.{n}"].shape == final[f"global.{n}"].shape
+                  and rank_tensors[f"residual.{n}"].dtype == np.float32 for n in names),
+              f"rank file {rank}: residual shapes or dtypes differ from the model's")
+
+    # Traces: every window has .in and .out per rank; the outputs of window w are the inputs of
+    # window w + 1, and the outputs of the last window are the final weights.
+    trace = run_dir / "trace"
+    for window in range(4):
+        for rank in range(ranks):
+            for stage in ("in", "out"):
+                path = trace / f"window-{window:06}" / f"rank-{rank:05}.{stage}.safetensors"
+                check(path.exists(), f"trace file {path} is missing")
+    if FAILURES:
+        return
+    for rank in range(ranks):
+        for window in range(4):
+            out_meta, out = tensors(trace / f"window-{window:06}" / f"rank-{rank:05}.out.safetensors")
+            check(out_meta.get("stage") == "outputs" and out_meta.get("window") == str(window),
+                  f"trace window {window} rank {rank}: metadata {out_meta.get('stage')}/"
+                  f"{out_meta.get('window')}")
+            expected = sorted(f"{p}.{n}" for p in ("global", "momentum", "residual", "local")
+                              for n in names)
+            check(sorted(out) == expected,
+                  f"trace window {window} rank {rank}: tensor names differ from "
+                  "global/momentum/residual/local per parameter")
+            if window + 1 < 4:
+                in_meta, nxt = tensors(trace / f"window-{window + 1:06}" /
+                                       f"rank-{rank:05}.in.safetensors")
+                check(in_meta.get("stage") == "inputs", "trace input file has the wrong stage")
+                for prefix in ("global", "momentum", "residual"):
+                    same = all(out[f"{prefix}.{n}"].tobytes() == nxt[f"{prefix}.{n}"].tobytes()
+                               for n in names)
+                    check(same, f"trace rank {rank}: {prefix} after window {window} differs "
+                          f"from {prefix} before window {window + 1}")
+            else:
+                same = all(out[f"global.{n}"].tobytes() == final[f"global.{n}"].tobytes()
+                           for n in names)
+                check(same, f"trace rank {rank}: θ_g after the last window is not the final θ_g")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_kill(args):
+    ranks, victim, timeout_ms = 3, 2, 6000
+    cache = args.work / "cache"
+    port = free_port()
+    processes = []
+    selector = selectors.DefaultSelector()
+    logs = {rank: "" for rank in range(ranks)}
+    open_ranks = set(range(ranks))
+    exited_at = {}
+    for rank in range(ranks):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), PULSELOCO_RENDEZVOUS="env")
+        command = [args.train, "--mode", "pulse", "--windows", "1000",
+                   "--timeout-ms", str(timeout_ms)] + common_args(args, cache)
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+        os.set_blocking(process.stdout.fileno(), False)
+        selector.register(process.stdout, selectors.EVENT_READ, rank)
+        processes.append(process)
+
+    def pump(until, predicate):
+        """Reads output until predicate() holds or the deadline passes; returns predicate()."""
+        while not predicate() and time.monotonic() < until:
+            for key, _ in selector.select(timeout=max(0.0, min(1.0, until - time.monotonic()))):
+                chunk = key.fileobj.read()
+                if chunk:
+                    logs[key.data] += chunk.decode(errors="replace")
+                elif chunk == b"":
+                    selector.unregister(key.fileobj)
+                    open_ranks.discard(key.data)
+            for rank, process in enumerate(processes):
+                if rank not in exited_at and process.poll() is not None:
+                    exited_at[rank] = time.monotonic()
+        return predicate()
+
+    try:
+        # Event: the victim has finished a window (its engine logs "window 1 pulse: ...").
+        started = pump(time.monotonic() + args.timeout,
+                       lambda: "window 1 pulse:" in logs[victim]
+                       or any(p.poll() is not None for p in processes))
+        if not check(started and processes[victim].poll() is None,
+                     f"rank {victim} never logged window 1:\n{logs[victim]}"):
+            return
+        processes[victim].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        survivors = [r for r in range(ranks) if r != victim]
+        # Bound: twice the collective timeout, plus the time a window's compute takes.
+        bound = 2 * timeout_ms / 1000.0 + 30.0
+        pump(killed_at + bound, lambda: all(processes[r].poll() is not None for r in survivors))
+        for r in survivors:
+            code = processes[r].poll()
+            if not check(code is not None, f"rank {r} still runs {bound:.0f} s after the kill"):
+                continue
+            elapsed = exited_at.get(r, time.monotonic()) - killed_at
+            check(code != 0, f"rank {r} exited 0 after its peer was killed")
+            pump(time.monotonic() + 10, lambda: r not in open_ranks)  # the rest of its output
+            error_lines = [l for l in logs[r].splitlines() if "pulseloco_train:" in l]
+            check(any(f"peer {victim} was lost" in l for l in error_lines),
+                  f"rank {r}'s error does not name rank {victim}: {error_lines}\n{logs[r][-2000:]}")
+            print(f"rank {r}: exit {code} within {elapsed:.1f} s of the kill: "
+                  f"{error_lines[-1] if error_lines else '(no error line)'}", flush=True)
+    finally:
+        for p in processes:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train", required=True)
+    parser.add_argument("--pulseloco", required=True, help="build/bin/pulseloco")
+    parser.add_argument("--mpirun", default="mpirun")
+    parser.add_argument("--work", required=True, type=pathlib.Path)
+    parser.add_argument("--timeout", type=float, default=600, help="bound of each run, seconds")
+    parser.add_argument("test", choices=["replicas", "resume", "kill"])
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    {"replicas": test_replicas, "resume": test_resume, "kill": test_kill}[args.test](args)
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed", flush=True)
+        return 1
+    print("all checks passed", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
