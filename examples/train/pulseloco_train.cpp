@@ -257,10 +257,12 @@ int run_worker(const Settings& settings) {
     if (rank == 0) fmt::print("resumed at window {}\n", first_window);
   }
 
+  double initial_loss = 0;
   if (rank == 0) {
+    initial_loss = model.evaluate(eval_batch);
     print_header(settings, world, sync.engine().parameter_count());
     fmt::print("{:>6} {:>10} {:>10.5f}   (held-out loss before post-training)\n", "start", "",
-               model.evaluate(eval_batch));
+               initial_loss);
   }
   std::vector<WindowRow> rows;
   bool identical = true;
@@ -323,6 +325,8 @@ int run_worker(const Settings& settings) {
                                {"seed", settings.seed},
                                {"windows", windows},
                                {"replicas_identical", identical},
+                               {"initial_loss", initial_loss},
+                               {"first_window", first_window},
                                {"final_loss", final_loss}};
       std::ofstream file(settings.json_path);
       file << out.dump(2) << '\n';
