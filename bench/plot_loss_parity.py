@@ -2,7 +2,10 @@
 """Plots held-out loss per window of two or more pulseloco_train --json runs as an SVG (no
 plotting library needed) and prints the table behind it.
 
-    bench/plot_loss_parity.py PULSE.json DILOCO.json [MORE.json ...] OUT.svg
+    bench/plot_loss_parity.py [--bf16-weights] PULSE.json DILOCO.json [MORE.json ...] OUT.svg
+
+--bf16-weights plots the held-out loss of the weights rounded to bf16 (what a bf16-compute
+model sees) instead of the fp32 weights.
 """
 import json
 import sys
@@ -11,14 +14,18 @@ COLOURS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
 
 
 def main(argv):
+    bf16 = "--bf16-weights" in argv
+    argv = [a for a in argv if a != "--bf16-weights"]
     if len(argv) < 3:
         sys.exit(__doc__)
     *paths, out = argv
+    initial_key, key = (("initial_loss_bf16_weights", "loss_bf16_weights") if bf16
+                        else ("initial_loss", "loss"))
     runs = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
             run = json.load(f)
-        losses = [run["initial_loss"]] + [w["loss"] for w in run["windows"]]
+        losses = [run[initial_key]] + [w[key] for w in run["windows"]]
         runs.append((run, losses))
 
     # Table: loss after each window, and the relative difference of each run to the last one.
@@ -52,7 +59,8 @@ def main(argv):
              f'<rect width="{width}" height="{height}" fill="white"/>']
     first = runs[0][0]
     parts.append(f'<text x="{width / 2}" y="20" text-anchor="middle" font-size="14">'
-                 f'Held-out loss per window: {first["world_size"]} workers, H = {first["H"]}, '
+                 f'Held-out loss{" (weights rounded to bf16)" if bf16 else ""}: '
+                 f'{first["world_size"]} workers, H = {first["H"]}, '
                  f'inner lr {first["lr"]:g}, seed {first["seed"]}</text>')
     for k in range(6):  # y grid and labels
         v = lo + (hi - lo) * k / 5

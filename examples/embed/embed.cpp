@@ -7,7 +7,7 @@
 //
 // Every worker fits the same two-layer network to its own shard of a regression problem; every
 // H = 4 steps the workers exchange the bf16-visible part of their progress and continue from the
-// same averaged weights. The program checks at the end that every replica is bit-identical.
+// same averaged weights. Every window checks that the replicas are bit-identical (exit 3 if not).
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -44,11 +44,12 @@ int main() try {
     optimizer.step();
     if (auto report = sync.after_optimizer_step()) {  // pulseloco: a window ran
       if (rank == 0) {
-        fmt::print("window {}: loss {:.4f}, sent {} of {} elements ({:.1f}%), {} bytes "
-                   "(DiLoCo {}), replicas {}\n",
-                   report->window, loss.item<double>(), report->entries_sent, report->parameters,
-                   100.0 * report->density, report->payload_bytes, report->diloco_bytes,
-                   report->replicas_identical ? "identical" : "DIFFER");
+        fmt::print(
+            "window {}: loss {:.4f}, sent {} of {} elements ({:.1f}%), {} bytes "
+            "(DiLoCo {}), replicas {}\n",
+            report->window, loss.item<double>(), report->entries_sent, report->parameters,
+            100.0 * report->density, report->payload_bytes, report->diloco_bytes,
+            report->replicas_identical ? "identical" : "DIFFER");
       }
       if (!report->replicas_identical) return 3;
     }

@@ -248,6 +248,20 @@ double TransformerLM::evaluate(const Batch& batch) {
   return value;
 }
 
+double TransformerLM::evaluate_bf16_weights(const Batch& batch) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> saved;
+  for (auto& p : impl_->net->parameters()) {
+    saved.push_back(p.detach().clone());
+    p.detach().copy_(p.detach().to(torch::kBFloat16).to(torch::kFloat32));
+  }
+  const double value = evaluate(batch);
+  std::size_t i = 0;
+  for (auto& p : impl_->net->parameters())
+    p.detach().copy_(saved[i++]);
+  return value;
+}
+
 std::uint64_t TransformerLM::weights_digest() const {
   DigestStream stream;
   for (const auto& p : impl_->net->parameters()) {

@@ -71,6 +71,9 @@ class TransformerLM {
   [[nodiscard]] at::Tensor loss(const Batch& batch);
   // The same loss without autograd, as a number (evaluation).
   [[nodiscard]] double evaluate(const Batch& batch);
+  // The same with every weight rounded to bf16 for the evaluation (restored afterwards): the
+  // loss a bf16-compute model would see, which is what PULSELoCo's gate keeps exact.
+  [[nodiscard]] double evaluate_bf16_weights(const Batch& batch);
 
   // xxh3-64 of every parameter's bytes in order (identical weights <=> identical digest).
   [[nodiscard]] std::uint64_t weights_digest() const;

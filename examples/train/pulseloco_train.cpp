@@ -148,8 +148,9 @@ std::unique_ptr<transport::Transport> connect(const Settings& settings) {
 
 struct WindowRow {
   WindowReport report;
-  double train_loss = 0;  // this rank's mean loss over the window's H steps
-  double eval_loss = 0;   // held-out loss of the synchronised model (rank 0)
+  double train_loss = 0;      // this rank's mean loss over the window's H steps
+  double eval_loss = 0;       // held-out loss of the synchronised model (rank 0)
+  double eval_loss_bf16 = 0;  // ... with its weights rounded to bf16 (rank 0)
 };
 
 void print_header(const Settings& settings, int world, std::uint64_t parameters) {
@@ -184,6 +185,7 @@ nlohmann::json window_json(const WindowRow& row) {
     digests.push_back(digest_hex(d));
   return {{"window", r.window},
           {"loss", row.eval_loss},
+          {"loss_bf16_weights", row.eval_loss_bf16},
           {"train_loss", row.train_loss},
           {"density", r.density},
           {"entries", r.entries_sent},
@@ -258,8 +260,10 @@ int run_worker(const Settings& settings) {
   }
 
   double initial_loss = 0;
+  double initial_loss_bf16 = 0;
   if (rank == 0) {
     initial_loss = model.evaluate(eval_batch);
+    initial_loss_bf16 = model.evaluate_bf16_weights(eval_batch);
     print_header(settings, world, sync.engine().parameter_count());
     fmt::print("{:>6} {:>10} {:>10.5f}   (held-out loss before post-training)\n", "start", "",
                initial_loss);
@@ -280,7 +284,10 @@ int run_worker(const Settings& settings) {
     }
     if (!report) throw InvalidArgument("internal: a window did not run after H steps");
     WindowRow row{*report, loss_sum / settings.steps_per_window, 0.0};
-    if (rank == 0) row.eval_loss = model.evaluate(eval_batch);
+    if (rank == 0) {
+      row.eval_loss = model.evaluate(eval_batch);
+      row.eval_loss_bf16 = model.evaluate_bf16_weights(eval_batch);
+    }
     identical = identical && report->replicas_identical;
     if (rank == 0) print_row(row);
     rows.push_back(row);
@@ -326,6 +333,7 @@ int run_worker(const Settings& settings) {
                                {"windows", windows},
                                {"replicas_identical", identical},
                                {"initial_loss", initial_loss},
+                               {"initial_loss_bf16_weights", initial_loss_bf16},
                                {"first_window", first_window},
                                {"final_loss", final_loss}};
       std::ofstream file(settings.json_path);

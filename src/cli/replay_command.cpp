@@ -41,8 +41,8 @@ void replay(const ReplayOptions& options) {
   } else {
     windows = traced_windows(options.trace_dir);
     if (windows.empty()) {
-      throw InvalidArgument(fmt::format("no traced windows (window-NNNNNN directories) in '{}'",
-                                        options.trace_dir));
+      throw InvalidArgument(
+          fmt::format("no traced windows (window-NNNNNN directories) in '{}'", options.trace_dir));
     }
   }
   nlohmann::json records = nlohmann::json::array();
@@ -65,10 +65,10 @@ void replay(const ReplayOptions& options) {
                          {"differences", differences}});
       continue;
     }
-    fmt::print("window {}: {} ranks, {} tensors compared: {}\n", result.window, result.world_size,
-               result.tensors_compared,
-               result.identical() ? "bit-identical"
-                                  : fmt::format("{} differ", result.differences.size()));
+    fmt::print(
+        "window {}: {} ranks, {} tensors compared: {}\n", result.window, result.world_size,
+        result.tensors_compared,
+        result.identical() ? "bit-identical" : fmt::format("{} differ", result.differences.size()));
     for (const auto& d : result.differences) {
       fmt::print("  rank {} tensor '{}': {} elements differ, the first at index {}\n", d.rank,
                  d.tensor, d.differing, d.first_index);

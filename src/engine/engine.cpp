@@ -653,7 +653,7 @@ WindowReport Engine::Impl::run_window() {
   report.density = options.mode == Mode::ddp ? 1.0
                    : report.parameters > 0   ? static_cast<double>(report.entries_sent) /
                                                  static_cast<double>(report.parameters)
-                                         : 0.0;
+                                           : 0.0;
   verify(report);
 
   const transport::TransportStats now = transport->stats();

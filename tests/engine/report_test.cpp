@@ -45,7 +45,8 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
       after[i] = engines[i]->transport().stats();
     }));
     std::uint64_t all_payloads = 0;
-    for (const auto& report : reports) all_payloads += report.payload_bytes;
+    for (const auto& report : reports)
+      all_payloads += report.payload_bytes;
     for (int r = 0; r < world; ++r) {
       const auto i = static_cast<std::size_t>(r);
       const WindowReport& report = reports[i];
@@ -75,7 +76,8 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
         // Ring all-reduce: each rank sends and receives 2 (R-1)/R of the dense gradient.
         const double dense = static_cast<double>(report.parameters) * 4.0;
         EXPECT_NEAR(static_cast<double>(payload_sent), 2.0 * (world - 1) / world * dense,
-                    0.01 * dense + 4096) << "rank " << r;
+                    0.01 * dense + 4096)
+            << "rank " << r;
       }
       EXPECT_GE(report.wire_bytes_sent, payload_sent);
       EXPECT_LE(report.wire_bytes_sent, payload_sent + payload_sent / 10 + 16384);

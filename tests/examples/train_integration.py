@@ -287,7 +287,8 @@ def test_kill(args):
     exited_at = {}
     for rank in range(ranks):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PULSELOCO_RENDEZVOUS="env")
+                   MASTER_PORT=str(port), PULSELOCO_RENDEZVOUS="env",
+                   PULSELOCO_LOG_LEVEL="info")  # the event below is an info line
         command = [args.train, "--mode", "pulse", "--windows", "1000",
                    "--timeout-ms", str(timeout_ms)] + common_args(args, cache)
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
