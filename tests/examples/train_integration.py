@@ -18,8 +18,8 @@ the model having learnt anything.
       every traced window, and names the tensor and index of a value changed in a trace.
   ... kill
       3 workers started as plain processes (environment rendezvous). Once rank 2 has logged a
-      finished window, it is SIGKILLed; ranks 0 and 1 must exit non-zero within twice the
-      collective timeout, with an error naming peer 2 as lost.
+      finished window, it is SIGKILLed; ranks 0 and 1 must exit non-zero within the
+      configured collective timeout, with an error naming peer 2 as lost.
 
 Synchronisation is on events (log lines, process exits), never on sleeps; every wait is bounded.
 """
@@ -277,7 +277,7 @@ def free_port():
 
 
 def test_kill(args):
-    ranks, victim, timeout_ms = 3, 2, 6000
+    ranks, victim, timeout_ms = 3, 2, 10000
     cache = args.work / "cache"
     port = free_port()
     processes = []
@@ -323,15 +323,20 @@ def test_kill(args):
         processes[victim].send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
         survivors = [r for r in range(ranks) if r != victim]
-        # Bound: twice the collective timeout, plus the time a window's compute takes.
-        bound = 2 * timeout_ms / 1000.0 + 30.0
-        pump(killed_at + bound, lambda: all(processes[r].poll() is not None for r in survivors))
+        # A lost connection is noticed at once; a survivor still computing its inner steps
+        # notices at its next exchange. Either way within the configured timeout (waiting up to
+        # twice as long, to report how late a survivor was rather than only that it was).
+        bound = timeout_ms / 1000.0
+        pump(killed_at + 2 * bound,
+             lambda: all(processes[r].poll() is not None for r in survivors))
         for r in survivors:
             code = processes[r].poll()
-            if not check(code is not None, f"rank {r} still runs {bound:.0f} s after the kill"):
+            if not check(code is not None, f"rank {r} still runs {2 * bound:.0f} s after the kill"):
                 continue
             elapsed = exited_at.get(r, time.monotonic()) - killed_at
             check(code != 0, f"rank {r} exited 0 after its peer was killed")
+            check(elapsed <= bound, f"rank {r} exited {elapsed:.1f} s after the kill, later than "
+                  f"the configured timeout ({bound:.0f} s)")
             pump(time.monotonic() + 10, lambda: r not in open_ranks)  # the rest of its output
             error_lines = [l for l in logs[r].splitlines() if "pulseloco_train:" in l]
             check(any(f"peer {victim} was lost" in l for l in error_lines),
