@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
+#include "base/cpu_features.h"
+#include "base/digest_dispatch.h"
+
 #include <array>
 #include <cmath>
 #include <numeric>
@@ -14,6 +19,44 @@ TEST(Digest, MatchesTheXxh3ReferenceValue) {
   // XXH3_64bits of the empty input (seed 0), from the xxHash specification's test vectors.
   EXPECT_EQ(digest_bytes({}), 0x2D06800538D394C2ull);
   EXPECT_EQ(digest_hex(0x2D06800538D394C2ull), "2d06800538d394c2");
+}
+
+// The AVX2 build of xxh3 (used when the CPU has AVX2) must agree with libxxhash's baseline build
+// on every length class of the algorithm (0-16, 17-128, 129-240, stripes, blocks, long inputs)
+// and every alignment, one-shot and streamed in random pieces.
+TEST(Digest, Avx2BuildAgreesWithLibxxhash) {
+#if PULSELOCO_DIGEST_HAS_AVX2
+  if (!cpu_has_avx2()) GTEST_SKIP() << "this CPU has no AVX2";
+  std::mt19937_64 random(7);
+  std::vector<std::uint8_t> data((1u << 20) + 4096);
+  for (auto& b : data)
+    b = static_cast<std::uint8_t>(random());
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 0; n <= 2048; ++n)
+    sizes.push_back(n);
+  for (std::size_t n : {4095u, 4096u, 65535u, 65536u, 1u << 20, (1u << 20) + 13})
+    sizes.push_back(n);
+  for (const std::size_t n : sizes) {
+    const std::size_t offset = n % 61;  // unaligned starts too
+    const std::uint8_t* p = data.data() + offset;
+    ASSERT_EQ(detail::xxh3_avx2(p, n), detail::xxh3_baseline(p, n)) << "size " << n;
+  }
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::size_t n = random() % data.size();
+    void* state = detail::xxh3_avx2_stream_create();
+    ASSERT_NE(state, nullptr);
+    for (std::size_t at = 0; at < n;) {
+      const std::size_t piece = std::min<std::size_t>(n - at, random() % 70000);
+      detail::xxh3_avx2_stream_update(state, data.data() + at, piece);
+      at += piece;
+    }
+    EXPECT_EQ(detail::xxh3_avx2_stream_digest(state), detail::xxh3_baseline(data.data(), n))
+        << "streamed size " << n;
+    detail::xxh3_avx2_stream_free(state);
+  }
+#else
+  GTEST_SKIP() << "built without the AVX2 xxh3 (not x86-64 GCC/Clang)";
+#endif
 }
 
 TEST(Digest, StreamingEqualsOneShot) {
