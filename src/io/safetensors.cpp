@@ -252,18 +252,24 @@ void SafetensorsWriter::fail_if_broken() const {
 }
 
 void SafetensorsWriter::write_all(std::span<const std::byte> bytes) {
-  if (buffer_.size() + bytes.size() <= kWriteBufferBytes) {
-    buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
-    file_offset_ += bytes.size();
-    return;
-  }
-  flush_buffer();
+  // Small writes gather in the buffer; a write that does not fit flushes it, and one at least
+  // as large as the buffer goes to the file directly.
+  if (buffer_.size() + bytes.size() > kWriteBufferBytes) flush_buffer();
   if (bytes.size() < kWriteBufferBytes) {
     buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
     file_offset_ += bytes.size();
     return;
   }
-  const std::uint64_t start = file_offset_;
+  write_to_file(bytes, file_offset_);
+  file_offset_ += bytes.size();
+}
+
+void SafetensorsWriter::flush_buffer() {
+  write_to_file(buffer_, file_offset_ - buffer_.size());
+  buffer_.clear();
+}
+
+void SafetensorsWriter::write_to_file(std::span<const std::byte> bytes, std::uint64_t offset) {
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t written = ::write(fd_, bytes.data() + done, bytes.size() - done);
@@ -273,29 +279,10 @@ void SafetensorsWriter::write_all(std::span<const std::byte> bytes) {
       broken_ = true;
       throw IoError(
           fmt::format("write to '{}' failed: {}", temporary_path_.string(), errno_text(error)),
-          {.byte_offset = start + done});
+          {.byte_offset = offset + done});
     }
     done += static_cast<std::size_t>(written);
   }
-  file_offset_ += bytes.size();
-}
-
-void SafetensorsWriter::flush_buffer() {
-  const std::uint64_t start = file_offset_ - buffer_.size();
-  std::size_t done = 0;
-  while (done < buffer_.size()) {
-    const ssize_t written = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      const int error = errno;
-      broken_ = true;
-      throw IoError(
-          fmt::format("write to '{}' failed: {}", temporary_path_.string(), errno_text(error)),
-          {.byte_offset = start + done});
-    }
-    done += static_cast<std::size_t>(written);
-  }
-  buffer_.clear();
 }
 
 void SafetensorsWriter::write(std::string_view name, std::span<const std::byte> chunk) {

@@ -152,6 +152,8 @@ class SafetensorsWriter {
  private:
   void flush_buffer();
   void write_all(std::span<const std::byte> bytes);
+  // write(2) until every byte is written; `offset` (in the file) names a failure's position.
+  void write_to_file(std::span<const std::byte> bytes, std::uint64_t offset);
   void fail_if_broken() const;
 
   std::filesystem::path path_;

@@ -267,68 +267,48 @@ int MpiTransport::size() const noexcept {
 }
 
 std::unique_ptr<Request> MpiTransport::isend(int peer, Tag tag, std::span<const std::byte> data) {
-  if (peer < 0 || peer >= state_->size)
-    throw InvalidArgument(fmt::format("isend: peer {} is not in [0, {})", peer, state_->size),
-                          ErrorContext{.rank = state_->rank});
-  auto op = std::make_shared<MpiOp>();
-  op->is_send = true;
-  op->peer = peer;
-  op->tag = tag;
-  op->bytes = data.size();
-  const std::lock_guard lock(state_->mutex);
-  if (state_->aborted) {
-    op->error = state_->aborted;
-    return std::make_unique<MpiRequest>(state_, op);
-  }
-  const std::uint64_t part = state_->part_bytes;
-  const std::uint64_t count = std::max<std::uint64_t>(1, (data.size() + part - 1) / part);
-  op->parts.assign(count, MPI_REQUEST_NULL);
-  op->part_bytes.resize(count);
-  const std::lock_guard call(mpi::call_mutex());
-  for (std::uint64_t i = 0; i < count; ++i) {
-    const std::uint64_t offset = i * part;
-    op->part_bytes[i] = std::min<std::uint64_t>(part, data.size() - offset);
-    // MPI's C API takes a non-const pointer on older versions; the buffer is only read.
-    const int code =
-        MPI_Isend(const_cast<std::byte*>(data.data()) + offset, static_cast<int>(op->part_bytes[i]),
-                  MPI_BYTE, peer, state_->mpi_tag(tag), state_->comm, &op->parts[i]);
-    if (code != MPI_SUCCESS) {
-      op->error = std::make_exception_ptr(IoError(
-          fmt::format("MPI_Isend to peer {} (tag {}): {}", peer, tag, mpi::error_string(code)),
-          state_->context_for(peer)));
-      break;
-    }
-  }
-  state_->pending.push_back(op);
-  return std::make_unique<MpiRequest>(state_, op);
+  // MPI's C API takes a non-const pointer on older versions; a send only reads the buffer.
+  return post(true, peer, tag, const_cast<std::byte*>(data.data()), data.size());
 }
 
 std::unique_ptr<Request> MpiTransport::irecv(int peer, Tag tag, std::span<std::byte> data) {
+  return post(false, peer, tag, data.data(), data.size());
+}
+
+std::unique_ptr<Request> MpiTransport::post(bool is_send, int peer, Tag tag, std::byte* data,
+                                            std::size_t bytes) {
+  const char* const what = is_send ? "isend" : "irecv";
   if (peer < 0 || peer >= state_->size)
-    throw InvalidArgument(fmt::format("irecv: peer {} is not in [0, {})", peer, state_->size),
+    throw InvalidArgument(fmt::format("{}: peer {} is not in [0, {})", what, peer, state_->size),
                           ErrorContext{.rank = state_->rank});
   auto op = std::make_shared<MpiOp>();
+  op->is_send = is_send;
   op->peer = peer;
   op->tag = tag;
-  op->bytes = data.size();
+  op->bytes = bytes;
   const std::lock_guard lock(state_->mutex);
   if (state_->aborted) {
     op->error = state_->aborted;
     return std::make_unique<MpiRequest>(state_, op);
   }
+  // MPI counts are ints: a message travels as parts of at most part_bytes.
   const std::uint64_t part = state_->part_bytes;
-  const std::uint64_t count = std::max<std::uint64_t>(1, (data.size() + part - 1) / part);
+  const std::uint64_t count = std::max<std::uint64_t>(1, (bytes + part - 1) / part);
   op->parts.assign(count, MPI_REQUEST_NULL);
   op->part_bytes.resize(count);
   const std::lock_guard call(mpi::call_mutex());
   for (std::uint64_t i = 0; i < count; ++i) {
     const std::uint64_t offset = i * part;
-    op->part_bytes[i] = std::min<std::uint64_t>(part, data.size() - offset);
-    const int code = MPI_Irecv(data.data() + offset, static_cast<int>(op->part_bytes[i]), MPI_BYTE,
-                               peer, state_->mpi_tag(tag), state_->comm, &op->parts[i]);
+    op->part_bytes[i] = std::min<std::uint64_t>(part, bytes - offset);
+    const int length = static_cast<int>(op->part_bytes[i]);
+    const int code = is_send ? MPI_Isend(data + offset, length, MPI_BYTE, peer,
+                                         state_->mpi_tag(tag), state_->comm, &op->parts[i])
+                             : MPI_Irecv(data + offset, length, MPI_BYTE, peer,
+                                         state_->mpi_tag(tag), state_->comm, &op->parts[i]);
     if (code != MPI_SUCCESS) {
       op->error = std::make_exception_ptr(IoError(
-          fmt::format("MPI_Irecv from peer {} (tag {}): {}", peer, tag, mpi::error_string(code)),
+          fmt::format("{} peer {} (tag {}): {}", is_send ? "MPI_Isend to" : "MPI_Irecv from", peer,
+                      tag, mpi::error_string(code)),
           state_->context_for(peer)));
       break;
     }

@@ -54,6 +54,10 @@ class MpiTransport final : public Transport, public NativeCollectives {
   struct State;
 
  private:
+  // isend and irecv: posts the message as MPI parts (MPI counts are ints) and tracks them.
+  [[nodiscard]] std::unique_ptr<Request> post(bool is_send, int peer, Tag tag, std::byte* data,
+                                              std::size_t bytes);
+
   std::shared_ptr<State> state_;
 };
 
