@@ -1,6 +1,9 @@
 # Finds NCCL (shipped with the CUDA toolkit here, or installed on its own).
 #   NCCL_FOUND, NCCL_INCLUDE_DIR, NCCL_LIBRARY, NCCL_VERSION, imported target NCCL::nccl
-find_package(CUDAToolkit QUIET)
+include("${CMAKE_CURRENT_LIST_DIR}/PulselocoCudaToolkit.cmake")
+if(NOT CUDAToolkit_FOUND)
+  pulseloco_find_cuda_toolkit(QUIET)
+endif()
 find_path(NCCL_INCLUDE_DIR nccl.h
   HINTS ENV NCCL_HOME ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}
   PATH_SUFFIXES include)

@@ -1,6 +1,8 @@
 # Tri-state feature detection: each PULSELOCO_WITH_<X> is AUTO (use it when found), ON (fail
 # the configure when missing) or OFF (never use it). The outcome is PULSELOCO_HAS_<X>.
 
+include(PulselocoCudaToolkit)
+
 set(_pulseloco_states AUTO ON OFF)
 
 macro(pulseloco_feature_option name doc)
@@ -56,7 +58,7 @@ if(NOT PULSELOCO_WITH_CUDA STREQUAL "OFF")
     endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-    find_package(CUDAToolkit REQUIRED)
+    pulseloco_find_cuda_toolkit(REQUIRED)
     pulseloco_feature_result(CUDA TRUE
       "nvcc ${CMAKE_CUDA_COMPILER_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}")
   else()

@@ -46,4 +46,5 @@ install(FILES
   ${PROJECT_BINARY_DIR}/pulselocoConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/Findxxhash.cmake
   ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/PulselocoCudaToolkit.cmake
   DESTINATION ${PULSELOCO_INSTALL_CMAKEDIR})
