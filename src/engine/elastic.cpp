@@ -164,6 +164,7 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
   });
   logger().info("worker {} registered with the coordinator at {} (data plane {})", worker_id_,
                 elastic_.coordinator, transport::to_string(data));
+  if (elastic_.on_registered) elastic_.on_registered();
   regroup("join");
 }
 

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,9 @@ struct ElasticOptions {
   std::chrono::milliseconds admission_timeout{600'000};
   // A window is attempted at most this many times (each attempt in a new generation).
   int max_attempts_per_window = 16;
+  // Called once this worker is registered with the coordinator, before it waits to be admitted
+  // (for logs and tests: from then on the coordinator knows it is waiting).
+  std::function<void()> on_registered;
 };
 
 // Fills coordinator, worker id and the transport options from the environment

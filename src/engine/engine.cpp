@@ -181,11 +181,6 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
                   "options (mode, H, outer lr/momentum, chunking, codec)", setup_error);
   check_agreement(layout.table_digest() | 1u, "parameter tables (names, sizes, dtypes)", nullptr);
 
-  const std::uint64_t state_members =
-      collectives::allgather_u64(*transport, has_state ? 1u : 0u, next_collective()).size() == 0
-          ? 0
-          : 0;
-  (void)state_members;
   synchronise_members();
   stats_at_window_start = transport->stats();
   ddp_payload_bytes = 0;

@@ -17,8 +17,9 @@ Each scenario is one ctest (tests/elastic/CMakeLists.txt); it exits 0 when every
       w2 aborts its data connections at window 2 (exchange): every worker, w2 included, asks for
       a new group, and the run finishes with all 4 in a later generation.
   join
-      3 workers; once window 2 has committed, a 4th worker starts, is admitted at the next
-      window boundary, and ends with the same digest as the others.
+      3 workers; once window 2 has committed, a 4th worker starts; the three hold before window
+      3 until it has registered (an event in its JSON file), so it is admitted at the boundary
+      after window 3; it ends with the same digest as the others.
   below-minimum
       3 workers, minimum 3; w2 is killed: the survivors stop with a clear error (exit 3) and the
       coordinator exits 1 naming the minimum.
@@ -79,14 +80,14 @@ class Run:
             raise RuntimeError(f"coordinator did not start: {line!r}")
         self.address = line.strip().rsplit(" ", 1)[-1]
 
-    def start(self, worker, fault=None, windows=None):
+    def start(self, worker, fault=None, windows=None, extra=()):
         env = dict(self.env)
         if fault:
             env["PULSELOCO_FAULT"] = fault
         command = [self.args.worker, "--coordinator", self.address, "--worker", worker,
                    "--json", str(self.work / f"{worker}.jsonl"), "--windows",
                    str(windows or self.windows), "--trace-dir", str(self.trace), "-H", "2",
-                   "--timeout-ms", "3000"]
+                   "--timeout-ms", "3000", *extra]
         self.workers[worker] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
                                                 text=True)
 
@@ -265,23 +266,33 @@ def scenario_disconnect(args, work):
 
 def scenario_join(args, work):
     run = Run(args, work, initial=3, minimum=2, windows=7)
+    hold = work / "w3-registered"
     try:
+        # The three hold before window 3 until w3 has registered with the coordinator, so that
+        # the boundary after window 3 admits it whatever the machine's speed.
         for i in range(3):
-            run.start(f"w{i}")
+            run.start(f"w{i}", extra=("--hold-at-window", "3", "--hold-file", str(hold)))
         run.wait_for(lambda: any(e["event"] == "window" and e["window"] >= 2
                                  for e in run.events("w0")), 120, "window 2 on w0")
         run.start("w3")
+        run.wait_for(lambda: any(e["event"] == "registered" for e in run.events("w3")), 60,
+                     "w3's registration")
+        hold.touch()
         workers = ["w0", "w1", "w2", "w3"]
         run.finish(workers)
         by_window = check_consistency(run, workers, run.windows)
         attached = [e for e in run.events("w3") if e["event"] == "attached"]
         if check(attached, "w3 was never admitted"):
             first = attached[0]["window"]
-            check(first >= 3, f"w3 joined at window {first}, before it was started")
+            check(first == 4, f"w3 should be admitted at the boundary after window 3 (window 4), "
+                  f"was at window {first}")
             for window in range(first, run.windows):
                 for r in by_window.get(window, []):
                     check(r["world_size"] == 4 and "w3" in members_of(r),
                           f"window {window} after the join should have 4 workers")
+        for window in range(0, 4):
+            for r in by_window.get(window, []):
+                check(r["world_size"] == 3, f"window {window} before the join should have 3")
         check_replay(run, run.windows)
     finally:
         run.close()

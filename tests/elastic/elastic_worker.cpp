@@ -15,7 +15,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <thread>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -96,6 +98,8 @@ int main(int argc, char** argv) {
   int connect_timeout_ms = 15000;
   float lr = 2e-4f;
   std::string mode = "pulse";
+  std::uint64_t hold_at_window = 0;
+  std::string hold_file;
   app.add_option("--coordinator", coordinator, "host:port of the coordinator")->required();
   app.add_option("--worker", worker, "this worker's id")->required();
   app.add_option("--json", json_path, "JSON lines of events")->required();
@@ -107,6 +111,10 @@ int main(int argc, char** argv) {
   app.add_option("--trace-dir", trace_dir, "write window traces here");
   app.add_option("--lr", lr, "inner step size");
   app.add_option("--mode", mode, "pulse or diloco");
+  app.add_option("--hold-at-window", hold_at_window,
+                 "before window N's inner steps, wait until --hold-file exists (a test harness "
+                 "event: e.g. another worker has registered)");
+  app.add_option("--hold-file", hold_file, "see --hold-at-window");
   CLI11_PARSE(app, argc, argv);
 
   std::ofstream json(json_path, std::ios::app);
@@ -132,6 +140,7 @@ int main(int argc, char** argv) {
     elastic.transport.connections_per_peer = 1;
     elastic.transport.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
     elastic.transport = transport::from_environment(elastic.transport);  // PULSELOCO_SECRET
+    elastic.on_registered = [&] { emit({{"event", "registered"}}); };
 
     Model model(42);  // every worker starts alike; rank 0's weights win anyway
     ElasticEngine sync(model.views(), options, elastic);
@@ -142,7 +151,17 @@ int main(int argc, char** argv) {
           {"window", sync.engine().window()}});
     const std::uint64_t worker_seed = std::hash<std::string>{}(worker);
     std::uint64_t step_in_window = 0;
+    bool held = false;
     while (sync.engine().window() < windows) {
+      if (!hold_file.empty() && !held && sync.engine().window() == hold_at_window &&
+          step_in_window == 0) {
+        held = true;
+        // Bounded: the harness creates the file within seconds, or has failed anyway.
+        for (int i = 0; i < 1200 && !std::filesystem::exists(hold_file); ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (!std::filesystem::exists(hold_file))
+          throw TimeoutError("--hold-file " + hold_file + " did not appear within 60 s");
+      }
       model.step(worker_seed, sync.engine().window(), step_in_window++, lr);
       if (auto report = sync.after_optimizer_step()) {
         nlohmann::json record = to_json(*report);
