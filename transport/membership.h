@@ -25,8 +25,8 @@
 // relative order (rank 0 is the lowest surviving rank), then waiting new workers are appended in
 // arrival order (up to max_workers). Members that neither asked nor left within the regroup
 // timeout (stalled, partitioned) are removed; a removed worker that talks again is told so
-// (MembershipError, base/errors.h) and may register again as a new worker. Below min_workers the run stops:
-// every waiting worker gets MembershipError naming the reason.
+// (MembershipError, base/errors.h) and may register again as a new worker. Below min_workers the
+// run stops: every waiting worker gets MembershipError naming the reason.
 #pragma once
 
 #include <chrono>
@@ -73,6 +73,8 @@ class Coordinator {
   void wait();
   // Connections refused so far (wrong secret, malformed registration, duplicate worker id).
   [[nodiscard]] int refused_connections() const noexcept;
+  // Workers waiting to be placed in a group (not members of the current generation).
+  [[nodiscard]] int waiting_workers() const noexcept;
 
  private:
   struct Impl;
@@ -93,32 +95,48 @@ struct GroupAssignment {
 };
 
 struct MembershipClientOptions {
-  std::string coordinator;    // "host:port"
-  std::string worker_id;      // stable and unique in the run (e.g. hostname-pid)
-  PeerAddress data_address;   // where this worker's data listener will listen
-  std::string secret;         // shared secret
+  std::string coordinator;  // "host:port"
+  std::string worker_id;    // stable and unique in the run (e.g. hostname-pid)
+  // Where this worker's data listener will listen. An empty or wildcard host (0.0.0.0, ::) is
+  // replaced by the address the coordinator sees this worker's connection come from.
+  PeerAddress data_address;
+  std::string secret;                                 // shared secret
   std::chrono::milliseconds connect_timeout{60'000};  // connecting and registering
 };
 
+// Calls are serialised (a call made while another is in progress waits for it). Errors:
+// MembershipError leaves the client usable (every later request gets the same answer);
+// PeerLostError ("coordinator lost": the coordinator closed the connection or it failed) and
+// ProtocolError make it unusable (every later call rethrows them).
 class MembershipClient {
  public:
   // Connects, authenticates and registers. Throws TimeoutError (coordinator unreachable until
-  // the connect timeout), ProtocolError (authentication failed, or the id is taken).
+  // the connect timeout), ProtocolError (authentication failed, or the id is taken),
+  // InvalidArgument (bad options).
   explicit MembershipClient(MembershipClientOptions options);
+  // Closes the connection without leaving: the coordinator sees this worker as lost, as after
+  // a crash. Call leave() when the worker is done.
   ~MembershipClient();
   MembershipClient(const MembershipClient&) = delete;
   MembershipClient& operator=(const MembershipClient&) = delete;
 
   // Blocks until this worker is placed in a new generation, or `deadline` passes
   // (TimeoutError). `reason` is logged by the coordinator ("join", or the failure seen). Throws
-  // MembershipError when the run stopped or this worker was removed.
+  // MembershipError when the run stopped or finished, or this worker was removed. After a
+  // TimeoutError the request stays with the coordinator: calling next_group again resumes
+  // waiting for the same placement (so a joiner may wait in short slices).
   [[nodiscard]] GroupAssignment next_group(std::string_view reason, Deadline deadline);
 
   // At the boundary before window `window` of the current generation: true when the group must
-  // be re-formed now (call next_group). Every member gets the same answer for the same window.
+  // be re-formed now (call next_group). Every member gets the same answer for the same window,
+  // except that once a regroup of the generation is pending (a member saw a failure) the
+  // answer is true: that window's collective could not complete anyway. Throws InvalidArgument
+  // before the first group or while a next_group request is unanswered.
   [[nodiscard]] bool boundary(std::uint64_t window, Deadline deadline);
 
-  // Tells the coordinator this worker is done; closes the connection. Idempotent.
+  // Tells the coordinator this worker is done (waiting up to 5 s for its acknowledgement);
+  // closes the connection. Idempotent; later calls of the other functions throw
+  // MembershipError.
   void leave() noexcept;
 
  private:
