@@ -3,6 +3,7 @@
 // window's digests agree and the survivors end identical. (Process-level faults: elastic_test.py.)
 #include "engine/elastic.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -30,7 +31,7 @@ EngineOptions worker_options() {
 
 ElasticOptions elastic_options(std::uint16_t port, const std::string& worker) {
   ElasticOptions elastic;
-  elastic.coordinator = "127.0.0.1:" + std::to_string(port);
+  elastic.coordinator = fmt::format("127.0.0.1:{}", port);
   elastic.worker_id = worker;
   elastic.transport.listen_addr = "127.0.0.1";
   elastic.transport.connections_per_peer = 1;
@@ -118,7 +119,7 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
         // w2 leaves once window 1 has committed (its engine is destroyed mid-run).
         // w0 and w1 hold before window 4 until w3 has registered, so that the boundary after
         // window 4 admits it.
-        run_worker(port, "w" + std::to_string(w), 10 + static_cast<std::uint32_t>(w), kWindows,
+        run_worker(port, fmt::format("w{}", w), 10 + static_cast<std::uint32_t>(w), kWindows,
                    w == 2 ? std::optional<std::uint64_t>(2) : std::nullopt,
                    w == 2 ? std::nullopt : std::optional<std::uint64_t>(4), reports);
       } catch (...) {
@@ -151,8 +152,11 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
       EXPECT_EQ(report.digest, list.front().digest) << "window " << window;
       EXPECT_TRUE(report.replicas_identical);
     }
-    if (window < 2) EXPECT_EQ(list.front().world_size, 3) << "window " << window;
-    if (window >= 2 && window <= 4) EXPECT_EQ(list.front().world_size, 2) << "window " << window;
+    if (window < 2) {
+      EXPECT_EQ(list.front().world_size, 3) << "window " << window;
+    } else if (window <= 4) {
+      EXPECT_EQ(list.front().world_size, 2) << "window " << window;
+    }
   }
   // Admitted at the boundary after window 4: windows 5.. have w0, w1 and w3.
   for (const auto& report : reports.by_window[5]) {

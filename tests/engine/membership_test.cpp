@@ -167,8 +167,8 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, EngineMembership,
                          ::testing::Values(DType::float32, DType::bfloat16),
-                         [](const ::testing::TestParamInfo<DType>& info) {
-                           return std::string(dtype_name(info.param));
+                         [](const ::testing::TestParamInfo<DType>& param_info) {
+                           return std::string(dtype_name(param_info.param));
                          });
 
 // The tag layout of collectives/detail/call.h: the call's sequence number sits in bits 8-39 and
