@@ -7,9 +7,9 @@ Each scenario is one ctest (tests/elastic/CMakeLists.txt); it exits 0 when every
 
   kill-gate | kill-exchange | kill-aggregate
       4 workers; worker w2 SIGKILLs itself (PULSELOCO_FAULT) at window 2 in that phase. The three
-      survivors finish all windows. gate/exchange: window 2 is retried and committed by the 3
-      survivors; aggregate: the survivors had committed window 2 with w2's message (R = 4)
-      before w2 died, and go on with 3 from window 3.
+      survivors finish all windows. gate/exchange: window 2 is re-run and committed by the 3
+      survivors; aggregate (after every member voted to commit): the survivors either committed
+      window 2 with w2's message (R = 4) or re-ran it with R = 3, all the same way.
   stall
       w2 SIGSTOPs itself at window 2 (exchange). The survivors time out, the coordinator removes
       w2 after its regroup timeout, and the survivors finish with 3 workers.
@@ -212,17 +212,27 @@ def scenario_kill(args, work, phase):
         for window in (0, 1):
             check(all(r["world_size"] == 4 for r in by_window.get(window, [])),
                   f"window {window} should have 4 workers")
-        expected_world = 4 if phase == "aggregate" else 3
-        check(all(r["world_size"] == expected_world for r in by_window.get(2, [])),
-              f"window 2 ({phase} kill) should have committed with {expected_world} workers: "
-              f"{[r['world_size'] for r in by_window.get(2, [])]}")
+        sizes = {r["world_size"] for r in by_window.get(2, [])}
+        if phase == "aggregate":
+            # w2 died after every member voted to commit. Whether a survivor saw w2's last
+            # completion notice before its connections were reset is a race no protocol can
+            # remove (a SIGKILLed process's unread socket data turns its close into a reset):
+            # the survivors either committed window 2 with w2's message (R = 4), or nobody had
+            # learnt the outcome and they re-ran it with R = 3; a mix is repaired by attach().
+            # Every survivor must report the same outcome.
+            check(len(sizes) == 1 and sizes <= {3, 4},
+                  f"window 2 (aggregate kill): survivors disagree on its group: {sizes}")
+            print(f"kill-aggregate: window 2 committed with {sizes} workers", flush=True)
+        else:
+            check(sizes == {3}, f"window 2 ({phase} kill) should have been re-run by the 3 "
+                  f"survivors: {sizes}")
         for window in range(3, run.windows):
             for r in by_window.get(window, []):
                 check(r["world_size"] == 3 and "w2" not in members_of(r),
                       f"window {window}: expected the 3 survivors, got {members_of(r)}")
                 check(r["generation"] >= 2, f"window {window}: still generation {r['generation']}")
         replayed = check_replay(run, run.windows)
-        if phase == "aggregate" and 2 in replayed:
+        if phase == "aggregate" and sizes == {4} and 2 in replayed:
             check(len(replayed[2].get("ranks_without_outputs", [])) == 1,
                   "window 2's replay should name w2's rank as lost after the commit")
     finally:
