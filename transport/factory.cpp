@@ -194,6 +194,7 @@ TransportOptions from_environment(TransportOptions options) {
   if (auto env = first_env({"PULSELOCO_RENDEZVOUS_EXTERNAL"}))
     options.external_rendezvous_server = parse_bool(*env);
   if (auto env = first_env({"PULSELOCO_PEERS"})) options.peers = split_list(env->value);
+  if (auto env = first_env({"PULSELOCO_GROUP_KEY"})) options.group_key = env->value;
   if (auto env = first_env({"PULSELOCO_LISTEN_ADDR"})) options.listen_addr = env->value;
   if (auto env = first_env({"PULSELOCO_LISTEN_PORT"}))
     options.listen_port = static_cast<std::uint16_t>(parse_integer(*env, 0, 65535));

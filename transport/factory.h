@@ -66,6 +66,9 @@ struct TransportOptions {
   // as transport::RendezvousServer (rendezvous.h).
   bool external_rendezvous_server = false;
   std::vector<std::string> peers;  // peer_list rendezvous: "host:port" for every rank
+  // peer_list rendezvous: mixed into the group id, so that two groups with the same peer list
+  // (successive generations of an elastic run, membership.h) never accept each other.
+  std::string group_key;
   std::string listen_addr;         // data listener address; "" = all interfaces
   std::uint16_t listen_port = 0;   // data listener port; 0 = any free port (not for peer_list)
   std::string advertise_addr;      // address peers connect to; "" = found automatically
@@ -119,6 +122,7 @@ struct TransportOptions {
 //   PULSELOCO_MASTER_ADDR, MASTER_ADDR; PULSELOCO_MASTER_PORT, MASTER_PORT
 //   PULSELOCO_RENDEZVOUS_EXTERNAL  1: the rendezvous server runs outside rank 0
 //   PULSELOCO_PEERS                host:port,host:port,...
+//   PULSELOCO_GROUP_KEY            (peer_list) distinguishes groups with equal peer lists
 //   PULSELOCO_LISTEN_ADDR, PULSELOCO_LISTEN_PORT, PULSELOCO_ADVERTISE_ADDR,
 //   PULSELOCO_SOCKET_IFNAME
 //   PULSELOCO_TCP_CONNECTIONS, PULSELOCO_TCP_STRIPE_THRESHOLD, PULSELOCO_TCP_STRIPE_CHUNK

@@ -587,6 +587,7 @@ GroupTable peer_list_rendezvous(const TransportOptions& options) {
   GroupTable table;
   table.rank = options.rank;
   std::string joined = "pulseloco-peers-v1";
+  if (!options.group_key.empty()) joined.append("|key=").append(options.group_key);
   for (int rank = 0; rank < count; ++rank) {
     table.peers.push_back(parse_peer_address(options.peers[static_cast<std::size_t>(rank)],
                                              fmt::format("PULSELOCO_PEERS[{}]", rank)));

@@ -24,6 +24,8 @@ std::string_view error_kind_name(ErrorKind kind) noexcept {
       return "replica divergence";
     case ErrorKind::non_finite:
       return "non-finite value";
+    case ErrorKind::membership:
+      return "membership";
   }
   return "error";
 }

@@ -22,6 +22,7 @@ enum class ErrorKind : std::uint8_t {
   protocol,          // bytes from a peer or a file violate the wire/file format
   divergence,        // replicas that must be bit-identical are not
   non_finite,        // the training run produced NaN or infinity where the algorithm forbids it
+  membership,        // this worker is not (or no longer) in the run's group, or the run stopped
 };
 
 [[nodiscard]] std::string_view error_kind_name(ErrorKind kind) noexcept;
@@ -65,6 +66,7 @@ PULSELOCO_DEFINE_ERROR(PeerLostError, peer_lost);
 PULSELOCO_DEFINE_ERROR(ProtocolError, protocol);
 PULSELOCO_DEFINE_ERROR(DivergenceError, divergence);
 PULSELOCO_DEFINE_ERROR(NonFiniteError, non_finite);
+PULSELOCO_DEFINE_ERROR(MembershipError, membership);
 
 #undef PULSELOCO_DEFINE_ERROR
 

@@ -7,6 +7,7 @@
 
 namespace pulseloco::cli {
 
+void add_coordinator_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_replay_command(CLI::App& app);

@@ -1,4 +1,5 @@
-// `pulseloco`: the command-line tool (build information, message inspection, trace replay).
+// `pulseloco`: the command-line tool (build information, message inspection, trace replay, the
+// elastic membership coordinator).
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
                "pulseloco"};
   app.set_version_flag("--version", PULSELOCO_VERSION_STRING);
   app.require_subcommand(1);
+  pulseloco::cli::add_coordinator_command(app);
   pulseloco::cli::add_info_command(app);
   pulseloco::cli::add_inspect_command(app);
   pulseloco::cli::add_replay_command(app);

@@ -5,6 +5,7 @@
 // window's inputs or in the machine that ran it. Exit status: 0 when every replayed window is
 // bit-identical, 2 when one differs, 1 on an error (missing or malformed trace files).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdint>
 #include <iostream>
@@ -61,6 +62,7 @@ void replay(const ReplayOptions& options) {
       records.push_back({{"window", result.window},
                          {"world_size", result.world_size},
                          {"tensors_compared", result.tensors_compared},
+                         {"ranks_without_outputs", result.ranks_without_outputs},
                          {"identical", result.identical()},
                          {"differences", differences}});
       continue;
@@ -69,6 +71,10 @@ void replay(const ReplayOptions& options) {
         "window {}: {} ranks, {} tensors compared: {}\n", result.window, result.world_size,
         result.tensors_compared,
         result.identical() ? "bit-identical" : fmt::format("{} differ", result.differences.size()));
+    if (!result.ranks_without_outputs.empty()) {
+      fmt::print("  ranks {} took part but recorded no outputs (lost after the window committed)\n",
+                 fmt::join(result.ranks_without_outputs, ", "));
+    }
     for (const auto& d : result.differences) {
       fmt::print("  rank {} tensor '{}': {} elements differ, the first at index {}\n", d.rank,
                  d.tensor, d.differing, d.first_index);

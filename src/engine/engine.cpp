@@ -3,6 +3,9 @@
 #include "engine/engine_impl.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -13,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "base/bf16.h"
 #include "base/errors.h"
@@ -103,17 +107,16 @@ void Engine::Impl::broadcast_initial_weights() {
   });
 }
 
-void Engine::Impl::start(std::vector<NamedTensor> parameters) {
+void Engine::Impl::prepare(std::vector<NamedTensor> parameters) {
   // Invalid options are refused before any communication (the timeout itself may be invalid).
   options.validate();
-  if (!transport) throw InvalidArgument("the engine needs a transport");
-  rank = transport->rank();
-  world = transport->size();
-
-  // A rank with invalid parameters still takes part in the agreement rounds below, so that
-  // every rank fails at once instead of waiting for it until the timeout.
-  std::exception_ptr local_error;
   try {
+    fault = fault_plan_from_environment();
+    if (fault) {
+      logger().warn("fault injection armed (PULSELOCO_FAULT): {} at window {}, phase {}",
+                    fault_action_name(fault->action), fault->window,
+                    fault_phase_name(fault->phase));
+    }
     std::vector<TensorInfo> infos;
     infos.reserve(parameters.size());
     tensors.resize(parameters.size());
@@ -144,55 +147,251 @@ void Engine::Impl::start(std::vector<NamedTensor> parameters) {
       infos.push_back({p.name, p.view.numel, p.view.dtype});
     }
     layout = Layout(std::move(infos), options.chunk_elements, options.bucket_elements);
-  } catch (...) {
-    local_error = std::current_exception();
-  }
-  check_agreement(local_error ? 0 : shared_options_digest(options) | 1u,
-                  "options (mode, H, outer lr/momentum, chunking, codec)", local_error);
-  check_agreement(layout.table_digest() | 1u, "parameter tables (names, sizes, dtypes)", nullptr);
-
-  for (TensorState& state : tensors) {
-    if (options.mode != Mode::ddp) {
-      state.global.assign(state.local.numel, 0.0f);
-      state.momentum.assign(state.local.numel, 0.0f);
-      state.residual.assign(state.local.numel, 0.0f);
+    for (TensorState& state : tensors) {
+      if (options.mode != Mode::ddp) {
+        state.global.assign(state.local.numel, 0.0f);
+        state.momentum.assign(state.local.numel, 0.0f);
+        state.residual.assign(state.local.numel, 0.0f);
+      }
     }
+  } catch (...) {
+    setup_error = std::current_exception();
   }
-  broadcast_initial_weights();
-  stats_at_window_start = transport->stats();
-  logger().info("engine ready: rank {}/{}, mode {}, {} tensors, {} parameters, H={}, {} chunks",
-                rank, world, mode_name(options.mode), tensors.size(), layout.parameters(),
-                options.steps_per_window, layout.chunks().size());
 }
 
-void Engine::Impl::rejoin(std::unique_ptr<transport::Transport> replacement) {
-  if (!replacement) throw InvalidArgument("rejoin needs a transport");
-  if (replacement->rank() != rank || replacement->size() != world) {
+transport::Transport& Engine::Impl::require_transport() const {
+  if (!transport) {
     throw InvalidArgument(
-        fmt::format("rejoin: the new group has rank {}/{}, this engine is rank "
-                    "{}/{} (membership changes are not supported here)",
-                    replacement->rank(), replacement->size(), rank, world));
+        "this engine is not attached to a group (call attach() with a connected transport)",
+        {.rank = rank});
   }
-  const std::array<Digest, 5> mine{compute_state_digest(), window, momentum_initialised ? 1u : 0u,
-                                   layout.table_digest(), shared_options_digest(options)};
-  const auto all =
-      collectives::allgather_u64(*replacement, combine_digests(mine), next_collective());
-  std::vector<int> differing;
-  for (int r = 0; r < world; ++r) {
-    if (all[static_cast<std::size_t>(r)] != all[static_cast<std::size_t>(rank)]) {
-      differing.push_back(r);
-    }
-  }
-  if (!differing.empty()) {
-    throw DivergenceError(
-        "rejoin: these ranks hold a different state (θ_g, m, window or options) than this one",
-        {.rank = rank, .ranks = differing});
-  }
+  return *transport;
+}
+
+void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, GroupInfo info) {
+  if (!replacement) throw InvalidArgument("attach() needs a connected transport");
   transport = std::move(replacement);
+  rank = transport->rank();
+  world = transport->size();
+  group = std::move(info);
+  committed_report.reset();
+  // A rank with invalid parameters still takes part in the agreement rounds below, so that
+  // every rank fails at once instead of waiting for it until the timeout.
+  check_agreement(setup_error ? 0 : shared_options_digest(options) | 1u,
+                  "options (mode, H, outer lr/momentum, chunking, codec)", setup_error);
+  check_agreement(layout.table_digest() | 1u, "parameter tables (names, sizes, dtypes)", nullptr);
+
+  synchronise_members();
   stats_at_window_start = transport->stats();
   ddp_payload_bytes = 0;
   ddp_exchange_seconds = 0;
-  logger().info("rejoined a new group at window {}", window);
+  logger().info("engine ready: rank {}/{} (group generation {}), mode {}, window {}, {} tensors, "
+                "{} parameters, H={}, {} chunks",
+                rank, world, group.generation, mode_name(options.mode), window, tensors.size(),
+                layout.parameters(), options.steps_per_window, layout.chunks().size());
+}
+
+namespace {
+
+// What a member tells the others in attach(): enough to decide who is up to date.
+struct MemberStatus {
+  bool has_state = false;
+  bool momentum_initialised = false;
+  std::uint64_t window = 0;
+  Digest digest = 0;
+  std::optional<std::uint64_t> accepted_window;
+
+  static constexpr std::size_t kBytes = 32;
+
+  [[nodiscard]] std::array<std::byte, kBytes> serialize() const {
+    const std::array<std::uint64_t, 4> words{
+        (has_state ? 1u : 0u) | (momentum_initialised ? 2u : 0u) | (accepted_window ? 4u : 0u),
+        window, digest, accepted_window.value_or(0)};
+    std::array<std::byte, kBytes> bytes{};
+    std::memcpy(bytes.data(), words.data(), kBytes);
+    return bytes;
+  }
+
+  static MemberStatus deserialize(std::span<const std::byte> bytes, int sender, int rank) {
+    if (bytes.size() != kBytes) {
+      throw ProtocolError(
+          fmt::format("membership status of {} bytes, expected {}", bytes.size(), kBytes),
+          {.rank = rank, .peer = sender});
+    }
+    std::array<std::uint64_t, 4> words{};
+    std::memcpy(words.data(), bytes.data(), kBytes);
+    if (words[0] > 7) {
+      throw ProtocolError(fmt::format("membership status has unknown flags {:#x}", words[0]),
+                          {.rank = rank, .peer = sender});
+    }
+    MemberStatus status;
+    status.has_state = (words[0] & 1u) != 0;
+    status.momentum_initialised = (words[0] & 2u) != 0;
+    status.window = words[1];
+    status.digest = words[2];
+    if ((words[0] & 4u) != 0) status.accepted_window = words[3];
+    return status;
+  }
+};
+
+}  // namespace
+
+void Engine::Impl::synchronise_members() {
+  MemberStatus mine;
+  mine.has_state = has_state;
+  mine.momentum_initialised = momentum_initialised;
+  mine.window = window;
+  mine.digest = has_state ? compute_state_digest() : 0;
+  mine.accepted_window = accepted_window;
+  const auto record = mine.serialize();
+  const auto records = collectives::sparse_allgather(*transport, record, next_collective());
+  std::vector<MemberStatus> members;
+  for (int r = 0; r < world; ++r) {
+    members.push_back(MemberStatus::deserialize(records[static_cast<std::size_t>(r)], r, rank));
+  }
+
+  const bool anyone_has_state =
+      std::any_of(members.begin(), members.end(), [](const auto& m) { return m.has_state; });
+  if (!anyone_has_state) {
+    // The first group of the run: rank 0's weights become everyone's.
+    broadcast_initial_weights();
+    for (TensorState& state : tensors)
+      std::fill(state.residual.begin(), state.residual.end(), 0.0f);
+    window = 0;
+    momentum_initialised = false;
+    accepted_window.reset();
+    has_state = true;
+  } else {
+    if (options.mode == Mode::ddp) {
+      throw InvalidArgument(
+          "mode ddp keeps no replicated state to hand to new members; elastic membership needs "
+          "mode pulse or diloco",
+          {.rank = rank});
+    }
+    std::uint64_t latest = 0;
+    for (const auto& m : members) {
+      if (m.has_state) latest = std::max(latest, m.window);
+    }
+    int source = -1;
+    std::vector<int> differing;
+    for (int r = 0; r < world; ++r) {
+      const MemberStatus& m = members[static_cast<std::size_t>(r)];
+      if (!m.has_state || m.window != latest) continue;
+      if (source < 0) {
+        source = r;
+      } else if (m.digest != members[static_cast<std::size_t>(source)].digest) {
+        differing.push_back(r);
+      }
+    }
+    if (!differing.empty()) {
+      throw DivergenceError(
+          fmt::format("members at window {} hold a different θ_g/m than rank {}", latest, source),
+          {.rank = rank, .ranks = differing});
+    }
+    std::vector<int> behind;
+    for (int r = 0; r < world; ++r) {
+      const MemberStatus& m = members[static_cast<std::size_t>(r)];
+      if (!m.has_state || m.window != latest) behind.push_back(r);
+    }
+    const bool up_to_date = has_state && window == latest;
+    if (!up_to_date) {
+      const bool accepted_the_committed_window =
+          has_state && latest > 0 && window == latest - 1 && accepted_window == window;
+      if (accepted_the_committed_window && options.mode == Mode::pulse) {
+        // The old group committed the window this rank had accepted (its message is in the
+        // others' aggregate): commit the residual exactly as the window would have.
+        pool.parallel_for(layout.chunks().size(), [&](std::size_t c) {
+          const ChunkRef& chunk = layout.chunks()[c];
+          kernels::commit_residual(gate_input(chunk),
+                                   tensors[chunk.tensor].residual.data() + chunk.begin);
+        });
+        logger().info(
+            "window {} committed in the old group after this rank had accepted it: residual "
+            "committed, taking θ_g and m from rank {}",
+            window, source);
+      } else if (!accepted_the_committed_window) {
+        if (has_state) {
+          logger().warn(
+              "this rank is at window {}, the group at {}: re-synchronising from rank {} with a "
+              "zero residual",
+              window, latest, source);
+        }
+        for (TensorState& state : tensors)
+          std::fill(state.residual.begin(), state.residual.end(), 0.0f);
+      }
+      // Until the state has arrived, this rank counts as new.
+      has_state = false;
+      accepted_window.reset();
+    }
+    if (!behind.empty()) {
+      broadcast_state(source);
+      if (!up_to_date) {
+        pool.parallel_for(layout.chunks().size(), [&](std::size_t c) {
+          const ChunkRef& chunk = layout.chunks()[c];
+          TensorState& state = tensors[chunk.tensor];
+          kernels::reset_local(state.global.data() + chunk.begin,
+                               static_cast<std::byte*>(state.local.data) +
+                                   chunk.begin * dtype_size(state.local.dtype),
+                               state.local.dtype, chunk.length);
+        });
+        window = latest;
+        momentum_initialised = members[static_cast<std::size_t>(source)].momentum_initialised;
+        steps_in_window = 0;
+        has_state = true;
+      }
+      logger().info("group generation {}: ranks {} received θ_g and m of window {} from rank {}",
+                    group.generation, fmt::join(behind, ", "), latest, source);
+    }
+    accepted_window.reset();
+  }
+
+  // Every member must now hold the same θ_g and m.
+  const auto digests =
+      collectives::allgather_u64(*transport, compute_state_digest(), next_collective());
+  std::vector<int> diverging;
+  for (int r = 0; r < world; ++r) {
+    if (digests[static_cast<std::size_t>(r)] != digests[0]) diverging.push_back(r);
+  }
+  if (!diverging.empty()) {
+    throw DivergenceError("after attaching, these ranks hold a different θ_g/m than rank 0",
+                          {.rank = rank, .ranks = diverging});
+  }
+}
+
+void Engine::Impl::broadcast_state(int source) {
+  // θ_g and m of every tensor, in pieces of at most one bucket.
+  for (TensorState& state : tensors) {
+    for (std::vector<float>* values : {&state.global, &state.momentum}) {
+      const std::uint64_t step = options.bucket_elements;
+      for (std::uint64_t begin = 0; begin < values->size(); begin += step) {
+        const std::uint64_t count = std::min<std::uint64_t>(step, values->size() - begin);
+        collectives::broadcast(*transport, source,
+                               std::as_writable_bytes(std::span(values->data() + begin, count)),
+                               next_collective());
+      }
+    }
+  }
+}
+
+void Engine::Impl::inject_fault(FaultPhase phase) {
+  const std::string_view worker = static_cast<std::size_t>(rank) < group.members.size()
+                                      ? std::string_view(group.members[static_cast<std::size_t>(rank)])
+                                      : std::string_view{};
+  if (!fault || !fault->matches(window, phase, rank, worker)) return;
+  fault->fired = true;
+  logger().warn("fault injection: {} at window {}, phase {}", fault_action_name(fault->action),
+                window, fault_phase_name(phase));
+  switch (fault->action) {
+    case FaultAction::kill:
+      ::kill(::getpid(), SIGKILL);
+      break;
+    case FaultAction::stall:
+      ::raise(SIGSTOP);
+      break;
+    case FaultAction::disconnect:
+      if (transport) transport->abort("fault injection: this worker disconnected");
+      break;
+  }
 }
 
 kernels::GateChunk Engine::Impl::gate_input(const ChunkRef& chunk) const {
@@ -384,6 +583,7 @@ void Engine::Impl::apply_pulse(const std::vector<codec::MessageView>& views) {
 }
 
 void Engine::Impl::run_pulse(WindowReport& report) {
+  inject_fault(FaultPhase::gate);
   auto phase = SteadyClock::now();
   std::uint64_t entries = 0;
   const std::vector<std::byte> message = gate_and_encode(entries);
@@ -410,6 +610,7 @@ void Engine::Impl::run_pulse(WindowReport& report) {
   try {
     messages = collectives::sparse_allgather(
         *transport, message, next_collective(), [&](int sender, std::span<const std::byte> bytes) {
+          if (sender != rank) inject_fault(FaultPhase::exchange);
           auto validation = std::make_shared<Validation>();
           validation->data = bytes.data();
           pending[sender] = validation;
@@ -447,16 +648,18 @@ void Engine::Impl::run_pulse(WindowReport& report) {
   } catch (...) {
     local_error = std::current_exception();
   }
+  if (!local_error) accepted_window = window;
   agree_to_commit(!local_error, local_error);
   report.seconds.exchange = seconds_since(phase);
+  inject_fault(FaultPhase::aggregate);
 
   phase = SteadyClock::now();
   apply_pulse(views);
-  momentum_initialised = true;
   report.seconds.apply = seconds_since(phase);
 }
 
 void Engine::Impl::run_diloco(WindowReport& report) {
+  inject_fault(FaultPhase::gate);
   const auto& chunks = layout.chunks();
   auto phase = SteadyClock::now();
   double exchange_seconds = 0;
@@ -485,6 +688,7 @@ void Engine::Impl::run_diloco(WindowReport& report) {
     const auto exchange_start = SteadyClock::now();
     collectives::allreduce_sum(*transport, scratch->input, scratch->output, next_collective());
     exchange_seconds += seconds_since(exchange_start);
+    inject_fault(FaultPhase::exchange);
     for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
       const ChunkRef& chunk = chunks[bucket.first_chunk + i];
       std::memcpy(tensors[chunk.tensor].residual.data() + chunk.begin,
@@ -492,10 +696,12 @@ void Engine::Impl::run_diloco(WindowReport& report) {
     }
   }
   const auto agree_start = SteadyClock::now();
+  accepted_window = window;
   agree_to_commit(true, nullptr);
   exchange_seconds += seconds_since(agree_start);
   report.seconds.exchange = exchange_seconds;
   report.seconds.gate = seconds_since(phase) - exchange_seconds;
+  inject_fault(FaultPhase::aggregate);
   report.entries_sent = layout.parameters();
   report.payload_bytes = layout.parameters() * sizeof(float);
   report.received_bytes = report.payload_bytes * static_cast<std::uint64_t>(world - 1);
@@ -515,11 +721,11 @@ void Engine::Impl::run_diloco(WindowReport& report) {
         state.local.dtype, chunk.length, params);
     std::fill_n(g, chunk.length, 0.0f);
   });
-  momentum_initialised = true;
   report.seconds.apply = seconds_since(phase);
 }
 
 void Engine::Impl::average_gradients(std::span<const TensorView> gradients) {
+  (void)require_transport();
   if (options.mode != Mode::ddp) {
     throw InvalidArgument("average_gradients() is for mode ddp; this run is mode " +
                           std::string(mode_name(options.mode)));
@@ -596,7 +802,6 @@ Digest Engine::Impl::compute_state_digest() {
 
 void Engine::Impl::verify(WindowReport& report) {
   const auto start = SteadyClock::now();
-  report.digest = compute_state_digest();
   if (options.verify_digests) {
     report.rank_digests = collectives::allgather_u64(*transport, report.digest, next_collective());
     std::map<Digest, int> votes;
@@ -622,12 +827,20 @@ void Engine::Impl::verify(WindowReport& report) {
 }
 
 WindowReport Engine::Impl::run_window() {
+  (void)require_transport();
+  if (!has_state) {
+    throw InvalidArgument("this engine holds no state yet: attach() it to a group first",
+                          {.rank = rank});
+  }
   const auto start = SteadyClock::now();
+  committed_report.reset();
   WindowReport report;
   report.window = window;
   report.mode = options.mode;
   report.rank = rank;
   report.world_size = world;
+  report.generation = group.generation;
+  report.members = group.members;
   report.parameters = layout.parameters();
   report.steps_per_window = options.steps_per_window;
   report.diloco_bytes = layout.parameters() * sizeof(float);
@@ -649,39 +862,61 @@ WindowReport Engine::Impl::run_window() {
       report.seconds.exchange = ddp_exchange_seconds;
       break;
   }
+  // The window has committed on this rank: θ_g, m, e and θ_l hold its results. What follows
+  // (digests, the trace) may still fail, but the window is not run again.
+  if (options.mode != Mode::ddp) momentum_initialised = true;
+  accepted_window.reset();
+  steps_in_window = 0;
+  ++window;
   // Density: the fraction of the model one exchange carries (ddp: every element, every step).
   report.density = options.mode == Mode::ddp ? 1.0
                    : report.parameters > 0   ? static_cast<double>(report.entries_sent) /
                                                  static_cast<double>(report.parameters)
                                            : 0.0;
+  report.digest = compute_state_digest();
+  ddp_payload_bytes = 0;
+  ddp_exchange_seconds = 0;
+  committed_report = report;
+  if (tracing) write_trace_outputs(report);
   verify(report);
+  committed_report.reset();
 
   const transport::TransportStats now = transport->stats();
   report.wire_bytes_sent = now.wire_bytes_sent - stats_at_window_start.wire_bytes_sent;
   report.wire_bytes_received = now.wire_bytes_received - stats_at_window_start.wire_bytes_received;
   stats_at_window_start = now;
-  ddp_payload_bytes = 0;
-  ddp_exchange_seconds = 0;
-  steps_in_window = 0;
-  ++window;
   // ddp's exchanges happened during the window's steps (average_gradients); count them.
   report.seconds.total =
       seconds_since(start) + (options.mode == Mode::ddp ? report.seconds.exchange : 0.0);
-  if (tracing) write_trace_outputs(report);
   logger().info("{}", summary_line(report));
   return report;
 }
 
+Engine::Engine(std::vector<NamedTensor> parameters, EngineOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options), nullptr)) {
+  impl_->prepare(std::move(parameters));
+  if (impl_->setup_error) std::rethrow_exception(impl_->setup_error);
+}
+
 Engine::Engine(std::vector<NamedTensor> parameters, EngineOptions options,
                std::unique_ptr<transport::Transport> transport)
-    : impl_(std::make_unique<Impl>(std::move(options), std::move(transport))) {
-  impl_->start(std::move(parameters));
+    : impl_(std::make_unique<Impl>(std::move(options), nullptr)) {
+  impl_->prepare(std::move(parameters));
+  impl_->attach(std::move(transport), GroupInfo{});
 }
 
 Engine::~Engine() = default;
 
-void Engine::rejoin(std::unique_ptr<transport::Transport> transport) {
-  impl_->rejoin(std::move(transport));
+void Engine::attach(std::unique_ptr<transport::Transport> transport, GroupInfo group) {
+  impl_->attach(std::move(transport), std::move(group));
+}
+
+void Engine::detach() noexcept {
+  impl_->transport.reset();
+}
+
+std::optional<WindowReport> Engine::take_committed_report() {
+  return std::exchange(impl_->committed_report, std::nullopt);
 }
 
 bool Engine::next_step_runs_window() const noexcept {
@@ -732,8 +967,11 @@ std::uint64_t Engine::parameter_count() const noexcept {
 const EngineOptions& Engine::options() const noexcept {
   return impl_->options;
 }
-transport::Transport& Engine::transport() noexcept {
-  return *impl_->transport;
+transport::Transport& Engine::transport() {
+  return impl_->require_transport();
+}
+const GroupInfo& Engine::group() const noexcept {
+  return impl_->group;
 }
 
 std::span<const float> Engine::global_weights(std::size_t tensor) const {

@@ -33,13 +33,23 @@ struct NamedTensor {
   std::vector<std::uint64_t> shape;  // optional, for checkpoint files; empty means {numel}
 };
 
+// Which group an engine belongs to (attach()): for reports, logs and traces.
+struct GroupInfo {
+  std::uint64_t generation = 0;      // 0 for a fixed group; 1, 2, ... in an elastic run
+  std::vector<std::string> members;  // worker ids in rank order; empty: "rank-<r>"
+};
+
 class Engine {
  public:
   // Collective: every rank constructs its engine with the same tensor table and options.
   // Checks that options and the tensor table agree on all ranks, broadcasts rank 0's weights
   // into every replica (θ_g = rank 0's θ_l, θ_l = cast(θ_g), e = 0, m unset, window 0).
+  // Equivalent to Engine(parameters, options) followed by attach(transport).
   Engine(std::vector<NamedTensor> parameters, EngineOptions options,
          std::unique_ptr<transport::Transport> transport);
+  // Not collective: an engine that belongs to no group yet and holds no replicated state. Throws
+  // InvalidArgument at once for invalid options or parameters. Call attach() before any window.
+  Engine(std::vector<NamedTensor> parameters, EngineOptions options);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -48,11 +58,32 @@ class Engine {
   // returns its report.
   [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
 
-  // After a failed window (a failed collective aborts the transport), continues with a newly
-  // formed group of the same ranks (collective on it): checks that every rank still holds the
-  // same θ_g, m, window counter, options and tensor table, then uses `transport` from now on.
-  // The failed window can then be run again.
-  void rejoin(std::unique_ptr<transport::Transport> transport);
+  // Makes this engine a member of the group `transport` connects (collective on it): the first
+  // group of a run, or a new group after a failure or a membership change (elastic runs,
+  // docs/elastic.md). Every member calls it. In turn:
+  //  - options and tensor tables must agree on every rank (InvalidArgument otherwise);
+  //  - when no member holds state yet, rank 0's θ_l becomes everyone's (as the first
+  //    constructor does);
+  //  - otherwise the members at the highest committed window W must hold identical θ_g and m
+  //    (DivergenceError otherwise); the lowest-ranked of them sends θ_g, m and the window
+  //    counter to every member that is behind: a new member (its residual starts at 0), or a
+  //    member that had accepted window W - 1's messages when the old group failed before it
+  //    learnt the outcome (it commits its residual of that window first, so nothing is lost);
+  //    members that are behind in any other way are re-synchronised the same way with e = 0,
+  //    with a warning. Their θ_l is reset to cast(θ_g); up-to-date members keep theirs.
+  //  - the digests of θ_g and m are compared on every rank (DivergenceError naming the ranks).
+  // A failure inside attach() (another member lost) leaves this engine ready for the next
+  // attach(); a member that was receiving state then counts as new.
+  void attach(std::unique_ptr<transport::Transport> transport, GroupInfo group = {});
+
+  // Destroys the transport (after a failed window, before forming the next group; its
+  // listening port is then free again). The state is kept.
+  void detach() noexcept;
+
+  // After run_window() or after_optimizer_step() threw: the report of that window if it had
+  // committed on this rank before the failure (its digests are then compared by the next
+  // attach()); empty otherwise. Clears it.
+  [[nodiscard]] std::optional<WindowReport> take_committed_report();
 
   // True when the next after_optimizer_step() call will run a window.
   [[nodiscard]] bool next_step_runs_window() const noexcept;
@@ -84,7 +115,8 @@ class Engine {
   [[nodiscard]] std::uint64_t window() const noexcept;  // windows committed so far
   [[nodiscard]] std::uint64_t parameter_count() const noexcept;
   [[nodiscard]] const EngineOptions& options() const noexcept;
-  [[nodiscard]] transport::Transport& transport() noexcept;
+  [[nodiscard]] transport::Transport& transport();  // InvalidArgument when detached
+  [[nodiscard]] const GroupInfo& group() const noexcept;
 
   // Read access to the replicated state, for tests and tools (CPU state only).
   [[nodiscard]] std::span<const float> global_weights(std::size_t tensor) const;

@@ -6,6 +6,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "codec/message.h"
 #include "collectives/collectives.h"
 #include "engine/engine.h"
+#include "engine/fault_injection.h"
 #include "engine/layout.h"
 #include "engine/scratch_pool.h"
 #include "kernels/window_kernels.h"
@@ -73,6 +75,19 @@ struct Engine::Impl {
 
   std::uint64_t window = 0;           // windows committed
   bool momentum_initialised = false;  // false until the first outer step (m = g)
+  // False until the first attach() completes, and again while state is being received: an
+  // engine without state takes the group's state in the next attach().
+  bool has_state = false;
+  // Set when this rank validated every message of window `*accepted_window` and voted to
+  // commit it, until the window commits here (a failed vote round leaves it set: attach() then
+  // learns whether the others committed).
+  std::optional<std::uint64_t> accepted_window;
+  // An invalid parameter table found by the constructor, reported in the first attach's
+  // agreement round so that every rank fails at once.
+  std::exception_ptr setup_error;
+  GroupInfo group;
+  std::optional<WindowReport> committed_report;  // see Engine::take_committed_report()
+  std::optional<FaultPlan> fault;                // PULSELOCO_FAULT (engine/fault_injection.h)
   std::uint64_t steps_in_window = 0;  // optimizer steps since the last window
   // ddp: what the gradient all-reduces of the current window moved.
   std::uint64_t ddp_payload_bytes = 0;
@@ -90,8 +105,17 @@ struct Engine::Impl {
 
   void broadcast_initial_weights();
 
-  void start(std::vector<NamedTensor> parameters);
-  void rejoin(std::unique_ptr<transport::Transport> replacement);
+  // Validates the parameters and allocates the state (records the error in setup_error).
+  void prepare(std::vector<NamedTensor> parameters);
+  void attach(std::unique_ptr<transport::Transport> replacement, GroupInfo info);
+  // attach() with state somewhere in the group: brings every member to the state of the most
+  // advanced ones (engine.h).
+  void synchronise_members();
+  // Sends θ_g and m from `source` to every rank (collective), bucket by bucket.
+  void broadcast_state(int source);
+  [[nodiscard]] transport::Transport& require_transport() const;
+  // Runs the fault PULSELOCO_FAULT asks for at this point of the window, if any.
+  void inject_fault(FaultPhase phase);
 
   // --- pulse window -----------------------------------------------------------------------
 

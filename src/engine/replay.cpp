@@ -44,15 +44,6 @@ std::vector<TracedTensor> traced_tensors(const io::SafetensorsReader& reader) {
   return result;
 }
 
-std::uint64_t count_rank_files(const std::filesystem::path& window_dir) {
-  const std::regex pattern(R"(rank-(\d{5})\.in\.safetensors)");
-  std::uint64_t count = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(window_dir)) {
-    if (std::regex_match(entry.path().filename().string(), pattern)) ++count;
-  }
-  return count;
-}
-
 void compare(const io::SafetensorsReader& expected, const std::string& key,
              std::span<const std::byte> actual, int rank, ReplayResult& result) {
   std::vector<std::byte> bytes(expected.tensor(key).byte_size());
@@ -96,19 +87,55 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
   if (!std::filesystem::is_directory(window_dir)) {
     throw InvalidArgument(fmt::format("no trace of window {} in {}", window, trace_dir.string()));
   }
-  const auto first = io::SafetensorsReader(state_files::trace_file(trace_dir, window, 0, true));
+  // The committed attempt of the window is the one that wrote outputs: in an elastic run a window
+  // may have been attempted by an earlier group that failed (docs/elastic.md), whose input files
+  // stay behind. Outputs name their group's generation; inputs of other generations are ignored.
+  const std::regex out_pattern(R"(rank-(\d{5})\.out\.safetensors)");
+  std::vector<int> output_ranks;
+  for (const auto& entry : std::filesystem::directory_iterator(window_dir)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, out_pattern)) output_ranks.push_back(std::stoi(match[1]));
+  }
+  std::sort(output_ranks.begin(), output_ranks.end());
+  if (output_ranks.empty()) {
+    throw InvalidArgument(fmt::format(
+        "{}: no rank-*.out.safetensors (the window did not commit on any traced rank)",
+        window_dir.string()));
+  }
+  const auto first =
+      io::SafetensorsReader(state_files::trace_file(trace_dir, window, output_ranks.front(), false));
   const io::Metadata& meta = first.metadata();
   const auto world = static_cast<int>(state_files::require_u64(meta, "world_size", first.path()));
-  if (world < 1 || count_rank_files(window_dir) != static_cast<std::uint64_t>(world)) {
-    throw InvalidArgument(fmt::format("{}: expected inputs of {} ranks, found {}",
-                                      window_dir.string(), world, count_rank_files(window_dir)));
+  const auto generation_of = [](const io::Metadata& m) {
+    const auto it = m.find("generation");
+    return it == m.end() ? std::string("0") : it->second;
+  };
+  const std::string generation = generation_of(meta);
+  if (world < 1 || output_ranks.back() >= world) {
+    throw InvalidArgument(fmt::format("{}: outputs of rank {} in a world of {}",
+                                      window_dir.string(), output_ranks.back(), world));
+  }
+  for (int r : output_ranks) {
+    const io::SafetensorsReader out(state_files::trace_file(trace_dir, window, r, false));
+    if (state_files::require_u64(out.metadata(), "world_size", out.path()) !=
+            static_cast<std::uint64_t>(world) ||
+        generation_of(out.metadata()) != generation) {
+      throw InvalidArgument(fmt::format(
+          "{}: outputs of different groups (world size or generation differ from rank {}'s)",
+          out.path().string(), output_ranks.front()));
+    }
   }
   for (int r = 0; r < world; ++r) {
-    for (bool inputs : {true, false}) {
-      const auto path = state_files::trace_file(trace_dir, window, r, inputs);
-      if (!std::filesystem::exists(path)) {
-        throw InvalidArgument(fmt::format("trace file {} is missing", path.string()));
-      }
+    const auto path = state_files::trace_file(trace_dir, window, r, true);
+    if (!std::filesystem::exists(path)) {
+      throw InvalidArgument(fmt::format("trace file {} is missing", path.string()));
+    }
+    const io::SafetensorsReader in(path);
+    if (generation_of(in.metadata()) != generation) {
+      throw InvalidArgument(fmt::format(
+          "{} is from group generation {}, the committed attempt was generation {}",
+          path.string(), generation_of(in.metadata()), generation));
     }
   }
   EngineOptions options =
@@ -153,6 +180,11 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
   result.window = window;
   result.world_size = world;
   for (int r = 0; r < world; ++r) {
+    if (!std::binary_search(output_ranks.begin(), output_ranks.end(), r)) {
+      result.ranks_without_outputs.push_back(r);
+    }
+  }
+  for (int r : output_ranks) {
     const auto index = static_cast<std::size_t>(r);
     const io::SafetensorsReader expected(state_files::trace_file(trace_dir, window, r, false));
     for (std::size_t t = 0; t < tensors.size(); ++t) {

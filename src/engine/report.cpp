@@ -15,6 +15,8 @@ nlohmann::json to_json(const WindowReport& report) {
       {"mode", mode_name(report.mode)},
       {"rank", report.rank},
       {"world_size", report.world_size},
+      {"generation", report.generation},
+      {"members", report.members},
       {"parameters", report.parameters},
       {"steps_per_window", report.steps_per_window},
       {"entries", report.entries_sent},
@@ -51,7 +53,7 @@ std::string summary_line(const WindowReport& report) {
   return fmt::format(
       "window {} {}: density {:.3f}%, payload {} (DiLoCo {} = {:.1f}x, DDP {} = {:.1f}x), "
       "received {}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f}, apply {:.3f}, "
-      "verify {:.3f}), digest {}{}",
+      "verify {:.3f}), digest {}{}{}",
       report.window, mode_name(report.mode), 100.0 * report.density, human_bytes(payload),
       human_bytes(static_cast<double>(report.diloco_bytes)), vs_diloco,
       human_bytes(static_cast<double>(report.ddp_bytes)), vs_ddp,
@@ -59,7 +61,10 @@ std::string summary_line(const WindowReport& report) {
       human_bytes(static_cast<double>(report.wire_bytes_sent)),
       human_bytes(static_cast<double>(report.wire_bytes_received)), report.seconds.total,
       report.seconds.gate, report.seconds.exchange, report.seconds.apply, report.seconds.verify,
-      digest_hex(report.digest), report.replicas_identical ? "" : " REPLICAS DIFFER");
+      digest_hex(report.digest), report.replicas_identical ? "" : " REPLICAS DIFFER",
+      report.generation > 0 ? fmt::format(", group generation {} of {} workers",
+                                          report.generation, report.world_size)
+                            : std::string());
 }
 
 }  // namespace pulseloco

@@ -55,6 +55,7 @@ io::Metadata trace_metadata(const Engine::Impl& impl, std::string_view stage) {
       {"window", std::to_string(impl.window)},
       {"rank", std::to_string(impl.rank)},
       {"world_size", std::to_string(impl.world)},
+      {"generation", std::to_string(impl.group.generation)},
       {"momentum_initialised", impl.momentum_initialised ? "true" : "false"},
       {"options", to_json(impl.options).dump()},
       {"table_digest", digest_hex(impl.layout.table_digest())},
@@ -129,6 +130,8 @@ void Engine::Impl::load_trace_inputs(const std::filesystem::path& file) {
   window = traced_window;
   momentum_initialised = initialised == "true";
   steps_in_window = 0;
+  accepted_window.reset();
+  has_state = true;
 }
 
 }  // namespace pulseloco

@@ -29,8 +29,8 @@ TensorView view_of(const torch::Tensor& tensor, const std::string& name) {
 
 }  // namespace
 
-Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-                           EngineOptions options, std::unique_ptr<transport::Transport> transport) {
+std::vector<NamedTensor> Synchronizer::prepare(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters) {
   std::optional<torch::Device> device;
   for (const auto& item : named_parameters) {
     const torch::Tensor& p = item.value();
@@ -57,9 +57,24 @@ Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>&
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     views.push_back({names_[i], view_of(host_[i], names_[i])});
   }
+  return views;
+}
+
+Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                           EngineOptions options, std::unique_ptr<transport::Transport> transport) {
+  std::vector<NamedTensor> views = prepare(named_parameters);
   torch::NoGradGuard no_grad;
   engine_ = std::make_unique<Engine>(std::move(views), std::move(options), std::move(transport));
   stage_from_host();  // the broadcast wrote rank 0's weights into the host views
+}
+
+Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                           EngineOptions options, ElasticOptions elastic) {
+  std::vector<NamedTensor> views = prepare(named_parameters);
+  torch::NoGradGuard no_grad;
+  elastic_ = std::make_unique<ElasticEngine>(std::move(views), std::move(options),
+                                             std::move(elastic));
+  stage_from_host();  // attaching wrote the group's weights into the host views
 }
 
 Synchronizer::~Synchronizer() = default;
@@ -79,7 +94,7 @@ void Synchronizer::stage_from_host() {
 }
 
 void Synchronizer::before_optimizer_step() {
-  if (engine_->options().mode != Mode::ddp) return;
+  if (engine().options().mode != Mode::ddp) return;
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   std::vector<TensorView> views;
@@ -93,7 +108,7 @@ void Synchronizer::before_optimizer_step() {
     grads.push_back(g.device().is_cpu() && g.is_contiguous() ? g : g.to(torch::kCPU).contiguous());
     views.push_back(view_of(grads.back(), names_[i]));
   }
-  engine_->average_gradients(views);
+  engine().average_gradients(views);
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     torch::Tensor g = parameters_[i].grad();
     if (!g.is_same(grads[i])) g.copy_(grads[i]);
@@ -103,19 +118,19 @@ void Synchronizer::before_optimizer_step() {
 std::optional<WindowReport> Synchronizer::after_optimizer_step() {
   torch::NoGradGuard no_grad;
   // Windows read θ_l and write it back; staging is only needed on the steps that run one.
-  if (engine_->next_step_runs_window()) stage_to_host();
-  auto report = engine_->after_optimizer_step();
+  if (engine().next_step_runs_window()) stage_to_host();
+  auto report = elastic_ ? elastic_->after_optimizer_step() : engine_->after_optimizer_step();
   if (report) stage_from_host();
   return report;
 }
 
 void Synchronizer::save_checkpoint(const std::filesystem::path& dir) {
-  engine_->save_checkpoint(dir);
+  engine().save_checkpoint(dir);
 }
 
 void Synchronizer::load_checkpoint(const std::filesystem::path& dir) {
   stage_to_host();
-  engine_->load_checkpoint(dir);
+  engine().load_checkpoint(dir);
   stage_from_host();
 }
 

@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "engine/elastic.h"
 #include "engine/engine.h"
 
 namespace pulseloco::libtorch {
@@ -30,6 +31,10 @@ class Synchronizer {
   // Rank 0's values are broadcast into every replica.
   Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
                EngineOptions options, std::unique_ptr<transport::Transport> transport);
+  // An elastic run (docs/elastic.md): registers with the coordinator, waits to be admitted and
+  // takes the group's weights; windows survive lost workers and admit new ones.
+  Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+               EngineOptions options, ElasticOptions elastic);
   ~Synchronizer();
   Synchronizer(const Synchronizer&) = delete;
   Synchronizer& operator=(const Synchronizer&) = delete;
@@ -43,9 +48,14 @@ class Synchronizer {
   void save_checkpoint(const std::filesystem::path& dir);
   void load_checkpoint(const std::filesystem::path& dir);
 
-  [[nodiscard]] Engine& engine() noexcept { return *engine_; }
+  [[nodiscard]] Engine& engine() noexcept { return elastic_ ? elastic_->engine() : *engine_; }
+  // The elastic driver, when constructed for an elastic run (else null).
+  [[nodiscard]] ElasticEngine* elastic() noexcept { return elastic_.get(); }
 
  private:
+  // Checks the parameters, sets up host staging and returns the engine's views of them.
+  std::vector<NamedTensor> prepare(
+      const torch::OrderedDict<std::string, torch::Tensor>& named_parameters);
   void stage_to_host();
   void stage_from_host();
 
@@ -53,7 +63,8 @@ class Synchronizer {
   std::vector<torch::Tensor> parameters_;  // the user's tensors
   std::vector<torch::Tensor> host_;        // what the engine sees (== parameters_ on the CPU)
   bool staged_ = false;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Engine> engine_;          // a fixed group
+  std::unique_ptr<ElasticEngine> elastic_;  // or an elastic run
 };
 
 }  // namespace pulseloco::libtorch

@@ -44,11 +44,14 @@ TEST(Errors, EveryKindIsCatchableAsError) {
         throw DivergenceError("x");
       case ErrorKind::non_finite:
         throw NonFiniteError("x");
+      case ErrorKind::membership:
+        throw MembershipError("x");
     }
   };
   for (auto kind :
        {ErrorKind::invalid_argument, ErrorKind::io, ErrorKind::timeout, ErrorKind::peer_lost,
-        ErrorKind::protocol, ErrorKind::divergence, ErrorKind::non_finite}) {
+        ErrorKind::protocol, ErrorKind::divergence, ErrorKind::non_finite,
+        ErrorKind::membership}) {
     try {
       throws(kind);
       FAIL() << "did not throw";

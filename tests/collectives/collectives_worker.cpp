@@ -82,6 +82,8 @@ std::string_view kind_word(ErrorKind kind) {
       return "divergence";
     case ErrorKind::non_finite:
       return "non_finite";
+    case ErrorKind::membership:
+      return "membership";
   }
   return "unknown";
 }

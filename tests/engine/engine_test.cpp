@@ -264,11 +264,12 @@ TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried
     }
   }
 
-  // A failed collective aborts the group. The ranks form a new one, rejoin (which checks that
-  // they all still hold the same state), and the retried window gives exactly the reference.
+  // A failed collective aborts the group. The ranks form a new one, attach to it (which checks
+  // that they all still hold the same state), and the retried window gives exactly the
+  // reference.
   auto fresh = transport::inproc::make_group(world);
   testing::rethrow_first(testing::run_ranks(world, [&](int r) {
-    engines[static_cast<std::size_t>(r)]->rejoin(std::move(fresh[static_cast<std::size_t>(r)]));
+    engines[static_cast<std::size_t>(r)]->attach(std::move(fresh[static_cast<std::size_t>(r)]));
     (void)engines[static_cast<std::size_t>(r)]->run_window();
   }));
   testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);

@@ -64,7 +64,8 @@ Hello decode_hello(const HelloBytes& in) {
     throw ProtocolError(fmt::format("unsupported handshake version {} (this build speaks {})",
                                     in[8], kHandshakeVersion));
   if (in[9] != static_cast<std::uint8_t>(Purpose::rendezvous) &&
-      in[9] != static_cast<std::uint8_t>(Purpose::data))
+      in[9] != static_cast<std::uint8_t>(Purpose::data) &&
+      in[9] != static_cast<std::uint8_t>(Purpose::membership))
     throw ProtocolError(fmt::format("unknown connection purpose {}", in[9]));
   Hello hello;
   hello.purpose = static_cast<Purpose>(in[9]);

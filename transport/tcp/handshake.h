@@ -32,7 +32,7 @@ inline constexpr std::size_t kResponseBytes = 32;
 inline constexpr std::size_t kVerdictHeaderBytes = 4;
 inline constexpr std::size_t kMaxVerdictReasonBytes = 512;
 
-enum class Purpose : std::uint8_t { rendezvous = 1, data = 2 };
+enum class Purpose : std::uint8_t { rendezvous = 1, data = 2, membership = 3 };
 
 using Nonce = std::array<std::uint8_t, 32>;
 using Mac = std::array<std::uint8_t, 32>;

@@ -1,0 +1,72 @@
+// `pulseloco coordinator`: runs the elastic-membership coordinator (transport/membership.h) that
+// workers of an elastic run register with. It prints "coordinator listening on HOST:PORT" once
+// it accepts connections, and runs until the run is over: exit status 0 when every member of
+// the last generation has left, 1 (with the reason) when the run stopped because the group fell
+// below the minimum or every worker was lost. The shared secret comes from PULSELOCO_SECRET or
+// PULSELOCO_SECRET_FILE, as for the transports.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "transport/factory.h"
+#include "transport/membership.h"
+
+namespace pulseloco::cli {
+
+void add_coordinator_command(CLI::App& app) {
+  auto* command = app.add_subcommand(
+      "coordinator",
+      "Run the elastic membership coordinator: forms successive groups of workers, re-forms "
+      "them when a worker is lost, admits new workers at window boundaries");
+  auto options = std::make_shared<transport::CoordinatorOptions>();
+  auto regroup_timeout_ms = std::make_shared<std::int64_t>(options->regroup_timeout.count());
+  command->add_option("--host", options->host, "Address to listen on")->capture_default_str();
+  command->add_option("--port", options->port, "Port to listen on (0: any free port)")
+      ->capture_default_str();
+  command
+      ->add_option("--initial-workers", options->initial_workers,
+                   "The first generation forms once this many workers wait")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command
+      ->add_option("--min-workers", options->min_workers,
+                   "The run stops when a new generation would be smaller than this")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command
+      ->add_option("--max-workers", options->max_workers,
+                   "Largest group (0: no limit); further workers wait for a place")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  command
+      ->add_option("--join-every", options->join_every_windows,
+                   "Admit waiting workers at window boundaries that are multiples of this")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command
+      ->add_option("--regroup-timeout-ms", *regroup_timeout_ms,
+                   "How long a regroup waits for every member to ask for a new group (must "
+                   "exceed twice the workers' collective timeout)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  command->callback([options, regroup_timeout_ms] {
+    transport::CoordinatorOptions run = *options;
+    run.regroup_timeout = std::chrono::milliseconds(*regroup_timeout_ms);
+    run.secret = transport::from_environment().secret;
+    transport::Coordinator coordinator(run);
+    // Scripts and tests wait for this line before starting workers.
+    fmt::print("coordinator listening on {}:{}\n", run.host, coordinator.port());
+    std::fflush(stdout);
+    coordinator.wait();  // throws MembershipError when the run stopped (exit status 1)
+    fmt::print("the run has finished after {} generation{}\n", coordinator.generation(),
+               coordinator.generation() == 1 ? "" : "s");
+    std::fflush(stdout);
+  });
+}
+
+}  // namespace pulseloco::cli

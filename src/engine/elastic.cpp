@@ -1,0 +1,265 @@
+#include "engine/elastic.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <utility>
+
+#include "base/errors.h"
+#include "base/log.h"
+#include "transport/rendezvous.h"
+
+namespace pulseloco {
+namespace {
+
+// Failures a new group can cure: a member died, stalled, was cut off or sent garbage. Invalid
+// arguments, divergence, non-finite values and membership decisions are not retried.
+[[nodiscard]] bool recoverable(const Error& error) noexcept {
+  switch (error.kind()) {
+    case ErrorKind::peer_lost:
+    case ErrorKind::timeout:
+    case ErrorKind::protocol:
+    case ErrorKind::io:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Closes a file descriptor when it goes out of scope.
+class Descriptor {
+ public:
+  explicit Descriptor(int fd) : fd_(fd) {}
+  ~Descriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  [[nodiscard]] int get() const noexcept { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::string default_worker_id() {
+  std::array<char, 256> host{};
+  if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
+  return fmt::format("{}-{}", host[0] != '\0' ? host.data() : "worker", ::getpid());
+}
+
+// A free TCP port on `address` ("" = every interface): bound once and released, so that every
+// generation's data listener can bind it (Asio's acceptor sets SO_REUSEADDR).
+std::uint16_t free_port(const std::string& address) {
+  const Descriptor socket(::socket(AF_INET, SOCK_STREAM, 0));
+  if (socket.get() < 0) throw IoError("cannot create a socket to find a free data port");
+  const int one = 1;
+  (void)::setsockopt(socket.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in bound{};
+  bound.sin_family = AF_INET;
+  bound.sin_port = 0;
+  if (address.empty()) {
+    bound.sin_addr.s_addr = htonl(INADDR_ANY);
+  } else if (::inet_pton(AF_INET, address.c_str(), &bound.sin_addr) != 1) {
+    throw InvalidArgument(
+        fmt::format("listen address '{}' is not an IPv4 address (elastic runs)", address));
+  }
+  if (::bind(socket.get(), reinterpret_cast<const sockaddr*>(&bound), sizeof(bound)) != 0) {
+    throw IoError(fmt::format("cannot bind a data port on '{}'", address));
+  }
+  socklen_t length = sizeof(bound);
+  if (::getsockname(socket.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
+    throw IoError("getsockname failed on the data port");
+  }
+  return ntohs(bound.sin_port);
+}
+
+// The local IPv4 address this host uses to reach `host` (the address other workers, which
+// reach the same coordinator, most likely reach this one at). No packet is sent.
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) {
+    throw InvalidArgument(fmt::format("cannot resolve the coordinator host '{}'", host));
+  }
+  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owner(found, &::freeaddrinfo);
+  const Descriptor socket(::socket(AF_INET, SOCK_DGRAM, 0));
+  if (socket.get() < 0 || ::connect(socket.get(), found->ai_addr, found->ai_addrlen) != 0) {
+    throw IoError(fmt::format("no route to the coordinator host '{}'", host));
+  }
+  sockaddr_in local{};
+  socklen_t length = sizeof(local);
+  if (::getsockname(socket.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+    throw IoError("getsockname failed while finding this host's address");
+  }
+  std::array<char, INET_ADDRSTRLEN> text{};
+  ::inet_ntop(AF_INET, &local.sin_addr, text.data(), text.size());
+  return text.data();
+}
+
+}  // namespace
+
+ElasticOptions elastic_options_from_environment(ElasticOptions defaults) {
+  ElasticOptions options = std::move(defaults);
+  if (const char* value = std::getenv("PULSELOCO_COORDINATOR"); value && *value) {
+    options.coordinator = value;
+  }
+  if (const char* value = std::getenv("PULSELOCO_WORKER_ID"); value && *value) {
+    options.worker_id = value;
+  }
+  options.transport = transport::from_environment(options.transport);
+  return options;
+}
+
+ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions options,
+                             ElasticOptions elastic)
+    : elastic_(std::move(elastic)) {
+  if (elastic_.coordinator.empty()) {
+    throw InvalidArgument("an elastic run needs the coordinator's address (PULSELOCO_COORDINATOR)");
+  }
+  if (elastic_.transport.backend != transport::Backend::tcp) {
+    throw InvalidArgument(
+        "elastic membership needs the tcp transport (an MPI job ends when a rank dies; NCCL "
+        "communicators are fixed): see docs/elastic.md");
+  }
+  if (elastic_.max_attempts_per_window < 1) {
+    throw InvalidArgument("max_attempts_per_window must be at least 1");
+  }
+  worker_id_ = elastic_.worker_id.empty() ? default_worker_id() : elastic_.worker_id;
+  const transport::PeerAddress coordinator =
+      transport::parse_peer_address(elastic_.coordinator, "PULSELOCO_COORDINATOR");
+
+  // Where this worker's data listener listens in every generation.
+  transport::PeerAddress data;
+  data.port = elastic_.transport.listen_port != 0 ? elastic_.transport.listen_port
+                                                  : free_port(elastic_.transport.listen_addr);
+  if (!elastic_.transport.advertise_addr.empty()) {
+    data.host = elastic_.transport.advertise_addr;
+  } else if (!elastic_.transport.socket_ifname.empty()) {
+    data.host = transport::interface_address(elastic_.transport.socket_ifname);
+  } else if (!elastic_.transport.listen_addr.empty() &&
+             elastic_.transport.listen_addr != "0.0.0.0") {
+    data.host = elastic_.transport.listen_addr;
+  } else {
+    data.host = local_address_towards(coordinator.host);
+  }
+  data_port_ = data.port;
+
+  // Invalid parameters are refused before this worker registers anywhere.
+  engine_ = std::make_unique<Engine>(std::move(parameters), std::move(options));
+  membership_ = std::make_unique<transport::MembershipClient>(transport::MembershipClientOptions{
+      .coordinator = elastic_.coordinator,
+      .worker_id = worker_id_,
+      .data_address = data,
+      .secret = elastic_.transport.secret,
+      .connect_timeout = elastic_.transport.connect_timeout,
+  });
+  logger().info("worker {} registered with the coordinator at {} (data plane {})", worker_id_,
+                elastic_.coordinator, transport::to_string(data));
+  if (elastic_.on_registered) elastic_.on_registered();
+  regroup("join");
+}
+
+ElasticEngine::~ElasticEngine() {
+  leave();
+}
+
+void ElasticEngine::leave() noexcept {
+  if (left_) return;
+  left_ = true;
+  if (membership_) membership_->leave();
+  if (engine_) engine_->detach();
+}
+
+void ElasticEngine::regroup(std::string reason) {
+  if (left_) throw MembershipError("this worker has left the run");
+  for (int attempt = 1;; ++attempt) {
+    engine_->detach();  // frees the data port for the next generation's listener
+    group_ = membership_->next_group(reason, transport::deadline_after(elastic_.admission_timeout));
+    transport::TransportOptions options = elastic_.transport;
+    options.backend = transport::Backend::tcp;
+    options.rendezvous = transport::RendezvousMethod::peer_list;
+    options.peers.clear();
+    for (const auto& peer : group_.peers)
+      options.peers.push_back(transport::to_string(peer));
+    options.rank = group_.rank;
+    options.world_size = group_.size();
+    options.group_key = group_.group_key;
+    options.listen_port = 0;  // peer_list: the port of this worker's entry
+    try {
+      engine_->attach(transport::make_transport(options),
+                      GroupInfo{.generation = group_.generation, .members = group_.worker_ids});
+      ++groups_joined_;
+      logger().info("worker {}: rank {} of {} in group generation {} (joined: [{}], lost: [{}])",
+                    worker_id_, group_.rank, group_.size(), group_.generation,
+                    fmt::join(group_.joined, ", "), fmt::join(group_.lost, ", "));
+      return;
+    } catch (const Error& error) {
+      if (!recoverable(error) || attempt >= elastic_.max_attempts_per_window) throw;
+      logger().warn("worker {}: group generation {} failed to form ({}); asking for another",
+                    worker_id_, group_.generation, error.what());
+      reason = error.what();
+    }
+  }
+}
+
+WindowReport ElasticEngine::run_window() {
+  WindowReport report = run_window_with_retries();
+  // The boundary after a committed window: the coordinator may ask every member to re-form the
+  // group now, to admit waiting workers (its join policy).
+  if (membership_->boundary(engine_->window(),
+                            transport::deadline_after(elastic_.transport.connect_timeout))) {
+    regroup("admitting new workers");
+  }
+  return report;
+}
+
+WindowReport ElasticEngine::run_window_with_retries() {
+  const std::uint64_t attempted = engine_->window();
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return engine_->run_window();
+    } catch (const Error& error) {
+      if (!recoverable(error) || attempt >= elastic_.max_attempts_per_window) throw;
+      std::optional<WindowReport> committed = engine_->take_committed_report();
+      logger().warn("worker {}: window {} failed in group generation {} ({}); re-forming the group",
+                    worker_id_, attempted, group_.generation, error.what());
+      regroup(error.what());
+      if (engine_->window() > attempted) {
+        // The window had committed (here, or on the others while this worker was deciding);
+        // attach() has just checked that every member holds the same state.
+        if (!committed) {
+          committed.emplace();
+          committed->window = attempted;
+          committed->mode = engine_->options().mode;
+          committed->parameters = engine_->parameter_count();
+          committed->steps_per_window = engine_->options().steps_per_window;
+        }
+        committed->rank = engine_->rank();
+        committed->world_size = engine_->world_size();
+        committed->generation = group_.generation;
+        committed->members = group_.worker_ids;
+        committed->digest = engine_->state_digest();
+        committed->rank_digests.assign(static_cast<std::size_t>(engine_->world_size()),
+                                       committed->digest);
+        committed->replicas_identical = true;
+        return *committed;
+      }
+    }
+  }
+}
+
+std::optional<WindowReport> ElasticEngine::after_optimizer_step() {
+  if (!engine_->next_step_runs_window()) return engine_->after_optimizer_step();
+  return run_window();
+}
+
+}  // namespace pulseloco

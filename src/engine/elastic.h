@@ -1,0 +1,107 @@
+// Elastic runs: an Engine whose group may lose and gain workers (docs/elastic.md).
+//
+//   ElasticOptions elastic;
+//   elastic.coordinator = "10.0.0.1:29600";          // `pulseloco coordinator` runs there
+//   ElasticEngine sync(parameters, engine_options, elastic);   // waits to be admitted
+//   while (sync.engine().window() < windows) {
+//     optimizer.step();
+//     if (auto report = sync.after_optimizer_step()) log(*report);
+//   }
+//   sync.leave();
+//
+// Each worker registers with the coordinator (transport/membership.h), which forms generations
+// of the group; the data plane of each generation is a fresh TCP mesh among its members. When a
+// window fails because a member died, stalled or was cut off, every survivor asks the
+// coordinator for the next generation, attaches its engine to the new group (Engine::attach:
+// state agreement, new members receive θ_g and m) and runs the window again with the remaining
+// members (the aggregate divides by the new R; the lost worker's residual is gone). A window
+// therefore commits on every member of one generation with identical bits or on none (the one
+// exception, a failure during the final vote round, is repaired by attach()). New workers are
+// admitted at window boundaries according to the coordinator's join policy.
+//
+// Only the TCP transport can change membership: an MPI job aborts when a rank dies (see
+// docs/elastic.md); NCCL communicators are fixed at creation.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/report.h"
+#include "transport/factory.h"
+#include "transport/membership.h"
+
+namespace pulseloco {
+
+struct ElasticOptions {
+  std::string coordinator;  // "host:port" of the coordinator (PULSELOCO_COORDINATOR)
+  std::string worker_id;    // unique in the run; "" = "<hostname>-<pid>"
+  // Data-plane settings of every generation's TCP transport (connections per peer, buffers,
+  // timeouts, secret, listen_addr/advertise_addr/socket_ifname). The rendezvous fields are
+  // filled per generation from the coordinator's table; listen_port 0 picks a free port once.
+  transport::TransportOptions transport;
+  // How long to wait to be admitted into a group (at start, or after a failure).
+  std::chrono::milliseconds admission_timeout{600'000};
+  // A window is attempted at most this many times (each attempt in a new generation).
+  int max_attempts_per_window = 16;
+  // Called once this worker is registered with the coordinator, before it waits to be admitted
+  // (for logs and tests: from then on the coordinator knows it is waiting).
+  std::function<void()> on_registered;
+};
+
+// Fills coordinator, worker id and the transport options from the environment
+// (PULSELOCO_COORDINATOR, PULSELOCO_WORKER_ID, and transport::from_environment()).
+[[nodiscard]] ElasticOptions elastic_options_from_environment(ElasticOptions defaults = {});
+
+class ElasticEngine {
+ public:
+  // Registers with the coordinator and blocks until admitted into a group (the first
+  // generation, or a running one at a window boundary), then attaches the engine.
+  ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions options,
+                ElasticOptions elastic);
+  // Leaves the run (see leave()).
+  ~ElasticEngine();
+  ElasticEngine(const ElasticEngine&) = delete;
+  ElasticEngine& operator=(const ElasticEngine&) = delete;
+
+  // Call after every inner optimizer step. Every H-th call runs the window, re-forming the
+  // group and retrying as often as members fail, and returns the report of the committed
+  // window; after it, the worker may be asked to re-form the group to admit new workers (done
+  // here). Throws MembershipError when the run cannot continue (below the minimum size, removed
+  // by the coordinator), DivergenceError / NonFiniteError as Engine does.
+  [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
+
+  // Runs a window now (with the same retries).
+  [[nodiscard]] WindowReport run_window();
+
+  // Tells the coordinator this worker is done and closes the data plane. Idempotent.
+  void leave() noexcept;
+
+  [[nodiscard]] Engine& engine() noexcept { return *engine_; }
+  [[nodiscard]] const transport::GroupAssignment& group() const noexcept { return group_; }
+  [[nodiscard]] const std::string& worker_id() const noexcept { return worker_id_; }
+  // Generations this worker has been part of (1 for a run without membership changes).
+  [[nodiscard]] int groups_joined() const noexcept { return groups_joined_; }
+
+ private:
+  // Asks for the next generation and attaches the engine to it, again until it works.
+  void regroup(std::string reason);
+  // The window, re-forming the group and retrying after recoverable failures.
+  [[nodiscard]] WindowReport run_window_with_retries();
+
+  ElasticOptions elastic_;
+  std::string worker_id_;
+  std::uint16_t data_port_ = 0;
+  std::unique_ptr<transport::MembershipClient> membership_;
+  std::unique_ptr<Engine> engine_;
+  transport::GroupAssignment group_;
+  int groups_joined_ = 0;
+  bool left_ = false;
+};
+
+}  // namespace pulseloco

@@ -1,0 +1,127 @@
+#include "engine/fault_injection.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdlib>
+
+#include "base/errors.h"
+
+namespace pulseloco {
+namespace {
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && text.front() == ' ')
+    text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ')
+    text.remove_suffix(1);
+  return text;
+}
+
+std::uint64_t parse_number(std::string_view key, std::string_view value) {
+  std::uint64_t number = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+  if (error != std::errc{} || end != value.data() + value.size()) {
+    throw InvalidArgument(
+        fmt::format("PULSELOCO_FAULT: {}='{}' is not a non-negative integer", key, value));
+  }
+  return number;
+}
+
+}  // namespace
+
+bool FaultPlan::matches(std::uint64_t at_window, FaultPhase at_phase, int at_rank,
+                        std::string_view at_worker) const noexcept {
+  return !fired && window == at_window && phase == at_phase && (!rank || *rank == at_rank) &&
+         (worker.empty() || worker == at_worker);
+}
+
+FaultPlan parse_fault_plan(std::string_view text) {
+  FaultPlan plan;
+  bool have_window = false;
+  bool have_phase = false;
+  bool have_action = false;
+  while (!text.empty()) {
+    const std::size_t comma = text.find(',');
+    const std::string_view field = trim(text.substr(0, comma));
+    text = comma == std::string_view::npos ? std::string_view{} : text.substr(comma + 1);
+    if (field.empty()) continue;
+    const std::size_t equals = field.find('=');
+    if (equals == std::string_view::npos) {
+      throw InvalidArgument(fmt::format("PULSELOCO_FAULT: '{}' is not key=value", field));
+    }
+    const std::string_view key = trim(field.substr(0, equals));
+    const std::string_view value = trim(field.substr(equals + 1));
+    if (key == "window") {
+      plan.window = parse_number(key, value);
+      have_window = true;
+    } else if (key == "phase") {
+      if (value == "gate") {
+        plan.phase = FaultPhase::gate;
+      } else if (value == "exchange") {
+        plan.phase = FaultPhase::exchange;
+      } else if (value == "aggregate") {
+        plan.phase = FaultPhase::aggregate;
+      } else {
+        throw InvalidArgument(fmt::format(
+            "PULSELOCO_FAULT: phase '{}' is not one of gate, exchange, aggregate", value));
+      }
+      have_phase = true;
+    } else if (key == "action") {
+      if (value == "kill") {
+        plan.action = FaultAction::kill;
+      } else if (value == "stall") {
+        plan.action = FaultAction::stall;
+      } else if (value == "disconnect") {
+        plan.action = FaultAction::disconnect;
+      } else {
+        throw InvalidArgument(fmt::format(
+            "PULSELOCO_FAULT: action '{}' is not one of kill, stall, disconnect", value));
+      }
+      have_action = true;
+    } else if (key == "rank") {
+      plan.rank = static_cast<int>(parse_number(key, value));
+    } else if (key == "worker") {
+      plan.worker = std::string(value);
+    } else {
+      throw InvalidArgument(fmt::format(
+          "PULSELOCO_FAULT: unknown key '{}' (window, phase, action, rank, worker)", key));
+    }
+  }
+  if (!have_window || !have_phase || !have_action) {
+    throw InvalidArgument("PULSELOCO_FAULT needs window=, phase= and action=");
+  }
+  return plan;
+}
+
+std::optional<FaultPlan> fault_plan_from_environment() {
+  const char* text = std::getenv("PULSELOCO_FAULT");
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  return parse_fault_plan(text);
+}
+
+std::string_view fault_phase_name(FaultPhase phase) noexcept {
+  switch (phase) {
+    case FaultPhase::gate:
+      return "gate";
+    case FaultPhase::exchange:
+      return "exchange";
+    case FaultPhase::aggregate:
+      return "aggregate";
+  }
+  return "?";
+}
+
+std::string_view fault_action_name(FaultAction action) noexcept {
+  switch (action) {
+    case FaultAction::kill:
+      return "kill";
+    case FaultAction::stall:
+      return "stall";
+    case FaultAction::disconnect:
+      return "disconnect";
+  }
+  return "?";
+}
+
+}  // namespace pulseloco

@@ -1,0 +1,184 @@
+// ElasticEngine in one process: a Coordinator and several workers on threads, each with its own
+// TCP data plane over loopback. A worker leaving mid-run and a worker joining mid-run; every
+// window's digests agree and the survivors end identical. (Process-level faults: elastic_test.py.)
+#include "engine/elastic.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "base/errors.h"
+#include "engine/engine_test_util.h"
+#include "transport/membership.h"
+
+namespace pulseloco {
+namespace {
+
+EngineOptions worker_options() {
+  EngineOptions options;
+  options.steps_per_window = 2;
+  options.chunk_elements = 1024;
+  options.bucket_elements = 4096;
+  options.threads = 1;
+  options.timeout = std::chrono::milliseconds(5000);
+  return options;
+}
+
+ElasticOptions elastic_options(std::uint16_t port, const std::string& worker) {
+  ElasticOptions elastic;
+  elastic.coordinator = fmt::format("127.0.0.1:{}", port);
+  elastic.worker_id = worker;
+  elastic.transport.listen_addr = "127.0.0.1";
+  elastic.transport.connections_per_peer = 1;
+  elastic.transport.connect_timeout = std::chrono::milliseconds(20'000);
+  elastic.transport.secret = "elastic-test";
+  elastic.admission_timeout = std::chrono::milliseconds(60'000);
+  return elastic;
+}
+
+// Reports of every worker, by window, and the events the workers wait on.
+struct Reports {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::uint64_t, std::vector<WindowReport>> by_window;
+  std::map<std::string, Digest> final_digest;
+  bool joiner_registered = false;
+
+  void add(const WindowReport& report) {
+    const std::lock_guard lock(mutex);
+    by_window[report.window].push_back(report);
+    changed.notify_all();
+  }
+  void set_joiner_registered() {
+    const std::lock_guard lock(mutex);
+    joiner_registered = true;
+    changed.notify_all();
+  }
+  // Bounded waits on the events above; false on timeout.
+  bool wait_for_window(std::uint64_t window) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, std::chrono::seconds(120),
+                            [&] { return by_window.count(window) > 0; });
+  }
+  bool wait_for_joiner() {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, std::chrono::seconds(120), [&] { return joiner_registered; });
+  }
+};
+
+// Runs a worker until the group has committed `windows` windows, or `leave_after` of them.
+// `hold_at`: before that window's inner steps, wait until the joiner has registered.
+void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
+                std::uint64_t windows, std::optional<std::uint64_t> leave_after,
+                std::optional<std::uint64_t> hold_at, Reports& reports,
+                std::function<void()> on_registered = {}) {
+  testing::LocalModel model = testing::make_model({0, 5, 3000, 2049}, DType::float32, 7);
+  ElasticOptions elastic = elastic_options(port, id);
+  elastic.on_registered = std::move(on_registered);
+  ElasticEngine sync(testing::views_of(model), worker_options(), elastic);
+  std::uint32_t step = 0;
+  bool held = false;
+  while (sync.engine().window() < windows) {
+    if (hold_at && !held && sync.engine().window() == *hold_at) {
+      held = true;
+      if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never registered");
+    }
+    testing::local_training(model, 3e-5f, 1, seed + 1000 * step++);
+    if (auto report = sync.after_optimizer_step()) {
+      reports.add(*report);
+      if (leave_after && sync.engine().window() >= *leave_after) {
+        sync.leave();
+        return;
+      }
+    }
+  }
+  const std::lock_guard lock(reports.mutex);
+  reports.final_digest[id] = sync.engine().state_digest();
+}
+
+TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
+  transport::Coordinator coordinator({.host = "127.0.0.1",
+                                      .initial_workers = 3,
+                                      .min_workers = 2,
+                                      .join_every_windows = 1,
+                                      .regroup_timeout = std::chrono::milliseconds(15'000),
+                                      .secret = "elastic-test"});
+  const std::uint16_t port = coordinator.port();
+  Reports reports;
+  constexpr std::uint64_t kWindows = 7;
+  std::vector<std::exception_ptr> errors(4);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      try {
+        // w2 leaves once window 1 has committed (its engine is destroyed mid-run).
+        // w0 and w1 hold before window 4 until w3 has registered, so that the boundary after
+        // window 4 admits it.
+        run_worker(port, fmt::format("w{}", w), 10 + static_cast<std::uint32_t>(w), kWindows,
+                   w == 2 ? std::optional<std::uint64_t>(2) : std::nullopt,
+                   w == 2 ? std::nullopt : std::optional<std::uint64_t>(4), reports);
+      } catch (...) {
+        errors[static_cast<std::size_t>(w)] = std::current_exception();
+      }
+    });
+  }
+  // w3 starts once window 3 has committed (an event, not a delay).
+  const bool window_3 = reports.wait_for_window(3);
+  threads.emplace_back([&] {
+    try {
+      run_worker(port, "w3", 13, kWindows, std::nullopt, std::nullopt, reports,
+                 [&] { reports.set_joiner_registered(); });
+    } catch (...) {
+      errors[3] = std::current_exception();
+    }
+  });
+  for (auto& thread : threads)
+    thread.join();
+  ASSERT_TRUE(window_3) << "window 3 never committed";
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  coordinator.wait();
+
+  for (std::uint64_t window = 0; window < kWindows; ++window) {
+    const auto& list = reports.by_window[window];
+    ASSERT_FALSE(list.empty()) << "window " << window;
+    for (const auto& report : list) {
+      EXPECT_EQ(report.digest, list.front().digest) << "window " << window;
+      EXPECT_TRUE(report.replicas_identical);
+    }
+    if (window < 2) {
+      EXPECT_EQ(list.front().world_size, 3) << "window " << window;
+    } else if (window <= 4) {
+      EXPECT_EQ(list.front().world_size, 2) << "window " << window;
+    }
+  }
+  // Admitted at the boundary after window 4: windows 5.. have w0, w1 and w3.
+  for (const auto& report : reports.by_window[5]) {
+    EXPECT_EQ(report.world_size, 3);
+    EXPECT_EQ(report.members, (std::vector<std::string>{"w0", "w1", "w3"}));
+  }
+  ASSERT_EQ(reports.final_digest.size(), 3u);
+  for (const auto& [id, digest] : reports.final_digest)
+    EXPECT_EQ(digest, reports.final_digest.begin()->second) << id;
+}
+
+TEST(ElasticEngine, RefusesTransportsThatCannotChangeMembership) {
+  testing::LocalModel model = testing::make_model({10}, DType::float32, 1);
+  ElasticOptions elastic = elastic_options(1, "w");
+  elastic.transport.backend = transport::Backend::mpi;
+  EXPECT_THROW(ElasticEngine(testing::views_of(model), worker_options(), elastic),
+               InvalidArgument);
+  elastic.transport.backend = transport::Backend::tcp;
+  elastic.coordinator.clear();
+  EXPECT_THROW(ElasticEngine(testing::views_of(model), worker_options(), elastic),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace pulseloco
