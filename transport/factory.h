@@ -69,10 +69,10 @@ struct TransportOptions {
   // peer_list rendezvous: mixed into the group id, so that two groups with the same peer list
   // (successive generations of an elastic run, membership.h) never accept each other.
   std::string group_key;
-  std::string listen_addr;         // data listener address; "" = all interfaces
-  std::uint16_t listen_port = 0;   // data listener port; 0 = any free port (not for peer_list)
-  std::string advertise_addr;      // address peers connect to; "" = found automatically
-  std::string socket_ifname;       // advertise this interface's IPv4 address (e.g. "eth0")
+  std::string listen_addr;        // data listener address; "" = all interfaces
+  std::uint16_t listen_port = 0;  // data listener port; 0 = any free port (not for peer_list)
+  std::string advertise_addr;     // address peers connect to; "" = found automatically
+  std::string socket_ifname;      // advertise this interface's IPv4 address (e.g. "eth0")
 
   // --- TCP data plane ---------------------------------------------------------------------------
   int connections_per_peer = 2;                               // parallel TCP connections per peer

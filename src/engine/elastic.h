@@ -62,8 +62,7 @@ class ElasticEngine {
  public:
   // Registers with the coordinator and blocks until admitted into a group (the first
   // generation, or a running one at a window boundary), then attaches the engine.
-  ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions options,
-                ElasticOptions elastic);
+  ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions options, ElasticOptions elastic);
   // Leaves the run (see leave()).
   ~ElasticEngine();
   ElasticEngine(const ElasticEngine&) = delete;

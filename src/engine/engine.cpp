@@ -185,10 +185,11 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
   stats_at_window_start = transport->stats();
   ddp_payload_bytes = 0;
   ddp_exchange_seconds = 0;
-  logger().info("engine ready: rank {}/{} (group generation {}), mode {}, window {}, {} tensors, "
-                "{} parameters, H={}, {} chunks",
-                rank, world, group.generation, mode_name(options.mode), window, tensors.size(),
-                layout.parameters(), options.steps_per_window, layout.chunks().size());
+  logger().info(
+      "engine ready: rank {}/{} (group generation {}), mode {}, window {}, {} tensors, "
+      "{} parameters, H={}, {} chunks",
+      rank, world, group.generation, mode_name(options.mode), window, tensors.size(),
+      layout.parameters(), options.steps_per_window, layout.chunks().size());
 }
 
 namespace {
@@ -374,9 +375,10 @@ void Engine::Impl::broadcast_state(int source) {
 }
 
 void Engine::Impl::inject_fault(FaultPhase phase) {
-  const std::string_view worker = static_cast<std::size_t>(rank) < group.members.size()
-                                      ? std::string_view(group.members[static_cast<std::size_t>(rank)])
-                                      : std::string_view{};
+  const std::string_view worker =
+      static_cast<std::size_t>(rank) < group.members.size()
+          ? std::string_view(group.members[static_cast<std::size_t>(rank)])
+          : std::string_view{};
   if (!fault || !fault->matches(window, phase, rank, worker)) return;
   fault->fired = true;
   logger().warn("fault injection: {} at window {}, phase {}", fault_action_name(fault->action),

@@ -88,7 +88,7 @@ struct Engine::Impl {
   GroupInfo group;
   std::optional<WindowReport> committed_report;  // see Engine::take_committed_report()
   std::optional<FaultPlan> fault;                // PULSELOCO_FAULT (engine/fault_injection.h)
-  std::uint64_t steps_in_window = 0;  // optimizer steps since the last window
+  std::uint64_t steps_in_window = 0;             // optimizer steps since the last window
   // ddp: what the gradient all-reduces of the current window moved.
   std::uint64_t ddp_payload_bytes = 0;
   double ddp_exchange_seconds = 0;

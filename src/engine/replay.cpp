@@ -99,12 +99,12 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
   }
   std::sort(output_ranks.begin(), output_ranks.end());
   if (output_ranks.empty()) {
-    throw InvalidArgument(fmt::format(
-        "{}: no rank-*.out.safetensors (the window did not commit on any traced rank)",
-        window_dir.string()));
+    throw InvalidArgument(
+        fmt::format("{}: no rank-*.out.safetensors (the window did not commit on any traced rank)",
+                    window_dir.string()));
   }
-  const auto first =
-      io::SafetensorsReader(state_files::trace_file(trace_dir, window, output_ranks.front(), false));
+  const auto first = io::SafetensorsReader(
+      state_files::trace_file(trace_dir, window, output_ranks.front(), false));
   const io::Metadata& meta = first.metadata();
   const auto world = static_cast<int>(state_files::require_u64(meta, "world_size", first.path()));
   const auto generation_of = [](const io::Metadata& m) {
@@ -133,9 +133,9 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
     }
     const io::SafetensorsReader in(path);
     if (generation_of(in.metadata()) != generation) {
-      throw InvalidArgument(fmt::format(
-          "{} is from group generation {}, the committed attempt was generation {}",
-          path.string(), generation_of(in.metadata()), generation));
+      throw InvalidArgument(
+          fmt::format("{} is from group generation {}, the committed attempt was generation {}",
+                      path.string(), generation_of(in.metadata()), generation));
     }
   }
   EngineOptions options =

@@ -62,9 +62,9 @@ std::string summary_line(const WindowReport& report) {
       human_bytes(static_cast<double>(report.wire_bytes_received)), report.seconds.total,
       report.seconds.gate, report.seconds.exchange, report.seconds.apply, report.seconds.verify,
       digest_hex(report.digest), report.replicas_identical ? "" : " REPLICAS DIFFER",
-      report.generation > 0 ? fmt::format(", group generation {} of {} workers",
-                                          report.generation, report.world_size)
-                            : std::string());
+      report.generation > 0
+          ? fmt::format(", group generation {} of {} workers", report.generation, report.world_size)
+          : std::string());
 }
 
 }  // namespace pulseloco

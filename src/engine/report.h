@@ -26,8 +26,8 @@ struct WindowReport {
   Mode mode = Mode::pulse;
   int rank = 0;
   int world_size = 1;
-  std::uint64_t generation = 0;      // the group's generation (elastic runs; 0 otherwise)
-  std::vector<std::string> members;  // worker ids in rank order (elastic runs; else empty)
+  std::uint64_t generation = 0;        // the group's generation (elastic runs; 0 otherwise)
+  std::vector<std::string> members;    // worker ids in rank order (elastic runs; else empty)
   std::uint64_t parameters = 0;        // elements in the model
   std::uint64_t steps_per_window = 0;  // H
 

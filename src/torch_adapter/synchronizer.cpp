@@ -72,8 +72,8 @@ Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>&
                            EngineOptions options, ElasticOptions elastic) {
   std::vector<NamedTensor> views = prepare(named_parameters);
   torch::NoGradGuard no_grad;
-  elastic_ = std::make_unique<ElasticEngine>(std::move(views), std::move(options),
-                                             std::move(elastic));
+  elastic_ =
+      std::make_unique<ElasticEngine>(std::move(views), std::move(options), std::move(elastic));
   stage_from_host();  // attaching wrote the group's weights into the host views
 }
 

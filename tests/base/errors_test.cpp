@@ -50,8 +50,7 @@ TEST(Errors, EveryKindIsCatchableAsError) {
   };
   for (auto kind :
        {ErrorKind::invalid_argument, ErrorKind::io, ErrorKind::timeout, ErrorKind::peer_lost,
-        ErrorKind::protocol, ErrorKind::divergence, ErrorKind::non_finite,
-        ErrorKind::membership}) {
+        ErrorKind::protocol, ErrorKind::divergence, ErrorKind::non_finite, ErrorKind::membership}) {
     try {
       throws(kind);
       FAIL() << "did not throw";

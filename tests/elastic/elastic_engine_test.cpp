@@ -172,12 +172,10 @@ TEST(ElasticEngine, RefusesTransportsThatCannotChangeMembership) {
   testing::LocalModel model = testing::make_model({10}, DType::float32, 1);
   ElasticOptions elastic = elastic_options(1, "w");
   elastic.transport.backend = transport::Backend::mpi;
-  EXPECT_THROW(ElasticEngine(testing::views_of(model), worker_options(), elastic),
-               InvalidArgument);
+  EXPECT_THROW(ElasticEngine(testing::views_of(model), worker_options(), elastic), InvalidArgument);
   elastic.transport.backend = transport::Backend::tcp;
   elastic.coordinator.clear();
-  EXPECT_THROW(ElasticEngine(testing::views_of(model), worker_options(), elastic),
-               InvalidArgument);
+  EXPECT_THROW(ElasticEngine(testing::views_of(model), worker_options(), elastic), InvalidArgument);
 }
 
 }  // namespace

@@ -17,10 +17,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <thread>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/bf16.h"
@@ -46,9 +46,9 @@ float uniform(std::uint64_t bits) {
 }
 
 struct Model {
-  std::vector<float> dense;              // fp32 tensor
-  std::vector<std::uint16_t> half;       // bf16 tensor
-  std::vector<float> tiny;               // fp32, odd size
+  std::vector<float> dense;         // fp32 tensor
+  std::vector<std::uint16_t> half;  // bf16 tensor
+  std::vector<float> tiny;          // fp32, odd size
 
   explicit Model(std::uint64_t seed) : dense(20'000), half(7'001), tiny(33) {
     std::uint64_t state = seed;

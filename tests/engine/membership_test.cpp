@@ -64,9 +64,8 @@ struct Members {
   }
 
   std::vector<std::exception_ptr> run_window() {
-    return testing::run_ranks(size(), [&](int r) {
-      (void)engines[static_cast<std::size_t>(r)]->run_window();
-    });
+    return testing::run_ranks(
+        size(), [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); });
   }
 
   [[nodiscard]] std::vector<LocalModel> model_copies() const {
@@ -121,8 +120,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   for (std::size_t r = 0; r < 4; ++r)
     testing::local_training(reference_models[r], lr, 4, 10 + static_cast<std::uint32_t>(r));
   testing::rethrow_first(members.run_window());
-  testing::reference_window(reference, reference_models, options.outer_lr,
-                            options.outer_momentum);
+  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
   expect_matches(members, reference, reference_models);
 
   // Member 3 is lost: its residual goes with it; the other three form generation 2.
@@ -140,8 +138,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   for (std::size_t r = 0; r < 3; ++r)
     testing::local_training(reference_models[r], lr, 4, 20 + static_cast<std::uint32_t>(r));
   testing::rethrow_first(members.run_window());
-  testing::reference_window(reference, reference_models, options.outer_lr,
-                            options.outer_momentum);
+  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
   expect_matches(members, reference, reference_models);
 
   // A new member with weights of its own joins as rank 3 of generation 3: it receives θ_g, m
@@ -160,8 +157,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   for (std::size_t r = 0; r < 4; ++r)
     testing::local_training(reference_models[r], lr, 4, 30 + static_cast<std::uint32_t>(r));
   testing::rethrow_first(members.run_window());
-  testing::reference_window(reference, reference_models, options.outer_lr,
-                            options.outer_momentum);
+  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
   expect_matches(members, reference, reference_models);
 }
 
@@ -196,8 +192,7 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
   };
   auto prepare = [&](Setup& setup) {
     for (int r = 0; r < 3; ++r) {
-      setup.members.add(testing::make_model(kSizes, DType::float32, r == 0 ? 7 : 100 + r),
-                        options);
+      setup.members.add(testing::make_model(kSizes, DType::float32, r == 0 ? 7 : 100 + r), options);
     }
     setup.members.attach_all(1, {.faults = setup.faults});
     setup.members.train(lr, 10);
@@ -255,8 +250,7 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
   }
 
   setup.members.attach_all(2);
-  testing::reference_window(reference, reference_models, options.outer_lr,
-                            options.outer_momentum);
+  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
   EXPECT_EQ(setup.members.engines[0]->window(), 2u);
   expect_matches(setup.members, reference, reference_models);
 }
