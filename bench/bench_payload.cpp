@@ -442,10 +442,10 @@ int main(int argc, char** argv) {
                                         {"target", s.min_ratio},
                                         {"met", ok}}
                              .dump());
+      std::fprintf(stderr, "pulseloco_bench_payload: %s\n", verdict.c_str());
     } else {
       fmt::print("{}\n", verdict);
     }
-    std::fprintf(stderr, "pulseloco_bench_payload: %s\n", verdict.c_str());
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pulseloco_bench_payload: %s\n", e.what());

@@ -17,7 +17,7 @@ namespace {
 
 // Standard normals of elements [index, index + count) of one stream (index: within the tensor,
 // below 2^32 for every tensor of the models here).
-void normals(const StreamKeys& keys, std::uint32_t index, float* out, std::uint64_t count) {
+__attribute__((target_clones("avx2", "default"))) void normals(const StreamKeys& keys, std::uint32_t index, float* out, std::uint64_t count) {
   for (std::uint64_t i = 0; i < count; ++i) {
     const std::uint32_t idx = index + static_cast<std::uint32_t>(i);
     out[i] = stream_normal(keys, idx);
@@ -232,10 +232,14 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
     for (std::size_t window = 0; window < windows; ++window) {
       for (std::size_t r = 0; r < workers; ++r) {
         WorkerChunk& w = s.workers[r];
+        // The H steps of this window, applied block by block (every step is element-wise, so
+        // the order is free): a block stays in cache for all H steps instead of streaming the
+        // chunk's optimizer state through memory H times.
+        std::vector<StepParams> steps(static_cast<std::size_t>(config.inner_steps));
         for (int h = 0; h < config.inner_steps; ++h) {
           const std::size_t step = window * static_cast<std::size_t>(config.inner_steps) +
                                    static_cast<std::size_t>(h);
-          StepParams p;
+          StepParams& p = steps[static_cast<std::size_t>(h)];
           p.decay = 1.0f - config.lr * config.weight_decay;
           p.beta1 = config.beta1;
           p.beta2 = config.beta2;
@@ -254,8 +258,15 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
           p.grad_scale = config.grad_rms * batch_scale[r][step];
           p.noise = config.noise;
           p.keys = stream_keys(config.seed, chunk.tensor, kNoise, step, r);
-          p.index = index;
-          adamw_step(w.local.data(), w.adam_m.data(), w.adam_v.data(), s.signal_term.data(), n, p);
+        }
+        constexpr std::uint64_t kBlock = 4096;
+        for (std::uint64_t at = 0; at < n; at += kBlock) {
+          const std::uint64_t count = std::min(kBlock, n - at);
+          for (StepParams& p : steps) {
+            p.index = index + static_cast<std::uint32_t>(at);
+            adamw_step(w.local.data() + at, w.adam_m.data() + at, w.adam_v.data() + at,
+                       s.signal_term.data() + at, count, p);
+          }
         }
         const kernels::GateChunk gate_chunk{.global = s.global.data(),
                                             .local = w.local.data(),
