@@ -69,7 +69,9 @@ void expect_same_entries(const GeneratorResult& a, const GeneratorResult& b, boo
     ASSERT_EQ(a.messages[w].size(), b.messages[w].size());
     for (std::size_t r = 0; r < a.messages[w].size(); ++r) {
       EXPECT_EQ(a.messages[w][r].entries, b.messages[w][r].entries) << "window " << w;
-      if (same_bytes) EXPECT_EQ(a.messages[w][r].ours_bytes, b.messages[w][r].ours_bytes);
+      if (same_bytes) {
+        EXPECT_EQ(a.messages[w][r].ours_bytes, b.messages[w][r].ours_bytes);
+      }
     }
   }
 }
