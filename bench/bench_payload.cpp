@@ -271,11 +271,11 @@ Message rederive(const fs::path& trace_dir, std::uint64_t window, int rank, Thre
         nlohmann::json::parse(state_files::require(out.metadata(), "report", out.path()));
     message.engine_bytes = report.at("payload_bytes").get<std::uint64_t>();
     if (*message.engine_bytes != message.ours_bytes ||
-        report.at("entries_sent").get<std::uint64_t>() != message.entries) {
+        report.at("entries").get<std::uint64_t>() != message.entries) {
       throw std::runtime_error(fmt::format(
           "{}: re-derived message ({} entries, {} B) differs from the engine's ({} entries, {} B)",
           out_path.string(), message.entries, message.ours_bytes,
-          report.at("entries_sent").get<std::uint64_t>(), *message.engine_bytes));
+          report.at("entries").get<std::uint64_t>(), *message.engine_bytes));
     }
   }
   return message;

@@ -50,7 +50,7 @@ def main(argv):
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in records:
         window = r["window_seconds"]
-        exchange = r["phase_seconds_max"]["exchange"]
+        exchange = r["exchange_seconds"]
         density = f"{100 * r['density']:.3f}%" if r["mode"] == "pulse" else "dense"
         print(f"| {r['link_mbit']:g} Mbit/s | {run_name(r)} | {density} | {window:.2f} | "
               f"{exchange:.2f} | {window - exchange:.2f} | {human(r['wire_bytes_received_max'])} "
@@ -67,7 +67,7 @@ def main(argv):
         for p in (r for r in at if r["mode"] == "pulse"):
             cells = [
                 f"{diloco['window_seconds'] / p['window_seconds']:.1f}x" if diloco else "-",
-                f"{diloco['phase_seconds_max']['exchange'] / p['phase_seconds_max']['exchange']:.1f}x"
+                f"{diloco['exchange_seconds'] / p['exchange_seconds']:.1f}x"
                 if diloco else "-",
                 f"{ddp['window_seconds'] / p['window_seconds']:.1f}x (H = {ddp['H']})"
                 if ddp else "-",
@@ -95,7 +95,7 @@ def main(argv):
             if r is None:
                 continue
             x = i + (k - (len(names) - 1) / 2) * width
-            exchange = r["phase_seconds_max"]["exchange"]
+            exchange = r["exchange_seconds"]
             compute = max(r["window_seconds"] - exchange, 0)
             ax.bar(x, exchange, width * 0.9, color=colour[name],
                    label=f"{name}: exchange" if i == 0 else None)
