@@ -78,7 +78,7 @@ struct Row {
   nlohmann::json extra = nlohmann::json::object();
 };
 
-double mean_of(const std::vector<Message>& messages, std::uint64_t Message::* field) {
+double mean_of(const std::vector<Message>& messages, std::uint64_t Message::*field) {
   double sum = 0;
   for (const Message& m : messages)
     sum += static_cast<double>(m.*field);
@@ -155,24 +155,25 @@ void print_row(const nlohmann::json& j, bool json) {
     fmt::print("{}\n", j.dump());
   } else {
     const auto& b = j["bytes"];
-    fmt::print("{:<15} {:<13} {:>7.0e} {:>3} {:>3} {:>7.3f}% {:>10} {:>10} {:>10} {:>10} {:>10} "
-               "{:>7.3f} {:>6.2f}x\n",
-               j["source"].get<std::string>(), j["model"].get<std::string>(),
-               j["lr"].get<double>(), j["H"].get<std::uint64_t>(), j["window"].get<std::uint64_t>(),
-               100.0 * j["density"].get<double>(), gb(b["ddp"].get<double>()),
-               gb(b["diloco"].get<double>()), gb(b["authors_12B"].get<double>()),
-               gb(b["int32_fp32"].get<double>()), gb(b["ours"].get<double>()),
-               j["bytes_per_entry"]["ours"].get<double>(),
-               j["ratio"]["authors_over_ours"].get<double>());
+    fmt::print(
+        "{:<15} {:<13} {:>7.0e} {:>3} {:>3} {:>7.3f}% {:>10} {:>10} {:>10} {:>10} {:>10} "
+        "{:>7.3f} {:>6.2f}x\n",
+        j["source"].get<std::string>(), j["model"].get<std::string>(), j["lr"].get<double>(),
+        j["H"].get<std::uint64_t>(), j["window"].get<std::uint64_t>(),
+        100.0 * j["density"].get<double>(), gb(b["ddp"].get<double>()),
+        gb(b["diloco"].get<double>()), gb(b["authors_12B"].get<double>()),
+        gb(b["int32_fp32"].get<double>()), gb(b["ours"].get<double>()),
+        j["bytes_per_entry"]["ours"].get<double>(), j["ratio"]["authors_over_ours"].get<double>());
   }
   std::fflush(stdout);
 }
 
 void print_header(bool json) {
   if (json) return;
-  fmt::print("{:<15} {:<13} {:>7} {:>3} {:>3} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}\n",
-             "source", "model", "lr", "H", "win", "density", "DDP", "DiLoCo", "12 B/entry",
-             "8 B/entry", "ours", "B/entry", "12B/ours");
+  fmt::print(
+      "{:<15} {:<13} {:>7} {:>3} {:>3} {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}\n",
+      "source", "model", "lr", "H", "win", "density", "DDP", "DiLoCo", "12 B/entry", "8 B/entry",
+      "ours", "B/entry", "12B/ours");
 }
 
 // --- real traces -------------------------------------------------------------------------------
@@ -230,12 +231,11 @@ Message rederive(const fs::path& trace_dir, std::uint64_t window, int rank, Thre
     thread_local std::vector<float> values;
     offsets.resize(chunk.length);
     values.resize(chunk.length);
-    const kernels::GateChunk gate_chunk{
-        .global = global[chunk.tensor].data() + chunk.begin,
-        .local = local[chunk.tensor].data() + chunk.begin * element,
-        .local_dtype = tensors[chunk.tensor].dtype,
-        .residual = residual[chunk.tensor].data() + chunk.begin,
-        .count = chunk.length};
+    const kernels::GateChunk gate_chunk{.global = global[chunk.tensor].data() + chunk.begin,
+                                        .local = local[chunk.tensor].data() + chunk.begin * element,
+                                        .local_dtype = tensors[chunk.tensor].dtype,
+                                        .residual = residual[chunk.tensor].data() + chunk.begin,
+                                        .count = chunk.length};
     const kernels::GateResult result = kernels::gate(gate_chunk, offsets.data(), values.data());
     if (result.non_finite_offset) {
       throw std::runtime_error("traced window has a non-finite pseudo-gradient");
@@ -301,8 +301,7 @@ std::vector<Row> trace_rows(const fs::path& dir, double lr, ThreadPool& pool) {
     }
     for (int r = 0; r < world; ++r)
       row.messages.push_back(rederive(dir, window, r, pool));
-    row.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     row.extra = {{"trace_dir", dir.string()}, {"engine_bytes_match", true}};
     rows.push_back(std::move(row));
   }
@@ -366,8 +365,9 @@ std::vector<Row> qwen_rows(const QwenConfig& model, const GeneratorConfig& base,
 int main(int argc, char** argv) {
   Settings s;
   GeneratorConfig& g = s.generator;
-  CLI::App app{"Payload per worker per window: DDP, DiLoCo, the authors' 12-byte format, "
-               "int32+fp32 and ours"};
+  CLI::App app{
+      "Payload per worker per window: DDP, DiLoCo, the authors' 12-byte format, "
+      "int32+fp32 and ours"};
   app.add_option("--qwen", s.qwen, "Qwen2.5 scales (0.5B,1.5B,3B,7B, tiny; 'none' for none)")
       ->delimiter(',');
   app.add_option("--trace", s.traces, "a pulseloco_train --trace-dir directory (repeatable)");
@@ -432,10 +432,10 @@ int main(int argc, char** argv) {
         emit(row);
     }
     const bool ok = worst_ratio >= s.min_ratio;
-    const std::string verdict =
-        fmt::format("ours vs the 12-byte format on equal messages: at least {:.2f}x smaller on "
-                    "every message (target {:.1f}x): {}",
-                    worst_ratio, s.min_ratio, ok ? "met" : "NOT met");
+    const std::string verdict = fmt::format(
+        "ours vs the 12-byte format on equal messages: at least {:.2f}x smaller on "
+        "every message (target {:.1f}x): {}",
+        worst_ratio, s.min_ratio, ok ? "met" : "NOT met");
     if (s.json) {
       fmt::print("{}\n", nlohmann::json{{"benchmark", "payload-summary"},
                                         {"min_ratio_authors_over_ours", worst_ratio},

@@ -57,7 +57,8 @@ struct StreamKeys {
 [[nodiscard]] inline float stream_normal(const StreamKeys& keys, std::uint32_t index) noexcept {
   return normal_from(mix32(index ^ keys.a), mix32(index ^ keys.b));
 }
-[[nodiscard]] inline std::uint32_t stream_bits(const StreamKeys& keys, std::uint32_t index) noexcept {
+[[nodiscard]] inline std::uint32_t stream_bits(const StreamKeys& keys,
+                                               std::uint32_t index) noexcept {
   return mix32(mix32(index ^ keys.a) ^ keys.b);
 }
 

@@ -15,9 +15,9 @@
 // The synthetic state: P fp32 parameters in tensors of --tensor-elements, weights N(0, 0.02^2)
 // on the bf16 grid (a bf16 checkpoint), identical on every rank. Each rank moves its local
 // weights as H inner steps would: a fraction (each of --densities) of the elements (chosen
-// independently per rank) by 0.6 to 2 bf16 steps, so that their bf16 value changes and the gate fires, and
-// every other element by less than 0.2 of a step, which the gate keeps in the residual. ddp's
-// window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what DDP moves
+// independently per rank) by 0.6 to 2 bf16 steps, so that their bf16 value changes and the gate
+// fires, and every other element by less than 0.2 of a step, which the gate keeps in the residual.
+// ddp's window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what DDP moves
 // per inner step), followed by the engine's window bookkeeping (digest check).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -103,7 +103,8 @@ Model make_model(const Settings& s, ThreadPool& pool) {
     const bench::StreamKeys keys = bench::stream_keys(s.seed, t, 1);
     std::vector<float>& w = model.local[t];
     for (std::size_t i = 0; i < w.size(); ++i) {
-      const float value = round_to_bf16(0.02f * bench::stream_normal(keys, static_cast<std::uint32_t>(i)));
+      const float value =
+          round_to_bf16(0.02f * bench::stream_normal(keys, static_cast<std::uint32_t>(i)));
       w[i] = value != 0.0f ? value : 0.005f;
     }
   });
@@ -121,7 +122,8 @@ float bf16_step(float x) {
 // This rank's local weights after "H inner steps" (see the file comment).
 void move_locally(Model& model, const Settings& s, double density, int rank, ThreadPool& pool) {
   pool.parallel_for(model.local.size(), [&](std::size_t t) {
-    const bench::StreamKeys keys = bench::stream_keys(s.seed, t, 2, 0, static_cast<std::uint64_t>(rank) + 1);
+    const bench::StreamKeys keys =
+        bench::stream_keys(s.seed, t, 2, 0, static_cast<std::uint64_t>(rank) + 1);
     const auto threshold = static_cast<std::uint32_t>(density * 4294967295.0);
     std::vector<float>& w = model.local[t];
     for (std::size_t i = 0; i < w.size(); ++i) {
@@ -139,7 +141,8 @@ void move_locally(Model& model, const Settings& s, double density, int rank, Thr
 void fill_gradients(Model& model, const Settings& s, int rank, ThreadPool& pool) {
   model.gradients.resize(model.local.size());
   pool.parallel_for(model.local.size(), [&](std::size_t t) {
-    const bench::StreamKeys keys = bench::stream_keys(s.seed, t, 3, 0, static_cast<std::uint64_t>(rank) + 1);
+    const bench::StreamKeys keys =
+        bench::stream_keys(s.seed, t, 3, 0, static_cast<std::uint64_t>(rank) + 1);
     std::vector<float>& g = model.gradients[t];
     g.resize(model.local[t].size());
     for (std::size_t i = 0; i < g.size(); ++i)
@@ -216,11 +219,16 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
 
   // Every rank's numbers, gathered on every rank (rank 0 prints them).
-  const std::vector<std::uint64_t> mine = {
-      s_to_ns(wall),          s_to_ns(report.seconds.gate),   s_to_ns(report.seconds.exchange),
-      s_to_ns(report.seconds.apply), s_to_ns(report.seconds.verify), report.entries_sent,
-      report.payload_bytes,   report.received_bytes,          report.wire_bytes_sent,
-      report.wire_bytes_received};
+  const std::vector<std::uint64_t> mine = {s_to_ns(wall),
+                                           s_to_ns(report.seconds.gate),
+                                           s_to_ns(report.seconds.exchange),
+                                           s_to_ns(report.seconds.apply),
+                                           s_to_ns(report.seconds.verify),
+                                           report.entries_sent,
+                                           report.payload_bytes,
+                                           report.received_bytes,
+                                           report.wire_bytes_sent,
+                                           report.wire_bytes_received};
   std::vector<std::vector<std::uint64_t>> all(mine.size());
   for (std::size_t f = 0; f < mine.size(); ++f)
     all[f] = collectives::allgather_u64(engine.transport(), mine[f], control_options(s));
@@ -370,13 +378,13 @@ int main(int argc, char** argv) {
           }
           const double window = j["window_seconds"].get<double>();
           const double exchange = j["exchange_seconds"].get<double>();
-          fmt::print("{:<8} {:<7} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} {:>9.2f} "
-                     "{:>8.3f}%\n",
-                     rate, mode, window, exchange, window - exchange,
-                     j.value("bound_seconds", 0.0),
-                     human_bytes(static_cast<double>(j["wire_bytes_received_max"].get<std::uint64_t>())),
-                     j.value("goodput_mbit", 0.0), j.value("ratio_window_to_bound", 0.0),
-                     100.0 * j["density"].get<double>());
+          fmt::print(
+              "{:<8} {:<7} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} {:>9.2f} "
+              "{:>8.3f}%\n",
+              rate, mode, window, exchange, window - exchange, j.value("bound_seconds", 0.0),
+              human_bytes(static_cast<double>(j["wire_bytes_received_max"].get<std::uint64_t>())),
+              j.value("goodput_mbit", 0.0), j.value("ratio_window_to_bound", 0.0),
+              100.0 * j["density"].get<double>());
         }
         std::fflush(stdout);
       }

@@ -17,7 +17,9 @@ namespace {
 
 // Standard normals of elements [index, index + count) of one stream (index: within the tensor,
 // below 2^32 for every tensor of the models here).
-__attribute__((target_clones("avx2", "default"))) void normals(const StreamKeys& keys, std::uint32_t index, float* out, std::uint64_t count) {
+__attribute__((target_clones("avx2", "default"))) void normals(const StreamKeys& keys,
+                                                               std::uint32_t index, float* out,
+                                                               std::uint64_t count) {
   for (std::uint64_t i = 0; i < count; ++i) {
     const std::uint32_t idx = index + static_cast<std::uint32_t>(i);
     out[i] = stream_normal(keys, idx);
@@ -37,7 +39,7 @@ struct StepParams {
   float step_size = 0;   // lr / (1 - β1^t)
   float grad_scale = 0;  // grad_rms * c_rt
   float noise = 0;
-  StreamKeys keys;         // the step's noise stream
+  StreamKeys keys;          // the step's noise stream
   std::uint32_t index = 0;  // element index (within the tensor) of the chunk's first element
 };
 
@@ -45,9 +47,10 @@ struct StepParams {
 // fly. The only loop of the benchmark that touches every element H times per window, written so
 // that the compiler vectorises it (32-bit integer hash, no libm calls); built for AVX2 and for
 // the baseline ISA, the same bits either way (no contraction, IEEE sqrt and division).
-__attribute__((target_clones("avx2", "default"))) void adamw_step(
-    float* local, float* m, float* v, const float* signal_term, std::uint64_t count,
-    const StepParams& p) {
+__attribute__((target_clones("avx2", "default"))) void adamw_step(float* local, float* m, float* v,
+                                                                  const float* signal_term,
+                                                                  std::uint64_t count,
+                                                                  const StepParams& p) {
   const StepParams q = p;
   for (std::uint64_t i = 0; i < count; ++i) {
     const std::uint32_t idx = q.index + static_cast<std::uint32_t>(i);
@@ -141,10 +144,11 @@ EncodedFrame encode_frame_checked(const codec::FrameEntries& entries,
   values.resize(info.entries);
   const std::uint64_t n = view.decode_frame(0, offsets, values, scratch);
   const auto where = [&] {
-    return "tensor " + std::to_string(entries.tensor) + " chunk at " + std::to_string(entries.begin);
+    return "tensor " + std::to_string(entries.tensor) + " chunk at " +
+           std::to_string(entries.begin);
   };
-  if (n != entries.offsets.size() || info.tensor != entries.tensor ||
-      info.begin != entries.begin || info.length != entries.length) {
+  if (n != entries.offsets.size() || info.tensor != entries.tensor || info.begin != entries.begin ||
+      info.length != entries.length) {
     throw std::runtime_error("decoded frame differs from the encoded one (" + where() + ")");
   }
   if (!std::equal(offsets.begin(), offsets.begin() + static_cast<std::ptrdiff_t>(n),
@@ -237,8 +241,8 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
         // chunk's optimizer state through memory H times.
         std::vector<StepParams> steps(static_cast<std::size_t>(config.inner_steps));
         for (int h = 0; h < config.inner_steps; ++h) {
-          const std::size_t step = window * static_cast<std::size_t>(config.inner_steps) +
-                                   static_cast<std::size_t>(h);
+          const std::size_t step =
+              window * static_cast<std::size_t>(config.inner_steps) + static_cast<std::size_t>(h);
           StepParams& p = steps[static_cast<std::size_t>(h)];
           p.decay = 1.0f - config.lr * config.weight_decay;
           p.beta1 = config.beta1;
@@ -252,8 +256,8 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
           } else {
             const auto t = static_cast<double>(step + 1);
             p.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(config.beta2, t)));
-            p.step_size =
-                config.lr / static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), t));
+            p.step_size = config.lr /
+                          static_cast<float>(1.0 - std::pow(static_cast<double>(config.beta1), t));
           }
           p.grad_scale = config.grad_rms * batch_scale[r][step];
           p.noise = config.noise;
@@ -292,14 +296,13 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
       if (window + 1 == windows) break;  // the last window's outer step changes no message
       std::vector<kernels::SparseEntries> per_rank;
       for (const WorkerChunk& w : s.workers) {
-        per_rank.push_back({std::span(w.offsets.data(), w.fired), std::span(w.values.data(), w.fired)});
+        per_rank.push_back(
+            {std::span(w.offsets.data(), w.fired), std::span(w.values.data(), w.fired)});
       }
       kernels::aggregate(per_rank, s.g.data(), n);
-      kernels::outer_step(s.global.data(), s.outer_m.data(), s.g.data(), s.workers[0].local.data(),
-                          DType::float32, n,
-                          {.lr = config.outer_lr,
-                           .momentum = config.outer_momentum,
-                           .first_step = window == 0});
+      kernels::outer_step(
+          s.global.data(), s.outer_m.data(), s.g.data(), s.workers[0].local.data(), DType::float32,
+          n, {.lr = config.outer_lr, .momentum = config.outer_momentum, .first_step = window == 0});
       for (std::size_t r = 1; r < workers; ++r)
         std::copy_n(s.workers[0].local.begin(), n, s.workers[r].local.begin());
     }
@@ -311,7 +314,8 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
   codec::MessageHeader header;
   header.encoding = config.codec.encoding;
   header.tensor_numels = numels;
-  result.header_bytes = codec::encode_header(header, static_cast<std::uint32_t>(chunks.size())).size();
+  result.header_bytes =
+      codec::encode_header(header, static_cast<std::uint32_t>(chunks.size())).size();
   result.messages.assign(windows, std::vector<WorkerMessage>(workers));
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     for (std::size_t window = 0; window < windows; ++window) {
@@ -331,8 +335,7 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
       m.ours_bytes += result.header_bytes;
   }
   result.decode_verified = config.verify_decode;
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 

@@ -145,9 +145,9 @@ std::vector<nlohmann::json> run_benchmark(const std::string& arguments) {
 }
 
 TEST(PayloadBenchmark, ReportsTheFiveFormatsWithTheirFormulas) {
-  const auto records =
-      run_benchmark("--qwen tiny --workers 2 --windows 2 -H 4 --lr 2e-5 --threads 1 --json "
-                    "--min-ratio 0");
+  const auto records = run_benchmark(
+      "--qwen tiny --workers 2 --windows 2 -H 4 --lr 2e-5 --threads 1 --json "
+      "--min-ratio 0");
   ASSERT_EQ(records.size(), 3u);  // two windows and the summary
   for (std::size_t i = 0; i < 2; ++i) {
     const auto& r = records[i];
@@ -166,7 +166,8 @@ TEST(PayloadBenchmark, ReportsTheFiveFormatsWithTheirFormulas) {
     EXPECT_EQ(bytes["authors_12B"].get<double>(), 12 * (n0 + n1) / 2);
     EXPECT_EQ(bytes["authors_12B_padded"].get<double>(), 12 * std::max(n0, n1));
     EXPECT_EQ(bytes["int32_fp32"].get<double>(), 8 * (n0 + n1) / 2);
-    const double ours = (ranks[0]["ours_bytes"].get<double>() + ranks[1]["ours_bytes"].get<double>()) / 2;
+    const double ours =
+        (ranks[0]["ours_bytes"].get<double>() + ranks[1]["ours_bytes"].get<double>()) / 2;
     EXPECT_EQ(bytes["ours"].get<double>(), ours);
     EXPECT_NEAR(r["bytes_per_entry"]["ours"].get<double>(), ours / ((n0 + n1) / 2), 1e-9);
     EXPECT_TRUE(r["decode_verified"].get<bool>());
@@ -176,10 +177,10 @@ TEST(PayloadBenchmark, ReportsTheFiveFormatsWithTheirFormulas) {
 
 TEST(PayloadBenchmark, FailsWhenTheRatioTargetIsMissed) {
   // No codec is 1000x smaller than 12 bytes per entry: the benchmark must say so and fail.
-  const int status = std::system(
-      (std::string(PULSELOCO_BENCH_PAYLOAD) +
-       " --qwen tiny -H 2 --threads 1 --json --min-ratio 1000 > /dev/null 2>&1")
-          .c_str());
+  const int status =
+      std::system((std::string(PULSELOCO_BENCH_PAYLOAD) +
+                   " --qwen tiny -H 2 --threads 1 --json --min-ratio 1000 > /dev/null 2>&1")
+                      .c_str());
   EXPECT_NE(status, 0);
 }
 
