@@ -302,7 +302,11 @@ std::vector<Row> trace_rows(const fs::path& dir, double lr, ThreadPool& pool) {
     for (int r = 0; r < world; ++r)
       row.messages.push_back(rederive(dir, window, r, pool));
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    row.extra = {{"trace_dir", dir.string()}, {"engine_bytes_match", true}};
+    // rederive() throws on a mismatch, so every message with the engine's record matched it.
+    const bool all_recorded =
+        std::all_of(row.messages.begin(), row.messages.end(),
+                    [](const Message& m) { return m.engine_bytes.has_value(); });
+    row.extra = {{"trace_dir", dir.string()}, {"engine_bytes_checked", all_recorded}};
     rows.push_back(std::move(row));
   }
   if (rows.empty()) throw InvalidArgument("no traced windows in " + dir.string());
