@@ -1,0 +1,397 @@
+// pulseloco_bench_sync: one synchronisation window of each mode (pulse, diloco, ddp) with the
+// real engine (src/engine) on the same synthetic state, end to end over the real TCP transport:
+// wall time per window, the engine's phase times, bytes on the wire (the transport's counters),
+// goodput against the link rate and the bandwidth bound (the bytes each rank must receive /
+// the link rate). docs/benchmarks.md, "End-to-end sync"; scripts/bench_sync_netns runs it with
+// 4 ranks in network namespaces on tbf-shaped links.
+//
+// Every rank is a plain process joined by the environment rendezvous (RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT; each window forms a new group on MASTER_PORT + k). For every
+// (rate, mode) the engine is built (rank 0's weights are broadcast) with the links unshaped,
+// each rank prepares its local model, then rank 0 runs `--shape-hook RATE` (e.g. a script that
+// sets tbf on every veth), all ranks pass a barrier, and the window runs and is timed; the hook
+// is then run with "off". Without a hook the links are what they are (loopback).
+//
+// The synthetic state: P fp32 parameters in tensors of --tensor-elements, weights N(0, 0.02^2)
+// on the bf16 grid (a bf16 checkpoint), identical on every rank. Each rank moves its local
+// weights as H inner steps would: a fraction (each of --densities) of the elements (chosen
+// independently per rank) by 0.6 to 2 bf16 steps, so that their bf16 value changes and the gate
+// fires, and every other element by less than 0.2 of a step, which the gate keeps in the residual.
+// ddp's window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what DDP moves
+// per inner step), followed by the engine's window bookkeeping (digest check).
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/bf16.h"
+#include "base/errors.h"
+#include "base/thread_pool.h"
+#include "bench_random.h"
+#include "collectives/collectives.h"
+#include "engine/engine.h"
+#include "engine/report.h"
+#include "transport/factory.h"
+
+namespace {
+
+using namespace pulseloco;
+using Clock = std::chrono::steady_clock;
+
+struct Settings {
+  double parameters = 1e8;
+  std::uint64_t tensor_elements = std::uint64_t{1} << 24;
+  std::vector<double> densities = {0.05};  // pulse runs once per density
+  std::vector<std::string> modes = {"pulse", "diloco", "ddp"};
+  std::vector<std::string> rates = {"none"};
+  std::uint32_t ddp_steps = 2;
+  std::string shape_hook;
+  unsigned threads = 1;
+  int timeout_s = 1800;
+  std::uint64_t seed = 1;
+  bool json = false;
+  std::string label;
+};
+
+// "100mbit" -> 100, "1gbit" -> 1000, "none" -> 0 (no shaping, no bound).
+double rate_mbit(const std::string& rate) {
+  if (rate == "none") return 0;
+  std::size_t end = 0;
+  const double value = std::stod(rate, &end);
+  const std::string unit = rate.substr(end);
+  if (unit == "kbit") return value / 1000;
+  if (unit == "mbit") return value;
+  if (unit == "gbit") return value * 1000;
+  throw InvalidArgument("rate '" + rate + "': use a number with kbit, mbit or gbit, or none");
+}
+
+struct Model {
+  std::vector<std::vector<float>> local;
+  std::vector<std::vector<float>> gradients;  // ddp only
+  std::uint64_t parameters = 0;
+
+  std::vector<NamedTensor> named() {
+    std::vector<NamedTensor> tensors;
+    for (std::size_t t = 0; t < local.size(); ++t) {
+      tensors.push_back({fmt::format("block.{}.weight", t),
+                         TensorView{local[t].data(), local[t].size(), DType::float32, Device{}},
+                         {}});
+    }
+    return tensors;
+  }
+};
+
+// Rank-independent initial weights: N(0, 0.02^2) rounded to bf16 (never exactly zero).
+Model make_model(const Settings& s, ThreadPool& pool) {
+  Model model;
+  const auto total = static_cast<std::uint64_t>(s.parameters);
+  for (std::uint64_t begin = 0; begin < total; begin += s.tensor_elements) {
+    model.local.emplace_back(std::min(s.tensor_elements, total - begin));
+  }
+  model.parameters = total;
+  pool.parallel_for(model.local.size(), [&](std::size_t t) {
+    const bench::StreamKeys keys = bench::stream_keys(s.seed, t, 1);
+    std::vector<float>& w = model.local[t];
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const float value =
+          round_to_bf16(0.02f * bench::stream_normal(keys, static_cast<std::uint32_t>(i)));
+      w[i] = value != 0.0f ? value : 0.005f;
+    }
+  });
+  return model;
+}
+
+// The spacing of bf16 values at |x| (x finite, non-zero, normal).
+float bf16_step(float x) {
+  const float a = std::fabs(x);
+  int exponent = 0;
+  (void)std::frexp(a, &exponent);  // a = f * 2^exponent, f in [0.5, 1)
+  return std::ldexp(1.0f, exponent - 8);
+}
+
+// This rank's local weights after "H inner steps" (see the file comment).
+void move_locally(Model& model, const Settings& s, double density, int rank, ThreadPool& pool) {
+  pool.parallel_for(model.local.size(), [&](std::size_t t) {
+    const bench::StreamKeys keys =
+        bench::stream_keys(s.seed, t, 2, 0, static_cast<std::uint64_t>(rank) + 1);
+    const auto threshold = static_cast<std::uint32_t>(density * 4294967295.0);
+    std::vector<float>& w = model.local[t];
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const std::uint32_t bits = bench::stream_bits(keys, static_cast<std::uint32_t>(i));
+      const std::uint32_t more = bench::mix32(bits ^ 0x5bd1e995U);
+      const float u = static_cast<float>(more >> 8) / 16777216.0f;  // [0, 1)
+      const float sign = (more & 1U) != 0 ? 1.0f : -1.0f;
+      const float step = bf16_step(w[i]);
+      const float move = bits < threshold ? step * (0.6f + 1.4f * u) : step * 0.2f * u;
+      w[i] = w[i] - sign * move;
+    }
+  });
+}
+
+void fill_gradients(Model& model, const Settings& s, int rank, ThreadPool& pool) {
+  model.gradients.resize(model.local.size());
+  pool.parallel_for(model.local.size(), [&](std::size_t t) {
+    const bench::StreamKeys keys =
+        bench::stream_keys(s.seed, t, 3, 0, static_cast<std::uint64_t>(rank) + 1);
+    std::vector<float>& g = model.gradients[t];
+    g.resize(model.local[t].size());
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = 1e-3f * bench::stream_normal(keys, static_cast<std::uint32_t>(i));
+  });
+}
+
+collectives::CollectiveOptions control_options(const Settings& s) {
+  collectives::CollectiveOptions options;
+  options.timeout = std::chrono::seconds(s.timeout_s);
+  options.tag = 101;  // the engine uses its own base tag
+  return options;
+}
+
+void run_hook(const Settings& s, const std::string& argument) {
+  if (s.shape_hook.empty()) return;
+  const std::string command = s.shape_hook + " " + argument;
+  const int status = std::system(command.c_str());
+  if (status != 0) throw IoError(fmt::format("shape hook failed ({}): {}", status, command));
+}
+
+double ns_to_s(std::uint64_t ns) {
+  return static_cast<double>(ns) / 1e9;
+}
+
+std::uint64_t s_to_ns(double seconds) {
+  return static_cast<std::uint64_t>(std::llround(seconds * 1e9));
+}
+
+// One window of `mode` at `rate`; rank 0 returns the record.
+nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
+                       double density, std::uint16_t port, ThreadPool& pool) {
+  transport::TransportOptions topt = transport::from_environment();
+  topt.master_port = port;
+  topt.connect_timeout = std::chrono::seconds(s.timeout_s);
+  auto transport = transport::make_transport(topt);
+  const int rank = transport->rank();
+  const int world = transport->size();
+  if (rank == 0) run_hook(s, "off");  // build the state over unshaped links
+  collectives::barrier(*transport, control_options(s));
+
+  Model model = make_model(s, pool);
+  EngineOptions options;
+  options.mode = parse_mode(mode);
+  options.steps_per_window = mode == "ddp" ? s.ddp_steps : 1;
+  options.threads = s.threads;
+  options.timeout = std::chrono::seconds(s.timeout_s);
+  Engine engine(model.named(), options, std::move(transport));
+  if (mode == "ddp") {
+    fill_gradients(model, s, rank, pool);
+  } else {
+    move_locally(model, s, density, rank, pool);
+  }
+  std::vector<TensorView> gradient_views;
+  for (auto& g : model.gradients)
+    gradient_views.push_back({g.data(), g.size(), DType::float32, Device{}});
+
+  collectives::barrier(engine.transport(), control_options(s));
+  if (rank == 0) run_hook(s, rate);
+  collectives::barrier(engine.transport(), control_options(s));
+
+  const auto start = Clock::now();
+  WindowReport report;
+  if (mode == "ddp") {
+    std::optional<WindowReport> last;
+    for (std::uint32_t h = 0; h < s.ddp_steps; ++h) {
+      engine.average_gradients(gradient_views);
+      last = engine.after_optimizer_step();
+    }
+    report = *last;
+  } else {
+    report = engine.run_window();
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+
+  // Every rank's numbers, gathered on every rank (rank 0 prints them).
+  const std::vector<std::uint64_t> mine = {s_to_ns(wall),
+                                           s_to_ns(report.seconds.gate),
+                                           s_to_ns(report.seconds.exchange),
+                                           s_to_ns(report.seconds.apply),
+                                           s_to_ns(report.seconds.verify),
+                                           report.entries_sent,
+                                           report.payload_bytes,
+                                           report.received_bytes,
+                                           report.wire_bytes_sent,
+                                           report.wire_bytes_received};
+  std::vector<std::vector<std::uint64_t>> all(mine.size());
+  for (std::size_t f = 0; f < mine.size(); ++f)
+    all[f] = collectives::allgather_u64(engine.transport(), mine[f], control_options(s));
+  if (rank == 0) run_hook(s, "off");
+  if (rank != 0) return {};
+
+  const auto max_of = [](const std::vector<std::uint64_t>& v) {
+    return *std::max_element(v.begin(), v.end());
+  };
+  const auto min_of = [](const std::vector<std::uint64_t>& v) {
+    return *std::min_element(v.begin(), v.end());
+  };
+  const auto sum_of = [](const std::vector<std::uint64_t>& v) {
+    std::uint64_t total = 0;
+    for (std::uint64_t x : v)
+      total += x;
+    return total;
+  };
+  const double mbit = rate_mbit(rate);
+  const double p = static_cast<double>(model.parameters);
+  const double ring_bytes = 2.0 * (world - 1) / world * 4.0 * p;  // ring all-reduce, per rank
+  double bound_bytes = 0;
+  if (mode == "pulse") {
+    bound_bytes = static_cast<double>(max_of(all[7]));  // the largest sum of others' messages
+  } else if (mode == "diloco") {
+    bound_bytes = ring_bytes;
+  } else {
+    bound_bytes = s.ddp_steps * ring_bytes;
+  }
+  const double window_s = ns_to_s(max_of(all[0]));
+  // A rank's exchange phase starts when its own gate is done, so it includes waiting for slower
+  // ranks (4 ranks share 2 cores here, and their compute phases drift apart). The rank that
+  // entered last waited for nobody: its exchange time is the collective's own duration.
+  const double exchange_s = ns_to_s(min_of(all[2]));
+  nlohmann::json j = {
+      {"benchmark", "sync"},
+      {"mode", mode},
+      {"rate", rate},
+      {"link_mbit", mbit},
+      {"ranks", world},
+      {"parameters", model.parameters},
+      {"H", options.steps_per_window},
+      {"target_density", density},
+      {"density", mode == "pulse" ? static_cast<double>(sum_of(all[5])) / world / p : 1.0},
+      {"threads_per_rank", s.threads},
+      {"window_seconds", window_s},
+      {"phase_seconds_max",
+       {{"gate", ns_to_s(max_of(all[1]))},
+        {"exchange", ns_to_s(max_of(all[2]))},
+        {"apply", ns_to_s(max_of(all[3]))},
+        {"verify", ns_to_s(max_of(all[4]))}}},
+      {"phase_seconds_min",
+       {{"gate", ns_to_s(min_of(all[1]))},
+        {"exchange", exchange_s},
+        {"apply", ns_to_s(min_of(all[3]))},
+        {"verify", ns_to_s(min_of(all[4]))}}},
+      {"exchange_seconds", exchange_s},
+      {"payload_bytes_max", max_of(all[6])},
+      {"payload_bytes_mean", static_cast<double>(sum_of(all[6])) / world},
+      {"received_bytes_max", max_of(all[7])},
+      {"wire_bytes_sent_max", max_of(all[8])},
+      {"wire_bytes_received_max", max_of(all[9])},
+      {"bound_bytes", bound_bytes},
+      {"per_rank",
+       {{"window_seconds", all[0]},
+        {"exchange_ns", all[2]},
+        {"payload_bytes", all[6]},
+        {"wire_bytes_received", all[9]}}},
+  };
+  if (mbit > 0) {
+    const double bound_s = bound_bytes * 8 / (mbit * 1e6);
+    j["bound_seconds"] = bound_s;
+    j["ratio_window_to_bound"] = window_s / bound_s;
+    j["ratio_exchange_to_bound"] = exchange_s / bound_s;
+    // The bytes the busiest rank took off the wire, over the collective's duration.
+    const double goodput = static_cast<double>(max_of(all[9])) * 8 / exchange_s / 1e6;
+    j["goodput_mbit"] = goodput;
+    j["goodput_of_link"] = goodput / mbit;
+  }
+  if (!s.label.empty()) j["setup"] = s.label;
+  return j;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  CLI::App app{"One synchronisation window of pulse, diloco and ddp with the real engine"};
+  app.add_option("--parameters", s.parameters, "model parameters (fp32)")->capture_default_str();
+  app.add_option("--tensor-elements", s.tensor_elements, "elements per tensor")
+      ->capture_default_str();
+  app.add_option("--densities", s.densities,
+                 "fractions of elements each rank's gate fires (pulse runs once per density)")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--modes", s.modes, "pulse,diloco,ddp")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"pulse", "diloco", "ddp"}));
+  app.add_option("--rates", s.rates, "link rates for the hook (100mbit,1gbit) or none")
+      ->delimiter(',');
+  app.add_option("--ddp-steps", s.ddp_steps, "H of the ddp window (dense all-reduces)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--shape-hook", s.shape_hook, "rank 0 runs '<hook> RATE' / '<hook> off'");
+  app.add_option("--threads", s.threads, "engine threads per rank")->capture_default_str();
+  app.add_option("--timeout-s", s.timeout_s, "deadline of every collective")->capture_default_str();
+  app.add_option("--seed", s.seed, "state seed")->capture_default_str();
+  app.add_option("--label", s.label, "a 'setup' field for every record");
+  app.add_flag("--json", s.json, "one JSON record per line");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (s.densities.empty()) throw InvalidArgument("--densities needs at least one value");
+    if (s.parameters < 1 || s.tensor_elements < 1024 || s.tensor_elements > (1ull << 31)) {
+      throw InvalidArgument("--parameters must be >= 1 and --tensor-elements in [1024, 2^31]");
+    }
+    for (const std::string& rate : s.rates)
+      (void)rate_mbit(rate);
+    const char* port_text = std::getenv("MASTER_PORT");
+    if (port_text == nullptr) throw InvalidArgument("MASTER_PORT is not set (env rendezvous)");
+    const int base_port = std::stoi(port_text);
+    ThreadPool pool(s.threads);
+    int k = 0;
+    bool printed_header = false;
+    for (const std::string& rate : s.rates) {
+      std::vector<std::pair<std::string, double>> runs;
+      for (const std::string& mode : s.modes) {
+        if (mode == "pulse") {
+          for (double density : s.densities)
+            runs.emplace_back(mode, density);
+        } else {
+          runs.emplace_back(mode, s.densities.front());  // dense: the density changes nothing
+        }
+      }
+      for (const auto& [mode, density] : runs) {
+        const nlohmann::json j =
+            run_one(s, rate, mode, density, static_cast<std::uint16_t>(base_port + k++), pool);
+        if (j.is_null()) continue;
+        if (s.json) {
+          fmt::print("{}\n", j.dump());
+        } else {
+          if (!printed_header) {
+            fmt::print("{:<8} {:<7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9}\n", "rate",
+                       "mode", "window s", "exch. s", "compute s", "bound s", "wire recv", "Mbit/s",
+                       "x bound", "density");
+            printed_header = true;
+          }
+          const double window = j["window_seconds"].get<double>();
+          const double exchange = j["exchange_seconds"].get<double>();
+          fmt::print(
+              "{:<8} {:<7} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} {:>9.2f} "
+              "{:>8.3f}%\n",
+              rate, mode, window, exchange, window - exchange, j.value("bound_seconds", 0.0),
+              human_bytes(static_cast<double>(j["wire_bytes_received_max"].get<std::uint64_t>())),
+              j.value("goodput_mbit", 0.0), j.value("ratio_window_to_bound", 0.0),
+              100.0 * j["density"].get<double>());
+        }
+        std::fflush(stdout);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pulseloco_bench_sync: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
