@@ -1035,6 +1035,17 @@ struct MembershipClient::Impl {
   }
 
   // The reply to the outstanding request; TimeoutError (leaving it outstanding) at the deadline.
+  // Reads and drops the reply to a boundary question that timed out earlier (its answer is no
+  // longer wanted), so that the next reply read is the next request's.
+  void discard_stale_boundary_reply(Deadline deadline, long long budget_ms) {
+    if (!read_message(deadline))
+      throw TimeoutError(
+          fmt::format("membership: the coordinator at {} did not answer an earlier "
+                      "boundary question within {} ms",
+                      to_string(coordinator), budget_ms));
+    outstanding = Request::none;
+  }
+
   Json await_reply(Deadline deadline, std::string_view what, long long budget_ms) {
     auto reply = read_message(deadline);
     if (!reply)
@@ -1206,13 +1217,7 @@ GroupAssignment MembershipClient::next_group(std::string_view reason, Deadline d
   const long long budget_ms = to_ms(deadline - Clock::now());
   if (impl.outstanding == Impl::Request::boundary) {
     // A boundary question that timed out earlier: its answer is no longer wanted.
-    auto stale = impl.read_message(deadline);
-    if (!stale)
-      throw TimeoutError(
-          fmt::format("membership: the coordinator at {} did not answer an earlier "
-                      "boundary question within {} ms",
-                      to_string(impl.coordinator), budget_ms));
-    impl.outstanding = Impl::Request::none;
+    impl.discard_stale_boundary_reply(deadline, budget_ms);
   }
   if (impl.outstanding == Impl::Request::none) {
     impl.write_message(Json{{"type", "next_group"}, {"reason", std::string(reason)}}, deadline);
@@ -1243,13 +1248,7 @@ bool MembershipClient::boundary(std::uint64_t window, Deadline deadline) {
         impl.options.worker_id));
   const long long budget_ms = to_ms(deadline - Clock::now());
   if (impl.outstanding == Impl::Request::boundary && impl.outstanding_window != window) {
-    auto stale = impl.read_message(deadline);
-    if (!stale)
-      throw TimeoutError(
-          fmt::format("membership: the coordinator at {} did not answer an earlier "
-                      "boundary question within {} ms",
-                      to_string(impl.coordinator), budget_ms));
-    impl.outstanding = Impl::Request::none;
+    impl.discard_stale_boundary_reply(deadline, budget_ms);
   }
   if (impl.outstanding == Impl::Request::none) {
     impl.write_message(Json{{"type", "boundary"}, {"window", window}}, deadline);
