@@ -8,7 +8,8 @@
 // rate, the fraction of parameters whose bf16 value does not change in one AdamW step (fp32
 // master weights, betas (0.9, 0.95), weight decay 0.1) — the quantity PULSE exploits.
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 

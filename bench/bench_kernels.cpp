@@ -17,7 +17,9 @@
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <cstring>

@@ -18,13 +18,13 @@ using transport::Request;
 
 namespace {
 
-struct Piece {
+struct BroadcastPiece {
   std::size_t offset = 0;
   std::size_t bytes = 0;
 };
 
-[[nodiscard]] std::vector<Piece> chunks_of(std::size_t size, std::size_t chunk) {
-  std::vector<Piece> pieces;
+[[nodiscard]] std::vector<BroadcastPiece> chunks_of(std::size_t size, std::size_t chunk) {
+  std::vector<BroadcastPiece> pieces;
   for (std::size_t offset = 0; offset < size; offset += chunk) {
     pieces.push_back({offset, std::min(chunk, size - offset)});
   }
@@ -35,9 +35,10 @@ struct Piece {
 void direct_broadcast(Call& call, int root, std::span<std::byte> data) {
   const int n = call.size();
   const int r = call.rank();
-  const std::vector<Piece> pieces = chunks_of(data.size(), call.options().pipeline_chunk_bytes);
+  const std::vector<BroadcastPiece> pieces =
+      chunks_of(data.size(), call.options().pipeline_chunk_bytes);
   if (r == root) {
-    for (const Piece& piece : pieces) {
+    for (const BroadcastPiece& piece : pieces) {
       for (int distance = 1; distance < n; ++distance) {
         (void)call.isend((root + distance) % n, Phase::payload,
                          data.subspan(piece.offset, piece.bytes));
@@ -46,7 +47,7 @@ void direct_broadcast(Call& call, int root, std::span<std::byte> data) {
     return;
   }
   std::vector<Request*> receives;
-  for (const Piece& piece : pieces) {
+  for (const BroadcastPiece& piece : pieces) {
     receives.push_back(&call.irecv(root, Phase::payload, data.subspan(piece.offset, piece.bytes)));
   }
   for (Request* receive : receives)
@@ -61,15 +62,16 @@ void chain_broadcast(Call& call, int root, std::span<std::byte> data) {
   const int previous = (r - 1 + n) % n;
   const int next = (r + 1) % n;
   const bool last = (r - root + n) % n == n - 1;
-  const std::vector<Piece> pieces = chunks_of(data.size(), call.options().pipeline_chunk_bytes);
+  const std::vector<BroadcastPiece> pieces =
+      chunks_of(data.size(), call.options().pipeline_chunk_bytes);
   if (r == root) {
-    for (const Piece& piece : pieces) {
+    for (const BroadcastPiece& piece : pieces) {
       (void)call.isend(next, Phase::payload, data.subspan(piece.offset, piece.bytes));
     }
     return;
   }
   std::vector<Request*> receives;
-  for (const Piece& piece : pieces) {
+  for (const BroadcastPiece& piece : pieces) {
     receives.push_back(
         &call.irecv(previous, Phase::payload, data.subspan(piece.offset, piece.bytes)));
   }

@@ -56,14 +56,15 @@ AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> siz
 namespace {
 
 // A piece of one rank's message.
-struct Piece {
+struct MessagePiece {
   int origin = 0;
   std::size_t offset = 0;
   std::size_t bytes = 0;
   [[nodiscard]] bool last_of(std::uint64_t size) const { return offset + bytes == size; }
 };
 
-void append_chunks(std::vector<Piece>& out, int origin, std::uint64_t size, std::size_t chunk) {
+void append_chunks(std::vector<MessagePiece>& out, int origin, std::uint64_t size,
+                   std::size_t chunk) {
   for (std::uint64_t offset = 0; offset < size; offset += chunk) {
     out.push_back({origin, static_cast<std::size_t>(offset),
                    static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size - offset))});
@@ -80,26 +81,26 @@ void ring_allgather(Call& call, std::span<const std::byte> mine,
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
 
   // From the left come the messages of r-1, r-2, ..., r+1, in that order.
-  std::vector<Piece> incoming;
+  std::vector<MessagePiece> incoming;
   for (int step = 1; step < n; ++step) {
     const int origin = (r - step + n) % n;
     append_chunks(incoming, origin, sizes[static_cast<std::size_t>(origin)], chunk);
   }
   std::vector<Request*> receives;
   receives.reserve(incoming.size());
-  for (const Piece& piece : incoming) {
+  for (const MessagePiece& piece : incoming) {
     receives.push_back(&call.irecv(
         left, Phase::payload,
         buffers[static_cast<std::size_t>(piece.origin)].subspan(piece.offset, piece.bytes)));
   }
-  std::vector<Piece> own;
+  std::vector<MessagePiece> own;
   append_chunks(own, r, mine.size(), chunk);
-  for (const Piece& piece : own) {
+  for (const MessagePiece& piece : own) {
     (void)call.isend(right, Phase::payload, mine.subspan(piece.offset, piece.bytes));
   }
   // Forward everything except the right neighbour's own message.
   for (std::size_t i = 0; i < incoming.size(); ++i) {
-    const Piece& piece = incoming[i];
+    const MessagePiece& piece = incoming[i];
     call.wait(*receives[i], left);
     const auto& buffer = buffers[static_cast<std::size_t>(piece.origin)];
     if (piece.origin != right) {
@@ -119,24 +120,24 @@ void direct_allgather(Call& call, std::span<const std::byte> mine,
   const int r = call.rank();
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
 
-  std::vector<std::vector<Piece>> pieces(static_cast<std::size_t>(n));
+  std::vector<std::vector<MessagePiece>> pieces(static_cast<std::size_t>(n));
   std::vector<std::vector<Request*>> receives(static_cast<std::size_t>(n));
   std::size_t rounds = 0;
   for (int distance = 1; distance < n; ++distance) {
     const int peer = (r + distance) % n;
     const auto index = static_cast<std::size_t>(peer);
     append_chunks(pieces[index], peer, sizes[index], chunk);
-    for (const Piece& piece : pieces[index]) {
+    for (const MessagePiece& piece : pieces[index]) {
       receives[index].push_back(
           &call.irecv(peer, Phase::payload, buffers[index].subspan(piece.offset, piece.bytes)));
     }
     rounds = std::max(rounds, pieces[index].size());
   }
-  std::vector<Piece> own;
+  std::vector<MessagePiece> own;
   append_chunks(own, r, mine.size(), chunk);
   rounds = std::max(rounds, own.size());
   // Chunk by chunk to every peer in turn, so that all peers progress together.
-  for (const Piece& piece : own) {
+  for (const MessagePiece& piece : own) {
     for (int distance = 1; distance < n; ++distance) {
       (void)call.isend((r + distance) % n, Phase::payload, mine.subspan(piece.offset, piece.bytes));
     }

@@ -92,6 +92,7 @@
 #include "base/log.h"
 #include "transport/tcp/asio_util.h"
 #include "transport/tcp/handshake.h"
+#include "transport/waiting.h"
 
 namespace pulseloco::transport {
 namespace {
@@ -112,11 +113,6 @@ constexpr auto kLeaveTimeout = std::chrono::seconds(5);
 // How long the coordinator's destructor lets queued replies drain.
 constexpr auto kShutdownGrace = std::chrono::seconds(2);
 constexpr std::size_t kMaxNameBytes = 255;
-
-long long to_ms(Clock::duration duration) {
-  return std::max<long long>(
-      0, std::chrono::duration_cast<std::chrono::milliseconds>(duration).count());
-}
 
 std::string encode_frame(const Json& message) {
   const std::string body = message.dump(-1, ' ', false, Json::error_handler_t::replace);

@@ -9,7 +9,12 @@
 // H = 4 steps the workers exchange the bf16-visible part of their progress and continue from the
 // same averaged weights. Every window checks that the replicas are bit-identical (exit 3 if not).
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 #include <exception>

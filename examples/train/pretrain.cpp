@@ -2,7 +2,12 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+// Not self-contained: needs torch/types.h before it.
+#include <torch/nn/utils/clip_grad.h>
 
 #include <chrono>
 #include <cmath>

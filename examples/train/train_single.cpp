@@ -3,7 +3,8 @@
 // learning rate and prints the training loss of every step and the held-out loss every few
 // steps. A smoke test of the example model and the reference the distributed runs compare with.
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <CLI/CLI.hpp>
 
 #include <chrono>

@@ -1,6 +1,7 @@
 #include "torch_adapter/synchronizer.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "base/errors.h"
 

@@ -10,9 +10,9 @@
 //   }
 #pragma once
 
-#include <torch/nn/module.h>
-#include <torch/ordered_dict.h>
 #include <torch/types.h>
+// Not self-contained: needs torch/types.h (TORCH_CHECK) before it.
+#include <torch/ordered_dict.h>
 
 #include <filesystem>
 #include <memory>

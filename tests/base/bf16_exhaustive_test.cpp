@@ -8,7 +8,8 @@
 // Both of pulseloco's implementations (portable and, when the CPU has it, AVX2) are checked.
 #include <c10/util/BFloat16.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <atomic>
 #include <cstdint>

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 using testing::LocalModel;
 
 constexpr int kWorld = 3;
-const std::vector<std::uint64_t> kSizes{2500, 1, 700};
+const std::vector<std::uint64_t> kCheckpointSizes{2500, 1, 700};
 
 EngineOptions options_for_test() {
   EngineOptions options;
@@ -44,8 +44,8 @@ struct TrainingRun {
 
   TrainingRun(const EngineOptions& options, std::uint32_t seed) {
     for (int r = 0; r < kWorld; ++r) {
-      models.push_back(
-          testing::make_model(kSizes, DType::float32, seed + static_cast<std::uint32_t>(r)));
+      models.push_back(testing::make_model(kCheckpointSizes, DType::float32,
+                                           seed + static_cast<std::uint32_t>(r)));
     }
     auto transports = transport::inproc::make_group(kWorld);
     engines.resize(kWorld);
@@ -76,7 +76,7 @@ void expect_same_state(const TrainingRun& a, const TrainingRun& b) {
   for (int r = 0; r < kWorld; ++r) {
     const auto i = static_cast<std::size_t>(r);
     EXPECT_EQ(a.engines[i]->window(), b.engines[i]->window());
-    for (std::size_t t = 0; t < kSizes.size(); ++t) {
+    for (std::size_t t = 0; t < kCheckpointSizes.size(); ++t) {
       const auto ga = a.engines[i]->global_weights(t), gb = b.engines[i]->global_weights(t);
       const auto ma = a.engines[i]->momentum(t), mb = b.engines[i]->momentum(t);
       const auto ea = a.engines[i]->residual(t), eb = b.engines[i]->residual(t);
@@ -181,7 +181,7 @@ TEST(Trace, EveryTracedWindowReplaysBitIdenticallyAndTamperingIsCaught) {
     const ReplayResult result = replay_window(dir, w);
     EXPECT_TRUE(result.identical()) << "window " << w;
     EXPECT_EQ(result.world_size, kWorld);
-    EXPECT_EQ(result.tensors_compared, kWorld * kSizes.size() * 4);
+    EXPECT_EQ(result.tensors_compared, kWorld * kCheckpointSizes.size() * 4);
   }
 
   // Change one recorded output value: the replay must point at it.

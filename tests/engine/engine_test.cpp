@@ -16,17 +16,7 @@ namespace {
 
 using testing::LocalModel;
 using testing::ReferenceState;
-
-EngineOptions small_options(Mode mode = Mode::pulse) {
-  EngineOptions options;
-  options.mode = mode;
-  options.steps_per_window = 4;
-  options.chunk_elements = 1024;  // several chunks per tensor
-  options.bucket_elements = 4096;
-  options.threads = 2;
-  options.timeout = std::chrono::milliseconds(20'000);
-  return options;
-}
+using testing::small_options;
 
 std::vector<std::unique_ptr<Engine>> start_engines(std::vector<LocalModel>& models,
                                                    const EngineOptions& options,

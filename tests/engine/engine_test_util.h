@@ -2,6 +2,7 @@
 // docs/algorithm.md, simulated local training, and running R engines over an in-process group.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -46,6 +47,18 @@ struct LocalTensor {
 };
 
 using LocalModel = std::vector<LocalTensor>;
+
+// Small windows that still cover several chunks per tensor and several all-reduce buckets.
+inline EngineOptions small_options(Mode mode = Mode::pulse) {
+  EngineOptions options;
+  options.mode = mode;
+  options.steps_per_window = 4;
+  options.chunk_elements = 1024;
+  options.bucket_elements = 4096;
+  options.threads = 2;
+  options.timeout = std::chrono::milliseconds(20'000);
+  return options;
+}
 
 // A model with the given sizes; values ~ N(0, 0.02), rounded to bf16 (pretrained weights).
 inline LocalModel make_model(const std::vector<std::uint64_t>& sizes, DType dtype,

@@ -19,18 +19,9 @@ namespace {
 
 using testing::LocalModel;
 using testing::ReferenceState;
+using testing::small_options;
 
-EngineOptions small_options() {
-  EngineOptions options;
-  options.steps_per_window = 4;
-  options.chunk_elements = 1024;
-  options.bucket_elements = 4096;
-  options.threads = 2;
-  options.timeout = std::chrono::milliseconds(20'000);
-  return options;
-}
-
-const std::vector<std::uint64_t> kSizes{0, 1, 37, 3000, 4097};
+const std::vector<std::uint64_t> kMemberSizes{0, 1, 37, 3000, 4097};
 
 // Engines and their models (the models must outlive the engines' views: both in one place).
 struct Members {
@@ -110,7 +101,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   const EngineOptions options = small_options();
   Members members;
   for (int r = 0; r < 4; ++r)
-    members.add(testing::make_model(kSizes, dtype, r == 0 ? 7 : 100 + r), options);
+    members.add(testing::make_model(kMemberSizes, dtype, r == 0 ? 7 : 100 + r), options);
   members.attach_all(1);
   ReferenceState reference = testing::reference_start(*members.models[0], 4);
   std::vector<LocalModel> reference_models = members.model_copies();
@@ -143,7 +134,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
 
   // A new member with weights of its own joins as rank 3 of generation 3: it receives θ_g, m
   // and the window counter, starts with e = 0 and θ_l = cast(θ_g); the others keep everything.
-  members.add(testing::make_model(kSizes, dtype, 999), options);
+  members.add(testing::make_model(kMemberSizes, dtype, 999), options);
   members.attach_all(3);
   EXPECT_EQ(members.engines[3]->window(), 2u);
   reference_models.push_back(*members.models[0]);  // cast(θ_g) = θ_l of any member after a window
@@ -192,7 +183,8 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
   };
   auto prepare = [&](Setup& setup) {
     for (int r = 0; r < 3; ++r) {
-      setup.members.add(testing::make_model(kSizes, DType::float32, r == 0 ? 7 : 100 + r), options);
+      setup.members.add(testing::make_model(kMemberSizes, DType::float32, r == 0 ? 7 : 100 + r),
+                        options);
     }
     setup.members.attach_all(1, {.faults = setup.faults});
     setup.members.train(lr, 10);
@@ -224,7 +216,7 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
   ReferenceState reference;
   {
     // The reference of window 0 (every member starts from rank 0's weights).
-    const LocalModel rank0 = testing::make_model(kSizes, DType::float32, 7);
+    const LocalModel rank0 = testing::make_model(kMemberSizes, DType::float32, 7);
     reference = testing::reference_start(rank0, 3);
     std::vector<LocalModel> window0(3, rank0);
     for (std::size_t r = 0; r < 3; ++r)
@@ -261,8 +253,8 @@ TEST(EngineMembership, MembersThatDivergedAreRefused) {
   Members first;
   Members second;
   for (int r = 0; r < 2; ++r) {
-    first.add(testing::make_model(kSizes, DType::float32, 7), options);
-    second.add(testing::make_model(kSizes, DType::float32, 7), options);
+    first.add(testing::make_model(kMemberSizes, DType::float32, 7), options);
+    second.add(testing::make_model(kMemberSizes, DType::float32, 7), options);
   }
   first.attach_all(1);
   second.attach_all(1);

@@ -1,7 +1,8 @@
 // The training example's model and task: determinism, task correctness, training progress,
 // weight files and the pretrained cache.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <algorithm>
 #include <filesystem>

@@ -7,7 +7,7 @@ pretraining, H = 2, batch 1) so that the suite stays fast; what they check does 
 the model having learnt anything.
 
   train_integration.py --train BIN --mpirun MPIRUN --work DIR replicas
-      mpirun -np 4, mode pulse, 10 windows, over TCP and then over MPI: every window's digests
+      mpirun -np 4, mode pulse, 6 windows, over TCP and then over MPI: every window's digests
       are equal on all ranks, every rank's final θ_g file is byte-identical to every other's,
       and the TCP and MPI runs end with byte-identical weights.
   ... resume
@@ -94,7 +94,7 @@ def check_report(report_path, ranks, windows, label):
 
 
 def test_replicas(args):
-    ranks, windows = 4, 10
+    ranks, windows = 4, 6
     cache = args.work / "cache"
     weights = {}
     for transport in ("tcp", "mpi"):

@@ -7,7 +7,9 @@
 // Nothing here calls pulseloco's kernels: the kernel tests compare against these results.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdint>
 #include <memory>

@@ -9,7 +9,8 @@
 // the first window's inputs are built, nothing flows from our kernels into the reference.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <bit>
 #include <cmath>

@@ -11,33 +11,13 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "transport/mpi/mpi_environment.h"
+#include "transport/waiting.h"
 
 namespace pulseloco::transport {
 namespace {
 
 // Native collectives split their buffers into parts of at most this many bytes.
 constexpr std::uint64_t kMaxPartBytes = std::uint64_t{1} << 30;
-
-long long to_ms(Clock::duration duration) {
-  return static_cast<long long>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(duration).count());
-}
-
-// Polls `ready` (which runs MPI_Test under the MPI lock) until it says true or `deadline`
-// passes; spins briefly first, then sleeps a little between polls so that a long wait does not
-// burn a core. Returns false on timeout.
-template <typename Ready>
-bool poll_until(Deadline deadline, Ready&& ready) {
-  for (int spins = 0;; ++spins) {
-    if (ready()) return true;
-    if (Clock::now() >= deadline) return false;
-    if (spins < 100) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(spins < 1000 ? 20 : 200));
-    }
-  }
-}
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "base/errors.h"
 #include "base/log.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/waiting.h"
 
 #if PULSELOCO_TRANSPORT_MPI
 #include "transport/mpi/mpi_environment.h"
@@ -24,11 +25,6 @@ namespace {
 constexpr Tag kBootstrapTag = 0x4E43434C;  // "NCCL"
 // How long destruction lets queued operations finish and the communicator finalise.
 constexpr auto kCloseTimeout = std::chrono::seconds(10);
-
-long long to_ms(Clock::duration duration) {
-  return static_cast<long long>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(duration).count());
-}
 
 void check_cuda(cudaError_t status, std::string_view what) {
   if (status != cudaSuccess)
@@ -46,19 +42,6 @@ std::string nccl_problem(ncclResult_t result, ncclComm_t comm) {
 void check_nccl(ncclResult_t result, ncclComm_t comm, std::string_view what) {
   if (result != ncclSuccess && result != ncclInProgress)
     throw IoError(fmt::format("{}: {}", what, nccl_problem(result, comm)));
-}
-
-template <typename Ready>
-bool poll_until(Deadline deadline, Ready&& ready) {
-  for (int spins = 0;; ++spins) {
-    if (ready()) return true;
-    if (Clock::now() >= deadline) return false;
-    if (spins < 100) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(spins < 1000 ? 20 : 200));
-    }
-  }
 }
 
 struct Bootstrap {

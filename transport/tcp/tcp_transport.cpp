@@ -22,6 +22,7 @@
 #include "transport/tcp/asio_util.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
+#include "transport/waiting.h"
 
 namespace pulseloco::transport {
 
@@ -58,10 +59,6 @@ struct MessageKeyHash {
     return std::hash<std::uint64_t>{}(key.tag * 0x9E3779B97F4A7C15ULL ^ key.sequence);
   }
 };
-
-long long to_ms(std::chrono::milliseconds duration) {
-  return static_cast<long long>(duration.count());
-}
 
 }  // namespace
 
