@@ -8,6 +8,7 @@
 // Every worker fits the same two-layer network to its own shard of a regression problem; every
 // H = 4 steps the workers exchange the bf16-visible part of their progress and continue from the
 // same averaged weights. Every window checks that the replicas are bit-identical (exit 3 if not).
+// libtorch: just the parts this program uses (<torch/torch.h> works too; it compiles slower).
 #include <fmt/format.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>

@@ -9,7 +9,7 @@
 // process, whatever else used libtorch's generator before.
 //
 // This header keeps libtorch out (it only forward-declares at::Tensor and torch::nn::Module);
-// code that calls the tensor-returning methods includes <torch/torch.h> itself.
+// code that calls the tensor-returning methods includes the libtorch headers it needs itself.
 #pragma once
 
 #include <cstdint>
