@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <array>
 #include <charconv>
 #include <cstdlib>
+#include <string>
 
 #include "base/errors.h"
 
@@ -26,6 +28,20 @@ std::uint64_t parse_number(std::string_view key, std::string_view value) {
         fmt::format("PULSELOCO_FAULT: {}='{}' is not a non-negative integer", key, value));
   }
   return number;
+}
+
+// The enumerator of `all` whose name (fault_phase_name, fault_action_name) is `value`: the
+// names are spelled in one place, for parsing and for printing.
+template <typename Enum, std::size_t N>
+Enum parse_named(std::string_view key, std::string_view value, const std::array<Enum, N>& all,
+                 std::string_view (*name_of)(Enum) noexcept) {
+  std::string names;
+  for (const Enum candidate : all) {
+    if (name_of(candidate) == value) return candidate;
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", name_of(candidate));
+  }
+  throw InvalidArgument(
+      fmt::format("PULSELOCO_FAULT: {} '{}' is not one of {}", key, value, names));
 }
 
 }  // namespace
@@ -56,28 +72,14 @@ FaultPlan parse_fault_plan(std::string_view text) {
       plan.window = parse_number(key, value);
       have_window = true;
     } else if (key == "phase") {
-      if (value == "gate") {
-        plan.phase = FaultPhase::gate;
-      } else if (value == "exchange") {
-        plan.phase = FaultPhase::exchange;
-      } else if (value == "aggregate") {
-        plan.phase = FaultPhase::aggregate;
-      } else {
-        throw InvalidArgument(fmt::format(
-            "PULSELOCO_FAULT: phase '{}' is not one of gate, exchange, aggregate", value));
-      }
+      plan.phase = parse_named(
+          key, value, std::array{FaultPhase::gate, FaultPhase::exchange, FaultPhase::aggregate},
+          fault_phase_name);
       have_phase = true;
     } else if (key == "action") {
-      if (value == "kill") {
-        plan.action = FaultAction::kill;
-      } else if (value == "stall") {
-        plan.action = FaultAction::stall;
-      } else if (value == "disconnect") {
-        plan.action = FaultAction::disconnect;
-      } else {
-        throw InvalidArgument(fmt::format(
-            "PULSELOCO_FAULT: action '{}' is not one of kill, stall, disconnect", value));
-      }
+      plan.action = parse_named(
+          key, value, std::array{FaultAction::kill, FaultAction::stall, FaultAction::disconnect},
+          fault_action_name);
       have_action = true;
     } else if (key == "rank") {
       plan.rank = static_cast<int>(parse_number(key, value));

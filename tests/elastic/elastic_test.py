@@ -91,6 +91,11 @@ class Run:
         self.workers[worker] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
                                                 text=True)
 
+    def start_workers(self, count, fault=None):
+        """Starts w0 .. w{count-1}; `fault` (a PULSELOCO_FAULT value) goes to w2 only."""
+        for i in range(count):
+            self.start(f"w{i}", fault=fault if i == 2 else None)
+
     def events(self, worker):
         path = self.work / f"{worker}.jsonl"
         if not path.exists():
@@ -201,8 +206,7 @@ def members_of(report):
 def scenario_kill(args, work, phase):
     run = Run(args, work, initial=4, minimum=2)
     try:
-        for i in range(4):
-            run.start(f"w{i}", fault=f"window=2,phase={phase},action=kill" if i == 2 else None)
+        run.start_workers(4, fault=f"window=2,phase={phase},action=kill")
         survivors = ["w0", "w1", "w3"]
         run.finish(survivors)
         victim = run.workers["w2"]
@@ -242,8 +246,7 @@ def scenario_kill(args, work, phase):
 def scenario_stall(args, work):
     run = Run(args, work, initial=4, minimum=2, regroup_ms=8000)
     try:
-        for i in range(4):
-            run.start(f"w{i}", fault="window=2,phase=exchange,action=stall" if i == 2 else None)
+        run.start_workers(4, fault="window=2,phase=exchange,action=stall")
         survivors = ["w0", "w1", "w3"]
         run.finish(survivors)
         check(run.workers["w2"].poll() is None, "the stalled w2 should still be stopped")
@@ -258,9 +261,7 @@ def scenario_stall(args, work):
 def scenario_disconnect(args, work):
     run = Run(args, work, initial=4, minimum=2)
     try:
-        for i in range(4):
-            run.start(f"w{i}",
-                      fault="window=2,phase=exchange,action=disconnect" if i == 2 else None)
+        run.start_workers(4, fault="window=2,phase=exchange,action=disconnect")
         workers = ["w0", "w1", "w2", "w3"]
         run.finish(workers)
         by_window = check_consistency(run, workers, run.windows)
@@ -311,8 +312,7 @@ def scenario_join(args, work):
 def scenario_below_minimum(args, work):
     run = Run(args, work, initial=3, minimum=3)
     try:
-        for i in range(3):
-            run.start(f"w{i}", fault="window=1,phase=gate,action=kill" if i == 2 else None)
+        run.start_workers(3, fault="window=1,phase=gate,action=kill")
         run.finish(["w0", "w1"], expect_status=3)
         for worker in ("w0", "w1"):
             stopped = [e for e in run.events(worker) if e["event"] == "stopped"]

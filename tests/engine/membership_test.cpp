@@ -93,6 +93,19 @@ void expect_matches(const Members& members, const ReferenceState& reference,
   }
 }
 
+// One window on the members and on the reference: every member and its reference copy train 4
+// steps from seed seed_base + rank, the window runs, and every member must match the reference.
+void window_against_reference(Members& members, ReferenceState& reference,
+                              std::vector<LocalModel>& reference_models,
+                              const EngineOptions& options, float lr, std::uint32_t seed_base) {
+  members.train(lr, seed_base);
+  for (std::size_t r = 0; r < reference_models.size(); ++r)
+    testing::local_training(reference_models[r], lr, 4, seed_base + static_cast<std::uint32_t>(r));
+  testing::rethrow_first(members.run_window());
+  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
+  expect_matches(members, reference, reference_models);
+}
+
 class EngineMembership : public ::testing::TestWithParam<DType> {};
 
 TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
@@ -107,12 +120,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   std::vector<LocalModel> reference_models = members.model_copies();
 
   // Window 0 with four members.
-  members.train(lr, 10);
-  for (std::size_t r = 0; r < 4; ++r)
-    testing::local_training(reference_models[r], lr, 4, 10 + static_cast<std::uint32_t>(r));
-  testing::rethrow_first(members.run_window());
-  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
-  expect_matches(members, reference, reference_models);
+  window_against_reference(members, reference, reference_models, options, lr, 10);
 
   // Member 3 is lost: its residual goes with it; the other three form generation 2.
   members.erase(3);
@@ -125,12 +133,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   EXPECT_EQ(members.engines[2]->world_size(), 3);
 
   // Window 1 with three: the aggregate divides by R = 3.
-  members.train(lr, 20);
-  for (std::size_t r = 0; r < 3; ++r)
-    testing::local_training(reference_models[r], lr, 4, 20 + static_cast<std::uint32_t>(r));
-  testing::rethrow_first(members.run_window());
-  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
-  expect_matches(members, reference, reference_models);
+  window_against_reference(members, reference, reference_models, options, lr, 20);
 
   // A new member with weights of its own joins as rank 3 of generation 3: it receives θ_g, m
   // and the window counter, starts with e = 0 and θ_l = cast(θ_g); the others keep everything.
@@ -144,12 +147,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   expect_matches(members, reference, reference_models);
 
   // Window 2 with four again.
-  members.train(lr, 30);
-  for (std::size_t r = 0; r < 4; ++r)
-    testing::local_training(reference_models[r], lr, 4, 30 + static_cast<std::uint32_t>(r));
-  testing::rethrow_first(members.run_window());
-  testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
-  expect_matches(members, reference, reference_models);
+  window_against_reference(members, reference, reference_models, options, lr, 30);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, EngineMembership,

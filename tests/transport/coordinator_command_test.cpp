@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/errors.h"
@@ -127,6 +128,19 @@ std::unique_ptr<MembershipClient> connect(std::uint16_t port, const std::string&
   return std::make_unique<MembershipClient>(options);
 }
 
+// Workers "a" and "b" join the coordinator listening on `port`; returns them once both are
+// placed in generation 1.
+std::pair<std::unique_ptr<MembershipClient>, std::unique_ptr<MembershipClient>> form_first_group(
+    std::uint16_t port) {
+  auto a = connect(port, "a");
+  auto b = connect(port, "b");
+  auto placed = std::async(std::launch::async,
+                           [&] { return a->next_group("join", deadline_after(kTimeout)); });
+  EXPECT_EQ(b->next_group("join", deadline_after(kTimeout)).generation, 1u);
+  EXPECT_EQ(placed.get().generation, 1u);
+  return {std::move(a), std::move(b)};
+}
+
 std::vector<std::string> arguments() {
   return {"--host",
           "127.0.0.1",
@@ -144,12 +158,7 @@ TEST(CoordinatorCommand, RunsUntilEveryMemberHasLeft) {
   CoordinatorProcess coordinator(arguments());
   const auto port = coordinator.listening_port();
   ASSERT_TRUE(port) << coordinator.out();
-  auto a = connect(*port, "a");
-  auto b = connect(*port, "b");
-  auto placed = std::async(std::launch::async,
-                           [&] { return a->next_group("join", deadline_after(kTimeout)); });
-  EXPECT_EQ(b->next_group("join", deadline_after(kTimeout)).generation, 1u);
-  EXPECT_EQ(placed.get().generation, 1u);
+  auto [a, b] = form_first_group(*port);
   a->leave();
   b->leave();
   EXPECT_EQ(coordinator.wait_exit(), 0) << coordinator.err();
@@ -161,12 +170,7 @@ TEST(CoordinatorCommand, ExitsWithTheReasonWhenTheGroupFallsBelowTheMinimum) {
   CoordinatorProcess coordinator(arguments());
   const auto port = coordinator.listening_port();
   ASSERT_TRUE(port) << coordinator.out();
-  auto a = connect(*port, "a");
-  auto b = connect(*port, "b");
-  auto placed = std::async(std::launch::async,
-                           [&] { return a->next_group("join", deadline_after(kTimeout)); });
-  (void)b->next_group("join", deadline_after(kTimeout));
-  (void)placed.get();
+  auto [a, b] = form_first_group(*port);
   b.reset();
   EXPECT_THROW((void)a->next_group("peer lost", deadline_after(kTimeout)), MembershipError);
   EXPECT_EQ(coordinator.wait_exit(), 1) << coordinator.err();
