@@ -8,6 +8,8 @@
 //   torch/<kernel>/<local dtype>        the same step written with libtorch tensor operations
 //                                       (as the authors' Python does it), one libtorch thread
 //   <kernel>/<local dtype>/<isa>/threads:T   the kernel over chunks on a base::ThreadPool
+//   gate/<local dtype>/avx2/no_prefetch the AVX2 gate without its software prefetching
+//   gate/<local dtype>/reads_only       the gate's reads alone: the ceiling of a one-pass gate
 // bytes_per_second counts every byte a kernel reads or writes (a copy of B bytes moves 2B), so
 // "of copy" in the summary is the kernel's share of the memory bandwidth a streaming copy
 // reaches. After the table, a summary prints those ratios and the speed-up over libtorch.
@@ -22,14 +24,20 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/window_kernels_internal.h"
 #include "kernels/window_kernels.h"
 #include "summary_reporter.h"
 #include "tests/kernels/window_test_inputs.h"
@@ -168,7 +176,8 @@ double fused_bytes(std::size_t local_bytes) {
 
 // ---- pulseloco kernels ----------------------------------------------------------------------
 
-void run_gate(benchmark::State& state, DType dtype, CpuIsa isa) {
+// `prefetch` false: the AVX2 gate without its software prefetching (what it gives).
+void run_gate(benchmark::State& state, DType dtype, CpuIsa isa, bool prefetch = true) {
   Workload& w = workload();
   const LocalWeights& local = w.local(dtype);
   std::vector<std::uint32_t> offsets(kChunk);
@@ -178,13 +187,15 @@ void run_gate(benchmark::State& state, DType dtype, CpuIsa isa) {
     fired = 0;
     for (std::uint64_t begin = 0; begin < w.n; begin += kChunk) {
       const std::uint64_t count = std::min<std::uint64_t>(kChunk, w.n - begin);
-      const auto result = kernels::gate(
-          GateChunk{.global = w.global.data() + begin,
-                    .local = static_cast<const char*>(local.data()) + begin * dtype_size(dtype),
-                    .local_dtype = dtype,
-                    .residual = w.residual.data() + begin,
-                    .count = count},
-          offsets.data(), values.data(), isa);
+      const GateChunk chunk{
+          .global = w.global.data() + begin,
+          .local = static_cast<const char*>(local.data()) + begin * dtype_size(dtype),
+          .local_dtype = dtype,
+          .residual = w.residual.data() + begin,
+          .count = count};
+      const auto result = prefetch ? kernels::gate(chunk, offsets.data(), values.data(), isa)
+                                   : kernels::detail::gate_avx2_without_prefetch(
+                                         chunk, offsets.data(), values.data());
       fired += result.fired;
       benchmark::DoNotOptimize(values.data());
     }
@@ -317,6 +328,83 @@ void run_copy(benchmark::State& state, double bytes_per_element) {
   set_rates(state, w.n, static_cast<double>(bytes) * 2.0);
 }
 
+// The gate's reads alone: θ_g, θ_l and e read side by side as the gate reads them, 8
+// elements at a time, and folded by XOR; nothing computed or written. The ceiling of any
+// one-pass gate on this machine: its "x libtorch" is the largest speed-up over the libtorch
+// reference that a gate reading these bytes once could reach.
+template <DType kLocal>
+std::uint32_t xor_gate_inputs_portable(const float* global, const void* local,
+                                       const float* residual, std::uint64_t count) {
+  std::uint32_t x = 0;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    x ^= std::bit_cast<std::uint32_t>(global[i]) ^ std::bit_cast<std::uint32_t>(residual[i]);
+    if constexpr (kLocal == DType::float32) {
+      x ^= std::bit_cast<std::uint32_t>(static_cast<const float*>(local)[i]);
+    } else {
+      x ^= static_cast<const std::uint16_t*>(local)[i];
+    }
+  }
+  return x;
+}
+#if defined(__x86_64__)
+template <DType kLocal>
+__attribute__((target("avx2"))) std::uint32_t xor_gate_inputs_avx2(const float* global,
+                                                                   const void* local,
+                                                                   const float* residual,
+                                                                   std::uint64_t count) {
+  __m256i x = _mm256_setzero_si256();
+  std::uint64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i l =
+        kLocal == DType::float32
+            ? _mm256_loadu_si256(
+                  reinterpret_cast<const __m256i*>(static_cast<const float*>(local) + i))
+            : _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                  reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(local) + i)));
+    x = _mm256_xor_si256(
+        x, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(global + i)),
+                            _mm256_xor_si256(l, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                                    residual + i)))));
+  }
+  alignas(32) std::uint32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), x);
+  std::uint32_t folded = 0;
+  for (std::uint32_t lane : lanes)
+    folded ^= lane;
+  const auto* local_tail = static_cast<const std::byte*>(local) + i * dtype_size(kLocal);
+  return folded ^ xor_gate_inputs_portable<kLocal>(global + i, local_tail, residual + i, count - i);
+}
+#endif
+
+template <DType kLocal>
+std::uint32_t xor_gate_inputs(const float* global, const void* local, const float* residual,
+                              std::uint64_t count) {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return xor_gate_inputs_avx2<kLocal>(global, local, residual, count);
+#endif
+  return xor_gate_inputs_portable<kLocal>(global, local, residual, count);
+}
+
+void run_gate_reads_only(benchmark::State& state, DType dtype) {
+  Workload& w = workload();
+  const LocalWeights& local = w.local(dtype);
+  const std::size_t local_bytes = dtype_size(dtype);
+  for (auto _ : state) {
+    std::uint32_t x = 0;
+    for (std::uint64_t begin = 0; begin < w.n; begin += kChunk) {
+      const std::uint64_t count = std::min<std::uint64_t>(kChunk, w.n - begin);
+      const float* global = w.global.data() + begin;
+      const void* local_chunk = static_cast<const char*>(local.data()) + begin * local_bytes;
+      const float* residual = w.residual.data() + begin;
+      x ^= dtype == DType::float32
+               ? xor_gate_inputs<DType::float32>(global, local_chunk, residual, count)
+               : xor_gate_inputs<DType::bfloat16>(global, local_chunk, residual, count);
+    }
+    benchmark::DoNotOptimize(x);
+  }
+  set_rates(state, w.n, static_cast<double>(w.n) * gate_bytes(local_bytes));
+}
+
 // ---- libtorch-ops reference (one libtorch thread) --------------------------------------------
 
 torch::Tensor tensor_of(const std::vector<float>& values) {
@@ -439,6 +527,12 @@ void register_all() {
                                    [=](benchmark::State& s) { run_fused(s, dtype, isa); });
     }
     const CpuIsa best = isas.back();
+    benchmark::RegisterBenchmark(name("gate", dtype, "/reads_only").c_str(),
+                                 [=](benchmark::State& s) { run_gate_reads_only(s, dtype); });
+    if (best == CpuIsa::avx2) {
+      benchmark::RegisterBenchmark(name("gate", dtype, "/avx2/no_prefetch").c_str(),
+                                   [=](benchmark::State& s) { run_gate(s, dtype, best, false); });
+    }
     benchmark::RegisterBenchmark(
         name("gate", dtype, fmt::format("/{}/threads:2", cpu_isa_name(best)).c_str()).c_str(),
         [=](benchmark::State& s) { run_gate_threads(s, dtype, best, 2); })

@@ -1,6 +1,9 @@
 // A Google Benchmark console reporter that, after the usual table, prints each kernel row's
 // share of its copy baseline and its speed-up over its libtorch row. Rows are matched by name:
 // "<kernel>/<variant>[/...]" against "copy/<kernel>/<variant>" and "torch/<kernel>/<variant>".
+// With --benchmark_repetitions=N the summary uses each row's median over the repetitions (and
+// says so); with --benchmark_enable_random_interleaving=true those repetitions are spread over
+// the run, so that a slow phase of a shared machine does not fall on one row only.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -27,14 +30,19 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
-      if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
+      if (run.error_occurred) continue;
+      // Single runs, or the median of repeated ones (then the repetitions themselves are skipped).
+      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+      if (run.run_type == Run::RT_Aggregate && !median) continue;
+      if (run.run_type == Run::RT_Iteration && run.repetitions > 1) continue;
+      medians_ = medians_ || median;
       Row row;
       if (auto it = run.counters.find("bytes_per_second"); it != run.counters.end())
         row.bytes_per_second = it->second.value;
       if (auto it = run.counters.find("items_per_second"); it != run.counters.end())
         row.items_per_second = it->second.value;
       // "gate/fp32/cuda/manual_time" -> "gate/fp32/cuda", so that rows match by name.
-      std::string name = run.benchmark_name();
+      std::string name = run.run_name.str();
       for (const std::string suffix : {"/manual_time", "/real_time"}) {
         if (name.ends_with(suffix)) name.erase(name.size() - suffix.size());
       }
@@ -45,7 +53,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   void Finalize() override {
     ConsoleReporter::Finalize();
     auto& out = GetOutputStream();
-    out << "\nSummary (" << note_ << ")\n";
+    out << "\nSummary (" << note_ << (medians_ ? "; medians over the repetitions" : "") << ")\n";
     out << fmt::format("{:<36} {:>10} {:>10} {:>9} {:>12}\n", "kernel", "Gelem/s", "GB/s",
                        "of copy", "x libtorch");
     for (const auto& [name, row] : rows_) {
@@ -69,6 +77,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 
  private:
   std::string note_;
+  bool medians_ = false;
   std::map<std::string, Row> rows_;
 };
 

@@ -144,7 +144,35 @@ PULSELOCO_AVX2_INLINE OuterLanes outer_lanes(__m256 global, __m256 momentum, __m
   return {_mm256_fmadd_ps(neg_lr, d, global), m};
 }
 
+// How far ahead of its loads the gate (and the residual commit, which recomputes it)
+// prefetches, in elements: 32 KiB of an fp32 stream. The gate reads three streams, writes
+// almost nothing and does enough arithmetic per element that the hardware prefetchers alone
+// leave it short of the memory's read rate out of cache; the bench's gate/<dtype>/avx2 and
+// gate/<dtype>/avx2/no_prefetch rows measure the difference (docs/benchmarks.md). Of the
+// distances tried (1024 to 32768 elements) 8192 was fastest. The outer step and the fused
+// commit + outer step, which write as many streams as they read, were not faster with
+// prefetching and do not prefetch.
+constexpr std::uint64_t kPrefetchElements = 8192;
+
+// Prefetches element i + kPrefetchElements of `stream` (elements of kElementBytes) into L1,
+// once per cache line of the stream (the loops advance 8 elements at a time); stays inside the
+// chunk's `count` elements.
+template <std::size_t kElementBytes>
+PULSELOCO_AVX2_INLINE void prefetch_ahead(const void* stream, std::uint64_t i,
+                                          std::uint64_t count) {
+  constexpr std::uint64_t kElementsPerLine = 64 / kElementBytes;
+  if (i % kElementsPerLine != 0 || i + kPrefetchElements >= count) return;
+  _mm_prefetch(static_cast<const char*>(stream) + (i + kPrefetchElements) * kElementBytes,
+               _MM_HINT_T0);
+}
+
 template <DType kLocal>
+PULSELOCO_AVX2_INLINE void prefetch_local_ahead(const void* local, std::uint64_t i,
+                                                std::uint64_t count) {
+  prefetch_ahead<kLocal == DType::float32 ? 4 : 2>(local, i, count);
+}
+
+template <DType kLocal, bool kPrefetch = true>
 PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t* out_offsets,
                                           float* out_values) {
   // Local copies: the intrinsics' stores may alias anything, including `chunk`.
@@ -157,6 +185,11 @@ PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t*
   __m256i lane_offsets = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i eight = _mm256_set1_epi32(8);
   for (; i + 8 <= count; i += 8) {
+    if constexpr (kPrefetch) {
+      prefetch_ahead<4>(global, i, count);
+      prefetch_local_ahead<kLocal>(local, i, count);
+      prefetch_ahead<4>(residual, i, count);
+    }
     int bad = 0;
     const GateLanes lanes = gate_lanes_unless_non_finite<kLocal>(
         _mm256_loadu_ps(global + i), load_local_ps<kLocal>(local, i), _mm256_loadu_ps(residual + i),
@@ -197,6 +230,9 @@ PULSELOCO_AVX2 void commit_residual_avx2_typed(const GateChunk& chunk, float* re
   const std::uint64_t count = chunk.count;
   std::uint64_t i = 0;
   for (; i + 8 <= count; i += 8) {
+    prefetch_ahead<4>(global, i, count);
+    prefetch_local_ahead<kLocal>(local, i, count);
+    prefetch_ahead<4>(residual, i, count);
     const GateLanes lanes =
         gate_lanes<kLocal>(_mm256_loadu_ps(global + i), load_local_ps<kLocal>(local, i),
                            _mm256_loadu_ps(residual + i));
@@ -291,6 +327,13 @@ GateResult gate_avx2(const GateChunk& chunk, std::uint32_t* out_offsets, float* 
              : gate_avx2_typed<DType::bfloat16>(chunk, out_offsets, out_values);
 }
 
+GateResult gate_avx2_without_prefetch(const GateChunk& chunk, std::uint32_t* out_offsets,
+                                      float* out_values) {
+  return chunk.local_dtype == DType::float32
+             ? gate_avx2_typed<DType::float32, false>(chunk, out_offsets, out_values)
+             : gate_avx2_typed<DType::bfloat16, false>(chunk, out_offsets, out_values);
+}
+
 void commit_residual_avx2(const GateChunk& chunk, float* residual_out) {
   if (chunk.local_dtype == DType::float32) {
     commit_residual_avx2_typed<DType::float32>(chunk, residual_out);
@@ -341,6 +384,10 @@ PULSELOCO_AVX2 void divide_avx2(float* values, std::uint64_t count, float diviso
 
 namespace pulseloco::kernels::detail {
 GateResult gate_avx2(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values) {
+  return gate_portable(chunk, out_offsets, out_values);
+}
+GateResult gate_avx2_without_prefetch(const GateChunk& chunk, std::uint32_t* out_offsets,
+                                      float* out_values) {
   return gate_portable(chunk, out_offsets, out_values);
 }
 void commit_residual_avx2(const GateChunk& chunk, float* residual_out) {

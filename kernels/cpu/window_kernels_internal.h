@@ -67,6 +67,10 @@ inline void outer_lane(float& global, float& momentum, float g, float lr, float 
 // The implementations. Arguments are validated by the public functions before these run.
 GateResult gate_portable(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values);
 GateResult gate_avx2(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values);
+// The AVX2 gate without its software prefetching: for the benchmark that measures what the
+// prefetching gives (pulseloco_bench_kernels' gate/<dtype>/avx2/no_prefetch rows).
+GateResult gate_avx2_without_prefetch(const GateChunk& chunk, std::uint32_t* out_offsets,
+                                      float* out_values);
 
 void commit_residual_portable(const GateChunk& chunk, float* residual_out);
 void commit_residual_avx2(const GateChunk& chunk, float* residual_out);
