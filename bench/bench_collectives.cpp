@@ -7,9 +7,11 @@
 // ranks are plain processes joined by the environment rendezvous (MASTER_ADDR, ...) and only
 // ours runs: scripts/bench_collectives_netns uses that for shaped links.
 //
-// Method: for every (operation, size) one warm-up call, then --iterations timed calls; each
-// starts after a barrier; a call's time is the slowest rank's; the record holds the median and
-// the minimum. Buffers are allocated and touched once, before timing, for both libraries (our
+// Method: for every (operation, size) one warm-up call of each library, then --iterations
+// rounds; each round times one call of ours and one of OpenMPI's, alternating which goes first,
+// so that a slow phase of a shared machine falls on both alike. Each call starts after a
+// barrier; a call's time is the slowest rank's; the record holds the median and the minimum,
+// and ours also the median over the rounds of (our time / OpenMPI's time in the same round). Buffers are allocated and touched once, before timing, for both libraries (our
 // all-gather writes into a preallocated arena through sparse_allgather_into, as
 // MPI_Allgatherv writes into its preallocated receive buffer). After timing, the results of the
 // two libraries are compared byte for byte.
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -137,20 +140,49 @@ class Harness {
     return transport_->size();
   }
 
-  // Times `iterations` calls of `fn` (after one warm-up); `sync` runs before each.
-  template <typename Fn, typename Sync, typename Slowest>
-  Timing time(Fn&& fn, Sync&& sync, Slowest&& slowest) {
-    sync();
-    fn();  // warm-up
-    std::vector<double> seconds;
-    for (int i = 0; i < settings_.iterations; ++i) {
-      sync();
+  // One library's call, how to synchronise the ranks before it, and how to turn this rank's
+  // time into the slowest rank's.
+  struct Contender {
+    std::function<void()> call;
+    std::function<void()> sync;
+    std::function<double(double)> slowest;
+  };
+  struct Timings {
+    Timing ours;
+    std::optional<Timing> theirs;
+    std::optional<double> ratio;  // median over the rounds of ours / theirs
+  };
+
+  // One warm-up call of each, then `iterations` rounds of one timed call of each, the order
+  // alternating from round to round.
+  Timings time(const Contender& ours, const Contender* theirs) {
+    const auto timed = [](const Contender& contender) {
+      contender.sync();
       const auto start = Clock::now();
-      fn();
-      const double mine = std::chrono::duration<double>(Clock::now() - start).count();
-      seconds.push_back(slowest(mine));
+      contender.call();
+      return contender.slowest(std::chrono::duration<double>(Clock::now() - start).count());
+    };
+    (void)timed(ours);
+    if (theirs != nullptr) (void)timed(*theirs);
+    std::vector<double> our_seconds, their_seconds, ratios;
+    for (int i = 0; i < settings_.iterations; ++i) {
+      if (theirs == nullptr) {
+        our_seconds.push_back(timed(ours));
+        continue;
+      }
+      const bool ours_first = i % 2 == 0;
+      const double first = timed(ours_first ? ours : *theirs);
+      const double second = timed(ours_first ? *theirs : ours);
+      our_seconds.push_back(ours_first ? first : second);
+      their_seconds.push_back(ours_first ? second : first);
+      ratios.push_back(our_seconds.back() / their_seconds.back());
     }
-    return summarize(std::move(seconds));
+    Timings out{.ours = summarize(std::move(our_seconds))};
+    if (theirs != nullptr) {
+      out.theirs = summarize(std::move(their_seconds));
+      out.ratio = summarize(std::move(ratios)).median;
+    }
+    return out;
   }
 
   void our_barrier() {
@@ -226,7 +258,8 @@ class Reporter {
   }
 
   void record(const std::string& operation, const std::string& transport,
-              const std::string& algorithm, std::size_t bytes, const Timing& timing) const {
+              const std::string& algorithm, std::size_t bytes, const Timing& timing,
+              std::optional<double> ratio_to_openmpi = std::nullopt) const {
     if (harness_.rank() != 0) return;
     const int n = harness_.size();
     // Bytes every rank receives: (n-1) messages for the all-gather; 2 (n-1)/n of the vector
@@ -252,6 +285,7 @@ class Reporter {
         j["bound_seconds"] = bound;
         j["ratio_to_bound"] = timing.median / bound;
       }
+      if (ratio_to_openmpi) j["ratio_to_openmpi"] = *ratio_to_openmpi;
       if (!settings_.label.empty()) j["setup"] = settings_.label;
       fmt::print("{}\n", j.dump());
     } else {
@@ -261,6 +295,7 @@ class Reporter {
         fmt::print("  ({:.2f}x the link bound)",
                    timing.median / (received * 8 / (settings_.link_mbit * 1e6)));
       }
+      if (ratio_to_openmpi) fmt::print("  ({:.2f}x OpenMPI, median of rounds)", *ratio_to_openmpi);
       fmt::print("\n");
     }
     std::fflush(stdout);
@@ -270,6 +305,25 @@ class Reporter {
   const Settings& settings_;
   const Harness& harness_;
 };
+
+// How OpenMPI's calls synchronise and combine their ranks' times.
+#if PULSELOCO_BENCH_MPI
+Harness::Contender openmpi_contender(std::function<void()> call) {
+  return {.call = std::move(call),
+          .sync = [] { MPI_Barrier(MPI_COMM_WORLD); },
+          .slowest = [](double s) {
+            double slowest = 0;
+            MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            return slowest;
+          }};
+}
+#endif
+
+Harness::Contender our_contender(Harness& h, std::function<void()> call) {
+  return {.call = std::move(call),
+          .sync = [&h] { h.our_barrier(); },
+          .slowest = [&h](double s) { return h.our_slowest(s); }};
+}
 
 void bench_allgather(Harness& h, const Reporter& reporter, const Settings& settings,
                      std::size_t bytes) {
@@ -282,17 +336,14 @@ void bench_allgather(Harness& h, const Reporter& reporter, const Settings& setti
   const auto buffer_for = [&](int rank, std::size_t size) {
     return std::span(ours).subspan(static_cast<std::size_t>(rank) * bytes, size);
   };
-  const auto our_call = [&] {
+  const Harness::Contender our_call = our_contender(h, [&] {
     collectives::sparse_allgather_into(h.transport(), mine, buffer_for, h.options());
-  };
-  const Timing our_time = h.time(
-      our_call, [&] { h.our_barrier(); }, [&](double s) { return h.our_slowest(s); });
+  });
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n), bytes);
   const auto algorithm = h.options().algorithm == collectives::AllGatherAlgorithm::automatic
                              ? collectives::choose_allgather_algorithm(sizes)
                              : h.options().algorithm;
-  reporter.record("sparse_allgather", "pulseloco-tcp",
-                  std::string(collectives::algorithm_name(algorithm)), bytes, our_time);
+  const std::string our_algorithm(collectives::algorithm_name(algorithm));
 #if PULSELOCO_BENCH_MPI
   if (h.mpi() && settings.run_mpi) {
     std::vector<std::byte> theirs(bytes * static_cast<std::size_t>(n), std::byte{2});
@@ -301,23 +352,22 @@ void bench_allgather(Harness& h, const Reporter& reporter, const Settings& setti
     for (int rank = 0; rank < n; ++rank) {
       displacements[static_cast<std::size_t>(rank)] = static_cast<int>(bytes) * rank;
     }
-    const Timing mpi_time = h.time(
-        [&] {
-          MPI_Allgatherv(mine.data(), static_cast<int>(bytes), MPI_BYTE, theirs.data(),
-                         counts.data(), displacements.data(), MPI_BYTE, MPI_COMM_WORLD);
-        },
-        [] { MPI_Barrier(MPI_COMM_WORLD); },
-        [](double s) {
-          double slowest = 0;
-          MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-          return slowest;
-        });
-    reporter.record("sparse_allgather", mpi_label(), "MPI_Allgatherv", bytes, mpi_time);
+    const Harness::Contender their_call = openmpi_contender([&] {
+      MPI_Allgatherv(mine.data(), static_cast<int>(bytes), MPI_BYTE, theirs.data(), counts.data(),
+                     displacements.data(), MPI_BYTE, MPI_COMM_WORLD);
+    });
+    const Harness::Timings timings = h.time(our_call, &their_call);
+    reporter.record("sparse_allgather", "pulseloco-tcp", our_algorithm, bytes, timings.ours,
+                    timings.ratio);
+    reporter.record("sparse_allgather", mpi_label(), "MPI_Allgatherv", bytes, *timings.theirs);
     if (ours != theirs) throw std::runtime_error("our all-gather and MPI_Allgatherv differ");
+    return;
   }
 #else
   (void)settings;
 #endif
+  reporter.record("sparse_allgather", "pulseloco-tcp", our_algorithm, bytes,
+                  h.time(our_call, nullptr).ours);
 }
 
 void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& settings,
@@ -330,30 +380,25 @@ void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& setti
     input[i] = static_cast<float>((i + offset) % 1024);
   }
   std::vector<float> ours(count, 0.0F);
-  const Timing our_time =
-      h.time([&] { collectives::allreduce_sum(h.transport(), input, ours, h.options()); },
-             [&] { h.our_barrier(); }, [&](double s) { return h.our_slowest(s); });
-  reporter.record("allreduce_sum", "pulseloco-tcp", "ring", bytes, our_time);
+  const Harness::Contender our_call = our_contender(
+      h, [&] { collectives::allreduce_sum(h.transport(), input, ours, h.options()); });
 #if PULSELOCO_BENCH_MPI
   if (h.mpi() && settings.run_mpi) {
     std::vector<float> theirs(count, 0.0F);
-    const Timing mpi_time = h.time(
-        [&] {
-          MPI_Allreduce(input.data(), theirs.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                        MPI_COMM_WORLD);
-        },
-        [] { MPI_Barrier(MPI_COMM_WORLD); },
-        [](double s) {
-          double slowest = 0;
-          MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-          return slowest;
-        });
-    reporter.record("allreduce_sum", mpi_label(), "MPI_Allreduce", bytes, mpi_time);
+    const Harness::Contender their_call = openmpi_contender([&] {
+      MPI_Allreduce(input.data(), theirs.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+    });
+    const Harness::Timings timings = h.time(our_call, &their_call);
+    reporter.record("allreduce_sum", "pulseloco-tcp", "ring", bytes, timings.ours, timings.ratio);
+    reporter.record("allreduce_sum", mpi_label(), "MPI_Allreduce", bytes, *timings.theirs);
     if (ours != theirs) throw std::runtime_error("our all-reduce and MPI_Allreduce differ");
+    return;
   }
 #else
   (void)settings;
 #endif
+  reporter.record("allreduce_sum", "pulseloco-tcp", "ring", bytes, h.time(our_call, nullptr).ours);
 }
 
 }  // namespace
