@@ -57,6 +57,7 @@ struct Settings {
   std::uint32_t ddp_steps = 2;
   std::string shape_hook;
   unsigned threads = 1;
+  std::uint64_t pipeline_chunk_bytes = EngineOptions{}.pipeline_chunk_bytes;
   int timeout_s = 1800;
   std::uint64_t seed = 1;
   bool json = false;
@@ -189,6 +190,7 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   options.mode = parse_mode(mode);
   options.steps_per_window = mode == "ddp" ? s.ddp_steps : 1;
   options.threads = s.threads;
+  options.pipeline_chunk_bytes = s.pipeline_chunk_bytes;
   options.timeout = std::chrono::seconds(s.timeout_s);
   Engine engine(model.named(), options, std::move(transport));
   if (mode == "ddp") {
@@ -274,6 +276,7 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
       {"target_density", density},
       {"density", mode == "pulse" ? static_cast<double>(sum_of(all[5])) / world / p : 1.0},
       {"threads_per_rank", s.threads},
+      {"pipeline_chunk_bytes", s.pipeline_chunk_bytes},
       {"window_seconds", window_s},
       {"phase_seconds_max",
        {{"gate", ns_to_s(max_of(all[1]))},
@@ -334,6 +337,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--shape-hook", s.shape_hook, "rank 0 runs '<hook> RATE' / '<hook> off'");
   app.add_option("--threads", s.threads, "engine threads per rank")->capture_default_str();
+  app.add_option("--pipeline-chunk-bytes", s.pipeline_chunk_bytes,
+                 "pipelining granularity of the collectives")
+      ->capture_default_str();
   app.add_option("--timeout-s", s.timeout_s, "deadline of every collective")->capture_default_str();
   app.add_option("--seed", s.seed, "state seed")->capture_default_str();
   app.add_option("--label", s.label, "a 'setup' field for every record");

@@ -53,6 +53,7 @@ struct Settings {
   std::uint64_t seed = 1234;
   int threads = 1;
   int timeout_ms = 120'000;
+  std::uint64_t pipeline_chunk_bytes = EngineOptions{}.pipeline_chunk_bytes;
   int local_workers = 0;
   std::string json_path;
   std::string checkpoint_dir;
@@ -236,6 +237,7 @@ int run_worker(const Settings& settings) {
   options.outer_momentum = settings.outer_momentum;
   options.threads = static_cast<std::uint32_t>(settings.threads);
   options.timeout = std::chrono::milliseconds(settings.timeout_ms);
+  options.pipeline_chunk_bytes = settings.pipeline_chunk_bytes;
   options.trace_dir = settings.trace_dir;
 
   torch::OrderedDict<std::string, torch::Tensor> named;
@@ -380,6 +382,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeout-ms", settings.timeout_ms, "deadline of every collective")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--pipeline-chunk-bytes", settings.pipeline_chunk_bytes,
+                 "pipelining granularity of the collectives (smaller for slow links)")
+      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--local-workers", settings.local_workers,
                  "spawn this many workers on this machine over TCP (no mpirun needed)")

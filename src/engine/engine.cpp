@@ -48,6 +48,7 @@ collectives::CollectiveOptions Engine::Impl::next_collective() const {
   collectives::CollectiveOptions c;
   c.timeout = options.timeout;
   c.algorithm = options.allgather;
+  c.pipeline_chunk_bytes = static_cast<std::size_t>(options.pipeline_chunk_bytes);
   c.tag = kEngineTag;
   return c;
 }

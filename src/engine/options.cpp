@@ -62,6 +62,9 @@ void EngineOptions::validate() const {
   if (bucket_elements < 1024 || bucket_elements > (std::uint64_t{1} << 31)) {
     throw InvalidArgument("bucket_elements must be in [1024, 2^31]");
   }
+  if (pipeline_chunk_bytes < 4096 || pipeline_chunk_bytes > (std::uint64_t{1} << 30)) {
+    throw InvalidArgument("pipeline_chunk_bytes must be in [4096, 2^30]");
+  }
   if (codec.zstd_level < 0 || codec.zstd_level > 22) {
     throw InvalidArgument("codec level must be in [0, 22] (0 = default)");
   }
@@ -84,6 +87,7 @@ nlohmann::json to_json(const EngineOptions& options) {
       {"codec_level", options.codec.zstd_level},
       {"timeout_ms", options.timeout.count()},
       {"allgather", collectives::algorithm_name(options.allgather)},
+      {"pipeline_chunk_bytes", options.pipeline_chunk_bytes},
       {"verify_digests", options.verify_digests},
       {"trace_dir", options.trace_dir},
   };
@@ -103,6 +107,9 @@ EngineOptions options_from_json(const nlohmann::json& json) {
     options.codec.zstd_level = json.at("codec_level").get<int>();
     options.timeout = std::chrono::milliseconds(json.at("timeout_ms").get<std::int64_t>());
     options.allgather = parse_algorithm(json.at("allgather").get<std::string>());
+    // Absent from checkpoints and traces written before the option existed: the default then.
+    options.pipeline_chunk_bytes =
+        json.value("pipeline_chunk_bytes", EngineOptions{}.pipeline_chunk_bytes);
     options.verify_digests = json.at("verify_digests").get<bool>();
     options.trace_dir = json.at("trace_dir").get<std::string>();
     options.validate();

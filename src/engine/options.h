@@ -37,6 +37,10 @@ struct EngineOptions {
   codec::EncodeOptions codec{};
   std::chrono::milliseconds timeout{60'000};  // every collective's deadline
   collectives::AllGatherAlgorithm allgather = collectives::AllGatherAlgorithm::automatic;
+  // Pipelining granularity of the collectives (collectives::CollectiveOptions): a ring's
+  // pipeline fills in world_size - 2 chunk times, so slow links want smaller chunks (at
+  // 100 Mbit/s a 1 MiB chunk takes 84 ms per hop; docs/benchmarks.md, "End-to-end sync").
+  std::uint64_t pipeline_chunk_bytes = collectives::CollectiveOptions{}.pipeline_chunk_bytes;
   bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
   std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)
 
