@@ -11,10 +11,11 @@
 // rounds; each round times one call of ours and one of OpenMPI's, alternating which goes first,
 // so that a slow phase of a shared machine falls on both alike. Each call starts after a
 // barrier; a call's time is the slowest rank's; the record holds the median and the minimum,
-// and ours also the median over the rounds of (our time / OpenMPI's time in the same round). Buffers are allocated and touched once, before timing, for both libraries (our
-// all-gather writes into a preallocated arena through sparse_allgather_into, as
-// MPI_Allgatherv writes into its preallocated receive buffer). After timing, the results of the
-// two libraries are compared byte for byte.
+// and ours also the median over the rounds of (our time / OpenMPI's time in the same round).
+// Buffers are allocated and touched once, before timing, for both libraries (our all-gather writes
+// into a preallocated arena through sparse_allgather_into, as MPI_Allgatherv writes into its
+// preallocated receive buffer). After timing, the results of the two libraries are compared byte
+// for byte.
 //
 // --json prints one JSON record per line and per (operation, transport, size).
 #include <fmt/format.h>
@@ -24,8 +25,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -311,11 +312,12 @@ class Reporter {
 Harness::Contender openmpi_contender(std::function<void()> call) {
   return {.call = std::move(call),
           .sync = [] { MPI_Barrier(MPI_COMM_WORLD); },
-          .slowest = [](double s) {
-            double slowest = 0;
-            MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            return slowest;
-          }};
+          .slowest =
+              [](double s) {
+                double slowest = 0;
+                MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                return slowest;
+              }};
 }
 #endif
 
@@ -323,6 +325,19 @@ Harness::Contender our_contender(Harness& h, std::function<void()> call) {
   return {.call = std::move(call),
           .sync = [&h] { h.our_barrier(); },
           .slowest = [&h](double s) { return h.our_slowest(s); }};
+}
+
+// Times one (operation, size) point for ours and, when `theirs` is given, OpenMPI's, and
+// records both.
+void time_point(Harness& h, const Reporter& reporter, const std::string& operation,
+                const std::string& our_algorithm, const std::string& their_algorithm,
+                std::size_t bytes, const Harness::Contender& ours,
+                const Harness::Contender* theirs) {
+  const Harness::Timings timings = h.time(ours, theirs);
+  reporter.record(operation, "pulseloco-tcp", our_algorithm, bytes, timings.ours, timings.ratio);
+  if (timings.theirs) {
+    reporter.record(operation, mpi_label(), their_algorithm, bytes, *timings.theirs);
+  }
 }
 
 void bench_allgather(Harness& h, const Reporter& reporter, const Settings& settings,
@@ -336,9 +351,8 @@ void bench_allgather(Harness& h, const Reporter& reporter, const Settings& setti
   const auto buffer_for = [&](int rank, std::size_t size) {
     return std::span(ours).subspan(static_cast<std::size_t>(rank) * bytes, size);
   };
-  const Harness::Contender our_call = our_contender(h, [&] {
-    collectives::sparse_allgather_into(h.transport(), mine, buffer_for, h.options());
-  });
+  const Harness::Contender our_call = our_contender(
+      h, [&] { collectives::sparse_allgather_into(h.transport(), mine, buffer_for, h.options()); });
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n), bytes);
   const auto algorithm = h.options().algorithm == collectives::AllGatherAlgorithm::automatic
                              ? collectives::choose_allgather_algorithm(sizes)
@@ -356,18 +370,15 @@ void bench_allgather(Harness& h, const Reporter& reporter, const Settings& setti
       MPI_Allgatherv(mine.data(), static_cast<int>(bytes), MPI_BYTE, theirs.data(), counts.data(),
                      displacements.data(), MPI_BYTE, MPI_COMM_WORLD);
     });
-    const Harness::Timings timings = h.time(our_call, &their_call);
-    reporter.record("sparse_allgather", "pulseloco-tcp", our_algorithm, bytes, timings.ours,
-                    timings.ratio);
-    reporter.record("sparse_allgather", mpi_label(), "MPI_Allgatherv", bytes, *timings.theirs);
+    time_point(h, reporter, "sparse_allgather", our_algorithm, "MPI_Allgatherv", bytes, our_call,
+               &their_call);
     if (ours != theirs) throw std::runtime_error("our all-gather and MPI_Allgatherv differ");
     return;
   }
 #else
   (void)settings;
 #endif
-  reporter.record("sparse_allgather", "pulseloco-tcp", our_algorithm, bytes,
-                  h.time(our_call, nullptr).ours);
+  time_point(h, reporter, "sparse_allgather", our_algorithm, "", bytes, our_call, nullptr);
 }
 
 void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& settings,
@@ -389,16 +400,14 @@ void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& setti
       MPI_Allreduce(input.data(), theirs.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                     MPI_COMM_WORLD);
     });
-    const Harness::Timings timings = h.time(our_call, &their_call);
-    reporter.record("allreduce_sum", "pulseloco-tcp", "ring", bytes, timings.ours, timings.ratio);
-    reporter.record("allreduce_sum", mpi_label(), "MPI_Allreduce", bytes, *timings.theirs);
+    time_point(h, reporter, "allreduce_sum", "ring", "MPI_Allreduce", bytes, our_call, &their_call);
     if (ours != theirs) throw std::runtime_error("our all-reduce and MPI_Allreduce differ");
     return;
   }
 #else
   (void)settings;
 #endif
-  reporter.record("allreduce_sum", "pulseloco-tcp", "ring", bytes, h.time(our_call, nullptr).ours);
+  time_point(h, reporter, "allreduce_sum", "ring", "", bytes, our_call, nullptr);
 }
 
 }  // namespace
