@@ -393,6 +393,10 @@ void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& setti
   std::vector<float> ours(count, 0.0F);
   const Harness::Contender our_call = our_contender(
       h, [&] { collectives::allreduce_sum(h.transport(), input, ours, h.options()); });
+  const auto algorithm = h.options().algorithm == collectives::AllGatherAlgorithm::automatic
+                             ? collectives::choose_allreduce_algorithm(count, h.size())
+                             : h.options().algorithm;
+  const std::string our_algorithm(collectives::algorithm_name(algorithm));
 #if PULSELOCO_BENCH_MPI
   if (h.mpi() && settings.run_mpi) {
     std::vector<float> theirs(count, 0.0F);
@@ -400,14 +404,15 @@ void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& setti
       MPI_Allreduce(input.data(), theirs.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                     MPI_COMM_WORLD);
     });
-    time_point(h, reporter, "allreduce_sum", "ring", "MPI_Allreduce", bytes, our_call, &their_call);
+    time_point(h, reporter, "allreduce_sum", our_algorithm, "MPI_Allreduce", bytes, our_call,
+               &their_call);
     if (ours != theirs) throw std::runtime_error("our all-reduce and MPI_Allreduce differ");
     return;
   }
 #else
   (void)settings;
 #endif
-  time_point(h, reporter, "allreduce_sum", "ring", "", bytes, our_call, nullptr);
+  time_point(h, reporter, "allreduce_sum", our_algorithm, "", bytes, our_call, nullptr);
 }
 
 }  // namespace
@@ -423,7 +428,7 @@ int main(int argc, char** argv) {
   app.add_option("--sizes", settings.sizes, "bytes per rank, e.g. 1M,4M,256M")->delimiter(',');
   app.add_option("--iterations", settings.iterations, "timed calls per point")
       ->check(CLI::PositiveNumber);
-  app.add_option("--algorithm", settings.algorithm, "all-gather algorithm")
+  app.add_option("--algorithm", settings.algorithm, "algorithm of both collectives")
       ->check(CLI::IsMember({"automatic", "ring", "direct"}));
   app.add_option("--chunk", settings.chunk, "pipeline_chunk_bytes")->check(CLI::PositiveNumber);
   app.add_option("--connections", settings.connections, "TCP connections per peer (0: default)");

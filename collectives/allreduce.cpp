@@ -1,11 +1,20 @@
-// Dense fp32 sum: ring reduce-scatter then ring all-gather, both pipelined in chunks.
+// Dense fp32 sum: reduce-scatter then all-gather, both pipelined in chunks, by one of two
+// algorithms that give the same bits.
 //
-// The vector is cut into world_size segments. Reduce-scatter step s (0..n-2): rank r sends
-// segment r-s to r+1 and receives segment r-s-1 from r-1, adding its own input to it
-// (received + own, in that order). Segment g thus starts at rank g and is finished by rank
-// g-1 after n-1 additions in ring order. The all-gather then passes every finished segment
-// around the ring as bytes, so every rank ends with the finisher's exact bits. Chunks are
-// forwarded as soon as they are reduced, so every link is busy during both phases.
+// The vector is cut into world_size segments; segment g is summed in ring order starting at
+// rank g, ((x_g + x_{g+1}) + x_{g+2}) + ... + x_{g-1}, whichever algorithm runs.
+//
+// ring:   reduce-scatter step s (0..n-2): rank r sends segment r-s to r+1 and receives segment
+//         r-s-1 from r-1, adding its own input to it (received + own, in that order). Segment g
+//         thus starts at rank g and is finished by rank g-1 after n-1 additions in ring order.
+//         The all-gather then passes every finished segment around the ring as bytes, so every
+//         rank ends with the finisher's exact bits. Chunks are forwarded as soon as they are
+//         reduced, so every link is busy during both phases. Latency: 2 (n-1) hops.
+// direct: every rank sends segment g of its input straight to rank g, which adds the n-1
+//         contributions to its own in the same order (x_g first, then x_{g+1}, ...) and sends
+//         the finished segment straight to every rank. The same bytes cross each rank's link
+//         as in the ring, in 2 hops instead of 2 (n-1); the price is a receive buffer of
+//         (n-1)/n of the vector. `automatic` takes it for latency-bound vectors.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,6 +30,20 @@ namespace pulseloco::collectives {
 using detail::Call;
 using detail::Phase;
 using transport::Request;
+
+namespace {
+// The rule of `automatic`; docs/collectives.md shows the measurements behind it.
+constexpr std::size_t kDirectAllReduceBytes = std::size_t{256} << 10;
+}  // namespace
+
+AllGatherAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size) {
+  // Two ranks: both algorithms are the same exchange.
+  if (world_size <= 2) return AllGatherAlgorithm::ring;
+  // Latency-bound: 2 hops instead of 2 (n-1), for the same bytes per link.
+  if (elements * sizeof(float) <= kDirectAllReduceBytes) return AllGatherAlgorithm::direct;
+  // Bandwidth-bound: one flow per link, and no receive buffer of (n-1)/n of the vector.
+  return AllGatherAlgorithm::ring;
+}
 
 namespace {
 
@@ -140,6 +163,94 @@ void ring_allreduce(Call& call, std::span<const float> input, std::span<float> o
   }
 }
 
+void direct_allreduce(Call& call, std::span<const float> input, std::span<float> output) {
+  const int n = call.size();
+  const int r = call.rank();
+  const std::size_t chunk_elements =
+      std::max<std::size_t>(1, call.options().pipeline_chunk_bytes / sizeof(float));
+  const Segments segments(input.size(), n);
+  const Range mine = segments.segment(r);
+  const std::size_t mine_count = mine.end - mine.begin;
+  std::vector<Range> my_chunks;
+  append_chunks(my_chunks, mine, chunk_elements);
+
+  // The peers' contributions to this rank's segment, by distance: peer r+d's lies at
+  // (d-1) * mine_count. The call owns the buffer, so receives may write into it until the
+  // transport is aborted.
+  std::vector<std::byte>& scratch = call.scratch();
+  scratch.resize(static_cast<std::size_t>(n - 1) * mine_count * sizeof(float));
+  const auto contribution = [&](int distance, Range range) {
+    const std::size_t at =
+        (static_cast<std::size_t>(distance - 1) * mine_count + (range.begin - mine.begin)) *
+        sizeof(float);
+    return std::span<std::byte>(scratch).subspan(at, (range.end - range.begin) * sizeof(float));
+  };
+  // receives[d-1][c]: chunk c of peer r+d's contribution.
+  std::vector<std::vector<Request*>> receives(static_cast<std::size_t>(n - 1));
+  for (int distance = 1; distance < n; ++distance) {
+    const int peer = (r + distance) % n;
+    for (const Range& range : my_chunks) {
+      receives[static_cast<std::size_t>(distance - 1)].push_back(
+          &call.irecv(peer, Phase::reduce_scatter, contribution(distance, range)));
+    }
+  }
+  // The finished segments of the other ranks land in `output`, which this rank only reads for
+  // its own segment: all of them can be posted now.
+  std::vector<std::pair<int, Request*>> gather_receives;
+  for (int distance = 1; distance < n; ++distance) {
+    const int peer = (r + distance) % n;
+    std::vector<Range> chunks;
+    append_chunks(chunks, segments.segment(peer), chunk_elements);
+    for (const Range& range : chunks) {
+      gather_receives.emplace_back(
+          peer, &call.irecv(peer, Phase::gather,
+                            std::as_writable_bytes(
+                                output.subspan(range.begin, range.end - range.begin))));
+    }
+  }
+  // Segment p of the input to rank p, chunk by chunk to every peer in turn, so that all peers
+  // progress together.
+  std::vector<std::vector<Range>> outgoing(static_cast<std::size_t>(n));
+  std::size_t rounds = 0;
+  for (int distance = 1; distance < n; ++distance) {
+    const int peer = (r + distance) % n;
+    append_chunks(outgoing[static_cast<std::size_t>(peer)], segments.segment(peer),
+                  chunk_elements);
+    rounds = std::max(rounds, outgoing[static_cast<std::size_t>(peer)].size());
+  }
+  for (std::size_t round = 0; round < rounds; ++round) {
+    for (int distance = 1; distance < n; ++distance) {
+      const int peer = (r + distance) % n;
+      const auto& chunks = outgoing[static_cast<std::size_t>(peer)];
+      if (round >= chunks.size()) continue;
+      const Range range = chunks[round];
+      (void)call.isend(peer, Phase::reduce_scatter,
+                       std::as_bytes(input.subspan(range.begin, range.end - range.begin)));
+    }
+  }
+  // Reduce each chunk of this rank's segment once every contribution to it is in, in the
+  // documented order, and send it to every peer.
+  float* out = output.data();
+  const float* in = input.data();
+  for (std::size_t c = 0; c < my_chunks.size(); ++c) {
+    const Range range = my_chunks[c];
+    for (std::size_t e = range.begin; e < range.end; ++e)
+      out[e] = in[e];
+    for (int distance = 1; distance < n; ++distance) {
+      call.wait(*receives[static_cast<std::size_t>(distance - 1)][c], (r + distance) % n);
+      const auto* add = reinterpret_cast<const float*>(contribution(distance, range).data());
+      for (std::size_t e = range.begin; e < range.end; ++e)
+        out[e] = out[e] + add[e - range.begin];
+    }
+    const auto finished =
+        std::as_bytes(output.subspan(range.begin, range.end - range.begin));
+    for (int distance = 1; distance < n; ++distance)
+      (void)call.isend((r + distance) % n, Phase::gather, finished);
+  }
+  for (const auto& [peer, request] : gather_receives)
+    call.wait(*request, peer);
+}
+
 [[nodiscard]] bool overlap(std::span<const float> a, std::span<float> b) {
   if (a.empty() || b.empty()) return false;
   const std::less<const float*> less;
@@ -169,7 +280,15 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
       if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
       return;
     }
-    ring_allreduce(call, input, output);
+    const AllGatherAlgorithm algorithm =
+        call.options().algorithm == AllGatherAlgorithm::automatic
+            ? choose_allreduce_algorithm(input.size(), call.size())
+            : call.options().algorithm;
+    if (algorithm == AllGatherAlgorithm::direct) {
+      direct_allreduce(call, input, output);
+    } else {
+      ring_allreduce(call, input, output);
+    }
   });
 }
 

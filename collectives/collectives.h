@@ -44,10 +44,12 @@
 
 namespace pulseloco::collectives {
 
+// How sparse_allgather, allreduce_sum and broadcast move their payload (each says what the
+// two mean for it).
 enum class AllGatherAlgorithm : std::uint8_t {
-  automatic,  // chosen from the world size and the message sizes
-  ring,       // ring with pipelined chunks: each link carries every message once
-  direct,     // every rank sends its message straight to every other rank
+  automatic,  // chosen from the world size and the sizes
+  ring,       // ring (a chain for broadcast) with pipelined chunks: one flow per link
+  direct,     // every rank sends straight to every rank that needs its bytes: one hop
 };
 
 [[nodiscard]] std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept;
@@ -99,17 +101,27 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
 // are in docs/collectives.md.
 [[nodiscard]] AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes);
 
-// Dense fp32 sum (ring reduce-scatter + all-gather, chunked); `output` receives identical
-// bytes on every rank. `input` and `output` have the same size on every rank and must not
-// overlap.
+// Dense fp32 sum (reduce-scatter + all-gather, chunked); `output` receives identical bytes on
+// every rank. `input` and `output` have the same size on every rank and must not overlap.
 //
 // Summation order: the vector is cut into world_size near-equal segments; segment g is summed
 // left to right in ring order starting at rank g, ((x_g + x_{g+1}) + x_{g+2}) + ... +
 // x_{g-1}, in plain fp32 additions, by the rank that finishes it, and every other rank copies
-// those bytes. The result therefore depends only on the inputs and the world size. On failure
-// `output` holds garbage; `input` is never written.
+// those bytes. The result therefore depends only on the inputs and the world size, never on
+// the algorithm. On failure `output` holds garbage; `input` is never written.
+//
+// Algorithms (options.algorithm): `ring` passes partial sums around the ring (2 (n-1) hops);
+// `direct` sends every segment straight to the rank that finishes it and the finished segment
+// straight to every rank (2 hops, the same bytes per link, plus a receive buffer of (n-1)/n of
+// the vector); `automatic` picks with choose_allreduce_algorithm.
 void allreduce_sum(transport::Transport& transport, std::span<const float> input,
                    std::span<float> output, const CollectiveOptions& options);
+
+// The algorithm `automatic` picks for an all-reduce of `elements` floats over `world_size`
+// ranks (the same choice on every rank). The rule and the measurements behind it are in
+// docs/collectives.md.
+[[nodiscard]] AllGatherAlgorithm choose_allreduce_algorithm(std::size_t elements,
+                                                            int world_size);
 
 // Copies `root`'s `data` into every rank's `data` (same size everywhere). The root's data is
 // only read; on failure the other ranks' data holds garbage. Small data (at most one pipeline

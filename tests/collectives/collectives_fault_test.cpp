@@ -127,16 +127,24 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, KillDuringAllGather,
                            return std::string(algorithm_name(param_info.param));
                          });
 
-TEST(Kill, DuringAllReduce) {
+class KillDuringAllReduce : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+
+TEST_P(KillDuringAllReduce, FiveRanks) {
   Group group(5);
   group.faults->set_hook(at_message(3, 10, FaultAction::kill_sender));
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
     const std::vector<float> input(std::size_t{1} << 20, 1.0F);
     std::vector<float> output(input.size());
-    allreduce_sum(t, input, output, options_with(AllGatherAlgorithm::automatic, 64 << 10));
+    allreduce_sum(t, input, output, options_with(GetParam(), 64 << 10));
   });
   expect_survivors_blame(outcomes, 3, ErrorKind::peer_lost, fault_time(*group.faults), {3});
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, KillDuringAllReduce,
+                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         [](const auto& param_info) {
+                           return std::string(algorithm_name(param_info.param));
+                         });
 
 TEST(Kill, DuringBroadcastInTheMiddleOfTheChain) {
   Group group(4);
@@ -169,16 +177,24 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, StallDuringAllGather,
                            return std::string(algorithm_name(param_info.param));
                          });
 
-TEST(Stall, DuringAllReduce) {
+class StallDuringAllReduce : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+
+TEST_P(StallDuringAllReduce, FourRanks) {
   Group group(4);
   group.faults->set_hook(at_message(1, 7, FaultAction::stall_sender));
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
     const std::vector<float> input(std::size_t{1} << 18, 1.0F);
     std::vector<float> output(input.size());
-    allreduce_sum(t, input, output, options_with(AllGatherAlgorithm::automatic, 16 << 10));
+    allreduce_sum(t, input, output, options_with(GetParam(), 16 << 10));
   });
   expect_survivors_blame(outcomes, 1, ErrorKind::timeout, fault_time(*group.faults), {1});
 }
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, StallDuringAllReduce,
+                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         [](const auto& param_info) {
+                           return std::string(algorithm_name(param_info.param));
+                         });
 
 TEST(Stall, BeforeTheFirstMessage) {
   Group group(4);

@@ -246,6 +246,7 @@ struct AllReduceCase {
   int world = 1;
   std::size_t count = 0;
   std::size_t chunk_bytes = 0;
+  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
 };
 
 class AllReduce : public ::testing::TestWithParam<AllReduceCase> {};
@@ -267,7 +268,8 @@ TEST_P(AllReduce, EveryRankGetsTheSameBitsInTheDocumentedSummationOrder) {
     const std::vector<float> before = input;
     auto& output = outputs[static_cast<std::size_t>(t.rank())];
     output.assign(c.count, std::numeric_limits<float>::quiet_NaN());
-    allreduce_sum(t, input, output, {.pipeline_chunk_bytes = c.chunk_bytes});
+    allreduce_sum(t, input, output,
+                  {.algorithm = c.algorithm, .pipeline_chunk_bytes = c.chunk_bytes});
     if (std::memcmp(before.data(), input.data(), before.size() * sizeof(float)) != 0) {
       throw std::runtime_error("input changed");
     }
@@ -301,7 +303,9 @@ std::vector<AllReduceCase> all_reduce_cases() {
                                       std::size_t{1000}, (std::size_t{1} << 20) + 3}) {
         for (const std::size_t chunk : {std::size_t{4}, std::size_t{100}, std::size_t{4} << 20}) {
           if (chunk == 4 && count > 1000) continue;  // a million one-element messages: slow
-          cases.push_back({backend, world, count, chunk});
+          // Both algorithms must give the documented bits (`automatic` picks one of them).
+          for (const auto algorithm : {AllGatherAlgorithm::ring, AllGatherAlgorithm::direct})
+            cases.push_back({backend, world, count, chunk, algorithm});
         }
       }
     }
@@ -312,11 +316,14 @@ std::vector<AllReduceCase> all_reduce_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, AllReduce, ::testing::ValuesIn(all_reduce_cases()),
                          [](const ::testing::TestParamInfo<AllReduceCase>& param_info) {
                            const AllReduceCase& c = param_info.param;
-                           return fmt::format("{}_world{}_count{}_chunk{}", c.backend, c.world,
-                                              c.count, c.chunk_bytes);
+                           return fmt::format("{}_world{}_count{}_chunk{}_{}", c.backend,
+                                              c.world, c.count, c.chunk_bytes,
+                                              algorithm_name(c.algorithm));
                          });
 
-TEST(AllReduceSpecialValues, NaNInfinityAndSignedZeroGiveIdenticalBitsEverywhere) {
+class AllReduceSpecialValues : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+
+TEST_P(AllReduceSpecialValues, NaNInfinityAndSignedZeroGiveIdenticalBitsEverywhere) {
   constexpr int kWorld = 4;
   auto group = make_test_group("inproc", kWorld);
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -328,7 +335,7 @@ TEST(AllReduceSpecialValues, NaNInfinityAndSignedZeroGiveIdenticalBitsEverywhere
                                       -0.0F, r == 0 ? -nan : 2.0F, r == 2 ? inf : 1.0F};
     auto& output = outputs[static_cast<std::size_t>(r)];
     output.resize(input.size());
-    allreduce_sum(t, input, output, {.pipeline_chunk_bytes = 4});
+    allreduce_sum(t, input, output, {.algorithm = GetParam(), .pipeline_chunk_bytes = 4});
   });
   expect_all_succeeded(outcomes);
   for (int rank = 1; rank < kWorld; ++rank) {
@@ -342,6 +349,23 @@ TEST(AllReduceSpecialValues, NaNInfinityAndSignedZeroGiveIdenticalBitsEverywhere
   EXPECT_TRUE(std::signbit(outputs[0][2]));  // -0 + -0 + -0 + -0
   EXPECT_TRUE(std::isnan(outputs[0][3]));
   EXPECT_TRUE(std::isinf(outputs[0][4]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Algorithms, AllReduceSpecialValues,
+                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         [](const auto& param_info) {
+                           return std::string(algorithm_name(param_info.param));
+                         });
+
+TEST(AllReduceAlgorithm, AutomaticTakesDirectForLatencyBoundVectorsAndRingForLargeOnes) {
+  constexpr std::size_t kKiB = 1024;
+  // Two ranks: the algorithms are the same exchange.
+  EXPECT_EQ(choose_allreduce_algorithm(16, 2), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose_allreduce_algorithm(0, 4), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose_allreduce_algorithm(kKiB, 4), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4, 7), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4 + 1, 4), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose_allreduce_algorithm(64 * kKiB * kKiB / 4, 4), AllGatherAlgorithm::ring);
 }
 
 TEST(AllReduceArguments, AreCheckedBeforeAnythingIsSentAndTheTransportStaysUsable) {
