@@ -159,7 +159,8 @@ void ring_allreduce(Call& call, std::span<const float> input, std::span<float> o
   for (std::size_t i = 0; i < gather.size(); ++i) {
     const Step& s = gather[i];
     call.wait(*gather_receives[i], left);
-    if (s.step + 2 < n) (void)call.isend(right, Phase::gather, out_bytes(s.range));
+    if (s.step + 2 < n)
+      (void)call.iforward(right, Phase::gather, out_bytes(s.range), *gather_receives[i]);
   }
 }
 
@@ -202,10 +203,9 @@ void direct_allreduce(Call& call, std::span<const float> input, std::span<float>
     std::vector<Range> chunks;
     append_chunks(chunks, segments.segment(peer), chunk_elements);
     for (const Range& range : chunks) {
-      gather_receives.emplace_back(
-          peer, &call.irecv(peer, Phase::gather,
-                            std::as_writable_bytes(
-                                output.subspan(range.begin, range.end - range.begin))));
+      gather_receives.emplace_back(peer, &call.irecv(peer, Phase::gather,
+                                                     std::as_writable_bytes(output.subspan(
+                                                         range.begin, range.end - range.begin))));
     }
   }
   // Segment p of the input to rank p, chunk by chunk to every peer in turn, so that all peers
@@ -214,8 +214,7 @@ void direct_allreduce(Call& call, std::span<const float> input, std::span<float>
   std::size_t rounds = 0;
   for (int distance = 1; distance < n; ++distance) {
     const int peer = (r + distance) % n;
-    append_chunks(outgoing[static_cast<std::size_t>(peer)], segments.segment(peer),
-                  chunk_elements);
+    append_chunks(outgoing[static_cast<std::size_t>(peer)], segments.segment(peer), chunk_elements);
     rounds = std::max(rounds, outgoing[static_cast<std::size_t>(peer)].size());
   }
   for (std::size_t round = 0; round < rounds; ++round) {
@@ -242,8 +241,7 @@ void direct_allreduce(Call& call, std::span<const float> input, std::span<float>
       for (std::size_t e = range.begin; e < range.end; ++e)
         out[e] = out[e] + add[e - range.begin];
     }
-    const auto finished =
-        std::as_bytes(output.subspan(range.begin, range.end - range.begin));
+    const auto finished = std::as_bytes(output.subspan(range.begin, range.end - range.begin));
     for (int distance = 1; distance < n; ++distance)
       (void)call.isend((r + distance) % n, Phase::gather, finished);
   }
@@ -280,10 +278,9 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
       if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
       return;
     }
-    const AllGatherAlgorithm algorithm =
-        call.options().algorithm == AllGatherAlgorithm::automatic
-            ? choose_allreduce_algorithm(input.size(), call.size())
-            : call.options().algorithm;
+    const AllGatherAlgorithm algorithm = call.options().algorithm == AllGatherAlgorithm::automatic
+                                             ? choose_allreduce_algorithm(input.size(), call.size())
+                                             : call.options().algorithm;
     if (algorithm == AllGatherAlgorithm::direct) {
       direct_allreduce(call, input, output);
     } else {

@@ -78,7 +78,8 @@ void chain_broadcast(Call& call, int root, std::span<std::byte> data) {
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     call.wait(*receives[i], previous);
     if (!last) {
-      (void)call.isend(next, Phase::payload, data.subspan(pieces[i].offset, pieces[i].bytes));
+      (void)call.iforward(next, Phase::payload, data.subspan(pieces[i].offset, pieces[i].bytes),
+                          *receives[i]);
     }
   }
 }

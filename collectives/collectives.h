@@ -120,8 +120,7 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
 // The algorithm `automatic` picks for an all-reduce of `elements` floats over `world_size`
 // ranks (the same choice on every rank). The rule and the measurements behind it are in
 // docs/collectives.md.
-[[nodiscard]] AllGatherAlgorithm choose_allreduce_algorithm(std::size_t elements,
-                                                            int world_size);
+[[nodiscard]] AllGatherAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size);
 
 // Copies `root`'s `data` into every rank's `data` (same size everywhere). The root's data is
 // only read; on failure the other ranks' data holds garbage. Small data (at most one pipeline

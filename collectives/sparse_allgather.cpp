@@ -104,7 +104,8 @@ void ring_allgather(Call& call, std::span<const std::byte> mine,
     call.wait(*receives[i], left);
     const auto& buffer = buffers[static_cast<std::size_t>(piece.origin)];
     if (piece.origin != right) {
-      (void)call.isend(right, Phase::payload, buffer.subspan(piece.offset, piece.bytes));
+      (void)call.iforward(right, Phase::payload, buffer.subspan(piece.offset, piece.bytes),
+                          *receives[i]);
     }
     if (on_message && piece.last_of(sizes[static_cast<std::size_t>(piece.origin)])) {
       on_message(piece.origin, buffer);

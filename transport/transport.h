@@ -71,6 +71,18 @@ class Transport {
   [[nodiscard]] virtual std::unique_ptr<Request> irecv(int peer, Tag tag,
                                                        std::span<std::byte> data) = 0;
 
+  // Sends `data` as isend does, where `data` is what this rank received through `received` (a
+  // completed irecv into exactly these bytes) and has not changed since: the ring collectives
+  // forward most of what they receive. A transport that checksums its frames may then reuse
+  // the checksums it verified on arrival instead of computing them again. When `received` is
+  // not a completed receive of this transport into exactly `data`, this is a plain isend.
+  [[nodiscard]] virtual std::unique_ptr<Request> iforward(int peer, Tag tag,
+                                                          std::span<const std::byte> data,
+                                                          const Request& received) {
+    (void)received;
+    return isend(peer, tag, data);
+  }
+
   // Fails every pending and future operation with PeerLostError("aborted: <reason>").
   virtual void abort(std::string_view reason) noexcept = 0;
 

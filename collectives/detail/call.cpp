@@ -274,6 +274,17 @@ Request& Call::isend(int peer, Phase phase, std::span<const std::byte> data) {
   }
 }
 
+Request& Call::iforward(int peer, Phase phase, std::span<const std::byte> data,
+                        const Request& received) {
+  try {
+    Request& request = own(transport_.iforward(peer, tag(phase), data, received));
+    sends_.emplace_back(&request, peer);
+    return request;
+  } catch (const Error& error) {
+    throw_observed(error, peer);
+  }
+}
+
 Request& Call::irecv(int peer, Phase phase, std::span<std::byte> data) {
   try {
     return own(transport_.irecv(peer, tag(phase), data));

@@ -126,6 +126,10 @@ class Call {
   // Posts an operation; the call owns it until it ends. The references stay valid until then.
   transport::Request& isend(int peer, Phase phase, std::span<const std::byte> data);
   transport::Request& irecv(int peer, Phase phase, std::span<std::byte> data);
+  // isend of bytes that arrived through `received` and have not changed since
+  // (Transport::iforward): the transport may reuse the checksums it verified on arrival.
+  transport::Request& iforward(int peer, Phase phase, std::span<const std::byte> data,
+                               const transport::Request& received);
 
   // Waits for `request` (an operation with `peer`) for at most options.timeout, while watching
   // the other ranks' notices.

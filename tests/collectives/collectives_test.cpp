@@ -316,9 +316,8 @@ std::vector<AllReduceCase> all_reduce_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, AllReduce, ::testing::ValuesIn(all_reduce_cases()),
                          [](const ::testing::TestParamInfo<AllReduceCase>& param_info) {
                            const AllReduceCase& c = param_info.param;
-                           return fmt::format("{}_world{}_count{}_chunk{}_{}", c.backend,
-                                              c.world, c.count, c.chunk_bytes,
-                                              algorithm_name(c.algorithm));
+                           return fmt::format("{}_world{}_count{}_chunk{}_{}", c.backend, c.world,
+                                              c.count, c.chunk_bytes, algorithm_name(c.algorithm));
                          });
 
 class AllReduceSpecialValues : public ::testing::TestWithParam<AllGatherAlgorithm> {};

@@ -390,6 +390,66 @@ TEST_P(Corruption, IsDetectedAndNamesThePeer) {
 INSTANTIATE_TEST_SUITE_P(TcpTransport, Corruption,
                          ::testing::Values(FrameCorruption::payload, FrameCorruption::header));
 
+// Rank 1 forwards to rank 2 what rank 0 sent it, striped in several frames over two
+// connections. Unchanged bytes arrive intact; bytes changed after their receive and forwarded
+// against that receive arrive with the checksums verified on arrival, so rank 2 must detect
+// the change: which shows that the checksums were reused, not computed again.
+TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
+  TransportOptions options;
+  options.connections_per_peer = 2;
+  options.stripe_threshold_bytes = 64 << 10;
+  options.stripe_chunk_bytes = 64 << 10;
+  auto group = make_loopback_group(3, options);
+  constexpr std::size_t kBytes = (std::size_t{1} << 20) + 5;
+  const auto first = payload(11, kBytes);
+  const auto second = payload(12, kBytes);
+  ASSERT_GT(
+      tcp::plan_chunks(kBytes, 2, options.stripe_threshold_bytes, options.stripe_chunk_bytes).count,
+      2U);
+  std::vector<std::byte> at_two(kBytes);
+  std::vector<std::byte> at_two_shorter(kBytes - 1);
+  std::string detected;
+  int detected_peer = -1;
+  run_parallel(3, [&](int rank) {
+    auto& t = *group[static_cast<std::size_t>(rank)];
+    if (rank == 0) {
+      t.send(1, 1, first, deadline_after(kTimeout));
+      t.send(1, 2, second, deadline_after(kTimeout));
+    } else if (rank == 1) {
+      std::vector<std::byte> buffer(kBytes);
+      auto received = t.irecv(0, 1, buffer);
+      received->wait(deadline_after(kTimeout));
+      t.iforward(2, 1, buffer, *received)->wait(deadline_after(kTimeout));
+      // Changed bytes against a receive of other bytes: a plain send.
+      std::vector<std::byte> other(kBytes);
+      auto received_second = t.irecv(0, 2, other);
+      received_second->wait(deadline_after(kTimeout));
+      buffer[kBytes / 2] ^= std::byte{0x40};
+      t.iforward(2, 2, std::span<const std::byte>(buffer).first(kBytes - 1), *received)
+          ->wait(deadline_after(kTimeout));
+      // Changed bytes against their own receive: the stale checksum goes out.
+      other[kBytes - 3] ^= std::byte{0x01};
+      t.iforward(2, 3, other, *received_second)->wait(deadline_after(kTimeout));
+    } else {
+      t.recv(1, 1, at_two, deadline_after(kTimeout));
+      t.recv(1, 2, at_two_shorter, deadline_after(kTimeout));
+      std::vector<std::byte> third(kBytes);
+      try {
+        t.recv(1, 3, third, deadline_after(kTimeout));
+      } catch (const ProtocolError& error) {
+        detected = error.what();
+        detected_peer = error.context().peer.value_or(-1);
+      }
+    }
+  });
+  EXPECT_EQ(at_two, first);
+  auto changed = std::vector<std::byte>(first.begin(), first.end() - 1);
+  changed[kBytes / 2] ^= std::byte{0x40};
+  EXPECT_EQ(at_two_shorter, changed);
+  EXPECT_NE(detected.find("payload checksum mismatch"), std::string::npos) << detected;
+  EXPECT_EQ(detected_peer, 1);
+}
+
 TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {
   TransportOptions options;
   options.connections_per_peer = 3;

@@ -66,6 +66,13 @@ struct MessageKeyHash {
 // State. Everything below is guarded by Core::mutex_ unless it says otherwise; socket operations
 // and the read-side fields of a Lane belong to the peer's strand.
 
+// A received frame whose payload checksum matched: forwarding the same bytes may reuse it.
+struct VerifiedFrame {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+  Digest checksum = 0;
+};
+
 // One isend or irecv.
 struct Operation {
   bool is_send = false;
@@ -85,6 +92,7 @@ struct Operation {
   std::unique_ptr<std::byte[]> stash_to_copy;  // arrived early; the waiting thread copies it
   std::uint64_t stash_bytes = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> copy_ranges;  // [begin, end); none: all
+  std::vector<VerifiedFrame> verified_frames;  // once complete: the frames checked on arrival
 };
 
 // One message from a peer, identified by (tag, sequence): an irecv posted before anything
@@ -104,6 +112,7 @@ struct Slot {
   bool announced = false;                 // a frame has arrived, so message_bytes is known
   bool discard = false;  // nobody wants it (size mismatch, abandoned): read and drop
   bool to_user = false;  // its irecv is posted: later chunks go straight to its buffer
+  std::vector<VerifiedFrame> verified;  // frames whose checksum matched, in arrival order
   [[nodiscard]] bool complete() const noexcept { return announced && received == message_bytes; }
 };
 
@@ -114,6 +123,7 @@ struct Chunk {
   EncodedHeader header{};
   std::span<const std::byte> payload;
   std::optional<FrameCorruption> corrupt;
+  bool checksum_known = false;  // frame.payload_checksum was verified on arrival (iforward)
 };
 
 struct Lane {
@@ -180,7 +190,9 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   void form_group(GroupTable table, Deadline deadline);
   void shutdown() noexcept;
 
-  std::unique_ptr<Request> isend(int peer, Tag tag, std::span<const std::byte> data);
+  // `forwarded`: a completed receive whose verified checksums may serve (iforward), or null.
+  std::unique_ptr<Request> isend(int peer, Tag tag, std::span<const std::byte> data,
+                                 const Operation* forwarded = nullptr);
   std::unique_ptr<Request> irecv(int peer, Tag tag, std::span<std::byte> data);
   void abort(std::string_view reason) noexcept;
   bool test(Operation& op);
@@ -304,6 +316,8 @@ class TcpRequest final : public Request {
 
   bool test() override { return core_->test(*op_); }
   void wait(Deadline deadline) override { core_->wait(*op_, deadline); }
+  [[nodiscard]] const TcpTransport::Core* core() const noexcept { return core_.get(); }
+  [[nodiscard]] const Operation& operation() const noexcept { return *op_; }
 
  private:
   std::shared_ptr<TcpTransport::Core> core_;
@@ -605,7 +619,8 @@ void TcpTransport::Core::install_lane(int peer_rank, int lane_index,
 // Sending
 
 std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
-                                                   std::span<const std::byte> data) {
+                                                   std::span<const std::byte> data,
+                                                   const Operation* forwarded) {
   if (peer_rank < 0 || peer_rank >= size_)
     throw InvalidArgument(fmt::format("isend: peer {} is not in [0, {})", peer_rank, size_),
                           ErrorContext{.rank = rank_});
@@ -631,6 +646,14 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
     op->sequence = peer.next_send_sequence[tag]++;
     op->chunks_left = plan.count;
   }
+  // The checksums verified when the forwarded bytes arrived, for frames cut the same way.
+  std::vector<VerifiedFrame> verified;
+  if (forwarded != nullptr && options_.payload_checksums) {
+    const std::lock_guard lock(mutex_);
+    if (forwarded->done && !forwarded->is_send && !forwarded->error &&
+        forwarded->recv_buffer.data() == data.data() && forwarded->bytes == data.size())
+      verified = forwarded->verified_frames;
+  }
   std::vector<Chunk> chunks(plan.count);
   for (std::uint64_t i = 0; i < plan.count; ++i) {
     const std::uint64_t offset = i * plan.chunk_bytes;
@@ -645,6 +668,13 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
     chunk.frame.chunk_offset = offset;
     chunk.frame.chunk_bytes = length;
     chunk.frame.has_payload_checksum = options_.payload_checksums;
+    for (const VerifiedFrame& frame : verified) {
+      if (frame.offset == offset && frame.bytes == length) {
+        chunk.frame.payload_checksum = frame.checksum;
+        chunk.checksum_known = true;
+        break;
+      }
+    }
   }
   bool kick = false;
   {
@@ -756,7 +786,7 @@ void TcpTransport::Core::start_write(Peer& peer, Lane& lane) {
   lane.corrupted_bytes.reserve(lane.batch.size());
   for (Chunk& chunk : lane.batch) {
     // Checksummed right before the write, so that the kernel's copy finds the bytes in cache.
-    if (chunk.frame.has_payload_checksum)
+    if (chunk.frame.has_payload_checksum && !chunk.checksum_known)
       chunk.frame.payload_checksum = digest_bytes(chunk.payload);
     chunk.header = tcp::encode_header(chunk.frame);
   }
@@ -932,6 +962,7 @@ std::unique_ptr<Request> TcpTransport::Core::irecv(int peer_rank, Tag tag,
         }
       } else if (slot.complete()) {
         op->bytes_arrived = slot.message_bytes;
+        op->verified_frames = std::move(slot.verified);
         if (slot.stash) {
           op->stash_to_copy = std::move(slot.stash);
           op->stash_bytes = slot.message_bytes;
@@ -1186,6 +1217,7 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
                                                                lane.abort_reason)));
     return;
   }
+  const bool verified = lane.hashing;
   if (lane.hashing) {
     lane.hashing = false;
     if (lane.payload_digest.finish() != frame.payload_checksum) {
@@ -1205,6 +1237,8 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
     if (it == peer.slots.end()) return;  // the peer failed meanwhile
     Slot& slot = it->second;
     slot.received += frame.chunk_bytes;
+    if (verified)
+      slot.verified.push_back({frame.chunk_offset, frame.chunk_bytes, frame.payload_checksum});
     if (slot.op) slot.op->bytes_arrived = slot.received;
     if (slot.complete()) {
       if (slot.discard) {
@@ -1212,6 +1246,7 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
         peer.slots.erase(it);
       } else if (slot.op) {
         Operation& op = *slot.op;
+        op.verified_frames = std::move(slot.verified);
         if (slot.stash && slot.stashed_bytes > 0) {
           op.stash_to_copy = std::move(slot.stash);
           op.stash_bytes = slot.message_bytes;
@@ -1719,6 +1754,13 @@ std::unique_ptr<Request> TcpTransport::isend(int peer, Tag tag, std::span<const 
 
 std::unique_ptr<Request> TcpTransport::irecv(int peer, Tag tag, std::span<std::byte> data) {
   return core_->irecv(peer, tag, data);
+}
+
+std::unique_ptr<Request> TcpTransport::iforward(int peer, Tag tag, std::span<const std::byte> data,
+                                                const Request& received) {
+  const auto* tcp = dynamic_cast<const TcpRequest*>(&received);
+  const bool ours = tcp != nullptr && tcp->core() == core_.get();
+  return core_->isend(peer, tag, data, ours ? &tcp->operation() : nullptr);
 }
 
 void TcpTransport::abort(std::string_view reason) noexcept {
