@@ -12,6 +12,9 @@
 // so that a slow phase of a shared machine falls on both alike. Each call starts after a
 // barrier; a call's time is the slowest rank's; the record holds the median and the minimum,
 // and ours also the median over the rounds of (our time / OpenMPI's time in the same round).
+// cpu_seconds is the median per call of the CPU time (user + system, every thread) all ranks'
+// processes spent in it together: the work a call costs, steadier than wall time on a shared
+// machine. OpenMPI's waiting ranks poll, so its figure counts waiting as well as work.
 // Buffers are allocated and touched once, before timing, for both libraries (our all-gather writes
 // into a preallocated arena through sparse_allgather_into, as MPI_Allgatherv writes into its
 // preallocated receive buffer). After timing, the results of the two libraries are compared byte
@@ -21,6 +24,8 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -81,13 +86,29 @@ collectives::AllGatherAlgorithm parse_algorithm(const std::string& name) {
 struct Timing {
   double median = 0;
   double min = 0;
+  double cpu_median = 0;  // CPU seconds of all ranks' processes together, per call
 };
 
-Timing summarize(std::vector<double> seconds) {
-  std::sort(seconds.begin(), seconds.end());
-  const std::size_t n = seconds.size();
-  const double median = n % 2 == 1 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
-  return {median, seconds.front()};
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+Timing summarize(const std::vector<double>& seconds, const std::vector<double>& cpu = {}) {
+  return {median_of(seconds), *std::min_element(seconds.begin(), seconds.end()),
+          cpu.empty() ? 0.0 : median_of(cpu)};
+}
+
+// User and system CPU time of this process so far (every thread: the transport's I/O threads
+// included). Wall time on this shared 2-core machine drifts; the CPU a call costs is steadier.
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 // The pieces every benchmark call needs: the group, how to synchronise and how to combine
@@ -141,12 +162,13 @@ class Harness {
     return transport_->size();
   }
 
-  // One library's call, how to synchronise the ranks before it, and how to turn this rank's
-  // time into the slowest rank's.
+  // One library's call, how to synchronise the ranks before it, how to turn this rank's time
+  // into the slowest rank's, and how to add up every rank's value.
   struct Contender {
     std::function<void()> call;
     std::function<void()> sync;
     std::function<double(double)> slowest;
+    std::function<double(double)> total;
   };
   struct Timings {
     Timing ours;
@@ -157,31 +179,41 @@ class Harness {
   // One warm-up call of each, then `iterations` rounds of one timed call of each, the order
   // alternating from round to round.
   Timings time(const Contender& ours, const Contender* theirs) {
+    struct Sample {
+      double seconds = 0;  // the slowest rank's
+      double cpu = 0;      // every rank's together
+    };
     const auto timed = [](const Contender& contender) {
       contender.sync();
+      const double cpu_start = process_cpu_seconds();
       const auto start = Clock::now();
       contender.call();
-      return contender.slowest(std::chrono::duration<double>(Clock::now() - start).count());
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      const double cpu = process_cpu_seconds() - cpu_start;
+      return Sample{contender.slowest(seconds), contender.total(cpu)};
     };
     (void)timed(ours);
     if (theirs != nullptr) (void)timed(*theirs);
-    std::vector<double> our_seconds, their_seconds, ratios;
+    std::vector<double> our_seconds, their_seconds, our_cpu, their_cpu, ratios;
     for (int i = 0; i < settings_.iterations; ++i) {
-      if (theirs == nullptr) {
-        our_seconds.push_back(timed(ours));
-        continue;
-      }
       const bool ours_first = i % 2 == 0;
-      const double first = timed(ours_first ? ours : *theirs);
-      const double second = timed(ours_first ? *theirs : ours);
-      our_seconds.push_back(ours_first ? first : second);
-      their_seconds.push_back(ours_first ? second : first);
+      const Sample first = timed(ours_first || theirs == nullptr ? ours : *theirs);
+      our_seconds.push_back(first.seconds);
+      our_cpu.push_back(first.cpu);
+      if (theirs == nullptr) continue;
+      const Sample second = timed(ours_first ? *theirs : ours);
+      their_seconds.push_back(second.seconds);
+      their_cpu.push_back(second.cpu);
+      if (!ours_first) {
+        std::swap(our_seconds.back(), their_seconds.back());
+        std::swap(our_cpu.back(), their_cpu.back());
+      }
       ratios.push_back(our_seconds.back() / their_seconds.back());
     }
-    Timings out{.ours = summarize(std::move(our_seconds))};
+    Timings out{.ours = summarize(our_seconds, our_cpu)};
     if (theirs != nullptr) {
-      out.theirs = summarize(std::move(their_seconds));
-      out.ratio = summarize(std::move(ratios)).median;
+      out.theirs = summarize(their_seconds, their_cpu);
+      out.ratio = median_of(ratios);
     }
     return out;
   }
@@ -190,12 +222,21 @@ class Harness {
     collectives::barrier(*transport_, barrier_options());
   }
   double our_slowest(double mine) {
-    const auto all = collectives::allgather_u64(*transport_, static_cast<std::uint64_t>(mine * 1e9),
-                                                barrier_options());
+    const auto all = gather_nanoseconds(mine);
     return static_cast<double>(*std::max_element(all.begin(), all.end())) / 1e9;
+  }
+  double our_total(double mine) {
+    double sum = 0;
+    for (const std::uint64_t ns : gather_nanoseconds(mine))
+      sum += static_cast<double>(ns) / 1e9;
+    return sum;
   }
 
  private:
+  std::vector<std::uint64_t> gather_nanoseconds(double seconds) {
+    return collectives::allgather_u64(*transport_, static_cast<std::uint64_t>(seconds * 1e9),
+                                      barrier_options());
+  }
   [[nodiscard]] collectives::CollectiveOptions barrier_options() const {
     collectives::CollectiveOptions options = options_;
     options.tag = 2;
@@ -253,8 +294,8 @@ class Reporter {
   Reporter(const Settings& settings, const Harness& harness)
       : settings_(settings), harness_(harness) {
     if (harness.rank() == 0 && !settings.json) {
-      fmt::print("{:<18} {:<16} {:<10} {:>12} {:>12} {:>12} {:>10}\n", "operation", "transport",
-                 "algorithm", "bytes/rank", "median s", "min s", "Gbit/s");
+      fmt::print("{:<18} {:<16} {:<10} {:>12} {:>12} {:>12} {:>10} {:>8}\n", "operation",
+                 "transport", "algorithm", "bytes/rank", "median s", "min s", "Gbit/s", "cpu s");
     }
   }
 
@@ -278,6 +319,7 @@ class Reporter {
                           {"bytes_per_rank", bytes},
                           {"seconds", timing.median},
                           {"seconds_min", timing.min},
+                          {"cpu_seconds", timing.cpu_median},
                           {"iterations", settings_.iterations},
                           {"received_gbit_per_s", gbit}};
       if (settings_.link_mbit > 0) {
@@ -290,8 +332,8 @@ class Reporter {
       if (!settings_.label.empty()) j["setup"] = settings_.label;
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("{:<18} {:<16} {:<10} {:>12} {:>12.6f} {:>12.6f} {:>10.2f}", operation, transport,
-                 algorithm, bytes, timing.median, timing.min, gbit);
+      fmt::print("{:<18} {:<16} {:<10} {:>12} {:>12.6f} {:>12.6f} {:>10.2f} {:>8.3f}", operation,
+                 transport, algorithm, bytes, timing.median, timing.min, gbit, timing.cpu_median);
       if (settings_.link_mbit > 0) {
         fmt::print("  ({:.2f}x the link bound)",
                    timing.median / (received * 8 / (settings_.link_mbit * 1e6)));
@@ -317,6 +359,12 @@ Harness::Contender openmpi_contender(std::function<void()> call) {
                 double slowest = 0;
                 MPI_Allreduce(&s, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
                 return slowest;
+              },
+          .total =
+              [](double s) {
+                double sum = 0;
+                MPI_Allreduce(&s, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+                return sum;
               }};
 }
 #endif
@@ -324,7 +372,8 @@ Harness::Contender openmpi_contender(std::function<void()> call) {
 Harness::Contender our_contender(Harness& h, std::function<void()> call) {
   return {.call = std::move(call),
           .sync = [&h] { h.our_barrier(); },
-          .slowest = [&h](double s) { return h.our_slowest(s); }};
+          .slowest = [&h](double s) { return h.our_slowest(s); },
+          .total = [&h](double s) { return h.our_total(s); }};
 }
 
 // Times one (operation, size) point for ours and, when `theirs` is given, OpenMPI's, and
