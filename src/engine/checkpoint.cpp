@@ -3,6 +3,7 @@
 // Loading validates every file completely (metadata, tensor table, data digests) and all ranks
 // agree before any state changes.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -204,9 +205,16 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
     check_equal(meta, "table_digest", digest_hex(layout.table_digest()), global_path);
     const EngineOptions saved =
         options_from_json(nlohmann::json::parse(require(meta, "options", global_path)));
-    if (shared_options_digest(saved) != shared_options_digest(options)) {
-      throw InvalidArgument(fmt::format("{}: the checkpoint was written with different options: {}",
-                                        global_path.string(), to_json(saved).dump()));
+    if (const auto differing = options_that_change_the_state(saved, options); !differing.empty()) {
+      const nlohmann::json was = to_json(saved);
+      const nlohmann::json is = to_json(options);
+      std::vector<std::string> described;
+      for (const std::string& key : differing)
+        described.push_back(
+            fmt::format("{} {} (this run: {})", key, was.at(key).dump(), is.at(key).dump()));
+      throw InvalidArgument(fmt::format(
+          "{}: the checkpoint was written with other options that the state depends on: {}",
+          global_path.string(), fmt::join(described, ", ")));
     }
     loaded_window = require_u64(meta, "window", global_path);
     const std::string& initialised = require(meta, "momentum_initialised", global_path);

@@ -1,5 +1,6 @@
 #include "engine/options.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -117,6 +118,29 @@ EngineOptions options_from_json(const nlohmann::json& json) {
   } catch (const nlohmann::json::exception& e) {
     throw InvalidArgument(std::string("options JSON: ") + e.what());
   }
+}
+
+std::vector<std::string> options_that_change_the_state(const EngineOptions& saved,
+                                                       const EngineOptions& now) {
+  static constexpr std::string_view kTransportOnly[] = {
+      "threads",  "trace_dir",   "timeout_ms",     "allgather", "pipeline_chunk_bytes",
+      "encoding", "codec_level", "verify_digests",
+  };
+  const nlohmann::json a = to_json(saved);
+  const nlohmann::json b = to_json(now);
+  std::vector<std::string> differing;
+  for (const auto& [key, value] : a.items()) {
+    if (std::find(std::begin(kTransportOnly), std::end(kTransportOnly), key) !=
+        std::end(kTransportOnly))
+      continue;
+    // A float is stored twice (decimal and raw bits): name it once, by its decimal key.
+    if (key.ends_with("_bits") && a.contains(key.substr(0, key.size() - 5))) continue;
+    const std::string bits = key + "_bits";
+    const bool differs = !b.contains(key) || b.at(key) != value ||
+                         (a.contains(bits) && (!b.contains(bits) || b.at(bits) != a.at(bits)));
+    if (differs) differing.push_back(key);
+  }
+  return differing;
 }
 
 std::uint64_t shared_options_digest(const EngineOptions& options) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -58,5 +59,13 @@ struct EngineOptions {
 
 // The options that must agree on every rank (everything but local paths and thread counts).
 [[nodiscard]] std::uint64_t shared_options_digest(const EngineOptions& options);
+
+// The options a resumed run must share with its checkpoint: those the state's evolution
+// depends on. How the bytes move (all-gather algorithm, pipeline chunk, message encoding and
+// its zstd level) and whether digests are compared do not change a single bit of the state,
+// so a job may resume with other values of them. Returns the names (canonical JSON keys) of
+// the options that differ, empty when the checkpoint may be resumed with `now`.
+[[nodiscard]] std::vector<std::string> options_that_change_the_state(const EngineOptions& saved,
+                                                                     const EngineOptions& now);
 
 }  // namespace pulseloco

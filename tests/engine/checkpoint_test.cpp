@@ -114,6 +114,72 @@ TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
   fs::remove_all(dir);
 }
 
+// How the bytes move is not part of the state: a job may resume with another all-gather
+// algorithm, pipeline chunk, encoding and zstd level, and without digest checks, and still
+// continues bit-identically.
+TEST(Checkpoint, ResumingWithOtherTransportSettingsContinuesBitIdentically) {
+  const fs::path dir = fresh_dir("resume_other_transport");
+  const EngineOptions options = options_for_test();
+  TrainingRun uninterrupted(options, 40);
+  for (int w = 0; w < 4; ++w)
+    uninterrupted.window(w);
+
+  TrainingRun first(options, 40);
+  for (int w = 0; w < 2; ++w)
+    first.window(w);
+  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+
+  EngineOptions other = options;
+  other.allgather = collectives::AllGatherAlgorithm::direct;
+  other.pipeline_chunk_bytes = 4096;
+  other.codec.encoding = codec::Encoding::plain_i32_f32;
+  other.codec.zstd_level = 9;
+  other.verify_digests = false;
+  EXPECT_TRUE(options_that_change_the_state(options, other).empty());
+  TrainingRun resumed(other, 41);
+  resumed.on_all([&](Engine& e) { e.load_checkpoint(dir); });
+  for (int w = 2; w < 4; ++w)
+    resumed.window(w);
+  expect_same_state(uninterrupted, resumed);
+  fs::remove_all(dir);
+}
+
+// An option the state depends on must match: the refusal names it with both values, on every
+// rank, and leaves the state as it was.
+TEST(Checkpoint, ResumingWithAnotherOuterLearningRateIsRefusedNamingIt) {
+  const fs::path dir = fresh_dir("resume_other_lr");
+  const EngineOptions options = options_for_test();
+  TrainingRun first(options, 50);
+  first.window(0);
+  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+
+  EngineOptions other = options;
+  other.outer_lr = 0.5f;
+  other.pipeline_chunk_bytes = 8192;  // not part of the state: not named
+  EXPECT_EQ(options_that_change_the_state(options, other), std::vector<std::string>{"outer_lr"});
+  TrainingRun resumed(other, 51);
+  std::vector<Digest> before;
+  for (const auto& e : resumed.engines)
+    before.push_back(e->state_digest());
+  const auto errors = testing::run_ranks(
+      kWorld, [&](int r) { resumed.engines[static_cast<std::size_t>(r)]->load_checkpoint(dir); });
+  for (int r = 0; r < kWorld; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    ASSERT_TRUE(errors[i]) << "rank " << r << " loaded";
+    EXPECT_EQ(resumed.engines[i]->state_digest(), before[i]);
+    EXPECT_EQ(resumed.engines[i]->window(), 0u);
+  }
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("outer_lr 0.69999"), std::string::npos) << what;
+    EXPECT_NE(what.find("(this run: 0.5)"), std::string::npos) << what;
+    EXPECT_EQ(what.find("pipeline_chunk_bytes"), std::string::npos) << what;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
   const fs::path dir = fresh_dir("damaged");
   const EngineOptions options = options_for_test();
