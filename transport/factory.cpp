@@ -231,6 +231,8 @@ TransportOptions from_environment(TransportOptions options) {
     options.payload_checksums = parse_bool(*env);
   if (auto env = first_env({"PULSELOCO_TCP_IO_THREADS"}))
     options.io_threads = static_cast<int>(parse_integer(*env, 1, 64));
+  if (auto env = first_env({"PULSELOCO_TCP_BUSY_POLL_US"}))
+    options.busy_poll = std::chrono::microseconds(parse_integer(*env, 0, 1'000'000));
 
   if (auto env = first_env({"PULSELOCO_SECRET"})) {
     options.secret = env->value;
@@ -315,6 +317,9 @@ void validate(const TransportOptions& options) {
                      options.io_timeout.count()));
   if (options.io_threads < 1 || options.io_threads > 64)
     fail(fmt::format("transport options: io_threads {} is not in [1, 64]", options.io_threads));
+  if (options.busy_poll.count() < 0 || options.busy_poll.count() > 1'000'000)
+    fail(fmt::format("transport options: busy_poll {} us is not in [0, 1000000]",
+                     options.busy_poll.count()));
   if (options.mpi_part_bytes < 1 ||
       options.mpi_part_bytes > static_cast<std::size_t>(std::numeric_limits<int>::max()))
     fail(fmt::format("transport options: mpi_part_bytes {} is not in [1, {}]",

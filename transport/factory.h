@@ -97,6 +97,13 @@ struct TransportOptions {
   std::size_t max_unexpected_bytes = std::size_t{1} << 30;
   bool payload_checksums = true;  // xxh3-64 of every frame's payload (headers always)
   int io_threads = 1;             // threads running this transport's Asio io_context
+  // How long a thread that has run out of work polls for more before it sleeps: a caller in
+  // wait() and an I/O thread after its last handler, yielding the core between polls. A
+  // sleeping thread costs a wake-up per message (tens to hundreds of microseconds on a virtual
+  // machine: three per message, from caller to I/O thread to peer I/O thread to peer caller);
+  // polling briefly keeps a collective's rounds from paying it, as MPI and NCCL do by polling
+  // all the time. 0: never poll, always sleep. Measured in docs/benchmarks.md.
+  std::chrono::microseconds busy_poll{100};
   // Shared secret for the HMAC-SHA256 challenge-response at connect. Empty: connections are
   // still checked (with an empty key) but not authenticated; a warning is logged.
   std::string secret;

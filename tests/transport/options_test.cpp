@@ -69,6 +69,7 @@ TEST(FromEnvironment, ReadsEveryVariable) {
                       {"PULSELOCO_TCP_MAX_UNEXPECTED", "1G"},
                       {"PULSELOCO_TCP_CHECKSUMS", "false"},
                       {"PULSELOCO_TCP_IO_THREADS", "2"},
+                      {"PULSELOCO_TCP_BUSY_POLL_US", "0"},
                       {"PULSELOCO_SECRET", "s3cret"},
                       {"PULSELOCO_TEST_CORRUPT_FRAME", "17:header"},
                       {"PULSELOCO_MPI_PART_BYTES", "64M"},
@@ -103,6 +104,7 @@ TEST(FromEnvironment, ReadsEveryVariable) {
   EXPECT_EQ(o.max_unexpected_bytes, std::size_t{1} << 30);
   EXPECT_FALSE(o.payload_checksums);
   EXPECT_EQ(o.io_threads, 2);
+  EXPECT_EQ(o.busy_poll.count(), 0);
   EXPECT_EQ(o.secret, "s3cret");
   ASSERT_TRUE(o.corrupt_frame.has_value());
   EXPECT_EQ(o.corrupt_frame->frame_index, 17U);
@@ -130,6 +132,7 @@ TEST(FromEnvironment, BadValuesNameTheVariable) {
                                                   {"PULSELOCO_TCP_CONNECTIONS", "0"},
                                                   {"PULSELOCO_TCP_STRIPE_CHUNK", "4X"},
                                                   {"PULSELOCO_TCP_NODELAY", "maybe"},
+                                                  {"PULSELOCO_TCP_BUSY_POLL_US", "2000000"},
                                                   {"PULSELOCO_RENDEZVOUS", "dns"},
                                                   {"PULSELOCO_TEST_CORRUPT_FRAME", "x"},
                                                   {"PULSELOCO_SECRET_FILE", "/nonexistent/secret"}};

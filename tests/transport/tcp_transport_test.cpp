@@ -77,6 +77,15 @@ TEST_P(WorldSize, EveryPairExchangesDistinctMessagesOfEverySize) {
 
 INSTANTIATE_TEST_SUITE_P(Loopback, WorldSize, ::testing::Values(1, 2, 3, 4, 7));
 
+// The default polls before sleeping (busy_poll); without it every wait sleeps at once. Both must
+// deliver the same.
+TEST(TcpTransport, WithoutBusyPollingEveryPairExchanges) {
+  TransportOptions options;
+  options.busy_poll = std::chrono::microseconds(0);
+  auto group = make_loopback_group(4, options);
+  exchange_all_pairs(group, 3);
+}
+
 TEST(TcpTransport, SeveralIoThreadsPerTransport) {
   TransportOptions options;
   options.io_threads = 3;
@@ -569,6 +578,9 @@ TEST(TcpTransport, OptionsAreValidated) {
   EXPECT_THROW(validate(options), InvalidArgument);
   options = {};
   options.stripe_chunk_bytes = 100;
+  EXPECT_THROW(validate(options), InvalidArgument);
+  options = {};
+  options.busy_poll = std::chrono::microseconds(-1);
   EXPECT_THROW(validate(options), InvalidArgument);
   options = {};
   options.world_size = 2;

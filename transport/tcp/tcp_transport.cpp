@@ -219,6 +219,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   std::string admit(const tcp::Hello& hello, int& claimed_lane);
   void install_lane(int peer, int lane, std::shared_ptr<Socket> socket);
   void formation_failed(std::exception_ptr error);
+  void run_io();  // the body of an I/O thread
   void count_handshake(const tcp::HandshakeTraffic& traffic);
 
   // Writing (on the peer's strand).
@@ -410,7 +411,7 @@ void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
     threads_.emplace_back([this] {
       for (;;) {
         try {
-          io_.run();
+          run_io();
           return;
         } catch (const std::exception& error) {
           logger().error("tcp transport: unexpected error on the I/O thread: {}", error.what());
@@ -442,6 +443,28 @@ void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
   formed_ = true;
   logger().debug("tcp transport: rank {} of {} connected ({} connections per peer)", rank_, size_,
                  lanes_per_peer_);
+}
+
+void TcpTransport::Core::run_io() {
+  if (options_.busy_poll.count() == 0) {
+    io_.run();
+    return;
+  }
+  // Sleep until a handler runs, then keep polling (yielding the core in between) until nothing
+  // has been ready for busy_poll, so that the next frame of a collective's round finds this
+  // thread awake.
+  while (io_.run_one() > 0) {
+    auto idle_until = Clock::now() + options_.busy_poll;
+    while (!io_.stopped()) {
+      if (io_.poll() > 0) {
+        idle_until = Clock::now() + options_.busy_poll;
+      } else if (Clock::now() >= idle_until) {
+        break;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
 }
 
 void TcpTransport::Core::formation_failed(std::exception_ptr error) {
@@ -1316,9 +1339,21 @@ bool TcpTransport::Core::test(Operation& op) {
 }
 
 void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
+  const auto ready = [&] { return op.done || op.error || op.stash_to_copy != nullptr; };
+  // Poll before sleeping (options.busy_poll); try_lock, so as not to queue behind the I/O
+  // thread's handlers.
+  if (options_.busy_poll.count() > 0) {
+    const auto poll_until = std::min(deadline, Clock::now() + options_.busy_poll);
+    for (;;) {
+      std::unique_lock attempt(mutex_, std::try_to_lock);
+      if (attempt.owns_lock() && ready()) break;
+      attempt = {};
+      if (Clock::now() >= poll_until) break;
+      std::this_thread::yield();
+    }
+  }
   std::unique_lock lock(mutex_);
-  changed_.wait_until(lock, deadline,
-                      [&] { return op.done || op.error || op.stash_to_copy != nullptr; });
+  changed_.wait_until(lock, deadline, ready);
   if (finish_if_ready(op, lock)) return;
   peers_[static_cast<std::size_t>(op.peer)]->stalled = true;
   const auto waited =
