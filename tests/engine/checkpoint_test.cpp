@@ -88,16 +88,19 @@ void expect_same_state(const TrainingRun& a, const TrainingRun& b) {
   }
 }
 
-TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
-  const fs::path dir = fresh_dir("resume");
-  const EngineOptions options = options_for_test();
-
-  TrainingRun uninterrupted(options, 10);
-  for (int w = 0; w < 5; ++w)
+// Runs `total` windows uninterrupted, and again with a checkpoint after `saved_after` windows
+// that a new job with `resumed_options`, started from other weights, loads before running the
+// rest: both must end in the same state on every rank.
+void expect_resume_continues_bit_identically(const std::string& name, const EngineOptions& options,
+                                             const EngineOptions& resumed_options,
+                                             std::uint32_t seed, int saved_after, int total) {
+  const fs::path dir = fresh_dir(name);
+  TrainingRun uninterrupted(options, seed);
+  for (int w = 0; w < total; ++w)
     uninterrupted.window(w);
 
-  TrainingRun first(options, 10);
-  for (int w = 0; w < 2; ++w)
+  TrainingRun first(options, seed);
+  for (int w = 0; w < saved_after; ++w)
     first.window(w);
   first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
   EXPECT_TRUE(fs::exists(dir / "global.safetensors"));
@@ -105,30 +108,24 @@ TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
     EXPECT_TRUE(fs::exists(dir / ("rank-0000" + std::to_string(r) + ".safetensors")));
   }
 
-  // A new job, started from other weights, resumes from the checkpoint.
-  TrainingRun resumed(options, 777);
+  TrainingRun resumed(resumed_options, seed + 767);
   resumed.on_all([&](Engine& e) { e.load_checkpoint(dir); });
-  for (int w = 2; w < 5; ++w)
+  for (int w = saved_after; w < total; ++w)
     resumed.window(w);
   expect_same_state(uninterrupted, resumed);
   fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
+  const EngineOptions options = options_for_test();
+  expect_resume_continues_bit_identically("resume", options, options, 10, 2, 5);
 }
 
 // How the bytes move is not part of the state: a job may resume with another all-gather
 // algorithm, pipeline chunk, encoding and zstd level, and without digest checks, and still
 // continues bit-identically.
 TEST(Checkpoint, ResumingWithOtherTransportSettingsContinuesBitIdentically) {
-  const fs::path dir = fresh_dir("resume_other_transport");
   const EngineOptions options = options_for_test();
-  TrainingRun uninterrupted(options, 40);
-  for (int w = 0; w < 4; ++w)
-    uninterrupted.window(w);
-
-  TrainingRun first(options, 40);
-  for (int w = 0; w < 2; ++w)
-    first.window(w);
-  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
-
   EngineOptions other = options;
   other.allgather = collectives::AllGatherAlgorithm::direct;
   other.pipeline_chunk_bytes = 4096;
@@ -136,12 +133,7 @@ TEST(Checkpoint, ResumingWithOtherTransportSettingsContinuesBitIdentically) {
   other.codec.zstd_level = 9;
   other.verify_digests = false;
   EXPECT_TRUE(options_that_change_the_state(options, other).empty());
-  TrainingRun resumed(other, 41);
-  resumed.on_all([&](Engine& e) { e.load_checkpoint(dir); });
-  for (int w = 2; w < 4; ++w)
-    resumed.window(w);
-  expect_same_state(uninterrupted, resumed);
-  fs::remove_all(dir);
+  expect_resume_continues_bit_identically("resume_other_transport", options, other, 40, 2, 4);
 }
 
 // An option the state depends on must match: the refusal names it with both values, on every
