@@ -77,10 +77,10 @@ std::size_t parse_size(const std::string& text) {
   throw std::invalid_argument("size " + text + ": use a number with K, M or G");
 }
 
-collectives::AllGatherAlgorithm parse_algorithm(const std::string& name) {
-  if (name == "ring") return collectives::AllGatherAlgorithm::ring;
-  if (name == "direct") return collectives::AllGatherAlgorithm::direct;
-  return collectives::AllGatherAlgorithm::automatic;
+collectives::CollectiveAlgorithm parse_algorithm(const std::string& name) {
+  if (name == "ring") return collectives::CollectiveAlgorithm::ring;
+  if (name == "direct") return collectives::CollectiveAlgorithm::direct;
+  return collectives::CollectiveAlgorithm::automatic;
 }
 
 struct Timing {
@@ -403,7 +403,7 @@ void bench_allgather(Harness& h, const Reporter& reporter, const Settings& setti
   const Harness::Contender our_call = our_contender(
       h, [&] { collectives::sparse_allgather_into(h.transport(), mine, buffer_for, h.options()); });
   std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n), bytes);
-  const auto algorithm = h.options().algorithm == collectives::AllGatherAlgorithm::automatic
+  const auto algorithm = h.options().algorithm == collectives::CollectiveAlgorithm::automatic
                              ? collectives::choose_allgather_algorithm(sizes)
                              : h.options().algorithm;
   const std::string our_algorithm(collectives::algorithm_name(algorithm));
@@ -442,7 +442,7 @@ void bench_allreduce(Harness& h, const Reporter& reporter, const Settings& setti
   std::vector<float> ours(count, 0.0F);
   const Harness::Contender our_call = our_contender(
       h, [&] { collectives::allreduce_sum(h.transport(), input, ours, h.options()); });
-  const auto algorithm = h.options().algorithm == collectives::AllGatherAlgorithm::automatic
+  const auto algorithm = h.options().algorithm == collectives::CollectiveAlgorithm::automatic
                              ? collectives::choose_allreduce_algorithm(count, h.size())
                              : h.options().algorithm;
   const std::string our_algorithm(collectives::algorithm_name(algorithm));

@@ -36,13 +36,13 @@ namespace {
 constexpr std::size_t kDirectAllReduceBytes = std::size_t{256} << 10;
 }  // namespace
 
-AllGatherAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size) {
+CollectiveAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size) {
   // Two ranks: both algorithms are the same exchange.
-  if (world_size <= 2) return AllGatherAlgorithm::ring;
+  if (world_size <= 2) return CollectiveAlgorithm::ring;
   // Latency-bound: 2 hops instead of 2 (n-1), for the same bytes per link.
-  if (elements * sizeof(float) <= kDirectAllReduceBytes) return AllGatherAlgorithm::direct;
+  if (elements * sizeof(float) <= kDirectAllReduceBytes) return CollectiveAlgorithm::direct;
   // Bandwidth-bound: one flow per link, and no receive buffer of (n-1)/n of the vector.
-  return AllGatherAlgorithm::ring;
+  return CollectiveAlgorithm::ring;
 }
 
 namespace {
@@ -278,10 +278,11 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
       if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
       return;
     }
-    const AllGatherAlgorithm algorithm = call.options().algorithm == AllGatherAlgorithm::automatic
-                                             ? choose_allreduce_algorithm(input.size(), call.size())
-                                             : call.options().algorithm;
-    if (algorithm == AllGatherAlgorithm::direct) {
+    const CollectiveAlgorithm algorithm =
+        call.options().algorithm == CollectiveAlgorithm::automatic
+            ? choose_allreduce_algorithm(input.size(), call.size())
+            : call.options().algorithm;
+    if (algorithm == CollectiveAlgorithm::direct) {
       direct_allreduce(call, input, output);
     } else {
       ring_allreduce(call, input, output);

@@ -105,13 +105,13 @@ void broadcast(transport::Transport& transport, int root, std::span<std::byte> d
                            });
     if (n == 1) return;
     if (auto* native = transport::native_collectives(transport);
-        native != nullptr && options.algorithm == AllGatherAlgorithm::automatic) {
+        native != nullptr && options.algorithm == CollectiveAlgorithm::automatic) {
       call.run_native(
           [&](transport::Deadline deadline) { native->broadcast(root, data, deadline); });
       return;
     }
-    const bool chain = options.algorithm == AllGatherAlgorithm::ring ||
-                       (options.algorithm == AllGatherAlgorithm::automatic && n > 2 &&
+    const bool chain = options.algorithm == CollectiveAlgorithm::ring ||
+                       (options.algorithm == CollectiveAlgorithm::automatic && n > 2 &&
                         data.size() > options.pipeline_chunk_bytes);
     if (chain) {
       chain_broadcast(call, root, data);

@@ -46,13 +46,13 @@ namespace pulseloco::collectives {
 
 // How sparse_allgather, allreduce_sum and broadcast move their payload (each says what the
 // two mean for it).
-enum class AllGatherAlgorithm : std::uint8_t {
+enum class CollectiveAlgorithm : std::uint8_t {
   automatic,  // chosen from the world size and the sizes
   ring,       // ring (a chain for broadcast) with pipelined chunks: one flow per link
   direct,     // every rank sends straight to every rank that needs its bytes: one hop
 };
 
-[[nodiscard]] std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept;
+[[nodiscard]] std::string_view algorithm_name(CollectiveAlgorithm algorithm) noexcept;
 
 // Base tags must be below this (the rest of the 64-bit transport tag holds the call's sequence
 // number and phase).
@@ -60,7 +60,7 @@ inline constexpr transport::Tag kTagLimit = transport::Tag{1} << 23;
 
 struct CollectiveOptions {
   std::chrono::milliseconds timeout{60'000};
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::automatic;
   // Pipelining granularity (and the unit a single wait covers). The ring's pipeline fills in
   // world_size - 2 chunk times, so smaller chunks suit slow links; 1 MiB costs nothing
   // measurable on fast ones (docs/collectives.md).
@@ -99,7 +99,7 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
 // The algorithm `automatic` picks for these message sizes (one per rank, in rank order); every
 // rank computes the same choice from the same sizes. The rule and the measurements behind it
 // are in docs/collectives.md.
-[[nodiscard]] AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes);
+[[nodiscard]] CollectiveAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes);
 
 // Dense fp32 sum (reduce-scatter + all-gather, chunked); `output` receives identical bytes on
 // every rank. `input` and `output` have the same size on every rank and must not overlap.
@@ -120,7 +120,7 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
 // The algorithm `automatic` picks for an all-reduce of `elements` floats over `world_size`
 // ranks (the same choice on every rank). The rule and the measurements behind it are in
 // docs/collectives.md.
-[[nodiscard]] AllGatherAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size);
+[[nodiscard]] CollectiveAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size);
 
 // Copies `root`'s `data` into every rank's `data` (same size everywhere). The root's data is
 // only read; on failure the other ranks' data holds garbage. Small data (at most one pipeline

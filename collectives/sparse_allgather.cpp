@@ -24,13 +24,13 @@ using detail::Call;
 using detail::Phase;
 using transport::Request;
 
-std::string_view algorithm_name(AllGatherAlgorithm algorithm) noexcept {
+std::string_view algorithm_name(CollectiveAlgorithm algorithm) noexcept {
   switch (algorithm) {
-    case AllGatherAlgorithm::automatic:
+    case CollectiveAlgorithm::automatic:
       return "automatic";
-    case AllGatherAlgorithm::ring:
+    case CollectiveAlgorithm::ring:
       return "ring";
-    case AllGatherAlgorithm::direct:
+    case CollectiveAlgorithm::direct:
       return "direct";
   }
   return "unknown";
@@ -41,16 +41,16 @@ namespace {
 constexpr std::uint64_t kLatencyBoundBytes = std::uint64_t{32} << 10;
 }  // namespace
 
-AllGatherAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes) {
+CollectiveAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes) {
   // Two ranks: both algorithms move exactly the same bytes in one hop.
-  if (sizes.size() <= 2) return AllGatherAlgorithm::direct;
+  if (sizes.size() <= 2) return CollectiveAlgorithm::direct;
   // Small messages are latency-bound: one hop beats world_size - 1 hops.
   const std::uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
-  if (largest <= kLatencyBoundBytes) return AllGatherAlgorithm::direct;
+  if (largest <= kLatencyBoundBytes) return CollectiveAlgorithm::direct;
   // Bandwidth-bound: the ring keeps one flow per link (no incast of world_size - 1 senders
   // into one link) and spreads a large message over every link instead of making its owner
   // send it world_size - 1 times.
-  return AllGatherAlgorithm::ring;
+  return CollectiveAlgorithm::ring;
 }
 
 namespace {
@@ -251,14 +251,14 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
     }
     if (n == 1) return;
     if (auto* native = transport::native_collectives(transport);
-        native != nullptr && options.algorithm == AllGatherAlgorithm::automatic &&
+        native != nullptr && options.algorithm == CollectiveAlgorithm::automatic &&
         native_allgather(call, *native, mine, sizes, buffers, on_message)) {
       return;
     }
-    const AllGatherAlgorithm algorithm = options.algorithm == AllGatherAlgorithm::automatic
-                                             ? choose_allgather_algorithm(sizes)
-                                             : options.algorithm;
-    if (algorithm == AllGatherAlgorithm::ring) {
+    const CollectiveAlgorithm algorithm = options.algorithm == CollectiveAlgorithm::automatic
+                                              ? choose_allgather_algorithm(sizes)
+                                              : options.algorithm;
+    if (algorithm == CollectiveAlgorithm::ring) {
       ring_allgather(call, mine, sizes, buffers, on_message);
     } else {
       direct_allgather(call, mine, sizes, buffers, on_message);

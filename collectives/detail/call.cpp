@@ -152,14 +152,14 @@ Header decode_header(std::span<const std::byte, kHeaderBytes> bytes, int rank, i
   const auto algorithm = get<std::uint8_t>(bytes, 6);
   if (op < static_cast<std::uint8_t>(Op::sparse_allgather) ||
       op > static_cast<std::uint8_t>(Op::allgather_u64) ||
-      algorithm > static_cast<std::uint8_t>(AllGatherAlgorithm::direct)) {
+      algorithm > static_cast<std::uint8_t>(CollectiveAlgorithm::direct)) {
     throw ProtocolError(fmt::format("peer {} sent a collective header with operation {} and "
                                     "algorithm {}, which do not exist",
                                     peer, op, algorithm),
                         context);
   }
   return Header{.op = static_cast<Op>(op),
-                .algorithm = static_cast<AllGatherAlgorithm>(algorithm),
+                .algorithm = static_cast<CollectiveAlgorithm>(algorithm),
                 .root = get<std::int32_t>(bytes, 8),
                 .sequence = get<std::uint64_t>(bytes, 16),
                 .chunk_bytes = get<std::uint64_t>(bytes, 24),
@@ -219,7 +219,7 @@ void validate_options(const CollectiveOptions& options, const transport::Transpo
     throw InvalidArgument(fmt::format("{}: pipeline_chunk_bytes must be positive", operation),
                           context);
   }
-  if (options.algorithm > AllGatherAlgorithm::direct) {
+  if (options.algorithm > CollectiveAlgorithm::direct) {
     throw InvalidArgument(fmt::format("{}: algorithm {} does not exist", operation,
                                       static_cast<int>(options.algorithm)),
                           context);
@@ -391,7 +391,7 @@ std::vector<Header> Call::exchange_headers(Header mine) {
   mine.sequence = sequence_;
   const bool uses_options = op_ != Op::barrier && op_ != Op::allgather_u64;
   mine.chunk_bytes = uses_options ? options_.pipeline_chunk_bytes : 0;
-  mine.algorithm = uses_options ? options_.algorithm : AllGatherAlgorithm::automatic;
+  mine.algorithm = uses_options ? options_.algorithm : CollectiveAlgorithm::automatic;
   std::vector<Header> all(static_cast<std::size_t>(size_));
   all[static_cast<std::size_t>(rank_)] = mine;
   if (size_ == 1) return all;

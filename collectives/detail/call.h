@@ -46,7 +46,7 @@ enum class Phase : std::uint8_t {
 // What every rank announces at the start of a call.
 struct Header {
   Op op = Op::barrier;
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::automatic;
   std::int32_t root = 0;
   std::uint64_t sequence = 0;
   std::uint64_t chunk_bytes = 0;

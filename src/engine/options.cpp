@@ -31,10 +31,10 @@ Mode parse_mode(std::string_view name) {
 
 namespace {
 
-collectives::AllGatherAlgorithm parse_algorithm(std::string_view name) {
-  if (name == "auto" || name == "automatic") return collectives::AllGatherAlgorithm::automatic;
-  if (name == "ring") return collectives::AllGatherAlgorithm::ring;
-  if (name == "direct") return collectives::AllGatherAlgorithm::direct;
+collectives::CollectiveAlgorithm parse_algorithm(std::string_view name) {
+  if (name == "auto" || name == "automatic") return collectives::CollectiveAlgorithm::automatic;
+  if (name == "ring") return collectives::CollectiveAlgorithm::ring;
+  if (name == "direct") return collectives::CollectiveAlgorithm::direct;
   throw InvalidArgument("all-gather algorithm '" + std::string(name) +
                         "' is not one of auto, ring, direct");
 }

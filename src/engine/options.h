@@ -37,7 +37,7 @@ struct EngineOptions {
   std::uint32_t threads = 0;  // worker threads for gate/encode/decode/apply; 0 = all cores
   codec::EncodeOptions codec{};
   std::chrono::milliseconds timeout{60'000};  // every collective's deadline
-  collectives::AllGatherAlgorithm allgather = collectives::AllGatherAlgorithm::automatic;
+  collectives::CollectiveAlgorithm allgather = collectives::CollectiveAlgorithm::automatic;
   // Pipelining granularity of the collectives (collectives::CollectiveOptions): a ring's
   // pipeline fills in world_size - 2 chunk times, and a 1 MiB chunk takes 84 ms per hop at
   // 100 Mbit/s. The engine is for slow links, so its default is a quarter of the collectives'

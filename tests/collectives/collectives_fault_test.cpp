@@ -86,7 +86,7 @@ void expect_survivors_blame(const std::vector<RankOutcome>& outcomes, int culpri
   }
 }
 
-CollectiveOptions options_with(AllGatherAlgorithm algorithm, std::size_t chunk) {
+CollectiveOptions options_with(CollectiveAlgorithm algorithm, std::size_t chunk) {
   return {.timeout = kTimeout, .algorithm = algorithm, .pipeline_chunk_bytes = chunk};
 }
 
@@ -98,7 +98,7 @@ void all_gather(Transport& t, std::size_t bytes, const CollectiveOptions& option
 // ---------------------------------------------------------------------------------------------
 // A rank killed mid-call
 
-class KillDuringAllGather : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+class KillDuringAllGather : public ::testing::TestWithParam<CollectiveAlgorithm> {};
 
 TEST_P(KillDuringAllGather, SmallMessages) {
   Group group(4);
@@ -122,12 +122,12 @@ TEST_P(KillDuringAllGather, LargeMessages) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, KillDuringAllGather,
-                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         ::testing::Values(CollectiveAlgorithm::ring, CollectiveAlgorithm::direct),
                          [](const auto& param_info) {
                            return std::string(algorithm_name(param_info.param));
                          });
 
-class KillDuringAllReduce : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+class KillDuringAllReduce : public ::testing::TestWithParam<CollectiveAlgorithm> {};
 
 TEST_P(KillDuringAllReduce, FiveRanks) {
   Group group(5);
@@ -141,7 +141,7 @@ TEST_P(KillDuringAllReduce, FiveRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, KillDuringAllReduce,
-                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         ::testing::Values(CollectiveAlgorithm::ring, CollectiveAlgorithm::direct),
                          [](const auto& param_info) {
                            return std::string(algorithm_name(param_info.param));
                          });
@@ -151,7 +151,7 @@ TEST(Kill, DuringBroadcastInTheMiddleOfTheChain) {
   group.faults->set_hook(at_message(2, 5, FaultAction::kill_sender));
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
     auto data = pattern_bytes(std::size_t{4} << 20, 0);
-    broadcast(t, 0, data, options_with(AllGatherAlgorithm::ring, 64 << 10));
+    broadcast(t, 0, data, options_with(CollectiveAlgorithm::ring, 64 << 10));
   });
   expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
 }
@@ -160,7 +160,7 @@ TEST(Kill, DuringBroadcastInTheMiddleOfTheChain) {
 // A rank stalled mid-call: its neighbours time out; the others, waiting on healthy ranks, must
 // still name the stalled one.
 
-class StallDuringAllGather : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+class StallDuringAllGather : public ::testing::TestWithParam<CollectiveAlgorithm> {};
 
 TEST_P(StallDuringAllGather, SevenRanks) {
   Group group(7);
@@ -172,12 +172,12 @@ TEST_P(StallDuringAllGather, SevenRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, StallDuringAllGather,
-                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         ::testing::Values(CollectiveAlgorithm::ring, CollectiveAlgorithm::direct),
                          [](const auto& param_info) {
                            return std::string(algorithm_name(param_info.param));
                          });
 
-class StallDuringAllReduce : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+class StallDuringAllReduce : public ::testing::TestWithParam<CollectiveAlgorithm> {};
 
 TEST_P(StallDuringAllReduce, FourRanks) {
   Group group(4);
@@ -191,7 +191,7 @@ TEST_P(StallDuringAllReduce, FourRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, StallDuringAllReduce,
-                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         ::testing::Values(CollectiveAlgorithm::ring, CollectiveAlgorithm::direct),
                          [](const auto& param_info) {
                            return std::string(algorithm_name(param_info.param));
                          });
@@ -210,7 +210,7 @@ TEST(Stall, InTheCompletionRound) {
   Group group(4);
   group.faults->set_hook(at_message(1, 0, FaultAction::stall_sender, is_notice));
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
-    all_gather(t, 1000, options_with(AllGatherAlgorithm::ring, 100));
+    all_gather(t, 1000, options_with(CollectiveAlgorithm::ring, 100));
   });
   expect_survivors_blame(outcomes, 1, ErrorKind::timeout, fault_time(*group.faults), {1});
 }
@@ -222,7 +222,7 @@ TEST(Corruption, IsDetectedAndBlamedOnTheSender) {
   Group group(4);
   group.faults->set_hook(at_message(1, 1, FaultAction::corrupt));
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
-    all_gather(t, 1000, options_with(AllGatherAlgorithm::ring, 100));
+    all_gather(t, 1000, options_with(CollectiveAlgorithm::ring, 100));
   });
   expect_survivors_blame(outcomes, 1, ErrorKind::protocol, fault_time(*group.faults), {1});
   // The sender learns that a peer rejected its data.
@@ -239,7 +239,7 @@ TEST(Loss, OfOneMessageFailsEveryRankInTime) {
                                                                    : FaultAction::deliver;
   });
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
-    all_gather(t, 64, options_with(AllGatherAlgorithm::direct, 1024));
+    all_gather(t, 64, options_with(CollectiveAlgorithm::direct, 1024));
   });
   const auto fault = fault_time(*group.faults);
   for (int rank = 0; rank < 3; ++rank) {
@@ -259,7 +259,7 @@ TEST(LocalError, InACallbackFailsTheCallEverywhere) {
   transport::Clock::time_point thrown_at;
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
     const auto mine = pattern_bytes(5000, t.rank());
-    (void)sparse_allgather(t, mine, options_with(AllGatherAlgorithm::ring, 500),
+    (void)sparse_allgather(t, mine, options_with(CollectiveAlgorithm::ring, 500),
                            [&](int rank, std::span<const std::byte>) {
                              if (t.rank() == 3 && rank != 3) {
                                thrown_at = transport::Clock::now();
@@ -287,7 +287,7 @@ TEST(LocalError, AnAbortedTransportFailsItsRankAndItsPeersNameIt) {
     return FaultAction::deliver;
   });
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
-    all_gather(t, 1000, options_with(AllGatherAlgorithm::direct, 100));
+    all_gather(t, 1000, options_with(CollectiveAlgorithm::direct, 100));
   });
   const auto aborted = caught_error(outcomes[1]);
   ASSERT_TRUE(aborted) << describe(outcomes[1]);
@@ -314,7 +314,7 @@ TEST(AfterFailure, InputsAreUnchangedAndTheTransportIsAborted) {
     const auto mine = pattern_bytes(10'000, t.rank());
     const auto mine_before = mine;
     try {
-      allreduce_sum(t, input, output, options_with(AllGatherAlgorithm::automatic, 4096));
+      allreduce_sum(t, input, output, options_with(CollectiveAlgorithm::automatic, 4096));
     } catch (const Error&) {
       if (std::memcmp(before.data(), input.data(), input.size() * sizeof(float)) == 0) {
         intact.fetch_add(1);

@@ -99,7 +99,7 @@ std::size_t chunk_for(Sizes sizes) {
 struct AllGatherCase {
   std::string backend;
   int world = 1;
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::automatic;
   Sizes sizes = Sizes::empty;
 };
 
@@ -151,8 +151,8 @@ std::vector<AllGatherCase> all_gather_cases() {
   std::vector<AllGatherCase> cases;
   for (const std::string& backend : pulseloco::testing::test_backends()) {
     for (const int world : {1, 2, 3, 4, 7}) {
-      for (const auto algorithm :
-           {AllGatherAlgorithm::automatic, AllGatherAlgorithm::ring, AllGatherAlgorithm::direct}) {
+      for (const auto algorithm : {CollectiveAlgorithm::automatic, CollectiveAlgorithm::ring,
+                                   CollectiveAlgorithm::direct}) {
         for (const auto sizes : {Sizes::empty, Sizes::one_byte, Sizes::odd_different,
                                  Sizes::some_empty, Sizes::skewed}) {
           cases.push_back({backend, world, algorithm, sizes});
@@ -160,9 +160,9 @@ std::vector<AllGatherCase> all_gather_cases() {
       }
     }
     // 64 MiB per rank: both algorithms on four ranks, automatic on two.
-    cases.push_back({backend, 4, AllGatherAlgorithm::ring, Sizes::large_64mib});
-    cases.push_back({backend, 4, AllGatherAlgorithm::direct, Sizes::large_64mib});
-    cases.push_back({backend, 2, AllGatherAlgorithm::automatic, Sizes::large_64mib});
+    cases.push_back({backend, 4, CollectiveAlgorithm::ring, Sizes::large_64mib});
+    cases.push_back({backend, 4, CollectiveAlgorithm::direct, Sizes::large_64mib});
+    cases.push_back({backend, 2, CollectiveAlgorithm::automatic, Sizes::large_64mib});
   }
   return cases;
 }
@@ -225,17 +225,17 @@ TEST(AlgorithmChoice, FollowsTheDocumentedRule) {
   const auto choose = [](std::vector<std::uint64_t> sizes) {
     return choose_allgather_algorithm(sizes);
   };
-  EXPECT_EQ(choose({5}), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose({5}), CollectiveAlgorithm::direct);
   // Two ranks: the same traffic either way.
-  EXPECT_EQ(choose({64 * mib, 64 * mib}), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose({64 * mib, 64 * mib}), CollectiveAlgorithm::direct);
   // Latency-bound: one hop.
-  EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 1000)), AllGatherAlgorithm::direct);
-  EXPECT_EQ(choose({32 * kib, 0, 32 * kib, 17}), AllGatherAlgorithm::direct);
+  EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 1000)), CollectiveAlgorithm::direct);
+  EXPECT_EQ(choose({32 * kib, 0, 32 * kib, 17}), CollectiveAlgorithm::direct);
   // Bandwidth-bound: the ring.
-  EXPECT_EQ(choose({32 * kib + 1, 0, 0, 0}), AllGatherAlgorithm::ring);
-  EXPECT_EQ(choose(std::vector<std::uint64_t>(4, mib)), AllGatherAlgorithm::ring);
-  EXPECT_EQ(choose({64 * mib, 1, 1, 1}), AllGatherAlgorithm::ring);
-  EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 8 * mib)), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose({32 * kib + 1, 0, 0, 0}), CollectiveAlgorithm::ring);
+  EXPECT_EQ(choose(std::vector<std::uint64_t>(4, mib)), CollectiveAlgorithm::ring);
+  EXPECT_EQ(choose({64 * mib, 1, 1, 1}), CollectiveAlgorithm::ring);
+  EXPECT_EQ(choose(std::vector<std::uint64_t>(7, 8 * mib)), CollectiveAlgorithm::ring);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -246,7 +246,7 @@ struct AllReduceCase {
   int world = 1;
   std::size_t count = 0;
   std::size_t chunk_bytes = 0;
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::automatic;
 };
 
 class AllReduce : public ::testing::TestWithParam<AllReduceCase> {};
@@ -304,7 +304,7 @@ std::vector<AllReduceCase> all_reduce_cases() {
         for (const std::size_t chunk : {std::size_t{4}, std::size_t{100}, std::size_t{4} << 20}) {
           if (chunk == 4 && count > 1000) continue;  // a million one-element messages: slow
           // Both algorithms must give the documented bits (`automatic` picks one of them).
-          for (const auto algorithm : {AllGatherAlgorithm::ring, AllGatherAlgorithm::direct})
+          for (const auto algorithm : {CollectiveAlgorithm::ring, CollectiveAlgorithm::direct})
             cases.push_back({backend, world, count, chunk, algorithm});
         }
       }
@@ -320,7 +320,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, AllReduce, ::testing::ValuesIn(all_reduce_cases(
                                               c.count, c.chunk_bytes, algorithm_name(c.algorithm));
                          });
 
-class AllReduceSpecialValues : public ::testing::TestWithParam<AllGatherAlgorithm> {};
+class AllReduceSpecialValues : public ::testing::TestWithParam<CollectiveAlgorithm> {};
 
 TEST_P(AllReduceSpecialValues, NaNInfinityAndSignedZeroGiveIdenticalBitsEverywhere) {
   constexpr int kWorld = 4;
@@ -351,7 +351,7 @@ TEST_P(AllReduceSpecialValues, NaNInfinityAndSignedZeroGiveIdenticalBitsEverywhe
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, AllReduceSpecialValues,
-                         ::testing::Values(AllGatherAlgorithm::ring, AllGatherAlgorithm::direct),
+                         ::testing::Values(CollectiveAlgorithm::ring, CollectiveAlgorithm::direct),
                          [](const auto& param_info) {
                            return std::string(algorithm_name(param_info.param));
                          });
@@ -359,12 +359,12 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, AllReduceSpecialValues,
 TEST(AllReduceAlgorithm, AutomaticTakesDirectForLatencyBoundVectorsAndRingForLargeOnes) {
   constexpr std::size_t kKiB = 1024;
   // Two ranks: the algorithms are the same exchange.
-  EXPECT_EQ(choose_allreduce_algorithm(16, 2), AllGatherAlgorithm::ring);
-  EXPECT_EQ(choose_allreduce_algorithm(0, 4), AllGatherAlgorithm::direct);
-  EXPECT_EQ(choose_allreduce_algorithm(kKiB, 4), AllGatherAlgorithm::direct);
-  EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4, 7), AllGatherAlgorithm::direct);
-  EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4 + 1, 4), AllGatherAlgorithm::ring);
-  EXPECT_EQ(choose_allreduce_algorithm(64 * kKiB * kKiB / 4, 4), AllGatherAlgorithm::ring);
+  EXPECT_EQ(choose_allreduce_algorithm(16, 2), CollectiveAlgorithm::ring);
+  EXPECT_EQ(choose_allreduce_algorithm(0, 4), CollectiveAlgorithm::direct);
+  EXPECT_EQ(choose_allreduce_algorithm(kKiB, 4), CollectiveAlgorithm::direct);
+  EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4, 7), CollectiveAlgorithm::direct);
+  EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4 + 1, 4), CollectiveAlgorithm::ring);
+  EXPECT_EQ(choose_allreduce_algorithm(64 * kKiB * kKiB / 4, 4), CollectiveAlgorithm::ring);
 }
 
 TEST(AllReduceArguments, AreCheckedBeforeAnythingIsSentAndTheTransportStaysUsable) {
@@ -428,7 +428,7 @@ struct BroadcastCase {
   int world = 1;
   int root = 0;
   std::size_t bytes = 0;
-  AllGatherAlgorithm algorithm = AllGatherAlgorithm::automatic;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::automatic;
 };
 
 class Broadcast : public ::testing::TestWithParam<BroadcastCase> {};
@@ -453,8 +453,8 @@ std::vector<BroadcastCase> broadcast_cases() {
     for (const int root : std::set<int>{0, world - 1}) {
       for (const std::size_t bytes :
            {std::size_t{0}, std::size_t{1}, std::size_t{1001}, std::size_t{300'001}}) {
-        for (const auto algorithm : {AllGatherAlgorithm::automatic, AllGatherAlgorithm::ring,
-                                     AllGatherAlgorithm::direct}) {
+        for (const auto algorithm : {CollectiveAlgorithm::automatic, CollectiveAlgorithm::ring,
+                                     CollectiveAlgorithm::direct}) {
           cases.push_back({world, root, bytes, algorithm});
         }
       }

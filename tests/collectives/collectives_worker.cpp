@@ -38,7 +38,7 @@
 namespace {
 
 using namespace pulseloco;
-using collectives::AllGatherAlgorithm;
+using collectives::CollectiveAlgorithm;
 using collectives::CollectiveOptions;
 using pulseloco::testing::pattern_bytes;
 
@@ -59,10 +59,10 @@ struct Settings {
   int block_fd = -1;
 };
 
-AllGatherAlgorithm parse_algorithm(const std::string& name) {
-  if (name == "ring") return AllGatherAlgorithm::ring;
-  if (name == "direct") return AllGatherAlgorithm::direct;
-  if (name == "automatic") return AllGatherAlgorithm::automatic;
+CollectiveAlgorithm parse_algorithm(const std::string& name) {
+  if (name == "ring") return CollectiveAlgorithm::ring;
+  if (name == "direct") return CollectiveAlgorithm::direct;
+  if (name == "automatic") return CollectiveAlgorithm::automatic;
   throw std::invalid_argument("unknown algorithm " + name);
 }
 
@@ -145,7 +145,7 @@ void run_suite(transport::Transport& t, const Settings& settings) {
   CollectiveOptions options{.timeout = std::chrono::milliseconds(settings.timeout_ms)};
   std::uint64_t seed = 0;
   for (const auto algorithm :
-       {AllGatherAlgorithm::ring, AllGatherAlgorithm::direct, AllGatherAlgorithm::automatic}) {
+       {CollectiveAlgorithm::ring, CollectiveAlgorithm::direct, CollectiveAlgorithm::automatic}) {
     options.algorithm = algorithm;
     options.pipeline_chunk_bytes = 100;
     for (const SizeRule sizes : {all_empty, one_byte, odd_different, some_empty}) {
@@ -153,11 +153,11 @@ void run_suite(transport::Transport& t, const Settings& settings) {
     }
   }
   options.pipeline_chunk_bytes = std::size_t{4} << 20;
-  options.algorithm = AllGatherAlgorithm::ring;
+  options.algorithm = CollectiveAlgorithm::ring;
   check_allgather(t, large_64mib, options, ++seed);
-  options.algorithm = AllGatherAlgorithm::direct;
+  options.algorithm = CollectiveAlgorithm::direct;
   check_allgather(t, large_16mib, options, ++seed);
-  options.algorithm = AllGatherAlgorithm::automatic;
+  options.algorithm = CollectiveAlgorithm::automatic;
   check_allreduce(t, (std::size_t{1} << 20) + 3, options);
   options.pipeline_chunk_bytes = 64 << 10;
   auto data = t.rank() == t.size() - 1 ? pattern_bytes(300'001, t.size() - 1, 99)
@@ -217,10 +217,10 @@ void compare_with_mpi(transport::Transport& t, const Settings& settings) {
   const int n = t.size();
   std::uint64_t seed = 500;
   for (const auto algorithm :
-       {AllGatherAlgorithm::ring, AllGatherAlgorithm::direct, AllGatherAlgorithm::automatic}) {
+       {CollectiveAlgorithm::ring, CollectiveAlgorithm::direct, CollectiveAlgorithm::automatic}) {
     for (const SizeRule sizes :
          {all_empty, one_byte, odd_different, some_empty, large_16mib, large_64mib}) {
-      if (sizes == large_64mib && algorithm != AllGatherAlgorithm::automatic) continue;
+      if (sizes == large_64mib && algorithm != CollectiveAlgorithm::automatic) continue;
       const CollectiveOptions options{.timeout = std::chrono::milliseconds(settings.timeout_ms),
                                       .algorithm = algorithm,
                                       .pipeline_chunk_bytes = sizes(1) < 4096 ? 100U : 1U << 20};

@@ -127,7 +127,7 @@ TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
 TEST(Checkpoint, ResumingWithOtherTransportSettingsContinuesBitIdentically) {
   const EngineOptions options = options_for_test();
   EngineOptions other = options;
-  other.allgather = collectives::AllGatherAlgorithm::direct;
+  other.allgather = collectives::CollectiveAlgorithm::direct;
   other.pipeline_chunk_bytes = 4096;
   other.codec.encoding = codec::Encoding::plain_i32_f32;
   other.codec.zstd_level = 9;

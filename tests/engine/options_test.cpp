@@ -55,7 +55,7 @@ TEST(EngineOptions, JsonRoundTripKeepsEveryOption) {
   options.codec.encoding = codec::Encoding::plain_i32_f32;
   options.codec.zstd_level = 3;
   options.timeout = std::chrono::milliseconds(1234);
-  options.allgather = collectives::AllGatherAlgorithm::ring;
+  options.allgather = collectives::CollectiveAlgorithm::ring;
   options.pipeline_chunk_bytes = 262144;
   options.verify_digests = false;
   options.trace_dir = "/tmp/traces";
@@ -103,7 +103,7 @@ TEST(EngineOptions, ASmallPipelineChunkGivesTheSameWindowsInMoreMessages) {
           testing::make_model(sizes, DType::float32, 11 + static_cast<std::uint32_t>(r)));
     EngineOptions options = testing::small_options();
     options.pipeline_chunk_bytes = pipeline_chunk_bytes;
-    options.allgather = collectives::AllGatherAlgorithm::ring;
+    options.allgather = collectives::CollectiveAlgorithm::ring;
     auto transports = transport::inproc::make_group(kRanks);
     std::vector<std::unique_ptr<Engine>> engines(kRanks);
     testing::rethrow_first(testing::run_ranks(kRanks, [&](int r) {

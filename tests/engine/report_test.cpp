@@ -23,7 +23,7 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
   options.steps_per_window = 2;
   options.chunk_elements = 4096;
   options.threads = 1;
-  options.allgather = collectives::AllGatherAlgorithm::direct;  // each message goes once per peer
+  options.allgather = collectives::CollectiveAlgorithm::direct;  // each message goes once per peer
   auto transports = testing::make_test_group(backend, world);
   std::vector<std::unique_ptr<Engine>> engines(world);
   testing::rethrow_first(testing::run_ranks(world, [&](int r) {

@@ -159,6 +159,7 @@ struct Lane {
   std::string abort_reason;
   bool paused = false;  // too many early bytes: waiting for an irecv or for room
   bool goodbye_received = false;
+  bool abort_received = false;
   bool eof = false;
   Clock::time_point last_read_progress{};
 };
@@ -173,6 +174,7 @@ struct Peer {
   std::unordered_map<MessageKey, Slot, MessageKeyHash> slots;
   std::deque<Chunk> send_queue;
   std::exception_ptr failure;  // every pending and future operation with this peer fails
+  std::string abort_reason;    // strand only: the peer sent an abort frame with this reason
   bool stalled = false;        // an operation with it timed out: closing does not wait for it
 };
 
@@ -242,6 +244,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   // Failures and closing.
   void on_lane_error(Peer& peer, Lane& lane, const boost::system::error_code& error,
                      std::string_view doing);
+  void end_lane_after_abort(Peer& peer, Lane& lane);
   void protocol_violation(Peer& peer, const std::string& problem,
                           std::optional<std::uint64_t> offset = std::nullopt);
   void fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool log);
@@ -1236,8 +1239,9 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
   lane.in_payload = false;
   const FrameHeader& frame = lane.frame;
   if (frame.kind == FrameKind::abort) {
-    fail_peer_on_strand(peer, peer_lost(peer.rank, fmt::format("peer {} aborted: {}", peer.rank,
-                                                               lane.abort_reason)));
+    lane.abort_received = true;
+    if (peer.abort_reason.empty()) peer.abort_reason = lane.abort_reason;
+    end_lane_after_abort(peer, lane);
     return;
   }
   const bool verified = lane.hashing;
@@ -1407,10 +1411,34 @@ void TcpTransport::Core::corrupt_outgoing_frame(CorruptFrame hook) {
 // ------------------------------------------------------------------------------------------------
 // Failures and closing
 
+void TcpTransport::Core::end_lane_after_abort(Peer& peer, Lane& lane) {
+  // An aborting peer sends an abort frame on each idle connection and closes them all. Its
+  // other connections may still hold frames it sent before (a collective's failure notice,
+  // say): the peer fails only once every connection has ended, so that those are delivered.
+  bool all_ended = true;
+  {
+    const std::lock_guard lock(mutex_);
+    lane.closed = true;
+    for (const auto& other : peer.lanes)
+      all_ended = all_ended && (other->closed || other->abort_received || other->eof ||
+                                other->paused || !other->connected);
+  }
+  boost::system::error_code ignored;
+  lane.socket.close(ignored);
+  if (all_ended)
+    fail_peer_on_strand(peer, peer_lost(peer.rank, fmt::format("peer {} aborted: {}", peer.rank,
+                                                               peer.abort_reason)));
+}
+
 void TcpTransport::Core::on_lane_error(Peer& peer, Lane& lane,
                                        const boost::system::error_code& error,
                                        std::string_view doing) {
   if (lane.closed || error == asio::error::operation_aborted) return;
+  if (!peer.abort_reason.empty()) {
+    // The peer announced its abort on another connection; this one has now ended too.
+    end_lane_after_abort(peer, lane);
+    return;
+  }
   if (error == asio::error::eof) {
     bool orderly = false;
     bool close_now = false;
