@@ -222,6 +222,9 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   void install_lane(int peer, int lane, std::shared_ptr<Socket> socket);
   void formation_failed(std::exception_ptr error);
   void run_io();  // the body of an I/O thread
+  // Runs the handlers that are ready now on the calling thread (a caller in wait()); returns
+  // how many ran.
+  std::size_t run_ready_handlers() noexcept;
   void count_handshake(const tcp::HandshakeTraffic& traffic);
 
   // Writing (on the peer's strand).
@@ -467,6 +470,16 @@ void TcpTransport::Core::run_io() {
         std::this_thread::yield();
       }
     }
+  }
+}
+
+std::size_t TcpTransport::Core::run_ready_handlers() noexcept {
+  try {
+    return io_.poll();
+  } catch (const std::exception& error) {
+    logger().error("tcp transport: unexpected error in a handler run by a waiting caller: {}",
+                   error.what());
+    return 1;
   }
 }
 
@@ -1353,7 +1366,7 @@ void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
       if (attempt.owns_lock() && ready()) break;
       attempt = {};
       if (Clock::now() >= poll_until) break;
-      std::this_thread::yield();
+      if (run_ready_handlers() == 0) std::this_thread::yield();
     }
   }
   std::unique_lock lock(mutex_);
