@@ -270,10 +270,14 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
     throw InvalidArgument("allreduce_sum: input and output overlap", {.rank = r});
   }
   detail::run_call(transport, options, detail::Op::allreduce_sum, [&](Call& call) {
-    const std::vector<detail::Header> headers = call.exchange_headers({.value = input.size()});
-    call.require_agreement(
-        headers, ErrorKind::invalid_argument, "allreduce_sum needs the same length on every rank",
-        [](const detail::Header& h) { return fmt::format("{} elements", h.value); });
+    // The first step's sends and the receives go out while the headers travel: they depend
+    // only on the length and the options, which the headers then confirm before the first wait.
+    call.post_headers({.value = input.size()},
+                      Call::Agreement{.kind = ErrorKind::invalid_argument,
+                                      .what = "allreduce_sum needs the same length on every rank",
+                                      .key = [](const detail::Header& h) {
+                                        return fmt::format("{} elements", h.value);
+                                      }});
     if (call.size() == 1) {
       if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
       return;

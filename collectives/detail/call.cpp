@@ -294,6 +294,7 @@ Request& Call::irecv(int peer, Phase phase, std::span<std::byte> data) {
 }
 
 void Call::wait(Request& request, int peer) {
+  if (headers_pending_) (void)headers();
   waiting_on_ = peer;
   const auto step_deadline = Clock::now() + options_.timeout;
   for (;;) {
@@ -316,6 +317,7 @@ void Call::wait(Request& request, int peer) {
 }
 
 void Call::run_native(const std::function<void(transport::Deadline)>& collective) {
+  if (headers_pending_) (void)headers();
   poll_notices(false);
   try {
     collective(transport::deadline_after(options_.timeout));
@@ -387,42 +389,56 @@ void Call::poll_notices_once(bool quiet, bool& progressed) {
 }
 
 std::vector<Header> Call::exchange_headers(Header mine) {
+  post_headers(mine);
+  return headers();
+}
+
+void Call::post_headers(Header mine, std::optional<Agreement> agreement) {
   mine.op = op_;
   mine.sequence = sequence_;
   const bool uses_options = op_ != Op::barrier && op_ != Op::allgather_u64;
   mine.chunk_bytes = uses_options ? options_.pipeline_chunk_bytes : 0;
   mine.algorithm = uses_options ? options_.algorithm : CollectiveAlgorithm::automatic;
-  std::vector<Header> all(static_cast<std::size_t>(size_));
-  all[static_cast<std::size_t>(rank_)] = mine;
-  if (size_ == 1) return all;
+  headers_.assign(static_cast<std::size_t>(size_), Header{});
+  headers_[static_cast<std::size_t>(rank_)] = mine;
+  agreement_ = std::move(agreement);
+  headers_pending_ = true;
+  if (size_ == 1) return;
 
   header_out_ = encode_header(mine);
-  std::vector<Request*> receives(static_cast<std::size_t>(size_), nullptr);
+  header_receives_.assign(static_cast<std::size_t>(size_), nullptr);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
-    receives[static_cast<std::size_t>(peer)] =
+    header_receives_[static_cast<std::size_t>(peer)] =
         &irecv(peer, Phase::header, headers_in_[static_cast<std::size_t>(peer)]);
   }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer != rank_) isend(peer, Phase::header, header_out_);
   }
+}
+
+const std::vector<Header>& Call::headers() {
+  if (!headers_pending_) return headers_;
+  headers_pending_ = false;  // before the waits below, which would otherwise come back here
   for (int distance = 1; distance < size_; ++distance) {
     const int peer = (rank_ + distance) % size_;
     const auto index = static_cast<std::size_t>(peer);
-    wait(*receives[index], peer);
-    all[index] = decode_header(headers_in_[index], rank_, peer);
+    wait(*header_receives_[index], peer);
+    headers_[index] = decode_header(headers_in_[index], rank_, peer);
   }
   // Checked once every header is in, so that every rank names the same culprit.
   require_agreement(
-      all, ErrorKind::protocol, "the ranks called different collectives", [&](const Header& h) {
+      headers_, ErrorKind::protocol, "the ranks called different collectives",
+      [&](const Header& h) {
         return fmt::format("{} call #{} under tag {}", op_name(h.op), h.sequence, options_.tag);
       });
-  require_agreement(all, ErrorKind::invalid_argument, "every rank must pass the same options",
-                    [](const Header& h) {
+  require_agreement(headers_, ErrorKind::invalid_argument,
+                    "every rank must pass the same options", [](const Header& h) {
                       return fmt::format("pipeline_chunk_bytes {} and algorithm {}", h.chunk_bytes,
                                          algorithm_name(h.algorithm));
                     });
-  return all;
+  if (agreement_) require_agreement(headers_, agreement_->kind, agreement_->what, agreement_->key);
+  return headers_;
 }
 
 void Call::require_agreement(const std::vector<Header>& headers, ErrorKind kind,
@@ -464,6 +480,7 @@ void Call::send_notice(const Notice& notice, int skip_peer,
 }
 
 void Call::finish() {
+  if (headers_pending_) (void)headers();
   wait_sends();
   if (size_ > 1) {
     send_notice(

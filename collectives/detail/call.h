@@ -118,6 +118,24 @@ class Call {
   // filled in). Throws when a peer runs another collective or with other options.
   [[nodiscard]] std::vector<Header> exchange_headers(Header mine);
 
+  // The header exchange in two halves, so that a collective whose first operations do not
+  // depend on the peers' headers (the all-reduce's: its length and algorithm must agree
+  // anyway) can post them while the headers travel: the exchange then costs no round of its
+  // own. post_headers() sends this rank's header and posts the receives; the headers are
+  // checked (as by exchange_headers, plus `agreement`) before any other wait of the call, so a
+  // disagreement is still reported as one, whatever the early operations ran into. Until
+  // then, the call may only post operations: receives into buffers it owns or the caller's
+  // output, sends from the caller's input.
+  struct Agreement {
+    ErrorKind kind = ErrorKind::invalid_argument;
+    std::string what;                           // the rule, in words
+    std::function<std::string(const Header&)> key;  // what must be equal on every rank
+  };
+  void post_headers(Header mine, std::optional<Agreement> agreement = std::nullopt);
+  // Waits for the headers posted by post_headers and checks them (once); every rank's header in
+  // rank order.
+  [[nodiscard]] const std::vector<Header>& headers();
+
   // Throws a Disagreement unless every rank's header has the same `key` (a description of the
   // fields that must agree, in words).
   void require_agreement(const std::vector<Header>& headers, ErrorKind kind, std::string_view what,
@@ -197,6 +215,12 @@ class Call {
   int size_;
   std::uint64_t sequence_;
   std::chrono::milliseconds slice_;
+  // The header exchange (post_headers): pending until headers() has checked it.
+  bool headers_pending_ = false;
+  std::vector<Header> headers_;
+  std::optional<Agreement> agreement_;
+  std::vector<transport::Request*> header_receives_;
+
   bool finished_ = false;
   bool failing_ = false;
   bool aborted_ = false;

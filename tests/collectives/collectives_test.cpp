@@ -400,26 +400,78 @@ TEST(AllReduceArguments, AreCheckedBeforeAnythingIsSentAndTheTransportStaysUsabl
   expect_all_succeeded(outcomes);
 }
 
-TEST(AllReduceArguments, RanksWithDifferentLengthsAllFailNamingAPeer) {
-  auto group = make_test_group("inproc", 3);
-  const auto outcomes = run_ranks(group, [](Transport& t) {
-    std::vector<float> input(t.rank() == 2 ? 9 : 8, 1.0F);
-    std::vector<float> output(input.size());
-    allreduce_sum(t, input, output, {.timeout = std::chrono::seconds(10)});
-  });
-  for (int rank = 0; rank < 3; ++rank) {
+// The all-reduce posts its first sends and its receives while the headers travel: a peer with
+// another length or algorithm must still be reported as a disagreement (not as the size
+// mismatch or the timeout its early messages would cause), on every backend and algorithm.
+struct DisagreementCase {
+  std::string backend;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::ring;
+  std::size_t elements = 8;
+};
+
+class AllReduceDisagreement : public ::testing::TestWithParam<DisagreementCase> {};
+
+void expect_all_fail_naming_the_odd_rank(const std::vector<RankOutcome>& outcomes, int odd) {
+  for (int rank = 0; rank < static_cast<int>(outcomes.size()); ++rank) {
     const auto error = pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
     ASSERT_TRUE(error) << "rank " << rank << ": "
                        << describe(outcomes[static_cast<std::size_t>(rank)]);
     EXPECT_EQ(error->kind, ErrorKind::invalid_argument) << error->what;
-    if (rank == 2) {
+    if (rank == odd) {
       // The odd one out names a peer of the majority (or one that reported it).
-      EXPECT_TRUE(error->context.peer == 0 || error->context.peer == 1) << error->what;
+      EXPECT_TRUE(error->context.peer && *error->context.peer != odd) << error->what;
     } else {
-      EXPECT_EQ(error->context.peer, 2) << error->what;
+      EXPECT_EQ(error->context.peer, odd) << error->what;
     }
   }
 }
+
+TEST_P(AllReduceDisagreement, RanksWithDifferentLengthsAllFailNamingAPeer) {
+  const DisagreementCase c = GetParam();
+  auto group = make_test_group(c.backend, 3);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    std::vector<float> input(t.rank() == 2 ? c.elements + 1 : c.elements, 1.0F);
+    std::vector<float> output(input.size());
+    allreduce_sum(t, input, output,
+                  {.timeout = std::chrono::seconds(10), .algorithm = c.algorithm,
+                   .pipeline_chunk_bytes = 64});
+  });
+  expect_all_fail_naming_the_odd_rank(outcomes, 2);
+}
+
+TEST_P(AllReduceDisagreement, RanksWithDifferentAlgorithmsAllFailNamingAPeer) {
+  const DisagreementCase c = GetParam();
+  auto group = make_test_group(c.backend, 3);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const std::vector<float> input(c.elements, 1.0F);
+    std::vector<float> output(input.size());
+    const CollectiveAlgorithm other = c.algorithm == CollectiveAlgorithm::ring
+                                          ? CollectiveAlgorithm::direct
+                                          : CollectiveAlgorithm::ring;
+    allreduce_sum(t, input, output,
+                  {.timeout = std::chrono::seconds(10),
+                   .algorithm = t.rank() == 0 ? other : c.algorithm,
+                   .pipeline_chunk_bytes = 64});
+  });
+  expect_all_fail_naming_the_odd_rank(outcomes, 0);
+}
+
+std::vector<DisagreementCase> disagreement_cases() {
+  std::vector<DisagreementCase> cases;
+  for (const std::string& backend : pulseloco::testing::test_backends())
+    for (const CollectiveAlgorithm algorithm :
+         {CollectiveAlgorithm::ring, CollectiveAlgorithm::direct})
+      for (const std::size_t elements : {std::size_t{8}, std::size_t{1000}})
+        cases.push_back({backend, algorithm, elements});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AllReduceDisagreement, ::testing::ValuesIn(disagreement_cases()),
+                         [](const auto& param_info) {
+                           const DisagreementCase& c = param_info.param;
+                           return fmt::format("{}_{}_{}", c.backend, algorithm_name(c.algorithm),
+                                              c.elements);
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // Broadcast, barrier, all-gather of 64-bit values
