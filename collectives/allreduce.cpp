@@ -164,6 +164,50 @@ void ring_allreduce(Call& call, std::span<const float> input, std::span<float> o
   }
 }
 
+// out[e] = ((first[e] + addends[0][e]) + addends[1][e]) + ..., in one pass over the chunk (it
+// is memory-bound: one pass reads every input once and writes the output once). Blocks of a
+// few addends at a time keep the adds in that order while the loop vectorises.
+void sum_in_order(std::span<const float> first, std::span<const float* const> addends,
+                  std::span<float> out) {
+  const std::size_t count = out.size();
+  float* __restrict o = out.data();
+  const float* __restrict f = first.data();
+  std::size_t k = 0;
+  switch (addends.size()) {
+    case 0:
+      std::memcpy(o, f, count * sizeof(float));
+      return;
+    case 1: {
+      const float* __restrict a = addends[0];
+      for (std::size_t e = 0; e < count; ++e)
+        o[e] = f[e] + a[e];
+      return;
+    }
+    case 2: {
+      const float* __restrict a = addends[0];
+      const float* __restrict b = addends[1];
+      for (std::size_t e = 0; e < count; ++e)
+        o[e] = (f[e] + a[e]) + b[e];
+      return;
+    }
+    default: {
+      const float* __restrict a = addends[0];
+      const float* __restrict b = addends[1];
+      const float* __restrict c = addends[2];
+      for (std::size_t e = 0; e < count; ++e)
+        o[e] = ((f[e] + a[e]) + b[e]) + c[e];
+      k = 3;
+      break;
+    }
+  }
+  // More than three addends: the rest one at a time onto the output, still in order.
+  for (; k < addends.size(); ++k) {
+    const float* __restrict a = addends[k];
+    for (std::size_t e = 0; e < count; ++e)
+      o[e] = o[e] + a[e];
+  }
+}
+
 void direct_allreduce(Call& call, std::span<const float> input, std::span<float> output) {
   const int n = call.size();
   const int r = call.rank();
@@ -178,13 +222,13 @@ void direct_allreduce(Call& call, std::span<const float> input, std::span<float>
   // The peers' contributions to this rank's segment, by distance: peer r+d's lies at
   // (d-1) * mine_count. The call owns the buffer, so receives may write into it until the
   // transport is aborted.
-  std::vector<std::byte>& scratch = call.scratch();
-  scratch.resize(static_cast<std::size_t>(n - 1) * mine_count * sizeof(float));
+  const std::span<std::byte> scratch =
+      call.scratch(static_cast<std::size_t>(n - 1) * mine_count * sizeof(float));
   const auto contribution = [&](int distance, Range range) {
     const std::size_t at =
         (static_cast<std::size_t>(distance - 1) * mine_count + (range.begin - mine.begin)) *
         sizeof(float);
-    return std::span<std::byte>(scratch).subspan(at, (range.end - range.begin) * sizeof(float));
+    return scratch.subspan(at, (range.end - range.begin) * sizeof(float));
   };
   // receives[d-1][c]: chunk c of peer r+d's contribution.
   std::vector<std::vector<Request*>> receives(static_cast<std::size_t>(n - 1));
@@ -229,21 +273,27 @@ void direct_allreduce(Call& call, std::span<const float> input, std::span<float>
   }
   // Reduce each chunk of this rank's segment once every contribution to it is in, in the
   // documented order, and send it to every peer.
-  float* out = output.data();
-  const float* in = input.data();
+  std::vector<const float*> addends(static_cast<std::size_t>(n - 1));
   for (std::size_t c = 0; c < my_chunks.size(); ++c) {
     const Range range = my_chunks[c];
-    for (std::size_t e = range.begin; e < range.end; ++e)
-      out[e] = in[e];
     for (int distance = 1; distance < n; ++distance) {
       call.wait(*receives[static_cast<std::size_t>(distance - 1)][c], (r + distance) % n);
-      const auto* add = reinterpret_cast<const float*>(contribution(distance, range).data());
-      for (std::size_t e = range.begin; e < range.end; ++e)
-        out[e] = out[e] + add[e - range.begin];
+      addends[static_cast<std::size_t>(distance - 1)] =
+          reinterpret_cast<const float*>(contribution(distance, range).data());
     }
+    sum_in_order(input.subspan(range.begin, range.end - range.begin), addends,
+                 output.subspan(range.begin, range.end - range.begin));
     const auto finished = std::as_bytes(output.subspan(range.begin, range.end - range.begin));
-    for (int distance = 1; distance < n; ++distance)
-      (void)call.isend((r + distance) % n, Phase::gather, finished);
+    // The same bytes to every peer: the transport checksums them once (Transport::iforward).
+    Request* first = nullptr;
+    for (int distance = 1; distance < n; ++distance) {
+      const int peer = (r + distance) % n;
+      if (first == nullptr) {
+        first = &call.isend(peer, Phase::gather, finished);
+      } else {
+        (void)call.iforward(peer, Phase::gather, finished, *first);
+      }
+    }
   }
   for (const auto& [peer, request] : gather_receives)
     call.wait(*request, peer);

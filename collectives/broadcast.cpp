@@ -38,10 +38,12 @@ void direct_broadcast(Call& call, int root, std::span<std::byte> data) {
   const std::vector<BroadcastPiece> pieces =
       chunks_of(data.size(), call.options().pipeline_chunk_bytes);
   if (r == root) {
+    // The same bytes to every rank: the transport checksums them once (Transport::iforward).
     for (const BroadcastPiece& piece : pieces) {
-      for (int distance = 1; distance < n; ++distance) {
-        (void)call.isend((root + distance) % n, Phase::payload,
-                         data.subspan(piece.offset, piece.bytes));
+      const auto bytes = data.subspan(piece.offset, piece.bytes);
+      const Request& first = call.isend((root + 1) % n, Phase::payload, bytes);
+      for (int distance = 2; distance < n; ++distance) {
+        (void)call.iforward((root + distance) % n, Phase::payload, bytes, first);
       }
     }
     return;

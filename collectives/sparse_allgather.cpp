@@ -137,10 +137,13 @@ void direct_allgather(Call& call, std::span<const std::byte> mine,
   std::vector<MessagePiece> own;
   append_chunks(own, r, mine.size(), chunk);
   rounds = std::max(rounds, own.size());
-  // Chunk by chunk to every peer in turn, so that all peers progress together.
+  // Chunk by chunk to every peer in turn, so that all peers progress together; the same bytes
+  // to every peer, so the transport checksums them once (Transport::iforward).
   for (const MessagePiece& piece : own) {
-    for (int distance = 1; distance < n; ++distance) {
-      (void)call.isend((r + distance) % n, Phase::payload, mine.subspan(piece.offset, piece.bytes));
+    const auto bytes = mine.subspan(piece.offset, piece.bytes);
+    const Request& first = call.isend((r + 1) % n, Phase::payload, bytes);
+    for (int distance = 2; distance < n; ++distance) {
+      (void)call.iforward((r + distance) % n, Phase::payload, bytes, first);
     }
   }
   for (std::size_t round = 0; round < rounds; ++round) {
@@ -182,8 +185,7 @@ bool native_allgather(Call& call, transport::NativeCollectives& native,
   if (contiguous) {
     out = std::span(base, total);
   } else {
-    call.scratch().resize(total);
-    out = call.scratch();
+    out = call.scratch(total);
   }
   bool done = false;
   call.run_native(

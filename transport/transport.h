@@ -71,15 +71,17 @@ class Transport {
   [[nodiscard]] virtual std::unique_ptr<Request> irecv(int peer, Tag tag,
                                                        std::span<std::byte> data) = 0;
 
-  // Sends `data` as isend does, where `data` is what this rank received through `received` (a
-  // completed irecv into exactly these bytes) and has not changed since: the ring collectives
-  // forward most of what they receive. A transport that checksums its frames may then reuse
-  // the checksums it verified on arrival instead of computing them again. When `received` is
-  // not a completed receive of this transport into exactly `data`, this is a plain isend.
+  // Sends `data` as isend does, where `data` is exactly the bytes of `earlier` and has not
+  // changed since: either a completed irecv into them (the ring collectives forward most of
+  // what they receive) or an isend or iforward of them to another peer (the direct
+  // collectives send the same bytes to every peer). A transport that checksums its frames may
+  // then reuse the checksums it verified on arrival, or computed for the earlier send, instead
+  // of computing them again. When `earlier` is neither for exactly `data`, this is a plain
+  // isend.
   [[nodiscard]] virtual std::unique_ptr<Request> iforward(int peer, Tag tag,
                                                           std::span<const std::byte> data,
-                                                          const Request& received) {
-    (void)received;
+                                                          const Request& earlier) {
+    (void)earlier;
     return isend(peer, tag, data);
   }
 

@@ -253,6 +253,12 @@ Call::~Call() {
   }
 }
 
+std::span<std::byte> Call::scratch(std::size_t bytes) {
+  PULSELOCO_CHECK(!scratch_, "a call takes its scratch buffer once");
+  scratch_ = std::make_unique_for_overwrite<std::byte[]>(bytes);
+  return {scratch_.get(), bytes};
+}
+
 Request& Call::own(std::unique_ptr<Request> request) {
   requests_.push_back(std::move(request));
   return *requests_.back();
@@ -275,9 +281,9 @@ Request& Call::isend(int peer, Phase phase, std::span<const std::byte> data) {
 }
 
 Request& Call::iforward(int peer, Phase phase, std::span<const std::byte> data,
-                        const Request& received) {
+                        const Request& earlier) {
   try {
-    Request& request = own(transport_.iforward(peer, tag(phase), data, received));
+    Request& request = own(transport_.iforward(peer, tag(phase), data, earlier));
     sends_.emplace_back(&request, peer);
     return request;
   } catch (const Error& error) {
@@ -427,13 +433,13 @@ const std::vector<Header>& Call::headers() {
     headers_[index] = decode_header(headers_in_[index], rank_, peer);
   }
   // Checked once every header is in, so that every rank names the same culprit.
-  require_agreement(
-      headers_, ErrorKind::protocol, "the ranks called different collectives",
-      [&](const Header& h) {
-        return fmt::format("{} call #{} under tag {}", op_name(h.op), h.sequence, options_.tag);
-      });
-  require_agreement(headers_, ErrorKind::invalid_argument,
-                    "every rank must pass the same options", [](const Header& h) {
+  require_agreement(headers_, ErrorKind::protocol, "the ranks called different collectives",
+                    [&](const Header& h) {
+                      return fmt::format("{} call #{} under tag {}", op_name(h.op), h.sequence,
+                                         options_.tag);
+                    });
+  require_agreement(headers_, ErrorKind::invalid_argument, "every rank must pass the same options",
+                    [](const Header& h) {
                       return fmt::format("pipeline_chunk_bytes {} and algorithm {}", h.chunk_bytes,
                                          algorithm_name(h.algorithm));
                     });

@@ -128,7 +128,7 @@ class Call {
   // output, sends from the caller's input.
   struct Agreement {
     ErrorKind kind = ErrorKind::invalid_argument;
-    std::string what;                           // the rule, in words
+    std::string what;                               // the rule, in words
     std::function<std::string(const Header&)> key;  // what must be equal on every rank
   };
   void post_headers(Header mine, std::optional<Agreement> agreement = std::nullopt);
@@ -144,10 +144,11 @@ class Call {
   // Posts an operation; the call owns it until it ends. The references stay valid until then.
   transport::Request& isend(int peer, Phase phase, std::span<const std::byte> data);
   transport::Request& irecv(int peer, Phase phase, std::span<std::byte> data);
-  // isend of bytes that arrived through `received` and have not changed since
-  // (Transport::iforward): the transport may reuse the checksums it verified on arrival.
+  // isend of exactly the bytes of `earlier` (a completed receive into them, or a send of them
+  // to another peer), unchanged since (Transport::iforward): the transport may reuse their
+  // checksums.
   transport::Request& iforward(int peer, Phase phase, std::span<const std::byte> data,
-                               const transport::Request& received);
+                               const transport::Request& earlier);
 
   // Waits for `request` (an operation with `peer`) for at most options.timeout, while watching
   // the other ranks' notices.
@@ -158,9 +159,9 @@ class Call {
   // deadline of options.timeout for the whole call. A failure there does not say which peer
   // is missing: the failure path then looks for the rank that says nothing.
   void run_native(const std::function<void(transport::Deadline)>& collective);
-  // A buffer that lives as long as the call (for operations that may still write into it
-  // until the transport is aborted).
-  [[nodiscard]] std::vector<std::byte>& scratch() noexcept { return scratch_; }
+  // A buffer of `bytes` uninitialised bytes that lives as long as the call (for operations
+  // that may still write into it until the transport is aborted). Once per call.
+  [[nodiscard]] std::span<std::byte> scratch(std::size_t bytes);
 
   // The completion round: waits for this rank's sends, tells every peer it is done and waits
   // until every peer is. After it returns the call succeeded.
@@ -232,7 +233,7 @@ class Call {
   std::deque<std::array<std::byte, kNoticeBytes>> outgoing_notices_;
   std::vector<std::array<std::byte, kHeaderBytes>> headers_in_;
   std::array<std::byte, kHeaderBytes> header_out_{};
-  std::vector<std::byte> scratch_;
+  std::unique_ptr<std::byte[]> scratch_;  // not zeroed: every byte is received before it is read
   std::vector<std::unique_ptr<transport::Request>> requests_;
   std::vector<std::pair<transport::Request*, int>> sends_;  // (request, peer) not yet waited
   std::vector<std::pair<transport::Request*, int>> failure_sends_;

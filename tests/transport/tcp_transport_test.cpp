@@ -436,12 +436,22 @@ TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
       buffer[kBytes / 2] ^= std::byte{0x40};
       t.iforward(2, 2, std::span<const std::byte>(buffer).first(kBytes - 1), *received)
           ->wait(deadline_after(kTimeout));
-      // Changed bytes against their own receive: the stale checksum goes out.
+      // Rank 2 has all of it (its frames on the other connection are not cut off by the
+      // rejection below).
+      std::array<std::byte, 1> ack{};
+      t.recv(2, 9, ack, deadline_after(kTimeout));
+      // Changed bytes against their own receive: the stale checksum goes out. Rank 2 may
+      // reject the connection before every frame is written, failing this wait.
       other[kBytes - 3] ^= std::byte{0x01};
-      t.iforward(2, 3, other, *received_second)->wait(deadline_after(kTimeout));
+      try {
+        t.iforward(2, 3, other, *received_second)->wait(deadline_after(kTimeout));
+      } catch (const Error&) {
+      }
     } else {
       t.recv(1, 1, at_two, deadline_after(kTimeout));
       t.recv(1, 2, at_two_shorter, deadline_after(kTimeout));
+      const std::array<std::byte, 1> ack{};
+      t.send(1, 9, ack, deadline_after(kTimeout));
       std::vector<std::byte> third(kBytes);
       try {
         t.recv(1, 3, third, deadline_after(kTimeout));
@@ -457,6 +467,65 @@ TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
   EXPECT_EQ(at_two_shorter, changed);
   EXPECT_NE(detected.find("payload checksum mismatch"), std::string::npos) << detected;
   EXPECT_EQ(detected_peer, 1);
+}
+
+TEST(TcpTransport, SendingTheSameBytesAgainSharesTheChecksumsOfTheEarlierSend) {
+  TransportOptions options;
+  options.connections_per_peer = 2;
+  options.stripe_threshold_bytes = 64 << 10;
+  options.stripe_chunk_bytes = 64 << 10;
+  auto group = make_loopback_group(3, options);
+  constexpr std::size_t kBytes = (std::size_t{1} << 20) + 5;
+  const auto original = payload(21, kBytes);
+  std::vector<std::byte> at_one(kBytes);
+  std::vector<std::byte> at_two(kBytes);
+  std::vector<std::byte> at_two_plain(kBytes - 1);
+  std::string detected;
+  int detected_peer = -1;
+  run_parallel(3, [&](int rank) {
+    auto& t = *group[static_cast<std::size_t>(rank)];
+    if (rank == 0) {
+      std::vector<std::byte> buffer = original;
+      auto to_one = t.isend(1, 1, buffer);
+      to_one->wait(deadline_after(kTimeout));  // written: its checksums are computed
+      t.iforward(2, 1, buffer, *to_one)->wait(deadline_after(kTimeout));
+      // Other bytes than the earlier send's (a shorter span): a plain send.
+      buffer[kBytes / 2] ^= std::byte{0x40};
+      t.iforward(2, 2, std::span<const std::byte>(buffer).first(kBytes - 1), *to_one)
+          ->wait(deadline_after(kTimeout));
+      // Rank 2 has all of it (its frames on the other connection are not cut off by the
+      // rejection below).
+      std::array<std::byte, 1> ack{};
+      t.recv(2, 9, ack, deadline_after(kTimeout));
+      // Changed bytes claimed to be the earlier send's: its stale checksums go out. Rank 2
+      // may reject the connection before every frame is written, failing this wait.
+      try {
+        t.iforward(2, 3, buffer, *to_one)->wait(deadline_after(kTimeout));
+      } catch (const Error&) {
+      }
+    } else if (rank == 1) {
+      t.recv(0, 1, at_one, deadline_after(kTimeout));
+    } else {
+      t.recv(0, 1, at_two, deadline_after(kTimeout));
+      t.recv(0, 2, at_two_plain, deadline_after(kTimeout));
+      const std::array<std::byte, 1> ack{};
+      t.send(0, 9, ack, deadline_after(kTimeout));
+      std::vector<std::byte> third(kBytes);
+      try {
+        t.recv(0, 3, third, deadline_after(kTimeout));
+      } catch (const ProtocolError& error) {
+        detected = error.what();
+        detected_peer = error.context().peer.value_or(-1);
+      }
+    }
+  });
+  EXPECT_EQ(at_one, original);
+  EXPECT_EQ(at_two, original);
+  auto changed = std::vector<std::byte>(original.begin(), original.end() - 1);
+  changed[kBytes / 2] ^= std::byte{0x40};
+  EXPECT_EQ(at_two_plain, changed);
+  EXPECT_NE(detected.find("payload checksum mismatch"), std::string::npos) << detected;
+  EXPECT_EQ(detected_peer, 0);
 }
 
 TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {

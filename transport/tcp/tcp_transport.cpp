@@ -73,6 +73,24 @@ struct VerifiedFrame {
   Digest checksum = 0;
 };
 
+// The payload checksums of one sent message, frame by frame, computed once by whichever write
+// needs one first: sends of the same bytes to several peers (iforward of a send) share them.
+struct MessageChecksums {
+  struct Cell {
+    std::once_flag once;
+    Digest value = 0;
+  };
+  explicit MessageChecksums(std::size_t frames)
+      : cells(std::make_unique<Cell[]>(frames)), count(frames) {}
+  Digest get(std::size_t frame, std::span<const std::byte> payload) {
+    Cell& cell = cells[frame];
+    std::call_once(cell.once, [&] { cell.value = digest_bytes(payload); });
+    return cell.value;
+  }
+  std::unique_ptr<Cell[]> cells;
+  std::size_t count;
+};
+
 // One isend or irecv.
 struct Operation {
   bool is_send = false;
@@ -86,6 +104,8 @@ struct Operation {
   // Sends.
   std::uint64_t chunks_left = 0;
   std::uint64_t bytes_written = 0;
+  const std::byte* send_data = nullptr;
+  std::shared_ptr<MessageChecksums> checksums;  // with payload checksums, to another rank
   // Receives.
   std::span<std::byte> recv_buffer;
   std::uint64_t bytes_arrived = 0;
@@ -124,6 +144,8 @@ struct Chunk {
   std::span<const std::byte> payload;
   std::optional<FrameCorruption> corrupt;
   bool checksum_known = false;  // frame.payload_checksum was verified on arrival (iforward)
+  std::shared_ptr<MessageChecksums> checksums;  // otherwise: frame `index` of these
+  std::size_t index = 0;
 };
 
 struct Lane {
@@ -192,7 +214,9 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   void form_group(GroupTable table, Deadline deadline);
   void shutdown() noexcept;
 
-  // `forwarded`: a completed receive whose verified checksums may serve (iforward), or null.
+  // `forwarded`: an earlier operation on the same bytes whose checksums may serve (iforward):
+  // a completed receive (the checksums verified on arrival) or a send (its checksums, computed
+  // once for both); or null.
   std::unique_ptr<Request> isend(int peer, Tag tag, std::span<const std::byte> data,
                                  const Operation* forwarded = nullptr);
   std::unique_ptr<Request> irecv(int peer, Tag tag, std::span<std::byte> data);
@@ -685,14 +709,25 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
     op->sequence = peer.next_send_sequence[tag]++;
     op->chunks_left = plan.count;
   }
-  // The checksums verified when the forwarded bytes arrived, for frames cut the same way.
+  // The checksums verified when the forwarded bytes arrived, for frames cut the same way, or
+  // those of an earlier send of the same bytes.
   std::vector<VerifiedFrame> verified;
+  std::shared_ptr<MessageChecksums> checksums;
   if (forwarded != nullptr && options_.payload_checksums) {
     const std::lock_guard lock(mutex_);
-    if (forwarded->done && !forwarded->is_send && !forwarded->error &&
-        forwarded->recv_buffer.data() == data.data() && forwarded->bytes == data.size())
+    if (forwarded->is_send) {
+      if (forwarded->send_data == data.data() && forwarded->bytes == data.size() &&
+          forwarded->checksums && forwarded->checksums->count == plan.count)
+        checksums = forwarded->checksums;
+    } else if (forwarded->done && !forwarded->error &&
+               forwarded->recv_buffer.data() == data.data() && forwarded->bytes == data.size()) {
       verified = forwarded->verified_frames;
+    }
   }
+  if (options_.payload_checksums && !checksums)
+    checksums = std::make_shared<MessageChecksums>(plan.count);
+  op->send_data = data.data();
+  op->checksums = checksums;
   std::vector<Chunk> chunks(plan.count);
   for (std::uint64_t i = 0; i < plan.count; ++i) {
     const std::uint64_t offset = i * plan.chunk_bytes;
@@ -707,6 +742,8 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
     chunk.frame.chunk_offset = offset;
     chunk.frame.chunk_bytes = length;
     chunk.frame.has_payload_checksum = options_.payload_checksums;
+    chunk.checksums = checksums;
+    chunk.index = i;
     for (const VerifiedFrame& frame : verified) {
       if (frame.offset == offset && frame.bytes == length) {
         chunk.frame.payload_checksum = frame.checksum;
@@ -826,7 +863,7 @@ void TcpTransport::Core::start_write(Peer& peer, Lane& lane) {
   for (Chunk& chunk : lane.batch) {
     // Checksummed right before the write, so that the kernel's copy finds the bytes in cache.
     if (chunk.frame.has_payload_checksum && !chunk.checksum_known)
-      chunk.frame.payload_checksum = digest_bytes(chunk.payload);
+      chunk.frame.payload_checksum = chunk.checksums->get(chunk.index, chunk.payload);
     chunk.header = tcp::encode_header(chunk.frame);
   }
   for (const Chunk& chunk : lane.batch) {
@@ -1833,8 +1870,8 @@ std::unique_ptr<Request> TcpTransport::irecv(int peer, Tag tag, std::span<std::b
 }
 
 std::unique_ptr<Request> TcpTransport::iforward(int peer, Tag tag, std::span<const std::byte> data,
-                                                const Request& received) {
-  const auto* tcp = dynamic_cast<const TcpRequest*>(&received);
+                                                const Request& earlier) {
+  const auto* tcp = dynamic_cast<const TcpRequest*>(&earlier);
   const bool ours = tcp != nullptr && tcp->core() == core_.get();
   return core_->isend(peer, tag, data, ours ? &tcp->operation() : nullptr);
 }

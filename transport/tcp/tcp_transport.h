@@ -52,11 +52,12 @@ class TcpTransport final : public Transport {
                                                std::span<const std::byte> data) override;
   [[nodiscard]] std::unique_ptr<Request> irecv(int peer, Tag tag,
                                                std::span<std::byte> data) override;
-  // Reuses the payload checksums verified when `received`'s frames arrived, for the frames
-  // whose offset and length the outgoing message repeats.
+  // Reuses the payload checksums verified when `earlier`'s frames arrived, for the frames
+  // whose offset and length the outgoing message repeats; or, when `earlier` is a send of the
+  // same bytes, shares its checksums (each frame's is computed once, by the first write).
   [[nodiscard]] std::unique_ptr<Request> iforward(int peer, Tag tag,
                                                   std::span<const std::byte> data,
-                                                  const Request& received) override;
+                                                  const Request& earlier) override;
   void abort(std::string_view reason) noexcept override;
   [[nodiscard]] TransportStats stats() const override;
 
