@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "base/errors.h"
 #include "collectives/collectives.h"
@@ -71,9 +72,12 @@ void append_chunks(std::vector<MessagePiece>& out, int origin, std::uint64_t siz
   }
 }
 
+// Both algorithms call `deliver_own` once their sends are posted: copying this rank's message
+// into its slot then overlaps with the transfers instead of delaying the first send.
 void ring_allgather(Call& call, std::span<const std::byte> mine,
                     const std::vector<std::uint64_t>& sizes,
-                    const std::vector<std::span<std::byte>>& buffers, const OnMessage& on_message) {
+                    const std::vector<std::span<std::byte>>& buffers, const OnMessage& on_message,
+                    const std::function<void()>& deliver_own) {
   const int n = call.size();
   const int r = call.rank();
   const int left = (r - 1 + n) % n;
@@ -98,6 +102,7 @@ void ring_allgather(Call& call, std::span<const std::byte> mine,
   for (const MessagePiece& piece : own) {
     (void)call.isend(right, Phase::payload, mine.subspan(piece.offset, piece.bytes));
   }
+  deliver_own();
   // Forward everything except the right neighbour's own message.
   for (std::size_t i = 0; i < incoming.size(); ++i) {
     const MessagePiece& piece = incoming[i];
@@ -115,8 +120,8 @@ void ring_allgather(Call& call, std::span<const std::byte> mine,
 
 void direct_allgather(Call& call, std::span<const std::byte> mine,
                       const std::vector<std::uint64_t>& sizes,
-                      const std::vector<std::span<std::byte>>& buffers,
-                      const OnMessage& on_message) {
+                      const std::vector<std::span<std::byte>>& buffers, const OnMessage& on_message,
+                      const std::function<void()>& deliver_own) {
   const int n = call.size();
   const int r = call.rank();
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
@@ -146,6 +151,7 @@ void direct_allgather(Call& call, std::span<const std::byte> mine,
       (void)call.iforward((r + distance) % n, Phase::payload, bytes, first);
     }
   }
+  deliver_own();
   for (std::size_t round = 0; round < rounds; ++round) {
     for (int distance = 1; distance < n; ++distance) {
       const int peer = (r + distance) % n;
@@ -243,27 +249,37 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
                               {.rank = r});
       }
     }
-    if (!mine.empty())
-      std::memcpy(buffers[static_cast<std::size_t>(r)].data(), mine.data(), mine.size());
-    if (on_message) {
-      on_message(r, buffers[static_cast<std::size_t>(r)]);
-      for (int peer = 0; peer < n; ++peer) {
-        if (peer != r && sizes[static_cast<std::size_t>(peer)] == 0) on_message(peer, {});
+    // This rank's message into its slot, and the callbacks for it and for the empty messages
+    // (before those of the other messages).
+    bool own_delivered = false;
+    const auto deliver_own = [&] {
+      if (own_delivered) return;
+      own_delivered = true;
+      if (!mine.empty())
+        std::memcpy(buffers[static_cast<std::size_t>(r)].data(), mine.data(), mine.size());
+      if (on_message) {
+        on_message(r, buffers[static_cast<std::size_t>(r)]);
+        for (int peer = 0; peer < n; ++peer) {
+          if (peer != r && sizes[static_cast<std::size_t>(peer)] == 0) on_message(peer, {});
+        }
       }
-    }
-    if (n == 1) return;
-    if (auto* native = transport::native_collectives(transport);
-        native != nullptr && options.algorithm == CollectiveAlgorithm::automatic &&
-        native_allgather(call, *native, mine, sizes, buffers, on_message)) {
+    };
+    if (n == 1) {
+      deliver_own();
       return;
+    }
+    if (auto* native = transport::native_collectives(transport);
+        native != nullptr && options.algorithm == CollectiveAlgorithm::automatic) {
+      deliver_own();  // the native call fills only the other slots (ours, if it declines)
+      if (native_allgather(call, *native, mine, sizes, buffers, on_message)) return;
     }
     const CollectiveAlgorithm algorithm = options.algorithm == CollectiveAlgorithm::automatic
                                               ? choose_allgather_algorithm(sizes)
                                               : options.algorithm;
     if (algorithm == CollectiveAlgorithm::ring) {
-      ring_allgather(call, mine, sizes, buffers, on_message);
+      ring_allgather(call, mine, sizes, buffers, on_message, deliver_own);
     } else {
-      direct_allgather(call, mine, sizes, buffers, on_message);
+      direct_allgather(call, mine, sizes, buffers, on_message, deliver_own);
     }
   });
 }
