@@ -102,7 +102,8 @@ struct TransportOptions {
   // sleeping thread costs a wake-up per message (tens to hundreds of microseconds on a virtual
   // machine: three per message, from caller to I/O thread to peer I/O thread to peer caller);
   // polling briefly keeps a collective's rounds from paying it, as MPI and NCCL do by polling
-  // all the time. 0: never poll, always sleep. Measured in docs/benchmarks.md.
+  // all the time. A polling caller also runs the ready handlers (its writes, a completed read)
+  // itself. 0: never poll, always sleep. Measured in docs/benchmarks.md.
   std::chrono::microseconds busy_poll{100};
   // Shared secret for the HMAC-SHA256 challenge-response at connect. Empty: connections are
   // still checked (with an empty key) but not authenticated; a warning is logged.
