@@ -103,7 +103,8 @@ struct TransportOptions {
   // machine: three per message, from caller to I/O thread to peer I/O thread to peer caller);
   // polling briefly keeps a collective's rounds from paying it, as MPI and NCCL do by polling
   // all the time. A polling caller also runs the ready handlers (its writes, a completed read)
-  // itself. 0: never poll, always sleep. Measured in docs/benchmarks.md.
+  // itself, and while one does, the I/O thread does not poll as well: it waits for the next
+  // socket event. 0: never poll, always sleep. Measured in docs/benchmarks.md.
   std::chrono::microseconds busy_poll{100};
   // Shared secret for the HMAC-SHA256 challenge-response at connect. Empty: connections are
   // still checked (with an empty key) but not authenticated; a warning is logged.

@@ -36,6 +36,19 @@ namespace asio = boost::asio;
 
 namespace {
 
+// Runs `fn` when it goes out of scope.
+template <typename Fn>
+class Finally {
+ public:
+  explicit Finally(Fn fn) : fn_(std::move(fn)) {}
+  ~Finally() { fn_(); }
+  Finally(const Finally&) = delete;
+  Finally& operator=(const Finally&) = delete;
+
+ private:
+  Fn fn_;
+};
+
 // Receive staging buffer per connection: small frames are parsed out of it several at a time;
 // payloads of at least kDirectReadBytes are read straight into their destination.
 constexpr std::size_t kStagingBytes = 64 * 1024;
@@ -237,6 +250,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   std::uint16_t listen_port_ = 0;
   std::vector<PeerAddress> addresses_;
   std::atomic<int> refused_{0};
+  std::atomic<int> callers_polling_{0};  // callers busy-polling in wait(): they run the handlers
 
   // Formation.
   asio::awaitable<void> accept_loop();
@@ -488,7 +502,7 @@ void TcpTransport::Core::run_io() {
     while (!io_.stopped()) {
       if (io_.poll() > 0) {
         idle_until = Clock::now() + options_.busy_poll;
-      } else if (Clock::now() >= idle_until) {
+      } else if (Clock::now() >= idle_until || callers_polling_.load() > 0) {
         break;
       } else {
         std::this_thread::yield();
@@ -1398,6 +1412,8 @@ void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
   // thread's handlers.
   if (options_.busy_poll.count() > 0) {
     const auto poll_until = std::min(deadline, Clock::now() + options_.busy_poll);
+    ++callers_polling_;
+    const Finally unpoll([this] { --callers_polling_; });
     for (;;) {
       std::unique_lock attempt(mutex_, std::try_to_lock);
       if (attempt.owns_lock() && ready()) break;
