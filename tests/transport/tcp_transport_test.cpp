@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -399,15 +401,63 @@ TEST_P(Corruption, IsDetectedAndNamesThePeer) {
 INSTANTIATE_TEST_SUITE_P(TcpTransport, Corruption,
                          ::testing::Values(FrameCorruption::payload, FrameCorruption::header));
 
-// Rank 1 forwards to rank 2 what rank 0 sent it, striped in several frames over two
-// connections. Unchanged bytes arrive intact; bytes changed after their receive and forwarded
-// against that receive arrive with the checksums verified on arrival, so rank 2 must detect
-// the change: which shows that the checksums were reused, not computed again.
-TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
+// The checksum-reuse tests send a message striped in several frames over two connections.
+TransportOptions striped_over_two_connections() {
   TransportOptions options;
   options.connections_per_peer = 2;
   options.stripe_threshold_bytes = 64 << 10;
   options.stripe_chunk_bytes = 64 << 10;
+  return options;
+}
+
+constexpr Tag kStaleTag = 3;
+constexpr Tag kAckTag = 9;
+
+// On the sender of a message with stale checksums: waits until `receiver` confirms that it
+// holds everything sent to it before (its rejection of the stale message ends the connections,
+// which must not cut off earlier frames), then sends it. That send's wait may fail for the same
+// reason.
+void send_stale_after_ack(Transport& t, int receiver,
+                          const std::function<std::unique_ptr<Request>()>& send_stale) {
+  std::array<std::byte, 1> ack{};
+  t.recv(receiver, kAckTag, ack, deadline_after(kTimeout));
+  try {
+    send_stale()->wait(deadline_after(kTimeout));
+  } catch (const Error&) {
+  }
+}
+
+struct Rejection {
+  std::string what;
+  int peer = -1;
+};
+
+// On the receiver: acknowledges what arrived so far, then receives the stale message (tag
+// kStaleTag) and returns how it was rejected (empty if it was not).
+Rejection ack_then_receive_stale(Transport& t, int sender, std::size_t bytes) {
+  const std::array<std::byte, 1> ack{};
+  t.send(sender, kAckTag, ack, deadline_after(kTimeout));
+  std::vector<std::byte> stale(bytes);
+  try {
+    t.recv(sender, kStaleTag, stale, deadline_after(kTimeout));
+  } catch (const ProtocolError& error) {
+    return {error.what(), error.context().peer.value_or(-1)};
+  }
+  return {};
+}
+
+std::vector<std::byte> shortened_with_a_flipped_bit(const std::vector<std::byte>& bytes) {
+  std::vector<std::byte> changed(bytes.begin(), bytes.end() - 1);
+  changed[bytes.size() / 2] ^= std::byte{0x40};
+  return changed;
+}
+
+// Rank 1 forwards to rank 2 what rank 0 sent it. Unchanged bytes arrive intact; bytes changed
+// after their receive and forwarded against that receive arrive with the checksums verified on
+// arrival, so rank 2 must detect the change: which shows that the checksums were reused, not
+// computed again.
+TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
+  const TransportOptions options = striped_over_two_connections();
   auto group = make_loopback_group(3, options);
   constexpr std::size_t kBytes = (std::size_t{1} << 20) + 5;
   const auto first = payload(11, kBytes);
@@ -417,8 +467,7 @@ TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
       2U);
   std::vector<std::byte> at_two(kBytes);
   std::vector<std::byte> at_two_shorter(kBytes - 1);
-  std::string detected;
-  int detected_peer = -1;
+  Rejection rejection;
   run_parallel(3, [&](int rank) {
     auto& t = *group[static_cast<std::size_t>(rank)];
     if (rank == 0) {
@@ -436,52 +485,32 @@ TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
       buffer[kBytes / 2] ^= std::byte{0x40};
       t.iforward(2, 2, std::span<const std::byte>(buffer).first(kBytes - 1), *received)
           ->wait(deadline_after(kTimeout));
-      // Rank 2 has all of it (its frames on the other connection are not cut off by the
-      // rejection below).
-      std::array<std::byte, 1> ack{};
-      t.recv(2, 9, ack, deadline_after(kTimeout));
-      // Changed bytes against their own receive: the stale checksum goes out. Rank 2 may
-      // reject the connection before every frame is written, failing this wait.
+      // Changed bytes against their own receive: the stale checksum goes out.
       other[kBytes - 3] ^= std::byte{0x01};
-      try {
-        t.iforward(2, 3, other, *received_second)->wait(deadline_after(kTimeout));
-      } catch (const Error&) {
-      }
+      send_stale_after_ack(t, 2, [&] { return t.iforward(2, kStaleTag, other, *received_second); });
     } else {
       t.recv(1, 1, at_two, deadline_after(kTimeout));
       t.recv(1, 2, at_two_shorter, deadline_after(kTimeout));
-      const std::array<std::byte, 1> ack{};
-      t.send(1, 9, ack, deadline_after(kTimeout));
-      std::vector<std::byte> third(kBytes);
-      try {
-        t.recv(1, 3, third, deadline_after(kTimeout));
-      } catch (const ProtocolError& error) {
-        detected = error.what();
-        detected_peer = error.context().peer.value_or(-1);
-      }
+      rejection = ack_then_receive_stale(t, 1, kBytes);
     }
   });
   EXPECT_EQ(at_two, first);
-  auto changed = std::vector<std::byte>(first.begin(), first.end() - 1);
-  changed[kBytes / 2] ^= std::byte{0x40};
-  EXPECT_EQ(at_two_shorter, changed);
-  EXPECT_NE(detected.find("payload checksum mismatch"), std::string::npos) << detected;
-  EXPECT_EQ(detected_peer, 1);
+  EXPECT_EQ(at_two_shorter, shortened_with_a_flipped_bit(first));
+  EXPECT_NE(rejection.what.find("payload checksum mismatch"), std::string::npos) << rejection.what;
+  EXPECT_EQ(rejection.peer, 1);
 }
 
+// Rank 0 sends the same bytes to ranks 1 and 2, the second time through iforward of the first
+// send. Changed bytes claimed as that send's go out with its checksums, so rank 2 must detect
+// the change: which shows that the checksums were shared, not computed again.
 TEST(TcpTransport, SendingTheSameBytesAgainSharesTheChecksumsOfTheEarlierSend) {
-  TransportOptions options;
-  options.connections_per_peer = 2;
-  options.stripe_threshold_bytes = 64 << 10;
-  options.stripe_chunk_bytes = 64 << 10;
-  auto group = make_loopback_group(3, options);
+  auto group = make_loopback_group(3, striped_over_two_connections());
   constexpr std::size_t kBytes = (std::size_t{1} << 20) + 5;
   const auto original = payload(21, kBytes);
   std::vector<std::byte> at_one(kBytes);
   std::vector<std::byte> at_two(kBytes);
   std::vector<std::byte> at_two_plain(kBytes - 1);
-  std::string detected;
-  int detected_peer = -1;
+  Rejection rejection;
   run_parallel(3, [&](int rank) {
     auto& t = *group[static_cast<std::size_t>(rank)];
     if (rank == 0) {
@@ -493,39 +522,21 @@ TEST(TcpTransport, SendingTheSameBytesAgainSharesTheChecksumsOfTheEarlierSend) {
       buffer[kBytes / 2] ^= std::byte{0x40};
       t.iforward(2, 2, std::span<const std::byte>(buffer).first(kBytes - 1), *to_one)
           ->wait(deadline_after(kTimeout));
-      // Rank 2 has all of it (its frames on the other connection are not cut off by the
-      // rejection below).
-      std::array<std::byte, 1> ack{};
-      t.recv(2, 9, ack, deadline_after(kTimeout));
-      // Changed bytes claimed to be the earlier send's: its stale checksums go out. Rank 2
-      // may reject the connection before every frame is written, failing this wait.
-      try {
-        t.iforward(2, 3, buffer, *to_one)->wait(deadline_after(kTimeout));
-      } catch (const Error&) {
-      }
+      // Changed bytes claimed to be the earlier send's: its stale checksums go out.
+      send_stale_after_ack(t, 2, [&] { return t.iforward(2, kStaleTag, buffer, *to_one); });
     } else if (rank == 1) {
       t.recv(0, 1, at_one, deadline_after(kTimeout));
     } else {
       t.recv(0, 1, at_two, deadline_after(kTimeout));
       t.recv(0, 2, at_two_plain, deadline_after(kTimeout));
-      const std::array<std::byte, 1> ack{};
-      t.send(0, 9, ack, deadline_after(kTimeout));
-      std::vector<std::byte> third(kBytes);
-      try {
-        t.recv(0, 3, third, deadline_after(kTimeout));
-      } catch (const ProtocolError& error) {
-        detected = error.what();
-        detected_peer = error.context().peer.value_or(-1);
-      }
+      rejection = ack_then_receive_stale(t, 0, kBytes);
     }
   });
   EXPECT_EQ(at_one, original);
   EXPECT_EQ(at_two, original);
-  auto changed = std::vector<std::byte>(original.begin(), original.end() - 1);
-  changed[kBytes / 2] ^= std::byte{0x40};
-  EXPECT_EQ(at_two_plain, changed);
-  EXPECT_NE(detected.find("payload checksum mismatch"), std::string::npos) << detected;
-  EXPECT_EQ(detected_peer, 0);
+  EXPECT_EQ(at_two_plain, shortened_with_a_flipped_bit(original));
+  EXPECT_NE(rejection.what.find("payload checksum mismatch"), std::string::npos) << rejection.what;
+  EXPECT_EQ(rejection.peer, 0);
 }
 
 TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {
