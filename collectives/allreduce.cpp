@@ -284,16 +284,7 @@ void direct_allreduce(Call& call, std::span<const float> input, std::span<float>
     sum_in_order(input.subspan(range.begin, range.end - range.begin), addends,
                  output.subspan(range.begin, range.end - range.begin));
     const auto finished = std::as_bytes(output.subspan(range.begin, range.end - range.begin));
-    // The same bytes to every peer: the transport checksums them once (Transport::iforward).
-    Request* first = nullptr;
-    for (int distance = 1; distance < n; ++distance) {
-      const int peer = (r + distance) % n;
-      if (first == nullptr) {
-        first = &call.isend(peer, Phase::gather, finished);
-      } else {
-        (void)call.iforward(peer, Phase::gather, finished, *first);
-      }
-    }
+    call.isend_to_every_peer(Phase::gather, finished);
   }
   for (const auto& [peer, request] : gather_receives)
     call.wait(*request, peer);

@@ -33,19 +33,12 @@ struct BroadcastPiece {
 
 // The root sends every chunk straight to every rank.
 void direct_broadcast(Call& call, int root, std::span<std::byte> data) {
-  const int n = call.size();
   const int r = call.rank();
   const std::vector<BroadcastPiece> pieces =
       chunks_of(data.size(), call.options().pipeline_chunk_bytes);
   if (r == root) {
-    // The same bytes to every rank: the transport checksums them once (Transport::iforward).
-    for (const BroadcastPiece& piece : pieces) {
-      const auto bytes = data.subspan(piece.offset, piece.bytes);
-      const Request& first = call.isend((root + 1) % n, Phase::payload, bytes);
-      for (int distance = 2; distance < n; ++distance) {
-        (void)call.iforward((root + distance) % n, Phase::payload, bytes, first);
-      }
-    }
+    for (const BroadcastPiece& piece : pieces)
+      call.isend_to_every_peer(Phase::payload, data.subspan(piece.offset, piece.bytes));
     return;
   }
   std::vector<Request*> receives;

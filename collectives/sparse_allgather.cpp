@@ -142,15 +142,9 @@ void direct_allgather(Call& call, std::span<const std::byte> mine,
   std::vector<MessagePiece> own;
   append_chunks(own, r, mine.size(), chunk);
   rounds = std::max(rounds, own.size());
-  // Chunk by chunk to every peer in turn, so that all peers progress together; the same bytes
-  // to every peer, so the transport checksums them once (Transport::iforward).
-  for (const MessagePiece& piece : own) {
-    const auto bytes = mine.subspan(piece.offset, piece.bytes);
-    const Request& first = call.isend((r + 1) % n, Phase::payload, bytes);
-    for (int distance = 2; distance < n; ++distance) {
-      (void)call.iforward((r + distance) % n, Phase::payload, bytes, first);
-    }
-  }
+  // Chunk by chunk to every peer in turn, so that all peers progress together.
+  for (const MessagePiece& piece : own)
+    call.isend_to_every_peer(Phase::payload, mine.subspan(piece.offset, piece.bytes));
   deliver_own();
   for (std::size_t round = 0; round < rounds; ++round) {
     for (int distance = 1; distance < n; ++distance) {

@@ -291,6 +291,13 @@ Request& Call::iforward(int peer, Phase phase, std::span<const std::byte> data,
   }
 }
 
+void Call::isend_to_every_peer(Phase phase, std::span<const std::byte> data) {
+  if (size_ == 1) return;
+  const Request& first = isend((rank_ + 1) % size_, phase, data);
+  for (int distance = 2; distance < size_; ++distance)
+    (void)iforward((rank_ + distance) % size_, phase, data, first);
+}
+
 Request& Call::irecv(int peer, Phase phase, std::span<std::byte> data) {
   try {
     return own(transport_.irecv(peer, tag(phase), data));

@@ -149,6 +149,10 @@ class Call {
   // checksums.
   transport::Request& iforward(int peer, Phase phase, std::span<const std::byte> data,
                                const transport::Request& earlier);
+  // Sends `data` to every peer in turn (this rank + 1, + 2, ...), the direct collectives' way:
+  // the first through isend, the others through iforward of it, so that the transport
+  // checksums the bytes once.
+  void isend_to_every_peer(Phase phase, std::span<const std::byte> data);
 
   // Waits for `request` (an operation with `peer`) for at most options.timeout, while watching
   // the other ranks' notices.
