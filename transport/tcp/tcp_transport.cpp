@@ -36,19 +36,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-// Runs `fn` when it goes out of scope.
-template <typename Fn>
-class Finally {
- public:
-  explicit Finally(Fn fn) : fn_(std::move(fn)) {}
-  ~Finally() { fn_(); }
-  Finally(const Finally&) = delete;
-  Finally& operator=(const Finally&) = delete;
-
- private:
-  Fn fn_;
-};
-
 // Receive staging buffer per connection: small frames are parsed out of it several at a time;
 // payloads of at least kDirectReadBytes are read straight into their destination.
 constexpr std::size_t kStagingBytes = 64 * 1024;
@@ -87,7 +74,8 @@ struct VerifiedFrame {
 };
 
 // The payload checksums of one sent message, frame by frame, computed once by whichever write
-// needs one first: sends of the same bytes to several peers (iforward of a send) share them.
+// needs one first: sends of the same bytes to several peers (iforward of a send) share them,
+// and a forwarded receive's frames start with the checksums verified on arrival.
 struct MessageChecksums {
   struct Cell {
     std::once_flag once;
@@ -99,6 +87,10 @@ struct MessageChecksums {
     Cell& cell = cells[frame];
     std::call_once(cell.once, [&] { cell.value = digest_bytes(payload); });
     return cell.value;
+  }
+  void set_known(std::size_t frame, Digest value) {
+    Cell& cell = cells[frame];
+    std::call_once(cell.once, [&] { cell.value = value; });
   }
   std::unique_ptr<Cell[]> cells;
   std::size_t count;
@@ -156,8 +148,7 @@ struct Chunk {
   EncodedHeader header{};
   std::span<const std::byte> payload;
   std::optional<FrameCorruption> corrupt;
-  bool checksum_known = false;  // frame.payload_checksum was verified on arrival (iforward)
-  std::shared_ptr<MessageChecksums> checksums;  // otherwise: frame `index` of these
+  std::shared_ptr<MessageChecksums> checksums;  // with payload checksums: frame `index` of these
   std::size_t index = 0;
 };
 
@@ -760,8 +751,7 @@ std::unique_ptr<Request> TcpTransport::Core::isend(int peer_rank, Tag tag,
     chunk.index = i;
     for (const VerifiedFrame& frame : verified) {
       if (frame.offset == offset && frame.bytes == length) {
-        chunk.frame.payload_checksum = frame.checksum;
-        chunk.checksum_known = true;
+        checksums->set_known(i, frame.checksum);
         break;
       }
     }
@@ -876,7 +866,7 @@ void TcpTransport::Core::start_write(Peer& peer, Lane& lane) {
   lane.corrupted_bytes.reserve(lane.batch.size());
   for (Chunk& chunk : lane.batch) {
     // Checksummed right before the write, so that the kernel's copy finds the bytes in cache.
-    if (chunk.frame.has_payload_checksum && !chunk.checksum_known)
+    if (chunk.frame.has_payload_checksum)
       chunk.frame.payload_checksum = chunk.checksums->get(chunk.index, chunk.payload);
     chunk.header = tcp::encode_header(chunk.frame);
   }
@@ -1412,8 +1402,7 @@ void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
   // thread's handlers.
   if (options_.busy_poll.count() > 0) {
     const auto poll_until = std::min(deadline, Clock::now() + options_.busy_poll);
-    ++callers_polling_;
-    const Finally unpoll([this] { --callers_polling_; });
+    ++callers_polling_;  // nothing in the loop throws
     for (;;) {
       std::unique_lock attempt(mutex_, std::try_to_lock);
       if (attempt.owns_lock() && ready()) break;
@@ -1421,6 +1410,7 @@ void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
       if (Clock::now() >= poll_until) break;
       if (run_ready_handlers() == 0) std::this_thread::yield();
     }
+    --callers_polling_;
   }
   std::unique_lock lock(mutex_);
   changed_.wait_until(lock, deadline, ready);
