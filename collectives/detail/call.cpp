@@ -717,19 +717,26 @@ void Call::throw_verdict(const Verdict& verdict) const {
         {.rank = rank_, .peer = verdict.majority});
   }
   if (verdict.culprit == rank_) {
-    // Accused by the others: name the peer that timed out waiting for this rank, if one did
-    // (the link between the two is the likely fault), else the peer that reported it.
-    int accuser = verdict.reporter;
-    for (int peer = 0; peer < size_; ++peer) {
-      if (notices_[static_cast<std::size_t>(peer)].timed_out_on_me) {
-        accuser = peer;
-        break;
-      }
-    }
+    // Accused by the others. Name the other end of the link that is the likely fault: for a
+    // timeout, the peer this rank itself was waiting for (the others waited for this rank,
+    // which waited for that peer: its messages did not arrive); else a peer that timed out
+    // waiting for this rank; else the peer that reported it.
     std::string message = fmt::format("{} failed: peer {} reports that this rank failed ({})", call,
                                       verdict.reporter, error_kind_name(verdict.kind));
-    if (accuser != verdict.reporter) {
-      message += fmt::format("; peer {} timed out waiting for this rank", accuser);
+    int accuser = verdict.reporter;
+    if (verdict.kind == ErrorKind::timeout && waiting_on_ >= 0 && waiting_on_ != rank_) {
+      accuser = waiting_on_;
+      message += fmt::format("; this rank was waiting for peer {}", accuser);
+    } else {
+      for (int peer = 0; peer < size_; ++peer) {
+        if (notices_[static_cast<std::size_t>(peer)].timed_out_on_me) {
+          accuser = peer;
+          break;
+        }
+      }
+      if (accuser != verdict.reporter) {
+        message += fmt::format("; peer {} timed out waiting for this rank", accuser);
+      }
     }
     throw_kind(verdict.kind, message, {.rank = rank_, .peer = accuser});
   }
