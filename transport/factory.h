@@ -96,15 +96,15 @@ struct TransportOptions {
   // posted (TCP flow control then holds the sender).
   std::size_t max_unexpected_bytes = std::size_t{1} << 30;
   bool payload_checksums = true;  // xxh3-64 of every frame's payload (headers always)
-  int io_threads = 1;             // threads running this transport's Asio io_context
-  // How long a thread that has run out of work polls for more before it sleeps: a caller in
-  // wait() and an I/O thread after its last handler, yielding the core between polls. A
-  // sleeping thread costs a wake-up per message (tens to hundreds of microseconds on a virtual
-  // machine: three per message, from caller to I/O thread to peer I/O thread to peer caller);
-  // polling briefly keeps a collective's rounds from paying it, as MPI and NCCL do by polling
-  // all the time. A polling caller also runs the ready handlers (its writes, a completed read)
-  // itself, and while one does, the I/O thread does not poll as well: it waits for the next
-  // socket event. 0: never poll, always sleep. Measured in docs/benchmarks.md.
+  // Threads that run this transport's Asio io_context while no caller waits: a caller waiting
+  // on a request runs it itself, and the I/O threads step aside meanwhile (tcp/progress.h).
+  int io_threads = 1;
+  // How long a thread that has run out of work polls for more (yielding the core in between)
+  // before it sleeps in the reactor: a caller in wait(), and an I/O thread after its last
+  // handler. The next frame of a collective round usually follows within microseconds; polling
+  // saves the sleep and wake-up, as MPI and NCCL do by polling all the time. A waiting caller
+  // keeps polling while handlers keep running. 0: sleep in the reactor at once. Measured in
+  // docs/benchmarks.md.
   std::chrono::microseconds busy_poll{100};
   // Shared secret for the HMAC-SHA256 challenge-response at connect. Empty: connections are
   // still checked (with an empty key) but not authenticated; a warning is logged.

@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "base/errors.h"
 #include "transport/loopback_group.h"
@@ -86,6 +87,24 @@ TEST(TcpTransport, WithoutBusyPollingEveryPairExchanges) {
   options.busy_poll = std::chrono::microseconds(0);
   auto group = make_loopback_group(4, options);
   exchange_all_pairs(group, 3);
+}
+
+// After a caller's wait the I/O threads stay out of the io_context for a moment (the caller is
+// likely back soon); a send nobody waits for must still go out once they are back.
+TEST(TcpTransport, ASendNobodyWaitsForGoesOutAfterTheCallerLeft) {
+  auto group = make_loopback_group(2);
+  const auto ping = payload(1, 10);
+  std::vector<std::byte> pong(ping.size());
+  auto ping_recv = group[1]->irecv(0, 1, pong);
+  group[0]->send(1, 1, ping, deadline_after(kTimeout));  // rank 0's caller drove just now
+  ping_recv->wait(deadline_after(kTimeout));
+  // Larger than the socket buffers: it takes many writes, which rank 0's caller does not run.
+  const auto big = payload(2, std::size_t{24} << 20);
+  auto unwaited = group[0]->isend(1, 2, big);
+  std::vector<std::byte> got(big.size());
+  group[1]->recv(0, 2, got, deadline_after(kTimeout));
+  EXPECT_EQ(got, big);
+  EXPECT_TRUE(unwaited->test());
 }
 
 TEST(TcpTransport, SeveralIoThreadsPerTransport) {

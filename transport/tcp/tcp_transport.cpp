@@ -22,6 +22,7 @@
 #include "transport/tcp/asio_util.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
+#include "transport/tcp/progress.h"
 #include "transport/waiting.h"
 
 namespace pulseloco::transport {
@@ -231,6 +232,13 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
 
   TransportStats stats() const;
   void corrupt_outgoing_frame(CorruptFrame hook);
+  // Wakes whoever waits on an operation or on the transport's state: threads blocked on
+  // changed_, and callers driving the io_context (tcp/progress.h). Call without mutex_ held.
+  void notify_waiters() {
+    changed_.notify_all();
+    progress_.completion_happened();
+  }
+  int callers_waiting() const noexcept { return progress_.drivers(); }
   std::size_t unexpected_bytes() const {
     const std::lock_guard lock(mutex_);
     return unexpected_bytes_;
@@ -241,7 +249,6 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   std::uint16_t listen_port_ = 0;
   std::vector<PeerAddress> addresses_;
   std::atomic<int> refused_{0};
-  std::atomic<int> callers_polling_{0};  // callers busy-polling in wait(): they run the handlers
 
   // Formation.
   asio::awaitable<void> accept_loop();
@@ -250,10 +257,6 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   std::string admit(const tcp::Hello& hello, int& claimed_lane);
   void install_lane(int peer, int lane, std::shared_ptr<Socket> socket);
   void formation_failed(std::exception_ptr error);
-  void run_io();  // the body of an I/O thread
-  // Runs the handlers that are ready now on the calling thread (a caller in wait()); returns
-  // how many ran.
-  std::size_t run_ready_handlers() noexcept;
   void count_handshake(const tcp::HandshakeTraffic& traffic);
 
   // Writing (on the peer's strand).
@@ -314,7 +317,8 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   const int lanes_per_peer_;
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
-  std::vector<std::thread> threads_;
+  // Runs io_: the I/O threads, or a caller busy-polling in wait() (tcp/progress.h).
+  tcp::Progress progress_;
   // The listener and the progress timer live on this strand (there may be several I/O threads).
   asio::strand<asio::io_context::executor_type> control_;
   Acceptor acceptor_;
@@ -376,6 +380,7 @@ TcpTransport::Core::Core(const TransportOptions& options)
     : options_(options),
       lanes_per_peer_(options.connections_per_peer),
       work_(asio::make_work_guard(io_)),
+      progress_(io_, options.busy_poll),
       control_(asio::make_strand(io_)),
       acceptor_(control_) {
   if (options.corrupt_frame) {
@@ -441,19 +446,9 @@ void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
     progress_timer_.emplace(control_);
     check_progress();
   }
-  const int thread_count = std::max(1, options_.io_threads);
-  for (int i = 0; i < thread_count; ++i) {
-    threads_.emplace_back([this] {
-      for (;;) {
-        try {
-          run_io();
-          return;
-        } catch (const std::exception& error) {
-          logger().error("tcp transport: unexpected error on the I/O thread: {}", error.what());
-        }
-      }
-    });
-  }
+  progress_.start_threads(std::max(1, options_.io_threads), [](const std::exception& error) {
+    logger().error("tcp transport: unexpected error on the I/O thread: {}", error.what());
+  });
 
   std::unique_lock lock(mutex_);
   changed_.wait_until(lock, deadline, [&] { return lanes_missing_ == 0 || formation_error_; });
@@ -480,44 +475,12 @@ void TcpTransport::Core::form_group(GroupTable table, Deadline deadline) {
                  lanes_per_peer_);
 }
 
-void TcpTransport::Core::run_io() {
-  if (options_.busy_poll.count() == 0) {
-    io_.run();
-    return;
-  }
-  // Sleep until a handler runs, then keep polling (yielding the core in between) until nothing
-  // has been ready for busy_poll, so that the next frame of a collective's round finds this
-  // thread awake.
-  while (io_.run_one() > 0) {
-    auto idle_until = Clock::now() + options_.busy_poll;
-    while (!io_.stopped()) {
-      if (io_.poll() > 0) {
-        idle_until = Clock::now() + options_.busy_poll;
-      } else if (Clock::now() >= idle_until || callers_polling_.load() > 0) {
-        break;
-      } else {
-        std::this_thread::yield();
-      }
-    }
-  }
-}
-
-std::size_t TcpTransport::Core::run_ready_handlers() noexcept {
-  try {
-    return io_.poll();
-  } catch (const std::exception& error) {
-    logger().error("tcp transport: unexpected error in a handler run by a waiting caller: {}",
-                   error.what());
-    return 1;
-  }
-}
-
 void TcpTransport::Core::formation_failed(std::exception_ptr error) {
   {
     const std::lock_guard lock(mutex_);
     if (!formation_error_) formation_error_ = std::move(error);
   }
-  changed_.notify_all();
+  notify_waiters();
 }
 
 asio::awaitable<void> TcpTransport::Core::accept_loop() {
@@ -677,7 +640,7 @@ void TcpTransport::Core::install_lane(int peer_rank, int lane_index,
       --lanes_missing_;
     }
     lane.last_read_progress = lane.last_write_progress = Clock::now();
-    changed_.notify_all();
+    notify_waiters();
     read_more(peer, lane);
     pump_writes(peer);
   });
@@ -810,7 +773,7 @@ void TcpTransport::Core::deliver_locally(Operation& op, std::span<const std::byt
     stats_.payload_bytes_sent += data.size();
     ++stats_.messages_sent;
   }
-  changed_.notify_all();
+  notify_waiters();
 }
 
 void TcpTransport::Core::pump_writes(Peer& peer) {
@@ -949,7 +912,7 @@ void TcpTransport::Core::on_batch_written(Peer& peer, Lane& lane) {
     lane.batch.clear();
     lane.writing = false;
   }
-  if (completed) changed_.notify_all();
+  if (completed) notify_waiters();
   start_write(peer, lane);
 }
 
@@ -990,7 +953,7 @@ void TcpTransport::Core::shut_write_side(Peer& peer, Lane& lane) {
     if (close_now) lane.closed = true;
   }
   if (close_now) lane.socket.close(ignored);
-  changed_.notify_all();
+  notify_waiters();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1060,7 +1023,7 @@ std::unique_ptr<Request> TcpTransport::Core::irecv(int peer_rank, Tag tag,
       }
     }
   }
-  if (completed) changed_.notify_all();
+  if (completed) notify_waiters();
   if (resume) asio::post(peer.strand, [this, &peer] { resume_lanes(peer); });
   return request;
 }
@@ -1285,7 +1248,7 @@ bool TcpTransport::Core::begin_frame(Peer& peer, Lane& lane) {
   lane.hashing = frame.has_payload_checksum && lane.target != nullptr && frame.chunk_bytes > 0;
   if (lane.hashing) lane.payload_digest.reset();
   lock.unlock();
-  if (notify) changed_.notify_all();
+  if (notify) notify_waiters();
   return true;
 }
 
@@ -1350,7 +1313,7 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
       // Otherwise it arrived before its irecv and waits for it.
     }
   }
-  if (notify) changed_.notify_all();
+  if (notify) notify_waiters();
 }
 
 void TcpTransport::Core::resume_lanes(Peer& peer) {
@@ -1398,20 +1361,13 @@ bool TcpTransport::Core::test(Operation& op) {
 
 void TcpTransport::Core::wait(Operation& op, Deadline deadline) {
   const auto ready = [&] { return op.done || op.error || op.stash_to_copy != nullptr; };
-  // Poll before sleeping (options.busy_poll); try_lock, so as not to queue behind the I/O
-  // thread's handlers.
-  if (options_.busy_poll.count() > 0) {
-    const auto poll_until = std::min(deadline, Clock::now() + options_.busy_poll);
-    ++callers_polling_;  // nothing in the loop throws
-    for (;;) {
-      std::unique_lock attempt(mutex_, std::try_to_lock);
-      if (attempt.owns_lock() && ready()) break;
-      attempt = {};
-      if (Clock::now() >= poll_until) break;
-      if (run_ready_handlers() == 0) std::this_thread::yield();
-    }
-    --callers_polling_;
-  }
+  // This thread runs the io_context until the operation is done (tcp/progress.h).
+  (void)progress_.drive_until(
+      [&] {
+        const std::lock_guard lock(mutex_);
+        return ready();
+      },
+      deadline);
   std::unique_lock lock(mutex_);
   changed_.wait_until(lock, deadline, ready);
   if (finish_if_ready(op, lock)) return;
@@ -1510,7 +1466,7 @@ void TcpTransport::Core::on_lane_error(Peer& peer, Lane& lane,
         boost::system::error_code ignored;
         lane.socket.close(ignored);
       }
-      changed_.notify_all();
+      notify_waiters();
       return;
     }
     fail_peer_on_strand(
@@ -1582,7 +1538,7 @@ void TcpTransport::Core::close_lanes_on_strand(Peer& peer, const std::exception_
       it = peer.slots.erase(it);
     }
   }
-  changed_.notify_all();
+  notify_waiters();
 }
 
 void TcpTransport::Core::fail_peer_on_strand(Peer& peer, const std::exception_ptr& error,
@@ -1620,7 +1576,7 @@ void TcpTransport::Core::fail_everything_locked(const std::exception_ptr& error)
 void TcpTransport::Core::run_on_every_strand_and_wait(
     const std::function<void(Peer&)>& work) noexcept {
   try {
-    if (threads_.empty()) {
+    if (!progress_.has_threads()) {
       for (auto& peer : peers_)
         work(*peer);
       return;
@@ -1682,7 +1638,7 @@ void TcpTransport::Core::abort(std::string_view reason) noexcept {
       const std::lock_guard lock(mutex_);
       fail_everything_locked(error);
     }
-    changed_.notify_all();
+    notify_waiters();
   } catch (...) {
     // abort() must not throw; the operations have been failed as far as possible.
   }
@@ -1751,7 +1707,7 @@ void TcpTransport::Core::shutdown() noexcept {
     formed = formed_;
   }
   // A group that never formed has no messages in flight to protect.
-  if (!aborted && formed && size_ > 1 && !threads_.empty()) graceful_close();
+  if (!aborted && formed && size_ > 1 && progress_.has_threads()) graceful_close();
   {
     const std::lock_guard lock(mutex_);
     closing_ = true;
@@ -1761,7 +1717,7 @@ void TcpTransport::Core::shutdown() noexcept {
   run_on_every_strand_and_wait(
       [this, &destroyed](Peer& peer) { close_lanes_on_strand(peer, destroyed); });
   try {
-    if (threads_.empty()) {
+    if (!progress_.has_threads()) {
       boost::system::error_code ignored;
       acceptor_.close(ignored);
     } else {
@@ -1780,11 +1736,10 @@ void TcpTransport::Core::shutdown() noexcept {
     const std::lock_guard lock(mutex_);
     fail_everything_locked(destroyed);
   }
-  changed_.notify_all();
+  notify_waiters();
   work_.reset();
   io_.stop();
-  for (auto& thread : threads_)
-    if (thread.joinable()) thread.join();
+  progress_.join();
 }
 
 void TcpTransport::Core::check_progress() {
@@ -1908,6 +1863,10 @@ int TcpTransport::refused_connections() const noexcept {
 
 std::size_t TcpTransport::unexpected_bytes() const {
   return core_->unexpected_bytes();
+}
+
+int TcpTransport::callers_waiting() const noexcept {
+  return core_->callers_waiting();
 }
 
 void TcpTransport::corrupt_outgoing_frame(CorruptFrame hook) {

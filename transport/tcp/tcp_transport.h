@@ -1,5 +1,6 @@
 // The TCP backend: a full mesh of authenticated TCP connections driven by a Boost.Asio
-// io_context on options.io_threads threads.
+// io_context, which a caller waiting on a request runs itself, and options.io_threads I/O
+// threads run while nobody waits (tcp/progress.h says why).
 //
 //  - Group formation: bind the data listener, run the rendezvous (rendezvous.h), then the lower
 //    rank of every pair opens options.connections_per_peer connections to the higher one,
@@ -71,6 +72,8 @@ class TcpTransport final : public Transport {
   [[nodiscard]] int refused_connections() const noexcept;
   // Bytes currently held for messages whose irecv is not posted yet.
   [[nodiscard]] std::size_t unexpected_bytes() const;
+  // Callers now inside a request's wait() (they drive the io_context; tcp/progress.h).
+  [[nodiscard]] int callers_waiting() const noexcept;
 
   // Test hook: flips one bit of the hook.frame_index-th data frame sent after this call.
   void corrupt_outgoing_frame(CorruptFrame hook);

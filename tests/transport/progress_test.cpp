@@ -1,0 +1,125 @@
+// tcp::Progress on a bare io_context: who runs the handlers while a caller waits, and that a
+// driver sleeping in the io_context learns of completions made elsewhere.
+#include "transport/tcp/progress.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <thread>
+
+#include "base/log.h"
+
+namespace pulseloco::transport::tcp {
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using Clock = Progress::Clock;
+
+constexpr auto kGiveUp = 60s;
+// A driver that missed its wake-up would sleep until this deadline.
+constexpr auto kMissedWakeUp = 20s;
+
+// An io_context with work, a reactor (the timer) and `threads` I/O threads.
+struct Rig {
+  explicit Rig(int threads, std::chrono::microseconds busy_poll = 0us)
+      : work(asio::make_work_guard(io)), timer(io), progress(io, busy_poll) {
+    progress.start_threads(threads, [](const std::exception& error) {
+      ADD_FAILURE() << "a handler threw: " << error.what();
+    });
+  }
+  ~Rig() {
+    work.reset();
+    io.stop();
+    progress.join();
+  }
+  asio::io_context io;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  asio::steady_timer timer;
+  Progress progress;
+};
+
+// Spins (yielding) until `condition` holds; fails the test after kGiveUp.
+template <typename Condition>
+void wait_for(const Condition& condition, const char* what) {
+  const auto give_up = Clock::now() + kGiveUp;
+  while (!condition()) {
+    ASSERT_LT(Clock::now(), give_up) << "gave up waiting until " << what;
+    std::this_thread::yield();
+  }
+}
+
+TEST(Progress, WhileACallerDrivesTheIoThreadParksAndTheCallerRunsTheHandlers) {
+  Rig rig(1);
+  std::atomic<bool> done{false};
+  std::atomic<std::thread::id> ran_on{};
+  std::thread::id driver_id;
+  std::thread driver([&] {
+    driver_id = std::this_thread::get_id();
+    EXPECT_TRUE(
+        rig.progress.drive_until([&] { return done.load(); }, Clock::now() + kMissedWakeUp));
+  });
+  wait_for([&] { return rig.progress.parked_threads() == 1; }, "the I/O thread parked");
+  EXPECT_EQ(rig.progress.drivers(), 1);
+  asio::post(rig.io, [&] {
+    ran_on = std::this_thread::get_id();
+    done = true;
+  });
+  driver.join();
+  EXPECT_EQ(ran_on.load(), driver_id);
+}
+
+TEST(Progress, TheIoThreadRunsTheIoContextAgainOnceTheLastDriverHasLeft) {
+  Rig rig(1);
+  std::atomic<bool> done{false};
+  std::thread driver([&] {
+    EXPECT_TRUE(
+        rig.progress.drive_until([&] { return done.load(); }, Clock::now() + kMissedWakeUp));
+  });
+  wait_for([&] { return rig.progress.parked_threads() == 1; }, "the I/O thread parked");
+  asio::post(rig.io, [&] { done = true; });
+  driver.join();
+  // Nobody drives now: this handler is the I/O thread's, after the linger.
+  std::atomic<std::thread::id> ran_on{};
+  asio::post(rig.io, [&] { ran_on = std::this_thread::get_id(); });
+  wait_for([&] { return ran_on.load() != std::thread::id{}; }, "the I/O thread ran the handler");
+  EXPECT_NE(ran_on.load(), std::this_thread::get_id());
+  EXPECT_EQ(rig.progress.parked_threads(), 0);
+}
+
+// A completion made outside the io_context (another thread, as abort() or a send to oneself
+// does) must wake the driver sleeping in it, whatever its busy_poll.
+TEST(Progress, ACompletionMadeElsewhereWakesTheDriverSleepingInTheIoContext) {
+  Rig rig(0);  // no I/O thread whose comings and goings could wake the driver by the way
+  std::atomic<bool> done{false};
+  std::atomic<int> looks{0};
+  bool finished = false;
+  const auto deadline = Clock::now() + kMissedWakeUp;
+  Clock::time_point returned_at;
+  std::thread driver([&] {
+    finished = rig.progress.drive_until(
+        [&] {
+          ++looks;
+          return done.load();
+        },
+        deadline);
+    returned_at = Clock::now();
+  });
+  // The driver looks once; with busy_poll 0 and nothing to run it then sleeps in the
+  // io_context, until something is posted.
+  wait_for([&] { return looks.load() >= 1; }, "the driver looked");
+  done = true;
+  rig.progress.completion_happened();
+  driver.join();
+  EXPECT_TRUE(finished);
+  EXPECT_LT(returned_at, deadline) << "the driver slept until its deadline";
+}
+
+}  // namespace
+}  // namespace pulseloco::transport::tcp
