@@ -90,8 +90,10 @@ using MessageBuffer = std::function<std::span<std::byte>(int rank, std::size_t b
 
 // The same exchange into storage the caller provides (a reusable arena avoids allocating and
 // first-touching fresh pages on every call). `buffer_for` is called on the calling thread once
-// per rank, in rank order, as soon as the sizes are known and before any payload moves; the
-// caller's own message is copied into its buffer. On failure the buffers hold garbage.
+// per rank, as soon as that rank's size is known and before its message is received: the left
+// neighbour's (rank - 1) first, as soon as its header is in, then the others in rank order
+// once every header is; the caller's own message is copied into its buffer. On failure the
+// buffers hold garbage.
 void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
                            const MessageBuffer& buffer_for, const CollectiveOptions& options,
                            const OnMessage& on_message = {});

@@ -72,10 +72,53 @@ void append_chunks(std::vector<MessagePiece>& out, int origin, std::uint64_t siz
   }
 }
 
+// The exchange's first step, posted while the headers travel, so that exchanging the sizes
+// costs no round of its own: under both algorithms the first messages between neighbours are
+// this rank's own message to its right neighbour and the left neighbour's own message to this
+// rank. The first needs nothing from the others; the receives of the second are posted as soon
+// as the left neighbour's header tells its size (and agrees with this rank's options: otherwise
+// headers() reports the disagreement).
+struct FirstStep {
+  std::vector<Request*> sent;      // this rank's chunks to rank + 1, in order
+  std::vector<Request*> received;  // the left neighbour's chunks, in order
+  bool left_posted = false;        // `received` holds all of them
+};
+
+// Where the collective stores rank `peer`'s message of `size` bytes: asks the caller, once per
+// rank, and checks the size first (the peer's announcement) and the buffer after.
+using BufferOf = std::function<void(int peer, std::uint64_t size)>;
+
+FirstStep start_first_step(Call& call, std::span<const std::byte> mine, const BufferOf& buffer_of,
+                           const std::vector<std::span<std::byte>>& buffers, bool headers_pending) {
+  const int n = call.size();
+  const int r = call.rank();
+  const int left = (r - 1 + n) % n;
+  const std::size_t chunk = call.options().pipeline_chunk_bytes;
+  FirstStep first;
+  std::vector<MessagePiece> own;
+  append_chunks(own, r, mine.size(), chunk);
+  for (const MessagePiece& piece : own) {
+    first.sent.push_back(
+        &call.isend((r + 1) % n, Phase::payload, mine.subspan(piece.offset, piece.bytes)));
+  }
+  if (!headers_pending) return first;  // every receive is posted with the others
+  const std::optional<detail::Header> header = call.matching_header_from(left);
+  if (!header || header->value > call.options().max_message_bytes) return first;
+  buffer_of(left, header->value);
+  std::vector<MessagePiece> theirs;
+  append_chunks(theirs, left, header->value, chunk);
+  const auto& buffer = buffers[static_cast<std::size_t>(left)];
+  for (const MessagePiece& piece : theirs) {
+    first.received.push_back(
+        &call.irecv(left, Phase::payload, buffer.subspan(piece.offset, piece.bytes)));
+  }
+  first.left_posted = true;
+  return first;
+}
+
 // Both algorithms call `deliver_own` once their sends are posted: copying this rank's message
-// into its slot then overlaps with the transfers instead of delaying the first send.
-void ring_allgather(Call& call, std::span<const std::byte> mine,
-                    const std::vector<std::uint64_t>& sizes,
+// into its slot then overlaps with the transfers instead of delaying them.
+void ring_allgather(Call& call, const FirstStep& first, const std::vector<std::uint64_t>& sizes,
                     const std::vector<std::span<std::byte>>& buffers, const OnMessage& on_message,
                     const std::function<void()>& deliver_own) {
   const int n = call.size();
@@ -84,7 +127,8 @@ void ring_allgather(Call& call, std::span<const std::byte> mine,
   const int right = (r + 1) % n;
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
 
-  // From the left come the messages of r-1, r-2, ..., r+1, in that order.
+  // From the left come the messages of r-1, r-2, ..., r+1, in that order; the first is posted
+  // already (first.received) when its size was known early.
   std::vector<MessagePiece> incoming;
   for (int step = 1; step < n; ++step) {
     const int origin = (r - step + n) % n;
@@ -92,16 +136,14 @@ void ring_allgather(Call& call, std::span<const std::byte> mine,
   }
   std::vector<Request*> receives;
   receives.reserve(incoming.size());
-  for (const MessagePiece& piece : incoming) {
+  if (first.left_posted) receives = first.received;
+  for (std::size_t i = receives.size(); i < incoming.size(); ++i) {
+    const MessagePiece& piece = incoming[i];
     receives.push_back(&call.irecv(
         left, Phase::payload,
         buffers[static_cast<std::size_t>(piece.origin)].subspan(piece.offset, piece.bytes)));
   }
-  std::vector<MessagePiece> own;
-  append_chunks(own, r, mine.size(), chunk);
-  for (const MessagePiece& piece : own) {
-    (void)call.isend(right, Phase::payload, mine.subspan(piece.offset, piece.bytes));
-  }
+  // This rank's own message is on its way (first.sent).
   deliver_own();
   // Forward everything except the right neighbour's own message.
   for (std::size_t i = 0; i < incoming.size(); ++i) {
@@ -118,12 +160,13 @@ void ring_allgather(Call& call, std::span<const std::byte> mine,
   }
 }
 
-void direct_allgather(Call& call, std::span<const std::byte> mine,
+void direct_allgather(Call& call, std::span<const std::byte> mine, const FirstStep& first,
                       const std::vector<std::uint64_t>& sizes,
                       const std::vector<std::span<std::byte>>& buffers, const OnMessage& on_message,
                       const std::function<void()>& deliver_own) {
   const int n = call.size();
   const int r = call.rank();
+  const int left = (r - 1 + n) % n;
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
 
   std::vector<std::vector<MessagePiece>> pieces(static_cast<std::size_t>(n));
@@ -133,18 +176,27 @@ void direct_allgather(Call& call, std::span<const std::byte> mine,
     const int peer = (r + distance) % n;
     const auto index = static_cast<std::size_t>(peer);
     append_chunks(pieces[index], peer, sizes[index], chunk);
-    for (const MessagePiece& piece : pieces[index]) {
-      receives[index].push_back(
-          &call.irecv(peer, Phase::payload, buffers[index].subspan(piece.offset, piece.bytes)));
+    if (peer == left && first.left_posted) {
+      receives[index] = first.received;
+    } else {
+      for (const MessagePiece& piece : pieces[index]) {
+        receives[index].push_back(
+            &call.irecv(peer, Phase::payload, buffers[index].subspan(piece.offset, piece.bytes)));
+      }
     }
     rounds = std::max(rounds, pieces[index].size());
   }
   std::vector<MessagePiece> own;
   append_chunks(own, r, mine.size(), chunk);
   rounds = std::max(rounds, own.size());
-  // Chunk by chunk to every peer in turn, so that all peers progress together.
-  for (const MessagePiece& piece : own)
-    call.isend_to_every_peer(Phase::payload, mine.subspan(piece.offset, piece.bytes));
+  // The right neighbour has every chunk already (first.sent); the other peers get them chunk by
+  // chunk in turn, so that they progress together, and the transport checksums each chunk once
+  // (iforward of the first send).
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    const auto bytes = mine.subspan(own[i].offset, own[i].bytes);
+    for (int distance = 2; distance < n; ++distance)
+      (void)call.iforward((r + distance) % n, Phase::payload, bytes, *first.sent[i]);
+  }
   deliver_own();
   for (std::size_t round = 0; round < rounds; ++round) {
     for (int distance = 1; distance < n; ++distance) {
@@ -220,8 +272,29 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
                           {.rank = r});
   }
   std::vector<std::span<std::byte>> buffers(static_cast<std::size_t>(n));
+  auto* const native = transport::native_collectives(transport);
+  const bool use_native = native != nullptr && options.algorithm == CollectiveAlgorithm::automatic;
   detail::run_call(transport, options, detail::Op::sparse_allgather, [&](Call& call) {
-    const std::vector<detail::Header> headers = call.exchange_headers({.value = mine.size()});
+    const BufferOf buffer_of = [&](int peer, std::uint64_t size) {
+      if (size > options.max_message_bytes) {
+        throw ProtocolError(fmt::format("sparse_allgather: peer {} announces a message of {} "
+                                        "bytes, above max_message_bytes {}",
+                                        peer, size, options.max_message_bytes),
+                            {.rank = r, .peer = peer});
+      }
+      const auto index = static_cast<std::size_t>(peer);
+      buffers[index] = buffer_for(peer, static_cast<std::size_t>(size));
+      if (buffers[index].size() != size) {
+        throw InvalidArgument(fmt::format("sparse_allgather: the buffer for rank {}'s message "
+                                          "has {} bytes where {} are needed",
+                                          peer, buffers[index].size(), size),
+                              {.rank = r});
+      }
+    };
+    call.post_headers({.value = mine.size()});
+    const FirstStep first =
+        n > 1 && !use_native ? start_first_step(call, mine, buffer_of, buffers, true) : FirstStep{};
+    const std::vector<detail::Header>& headers = call.headers();
     std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n));
     for (int peer = 0; peer < n; ++peer) {
       const std::uint64_t size = headers[static_cast<std::size_t>(peer)].value;
@@ -233,15 +306,10 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
       }
       sizes[static_cast<std::size_t>(peer)] = size;
     }
+    const int left = (r - 1 + n) % n;
     for (int peer = 0; peer < n; ++peer) {
-      const auto index = static_cast<std::size_t>(peer);
-      buffers[index] = buffer_for(peer, static_cast<std::size_t>(sizes[index]));
-      if (buffers[index].size() != sizes[index]) {
-        throw InvalidArgument(fmt::format("sparse_allgather: the buffer for rank {}'s message "
-                                          "has {} bytes where {} are needed",
-                                          peer, buffers[index].size(), sizes[index]),
-                              {.rank = r});
-      }
+      if (peer == left && first.left_posted) continue;  // asked for already
+      buffer_of(peer, sizes[static_cast<std::size_t>(peer)]);
     }
     // This rank's message into its slot, and the callbacks for it and for the empty messages
     // (before those of the other messages).
@@ -262,18 +330,20 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
       deliver_own();
       return;
     }
-    if (auto* native = transport::native_collectives(transport);
-        native != nullptr && options.algorithm == CollectiveAlgorithm::automatic) {
+    if (use_native) {
       deliver_own();  // the native call fills only the other slots (ours, if it declines)
       if (native_allgather(call, *native, mine, sizes, buffers, on_message)) return;
     }
     const CollectiveAlgorithm algorithm = options.algorithm == CollectiveAlgorithm::automatic
                                               ? choose_allgather_algorithm(sizes)
                                               : options.algorithm;
+    // Had the native all-gather declined, nothing went out yet: the first step now.
+    const FirstStep& step =
+        use_native ? start_first_step(call, mine, buffer_of, buffers, false) : first;
     if (algorithm == CollectiveAlgorithm::ring) {
-      ring_allgather(call, mine, sizes, buffers, on_message, deliver_own);
+      ring_allgather(call, step, sizes, buffers, on_message, deliver_own);
     } else {
-      direct_allgather(call, mine, sizes, buffers, on_message, deliver_own);
+      direct_allgather(call, mine, step, sizes, buffers, on_message, deliver_own);
     }
   });
 }

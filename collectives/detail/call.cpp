@@ -308,6 +308,10 @@ Request& Call::irecv(int peer, Phase phase, std::span<std::byte> data) {
 
 void Call::wait(Request& request, int peer) {
   if (headers_pending_) (void)headers();
+  wait_watching_notices(request, peer);
+}
+
+void Call::wait_watching_notices(Request& request, int peer) {
   waiting_on_ = peer;
   const auto step_deadline = Clock::now() + options_.timeout;
   for (;;) {
@@ -430,13 +434,26 @@ void Call::post_headers(Header mine, std::optional<Agreement> agreement) {
   }
 }
 
+std::optional<Header> Call::matching_header_from(int peer) {
+  PULSELOCO_CHECK(headers_pending_ && peer != rank_, "a pending header from a peer");
+  const auto index = static_cast<std::size_t>(peer);
+  wait_watching_notices(*header_receives_[index], peer);
+  const Header theirs = decode_header(headers_in_[index], rank_, peer);
+  const Header& mine = headers_[static_cast<std::size_t>(rank_)];
+  if (theirs.op != mine.op || theirs.sequence != mine.sequence ||
+      theirs.chunk_bytes != mine.chunk_bytes || theirs.algorithm != mine.algorithm) {
+    return std::nullopt;
+  }
+  return theirs;
+}
+
 const std::vector<Header>& Call::headers() {
   if (!headers_pending_) return headers_;
-  headers_pending_ = false;  // before the waits below, which would otherwise come back here
+  headers_pending_ = false;
   for (int distance = 1; distance < size_; ++distance) {
     const int peer = (rank_ + distance) % size_;
     const auto index = static_cast<std::size_t>(peer);
-    wait(*header_receives_[index], peer);
+    wait_watching_notices(*header_receives_[index], peer);
     headers_[index] = decode_header(headers_in_[index], rank_, peer);
   }
   // Checked once every header is in, so that every rank names the same culprit.

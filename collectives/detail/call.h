@@ -135,6 +135,12 @@ class Call {
   // Waits for the headers posted by post_headers and checks them (once); every rank's header in
   // rank order.
   [[nodiscard]] const std::vector<Header>& headers();
+  // While the headers are pending: waits for `peer`'s header alone and returns it if it is for
+  // this very call with this rank's options (operation, call number, chunk size, algorithm),
+  // else nullopt; headers() still checks every header, and reports a disagreement as one. For
+  // an early receive: the all-gather posts its left neighbour's as soon as it knows that
+  // message's size.
+  [[nodiscard]] std::optional<Header> matching_header_from(int peer);
 
   // Throws a Disagreement unless every rank's header has the same `key` (a description of the
   // fields that must agree, in words).
@@ -155,7 +161,7 @@ class Call {
   void isend_to_every_peer(Phase phase, std::span<const std::byte> data);
 
   // Waits for `request` (an operation with `peer`) for at most options.timeout, while watching
-  // the other ranks' notices.
+  // the other ranks' notices (after headers(), if they are pending).
   void wait(transport::Request& request, int peer);
   // Waits for every send posted so far.
   void wait_sends();
@@ -194,6 +200,7 @@ class Call {
   };
 
   transport::Request& own(std::unique_ptr<transport::Request> request);
+  void wait_watching_notices(transport::Request& request, int peer);
   void post_notice_receive(int peer);
   // Collects the notices that arrived; throws a NoticeFailure when one of them (or a lost
   // notice channel) means the call has failed, unless `quiet`.

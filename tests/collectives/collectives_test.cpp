@@ -433,7 +433,8 @@ TEST_P(AllReduceDisagreement, RanksWithDifferentLengthsAllFailNamingAPeer) {
     std::vector<float> input(t.rank() == 2 ? c.elements + 1 : c.elements, 1.0F);
     std::vector<float> output(input.size());
     allreduce_sum(t, input, output,
-                  {.timeout = std::chrono::seconds(10), .algorithm = c.algorithm,
+                  {.timeout = std::chrono::seconds(10),
+                   .algorithm = c.algorithm,
                    .pipeline_chunk_bytes = 64});
   });
   expect_all_fail_naming_the_odd_rank(outcomes, 2);
@@ -467,6 +468,47 @@ std::vector<DisagreementCase> disagreement_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, AllReduceDisagreement, ::testing::ValuesIn(disagreement_cases()),
+                         [](const auto& param_info) {
+                           const DisagreementCase& c = param_info.param;
+                           return fmt::format("{}_{}_{}", c.backend, algorithm_name(c.algorithm),
+                                              c.elements);
+                         });
+
+// The all-gather sends its first step (this rank's message to its right neighbour) while the
+// headers travel, and posts the left neighbour's receives once that one header is in: a rank
+// with another chunk size or algorithm must still be reported as a disagreement on every rank.
+class AllGatherDisagreement : public ::testing::TestWithParam<DisagreementCase> {};
+
+TEST_P(AllGatherDisagreement, RanksWithDifferentChunkSizesAllFailNamingAPeer) {
+  const DisagreementCase c = GetParam();
+  auto group = make_test_group(c.backend, 3);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const auto mine = pattern_bytes(c.elements, t.rank());
+    (void)sparse_allgather(t, mine,
+                           {.timeout = std::chrono::seconds(10),
+                            .algorithm = c.algorithm,
+                            .pipeline_chunk_bytes = t.rank() == 2 ? 96U : 64U});
+  });
+  expect_all_fail_naming_the_odd_rank(outcomes, 2);
+}
+
+TEST_P(AllGatherDisagreement, RanksWithDifferentAlgorithmsAllFailNamingAPeer) {
+  const DisagreementCase c = GetParam();
+  auto group = make_test_group(c.backend, 3);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const auto mine = pattern_bytes(c.elements, t.rank());
+    const CollectiveAlgorithm other = c.algorithm == CollectiveAlgorithm::ring
+                                          ? CollectiveAlgorithm::direct
+                                          : CollectiveAlgorithm::ring;
+    (void)sparse_allgather(t, mine,
+                           {.timeout = std::chrono::seconds(10),
+                            .algorithm = t.rank() == 0 ? other : c.algorithm,
+                            .pipeline_chunk_bytes = 64});
+  });
+  expect_all_fail_naming_the_odd_rank(outcomes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AllGatherDisagreement, ::testing::ValuesIn(disagreement_cases()),
                          [](const auto& param_info) {
                            const DisagreementCase& c = param_info.param;
                            return fmt::format("{}_{}_{}", c.backend, algorithm_name(c.algorithm),
@@ -667,6 +709,44 @@ TEST(Mismatch, RanksInDifferentCollectivesFailNamingAPeer) {
       EXPECT_EQ(error->context.peer, 1) << error->what;
     }
   }
+}
+
+TEST(Mismatch, ThePeerOfAnotherCollectiveIsGivenNoBufferByTheAllGather) {
+  // The all-gather asks for its left neighbour's buffer as soon as that neighbour's header is
+  // in, but only when the header is for the same call: a peer in another collective announces
+  // a number that is not a message size at all.
+  auto group = make_test_group("tcp", 3);
+  std::vector<std::vector<std::size_t>> asked(3);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const CollectiveOptions options{.timeout = std::chrono::seconds(10)};
+    if (t.rank() == 1) {
+      // Same options, so only the operation tells the headers apart; 1000 is not the size of
+      // a message to gather.
+      std::vector<std::byte> data(1000);
+      broadcast(t, 1, data, options);
+      return;
+    }
+    const std::vector<std::byte> mine(10);
+    std::vector<std::vector<std::byte>> storage(3);
+    sparse_allgather_into(
+        t, mine,
+        [&](int rank, std::size_t bytes) {
+          asked[static_cast<std::size_t>(t.rank())].push_back(bytes);
+          auto& buffer = storage[static_cast<std::size_t>(rank)];
+          buffer.resize(bytes);
+          return std::span(buffer);
+        },
+        options);
+  });
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto error = pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << describe(outcomes[static_cast<std::size_t>(rank)]);
+    EXPECT_EQ(error->kind, ErrorKind::protocol) << error->what;
+    if (rank != 1) {
+      EXPECT_EQ(error->context.peer, 1) << error->what;
+    }
+  }
+  EXPECT_TRUE(asked[2].empty()) << "rank 2 asked for a buffer of " << asked[2].front() << " bytes";
 }
 
 TEST(Mismatch, DifferentOptionsAreReportedAsInvalidArguments) {

@@ -252,6 +252,31 @@ TEST(TcpTransport, AReceivePostedWhileItsMessageArrivesTakesTheRestDirectly) {
   }
 }
 
+TEST(TcpTransport, AReceivePostedWhileAOneFrameMessageArrivesTakesTheRestOfTheFrame) {
+  // The same for a message that travels as one frame (below the striping threshold): once the
+  // receive is posted, the rest of the frame is read straight into its buffer and only the
+  // part that arrived before is copied (the all-gather sends its first step before its
+  // receiver knows the size). The copy and the direct part must join up exactly.
+  TransportOptions options;
+  options.connections_per_peer = 1;
+  options.stripe_threshold_bytes = 64U << 20;
+  options.socket_send_buffer_bytes = 64 * 1024;
+  options.socket_receive_buffer_bytes = 64 * 1024;
+  auto group = make_loopback_group(2, options);
+  for (int round = 0; round < 3; ++round) {
+    const auto message = payload(static_cast<std::uint64_t>(round) + 10, (16U << 20) + 3);
+    auto send = group[0]->isend(1, 1, message);
+    const auto give_up = Clock::now() + kTimeout;
+    while (group[1]->unexpected_bytes() == 0 && Clock::now() < give_up)
+      std::this_thread::yield();
+    std::vector<std::byte> got(message.size());
+    group[1]->recv(0, 1, got, deadline_after(kTimeout));
+    send->wait(deadline_after(kTimeout));
+    ASSERT_EQ(got, message) << "round " << round;
+    EXPECT_EQ(group[1]->unexpected_bytes(), 0U);
+  }
+}
+
 TEST(TcpTransport, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
   TransportOptions options;
   options.connections_per_peer = 1;

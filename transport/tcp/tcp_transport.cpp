@@ -181,6 +181,7 @@ struct Lane {
   MessageKey key{};
   std::byte* target = nullptr;  // where the rest of the payload goes; null: drop it
   bool hashing = false;         // the frame's payload checksum is being computed
+  bool stashing = false;        // the payload goes to the stash (no irecv when the frame began)
   DigestStream payload_digest;
   std::uint64_t remaining = 0;
   std::string abort_reason;
@@ -273,6 +274,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
                bool direct);
   void process(Peer& peer, Lane& lane);
   bool begin_frame(Peer& peer, Lane& lane);  // false: stop reading (paused or failed)
+  void read_rest_into_receive_if_posted(Peer& peer, Lane& lane);
   void finish_frame(Peer& peer, Lane& lane);
   void resume_lanes(Peer& peer);
 
@@ -1046,6 +1048,7 @@ void TcpTransport::Core::release_unexpected_locked(std::uint64_t bytes) {
 
 void TcpTransport::Core::read_more(Peer& peer, Lane& lane) {
   if (lane.closed || lane.paused) return;
+  read_rest_into_receive_if_posted(peer, lane);
   if (lane.in_payload && lane.target != nullptr && lane.staging_begin == lane.staging_end &&
       lane.remaining >= kDirectReadBytes) {
     // Straight into the destination (the caller's buffer when its irecv is posted).
@@ -1112,6 +1115,7 @@ void TcpTransport::Core::process(Peer& peer, Lane& lane) {
     const std::size_t available = lane.staging_end - lane.staging_begin;
     const auto take = static_cast<std::size_t>(std::min<std::uint64_t>(lane.remaining, available));
     if (take > 0) {
+      read_rest_into_receive_if_posted(peer, lane);
       if (lane.target != nullptr) {
         std::memcpy(lane.target, lane.staging.get() + lane.staging_begin, take);
         if (lane.hashing) lane.payload_digest.update(std::span<const std::byte>(lane.target, take));
@@ -1246,14 +1250,43 @@ bool TcpTransport::Core::begin_frame(Peer& peer, Lane& lane) {
   lane.in_payload = true;
   // The checksum is computed piece by piece as the bytes arrive, while they are in the cache.
   lane.hashing = frame.has_payload_checksum && lane.target != nullptr && frame.chunk_bytes > 0;
+  lane.stashing = stashed && frame.chunk_bytes > 0;
   if (lane.hashing) lane.payload_digest.reset();
   lock.unlock();
   if (notify) notify_waiters();
   return true;
 }
 
+void TcpTransport::Core::read_rest_into_receive_if_posted(Peer& peer, Lane& lane) {
+  // A frame that began arriving before its irecv was posted goes to the stash; once the irecv
+  // is posted, the rest of the frame goes straight into the receive's buffer, so that only what
+  // had arrived is copied (a message sent before its receiver knew its size, as a collective's
+  // first step may be, usually overtakes its receive by little).
+  if (!lane.stashing || !lane.in_payload || lane.remaining == 0) return;
+  const std::lock_guard lock(mutex_);
+  const auto it = peer.slots.find(lane.key);
+  if (it == peer.slots.end()) return;
+  Slot& slot = it->second;
+  if (!slot.to_user || !slot.op || slot.discard) return;
+  const FrameHeader& frame = lane.frame;
+  const std::uint64_t split = frame.chunk_offset + (frame.chunk_bytes - lane.remaining);
+  const std::uint64_t end = frame.chunk_offset + frame.chunk_bytes;
+  // The frame's arrived part stays in the stash, the rest does not (finish_frame copies the
+  // stashed ranges).
+  slot.stashed_bytes -= lane.remaining;
+  if (split > frame.chunk_offset) {
+    slot.ranges.insert_or_assign(frame.chunk_offset, Slot::Range{split, true});
+    slot.ranges.insert_or_assign(split, Slot::Range{end, false});
+  } else {
+    slot.ranges.insert_or_assign(frame.chunk_offset, Slot::Range{end, false});
+  }
+  lane.target = slot.op->recv_buffer.data() + split;
+  lane.stashing = false;
+}
+
 void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
   lane.in_payload = false;
+  lane.stashing = false;
   const FrameHeader& frame = lane.frame;
   if (frame.kind == FrameKind::abort) {
     lane.abort_received = true;
