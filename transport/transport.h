@@ -85,6 +85,13 @@ class Transport {
     return isend(peer, tag, data);
   }
 
+  // Says that no operation will be posted under `tag` again and that every one posted under it
+  // has completed, so that the transport may forget what it keeps per tag (the TCP transport's
+  // message counters, which would otherwise grow with every collective call, each of which
+  // uses tags of its own). A message that still arrives under it is held unmatched, as any
+  // message whose receive is never posted.
+  virtual void retire_tag(Tag tag) noexcept { (void)tag; }
+
   // Fails every pending and future operation with PeerLostError("aborted: <reason>").
   virtual void abort(std::string_view reason) noexcept = 0;
 

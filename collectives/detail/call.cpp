@@ -528,6 +528,10 @@ void Call::finish() {
     wait_sends();
   }
   finished_ = true;
+  // Every operation of the call is complete and its tags are never used again.
+  for (const Phase phase :
+       {Phase::header, Phase::notice, Phase::payload, Phase::reduce_scatter, Phase::gather})
+    transport_.retire_tag(tag(phase));
 }
 
 bool Call::failure_reported_by(int peer) const {

@@ -21,6 +21,7 @@
 #include "collectives/detail/call.h"
 #include "rank_harness.h"
 #include "test_groups.h"
+#include "transport/tcp/tcp_transport.h"
 
 namespace pulseloco::collectives {
 namespace {
@@ -681,6 +682,29 @@ TEST(Tags, SuccessiveCallsUseDisjointTagsAndIgnoreAnEarlierCallsStragglers) {
     if (base == 5) sequences.insert((tag >> 8) & 0xFFFF'FFFF);
   }
   EXPECT_EQ(sequences, (std::set<std::uint64_t>{0, 1, 2}));
+}
+
+// Every call uses tags of its own; the TCP transport keeps message counters per tag, which a
+// finished call retires (Transport::retire_tag), so that they do not grow with every call.
+TEST(Tags, AFinishedCallLeavesNoTagCountersInTheTcpTransport) {
+  auto group = make_test_group("tcp", 3);
+  std::vector<std::vector<std::size_t>> counters(3);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const auto& tcp = dynamic_cast<const transport::TcpTransport&>(t);
+    const std::vector<float> input(1000, 1.0F);
+    std::vector<float> output(input.size());
+    for (int call = 0; call < 10; ++call) {
+      (void)sparse_allgather(t, pattern_bytes(5000, t.rank()), {.pipeline_chunk_bytes = 1024});
+      allreduce_sum(t, input, output, {});
+      barrier(t, {});
+      counters[static_cast<std::size_t>(t.rank())].push_back(tcp.tag_counters());
+    }
+  });
+  expect_all_succeeded(outcomes);
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_EQ(counters[static_cast<std::size_t>(rank)], std::vector<std::size_t>(10, 0))
+        << "rank " << rank;
+  }
 }
 
 TEST(Tags, SequenceNumbersAreKeptPerBaseTag) {

@@ -240,6 +240,20 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
     progress_.completion_happened();
   }
   int callers_waiting() const noexcept { return progress_.drivers(); }
+  void retire_tag(Tag tag) noexcept {
+    const std::lock_guard lock(mutex_);
+    for (auto& peer : peers_) {
+      peer->next_send_sequence.erase(tag);
+      peer->next_recv_sequence.erase(tag);
+    }
+  }
+  std::size_t tag_counters() const {
+    const std::lock_guard lock(mutex_);
+    std::size_t count = 0;
+    for (const auto& peer : peers_)
+      count += peer->next_send_sequence.size() + peer->next_recv_sequence.size();
+    return count;
+  }
   std::size_t unexpected_bytes() const {
     const std::lock_guard lock(mutex_);
     return unexpected_bytes_;
@@ -1900,6 +1914,14 @@ std::size_t TcpTransport::unexpected_bytes() const {
 
 int TcpTransport::callers_waiting() const noexcept {
   return core_->callers_waiting();
+}
+
+void TcpTransport::retire_tag(Tag tag) noexcept {
+  core_->retire_tag(tag);
+}
+
+std::size_t TcpTransport::tag_counters() const {
+  return core_->tag_counters();
 }
 
 void TcpTransport::corrupt_outgoing_frame(CorruptFrame hook) {

@@ -59,6 +59,7 @@ class TcpTransport final : public Transport {
   [[nodiscard]] std::unique_ptr<Request> iforward(int peer, Tag tag,
                                                   std::span<const std::byte> data,
                                                   const Request& earlier) override;
+  void retire_tag(Tag tag) noexcept override;
   void abort(std::string_view reason) noexcept override;
   [[nodiscard]] TransportStats stats() const override;
 
@@ -74,6 +75,8 @@ class TcpTransport final : public Transport {
   [[nodiscard]] std::size_t unexpected_bytes() const;
   // Callers now inside a request's wait() (they drive the io_context; tcp/progress.h).
   [[nodiscard]] int callers_waiting() const noexcept;
+  // Message counters kept, one per (peer, tag, direction) in use (retire_tag drops them).
+  [[nodiscard]] std::size_t tag_counters() const;
 
   // Test hook: flips one bit of the hook.frame_index-th data frame sent after this call.
   void corrupt_outgoing_frame(CorruptFrame hook);
