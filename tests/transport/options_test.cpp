@@ -55,7 +55,7 @@ TEST(FromEnvironment, ReadsEveryVariable) {
                       {"PULSELOCO_ADVERTISE_ADDR", "203.0.113.5"},
                       {"PULSELOCO_SOCKET_IFNAME", "eth1"},
                       {"PULSELOCO_TCP_CONNECTIONS", "8"},
-                      {"PULSELOCO_TCP_STRIPE_THRESHOLD", "512K"},
+                      {"PULSELOCO_TCP_STRIPE_THRESHOLD", "768K"},
                       {"PULSELOCO_TCP_STRIPE_CHUNK", "2MiB"},
                       {"PULSELOCO_TCP_NODELAY", "off"},
                       {"PULSELOCO_TCP_SNDBUF", "4M"},
@@ -90,7 +90,7 @@ TEST(FromEnvironment, ReadsEveryVariable) {
   EXPECT_EQ(o.advertise_addr, "203.0.113.5");
   EXPECT_EQ(o.socket_ifname, "eth1");
   EXPECT_EQ(o.connections_per_peer, 8);
-  EXPECT_EQ(o.stripe_threshold_bytes, 512U * 1024);
+  EXPECT_EQ(o.stripe_threshold_bytes, 768U * 1024);
   EXPECT_EQ(o.stripe_chunk_bytes, 2U << 20);
   EXPECT_FALSE(o.tcp_nodelay);
   EXPECT_EQ(o.socket_send_buffer_bytes, 4 << 20);
