@@ -8,7 +8,10 @@
 // ours runs: scripts/bench_collectives_netns uses that for shaped links.
 //
 // Method: for every (operation, size) one warm-up call of each library, then --iterations
-// rounds; each round times one call of ours and one of OpenMPI's, alternating which goes first,
+// rounds, or more for short calls: as many as fill --min-seconds (judged by the warm-up calls,
+// at most 1000; every rank computes the same number from the slowest rank's times), so that a
+// millisecond point is not the median of a few milliseconds of a shared machine. Each round
+// times one call of ours and one of OpenMPI's, alternating which goes first,
 // so that a slow phase of a shared machine falls on both alike. Each call starts after a
 // barrier; a call's time is the slowest rank's; the record holds the median and the minimum,
 // and ours also the median over the rounds of (our time / OpenMPI's time in the same round).
@@ -29,6 +32,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -56,6 +60,7 @@ struct Settings {
   std::vector<std::string> operations = {"sparse_allgather", "allreduce_sum"};
   std::vector<std::string> sizes = {"1M", "4M", "16M", "64M", "256M"};
   int iterations = 5;
+  double min_seconds = 1.0;  // rounds of a point fill at least this long (warm-up estimate)
   std::string algorithm = "automatic";
   std::size_t chunk = collectives::CollectiveOptions{}.pipeline_chunk_bytes;
   int connections = 0;  // 0: the transport's default
@@ -87,6 +92,7 @@ struct Timing {
   double median = 0;
   double min = 0;
   double cpu_median = 0;  // CPU seconds of all ranks' processes together, per call
+  int calls = 0;          // timed calls behind the figures
 };
 
 double median_of(std::vector<double> values) {
@@ -97,7 +103,16 @@ double median_of(std::vector<double> values) {
 
 Timing summarize(const std::vector<double>& seconds, const std::vector<double>& cpu = {}) {
   return {median_of(seconds), *std::min_element(seconds.begin(), seconds.end()),
-          cpu.empty() ? 0.0 : median_of(cpu)};
+          cpu.empty() ? 0.0 : median_of(cpu), static_cast<int>(seconds.size())};
+}
+
+// Rounds for a point whose warm-up calls took `round_seconds` together (the same on every
+// rank: they are the slowest rank's times).
+int rounds_for(const Settings& settings, double round_seconds) {
+  constexpr int kMaxRounds = 1000;
+  if (round_seconds <= 0) return settings.iterations;
+  const double wanted = std::ceil(settings.min_seconds / round_seconds);
+  return std::max(settings.iterations, static_cast<int>(std::min<double>(wanted, kMaxRounds)));
 }
 
 // User and system CPU time of this process so far (every thread: the transport's I/O threads
@@ -176,7 +191,7 @@ class Harness {
     std::optional<double> ratio;  // median over the rounds of ours / theirs
   };
 
-  // One warm-up call of each, then `iterations` rounds of one timed call of each, the order
+  // One warm-up call of each, then rounds_for() rounds of one timed call of each, the order
   // alternating from round to round.
   Timings time(const Contender& ours, const Contender* theirs) {
     struct Sample {
@@ -192,10 +207,11 @@ class Harness {
       const double cpu = process_cpu_seconds() - cpu_start;
       return Sample{contender.slowest(seconds), contender.total(cpu)};
     };
-    (void)timed(ours);
-    if (theirs != nullptr) (void)timed(*theirs);
+    double warm_up = timed(ours).seconds;
+    if (theirs != nullptr) warm_up += timed(*theirs).seconds;
+    const int rounds = rounds_for(settings_, warm_up);
     std::vector<double> our_seconds, their_seconds, our_cpu, their_cpu, ratios;
-    for (int i = 0; i < settings_.iterations; ++i) {
+    for (int i = 0; i < rounds; ++i) {
       const bool ours_first = i % 2 == 0;
       const Sample first = timed(ours_first || theirs == nullptr ? ours : *theirs);
       our_seconds.push_back(first.seconds);
@@ -320,7 +336,7 @@ class Reporter {
                           {"seconds", timing.median},
                           {"seconds_min", timing.min},
                           {"cpu_seconds", timing.cpu_median},
-                          {"iterations", settings_.iterations},
+                          {"iterations", timing.calls},
                           {"received_gbit_per_s", gbit}};
       if (settings_.link_mbit > 0) {
         const double bound = received * 8 / (settings_.link_mbit * 1e6);
@@ -475,8 +491,11 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"sparse_allgather", "allreduce_sum"}));
   app.add_option("--sizes", settings.sizes, "bytes per rank, e.g. 1M,4M,256M")->delimiter(',');
-  app.add_option("--iterations", settings.iterations, "timed calls per point")
+  app.add_option("--iterations", settings.iterations, "timed calls per point, at least")
       ->check(CLI::PositiveNumber);
+  app.add_option("--min-seconds", settings.min_seconds,
+                 "more rounds for short calls, until a point's rounds take this long (0: off)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--algorithm", settings.algorithm, "algorithm of both collectives")
       ->check(CLI::IsMember({"automatic", "ring", "direct"}));
   app.add_option("--chunk", settings.chunk, "pipeline_chunk_bytes")->check(CLI::PositiveNumber);
