@@ -26,7 +26,8 @@ Each scenario is one ctest (tests/elastic/CMakeLists.txt); it exits 0 when every
   churn [--duration S] [--seed N] [--windows W]
       4 workers; for S seconds (or until W - 4 windows), whenever a window commits, a random
       worker may be SIGKILLed (at least 3 kept alive) and a fresh one started; then the run
-      finishes its W windows. Progress, identical digests and replay are asserted.
+      finishes its W windows, the workers holding before window W-2 until every one started has
+      registered. Progress, identical digests and replay are asserted.
 
 Every scenario checks, for every window: all reports of the window carry the same digest, each
 report's per-rank digests agree, and `pulseloco replay` re-runs every traced window bit for bit
@@ -328,10 +329,15 @@ def scenario_churn(args, work):
     rng = random.Random(args.seed)
     run = Run(args, work, initial=4, minimum=2, windows=args.windows)
     killed = []
+    # Every worker holds before window W-2 until the churn is over and the last replacement has
+    # registered, so that it is admitted (at the boundary after that window at the latest) before
+    # the run ends, however fast the windows go.
+    hold = work / "churn-over"
+    hold_args = ("--hold-at-window", str(args.windows - 2), "--hold-file", str(hold))
     try:
         alive = []
         for i in range(4):
-            run.start(f"w{i}")
+            run.start(f"w{i}", extra=hold_args)
             alive.append(f"w{i}")
         started = 4
         churn_start = time.monotonic()
@@ -358,12 +364,16 @@ def scenario_churn(args, work):
             if len(alive) < 4 and rng.random() < 0.7:
                 worker = f"w{started}"
                 started += 1
-                run.start(worker)
+                run.start(worker, extra=hold_args)
                 alive.append(worker)
         print(f"churn: {time.monotonic() - churn_start:.0f} s (limit {args.duration:.0f} s), "
               f"{highest + 1} windows committed during churn, "
               f"killed (worker, after window) {killed}, {started} workers started", flush=True)
         check(killed, "the churn killed nobody (too short a run?)")
+        for worker in alive:
+            run.wait_for(lambda w=worker: any(e["event"] == "registered" for e in run.events(w)),
+                         60, f"{worker}'s registration")
+        hold.touch()
         run.finish(alive, timeout=600)
         check_consistency(run, alive, args.windows)
         check_replay(run, args.windows)
