@@ -77,7 +77,7 @@ struct TransportOptions {
   // --- TCP data plane ---------------------------------------------------------------------------
   int connections_per_peer = 2;                               // parallel TCP connections per peer
   // Larger messages are striped: a 1 MiB message then travels as two 512 KiB frames on two
-  // connections, which on loopback took a 4-rank 1 MiB all-gather from 1.39x to 1.1x OpenMPI's
+  // connections, which on loopback took a 4-rank 1 MiB all-gather from 1.32x to 1.09x OpenMPI's
   // time (docs/benchmarks.md, "Frame size").
   std::size_t stripe_threshold_bytes = std::size_t{512} << 10;
   std::size_t stripe_chunk_bytes = std::size_t{4} << 20;      // largest frame of a striped message

@@ -5,20 +5,21 @@
 // thread reads a frame and wakes the waiting caller; the caller's next send wakes the I/O
 // thread), and every arrival needs the sleeping I/O thread to be scheduled. On a machine with
 // more busy threads than cores (several ranks per machine, or a training process) a woken
-// thread can wait a whole scheduler slice for a core; a 64-byte exchange between two ranks took
-// 44 us that way against OpenMPI's 13 us (docs/benchmarks.md). MPI's progress engine avoids it
-// by having the waiting thread drive its sockets itself, and so does this one:
+// thread can wait a whole scheduler slice for a core; a 1 KiB exchange between two loopback
+// ranks took 41 us that way against OpenMPI's 10 us, and takes 11 us with this class
+// (docs/benchmarks.md, "Transports"). MPI's progress engine avoids the hand-overs by having the
+// waiting thread drive its sockets itself, and so does this one:
 //
-//  - A caller in wait() is a driver (Driving): it runs the io_context itself, the reactor and
-//    every ready handler, until its operation completes. It first polls without blocking for
-//    busy_poll (a frame of the same collective round usually follows within microseconds),
-//    then blocks in the reactor (epoll), still as the driver: nobody has to wake it but the
-//    socket event it waits for.
+//  - A caller in wait() is a driver (drive_until): it runs the io_context itself, the reactor
+//    and every ready handler, until its operation completes. It polls without blocking while
+//    handlers keep running and for busy_poll after the last (a frame of the same collective
+//    round usually follows within microseconds), then blocks in the reactor (epoll), still as
+//    the driver: nobody has to wake it but the socket event it waits for.
 //  - While a caller drives, the I/O threads step aside: they park outside the io_context,
 //    because a thread blocked in epoll_wait holds the reactor, and the caller could then only
 //    run handlers, never collect a socket event itself. A caller that starts driving while an
-//    I/O thread sits in epoll_wait posts an empty handler to wake it (one wake-up per stretch
-//    of waits, not per message).
+//    I/O thread sits in epoll_wait posts a handler to wake it (one wake-up per stretch of
+//    waits, not per message), which stays queued until an I/O thread has run it.
 //  - The I/O threads stay parked for kLinger after the last driver left: a collective's next
 //    wait follows within microseconds, and calling the I/O thread back for the gap would cost
 //    the hand-over this class exists to avoid. After that they run the io_context again, so
@@ -46,8 +47,10 @@ namespace pulseloco::transport::tcp {
 class Progress {
  public:
   using Clock = std::chrono::steady_clock;
-  // How long the I/O threads stay parked after the last driver left (see above; measured in
-  // docs/benchmarks.md, "Who drives the transport").
+  // How long the I/O threads stay parked after the last driver left (see above). Long against
+  // the gaps between the waits of one collective and between back-to-back collectives (tens of
+  // microseconds to a few milliseconds), short against what a send nobody waits for may be
+  // kept back.
   static constexpr std::chrono::milliseconds kLinger{5};
 
   Progress(boost::asio::io_context& io, std::chrono::microseconds busy_poll);
