@@ -604,9 +604,13 @@ TEST(AllGatherU64, ReturnsEveryRanksValueInRankOrder) {
 // ---------------------------------------------------------------------------------------------
 // Tags, sequencing, mismatched calls
 
-TEST(Tags, ConcurrentCallsUnderDifferentBaseTagsDoNotMix) {
+// Two threads of every rank run collectives at the same time on one transport (over TCP both
+// drive its io_context at once, transport/tcp/progress.h).
+class ConcurrentCalls : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ConcurrentCalls, UnderDifferentBaseTagsDoNotMix) {
   constexpr int kWorld = 4;
-  auto group = make_test_group("inproc", kWorld);
+  auto group = make_test_group(GetParam(), kWorld);
   const auto outcomes = run_ranks(group, [](Transport& t) {
     std::exception_ptr second_error;
     std::jthread second([&] {
@@ -641,6 +645,10 @@ TEST(Tags, ConcurrentCallsUnderDifferentBaseTagsDoNotMix) {
   });
   expect_all_succeeded(outcomes);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConcurrentCalls,
+                         ::testing::ValuesIn(pulseloco::testing::test_backends()),
+                         [](const auto& param_info) { return param_info.param; });
 
 TEST(Tags, SuccessiveCallsUseDisjointTagsAndIgnoreAnEarlierCallsStragglers) {
   auto faults = std::make_shared<transport::inproc::FaultInjector>();
