@@ -84,36 +84,38 @@ struct FirstStep {
   bool left_posted = false;        // `received` holds all of them
 };
 
-// Where the collective stores rank `peer`'s message of `size` bytes: asks the caller, once per
-// rank, and checks the size first (the peer's announcement) and the buffer after.
+// Where the collective stores rank `peer`'s message of `size` bytes (a size the caller has
+// checked against max_message_bytes): asks the caller, once per rank, and checks the buffer.
 using BufferOf = std::function<void(int peer, std::uint64_t size)>;
 
-FirstStep start_first_step(Call& call, std::span<const std::byte> mine, const BufferOf& buffer_of,
-                           const std::vector<std::span<std::byte>>& buffers, bool headers_pending) {
-  const int n = call.size();
-  const int r = call.rank();
-  const int left = (r - 1 + n) % n;
-  const std::size_t chunk = call.options().pipeline_chunk_bytes;
-  FirstStep first;
+// This rank's message to its right neighbour, chunk by chunk: the requests in order.
+std::vector<Request*> send_own_to_right(Call& call, std::span<const std::byte> mine) {
   std::vector<MessagePiece> own;
-  append_chunks(own, r, mine.size(), chunk);
-  for (const MessagePiece& piece : own) {
-    first.sent.push_back(
-        &call.isend((r + 1) % n, Phase::payload, mine.subspan(piece.offset, piece.bytes)));
-  }
-  if (!headers_pending) return first;  // every receive is posted with the others
+  append_chunks(own, call.rank(), mine.size(), call.options().pipeline_chunk_bytes);
+  std::vector<Request*> sent;
+  sent.reserve(own.size());
+  const int right = (call.rank() + 1) % call.size();
+  for (const MessagePiece& piece : own)
+    sent.push_back(&call.isend(right, Phase::payload, mine.subspan(piece.offset, piece.bytes)));
+  return sent;
+}
+
+// While the headers are pending: posts the left neighbour's receives once its header alone is
+// in, if that header matches this call and announces at most max_message_bytes.
+void post_left_early(Call& call, const BufferOf& buffer_of,
+                     const std::vector<std::span<std::byte>>& buffers, FirstStep& first) {
+  const int left = (call.rank() - 1 + call.size()) % call.size();
   const std::optional<detail::Header> header = call.matching_header_from(left);
-  if (!header || header->value > call.options().max_message_bytes) return first;
+  if (!header || header->value > call.options().max_message_bytes) return;
   buffer_of(left, header->value);
   std::vector<MessagePiece> theirs;
-  append_chunks(theirs, left, header->value, chunk);
+  append_chunks(theirs, left, header->value, call.options().pipeline_chunk_bytes);
   const auto& buffer = buffers[static_cast<std::size_t>(left)];
   for (const MessagePiece& piece : theirs) {
     first.received.push_back(
         &call.irecv(left, Phase::payload, buffer.subspan(piece.offset, piece.bytes)));
   }
   first.left_posted = true;
-  return first;
 }
 
 // Both algorithms call `deliver_own` once their sends are posted: copying this rank's message
@@ -276,12 +278,6 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
   const bool use_native = native != nullptr && options.algorithm == CollectiveAlgorithm::automatic;
   detail::run_call(transport, options, detail::Op::sparse_allgather, [&](Call& call) {
     const BufferOf buffer_of = [&](int peer, std::uint64_t size) {
-      if (size > options.max_message_bytes) {
-        throw ProtocolError(fmt::format("sparse_allgather: peer {} announces a message of {} "
-                                        "bytes, above max_message_bytes {}",
-                                        peer, size, options.max_message_bytes),
-                            {.rank = r, .peer = peer});
-      }
       const auto index = static_cast<std::size_t>(peer);
       buffers[index] = buffer_for(peer, static_cast<std::size_t>(size));
       if (buffers[index].size() != size) {
@@ -292,8 +288,11 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
       }
     };
     call.post_headers({.value = mine.size()});
-    const FirstStep first =
-        n > 1 && !use_native ? start_first_step(call, mine, buffer_of, buffers, true) : FirstStep{};
+    FirstStep first;
+    if (n > 1 && !use_native) {
+      first.sent = send_own_to_right(call, mine);
+      post_left_early(call, buffer_of, buffers, first);
+    }
     const std::vector<detail::Header>& headers = call.headers();
     std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n));
     for (int peer = 0; peer < n; ++peer) {
@@ -337,13 +336,13 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
     const CollectiveAlgorithm algorithm = options.algorithm == CollectiveAlgorithm::automatic
                                               ? choose_allgather_algorithm(sizes)
                                               : options.algorithm;
-    // Had the native all-gather declined, nothing went out yet: the first step now.
-    const FirstStep& step =
-        use_native ? start_first_step(call, mine, buffer_of, buffers, false) : first;
+    // Had the native all-gather declined, nothing went out yet: this rank's first sends now
+    // (every receive is posted with the others).
+    if (use_native) first.sent = send_own_to_right(call, mine);
     if (algorithm == CollectiveAlgorithm::ring) {
-      ring_allgather(call, step, sizes, buffers, on_message, deliver_own);
+      ring_allgather(call, first, sizes, buffers, on_message, deliver_own);
     } else {
-      direct_allgather(call, mine, step, sizes, buffers, on_message, deliver_own);
+      direct_allgather(call, mine, first, sizes, buffers, on_message, deliver_own);
     }
   });
 }
