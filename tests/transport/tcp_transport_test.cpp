@@ -227,11 +227,18 @@ TEST(TcpTransport, MessagesThatArriveBeforeTheirReceiveAreKept) {
   EXPECT_EQ(group[1]->unexpected_bytes(), 0U);
 }
 
-// Rank 0 sends a message of `bytes` three times; rank 1 posts each receive as soon as the
-// message has started arriving (its early-arrival buffer is in use). Small socket buffers make
-// the message trickle in, so that most of it is still to come then.
-void receive_while_arriving(const TransportOptions& options, std::size_t bytes,
-                            std::uint64_t seed) {
+// Rank 0 sends a message of `bytes` three times over `connections` connections, striped above
+// `stripe_threshold` into chunks of at most `stripe_chunk`; rank 1 posts each receive as soon
+// as the message has started arriving (its early-arrival buffer is in use). Small socket
+// buffers make the message trickle in, so that most of it is still to come then.
+void receive_while_arriving(int connections, std::size_t stripe_threshold, std::size_t stripe_chunk,
+                            std::size_t bytes, std::uint64_t seed) {
+  TransportOptions options;
+  options.connections_per_peer = connections;
+  options.stripe_threshold_bytes = stripe_threshold;
+  options.stripe_chunk_bytes = stripe_chunk;
+  options.socket_send_buffer_bytes = 64 * 1024;
+  options.socket_receive_buffer_bytes = 64 * 1024;
   auto group = make_loopback_group(2, options);
   for (int round = 0; round < 3; ++round) {
     const auto message = payload(seed + static_cast<std::uint64_t>(round), bytes);
@@ -250,13 +257,7 @@ void receive_while_arriving(const TransportOptions& options, std::size_t bytes,
 TEST(TcpTransport, AReceivePostedWhileItsMessageArrivesTakesTheRestDirectly) {
   // A striped message: the chunks still to come go straight into the caller's buffer and only
   // the early ones are copied.
-  TransportOptions options;
-  options.connections_per_peer = 2;
-  options.stripe_threshold_bytes = 64 * 1024;
-  options.stripe_chunk_bytes = 64 * 1024;
-  options.socket_send_buffer_bytes = 64 * 1024;
-  options.socket_receive_buffer_bytes = 64 * 1024;
-  receive_while_arriving(options, (16U << 20) + 5, 0);
+  receive_while_arriving(2, 64 * 1024, 64 * 1024, (16U << 20) + 5, 0);
 }
 
 TEST(TcpTransport, AReceivePostedWhileAOneFrameMessageArrivesTakesTheRestOfTheFrame) {
@@ -264,12 +265,7 @@ TEST(TcpTransport, AReceivePostedWhileAOneFrameMessageArrivesTakesTheRestOfTheFr
   // is read straight into the receive's buffer and only the part that arrived before is copied
   // (the all-gather sends its first step before its receiver knows the size). The copy and the
   // direct part must join up exactly.
-  TransportOptions options;
-  options.connections_per_peer = 1;
-  options.stripe_threshold_bytes = 64U << 20;
-  options.socket_send_buffer_bytes = 64 * 1024;
-  options.socket_receive_buffer_bytes = 64 * 1024;
-  receive_while_arriving(options, (16U << 20) + 3, 10);
+  receive_while_arriving(1, 64U << 20, TransportOptions{}.stripe_chunk_bytes, (16U << 20) + 3, 10);
 }
 
 TEST(TcpTransport, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
