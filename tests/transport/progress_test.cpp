@@ -93,6 +93,43 @@ TEST(Progress, TheIoThreadRunsTheIoContextAgainOnceTheLastDriverHasLeft) {
   EXPECT_EQ(rig.progress.parked_threads(), 0);
 }
 
+// A caller that starts driving while the I/O thread is inside the io_context (here: busy in a
+// handler) must leave the io_context to it until it has parked. A caller that ran handlers
+// meanwhile would also take the one posted to wake the I/O thread from the reactor, and spin.
+TEST(Progress, ACallerThatStartsDrivingRunsNoHandlerUntilTheIoThreadHasParked) {
+  Rig rig(1);
+  std::atomic<bool> in_busy_handler{false};
+  std::atomic<bool> later_handler_ran{false};
+  std::atomic<int> parked_when_later_handler_ran{-1};
+  std::atomic<std::thread::id> later_ran_on{};
+  // Nobody has driven yet, so the I/O thread runs the io_context and takes this handler. It
+  // returns once a caller drives and has had 200 ms to take the next handler: a caller that
+  // waits for the I/O thread to park never does, and then this is just a slow handler.
+  asio::post(rig.io, [&] {
+    in_busy_handler = true;
+    wait_for([&] { return rig.progress.drivers() == 1; }, "a caller drives");
+    const auto window_end = Clock::now() + 200ms;
+    while (!later_handler_ran.load() && Clock::now() < window_end)
+      std::this_thread::yield();
+  });
+  wait_for([&] { return in_busy_handler.load(); }, "the I/O thread runs the busy handler");
+  asio::post(rig.io, [&] {
+    parked_when_later_handler_ran = rig.progress.parked_threads();
+    later_ran_on = std::this_thread::get_id();
+    later_handler_ran = true;
+  });
+  std::thread::id driver_id;
+  std::thread driver([&] {
+    driver_id = std::this_thread::get_id();
+    EXPECT_TRUE(rig.progress.drive_until([&] { return later_handler_ran.load(); },
+                                         Clock::now() + kMissedWakeUp));
+  });
+  driver.join();
+  EXPECT_EQ(parked_when_later_handler_ran.load(), 1)
+      << "the caller ran a handler while the I/O thread was inside the io_context";
+  EXPECT_EQ(later_ran_on.load(), driver_id);
+}
+
 // A completion made outside the io_context (another thread, as abort() or a send to oneself
 // does) must wake the driver sleeping in it, whatever its busy_poll.
 TEST(Progress, ACompletionMadeElsewhereWakesTheDriverSleepingInTheIoContext) {

@@ -13,8 +13,6 @@ namespace asio = boost::asio;
 namespace {
 // The Progress this thread drives through drive_until, if any.
 thread_local const Progress* t_driving = nullptr;
-// This thread is an I/O thread (of any Progress).
-thread_local bool t_io_thread = false;
 }  // namespace
 
 Progress::Progress(asio::io_context& io, std::chrono::microseconds busy_poll)
@@ -36,21 +34,27 @@ void Progress::join() noexcept {
     stopping_ = true;
   }
   changed_.notify_all();
+  parked_changed_.notify_all();
   for (auto& thread : threads_)
     if (thread.joinable()) thread.join();
   threads_.clear();
 }
 
 void Progress::run_thread(const std::function<void(const std::exception&)>& on_error) {
-  t_io_thread = true;
   for (;;) {
     try {
       io_thread_loop();
-      return;
+      break;
     } catch (const std::exception& error) {
       on_error(error);
     }
   }
+  // A driver waiting for this thread to park (begin_driving) stops waiting for it.
+  {
+    const std::lock_guard lock(mutex_);
+    ++exited_;
+  }
+  parked_changed_.notify_all();
 }
 
 void Progress::io_thread_loop() {
@@ -83,9 +87,12 @@ bool Progress::park_while_callers_drive() {
     if (!parked) {
       parked = true;
       ++parked_;
-      // A handler this thread ran just now may have completed what a driver blocked in the
-      // reactor waits for.
-      if (drivers_ > 0) wake_drivers();
+      if (drivers_ > 0) {
+        // A driver may be waiting for this (begin_driving); and a handler this thread ran just
+        // now may have completed what a driver blocked in the reactor waits for.
+        parked_changed_.notify_all();
+        wake_drivers();
+      }
     }
     // A driver that leaves does not wake this thread (that would cost the hand-over this class
     // saves); it moves resume_at_, which this thread looks at every kLinger.
@@ -95,24 +102,35 @@ bool Progress::park_while_callers_drive() {
   return !stopping_ && !io_.stopped();
 }
 
-void Progress::begin_driving() {
-  bool wake = false;
-  {
-    const std::lock_guard lock(mutex_);
-    ++drivers_;
-    wake = parked_.load() < thread_count_;
-  }
+void Progress::begin_driving(Clock::time_point deadline) {
+  std::unique_lock lock(mutex_);
+  ++drivers_;
   t_driving = this;
-  if (wake) nudge_io_threads();
+  if (all_threads_parked_locked()) return;
+  // An I/O thread is inside the io_context, most likely blocked in epoll_wait, where it holds
+  // the reactor: this caller could then only run handlers, never collect a socket event. A
+  // handler wakes it; it parks on its way out of the io_context once it has run one (or at
+  // once, if it was polling). Meanwhile this caller stays out of the io_context: there it would
+  // only take the very handler meant for the I/O thread (the I/O thread, left in the reactor,
+  // would then keep every socket event from the caller until its next wake-up), and spin.
+  lock.unlock();
+  asio::post(io_, [] {});
+  // The I/O thread usually parks within microseconds: poll for that, yielding the core (it may
+  // be this one), for at most busy_poll, then sleep until it parks.
+  const auto poll_until = std::min(deadline, Clock::now() + busy_poll_);
+  while (Clock::now() < poll_until) {
+    if (parked_.load() + exited_.load() >= thread_count_ || io_.stopped()) return;
+    std::this_thread::yield();
+  }
+  lock.lock();
+  // In slices, so that a stopped io_context (nobody notifies of that) ends the wait too.
+  while (!all_threads_parked_locked() && !stopping_ && !io_.stopped() && Clock::now() < deadline) {
+    parked_changed_.wait_until(lock, std::min(deadline, Clock::now() + kLinger));
+  }
 }
 
-void Progress::nudge_io_threads() {
-  // An I/O thread blocked in epoll_wait holds the reactor: a handler interrupts it, and it parks
-  // on its way out of the io_context once it has run one. Should a driver run this handler
-  // first, the I/O thread may still be inside: the handler then stays queued for it.
-  asio::post(io_, [this] {
-    if (!t_io_thread && drivers_.load() > 0 && parked_.load() < thread_count_) nudge_io_threads();
-  });
+bool Progress::all_threads_parked_locked() const noexcept {
+  return parked_.load() + exited_.load() >= thread_count_;
 }
 
 void Progress::end_driving() noexcept {
@@ -146,7 +164,9 @@ std::size_t Progress::run_one(bool block, Clock::time_point deadline) noexcept {
 }
 
 bool Progress::drive_until(const std::function<bool()>& ready, Clock::time_point deadline) {
-  begin_driving();
+  // Done already: no need to take the io_context from the I/O threads.
+  if (ready()) return true;
+  begin_driving(deadline);
   struct EndDriving {
     Progress& progress;
     ~EndDriving() { progress.end_driving(); }

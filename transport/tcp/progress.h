@@ -18,8 +18,12 @@
 //  - While a caller drives, the I/O threads step aside: they park outside the io_context,
 //    because a thread blocked in epoll_wait holds the reactor, and the caller could then only
 //    run handlers, never collect a socket event itself. A caller that starts driving while an
-//    I/O thread sits in epoll_wait posts a handler to wake it (one wake-up per stretch of
-//    waits, not per message), which stays queued until an I/O thread has run it.
+//    I/O thread is inside the io_context posts a handler to wake it (one wake-up per stretch
+//    of waits, not per message) and stays out of the io_context until it has parked (polling
+//    for busy_poll, then sleeping). Were the caller to run the io_context meanwhile, it would
+//    take that very handler, leave the I/O thread in the reactor and spin (re-posting the
+//    handler, locking the scheduler, reading the clock) until the I/O thread got a core: every
+//    collective that started after more than kLinger of idleness paid for that.
 //  - The I/O threads stay parked for kLinger after the last driver left: a collective's next
 //    wait follows within microseconds, and calling the I/O thread back for the gap would cost
 //    the hand-over this class exists to avoid. After that they run the io_context again, so
@@ -82,10 +86,12 @@ class Progress {
   void io_thread_loop();
   // Blocks while callers drive or drove less than kLinger ago; false once stopped.
   bool park_while_callers_drive();
-  void begin_driving();
+  // Counts this thread as a driver; when an I/O thread is inside the io_context, wakes it and
+  // waits (until `deadline` at most) for it to park.
+  void begin_driving(Clock::time_point deadline);
   void end_driving() noexcept;
+  [[nodiscard]] bool all_threads_parked_locked() const noexcept;
   void wake_drivers();
-  void nudge_io_threads();
   // Runs at most one handler, for at most until `deadline` (0 when none ran).
   [[nodiscard]] std::size_t run_one(bool block, Clock::time_point deadline) noexcept;
 
@@ -99,6 +105,8 @@ class Progress {
   std::atomic<int> drivers_{0};    // callers in drive_until (changed under mutex_)
   Clock::time_point resume_at_{};  // parked I/O threads run the io_context again from then on
   std::atomic<int> parked_{0};     // I/O threads parked outside the io_context
+  std::atomic<int> exited_{0};     // I/O threads that left for good (the io_context stopped)
+  std::condition_variable parked_changed_;  // an I/O thread parked or exited (for begin_driving)
   bool stopping_ = false;
 };
 

@@ -77,21 +77,32 @@ struct VerifiedFrame {
 // The payload checksums of one sent message, frame by frame, computed once by whichever write
 // needs one first: sends of the same bytes to several peers (iforward of a send) share them,
 // and a forwarded receive's frames start with the checksums verified on arrival.
+//
+// Why atomics and not std::call_once: glibc's pthread_once ends every first call with a
+// futex_wake system call, whether or not anyone waits, which cost one system call per frame
+// sent (most of this transport's futex calls in a profile of the 1 MiB all-gather). Writes to
+// different peers run on different strands, so two threads may both find a cell unknown and
+// both hash the frame: they store the same value (the digest of the same, unchanged bytes), so
+// the race costs a duplicate hash and nothing else.
 struct MessageChecksums {
   struct Cell {
-    std::once_flag once;
-    Digest value = 0;
+    std::atomic<bool> known{false};
+    std::atomic<Digest> value{0};
   };
   explicit MessageChecksums(std::size_t frames)
       : cells(std::make_unique<Cell[]>(frames)), count(frames) {}
   Digest get(std::size_t frame, std::span<const std::byte> payload) {
     Cell& cell = cells[frame];
-    std::call_once(cell.once, [&] { cell.value = digest_bytes(payload); });
-    return cell.value;
+    if (cell.known.load(std::memory_order_acquire))
+      return cell.value.load(std::memory_order_relaxed);
+    const Digest value = digest_bytes(payload);
+    set_known(frame, value);
+    return value;
   }
   void set_known(std::size_t frame, Digest value) {
     Cell& cell = cells[frame];
-    std::call_once(cell.once, [&] { cell.value = value; });
+    cell.value.store(value, std::memory_order_relaxed);
+    cell.known.store(true, std::memory_order_release);
   }
   std::unique_ptr<Cell[]> cells;
   std::size_t count;
