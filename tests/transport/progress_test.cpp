@@ -130,6 +130,40 @@ TEST(Progress, ACallerThatStartsDrivingRunsNoHandlerUntilTheIoThreadHasParked) {
   EXPECT_EQ(later_ran_on.load(), driver_id);
 }
 
+// With two I/O threads inside the io_context (one in the reactor, one waiting for handlers), a
+// handler posted to wake them reaches the waiting one only: the other must be woken too (the
+// first one to park does it).
+TEST(Progress, ACallerThatStartsDrivingGetsEveryIoThreadToPark) {
+  Rig rig(2);
+  // This timer keeps the reactor busy with a wait, as a socket does.
+  rig.timer.expires_after(kGiveUp);
+  rig.timer.async_wait([](const boost::system::error_code&) {});
+  // Nobody has driven yet, so both I/O threads run the io_context: two handlers that wait for
+  // each other show it. The pause after them lets both go back in (one to the reactor, one to
+  // wait for handlers), the state this test is about; the caller must cope with any state, so
+  // the pause only decides whether a caller that wakes one thread alone is caught.
+  std::atomic<int> started{0};
+  for (int i = 0; i < 2; ++i) {
+    asio::post(rig.io, [&] {
+      ++started;
+      wait_for([&] { return started.load() == 2; }, "both I/O threads run a handler");
+    });
+  }
+  wait_for([&] { return started.load() == 2; }, "both I/O threads run a handler");
+  std::this_thread::sleep_for(50ms);
+  std::atomic<bool> done{false};
+  bool finished = false;
+  const auto deadline = Clock::now() + kMissedWakeUp;
+  std::thread driver(
+      [&] { finished = rig.progress.drive_until([&] { return done.load(); }, deadline); });
+  wait_for([&] { return rig.progress.parked_threads() == 2; }, "both I/O threads parked");
+  asio::post(rig.io, [&] { done = true; });
+  driver.join();
+  EXPECT_TRUE(finished);
+  EXPECT_LT(Clock::now(), deadline);
+  rig.timer.cancel();
+}
+
 // A completion made outside the io_context (another thread, as abort() or a send to oneself
 // does) must wake the driver sleeping in it, whatever its busy_poll.
 TEST(Progress, ACompletionMadeElsewhereWakesTheDriverSleepingInTheIoContext) {

@@ -113,6 +113,9 @@ void Progress::begin_driving(Clock::time_point deadline) {
   // once, if it was polling). Meanwhile this caller stays out of the io_context: there it would
   // only take the very handler meant for the I/O thread (the I/O thread, left in the reactor,
   // would then keep every socket event from the caller until its next wake-up), and spin.
+  // The handler wakes one thread (an idle one waiting for handlers before the one in the
+  // reactor); each thread that parks while a caller drives posts another
+  // (park_while_callers_drive), which wakes the next one still inside.
   lock.unlock();
   asio::post(io_, [] {});
   // The I/O thread usually parks within microseconds: poll for that, yielding the core (it may
