@@ -311,22 +311,26 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
     throw InvalidArgument("allreduce_sum: input and output overlap", {.rank = r});
   }
   detail::run_call(transport, options, detail::Op::allreduce_sum, [&](Call& call) {
-    // The first step's sends and the receives go out while the headers travel: they depend
-    // only on the length and the options, which the headers then confirm before the first wait.
-    call.post_headers({.value = input.size()},
-                      Call::Agreement{.kind = ErrorKind::invalid_argument,
-                                      .what = "allreduce_sum needs the same length on every rank",
-                                      .key = [](const detail::Header& h) {
-                                        return fmt::format("{} elements", h.value);
-                                      }});
-    if (call.size() == 1) {
-      if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
-      return;
-    }
     const CollectiveAlgorithm algorithm =
         call.options().algorithm == CollectiveAlgorithm::automatic
             ? choose_allreduce_algorithm(input.size(), call.size())
             : call.options().algorithm;
+    // The first step's sends and the receives go out while the headers travel: they depend
+    // only on the length and the options, which the headers then confirm before the first wait.
+    // In the ring every rank receives only from its left neighbour, so that neighbour's header
+    // is the only one it needs (Call::HeaderExchange says why that suffices).
+    call.post_headers(
+        {.value = input.size()},
+        Call::Agreement{
+            .kind = ErrorKind::invalid_argument,
+            .what = "allreduce_sum needs the same length on every rank",
+            .key = [](const detail::Header& h) { return fmt::format("{} elements", h.value); }},
+        algorithm == CollectiveAlgorithm::ring ? Call::HeaderExchange::left_neighbour
+                                               : Call::HeaderExchange::all_peers);
+    if (call.size() == 1) {
+      if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
+      return;
+    }
     if (algorithm == CollectiveAlgorithm::direct) {
       direct_allreduce(call, input, output);
     } else {

@@ -56,6 +56,14 @@ struct NoticeFailure : std::exception {
   }
 };
 
+// This rank's left neighbour called with other arguments (Call::headers); the failure path
+// finds out who is at fault (Call::diagnose_disagreement).
+struct LeftDisagreement : std::exception {
+  [[nodiscard]] const char* what() const noexcept override {
+    return "the left neighbour called with other arguments";
+  }
+};
+
 // The transport was aborted on this rank (by the caller or an earlier failure).
 [[nodiscard]] bool is_local_abort(const Error& error) {
   return error.kind() == ErrorKind::peer_lost && error.message().starts_with("aborted");
@@ -191,7 +199,7 @@ Notice decode_notice(std::span<const std::byte, kNoticeBytes> bytes, int rank, i
   const bool valid =
       get<std::uint32_t>(bytes, 0) == kNoticeMagic && get<std::uint8_t>(bytes, 4) == kWireVersion &&
       type >= static_cast<std::uint8_t>(NoticeType::done) &&
-      type <= static_cast<std::uint8_t>(NoticeType::aborted) &&
+      type <= static_cast<std::uint8_t>(NoticeType::disagreement) &&
       kind <= static_cast<std::uint8_t>(ErrorKind::non_finite) && notice.reporter == peer &&
       notice.subject >= 0 && notice.subject < world_size && notice.sequence == sequence;
   if (!valid) {
@@ -236,7 +244,8 @@ Call::Call(transport::Transport& transport, const CollectiveOptions& options, Op
       slice_(std::clamp(options.timeout / 16, std::chrono::milliseconds{1},
                         std::chrono::milliseconds{25})),
       notices_(static_cast<std::size_t>(size_)),
-      headers_in_(static_cast<std::size_t>(size_)) {
+      headers_in_(static_cast<std::size_t>(size_)),
+      diagnosis_in_(static_cast<std::size_t>(size_)) {
   try {
     for (int peer = 0; peer < size_; ++peer) {
       if (peer != rank_) post_notice_receive(peer);
@@ -410,7 +419,7 @@ std::vector<Header> Call::exchange_headers(Header mine) {
   return headers();
 }
 
-void Call::post_headers(Header mine, std::optional<Agreement> agreement) {
+void Call::post_headers(Header mine, std::optional<Agreement> agreement, HeaderExchange exchange) {
   mine.op = op_;
   mine.sequence = sequence_;
   const bool uses_options = op_ != Op::barrier && op_ != Op::allgather_u64;
@@ -419,11 +428,19 @@ void Call::post_headers(Header mine, std::optional<Agreement> agreement) {
   headers_.assign(static_cast<std::size_t>(size_), Header{});
   headers_[static_cast<std::size_t>(rank_)] = mine;
   agreement_ = std::move(agreement);
+  header_exchange_ = exchange;
   headers_pending_ = true;
+  header_out_ = encode_header(mine);
   if (size_ == 1) return;
 
-  header_out_ = encode_header(mine);
   header_receives_.assign(static_cast<std::size_t>(size_), nullptr);
+  if (exchange == HeaderExchange::left_neighbour) {
+    const int left = (rank_ - 1 + size_) % size_;
+    header_receives_[static_cast<std::size_t>(left)] =
+        &irecv(left, Phase::header, headers_in_[static_cast<std::size_t>(left)]);
+    isend((rank_ + 1) % size_, Phase::header, header_out_);
+    return;
+  }
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     header_receives_[static_cast<std::size_t>(peer)] =
@@ -450,25 +467,46 @@ std::optional<Header> Call::matching_header_from(int peer) {
 const std::vector<Header>& Call::headers() {
   if (!headers_pending_) return headers_;
   headers_pending_ = false;
-  for (int distance = 1; distance < size_; ++distance) {
+  if (size_ == 1) return headers_;
+  // The left neighbour's first: it is sent whichever exchange that rank chose, and when every
+  // rank's left neighbour agrees with it, all ranks agree (the ring closes).
+  const int left = (rank_ - 1 + size_) % size_;
+  const auto left_index = static_cast<std::size_t>(left);
+  wait_watching_notices(*header_receives_[left_index], left);
+  headers_[left_index] = decode_header(headers_in_[left_index], rank_, left);
+  if (!agrees_with_mine(headers_[left_index])) throw LeftDisagreement();
+  if (header_exchange_ == HeaderExchange::left_neighbour) return headers_;
+  for (int distance = 1; distance + 1 < size_; ++distance) {
     const int peer = (rank_ + distance) % size_;
     const auto index = static_cast<std::size_t>(peer);
     wait_watching_notices(*header_receives_[index], peer);
     headers_[index] = decode_header(headers_in_[index], rank_, peer);
   }
   // Checked once every header is in, so that every rank names the same culprit.
-  require_agreement(headers_, ErrorKind::protocol, "the ranks called different collectives",
-                    [&](const Header& h) {
-                      return fmt::format("{} call #{} under tag {}", op_name(h.op), h.sequence,
-                                         options_.tag);
-                    });
-  require_agreement(headers_, ErrorKind::invalid_argument, "every rank must pass the same options",
+  check_all_headers(headers_);
+  return headers_;
+}
+
+bool Call::agrees_with_mine(const Header& theirs) const {
+  const Header& mine = headers_[static_cast<std::size_t>(rank_)];
+  if (theirs.op != mine.op || theirs.sequence != mine.sequence ||
+      theirs.chunk_bytes != mine.chunk_bytes || theirs.algorithm != mine.algorithm) {
+    return false;
+  }
+  return !agreement_ || agreement_->key(theirs) == agreement_->key(mine);
+}
+
+void Call::check_all_headers(const std::vector<Header>& headers) const {
+  require_agreement(
+      headers, ErrorKind::protocol, "the ranks called different collectives", [&](const Header& h) {
+        return fmt::format("{} call #{} under tag {}", op_name(h.op), h.sequence, options_.tag);
+      });
+  require_agreement(headers, ErrorKind::invalid_argument, "every rank must pass the same options",
                     [](const Header& h) {
                       return fmt::format("pipeline_chunk_bytes {} and algorithm {}", h.chunk_bytes,
                                          algorithm_name(h.algorithm));
                     });
-  if (agreement_) require_agreement(headers_, agreement_->kind, agreement_->what, agreement_->key);
-  return headers_;
+  if (agreement_) require_agreement(headers, agreement_->kind, agreement_->what, agreement_->key);
 }
 
 void Call::require_agreement(const std::vector<Header>& headers, ErrorKind kind,
@@ -531,8 +569,8 @@ void Call::finish() {
   }
   finished_ = true;
   // Every operation of the call is complete and its tags are never used again.
-  for (const Phase phase :
-       {Phase::header, Phase::notice, Phase::payload, Phase::reduce_scatter, Phase::gather})
+  for (const Phase phase : {Phase::header, Phase::notice, Phase::payload, Phase::reduce_scatter,
+                            Phase::gather, Phase::diagnosis})
     transport_.retire_tag(tag(phase));
 }
 
@@ -721,6 +759,105 @@ Call::Verdict Call::resolve_chain(int start, int fallback) {
   }
 }
 
+void Call::send_diagnosis_header() {
+  if (diagnosis_header_sent_ || size_ == 1) return;
+  diagnosis_header_sent_ = true;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      failure_sends_.emplace_back(&own(transport_.isend(peer, tag(Phase::diagnosis), header_out_)),
+                                  peer);
+    } catch (...) {
+      // Best effort: a peer that cannot be reached is found out by the others' waits.
+    }
+  }
+}
+
+Call::Verdict Call::diagnose_disagreement() {
+  // Ranks that are waiting elsewhere in the call learn of it from this notice and diagnose too.
+  send_notice({.type = NoticeType::disagreement,
+               .kind = ErrorKind::invalid_argument,
+               .reporter = rank_,
+               .subject = rank_,
+               .sequence = sequence_},
+              -1, failure_sends_);
+  send_diagnosis_header();
+  std::vector<Request*> receives(static_cast<std::size_t>(size_), nullptr);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    try {
+      receives[static_cast<std::size_t>(peer)] = &own(transport_.irecv(
+          peer, tag(Phase::diagnosis), diagnosis_in_[static_cast<std::size_t>(peer)]));
+    } catch (const Error& error) {
+      return settle(
+          {.culprit = peer, .kind = error.kind(), .reporter = rank_, .detail = error.message()});
+    }
+  }
+  std::vector<Header> all = headers_;
+  const auto deadline = Clock::now() + options_.timeout;
+  for (;;) {
+    // A rank that already knows the verdict (from a full exchange, or a finished diagnosis)
+    // says so in a culprit notice; every rank computes the same one from the same headers.
+    poll_notices(true);
+    if (auto from_notices = verdict_from_notices();
+        from_notices && weight(from_notices->kind) > weight(ErrorKind::peer_lost)) {
+      return *from_notices;
+    }
+    int missing = -1;
+    for (int peer = 0; peer < size_; ++peer) {
+      Request* receive = receives[static_cast<std::size_t>(peer)];
+      if (receive == nullptr) continue;
+      bool complete = false;
+      try {
+        complete = receive->test();
+      } catch (const Error& error) {
+        return settle(
+            {.culprit = peer, .kind = error.kind(), .reporter = rank_, .detail = error.message()});
+      }
+      if (complete) {
+        try {
+          all[static_cast<std::size_t>(peer)] =
+              decode_header(diagnosis_in_[static_cast<std::size_t>(peer)], rank_, peer);
+        } catch (const ProtocolError& error) {
+          return {
+              .culprit = peer, .kind = error.kind(), .reporter = rank_, .detail = error.message()};
+        }
+        receives[static_cast<std::size_t>(peer)] = nullptr;
+      } else if (missing < 0) {
+        missing = peer;
+      }
+    }
+    if (missing < 0) break;
+    if (Clock::now() >= deadline) {
+      return {.culprit = missing,
+              .kind = ErrorKind::timeout,
+              .reporter = rank_,
+              .detail = fmt::format("its header did not arrive within {} ms of a disagreement",
+                                    options_.timeout.count())};
+    }
+    try {
+      receives[static_cast<std::size_t>(missing)]->wait(std::min(deadline, Clock::now() + slice_));
+    } catch (...) {
+      // Sorted out by the next test.
+    }
+  }
+  try {
+    check_all_headers(all);
+  } catch (const Disagreement& d) {
+    return {.culprit = d.culprit,
+            .kind = d.kind,
+            .reporter = rank_,
+            .detail = d.detail,
+            .majority = d.majority_rank};
+  }
+  // Unreachable when every header arrived unchanged: two neighbours disagreed.
+  const int left = (rank_ - 1 + size_) % size_;
+  return {.culprit = left,
+          .kind = ErrorKind::protocol,
+          .reporter = rank_,
+          .detail = "its header disagreed with this rank's, but every rank's header agrees"};
+}
+
 void Call::abort_transport(std::string_view reason) noexcept {
   if (aborted_) return;
   aborted_ = true;
@@ -775,6 +912,7 @@ void Call::fail() {
   failing_ = true;
   std::optional<ObservedFailure> observed;
   std::optional<Verdict> disagreement;
+  bool left_disagrees = false;
   bool local = false;
   try {
     std::rethrow_exception(error);
@@ -782,6 +920,8 @@ void Call::fail() {
     observed = failure;
   } catch (const NoticeFailure&) {
     // Examined below.
+  } catch (const LeftDisagreement&) {
+    left_disagrees = true;
   } catch (const Disagreement& d) {
     disagreement = Verdict{.culprit = d.culprit,
                            .kind = d.kind,
@@ -845,9 +985,22 @@ void Call::fail() {
     }
   }
 
+  // A rank diagnosing a disagreement between neighbours needs every rank's header, this
+  // rank's too, whatever this rank's own reason to fail.
+  poll_notices(true);
+  bool disagreement_reported = false;
+  for (const NoticeSlot& slot : notices_) {
+    if (slot.latest && slot.latest->type == NoticeType::disagreement) disagreement_reported = true;
+  }
+  if (disagreement || left_disagrees || disagreement_reported) send_diagnosis_header();
+
   Verdict verdict;
   if (disagreement) {
     verdict = *disagreement;
+  } else if (left_disagrees || disagreement_reported) {
+    // The disagreement explains whatever else this rank ran into (a message of the wrong size,
+    // a neighbour that stopped sending).
+    verdict = diagnose_disagreement();
   } else if (observed && observed->peer < 0) {
     // A native collective failed without saying on whom it waited: "suspect: unknown" (the
     // subject is the reporter itself), then find the rank that says nothing.

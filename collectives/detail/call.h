@@ -38,6 +38,7 @@ enum class Phase : std::uint8_t {
   payload = 3,         // sparse all-gather and broadcast
   reduce_scatter = 4,  // all-reduce
   gather = 5,          // all-reduce's all-gather phase
+  diagnosis = 6,       // headers re-sent to every rank to name the culprit of a disagreement
 };
 
 // Tag of (base tag, call sequence number, phase); bit 63 marks collective traffic.
@@ -63,6 +64,10 @@ enum class NoticeType : std::uint8_t {
   suspect = 2,  // the sender timed out waiting on `subject` (which may itself be waiting)
   culprit = 3,  // the sender concluded that `subject` failed with error kind `kind`
   aborted = 4,  // the sender abandons the call because of a local error
+  // The sender's left neighbour called with other arguments (headers exchanged with the left
+  // neighbour only): every rank sends its header to every rank (Phase::diagnosis) so that all
+  // name the same culprit; the sender's verdict follows as a culprit notice.
+  disagreement = 5,
 };
 struct Notice {
   NoticeType type = NoticeType::done;
@@ -131,7 +136,18 @@ class Call {
     std::string what;                               // the rule, in words
     std::function<std::string(const Header&)> key;  // what must be equal on every rank
   };
-  void post_headers(Header mine, std::optional<Agreement> agreement = std::nullopt);
+  //
+  // Who gets the header: every peer (the default), or the right neighbour alone
+  // (HeaderExchange::left_neighbour, for a collective in which every rank receives only from
+  // its left neighbour: the ring all-reduce). Either way a rank checks its left neighbour's
+  // header first, before anything else: when every rank's left neighbour agrees with it, all
+  // agree, whichever exchange each rank chose. A rank whose left neighbour disagrees makes
+  // every rank exchange headers with every rank (Phase::diagnosis, in the failure path), so that
+  // the culprit is named as with a full exchange. With left_neighbour, headers() holds only this
+  // rank's header and its left neighbour's.
+  enum class HeaderExchange : std::uint8_t { all_peers, left_neighbour };
+  void post_headers(Header mine, std::optional<Agreement> agreement = std::nullopt,
+                    HeaderExchange exchange = HeaderExchange::all_peers);
   // Waits for the headers posted by post_headers and checks them (once); every rank's header in
   // rank order.
   [[nodiscard]] const std::vector<Header>& headers();
@@ -217,6 +233,16 @@ class Call {
   [[nodiscard]] std::optional<Verdict> verdict_from_notices() const;
   // Waits briefly for a better explanation than `current` when that is only a lost peer.
   [[nodiscard]] Verdict settle(Verdict current);
+  // Whether `theirs` agrees with this rank's header on everything that must be equal.
+  [[nodiscard]] bool agrees_with_mine(const Header& theirs) const;
+  // Every check of a full set of headers (throws a Disagreement).
+  void check_all_headers(const std::vector<Header>& headers) const;
+  // Sends this rank's header to every peer under Phase::diagnosis (once; best effort).
+  void send_diagnosis_header();
+  // The failure path of a disagreement found between left neighbours: collects every rank's
+  // header under Phase::diagnosis and names the culprit as a full exchange would (or adopts a
+  // verdict another rank sent first).
+  [[nodiscard]] Verdict diagnose_disagreement();
   void abort_transport(std::string_view reason) noexcept;
   [[noreturn]] void throw_verdict(const Verdict& verdict) const;
 
@@ -232,6 +258,8 @@ class Call {
   std::vector<Header> headers_;
   std::optional<Agreement> agreement_;
   std::vector<transport::Request*> header_receives_;
+  HeaderExchange header_exchange_ = HeaderExchange::all_peers;
+  bool diagnosis_header_sent_ = false;
 
   bool finished_ = false;
   bool failing_ = false;
@@ -243,6 +271,7 @@ class Call {
   std::vector<NoticeSlot> notices_;
   std::deque<std::array<std::byte, kNoticeBytes>> outgoing_notices_;
   std::vector<std::array<std::byte, kHeaderBytes>> headers_in_;
+  std::vector<std::array<std::byte, kHeaderBytes>> diagnosis_in_;
   std::array<std::byte, kHeaderBytes> header_out_{};
   std::unique_ptr<std::byte[]> scratch_;  // not zeroed: every byte is received before it is read
   std::vector<std::unique_ptr<transport::Request>> requests_;

@@ -458,6 +458,27 @@ TEST_P(AllReduceDisagreement, RanksWithDifferentAlgorithmsAllFailNamingAPeer) {
   expect_all_fail_naming_the_odd_rank(outcomes, 0);
 }
 
+// Under `automatic`, lengths on either side of the direct/ring boundary give one rank the ring
+// (which exchanges headers with its left neighbour only) and the others direct (which exchange
+// them with every peer): the disagreement must still be found and named on every rank.
+TEST(AllReduceDisagreementAcrossTheAlgorithmBoundary, AllRanksFailNamingThePeerWithTheRing) {
+  constexpr std::size_t kDirectLimit = std::size_t{256} << 10 >> 2;  // floats
+  for (const std::string& backend : pulseloco::testing::test_backends()) {
+    for (const int odd : {0, 1, 2}) {
+      SCOPED_TRACE(fmt::format("{}: rank {} takes the ring", backend, odd));
+      auto group = make_test_group(backend, 3);
+      const auto outcomes = run_ranks(group, [&](Transport& t) {
+        std::vector<float> input(t.rank() == odd ? kDirectLimit + 1 : kDirectLimit, 1.0F);
+        std::vector<float> output(input.size());
+        ASSERT_EQ(choose_allreduce_algorithm(input.size(), t.size()),
+                  t.rank() == odd ? CollectiveAlgorithm::ring : CollectiveAlgorithm::direct);
+        allreduce_sum(t, input, output, {.timeout = std::chrono::seconds(10)});
+      });
+      expect_all_fail_naming_the_odd_rank(outcomes, odd);
+    }
+  }
+}
+
 std::vector<DisagreementCase> disagreement_cases() {
   std::vector<DisagreementCase> cases;
   for (const std::string& backend : pulseloco::testing::test_backends())
@@ -739,6 +760,39 @@ TEST(Mismatch, RanksInDifferentCollectivesFailNamingAPeer) {
     ASSERT_TRUE(error->context.peer) << error->what;
     if (rank != 1) {
       EXPECT_EQ(error->context.peer, 1) << error->what;
+    }
+  }
+}
+
+// The ring all-reduce sends its header to its right neighbour only; the other collectives send
+// theirs to every peer. A rank in another collective must be named whichever side it is on.
+TEST(Mismatch, ARankOutsideTheRingAllReduceIsNamedByEveryRank) {
+  for (const std::string backend : {"inproc", "tcp"}) {
+    for (const int odd : {0, 1, 2, 3}) {
+      SCOPED_TRACE(fmt::format("{}: rank {} calls allgather_u64", backend, odd));
+      auto group = make_test_group(backend, 4);
+      const auto outcomes = run_ranks(group, [&](Transport& t) {
+        const CollectiveOptions options{.timeout = std::chrono::seconds(10),
+                                        .algorithm = CollectiveAlgorithm::ring};
+        if (t.rank() == odd) {
+          (void)allgather_u64(t, 1, options);
+          return;
+        }
+        const std::vector<float> input(1000, 1.0F);
+        std::vector<float> output(input.size());
+        allreduce_sum(t, input, output, options);
+      });
+      for (int rank = 0; rank < 4; ++rank) {
+        const auto error =
+            pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
+        ASSERT_TRUE(error) << "rank " << rank << ": "
+                           << describe(outcomes[static_cast<std::size_t>(rank)]);
+        EXPECT_EQ(error->kind, ErrorKind::protocol) << error->what;
+        ASSERT_TRUE(error->context.peer) << error->what;
+        if (rank != odd) {
+          EXPECT_EQ(error->context.peer, odd) << error->what;
+        }
+      }
     }
   }
 }
