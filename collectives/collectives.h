@@ -6,8 +6,9 @@
 //
 // How a call runs (docs/collectives.md has the details):
 // - Every call first exchanges a small header with every peer (which collective, its call
-//   number, the options that must agree, and the sizes), then moves its payload, then ends with
-//   a completion round: a rank returns success only once every rank has received everything.
+//   number, the options that must agree, and the sizes; the ring all-reduce with its right
+//   neighbour only, which suffices there), then moves its payload, then ends with a completion
+//   round: a rank returns success only once every rank has received everything.
 // - Every call has its own tags: (options.tag, the call's sequence number under that tag, the
 //   phase), so messages of a failed call can never be taken for a later call's.
 // - When the transport has native collectives (transport/native_collectives.h: MPI) and the
