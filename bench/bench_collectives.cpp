@@ -23,6 +23,11 @@
 // preallocated receive buffer). After timing, the results of the two libraries are compared byte
 // for byte.
 //
+// --idle-ms N lets every rank sit idle for N ms between the barrier and each timed call, as a
+// training loop computes between its collectives. Longer than the TCP transport's linger (5 ms,
+// tcp/progress.h), it makes each of our calls start by taking the io_context back from the
+// transport's I/O thread, the way a call after a window of compute starts.
+//
 // --json prints one JSON record per line and per (operation, transport, size).
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -39,6 +44,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/errors.h"
@@ -67,7 +73,10 @@ struct Settings {
   bool run_mpi = true;
   bool json = false;
   double link_mbit = 0;  // > 0: also report the bound (bytes each rank receives / link rate)
-  std::string label;     // extra "setup" field of every record
+  // Idle time between the barrier and every timed call, as a training loop computes between
+  // collectives (not timed).
+  double idle_ms = 0;
+  std::string label;  // extra "setup" field of every record
   int timeout_ms = 300'000;
 };
 
@@ -198,8 +207,10 @@ class Harness {
       double seconds = 0;  // the slowest rank's
       double cpu = 0;      // every rank's together
     };
-    const auto timed = [](const Contender& contender) {
+    const auto idle = std::chrono::duration<double, std::milli>(settings_.idle_ms);
+    const auto timed = [&idle](const Contender& contender) {
       contender.sync();
+      if (idle.count() > 0) std::this_thread::sleep_for(idle);
       const double cpu_start = process_cpu_seconds();
       const auto start = Clock::now();
       contender.call();
@@ -345,6 +356,7 @@ class Reporter {
         j["ratio_to_bound"] = timing.median / bound;
       }
       if (ratio_to_openmpi) j["ratio_to_openmpi"] = *ratio_to_openmpi;
+      if (settings_.idle_ms > 0) j["idle_ms"] = settings_.idle_ms;
       if (!settings_.label.empty()) j["setup"] = settings_.label;
       fmt::print("{}\n", j.dump());
     } else {
@@ -503,6 +515,9 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-mpi", settings.run_mpi, "only our collectives");
   app.add_flag("--json", settings.json, "one JSON record per line");
   app.add_option("--link-mbit", settings.link_mbit, "shaped link rate, to report the bound");
+  app.add_option("--idle-ms", settings.idle_ms,
+                 "idle time after the barrier before every timed call (not timed)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--label", settings.label, "a 'setup' field for every record");
   app.add_option("--timeout-ms", settings.timeout_ms, "collective timeout");
   CLI11_PARSE(app, argc, argv);
