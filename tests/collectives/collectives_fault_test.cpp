@@ -206,6 +206,26 @@ TEST(Stall, BeforeTheFirstMessage) {
   expect_survivors_blame(outcomes, 0, ErrorKind::timeout, fault_time(*group.faults), {0});
 }
 
+// The ring all-reduce sends its header to its right neighbour alone: a rank that stalls before
+// sending anything is then noticed first by that neighbour, and by the others only through the
+// chain of waits.
+TEST(Stall, BeforeTheFirstMessageOfARingAllReduce) {
+  for (const int stalled : {0, 2}) {
+    SCOPED_TRACE(fmt::format("rank {} stalls", stalled));
+    Group group(4);
+    group.faults->set_hook([stalled](const MessageEvent& m) {
+      return m.from == stalled ? FaultAction::stall_sender : FaultAction::deliver;
+    });
+    const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
+      const std::vector<float> input(std::size_t{1} << 16, 1.0F);
+      std::vector<float> output(input.size());
+      allreduce_sum(t, input, output, options_with(CollectiveAlgorithm::ring, 16 << 10));
+    });
+    expect_survivors_blame(outcomes, stalled, ErrorKind::timeout, fault_time(*group.faults),
+                           {stalled});
+  }
+}
+
 TEST(Stall, InTheCompletionRound) {
   Group group(4);
   group.faults->set_hook(at_message(1, 0, FaultAction::stall_sender, is_notice));
