@@ -102,11 +102,14 @@ bool Progress::park_while_callers_drive() {
   return !stopping_ && !io_.stopped();
 }
 
-void Progress::begin_driving(Clock::time_point deadline) {
-  std::unique_lock lock(mutex_);
+bool Progress::begin_driving() {
+  const std::lock_guard lock(mutex_);
   ++drivers_;
   t_driving = this;
-  if (all_threads_parked_locked()) return;
+  return all_threads_parked();
+}
+
+void Progress::await_io_threads_parked(Clock::time_point deadline) {
   // An I/O thread is inside the io_context, most likely blocked in epoll_wait, where it holds
   // the reactor: this caller could then only run handlers, never collect a socket event. A
   // handler wakes it; it parks on its way out of the io_context once it has run one (or at
@@ -116,23 +119,24 @@ void Progress::begin_driving(Clock::time_point deadline) {
   // The handler wakes one thread (an idle one waiting for handlers before the one in the
   // reactor); each thread that parks while a caller drives posts another
   // (park_while_callers_drive), which wakes the next one still inside.
-  lock.unlock();
   asio::post(io_, [] {});
   // The I/O thread usually parks within microseconds: poll for that, yielding the core (it may
   // be this one), for at most busy_poll, then sleep until it parks.
   const auto poll_until = std::min(deadline, Clock::now() + busy_poll_);
   while (Clock::now() < poll_until) {
-    if (parked_.load() + exited_.load() >= thread_count_ || io_.stopped()) return;
+    if (all_threads_parked() || io_.stopped()) return;
     std::this_thread::yield();
   }
-  lock.lock();
-  // In slices, so that a stopped io_context (nobody notifies of that) ends the wait too.
-  while (!all_threads_parked_locked() && !stopping_ && !io_.stopped() && Clock::now() < deadline) {
+  std::unique_lock lock(mutex_);
+  // In slices, so that a stopped io_context (nobody notifies of that) ends the wait too. An I/O
+  // thread parks or exits under mutex_, so its notification cannot slip in between the check
+  // and the wait.
+  while (!all_threads_parked() && !stopping_ && !io_.stopped() && Clock::now() < deadline) {
     parked_changed_.wait_until(lock, std::min(deadline, Clock::now() + kLinger));
   }
 }
 
-bool Progress::all_threads_parked_locked() const noexcept {
+bool Progress::all_threads_parked() const noexcept {
   return parked_.load() + exited_.load() >= thread_count_;
 }
 
@@ -169,11 +173,12 @@ std::size_t Progress::run_one(bool block, Clock::time_point deadline) noexcept {
 bool Progress::drive_until(const std::function<bool()>& ready, Clock::time_point deadline) {
   // Done already: no need to take the io_context from the I/O threads.
   if (ready()) return true;
-  begin_driving(deadline);
+  const bool io_threads_parked = begin_driving();
   struct EndDriving {
     Progress& progress;
     ~EndDriving() { progress.end_driving(); }
   } const end{*this};
+  if (!io_threads_parked) await_io_threads_parked(deadline);
   auto idle_until = std::min(deadline, Clock::now() + busy_poll_);
   for (;;) {
     if (ready()) return true;

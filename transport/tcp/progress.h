@@ -86,11 +86,14 @@ class Progress {
   void io_thread_loop();
   // Blocks while callers drive or drove less than kLinger ago; false once stopped.
   bool park_while_callers_drive();
-  // Counts this thread as a driver; when an I/O thread is inside the io_context, wakes it and
-  // waits (until `deadline` at most) for it to park.
-  void begin_driving(Clock::time_point deadline);
+  // Counts this thread as a driver (until end_driving); true when every I/O thread is parked
+  // (or gone) already.
+  [[nodiscard]] bool begin_driving();
+  // Wakes the I/O threads inside the io_context and waits (until `deadline` at most) until
+  // they have parked.
+  void await_io_threads_parked(Clock::time_point deadline);
   void end_driving() noexcept;
-  [[nodiscard]] bool all_threads_parked_locked() const noexcept;
+  [[nodiscard]] bool all_threads_parked() const noexcept;
   void wake_drivers();
   // Runs at most one handler, for at most until `deadline` (0 when none ran).
   [[nodiscard]] std::size_t run_one(bool block, Clock::time_point deadline) noexcept;
