@@ -302,7 +302,7 @@ Request& Call::iforward(int peer, Phase phase, std::span<const std::byte> data,
 
 void Call::isend_to_every_peer(Phase phase, std::span<const std::byte> data) {
   if (size_ == 1) return;
-  const Request& first = isend((rank_ + 1) % size_, phase, data);
+  const Request& first = isend(right_neighbour(), phase, data);
   for (int distance = 2; distance < size_; ++distance)
     (void)iforward((rank_ + distance) % size_, phase, data, first);
 }
@@ -435,10 +435,10 @@ void Call::post_headers(Header mine, std::optional<Agreement> agreement, HeaderE
 
   header_receives_.assign(static_cast<std::size_t>(size_), nullptr);
   if (exchange == HeaderExchange::left_neighbour) {
-    const int left = (rank_ - 1 + size_) % size_;
+    const int left = left_neighbour();
     header_receives_[static_cast<std::size_t>(left)] =
         &irecv(left, Phase::header, headers_in_[static_cast<std::size_t>(left)]);
-    isend((rank_ + 1) % size_, Phase::header, header_out_);
+    isend(right_neighbour(), Phase::header, header_out_);
     return;
   }
   for (int peer = 0; peer < size_; ++peer) {
@@ -456,11 +456,7 @@ std::optional<Header> Call::matching_header_from(int peer) {
   const auto index = static_cast<std::size_t>(peer);
   wait_watching_notices(*header_receives_[index], peer);
   const Header theirs = decode_header(headers_in_[index], rank_, peer);
-  const Header& mine = headers_[static_cast<std::size_t>(rank_)];
-  if (theirs.op != mine.op || theirs.sequence != mine.sequence ||
-      theirs.chunk_bytes != mine.chunk_bytes || theirs.algorithm != mine.algorithm) {
-    return std::nullopt;
-  }
+  if (!same_call_and_options(theirs)) return std::nullopt;
   return theirs;
 }
 
@@ -470,7 +466,7 @@ const std::vector<Header>& Call::headers() {
   if (size_ == 1) return headers_;
   // The left neighbour's first: it is sent whichever exchange that rank chose, and when every
   // rank's left neighbour agrees with it, all ranks agree (the ring closes).
-  const int left = (rank_ - 1 + size_) % size_;
+  const int left = left_neighbour();
   const auto left_index = static_cast<std::size_t>(left);
   wait_watching_notices(*header_receives_[left_index], left);
   headers_[left_index] = decode_header(headers_in_[left_index], rank_, left);
@@ -487,13 +483,16 @@ const std::vector<Header>& Call::headers() {
   return headers_;
 }
 
+bool Call::same_call_and_options(const Header& theirs) const {
+  const Header& mine = headers_[static_cast<std::size_t>(rank_)];
+  return theirs.op == mine.op && theirs.sequence == mine.sequence &&
+         theirs.chunk_bytes == mine.chunk_bytes && theirs.algorithm == mine.algorithm;
+}
+
 bool Call::agrees_with_mine(const Header& theirs) const {
   const Header& mine = headers_[static_cast<std::size_t>(rank_)];
-  if (theirs.op != mine.op || theirs.sequence != mine.sequence ||
-      theirs.chunk_bytes != mine.chunk_bytes || theirs.algorithm != mine.algorithm) {
-    return false;
-  }
-  return !agreement_ || agreement_->key(theirs) == agreement_->key(mine);
+  return same_call_and_options(theirs) &&
+         (!agreement_ || agreement_->key(theirs) == agreement_->key(mine));
 }
 
 void Call::check_all_headers(const std::vector<Header>& headers) const {
@@ -534,11 +533,12 @@ void Call::require_agreement(const std::vector<Header>& headers, ErrorKind kind,
   }
 }
 
-void Call::send_notice(const Notice& notice, int skip_peer,
+void Call::send_notice(NoticeType type, ErrorKind kind, int subject,
                        std::vector<std::pair<Request*, int>>& sent) {
-  const auto& bytes = outgoing_notices_.emplace_back(encode_notice(notice));
+  const auto& bytes = outgoing_notices_.emplace_back(encode_notice(
+      {.type = type, .kind = kind, .reporter = rank_, .subject = subject, .sequence = sequence_}));
   for (int peer = 0; peer < size_; ++peer) {
-    if (peer == rank_ || peer == skip_peer) continue;
+    if (peer == rank_) continue;
     try {
       sent.emplace_back(&own(transport_.isend(peer, tag(Phase::notice), bytes)), peer);
     } catch (...) {
@@ -553,9 +553,7 @@ void Call::finish() {
     // Every receive of the call is complete: "done" says that this rank has everything, so it
     // goes out at once, without waiting for this rank's last sends (the peers' own "done"
     // notices cannot come before those arrived anyway).
-    send_notice(
-        {.type = NoticeType::done, .reporter = rank_, .subject = rank_, .sequence = sequence_}, -1,
-        sends_);
+    send_notice(NoticeType::done, ErrorKind::peer_lost, rank_, sends_);
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       NoticeSlot& slot = notices_[static_cast<std::size_t>(peer)];
@@ -775,12 +773,7 @@ void Call::send_diagnosis_header() {
 
 Call::Verdict Call::diagnose_disagreement() {
   // Ranks that are waiting elsewhere in the call learn of it from this notice and diagnose too.
-  send_notice({.type = NoticeType::disagreement,
-               .kind = ErrorKind::invalid_argument,
-               .reporter = rank_,
-               .subject = rank_,
-               .sequence = sequence_},
-              -1, failure_sends_);
+  send_notice(NoticeType::disagreement, ErrorKind::invalid_argument, rank_, failure_sends_);
   send_diagnosis_header();
   std::vector<Request*> receives(static_cast<std::size_t>(size_), nullptr);
   for (int peer = 0; peer < size_; ++peer) {
@@ -851,7 +844,7 @@ Call::Verdict Call::diagnose_disagreement() {
             .majority = d.majority_rank};
   }
   // Unreachable when every header arrived unchanged: two neighbours disagreed.
-  const int left = (rank_ - 1 + size_) % size_;
+  const int left = left_neighbour();
   return {.culprit = left,
           .kind = ErrorKind::protocol,
           .reporter = rank_,
@@ -945,8 +938,9 @@ void Call::fail() {
 
   // Tells every peer (the culprit too: it may be alive and merely disagree), waits a little for
   // the notices to leave (not for the culprit, which may never take one), and aborts.
-  const auto tell_and_abort = [&](const Notice& notice, int skip_peer, const std::string& reason) {
-    send_notice(notice, -1, failure_sends_);
+  const auto tell_and_abort = [&](NoticeType type, ErrorKind kind, int subject, int skip_peer,
+                                  const std::string& reason) {
+    send_notice(type, kind, subject, failure_sends_);
     const auto deadline =
         Clock::now() +
         std::min<std::chrono::milliseconds>(options_.timeout / 4, std::chrono::milliseconds{2'000});
@@ -963,12 +957,8 @@ void Call::fail() {
 
   if (local) {
     tell_and_abort(
-        {.type = NoticeType::aborted,
-         .kind = ErrorKind::peer_lost,
-         .reporter = rank_,
-         .subject = rank_,
-         .sequence = sequence_},
-        -1, fmt::format("{} call #{} abandoned after a local error", op_name(op_), sequence_));
+        NoticeType::aborted, ErrorKind::peer_lost, rank_, -1,
+        fmt::format("{} call #{} abandoned after a local error", op_name(op_), sequence_));
     std::rethrow_exception(error);
   }
 
@@ -1004,22 +994,12 @@ void Call::fail() {
   } else if (observed && observed->peer < 0) {
     // A native collective failed without saying on whom it waited: "suspect: unknown" (the
     // subject is the reporter itself), then find the rank that says nothing.
-    send_notice({.type = NoticeType::suspect,
-                 .kind = ErrorKind::timeout,
-                 .reporter = rank_,
-                 .subject = rank_,
-                 .sequence = sequence_},
-                -1, failure_sends_);
+    send_notice(NoticeType::suspect, ErrorKind::timeout, rank_, failure_sends_);
     verdict = resolve_chain(-1, -1);
   } else if (observed && !observed->timed_out) {
     verdict = resolve_definitive(observed->peer, observed->kind, observed->detail);
   } else if (observed) {
-    send_notice({.type = NoticeType::suspect,
-                 .kind = ErrorKind::timeout,
-                 .reporter = rank_,
-                 .subject = observed->peer,
-                 .sequence = sequence_},
-                -1, failure_sends_);
+    send_notice(NoticeType::suspect, ErrorKind::timeout, observed->peer, failure_sends_);
     verdict = resolve_chain(observed->peer, observed->peer);
   } else {
     poll_notices(true);
@@ -1043,12 +1023,7 @@ void Call::fail() {
     abort_transport(fmt::format("{} call #{} failed: {}", op_name(op_), sequence_, verdict.detail));
     throw_verdict(verdict);
   }
-  tell_and_abort({.type = NoticeType::culprit,
-                  .kind = verdict.kind,
-                  .reporter = rank_,
-                  .subject = verdict.culprit,
-                  .sequence = sequence_},
-                 verdict.culprit,
+  tell_and_abort(NoticeType::culprit, verdict.kind, verdict.culprit, verdict.culprit,
                  fmt::format("{} call #{} failed: peer {} {}", op_name(op_), sequence_,
                              verdict.culprit, describe(verdict.kind)));
   throw_verdict(verdict);

@@ -222,7 +222,8 @@ class Call {
   // notice channel) means the call has failed, unless `quiet`.
   void poll_notices(bool quiet);
   void poll_notices_once(bool quiet, bool& progressed);
-  void send_notice(const Notice& notice, int skip_peer,
+  // Sends this rank's notice (reporter: this rank, for this call) to every peer.
+  void send_notice(NoticeType type, ErrorKind kind, int subject,
                    std::vector<std::pair<transport::Request*, int>>& sent);
   [[nodiscard]] bool failure_reported_by(int peer) const;
   [[nodiscard]] Verdict verdict_from_notice(int peer) const;
@@ -233,6 +234,11 @@ class Call {
   [[nodiscard]] std::optional<Verdict> verdict_from_notices() const;
   // Waits briefly for a better explanation than `current` when that is only a lost peer.
   [[nodiscard]] Verdict settle(Verdict current);
+  [[nodiscard]] int left_neighbour() const noexcept { return (rank_ - 1 + size_) % size_; }
+  [[nodiscard]] int right_neighbour() const noexcept { return (rank_ + 1) % size_; }
+  // Whether `theirs` is for this very call with this rank's options (operation, call number,
+  // chunk size, algorithm).
+  [[nodiscard]] bool same_call_and_options(const Header& theirs) const;
   // Whether `theirs` agrees with this rank's header on everything that must be equal.
   [[nodiscard]] bool agrees_with_mine(const Header& theirs) const;
   // Every check of a full set of headers (throws a Disagreement).
