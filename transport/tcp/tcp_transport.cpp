@@ -1092,8 +1092,14 @@ void TcpTransport::Core::read_more(Peer& peer, Lane& lane) {
     lane.staging_begin = 0;
     lane.staging_end = kept;
   }
+  // Reading as much as the staging buffer holds would take in up to 64 KiB of the next frame's
+  // payload, to be copied out again; bounded, the rest of a large frame goes straight to its
+  // destination while small frames still arrive whole with their header.
+  const std::size_t rest_of_frame = lane.in_payload ? static_cast<std::size_t>(lane.remaining) : 0;
+  const std::size_t room = std::min(kStagingBytes - lane.staging_end,
+                                    rest_of_frame + kFrameHeaderBytes + kDirectReadBytes);
   lane.socket.async_read_some(
-      asio::buffer(lane.staging.get() + lane.staging_end, kStagingBytes - lane.staging_end),
+      asio::buffer(lane.staging.get() + lane.staging_end, room),
       asio::bind_executor(
           peer.strand, [this, &peer, &lane](const boost::system::error_code& error, std::size_t n) {
             on_read(peer, lane, error, n, false);
@@ -1110,9 +1116,19 @@ void TcpTransport::Core::on_read(Peer& peer, Lane& lane, const boost::system::er
   wire_received_ += n;
   lane.last_read_progress = Clock::now();
   if (direct) {
-    if (lane.hashing) lane.payload_digest.update(std::span<const std::byte>(lane.target, n));
+    const std::span<const std::byte> arrived(lane.target, n);
     lane.target += n;
     lane.remaining -= n;
+    if (lane.hashing && lane.remaining > 0) {
+      // More of the frame is to come: ask for it before hashing what came, so that the kernel
+      // reopens the receive window and the peer sends on while this thread hashes (the
+      // handler of that read runs on this strand, so after this one: the digest still sees
+      // the bytes in order).
+      read_more(peer, lane);
+      lane.payload_digest.update(arrived);
+      return;
+    }
+    if (lane.hashing) lane.payload_digest.update(arrived);
   } else {
     lane.staging_end += n;
   }
