@@ -225,6 +225,36 @@ TEST(TcpTransport, MessagesThatArriveBeforeTheirReceiveAreKept) {
   EXPECT_EQ(got_small, small);
   EXPECT_EQ(got_large, large);
   EXPECT_EQ(group[1]->unexpected_bytes(), 0U);
+  // Kept, then copied out: every byte of the early messages was copied at least once.
+  EXPECT_GE(group[1]->payload_bytes_copied(), small.size() + large.size());
+}
+
+TEST(TcpTransport, AFrameWhoseReceiveIsPostedIsCopiedOnlyAtItsEdges) {
+  // The kernel writes a frame's payload straight into a posted receive's buffer, except what
+  // arrives in the staging buffer: a frame's header with at most 16 KiB of its payload, and a
+  // tail shorter than 16 KiB. (The staging buffer holds 64 KiB; filled whole, it took up to
+  // that much of every frame's payload, to be copied out again.)
+  TransportOptions options;
+  options.connections_per_peer = 1;
+  auto group = make_loopback_group(2, options);
+  constexpr int kMessages = 64;
+  constexpr std::size_t kBytes = std::size_t{256} << 10;  // one frame each: below striping
+  constexpr std::uint64_t kEdgeBytes = 16 << 10;
+  const auto message = payload(7, kBytes);
+  std::vector<std::vector<std::byte>> got(kMessages, std::vector<std::byte>(kBytes));
+  std::vector<std::unique_ptr<Request>> receives;
+  for (auto& buffer : got)
+    receives.push_back(group[1]->irecv(0, 7, buffer));
+  std::vector<std::unique_ptr<Request>> sends;
+  for (int i = 0; i < kMessages; ++i)
+    sends.push_back(group[0]->isend(1, 7, message));
+  for (auto& send : sends)
+    send->wait(deadline_after(kTimeout));
+  for (auto& receive : receives)
+    receive->wait(deadline_after(kTimeout));
+  for (const auto& buffer : got)
+    ASSERT_EQ(buffer, message);
+  EXPECT_LE(group[1]->payload_bytes_copied(), kMessages * 2 * kEdgeBytes);
 }
 
 // Rank 0 sends a message of `bytes` three times over `connections` connections, striped above

@@ -265,6 +265,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
       count += peer->next_send_sequence.size() + peer->next_recv_sequence.size();
     return count;
   }
+  std::uint64_t payload_bytes_copied() const noexcept { return payload_copied_.load(); }
   std::size_t unexpected_bytes() const {
     const std::lock_guard lock(mutex_);
     return unexpected_bytes_;
@@ -369,6 +370,7 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   TransportStats stats_;  // the payload and message counters
   std::atomic<std::uint64_t> wire_sent_{0};
   std::atomic<std::uint64_t> wire_received_{0};
+  std::atomic<std::uint64_t> payload_copied_{0};  // TcpTransport::payload_bytes_copied()
 };
 
 namespace {
@@ -782,6 +784,7 @@ void TcpTransport::Core::deliver_locally(Operation& op, std::span<const std::byt
         recv->error = size_mismatch(rank_, op.tag, data.size(), recv->recv_buffer.size());
       } else if (recv) {
         if (!data.empty()) std::memcpy(recv->recv_buffer.data(), data.data(), data.size());
+        payload_copied_ += data.size();
         recv->bytes_arrived = data.size();
         complete_recv_locked(*recv);
       }
@@ -792,6 +795,7 @@ void TcpTransport::Core::deliver_locally(Operation& op, std::span<const std::byt
       if (!data.empty()) {
         slot.stash = std::make_unique_for_overwrite<std::byte[]>(data.size());
         std::memcpy(slot.stash.get(), data.data(), data.size());
+        payload_copied_ += data.size();
         unexpected_bytes_ += data.size();
       }
       self.slots.emplace(key, std::move(slot));
@@ -1159,6 +1163,7 @@ void TcpTransport::Core::process(Peer& peer, Lane& lane) {
       read_rest_into_receive_if_posted(peer, lane);
       if (lane.target != nullptr) {
         std::memcpy(lane.target, lane.staging.get() + lane.staging_begin, take);
+        payload_copied_ += take;
         if (lane.hashing) lane.payload_digest.update(std::span<const std::byte>(lane.target, take));
         lane.target += take;
       }
@@ -1416,9 +1421,12 @@ bool TcpTransport::Core::finish_if_ready(Operation& op, std::unique_lock<std::mu
   lock.unlock();
   if (ranges.empty()) {
     std::memcpy(op.recv_buffer.data(), stash.get(), bytes);
+    payload_copied_ += bytes;
   } else {
-    for (const auto& [begin, end] : ranges)
+    for (const auto& [begin, end] : ranges) {
       std::memcpy(op.recv_buffer.data() + begin, stash.get() + begin, end - begin);
+      payload_copied_ += end - begin;
+    }
   }
   stash.reset();
   lock.lock();
@@ -1937,6 +1945,10 @@ int TcpTransport::refused_connections() const noexcept {
 
 std::size_t TcpTransport::unexpected_bytes() const {
   return core_->unexpected_bytes();
+}
+
+std::uint64_t TcpTransport::payload_bytes_copied() const noexcept {
+  return core_->payload_bytes_copied();
 }
 
 int TcpTransport::callers_waiting() const noexcept {
