@@ -84,8 +84,8 @@ struct Step {
 void ring_allreduce(Call& call, std::span<const float> input, std::span<float> output) {
   const int n = call.size();
   const int r = call.rank();
-  const int left = (r - 1 + n) % n;
-  const int right = (r + 1) % n;
+  const int left = call.left_neighbour();
+  const int right = call.right_neighbour();
   const std::size_t chunk_elements =
       std::max<std::size_t>(1, call.options().pipeline_chunk_bytes / sizeof(float));
   const Segments segments(input.size(), n);

@@ -54,8 +54,8 @@ void direct_broadcast(Call& call, int root, std::span<std::byte> data) {
 void chain_broadcast(Call& call, int root, std::span<std::byte> data) {
   const int n = call.size();
   const int r = call.rank();
-  const int previous = (r - 1 + n) % n;
-  const int next = (r + 1) % n;
+  const int previous = call.left_neighbour();
+  const int next = call.right_neighbour();
   const bool last = (r - root + n) % n == n - 1;
   const std::vector<BroadcastPiece> pieces =
       chunks_of(data.size(), call.options().pipeline_chunk_bytes);

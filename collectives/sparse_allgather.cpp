@@ -94,7 +94,7 @@ std::vector<Request*> send_own_to_right(Call& call, std::span<const std::byte> m
   append_chunks(own, call.rank(), mine.size(), call.options().pipeline_chunk_bytes);
   std::vector<Request*> sent;
   sent.reserve(own.size());
-  const int right = (call.rank() + 1) % call.size();
+  const int right = call.right_neighbour();
   for (const MessagePiece& piece : own)
     sent.push_back(&call.isend(right, Phase::payload, mine.subspan(piece.offset, piece.bytes)));
   return sent;
@@ -104,7 +104,7 @@ std::vector<Request*> send_own_to_right(Call& call, std::span<const std::byte> m
 // in, if that header matches this call and announces at most max_message_bytes.
 void post_left_early(Call& call, const BufferOf& buffer_of,
                      const std::vector<std::span<std::byte>>& buffers, FirstStep& first) {
-  const int left = (call.rank() - 1 + call.size()) % call.size();
+  const int left = call.left_neighbour();
   const std::optional<detail::Header> header = call.matching_header_from(left);
   if (!header || header->value > call.options().max_message_bytes) return;
   buffer_of(left, header->value);
@@ -125,8 +125,8 @@ void ring_allgather(Call& call, const FirstStep& first, const std::vector<std::u
                     const std::function<void()>& deliver_own) {
   const int n = call.size();
   const int r = call.rank();
-  const int left = (r - 1 + n) % n;
-  const int right = (r + 1) % n;
+  const int left = call.left_neighbour();
+  const int right = call.right_neighbour();
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
 
   // From the left come the messages of r-1, r-2, ..., r+1, in that order; the first is posted
@@ -168,7 +168,7 @@ void direct_allgather(Call& call, std::span<const std::byte> mine, const FirstSt
                       const std::function<void()>& deliver_own) {
   const int n = call.size();
   const int r = call.rank();
-  const int left = (r - 1 + n) % n;
+  const int left = call.left_neighbour();
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
 
   std::vector<std::vector<MessagePiece>> pieces(static_cast<std::size_t>(n));
@@ -305,7 +305,7 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
       }
       sizes[static_cast<std::size_t>(peer)] = size;
     }
-    const int left = (r - 1 + n) % n;
+    const int left = call.left_neighbour();
     for (int peer = 0; peer < n; ++peer) {
       if (peer == left && first.left_posted) continue;  // asked for already
       buffer_of(peer, sizes[static_cast<std::size_t>(peer)]);

@@ -113,6 +113,9 @@ class Call {
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
+  // The ranks this one receives from and sends to in a ring (rank - 1 and rank + 1).
+  [[nodiscard]] int left_neighbour() const noexcept { return (rank_ - 1 + size_) % size_; }
+  [[nodiscard]] int right_neighbour() const noexcept { return (rank_ + 1) % size_; }
   [[nodiscard]] const CollectiveOptions& options() const noexcept { return options_; }
   [[nodiscard]] std::uint64_t sequence() const noexcept { return sequence_; }
   [[nodiscard]] transport::Tag tag(Phase phase) const {
@@ -234,8 +237,6 @@ class Call {
   [[nodiscard]] std::optional<Verdict> verdict_from_notices() const;
   // Waits briefly for a better explanation than `current` when that is only a lost peer.
   [[nodiscard]] Verdict settle(Verdict current);
-  [[nodiscard]] int left_neighbour() const noexcept { return (rank_ - 1 + size_) % size_; }
-  [[nodiscard]] int right_neighbour() const noexcept { return (rank_ + 1) % size_; }
   // Whether `theirs` is for this very call with this rank's options (operation, call number,
   // chunk size, algorithm).
   [[nodiscard]] bool same_call_and_options(const Header& theirs) const;
