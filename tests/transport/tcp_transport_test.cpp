@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -714,6 +715,45 @@ TEST(TcpTransport, PeerListRendezvous) {
     group[0]->send(2, 1, message, deadline_after(kTimeout));
     recv->wait(deadline_after(kTimeout));
     EXPECT_EQ(got, message);
+    break;
+  }
+}
+
+TEST(TcpTransport, APeerLostWhileTheGroupFormsEndsTheFormationAtOnce) {
+  // Rank 2 never starts. Rank 1 connects to rank 0, gives up waiting for rank 2 after 1 s and
+  // closes its connections; rank 0, with 20 s to connect, fails as soon as rank 1 is gone and
+  // names it, instead of waiting for rank 2 until its own deadline.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<std::string> peers;
+    for (int rank = 0; rank < 3; ++rank)
+      peers.push_back("127.0.0.1:" + std::to_string(testing::pick_free_port()));
+    std::array<std::string, 2> failures;
+    std::array<std::optional<int>, 2> blamed;
+    std::array<std::chrono::steady_clock::duration, 2> took{};
+    bool port_taken = false;
+    run_parallel(2, [&](int rank) {
+      TransportOptions options;
+      options.rendezvous = RendezvousMethod::peer_list;
+      options.peers = peers;
+      options.rank = rank;
+      options.secret = "formation";
+      options.connect_timeout = rank == 0 ? 20s : 1s;
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        TcpTransport transport(options);
+      } catch (const IoError&) {
+        port_taken = true;  // a free port was taken meanwhile: try again
+      } catch (const Error& error) {
+        failures[static_cast<std::size_t>(rank)] = error.what();
+        blamed[static_cast<std::size_t>(rank)] = error.context().peer;
+      }
+      took[static_cast<std::size_t>(rank)] = std::chrono::steady_clock::now() - start;
+    });
+    if (port_taken && attempt < 3) continue;
+    EXPECT_NE(failures[1].find("could not connect to peers 2"), std::string::npos) << failures[1];
+    EXPECT_EQ(blamed[1], 2);
+    EXPECT_EQ(blamed[0], 1) << failures[0];
+    EXPECT_LT(took[0], 10s) << failures[0];
     break;
   }
 }
