@@ -101,11 +101,10 @@ class Run:
         path = self.work / f"{worker}.jsonl"
         if not path.exists():
             return []
-        records = []
-        for line in path.read_text().splitlines():
-            if line.strip():
-                records.append(json.loads(line))
-        return records
+        # Only whole lines: the worker may be writing the last one right now (or was killed
+        # while writing it).
+        complete = path.read_text().rpartition("\n")[0]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def all_events(self):
         return {worker: self.events(worker) for worker in self.workers}
