@@ -52,8 +52,10 @@ struct CoordinatorOptions {
   // (1 = at the next boundary), and at every regroup after a failure.
   std::uint64_t join_every_windows = 1;
   // How long a regroup waits for the members of the failed generation to ask for a new group.
-  // Must exceed the collectives' timeout x 2 (the time a survivor needs to notice a failure).
-  std::chrono::milliseconds regroup_timeout{60'000};
+  // Must exceed the collectives' timeout x 2 (the time a survivor needs to notice a failure) and
+  // the workers' connect timeout (the time a member of a new generation waits for a peer it
+  // cannot reach). The default suits the workers' defaults: 60 s for both.
+  std::chrono::milliseconds regroup_timeout{150'000};
   std::string secret;  // shared secret (PULSELOCO_SECRET); empty = unauthenticated, warned
 };
 

@@ -51,7 +51,7 @@ void add_coordinator_command(CLI::App& app) {
   command
       ->add_option("--regroup-timeout-ms", *regroup_timeout_ms,
                    "How long a regroup waits for every member to ask for a new group (must "
-                   "exceed twice the workers' collective timeout)")
+                   "exceed twice the workers' collective timeout and their connect timeout)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   command->callback([options, regroup_timeout_ms] {

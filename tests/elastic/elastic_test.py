@@ -67,6 +67,9 @@ class Run:
         self.args = args
         self.work = work
         self.windows = windows
+        # A member that cannot reach a peer of a new generation waits for it this long, and must
+        # ask for the next one within the regroup timeout (docs/elastic.md).
+        self.connect_ms = regroup_ms // 2
         self.trace = work / "trace"
         self.workers = {}  # id -> Popen
         self.env = dict(os.environ, PULSELOCO_LOG_LEVEL="warn")
@@ -88,7 +91,7 @@ class Run:
         command = [self.args.worker, "--coordinator", self.address, "--worker", worker,
                    "--json", str(self.work / f"{worker}.jsonl"), "--windows",
                    str(windows or self.windows), "--trace-dir", str(self.trace), "-H", "2",
-                   "--timeout-ms", "3000", *extra]
+                   "--timeout-ms", "3000", "--connect-timeout-ms", str(self.connect_ms), *extra]
         self.workers[worker] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
                                                 text=True)
 
