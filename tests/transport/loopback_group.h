@@ -3,6 +3,7 @@
 // Usable by any test that needs real TCP transports (the collectives' tests too).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <netinet/in.h>
@@ -88,6 +90,28 @@ inline std::uint16_t pick_free_port() {
   }
   ::close(fd);
   return ntohs(address.sin_port);
+}
+
+// `count` addresses 127.0.0.1:<port> with ports that were free a moment ago, for the peer-list
+// rendezvous (the caller retries when it loses a port to another process: IoError).
+inline std::vector<std::string> free_peer_list(int count) {
+  std::vector<std::string> peers;
+  for (int rank = 0; rank < count; ++rank)
+    peers.push_back("127.0.0.1:" + std::to_string(pick_free_port()));
+  return peers;
+}
+
+// Options for `rank` of a group joined by the peer-list rendezvous.
+inline TransportOptions peer_list_options(const std::vector<std::string>& peers, int rank,
+                                          std::string secret,
+                                          std::chrono::milliseconds connect_timeout) {
+  TransportOptions options;
+  options.rendezvous = RendezvousMethod::peer_list;
+  options.peers = peers;
+  options.rank = rank;
+  options.secret = std::move(secret);
+  options.connect_timeout = connect_timeout;
+  return options;
 }
 
 // Deterministic bytes: payload(seed, n) differs for different seeds.

@@ -87,17 +87,9 @@ TEST(TcpAuth, StrangersWithTheWrongSecretAreRefusedByTheDataListener) {
 
 TEST(TcpAuth, AStrangerDuringFormationDoesNotKeepTheRealPeerOut) {
   for (int attempt = 0;; ++attempt) {
-    const std::vector<std::string> peers = {
-        "127.0.0.1:" + std::to_string(testing::pick_free_port()),
-        "127.0.0.1:" + std::to_string(testing::pick_free_port())};
+    const std::vector<std::string> peers = testing::free_peer_list(2);
     const auto options_for = [&](int rank) {
-      TransportOptions options;
-      options.rendezvous = RendezvousMethod::peer_list;
-      options.peers = peers;
-      options.rank = rank;
-      options.secret = kSecret;
-      options.connect_timeout = kTimeout;
-      return options;
+      return testing::peer_list_options(peers, rank, kSecret, kTimeout);
     };
     // Rank 1 starts alone and waits for rank 0; a stranger gets to its listener first.
     std::unique_ptr<TcpTransport> rank1;
@@ -217,21 +209,14 @@ TEST(TcpAuth, TheRendezvousServerRefusesAWrongSecretAndCarriesOn) {
 
 TEST(TcpAuth, RanksWithDifferentSecretsDoNotConnect) {
   for (int attempt = 0;; ++attempt) {
-    const std::vector<std::string> peers = {
-        "127.0.0.1:" + std::to_string(testing::pick_free_port()),
-        "127.0.0.1:" + std::to_string(testing::pick_free_port())};
+    const std::vector<std::string> peers = testing::free_peer_list(2);
     std::array<std::string, 2> failures;
     std::array<std::optional<int>, 2> blamed;
     bool port_taken = false;
     run_parallel(2, [&](int rank) {
-      TransportOptions options;
-      options.rendezvous = RendezvousMethod::peer_list;
-      options.peers = peers;
-      options.rank = rank;
-      options.secret = rank == 0 ? "alpha" : "beta";
-      options.connect_timeout = 3s;
       try {
-        TcpTransport transport(options);
+        TcpTransport transport(
+            testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s));
       } catch (const IoError&) {
         port_taken = true;  // the free port was taken meanwhile: try again
       } catch (const Error& error) {

@@ -691,19 +691,12 @@ TEST(TcpTransport, RandomTrafficBetweenFourRanks) {
 TEST(TcpTransport, PeerListRendezvous) {
   // Ports are picked free just before use; a collision with another process is retried.
   for (int attempt = 0;; ++attempt) {
-    std::vector<std::string> peers;
-    for (int rank = 0; rank < 3; ++rank)
-      peers.push_back("127.0.0.1:" + std::to_string(testing::pick_free_port()));
+    const std::vector<std::string> peers = testing::free_peer_list(3);
     std::vector<std::unique_ptr<Transport>> group(3);
     try {
       run_parallel(3, [&](int rank) {
-        TransportOptions options;
-        options.rendezvous = RendezvousMethod::peer_list;
-        options.peers = peers;
-        options.rank = rank;
-        options.secret = "peer-list secret";
-        options.connect_timeout = 20s;
-        group[static_cast<std::size_t>(rank)] = make_transport(options);
+        group[static_cast<std::size_t>(rank)] =
+            make_transport(testing::peer_list_options(peers, rank, "peer-list secret", 20s));
       });
     } catch (const IoError& error) {
       if (attempt < 3) continue;  // a port was taken meanwhile
@@ -724,23 +717,16 @@ TEST(TcpTransport, APeerLostWhileTheGroupFormsEndsTheFormationAtOnce) {
   // closes its connections; rank 0, with 20 s to connect, fails as soon as rank 1 is gone and
   // names it, instead of waiting for rank 2 until its own deadline.
   for (int attempt = 0;; ++attempt) {
-    std::vector<std::string> peers;
-    for (int rank = 0; rank < 3; ++rank)
-      peers.push_back("127.0.0.1:" + std::to_string(testing::pick_free_port()));
+    const std::vector<std::string> peers = testing::free_peer_list(3);
     std::array<std::string, 2> failures;
     std::array<std::optional<int>, 2> blamed;
     std::array<std::chrono::steady_clock::duration, 2> took{};
     bool port_taken = false;
     run_parallel(2, [&](int rank) {
-      TransportOptions options;
-      options.rendezvous = RendezvousMethod::peer_list;
-      options.peers = peers;
-      options.rank = rank;
-      options.secret = "formation";
-      options.connect_timeout = rank == 0 ? 20s : 1s;
       const auto start = std::chrono::steady_clock::now();
       try {
-        TcpTransport transport(options);
+        TcpTransport transport(
+            testing::peer_list_options(peers, rank, "formation", rank == 0 ? 20s : 1s));
       } catch (const IoError&) {
         port_taken = true;  // a free port was taken meanwhile: try again
       } catch (const Error& error) {
