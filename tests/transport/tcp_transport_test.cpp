@@ -226,8 +226,6 @@ TEST(TcpTransport, MessagesThatArriveBeforeTheirReceiveAreKept) {
   EXPECT_EQ(got_small, small);
   EXPECT_EQ(got_large, large);
   EXPECT_EQ(group[1]->unexpected_bytes(), 0U);
-  // Kept, then copied out: every byte of the early messages was copied at least once.
-  EXPECT_GE(group[1]->payload_bytes_copied(), small.size() + large.size());
 }
 
 TEST(TcpTransport, AFrameWhoseReceiveIsPostedIsCopiedOnlyAtItsEdges) {
