@@ -1580,8 +1580,8 @@ void TcpTransport::Core::fail_peer_locked(Peer& peer, const std::exception_ptr& 
   if (log && !closing_ && !aborted_)
     logger().warn("tcp transport: rank {}: {}", rank_, what_of(error));
   // Lost before the whole mesh is connected: the group cannot form. Waiting on for the other
-  // connections until the connect deadline would keep this rank from the next try at forming
-  // one (an elastic group's regroup timeout is shorter than the connect timeout).
+  // connections until the connect deadline would only delay this rank's next try at forming
+  // one (in an elastic run, possibly past the coordinator's regroup timeout).
   if (!formed_ && !formation_error_) formation_error_ = error;
   const auto fail = [&](const std::shared_ptr<Operation>& op) {
     if (op && !op->done && !op->error && !op->stash_to_copy) op->error = error;

@@ -74,9 +74,10 @@ class TcpTransport final : public Transport {
   // Bytes currently held for messages whose irecv is not posted yet.
   [[nodiscard]] std::size_t unexpected_bytes() const;
   // Payload bytes received so far that this transport copied itself (the rest the kernel wrote
-  // straight into the receive's buffer): those that arrived in the staging buffer with a frame
-  // header or a short frame tail, and those kept for a message whose irecv came late (counted
-  // again when copied out of the stash). Self-sends count too.
+  // straight into the receive's buffer), counted per copy: those that arrived in the staging
+  // buffer with a frame header or a short frame tail, and what arrived of a message before its
+  // irecv was posted, when copied out of the memory kept for it (bytes that also came through
+  // the staging buffer count twice). Self-sends count too.
   [[nodiscard]] std::uint64_t payload_bytes_copied() const noexcept;
   // Callers now inside a request's wait() (they drive the io_context; tcp/progress.h).
   [[nodiscard]] int callers_waiting() const noexcept;
