@@ -41,6 +41,12 @@ namespace {
 // payloads of at least kDirectReadBytes are read straight into their destination.
 constexpr std::size_t kStagingBytes = 64 * 1024;
 constexpr std::size_t kDirectReadBytes = 16 * 1024;
+// A direct read takes at most this much, so that the payload checksum reads the bytes while the
+// kernel's copy has left them in this core's L2 cache (2 MiB on the development machine).
+// Uncapped, one read could take the rest of a 512 KiB frame, and the hash then found much of it
+// evicted (by the next read, or by another process on the core): on the 2-core development
+// machine that cost 3-7% more CPU per 4 and 16 MiB all-gather (docs/benchmarks.md, session 12).
+constexpr std::size_t kDirectReadMaxBytes = 128 * 1024;
 // A write gathers queued frames up to this many payload bytes / frames into one system call.
 constexpr std::size_t kBatchBytes = 256 * 1024;
 constexpr std::size_t kBatchFrames = 32;
@@ -1082,7 +1088,8 @@ void TcpTransport::Core::read_more(Peer& peer, Lane& lane) {
       lane.remaining >= kDirectReadBytes) {
     // Straight into the destination (the caller's buffer when its irecv is posted).
     lane.socket.async_read_some(
-        asio::buffer(lane.target, lane.remaining),
+        asio::buffer(lane.target, static_cast<std::size_t>(std::min<std::uint64_t>(
+                                      lane.remaining, kDirectReadMaxBytes))),
         asio::bind_executor(
             peer.strand,
             [this, &peer, &lane](const boost::system::error_code& error, std::size_t n) {
@@ -1123,15 +1130,9 @@ void TcpTransport::Core::on_read(Peer& peer, Lane& lane, const boost::system::er
     const std::span<const std::byte> arrived(lane.target, n);
     lane.target += n;
     lane.remaining -= n;
-    if (lane.hashing && lane.remaining > 0) {
-      // More of the frame is to come: ask for it before hashing what came, so that the kernel
-      // reopens the receive window and the peer sends on while this thread hashes (the
-      // handler of that read runs on this strand, so after this one: the digest still sees
-      // the bytes in order).
-      read_more(peer, lane);
-      lane.payload_digest.update(arrived);
-      return;
-    }
+    // Hashed before the next read is started: Asio performs that read at once when data is
+    // waiting, and its copy would push these bytes out of the cache first. (The kernel reopens
+    // the receive window when a read drains the socket, not when the next one is posted.)
     if (lane.hashing) lane.payload_digest.update(arrived);
   } else {
     lane.staging_end += n;
