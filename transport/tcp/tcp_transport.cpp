@@ -45,7 +45,8 @@ constexpr std::size_t kDirectReadBytes = 16 * 1024;
 // kernel's copy has left them in this core's L2 cache (2 MiB on the development machine).
 // Uncapped, one read could take the rest of a 512 KiB frame, and the hash then found much of it
 // evicted (by the next read, or by another process on the core): on the 2-core development
-// machine that cost 3-7% more CPU per 4 and 16 MiB all-gather (docs/benchmarks.md, session 12).
+// machine that cost about 6% more CPU per 4 and 16 MiB all-gather (docs/benchmarks.md,
+// session 12).
 constexpr std::size_t kDirectReadMaxBytes = 128 * 1024;
 // A write gathers queued frames up to this many payload bytes / frames into one system call.
 constexpr std::size_t kBatchBytes = 256 * 1024;
