@@ -31,17 +31,14 @@ using detail::Call;
 using detail::Phase;
 using transport::Request;
 
-namespace {
-// The rule of `automatic`; docs/collectives.md shows the measurements behind it.
-constexpr std::size_t kDirectAllReduceBytes = std::size_t{256} << 10;
-}  // namespace
-
 CollectiveAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size) {
   // Two ranks: both algorithms are the same exchange.
   if (world_size <= 2) return CollectiveAlgorithm::ring;
-  // Latency-bound: 2 hops instead of 2 (n-1), for the same bytes per link.
-  if (elements * sizeof(float) <= kDirectAllReduceBytes) return CollectiveAlgorithm::direct;
-  // Bandwidth-bound: one flow per link, and no receive buffer of (n-1)/n of the vector.
+  // Up to a few MiB the hops cost more than the incast: 2 hops instead of 2 (n-1), for the
+  // same bytes per link. Each hop is a round of wake-ups where ranks share cores, and a one-way
+  // latency on a WAN; n-1 senders into one link cost a little on shaped links without delay.
+  if (elements * sizeof(float) <= kAllReduceDirectMaxBytes) return CollectiveAlgorithm::direct;
+  // Larger: one flow per link, and no receive buffer of (n-1)/n of the vector.
   return CollectiveAlgorithm::ring;
 }
 

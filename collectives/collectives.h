@@ -124,6 +124,9 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
 // ranks (the same choice on every rank). The rule and the measurements behind it are in
 // docs/collectives.md.
 [[nodiscard]] CollectiveAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size);
+// The largest vector, in bytes, that choose_allreduce_algorithm gives to `direct` (world sizes
+// above 2).
+inline constexpr std::size_t kAllReduceDirectMaxBytes = std::size_t{4} << 20;
 
 // Copies `root`'s `data` into every rank's `data` (same size everywhere). The root's data is
 // only read; on failure the other ranks' data holds garbage. Small data (at most one pipeline

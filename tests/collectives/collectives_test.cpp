@@ -364,7 +364,9 @@ TEST(AllReduceAlgorithm, AutomaticTakesDirectForLatencyBoundVectorsAndRingForLar
   EXPECT_EQ(choose_allreduce_algorithm(0, 4), CollectiveAlgorithm::direct);
   EXPECT_EQ(choose_allreduce_algorithm(kKiB, 4), CollectiveAlgorithm::direct);
   EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4, 7), CollectiveAlgorithm::direct);
-  EXPECT_EQ(choose_allreduce_algorithm(256 * kKiB / 4 + 1, 4), CollectiveAlgorithm::ring);
+  EXPECT_EQ(kAllReduceDirectMaxBytes, 4 * kKiB * kKiB);
+  EXPECT_EQ(choose_allreduce_algorithm(4 * kKiB * kKiB / 4, 4), CollectiveAlgorithm::direct);
+  EXPECT_EQ(choose_allreduce_algorithm(4 * kKiB * kKiB / 4 + 1, 4), CollectiveAlgorithm::ring);
   EXPECT_EQ(choose_allreduce_algorithm(64 * kKiB * kKiB / 4, 4), CollectiveAlgorithm::ring);
 }
 
@@ -462,7 +464,7 @@ TEST_P(AllReduceDisagreement, RanksWithDifferentAlgorithmsAllFailNamingAPeer) {
 // (which exchanges headers with its left neighbour only) and the others direct (which exchange
 // them with every peer): the disagreement must still be found and named on every rank.
 TEST(AllReduceDisagreementAcrossTheAlgorithmBoundary, AllRanksFailNamingThePeerWithTheRing) {
-  constexpr std::size_t kDirectLimit = std::size_t{256} << 10 >> 2;  // floats
+  constexpr std::size_t kDirectLimit = kAllReduceDirectMaxBytes / sizeof(float);
   for (const std::string& backend : pulseloco::testing::test_backends()) {
     for (const int odd : {0, 1, 2}) {
       SCOPED_TRACE(fmt::format("{}: rank {} takes the ring", backend, odd));
