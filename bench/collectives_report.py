@@ -5,7 +5,9 @@ setup, each cell listing the runs of that setup.
     bench/collectives_report.py RECORDS.jsonl [RECORDS.jsonl ...]
 
 Records are grouped by their `setup` (the benchmark's --label) with a trailing `-runN`
-removed, so that the runs of one build or setting share a column. A cell lists each run's
+removed, so that the runs of one build or setting share a column. A setup whose records hold
+more than one algorithm (bench_collectives_netns --algorithms ring,direct) gets one column per
+algorithm, named `setup (algorithm)`. A cell lists each run's
 ratio (ours / OpenMPI's time, median over the rounds; or our time / the link's bound for runs
 over shaped links) and the range of our CPU time per call, and, against OpenMPI, of our CPU
 per call / OpenMPI's. Prints GitHub markdown, the form docs/benchmarks.md uses.
@@ -45,12 +47,20 @@ def main(paths):
     ours = [r for r in records if r["transport"] == "pulseloco-tcp"]
     if not ours:
         sys.exit("no records of pulseloco-tcp")
-    groups = list(dict.fromkeys(group_of(r["setup"]) for r in ours))
+    algorithms = collections.defaultdict(set)
+    for r in ours:
+        algorithms[group_of(r["setup"])].add(r.get("algorithm"))
+
+    def column_of(r):
+        group = group_of(r["setup"])
+        return f"{group} ({r.get('algorithm')})" if len(algorithms[group]) > 1 else group
+
+    groups = list(dict.fromkeys(column_of(r) for r in ours))
     cells = collections.defaultdict(list)
     for r in ours:
         link = r.get("link_mbit")
         key = (r["operation"], link, r["bytes_per_rank"])
-        cells[(key, group_of(r["setup"]))].append(r)
+        cells[(key, column_of(r))].append(r)
     keys = sorted({key for key, _ in cells}, key=lambda k: (k[0], k[1] or 0, k[2]))
     print("| operation | link | bytes per rank | " + " | ".join(groups) + " |")
     print("|---|---|---|" + "---|" * len(groups))

@@ -63,6 +63,22 @@ class CollectivesReport(unittest.TestCase):
         self.assertEqual(lines[2], "| sparse_allgather | 100 Mbit/s | 1 MiB |  | 1.05 (cpu 10.0-10.0 ms) |")
         self.assertEqual(lines[3], "| sparse_allgather | 1000 Mbit/s | 1 MiB | 1.07 (cpu 10.0-10.0 ms) |  |")
 
+    def test_a_setup_with_two_algorithms_gets_a_column_for_each(self):
+        lines = report([
+            record("s-run1", "pulseloco-tcp", 0.013, 0.01, algorithm="ring", link_mbit=1000.0,
+                   ratio_to_bound=1.01, bound_seconds=0.0126),
+            record("s-run1", "pulseloco-tcp", 0.014, 0.02, algorithm="direct", link_mbit=1000.0,
+                   ratio_to_bound=1.07, bound_seconds=0.0126),
+            record("t-run1", "pulseloco-tcp", 0.013, 0.01, algorithm="ring", link_mbit=1000.0,
+                   ratio_to_bound=1.02, bound_seconds=0.0126),
+        ])
+        self.assertEqual(lines[0],
+                         "| operation | link | bytes per rank | s (ring) | s (direct) | t |")
+        self.assertEqual(
+            lines[2],
+            "| sparse_allgather | 1000 Mbit/s | 1 MiB | 1.01 (cpu 10.0-10.0 ms) | "
+            "1.07 (cpu 20.0-20.0 ms) | 1.02 (cpu 10.0-10.0 ms) |")
+
     def test_records_without_ours_are_refused(self):
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write(json.dumps(record("a-run1", "openmpi-tcp", 0.01, 0.002)) + "\n")
