@@ -5,9 +5,9 @@ setup, each cell listing the runs of that setup.
     bench/collectives_report.py RECORDS.jsonl [RECORDS.jsonl ...]
 
 Records are grouped by their `setup` (the benchmark's --label) with a trailing `-runN`
-removed, so that the runs of one build or setting share a column. A setup whose records hold
-more than one algorithm (bench_collectives_netns --algorithms ring,direct) gets one column per
-algorithm, named `setup (algorithm)`. A cell lists each run's
+removed, so that the runs of one build or setting share a column. A setup that timed the same
+point with more than one algorithm (bench_collectives_netns --algorithms ring,direct) gets one
+column per algorithm, named `setup (algorithm)`. A cell lists each run's
 ratio (ours / OpenMPI's time, median over the rounds; or our time / the link's bound for runs
 over shaped links) and the range of our CPU time per call, and, against OpenMPI, of our CPU
 per call / OpenMPI's. Prints GitHub markdown, the form docs/benchmarks.md uses.
@@ -47,13 +47,17 @@ def main(paths):
     ours = [r for r in records if r["transport"] == "pulseloco-tcp"]
     if not ours:
         sys.exit("no records of pulseloco-tcp")
+    # A setup splits by algorithm only where it timed one point with several (an `automatic`
+    # run takes different algorithms at different sizes and stays one column).
     algorithms = collections.defaultdict(set)
     for r in ours:
-        algorithms[group_of(r["setup"])].add(r.get("algorithm"))
+        point = (r["operation"], r.get("link_mbit"), r["bytes_per_rank"])
+        algorithms[(group_of(r["setup"]), point)].add(r.get("algorithm"))
+    split = {group for (group, _), names in algorithms.items() if len(names) > 1}
 
     def column_of(r):
         group = group_of(r["setup"])
-        return f"{group} ({r.get('algorithm')})" if len(algorithms[group]) > 1 else group
+        return f"{group} ({r.get('algorithm')})" if group in split else group
 
     groups = list(dict.fromkeys(column_of(r) for r in ours))
     cells = collections.defaultdict(list)

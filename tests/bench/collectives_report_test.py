@@ -79,6 +79,15 @@ class CollectivesReport(unittest.TestCase):
             "| sparse_allgather | 1000 Mbit/s | 1 MiB | 1.01 (cpu 10.0-10.0 ms) | "
             "1.07 (cpu 20.0-20.0 ms) | 1.02 (cpu 10.0-10.0 ms) |")
 
+    def test_automatic_choosing_by_size_stays_one_column(self):
+        lines = report([
+            record("a-run1", "pulseloco-tcp", 0.002, 0.003, ratio=1.20, algorithm="direct"),
+            record("a-run1", "pulseloco-tcp", 0.040, 0.050, ratio=1.10, algorithm="ring",
+                   nbytes=16 << 20),
+        ])
+        self.assertEqual(lines[0], "| operation | link | bytes per rank | a |")
+        self.assertEqual(len(lines), 4)
+
     def test_records_without_ours_are_refused(self):
         with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:
             f.write(json.dumps(record("a-run1", "openmpi-tcp", 0.01, 0.002)) + "\n")
