@@ -318,7 +318,8 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   void process(Peer& peer, Lane& lane);
   bool begin_frame(Peer& peer, Lane& lane);  // false: stop reading (paused or failed)
   void read_rest_into_receive_if_posted(Peer& peer, Lane& lane);
-  void finish_frame(Peer& peer, Lane& lane);
+  // Returns true when the frame completed a posted receive.
+  [[nodiscard]] bool finish_frame(Peer& peer, Lane& lane);
   void resume_lanes(Peer& peer);
 
   // Failures and closing.
@@ -1199,7 +1200,14 @@ void TcpTransport::Core::process(Peer& peer, Lane& lane) {
       lane.remaining -= take;
     }
     if (lane.remaining > 0) break;
-    finish_frame(peer, lane);
+    if (finish_frame(peer, lane)) {
+      // A receive completed: the caller waiting for it runs before this connection's next
+      // frame is looked at (drive_until checks after every handler). That frame is often the
+      // message the caller is about to post a receive for (a collective's payload after its
+      // header); read on at once, it would go to the stash and be copied once more.
+      asio::post(peer.strand, [this, &peer, &lane] { process(peer, lane); });
+      return;
+    }
   }
   read_more(peer, lane);
 }
@@ -1358,7 +1366,7 @@ void TcpTransport::Core::read_rest_into_receive_if_posted(Peer& peer, Lane& lane
   lane.stashing = false;
 }
 
-void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
+bool TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
   lane.in_payload = false;
   lane.stashing = false;
   const FrameHeader& frame = lane.frame;
@@ -1366,7 +1374,7 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
     lane.abort_received = true;
     if (peer.abort_reason.empty()) peer.abort_reason = lane.abort_reason;
     end_lane_after_abort(peer, lane);
-    return;
+    return false;
   }
   const bool verified = lane.hashing;
   if (lane.hashing) {
@@ -1378,14 +1386,14 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
                                      frame.tag, frame.sequence, frame.chunk_offset,
                                      frame.chunk_offset + frame.chunk_bytes, lane.index),
                          frame.chunk_offset);
-      return;
+      return false;
     }
   }
   bool notify = false;
   {
     const std::lock_guard lock(mutex_);
     auto it = peer.slots.find(lane.key);
-    if (it == peer.slots.end()) return;  // the peer failed meanwhile
+    if (it == peer.slots.end()) return false;  // the peer failed meanwhile
     Slot& slot = it->second;
     slot.received += frame.chunk_bytes;
     if (verified)
@@ -1421,6 +1429,7 @@ void TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
     }
   }
   if (notify) notify_waiters();
+  return notify;
 }
 
 void TcpTransport::Core::resume_lanes(Peer& peer) {
