@@ -318,6 +318,8 @@ class TcpTransport::Core : public std::enable_shared_from_this<TcpTransport::Cor
   void process(Peer& peer, Lane& lane);
   bool begin_frame(Peer& peer, Lane& lane);  // false: stop reading (paused or failed)
   void read_rest_into_receive_if_posted(Peer& peer, Lane& lane);
+  // Whether the irecv for message `key` from `peer` is posted.
+  [[nodiscard]] bool receive_posted(Peer& peer, const MessageKey& key);
   // Returns true when the frame completed a posted receive.
   [[nodiscard]] bool finish_frame(Peer& peer, Lane& lane);
   void resume_lanes(Peer& peer);
@@ -1168,6 +1170,7 @@ void TcpTransport::Core::on_read(Peer& peer, Lane& lane, const boost::system::er
 }
 
 void TcpTransport::Core::process(Peer& peer, Lane& lane) {
+  bool completed_a_receive = false;  // by a frame this call finished
   while (!lane.closed) {
     if (!lane.in_payload) {
       if (lane.staging_end - lane.staging_begin < kFrameHeaderBytes) break;
@@ -1178,6 +1181,15 @@ void TcpTransport::Core::process(Peer& peer, Lane& lane) {
                              problem);
       if (!header) {
         protocol_violation(peer, fmt::format("{} on connection {}", problem, lane.index));
+        return;
+      }
+      if (completed_a_receive && header->kind == FrameKind::data && header->message_bytes > 0 &&
+          !receive_posted(peer, {header->tag, header->sequence})) {
+        // This frame would go to the stash, and be copied out again later; but a receive
+        // completed just now, and the caller waiting for it often posts this frame's receive
+        // next (a collective's payload after its header). It runs first if this connection
+        // goes on in a new handler (drive_until looks at its operation after every handler).
+        asio::post(peer.strand, [this, &peer, &lane] { process(peer, lane); });
         return;
       }
       lane.staging_begin += kFrameHeaderBytes;
@@ -1200,14 +1212,7 @@ void TcpTransport::Core::process(Peer& peer, Lane& lane) {
       lane.remaining -= take;
     }
     if (lane.remaining > 0) break;
-    if (finish_frame(peer, lane)) {
-      // A receive completed: the caller waiting for it runs before this connection's next
-      // frame is looked at (drive_until checks after every handler). That frame is often the
-      // message the caller is about to post a receive for (a collective's payload after its
-      // header); read on at once, it would go to the stash and be copied once more.
-      asio::post(peer.strand, [this, &peer, &lane] { process(peer, lane); });
-      return;
-    }
+    if (finish_frame(peer, lane)) completed_a_receive = true;
   }
   read_more(peer, lane);
 }
@@ -1337,6 +1342,12 @@ bool TcpTransport::Core::begin_frame(Peer& peer, Lane& lane) {
   lock.unlock();
   if (notify) notify_waiters();
   return true;
+}
+
+bool TcpTransport::Core::receive_posted(Peer& peer, const MessageKey& key) {
+  const std::lock_guard lock(mutex_);
+  const auto it = peer.slots.find(key);
+  return it != peer.slots.end() && it->second.op != nullptr;
 }
 
 void TcpTransport::Core::read_rest_into_receive_if_posted(Peer& peer, Lane& lane) {
