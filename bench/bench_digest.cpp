@@ -1,19 +1,13 @@
-// Checksum throughput, in cache (256 KiB, 1 MiB) and from memory (64 MiB):
-//  - xxh3-64 (replica digests, codec frames): libxxhash's baseline build against the AVX2 build
-//    of the same header (src/base/digest_avx2.cpp);
-//  - CRC-64/XZ (TCP frame checksums, transport/tcp/checksum.h): ISA-L, whole buffers and in the
-//    128 KiB pieces in which the transport reads a large frame.
+// xxh3-64 throughput: libxxhash's baseline build against the AVX2 build of the same header
+// (src/base/digest_avx2.cpp), in cache (256 KiB, 1 MiB) and from memory (64 MiB).
 //   build/bin/pulseloco_bench_digest
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include "base/cpu_features.h"
 #include "base/digest_dispatch.h"
-#include "transport/tcp/checksum.h"
 
 namespace {
 
@@ -48,26 +42,7 @@ void BM_Xxh3Avx2(benchmark::State& state) {
 #endif
 }
 
-void BM_Crc64Isal(benchmark::State& state) {
-  run(state, [](const std::uint8_t* data, std::size_t size) {
-    return pulseloco::transport::tcp::frame_checksum(std::as_bytes(std::span(data, size)));
-  });
-}
-
-void BM_Crc64IsalPieces(benchmark::State& state) {
-  run(state, [](const std::uint8_t* data, std::size_t size) {
-    constexpr std::size_t kPiece = 128 << 10;  // kDirectReadMaxBytes in tcp_transport.cpp
-    pulseloco::transport::tcp::FrameChecksumStream stream;
-    const auto bytes = std::as_bytes(std::span(data, size));
-    for (std::size_t at = 0; at < size; at += kPiece)
-      stream.update(bytes.subspan(at, std::min(kPiece, size - at)));
-    return stream.finish();
-  });
-}
-
 BENCHMARK(BM_Xxh3Libxxhash)->Arg(256 << 10)->Arg(1 << 20)->Arg(64 << 20);
 BENCHMARK(BM_Xxh3Avx2)->Arg(256 << 10)->Arg(1 << 20)->Arg(64 << 20);
-BENCHMARK(BM_Crc64Isal)->Arg(256 << 10)->Arg(1 << 20)->Arg(64 << 20);
-BENCHMARK(BM_Crc64IsalPieces)->Arg(256 << 10)->Arg(1 << 20)->Arg(64 << 20);
 
 }  // namespace

@@ -3,7 +3,6 @@ find_package(Threads REQUIRED)
 find_package(fmt REQUIRED)               # libfmt-dev
 find_package(spdlog REQUIRED)            # libspdlog-dev
 find_package(xxhash REQUIRED)            # libxxhash-dev (cmake/Findxxhash.cmake)
-find_package(isal REQUIRED)              # libisal-dev (cmake/Findisal.cmake): TCP frame CRCs
 find_package(zstd REQUIRED)              # libzstd-dev
 find_package(Boost 1.74 REQUIRED)        # libboost-dev (header-only Asio)
 find_package(OpenSSL REQUIRED)           # libssl-dev (HMAC-SHA256 peer authentication)

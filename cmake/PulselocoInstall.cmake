@@ -45,7 +45,6 @@ install(FILES
   ${PROJECT_BINARY_DIR}/pulselocoConfig.cmake
   ${PROJECT_BINARY_DIR}/pulselocoConfigVersion.cmake
   ${PROJECT_SOURCE_DIR}/cmake/Findxxhash.cmake
-  ${PROJECT_SOURCE_DIR}/cmake/Findisal.cmake
   ${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake
   ${PROJECT_SOURCE_DIR}/cmake/PulselocoCudaToolkit.cmake
   DESTINATION ${PULSELOCO_INSTALL_CMAKEDIR})

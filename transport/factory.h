@@ -75,12 +75,12 @@ struct TransportOptions {
   std::string socket_ifname;      // advertise this interface's IPv4 address (e.g. "eth0")
 
   // --- TCP data plane ---------------------------------------------------------------------------
-  int connections_per_peer = 2;  // parallel TCP connections per peer
+  int connections_per_peer = 2;                               // parallel TCP connections per peer
   // Larger messages are striped: a 1 MiB message then travels as two 512 KiB frames on two
   // connections, which on loopback took a 4-rank 1 MiB all-gather from 1.32x to 1.09x OpenMPI's
   // time (docs/benchmarks.md, "Frame size").
   std::size_t stripe_threshold_bytes = std::size_t{512} << 10;
-  std::size_t stripe_chunk_bytes = std::size_t{4} << 20;  // largest frame of a striped message
+  std::size_t stripe_chunk_bytes = std::size_t{4} << 20;      // largest frame of a striped message
   bool tcp_nodelay = true;
   int socket_send_buffer_bytes = 0;     // SO_SNDBUF; 0 = kernel autotuning
   int socket_receive_buffer_bytes = 0;  // SO_RCVBUF; 0 = kernel autotuning
@@ -98,7 +98,7 @@ struct TransportOptions {
   // all; beyond it the transport stops reading from that connection until a matching irecv is
   // posted (TCP flow control then holds the sender).
   std::size_t max_unexpected_bytes = std::size_t{1} << 30;
-  bool payload_checksums = true;  // CRC-64/XZ of every frame's payload (headers always)
+  bool payload_checksums = true;  // xxh3-64 of every frame's payload (headers always)
   // Threads that run this transport's Asio io_context while no caller waits: a caller waiting
   // on a request runs it itself, and the I/O threads step aside meanwhile (tcp/progress.h).
   int io_threads = 1;

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "transport/tcp/checksum.h"
+#include "base/digest.h"
 
 namespace pulseloco::transport::tcp {
 namespace {
@@ -55,7 +55,7 @@ EncodedHeader encode_header(const FrameHeader& header) noexcept {
   store_u64(out.data() + 32, header.chunk_offset);
   store_u64(out.data() + 40, header.chunk_bytes);
   store_u64(out.data() + 48, header.has_payload_checksum ? header.payload_checksum : 0);
-  store_u64(out.data() + 56, frame_checksum(std::span(out).first(kChecksummedBytes)));
+  store_u64(out.data() + 56, digest_bytes(std::span(out).first(kChecksummedBytes)));
   return out;
 }
 
@@ -66,7 +66,7 @@ std::optional<FrameHeader> decode_header(std::span<const std::byte, kFrameHeader
     return std::nullopt;
   }
   const auto stored = load_u64(bytes.data() + 56);
-  if (const auto computed = frame_checksum(bytes.first(kChecksummedBytes)); stored != computed) {
+  if (const auto computed = digest_bytes(bytes.first(kChecksummedBytes)); stored != computed) {
     problem = fmt::format("frame header checksum mismatch (stored {:016x}, computed {:016x})",
                           stored, computed);
     return std::nullopt;

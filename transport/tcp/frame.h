@@ -1,7 +1,7 @@
 // The TCP data-plane frame: a fixed 64-byte header, then the payload chunk.
 //
 //   offset size field
-//    0     4    magic "PLT2" (PLT1: the same layout with xxh3-64 checksums, before session 14)
+//    0     4    magic "PLT1"
 //    4     1    kind (1 data, 2 goodbye, 3 abort)
 //    5     1    flags (bit 0: payload_checksum is set)
 //    6     2    reserved, zero
@@ -10,13 +10,13 @@
 //   24     8    message_bytes: size of the whole message
 //   32     8    chunk_offset: where this frame's payload lies in the message
 //   40     8    chunk_bytes: payload bytes following this header
-//   48     8    payload_checksum: CRC-64/XZ of the payload chunk (0 when flags bit 0 is clear)
-//   56     8    header_checksum: CRC-64/XZ of bytes 0..55
-// CRC-64/XZ: tcp/checksum.h. All integers little-endian. A message of at most the striping
-// threshold travels as one frame; a larger one is cut into chunks that travel over all connections
-// to the peer and are reassembled by (tag, sequence, chunk_offset). A goodbye frame (no payload)
-// says the sender closes its transport after everything it sent before; an abort frame carries the
-// abort reason as its payload (at most kMaxAbortReasonBytes).
+//   48     8    payload_checksum: xxh3-64 of the payload chunk (0 when flags bit 0 is clear)
+//   56     8    header_checksum: xxh3-64 of bytes 0..55
+// All integers little-endian. A message of at most the striping threshold travels as one frame;
+// a larger one is cut into chunks that travel over all connections to the peer and are
+// reassembled by (tag, sequence, chunk_offset). A goodbye frame (no payload) says the sender
+// closes its transport after everything it sent before; an abort frame carries the abort reason
+// as its payload (at most kMaxAbortReasonBytes).
 #pragma once
 
 #include <array>
@@ -31,7 +31,7 @@
 namespace pulseloco::transport::tcp {
 
 inline constexpr std::size_t kFrameHeaderBytes = 64;
-inline constexpr std::uint32_t kFrameMagic = 0x32544C50;  // "PLT2" little-endian
+inline constexpr std::uint32_t kFrameMagic = 0x31544C50;  // "PLT1" little-endian
 inline constexpr std::size_t kMaxAbortReasonBytes = 1024;
 // Sanity bound on a message a peer may announce (256 TiB); larger is a protocol violation.
 inline constexpr std::uint64_t kMaxMessageBytes = std::uint64_t{1} << 48;

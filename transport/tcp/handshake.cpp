@@ -15,8 +15,7 @@ namespace pulseloco::transport::tcp {
 namespace {
 
 constexpr std::array<std::uint8_t, 8> kHelloMagic = {'P', 'L', 'O', 'C', 'O', 'H', 'S', '1'};
-// 2: data frames carry CRC-64/XZ checksums (magic "PLT2"); 1: xxh3-64 ("PLT1").
-constexpr std::uint8_t kHandshakeVersion = 2;
+constexpr std::uint8_t kHandshakeVersion = 1;
 constexpr std::string_view kServerLabel = "pulseloco-server-v1";
 constexpr std::string_view kClientLabel = "pulseloco-client-v1";
 

@@ -16,10 +16,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/digest.h"
 #include "base/errors.h"
 #include "base/log.h"
 #include "transport/tcp/asio_util.h"
-#include "transport/tcp/checksum.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/progress.h"
@@ -29,8 +29,6 @@ namespace pulseloco::transport {
 
 using tcp::Acceptor;
 using tcp::EncodedHeader;
-using tcp::FrameChecksum;
-using tcp::FrameChecksumStream;
 using tcp::FrameHeader;
 using tcp::FrameKind;
 using tcp::kFrameHeaderBytes;
@@ -87,7 +85,7 @@ struct MessageKeyHash {
 struct VerifiedFrame {
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
-  FrameChecksum checksum = 0;
+  Digest checksum = 0;
 };
 
 // The payload checksums of one sent message, frame by frame, computed once by whichever write
@@ -98,24 +96,24 @@ struct VerifiedFrame {
 // futex_wake system call, whether or not anyone waits, which cost one system call per frame
 // sent (most of this transport's futex calls in a profile of the 1 MiB all-gather). Writes to
 // different peers run on different strands, so two threads may both find a cell unknown and
-// both hash the frame: they store the same value (the checksum of the same, unchanged bytes), so
+// both hash the frame: they store the same value (the digest of the same, unchanged bytes), so
 // the race costs a duplicate hash and nothing else.
 struct MessageChecksums {
   struct Cell {
     std::atomic<bool> known{false};
-    std::atomic<FrameChecksum> value{0};
+    std::atomic<Digest> value{0};
   };
   explicit MessageChecksums(std::size_t frames)
       : cells(std::make_unique<Cell[]>(frames)), count(frames) {}
-  FrameChecksum get(std::size_t frame, std::span<const std::byte> payload) {
+  Digest get(std::size_t frame, std::span<const std::byte> payload) {
     Cell& cell = cells[frame];
     if (cell.known.load(std::memory_order_acquire))
       return cell.value.load(std::memory_order_relaxed);
-    const FrameChecksum value = tcp::frame_checksum(payload);
+    const Digest value = digest_bytes(payload);
     set_known(frame, value);
     return value;
   }
-  void set_known(std::size_t frame, FrameChecksum value) {
+  void set_known(std::size_t frame, Digest value) {
     Cell& cell = cells[frame];
     cell.value.store(value, std::memory_order_relaxed);
     cell.known.store(true, std::memory_order_release);
@@ -210,7 +208,7 @@ struct Lane {
   bool hashing = false;         // the frame's payload checksum is being computed
   bool stashing = false;        // the payload goes to the stash (no irecv when the frame began)
   int inline_reads = 0;         // nested inline direct reads in progress (kInlineDirectReads)
-  FrameChecksumStream payload_checksum;
+  DigestStream payload_digest;
   std::uint64_t remaining = 0;
   std::string abort_reason;
   bool paused = false;  // too many early bytes: waiting for an irecv or for room
@@ -1162,7 +1160,7 @@ void TcpTransport::Core::on_read(Peer& peer, Lane& lane, const boost::system::er
     // Hashed before the next read is started: Asio performs that read at once when data is
     // waiting, and its copy would push these bytes out of the cache first. (The kernel reopens
     // the receive window when a read drains the socket, not when the next one is posted.)
-    if (lane.hashing) lane.payload_checksum.update(arrived);
+    if (lane.hashing) lane.payload_digest.update(arrived);
   } else {
     lane.staging_end += n;
   }
@@ -1204,8 +1202,7 @@ void TcpTransport::Core::process(Peer& peer, Lane& lane) {
       if (lane.target != nullptr) {
         std::memcpy(lane.target, lane.staging.get() + lane.staging_begin, take);
         payload_copied_ += take;
-        if (lane.hashing)
-          lane.payload_checksum.update(std::span<const std::byte>(lane.target, take));
+        if (lane.hashing) lane.payload_digest.update(std::span<const std::byte>(lane.target, take));
         lane.target += take;
       }
       lane.staging_begin += take;
@@ -1338,7 +1335,7 @@ bool TcpTransport::Core::begin_frame(Peer& peer, Lane& lane) {
   // The checksum is computed piece by piece as the bytes arrive, while they are in the cache.
   lane.hashing = frame.has_payload_checksum && lane.target != nullptr && frame.chunk_bytes > 0;
   lane.stashing = stashed && frame.chunk_bytes > 0;
-  if (lane.hashing) lane.payload_checksum.reset();
+  if (lane.hashing) lane.payload_digest.reset();
   lock.unlock();
   if (notify) notify_waiters();
   return true;
@@ -1390,7 +1387,7 @@ bool TcpTransport::Core::finish_frame(Peer& peer, Lane& lane) {
   const bool verified = lane.hashing;
   if (lane.hashing) {
     lane.hashing = false;
-    if (lane.payload_checksum.finish() != frame.payload_checksum) {
+    if (lane.payload_digest.finish() != frame.payload_checksum) {
       protocol_violation(peer,
                          fmt::format("payload checksum mismatch in message (tag {}, sequence {}) "
                                      "bytes [{}, {}) on connection {}: the frame was corrupted",

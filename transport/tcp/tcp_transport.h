@@ -7,8 +7,7 @@
 //    retrying until options.connect_timeout; every connection passes the HMAC-SHA256
 //    challenge-response (tcp/handshake.h). The listener keeps refusing (and logging) strangers
 //    for the transport's whole life without disturbing the group.
-//  - Framing (tcp/frame.h): 64-byte header with the CRC-64/XZ of the payload chunk and of the
-//  header
+//  - Framing (tcp/frame.h): 64-byte header with xxh3-64 of the payload chunk and of the header
 //    itself; any violation becomes a ProtocolError naming the peer and ends the connections to
 //    it. Messages above options.stripe_threshold_bytes are cut into chunks spread over all the
 //    connections to the peer and reassembled in place.
