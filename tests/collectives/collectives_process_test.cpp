@@ -313,10 +313,12 @@ TEST(SigStop, DuringASmallAllGather) {
 }
 
 TEST(Corruption, OfAFrameInFlightIsBlamedOnItsSender) {
-  // Rank 1's transport flips a bit in its 6th outgoing data frame (the test hook of the TCP
-  // transport); the receiver's checksum catches it.
+  // Rank 1's transport flips a bit in its 10th outgoing data frame (the test hook of the TCP
+  // transport): after the worker's barrier (a header and a completion notice to each of the 2
+  // peers) and the all-gather's 2 headers, the 4th frame of the all-gather's payload. The
+  // receiver's checksum catches it.
   ProcessGroup group(3, single("allgather", 100'000, "ring", 10'000), 1,
-                     {{"PULSELOCO_TEST_CORRUPT_FRAME", "5"}});
+                     {{"PULSELOCO_TEST_CORRUPT_FRAME", "9"}});
   group.release_victim();
   const auto start = Clock::now();
   expect_survivors_blame(group, 1, "protocol", start);

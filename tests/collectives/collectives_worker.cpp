@@ -11,7 +11,8 @@
 // Output (stdout, one line): "ok rank=R" and exit 0, or
 // "error rank=R kind=K peer=P time_ns=T what=..." and exit 3 for a pulseloco::Error (T is the
 // steady clock when it was caught), exit 4 for another exception, exit 5 for wrong results.
-// With --victim, rank R writes "progress\n" to --event-fd once its collective has received a
+// Single operations start with a barrier (every rank's transport is up after it). With
+// --victim, rank R writes "progress\n" to --event-fd once its collective has received a
 // peer's message, then (with --block-fd) blocks reading that fd until killed or released.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -179,6 +180,10 @@ void run_single(transport::Transport& t, const Settings& settings) {
   CollectiveOptions options{.timeout = std::chrono::milliseconds(settings.timeout_ms),
                             .algorithm = parse_algorithm(settings.algorithm),
                             .pipeline_chunk_bytes = settings.chunk};
+  // Once this returns on any rank, every rank's transport is up: a fault test acts on the
+  // victim's report, and a fault while a peer was still connecting would end that peer's
+  // make_transport (exit 4) instead of the collective under test.
+  collectives::barrier(t, options);
   const bool victim = t.rank() == settings.victim;
   const auto report_progress = [&] {
     if (!victim || settings.event_fd < 0) return;
