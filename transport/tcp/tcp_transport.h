@@ -16,7 +16,9 @@
 //    early one is kept (up to options.max_unexpected_bytes in all, then reading from that
 //    connection pauses until a matching irecv is posted) and copied when the receive completes;
 //    when the irecv is posted while its message is arriving, the remaining chunks go straight
-//    into the caller's buffer and only the early ones are copied.
+//    into the caller's buffer and only the early ones are copied. Right after a frame completes
+//    a receive, a frame that would be kept early waits for a new handler, so that the caller
+//    waiting for that receive runs first: it often posts that frame's irecv next.
 //  - Sending writes header and payload with one scatter-gather write (no copy), several small
 //    frames per system call when they queue up. Payload checksums are computed on the I/O
 //    thread just before each write (the kernel then copies bytes that are in cache), and on the
