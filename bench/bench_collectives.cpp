@@ -18,6 +18,10 @@
 // cpu_seconds is the median per call of the CPU time (user + system, every thread) all ranks'
 // processes spent in it together: the work a call costs, steadier than wall time on a shared
 // machine. OpenMPI's waiting ranks poll, so its figure counts waiting as well as work.
+// payload_copied_bytes_per_call (ours, TCP transport only) is the mean per rank and timed call of
+// the payload bytes the transport copied (TcpTransport::payload_bytes_copied(): frame edges read
+// with a header, and messages that arrived before their receive) instead of having the kernel
+// write them straight into the receive buffers.
 // Buffers are allocated and touched once, before timing, for both libraries (our all-gather writes
 // into a preallocated arena through sparse_allgather_into, as MPI_Allgatherv writes into its
 // preallocated receive buffer). After timing, the results of the two libraries are compared byte
@@ -51,6 +55,7 @@
 #include "collectives/collectives.h"
 #include "transport/factory.h"
 #include "transport/rendezvous.h"
+#include "transport/tcp/tcp_transport.h"
 
 #if PULSELOCO_BENCH_MPI
 #include <mpi.h>
@@ -102,6 +107,10 @@ struct Timing {
   double min = 0;
   double cpu_median = 0;  // CPU seconds of all ranks' processes together, per call
   int calls = 0;          // timed calls behind the figures
+  // Our TCP transport only: payload bytes a rank copied out of its staging buffer or its
+  // early-message memory per timed call (mean over ranks and calls); the rest the kernel wrote
+  // straight into the receive buffers.
+  std::optional<double> copied_bytes_per_call;
 };
 
 double median_of(std::vector<double> values) {
@@ -193,6 +202,8 @@ class Harness {
     std::function<void()> sync;
     std::function<double(double)> slowest;
     std::function<double(double)> total;
+    // This rank's TcpTransport::payload_bytes_copied() so far (empty: not reported).
+    std::function<std::uint64_t()> copied_bytes;
   };
   struct Timings {
     Timing ours;
@@ -208,18 +219,24 @@ class Harness {
       double cpu = 0;      // every rank's together
     };
     const auto idle = std::chrono::duration<double, std::milli>(settings_.idle_ms);
-    const auto timed = [&idle](const Contender& contender) {
+    std::uint64_t our_copied = 0;  // by this rank in the timed calls (not the warm-up)
+    bool warmed_up = false;
+    const auto timed = [&](const Contender& contender) {
       contender.sync();
       if (idle.count() > 0) std::this_thread::sleep_for(idle);
+      const std::uint64_t copied_start = contender.copied_bytes ? contender.copied_bytes() : 0;
       const double cpu_start = process_cpu_seconds();
       const auto start = Clock::now();
       contender.call();
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       const double cpu = process_cpu_seconds() - cpu_start;
+      if (contender.copied_bytes && warmed_up)
+        our_copied += contender.copied_bytes() - copied_start;
       return Sample{contender.slowest(seconds), contender.total(cpu)};
     };
     double warm_up = timed(ours).seconds;
     if (theirs != nullptr) warm_up += timed(*theirs).seconds;
+    warmed_up = true;
     const int rounds = rounds_for(settings_, warm_up);
     std::vector<double> our_seconds, their_seconds, our_cpu, their_cpu, ratios;
     for (int i = 0; i < rounds; ++i) {
@@ -238,11 +255,26 @@ class Harness {
       ratios.push_back(our_seconds.back() / their_seconds.back());
     }
     Timings out{.ours = summarize(our_seconds, our_cpu)};
+    if (ours.copied_bytes) {
+      std::uint64_t total = 0;
+      for (const std::uint64_t bytes :
+           collectives::allgather_u64(*transport_, our_copied, barrier_options()))
+        total += bytes;
+      out.ours.copied_bytes_per_call =
+          static_cast<double>(total) / (static_cast<double>(rounds) * size());
+    }
     if (theirs != nullptr) {
       out.theirs = summarize(their_seconds, their_cpu);
       out.ratio = median_of(ratios);
     }
     return out;
+  }
+
+  // This rank's copied payload bytes so far, where the transport is our TCP transport.
+  [[nodiscard]] std::function<std::uint64_t()> copied_bytes_counter() const {
+    const auto* tcp = dynamic_cast<const transport::TcpTransport*>(transport_.get());
+    if (tcp == nullptr) return {};
+    return [tcp] { return tcp->payload_bytes_copied(); };
   }
 
   void our_barrier() {
@@ -356,6 +388,8 @@ class Reporter {
         j["ratio_to_bound"] = timing.median / bound;
       }
       if (ratio_to_openmpi) j["ratio_to_openmpi"] = *ratio_to_openmpi;
+      if (timing.copied_bytes_per_call)
+        j["payload_copied_bytes_per_call"] = *timing.copied_bytes_per_call;
       if (settings_.idle_ms > 0) j["idle_ms"] = settings_.idle_ms;
       if (!settings_.label.empty()) j["setup"] = settings_.label;
       fmt::print("{}\n", j.dump());
@@ -401,7 +435,8 @@ Harness::Contender our_contender(Harness& h, std::function<void()> call) {
   return {.call = std::move(call),
           .sync = [&h] { h.our_barrier(); },
           .slowest = [&h](double s) { return h.our_slowest(s); },
-          .total = [&h](double s) { return h.our_total(s); }};
+          .total = [&h](double s) { return h.our_total(s); },
+          .copied_bytes = h.copied_bytes_counter()};
 }
 
 // Times one (operation, size) point for ours and, when `theirs` is given, OpenMPI's, and
