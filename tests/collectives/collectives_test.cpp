@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -195,6 +196,57 @@ TEST(SparseAllGatherInto, WritesIntoTheCallersBuffersAndChecksTheirSizes) {
     }
   });
   expect_all_succeeded(outcomes);
+}
+
+// Under the ring the messages of ranks - 1, - 2, - 3 arrive from the left neighbour in that
+// order, and their receives are posted as soon as their headers are in (a chunk that comes
+// before its receive costs the transport a copy): the buffers are asked for in that order.
+// Under `direct` only the left neighbour's is asked for early, the others in rank order.
+TEST(SparseAllGatherInto, AsksForTheBuffersInTheOrderTheMessagesArrive) {
+  struct Case {
+    std::size_t bytes;
+    CollectiveAlgorithm algorithm;
+    int early;  // ranks asked for early: this rank - 1, - 2, ... - early; then rank order
+  };
+  const std::vector<Case> cases = {
+      // Above the latency bound `automatic` takes the ring: known from the first header.
+      {64 << 10, CollectiveAlgorithm::automatic, 3},
+      {100, CollectiveAlgorithm::ring, 3},
+      {100, CollectiveAlgorithm::automatic, 1},  // `direct`
+      {64 << 10, CollectiveAlgorithm::direct, 1},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{} bytes, {}", c.bytes, algorithm_name(c.algorithm)));
+    auto group = make_test_group("tcp", 4);
+    std::vector<std::vector<int>> asked(4);
+    const auto outcomes = run_ranks(group, [&](Transport& t) {
+      const auto mine = pattern_bytes(c.bytes, t.rank());
+      std::vector<std::vector<std::byte>> storage(4);
+      sparse_allgather_into(t, mine,
+                            [&](int rank, std::size_t bytes) {
+                              asked[static_cast<std::size_t>(t.rank())].push_back(rank);
+                              auto& buffer = storage[static_cast<std::size_t>(rank)];
+                              buffer.resize(bytes);
+                              return std::span(buffer);
+                            },
+                            {.timeout = std::chrono::seconds(10), .algorithm = c.algorithm});
+      for (int rank = 0; rank < 4; ++rank) {
+        if (storage[static_cast<std::size_t>(rank)] != pattern_bytes(c.bytes, rank))
+          throw std::runtime_error(fmt::format("wrong bytes for rank {}", rank));
+      }
+    });
+    expect_all_succeeded(outcomes);
+    for (int r = 0; r < 4; ++r) {
+      std::vector<int> expected;
+      for (int step = 1; step <= c.early; ++step)
+        expected.push_back((r - step + 4) % 4);
+      for (int rank = 0; rank < 4; ++rank) {
+        if (std::find(expected.begin(), expected.end(), rank) == expected.end())
+          expected.push_back(rank);
+      }
+      EXPECT_EQ(asked[static_cast<std::size_t>(r)], expected) << "rank " << r;
+    }
+  }
 }
 
 TEST(SparseAllGatherInto, AWrongSizedBufferFailsTheCallOnEveryRank) {
@@ -835,6 +887,48 @@ TEST(Mismatch, ThePeerOfAnotherCollectiveIsGivenNoBufferByTheAllGather) {
     }
   }
   EXPECT_TRUE(asked[2].empty()) << "rank 2 asked for a buffer of " << asked[2].front() << " bytes";
+}
+
+TEST(Mismatch, UnderTheRingNoBufferIsGivenPastAPeerOfAnotherCollective) {
+  // Under the ring the all-gather asks for the buffers of ranks - 1, - 2, ... as their headers
+  // come in, and stops at the first header of another call: rank 2 broadcasts, so rank 0 (whose
+  // left neighbour, rank 3, does gather messages above the latency bound) must not take rank
+  // 2's header for a message size, nor may rank 1 (left neighbour 0, then 3, then 2).
+  auto group = make_test_group("tcp", 4);
+  constexpr std::size_t kGathered = 64 << 10;
+  constexpr std::size_t kBroadcast = 100000;
+  std::vector<std::vector<std::pair<int, std::size_t>>> asked(4);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const CollectiveOptions options{.timeout = std::chrono::seconds(10)};
+    if (t.rank() == 2) {
+      std::vector<std::byte> data(kBroadcast);
+      broadcast(t, 2, data, options);
+      return;
+    }
+    const auto mine = pattern_bytes(kGathered, t.rank());
+    std::vector<std::vector<std::byte>> storage(4);
+    sparse_allgather_into(
+        t, mine,
+        [&](int rank, std::size_t bytes) {
+          asked[static_cast<std::size_t>(t.rank())].emplace_back(rank, bytes);
+          auto& buffer = storage[static_cast<std::size_t>(rank)];
+          buffer.resize(bytes);
+          return std::span(buffer);
+        },
+        options);
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto error = pulseloco::testing::caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << describe(outcomes[static_cast<std::size_t>(rank)]);
+    EXPECT_EQ(error->kind, ErrorKind::protocol) << error->what;
+    if (rank != 2) {
+      EXPECT_EQ(error->context.peer, 2) << error->what;
+    }
+  }
+  // What each rank asked for before the headers were checked: the matching ones to its left.
+  const std::vector<std::vector<std::pair<int, std::size_t>>> expected = {
+      {{3, kGathered}}, {{0, kGathered}, {3, kGathered}}, {}, {}};
+  EXPECT_EQ(asked, expected);
 }
 
 TEST(Mismatch, DifferentOptionsAreReportedAsInvalidArguments) {
