@@ -92,10 +92,8 @@ using MessageBuffer = std::function<std::span<std::byte>(int rank, std::size_t b
 // The same exchange into storage the caller provides (a reusable arena avoids allocating and
 // first-touching fresh pages on every call). `buffer_for` is called on the calling thread once
 // per rank, as soon as that rank's size is known and before its message is received: the left
-// neighbour's (rank - 1) first, as soon as its header is in; under the ring, once it is certain
-// (`ring` asked for, or a message above the latency bound seen), ranks - 2, - 3, ... as their
-// headers come in (the order their messages arrive from the left); the others in rank order
-// once every header is. The caller's own message is copied into its buffer. On failure the
+// neighbour's (rank - 1) first, as soon as its header is in, then the others in rank order
+// once every header is; the caller's own message is copied into its buffer. On failure the
 // buffers hold garbage.
 void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
                            const MessageBuffer& buffer_for, const CollectiveOptions& options,

@@ -40,25 +40,18 @@ std::string_view algorithm_name(CollectiveAlgorithm algorithm) noexcept {
 namespace {
 // The rule of `automatic`; docs/collectives.md shows the measurements behind it.
 constexpr std::uint64_t kLatencyBoundBytes = std::uint64_t{32} << 10;
-
-// Whether one message of `size` bytes makes `automatic` choose the ring, whatever the other
-// sizes: the whole rule hangs on the largest message, so a rank that has seen one such size
-// knows the algorithm before every header is in.
-[[nodiscard]] bool forces_ring(std::uint64_t size, int world_size) {
-  // Two ranks: both algorithms move exactly the same bytes in one hop (`direct` is taken).
-  // Small messages are latency-bound: one hop beats world_size - 1 hops. Bandwidth-bound ones
-  // take the ring: it keeps one flow per link (no incast of world_size - 1 senders into one
-  // link) and spreads a large message over every link instead of making its owner send it
-  // world_size - 1 times.
-  return world_size > 2 && size > kLatencyBoundBytes;
-}
 }  // namespace
 
 CollectiveAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes) {
-  const int world_size = static_cast<int>(sizes.size());
-  const bool ring = std::any_of(sizes.begin(), sizes.end(),
-                                [&](std::uint64_t size) { return forces_ring(size, world_size); });
-  return ring ? CollectiveAlgorithm::ring : CollectiveAlgorithm::direct;
+  // Two ranks: both algorithms move exactly the same bytes in one hop.
+  if (sizes.size() <= 2) return CollectiveAlgorithm::direct;
+  // Small messages are latency-bound: one hop beats world_size - 1 hops.
+  const std::uint64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  if (largest <= kLatencyBoundBytes) return CollectiveAlgorithm::direct;
+  // Bandwidth-bound: the ring keeps one flow per link (no incast of world_size - 1 senders
+  // into one link) and spreads a large message over every link instead of making its owner
+  // send it world_size - 1 times.
+  return CollectiveAlgorithm::ring;
 }
 
 namespace {
@@ -79,20 +72,16 @@ void append_chunks(std::vector<MessagePiece>& out, int origin, std::uint64_t siz
   }
 }
 
-// What is posted while the headers travel, so that exchanging the sizes costs no round of its
-// own. Under both algorithms the first messages between neighbours are this rank's own message
-// to its right neighbour and the left neighbour's own message to this rank: the first needs
-// nothing from the others, and the receives of the second are posted as soon as the left
-// neighbour's header tells its size. Once the ring is certain, the receives of the messages
-// that follow from the left (ranks - 2, - 3, ...) are posted as their headers come in: a chunk
-// that arrives before its receive is posted costs the transport a copy (it waits in memory).
-// A header that does not match this rank's options stops the early posting (headers() then
-// reports the disagreement).
+// The exchange's first step, posted while the headers travel, so that exchanging the sizes
+// costs no round of its own: under both algorithms the first messages between neighbours are
+// this rank's own message to its right neighbour and the left neighbour's own message to this
+// rank. The first needs nothing from the others; the receives of the second are posted as soon
+// as the left neighbour's header tells its size (and agrees with this rank's options: otherwise
+// headers() reports the disagreement).
 struct FirstStep {
   std::vector<Request*> sent;      // this rank's chunks to rank + 1, in order
-  std::vector<Request*> received;  // chunks from the left neighbour, in the order they arrive
-  int origins_posted = 0;          // `received` holds the messages of ranks - 1 ... - this
-  [[nodiscard]] bool left_posted() const noexcept { return origins_posted > 0; }
+  std::vector<Request*> received;  // the left neighbour's chunks, in order
+  bool left_posted = false;        // `received` holds all of them
 };
 
 // Where the collective stores rank `peer`'s message of `size` bytes (a size the caller has
@@ -111,32 +100,22 @@ std::vector<Request*> send_own_to_right(Call& call, std::span<const std::byte> m
   return sent;
 }
 
-// While the headers are pending: posts the receives from the left neighbour of rank - 1's
-// message once its header alone is in, then, while the ring is certain (asked for, or forced
-// by a size seen so far), those of ranks - 2, - 3, ... as each one's header comes in. Stops at
-// a header that does not match this call or announces more than max_message_bytes.
-void post_early_receives(Call& call, const BufferOf& buffer_of,
-                         const std::vector<std::span<std::byte>>& buffers, FirstStep& first) {
-  const int n = call.size();
+// While the headers are pending: posts the left neighbour's receives once its header alone is
+// in, if that header matches this call and announces at most max_message_bytes.
+void post_left_early(Call& call, const BufferOf& buffer_of,
+                     const std::vector<std::span<std::byte>>& buffers, FirstStep& first) {
   const int left = call.left_neighbour();
-  bool ring = call.options().algorithm == CollectiveAlgorithm::ring;
-  for (int step = 1; step < n; ++step) {
-    if (step > 1 && !ring) return;  // under `direct` these messages come from their owners
-    const int origin = (call.rank() - step + n) % n;
-    const std::optional<detail::Header> header = call.matching_header_from(origin);
-    if (!header || header->value > call.options().max_message_bytes) return;
-    if (call.options().algorithm == CollectiveAlgorithm::automatic)
-      ring = ring || forces_ring(header->value, n);
-    buffer_of(origin, header->value);
-    std::vector<MessagePiece> theirs;
-    append_chunks(theirs, origin, header->value, call.options().pipeline_chunk_bytes);
-    const auto& buffer = buffers[static_cast<std::size_t>(origin)];
-    for (const MessagePiece& piece : theirs) {
-      first.received.push_back(
-          &call.irecv(left, Phase::payload, buffer.subspan(piece.offset, piece.bytes)));
-    }
-    first.origins_posted = step;
+  const std::optional<detail::Header> header = call.matching_header_from(left);
+  if (!header || header->value > call.options().max_message_bytes) return;
+  buffer_of(left, header->value);
+  std::vector<MessagePiece> theirs;
+  append_chunks(theirs, left, header->value, call.options().pipeline_chunk_bytes);
+  const auto& buffer = buffers[static_cast<std::size_t>(left)];
+  for (const MessagePiece& piece : theirs) {
+    first.received.push_back(
+        &call.irecv(left, Phase::payload, buffer.subspan(piece.offset, piece.bytes)));
   }
+  first.left_posted = true;
 }
 
 // Both algorithms call `deliver_own` once their sends are posted: copying this rank's message
@@ -159,7 +138,7 @@ void ring_allgather(Call& call, const FirstStep& first, const std::vector<std::u
   }
   std::vector<Request*> receives;
   receives.reserve(incoming.size());
-  receives = first.received;  // a prefix of `incoming`
+  if (first.left_posted) receives = first.received;
   for (std::size_t i = receives.size(); i < incoming.size(); ++i) {
     const MessagePiece& piece = incoming[i];
     receives.push_back(&call.irecv(
@@ -192,8 +171,6 @@ void direct_allgather(Call& call, std::span<const std::byte> mine, const FirstSt
   const int left = call.left_neighbour();
   const std::size_t chunk = call.options().pipeline_chunk_bytes;
 
-  PULSELOCO_CHECK(first.origins_posted <= 1,
-                  "direct all-gather: early receives beyond the left neighbour's");
   std::vector<std::vector<MessagePiece>> pieces(static_cast<std::size_t>(n));
   std::vector<std::vector<Request*>> receives(static_cast<std::size_t>(n));
   std::size_t rounds = 0;
@@ -201,8 +178,8 @@ void direct_allgather(Call& call, std::span<const std::byte> mine, const FirstSt
     const int peer = (r + distance) % n;
     const auto index = static_cast<std::size_t>(peer);
     append_chunks(pieces[index], peer, sizes[index], chunk);
-    if (peer == left && first.left_posted()) {
-      receives[index] = first.received;  // the left neighbour's only (no ring was certain)
+    if (peer == left && first.left_posted) {
+      receives[index] = first.received;
     } else {
       for (const MessagePiece& piece : pieces[index]) {
         receives[index].push_back(
@@ -314,7 +291,7 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
     FirstStep first;
     if (n > 1 && !use_native) {
       first.sent = send_own_to_right(call, mine);
-      post_early_receives(call, buffer_of, buffers, first);
+      post_left_early(call, buffer_of, buffers, first);
     }
     const std::vector<detail::Header>& headers = call.headers();
     std::vector<std::uint64_t> sizes(static_cast<std::size_t>(n));
@@ -328,9 +305,9 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
       }
       sizes[static_cast<std::size_t>(peer)] = size;
     }
+    const int left = call.left_neighbour();
     for (int peer = 0; peer < n; ++peer) {
-      const int step = (r - peer + n) % n;                     // rank r - step
-      if (step > 0 && step <= first.origins_posted) continue;  // asked for already
+      if (peer == left && first.left_posted) continue;  // asked for already
       buffer_of(peer, sizes[static_cast<std::size_t>(peer)]);
     }
     // This rank's message into its slot, and the callbacks for it and for the empty messages

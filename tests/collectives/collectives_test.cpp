@@ -198,22 +198,19 @@ TEST(SparseAllGatherInto, WritesIntoTheCallersBuffersAndChecksTheirSizes) {
   expect_all_succeeded(outcomes);
 }
 
-// Under the ring the messages of ranks - 1, - 2, - 3 arrive from the left neighbour in that
-// order, and their receives are posted as soon as their headers are in (a chunk that comes
-// before its receive costs the transport a copy): the buffers are asked for in that order.
-// Under `direct` only the left neighbour's is asked for early, the others in rank order.
-TEST(SparseAllGatherInto, AsksForTheBuffersInTheOrderTheMessagesArrive) {
+// The documented order of `buffer_for`: the left neighbour's first (its receives are posted as
+// soon as its header is in), then the others in rank order once every header is; whichever
+// algorithm runs.
+TEST(SparseAllGatherInto, AsksForTheLeftNeighboursBufferFirstThenTheOthersInRankOrder) {
   struct Case {
     std::size_t bytes;
     CollectiveAlgorithm algorithm;
-    int early;  // ranks asked for early: this rank - 1, - 2, ... - early; then rank order
   };
   const std::vector<Case> cases = {
-      // Above the latency bound `automatic` takes the ring: known from the first header.
-      {64 << 10, CollectiveAlgorithm::automatic, 3},
-      {100, CollectiveAlgorithm::ring, 3},
-      {100, CollectiveAlgorithm::automatic, 1},  // `direct`
-      {64 << 10, CollectiveAlgorithm::direct, 1},
+      {64 << 10, CollectiveAlgorithm::automatic},  // the ring
+      {100, CollectiveAlgorithm::ring},
+      {100, CollectiveAlgorithm::automatic},  // `direct`
+      {64 << 10, CollectiveAlgorithm::direct},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(fmt::format("{} bytes, {}", c.bytes, algorithm_name(c.algorithm)));
@@ -237,12 +234,9 @@ TEST(SparseAllGatherInto, AsksForTheBuffersInTheOrderTheMessagesArrive) {
     });
     expect_all_succeeded(outcomes);
     for (int r = 0; r < 4; ++r) {
-      std::vector<int> expected;
-      for (int step = 1; step <= c.early; ++step)
-        expected.push_back((r - step + 4) % 4);
+      std::vector<int> expected = {(r + 3) % 4};
       for (int rank = 0; rank < 4; ++rank) {
-        if (std::find(expected.begin(), expected.end(), rank) == expected.end())
-          expected.push_back(rank);
+        if (rank != expected.front()) expected.push_back(rank);
       }
       EXPECT_EQ(asked[static_cast<std::size_t>(r)], expected) << "rank " << r;
     }
@@ -889,11 +883,11 @@ TEST(Mismatch, ThePeerOfAnotherCollectiveIsGivenNoBufferByTheAllGather) {
   EXPECT_TRUE(asked[2].empty()) << "rank 2 asked for a buffer of " << asked[2].front() << " bytes";
 }
 
-TEST(Mismatch, UnderTheRingNoBufferIsGivenPastAPeerOfAnotherCollective) {
-  // Under the ring the all-gather asks for the buffers of ranks - 1, - 2, ... as their headers
-  // come in, and stops at the first header of another call: rank 2 broadcasts, so rank 0 (whose
-  // left neighbour, rank 3, does gather messages above the latency bound) must not take rank
-  // 2's header for a message size, nor may rank 1 (left neighbour 0, then 3, then 2).
+TEST(Mismatch, NoBufferBeyondTheLeftNeighboursIsGivenBeforeEveryHeaderIsChecked) {
+  // Four ranks, messages above the latency bound (the ring): rank 2 broadcasts. Before the
+  // headers are checked a rank asks only for its left neighbour's buffer, and only when that
+  // header is for the same call, so rank 2's header is never taken for a message size; after
+  // the check the call fails on every rank.
   auto group = make_test_group("tcp", 4);
   constexpr std::size_t kGathered = 64 << 10;
   constexpr std::size_t kBroadcast = 100000;
@@ -925,9 +919,9 @@ TEST(Mismatch, UnderTheRingNoBufferIsGivenPastAPeerOfAnotherCollective) {
       EXPECT_EQ(error->context.peer, 2) << error->what;
     }
   }
-  // What each rank asked for before the headers were checked: the matching ones to its left.
+  // Ranks 0 and 1 asked for their left neighbour's buffer; rank 3's left neighbour is rank 2.
   const std::vector<std::vector<std::pair<int, std::size_t>>> expected = {
-      {{3, kGathered}}, {{0, kGathered}, {3, kGathered}}, {}, {}};
+      {{3, kGathered}}, {{0, kGathered}}, {}, {}};
   EXPECT_EQ(asked, expected);
 }
 
