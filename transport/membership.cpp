@@ -90,6 +90,7 @@
 
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/thread_name.h"
 #include "transport/tcp/asio_util.h"
 #include "transport/tcp/handshake.h"
 #include "transport/waiting.h"
@@ -865,6 +866,7 @@ Coordinator::Coordinator(CoordinatorOptions options) {
       impl.options.join_every_windows, impl.options.regroup_timeout.count());
   asio::co_spawn(impl.io, impl.accept_loop(), asio::detached);
   impl.thread = std::thread([&impl] {
+    set_this_thread_name("pl-membership");
     for (;;) {
       try {
         impl.io.run();

@@ -21,6 +21,7 @@
 #include "base/build_config.h"
 #include "base/errors.h"
 #include "base/log.h"
+#include "base/thread_name.h"
 #include "transport/tcp/asio_util.h"
 #include "transport/tcp/handshake.h"
 
@@ -424,7 +425,10 @@ RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, 
     if (error || impl.finished) return;
     asio::co_spawn(impl.io, impl.fail_at_deadline(), asio::detached);
   });
-  impl.thread = std::thread([&impl] { impl.io.run(); });
+  impl.thread = std::thread([&impl] {
+    set_this_thread_name("pl-rendezvous");
+    impl.io.run();
+  });
 }
 
 RendezvousServer::~RendezvousServer() {

@@ -5,6 +5,8 @@
 #include <limits>
 #include <memory>
 
+#include "base/thread_name.h"
+
 namespace pulseloco {
 
 ThreadPool::ThreadPool(std::size_t threads) {
@@ -24,6 +26,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::worker_loop() {
+  set_this_thread_name("pl-pool");
   for (;;) {
     std::function<void()> task;
     {

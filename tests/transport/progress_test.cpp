@@ -11,9 +11,11 @@
 #include <atomic>
 #include <chrono>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "base/log.h"
+#include "base/thread_name.h"
 
 namespace pulseloco::transport::tcp {
 namespace {
@@ -53,6 +55,22 @@ void wait_for(const Condition& condition, const char* what) {
     ASSERT_LT(Clock::now(), give_up) << "gave up waiting until " << what;
     std::this_thread::yield();
   }
+}
+
+// Named, so that top -H, ps -L, gdb and perf tell them from the application's threads.
+TEST(Progress, TheIoThreadsAreNamed) {
+  Rig rig(2);
+  std::atomic<int> seen{0};
+  std::string names[2];
+  for (int i = 0; i < 2; ++i) {
+    asio::post(rig.io, [&, i] {
+      names[i] = this_thread_name();
+      ++seen;
+    });
+  }
+  wait_for([&] { return seen.load() == 2; }, "the I/O threads ran both handlers");
+  EXPECT_EQ(names[0], "pl-tcp-io");
+  EXPECT_EQ(names[1], "pl-tcp-io");
 }
 
 TEST(Progress, WhileACallerDrivesTheIoThreadParksAndTheCallerRunsTheHandlers) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/log.h"
+#include "base/thread_name.h"
 
 namespace pulseloco::transport::tcp {
 
@@ -41,6 +42,7 @@ void Progress::join() noexcept {
 }
 
 void Progress::run_thread(const std::function<void(const std::exception&)>& on_error) {
+  set_this_thread_name("pl-tcp-io");
   for (;;) {
     try {
       io_thread_loop();
