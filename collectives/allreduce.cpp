@@ -314,16 +314,18 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
             : call.options().algorithm;
     // The first step's sends and the receives go out while the headers travel: they depend
     // only on the length and the options, which the headers then confirm before the first wait.
-    // In the ring every rank receives only from its left neighbour, so that neighbour's header
-    // is the only one it needs (Call::HeaderExchange says why that suffices).
+    // Each rank sends its header to its right neighbour alone, and checks its left neighbour's:
+    // when every rank agrees with its left neighbour, all agree (Call::HeaderExchange). This
+    // saves the direct algorithm world_size - 2 messages per rank and call; a peer of another
+    // length that it meets first as a message of the wrong size is still reported as a
+    // disagreement (Call::fail).
     call.post_headers(
         {.value = input.size()},
         Call::Agreement{
             .kind = ErrorKind::invalid_argument,
             .what = "allreduce_sum needs the same length on every rank",
             .key = [](const detail::Header& h) { return fmt::format("{} elements", h.value); }},
-        algorithm == CollectiveAlgorithm::ring ? Call::HeaderExchange::left_neighbour
-                                               : Call::HeaderExchange::all_peers);
+        Call::HeaderExchange::left_neighbour);
     if (call.size() == 1) {
       if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
       return;

@@ -851,6 +851,37 @@ Call::Verdict Call::diagnose_disagreement() {
           .detail = "its header disagreed with this rank's, but every rank's header agrees"};
 }
 
+bool Call::disagreement_announced_soon() {
+  const auto announced = [this] {
+    return std::any_of(notices_.begin(), notices_.end(), [](const NoticeSlot& slot) {
+      return slot.latest && slot.latest->type == NoticeType::disagreement;
+    });
+  };
+  // As long as settle() gives a better explanation: the rank that saw the odd header sends its
+  // notice within about one hop of that header's arrival.
+  const auto end = Clock::now() + std::min<std::chrono::milliseconds>(
+                                      options_.timeout / 4, std::chrono::milliseconds{250});
+  for (;;) {
+    poll_notices(true);
+    if (announced()) return true;
+    const auto now = Clock::now();
+    if (now >= end) return false;
+    Request* pending = nullptr;
+    for (NoticeSlot& slot : notices_) {
+      if (slot.pending) {
+        pending = slot.request;
+        break;
+      }
+    }
+    if (pending == nullptr) return false;
+    try {
+      pending->wait(std::min(end, now + slice_));
+    } catch (...) {
+      // Sorted out by the next poll.
+    }
+  }
+}
+
 void Call::abort_transport(std::string_view reason) noexcept {
   if (aborted_) return;
   aborted_ = true;
@@ -996,6 +1027,13 @@ void Call::fail() {
     // subject is the reporter itself), then find the rank that says nothing.
     send_notice(NoticeType::suspect, ErrorKind::timeout, rank_, failure_sends_);
     verdict = resolve_chain(-1, -1);
+  } else if (observed && !observed->timed_out && observed->kind == ErrorKind::protocol &&
+             header_exchange_ == HeaderExchange::left_neighbour &&
+             observed->peer != left_neighbour() && disagreement_announced_soon()) {
+    // A message of the wrong size from a peer whose header this rank never saw: that peer
+    // called with another length, and the rank to its right, which checks its header, says so.
+    send_diagnosis_header();
+    verdict = diagnose_disagreement();
   } else if (observed && !observed->timed_out) {
     verdict = resolve_definitive(observed->peer, observed->kind, observed->detail);
   } else if (observed) {

@@ -141,13 +141,17 @@ class Call {
   };
   //
   // Who gets the header: every peer (the default), or the right neighbour alone
-  // (HeaderExchange::left_neighbour, for a collective in which every rank receives only from
-  // its left neighbour: the ring all-reduce). Either way a rank checks its left neighbour's
-  // header first, before anything else: when every rank's left neighbour agrees with it, all
-  // agree, whichever exchange each rank chose. A rank whose left neighbour disagrees makes
-  // every rank exchange headers with every rank (Phase::diagnosis, in the failure path), so that
-  // the culprit is named as with a full exchange. With left_neighbour, headers() holds only this
-  // rank's header and its left neighbour's.
+  // (HeaderExchange::left_neighbour, for a collective whose value is known to every rank before
+  // the call and whose payload sizes follow from it: the all-reduce). Either way a rank checks
+  // its left neighbour's header first, before anything else: when every rank's left neighbour
+  // agrees with it, all agree, whichever exchange each rank chose. A rank whose left neighbour
+  // disagrees makes every rank exchange headers with every rank (Phase::diagnosis, in the
+  // failure path), so that the culprit is named as with a full exchange. A rank that receives
+  // from peers other than its left neighbour may meet a disagreement as a message of the wrong
+  // size from a peer whose header it never saw: under left_neighbour such a protocol error waits
+  // (briefly) for the disagreement notice of the rank that saw the odd header, and joins the
+  // diagnosis if one comes (Call::fail). With left_neighbour, headers() holds only this rank's
+  // header and its left neighbour's.
   enum class HeaderExchange : std::uint8_t { all_peers, left_neighbour };
   void post_headers(Header mine, std::optional<Agreement> agreement = std::nullopt,
                     HeaderExchange exchange = HeaderExchange::all_peers);
@@ -250,6 +254,10 @@ class Call {
   // header under Phase::diagnosis and names the culprit as a full exchange would (or adopts a
   // verdict another rank sent first).
   [[nodiscard]] Verdict diagnose_disagreement();
+  // Under HeaderExchange::left_neighbour: waits at most the settle time for a peer's
+  // disagreement notice, and says whether one came. A protocol error from a peer whose header
+  // this rank never checked may be that peer calling with other arguments.
+  [[nodiscard]] bool disagreement_announced_soon();
   void abort_transport(std::string_view reason) noexcept;
   [[noreturn]] void throw_verdict(const Verdict& verdict) const;
 
