@@ -49,8 +49,9 @@ struct ElasticOptions {
   std::chrono::milliseconds admission_timeout{600'000};
   // A window is attempted at most this many times (each attempt in a new generation).
   int max_attempts_per_window = 16;
-  // Called once this worker is registered with the coordinator, before it waits to be admitted
-  // (for logs and tests: from then on the coordinator knows it is waiting).
+  // Called once this worker is registered with the coordinator, just before it asks to be
+  // admitted (for logs and tests). The coordinator counts it as waiting only once that request
+  // has arrived (Coordinator::waiting_workers), which is a moment later.
   std::function<void()> on_registered;
 };
 

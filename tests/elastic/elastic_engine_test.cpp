@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -49,6 +50,7 @@ struct Reports {
   std::map<std::uint64_t, std::vector<WindowReport>> by_window;
   std::map<std::string, Digest> final_digest;
   bool joiner_registered = false;
+  const transport::Coordinator* coordinator = nullptr;  // for wait_for_joiner
 
   void add(const WindowReport& report) {
     const std::lock_guard lock(mutex);
@@ -66,9 +68,21 @@ struct Reports {
     return changed.wait_for(lock, std::chrono::seconds(120),
                             [&] { return by_window.count(window) > 0; });
   }
+  // Until the coordinator counts the joiner as waiting. A worker registers first and asks to be
+  // admitted right after: holding only until it has registered let the boundary that should
+  // admit it pass before its request arrived (seen once in 978 tests).
   bool wait_for_joiner() {
-    std::unique_lock lock(mutex);
-    return changed.wait_for(lock, std::chrono::seconds(120), [&] { return joiner_registered; });
+    {
+      std::unique_lock lock(mutex);
+      if (!changed.wait_for(lock, std::chrono::seconds(120), [&] { return joiner_registered; }))
+        return false;
+    }
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (coordinator->waiting_workers() == 0) {
+      if (std::chrono::steady_clock::now() >= give_up) return false;
+      std::this_thread::yield();
+    }
+    return true;
   }
 };
 
@@ -87,7 +101,7 @@ void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
   while (sync.engine().window() < windows) {
     if (hold_at && !held && sync.engine().window() == *hold_at) {
       held = true;
-      if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never registered");
+      if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never asked to join");
     }
     testing::local_training(model, 3e-5f, 1, seed + 1000 * step++);
     if (auto report = sync.after_optimizer_step()) {
@@ -111,6 +125,7 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
                                       .secret = "elastic-test"});
   const std::uint16_t port = coordinator.port();
   Reports reports;
+  reports.coordinator = &coordinator;
   constexpr std::uint64_t kWindows = 7;
   std::vector<std::exception_ptr> errors(4);
   std::vector<std::thread> threads;
@@ -118,8 +133,8 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
     threads.emplace_back([&, w] {
       try {
         // w2 leaves once window 1 has committed (its engine is destroyed mid-run).
-        // w0 and w1 hold before window 4 until w3 has registered, so that the boundary after
-        // window 4 admits it.
+        // w0 and w1 hold before window 4 until the coordinator has w3's request to join, so
+        // that the boundary after window 4 admits it.
         run_worker(port, fmt::format("w{}", w), 10 + static_cast<std::uint32_t>(w), kWindows,
                    w == 2 ? std::optional<std::uint64_t>(2) : std::nullopt,
                    w == 2 ? std::nullopt : std::optional<std::uint64_t>(4), reports);
