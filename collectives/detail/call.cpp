@@ -626,19 +626,15 @@ std::optional<Call::Verdict> Call::verdict_from_notices() const {
   return std::nullopt;
 }
 
-Call::Verdict Call::settle(Verdict current) {
-  if (weight(current.kind) > weight(ErrorKind::peer_lost)) return current;
-  // Give a better explanation a moment to arrive (bounded, so survivors stay within 2x the
-  // timeout).
+bool Call::await_notices(const std::function<bool()>& done) {
+  // Bounded, so that survivors stay within 2x the timeout.
   const auto end = Clock::now() + std::min<std::chrono::milliseconds>(
                                       options_.timeout / 4, std::chrono::milliseconds{250});
   for (;;) {
     poll_notices(true);
-    if (auto best = verdict_from_notices(); best && weight(best->kind) > weight(current.kind)) {
-      return *best;
-    }
+    if (done()) return true;
     const auto now = Clock::now();
-    if (now >= end) return current;
+    if (now >= end) return false;
     Request* pending = nullptr;
     for (NoticeSlot& slot : notices_) {
       if (slot.pending) {
@@ -646,13 +642,27 @@ Call::Verdict Call::settle(Verdict current) {
         break;
       }
     }
-    if (pending == nullptr) return current;
+    if (pending == nullptr) return false;
     try {
       pending->wait(std::min(end, now + slice_));
     } catch (...) {
       // Sorted out by the next poll.
     }
   }
+}
+
+Call::Verdict Call::settle(Verdict current) {
+  if (weight(current.kind) > weight(ErrorKind::peer_lost)) return current;
+  // Give a better explanation a moment to arrive.
+  std::optional<Verdict> better;
+  (void)await_notices([&] {
+    if (auto best = verdict_from_notices(); best && weight(best->kind) > weight(current.kind)) {
+      better = std::move(best);
+      return true;
+    }
+    return false;
+  });
+  return better ? *better : current;
 }
 
 Call::Verdict Call::resolve_definitive(int peer, ErrorKind kind, std::string detail) {
@@ -852,34 +862,12 @@ Call::Verdict Call::diagnose_disagreement() {
 }
 
 bool Call::disagreement_announced_soon() {
-  const auto announced = [this] {
+  // The rank that saw the odd header sends its notice within about one hop of its arrival.
+  return await_notices([this] {
     return std::any_of(notices_.begin(), notices_.end(), [](const NoticeSlot& slot) {
       return slot.latest && slot.latest->type == NoticeType::disagreement;
     });
-  };
-  // As long as settle() gives a better explanation: the rank that saw the odd header sends its
-  // notice within about one hop of that header's arrival.
-  const auto end = Clock::now() + std::min<std::chrono::milliseconds>(
-                                      options_.timeout / 4, std::chrono::milliseconds{250});
-  for (;;) {
-    poll_notices(true);
-    if (announced()) return true;
-    const auto now = Clock::now();
-    if (now >= end) return false;
-    Request* pending = nullptr;
-    for (NoticeSlot& slot : notices_) {
-      if (slot.pending) {
-        pending = slot.request;
-        break;
-      }
-    }
-    if (pending == nullptr) return false;
-    try {
-      pending->wait(std::min(end, now + slice_));
-    } catch (...) {
-      // Sorted out by the next poll.
-    }
-  }
+  });
 }
 
 void Call::abort_transport(std::string_view reason) noexcept {

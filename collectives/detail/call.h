@@ -241,6 +241,9 @@ class Call {
   [[nodiscard]] std::optional<Verdict> verdict_from_notices() const;
   // Waits briefly for a better explanation than `current` when that is only a lost peer.
   [[nodiscard]] Verdict settle(Verdict current);
+  // Polls the notices until `done` holds, waiting on pending notice receives in between, for at
+  // most min(timeout / 4, 250 ms); returns whether `done` held.
+  [[nodiscard]] bool await_notices(const std::function<bool()>& done);
   // Whether `theirs` is for this very call with this rank's options (operation, call number,
   // chunk size, algorithm).
   [[nodiscard]] bool same_call_and_options(const Header& theirs) const;

@@ -475,35 +475,29 @@ void expect_all_fail_naming_the_odd_rank(const std::vector<RankOutcome>& outcome
   }
 }
 
-TEST_P(AllReduceDisagreement, RanksWithDifferentLengthsAllFailNamingAPeer) {
-  const DisagreementCase c = GetParam();
-  auto group = make_test_group(c.backend, 3);
-  const auto outcomes = run_ranks(group, [&](Transport& t) {
-    std::vector<float> input(t.rank() == 2 ? c.elements + 1 : c.elements, 1.0F);
+// Every rank of a `world`-rank group all-reduces `c.elements` elements, rank `odd` `extra` more.
+std::vector<RankOutcome> allreduce_with_an_odd_length(const DisagreementCase& c, int world, int odd,
+                                                      std::size_t extra) {
+  auto group = make_test_group(c.backend, world);
+  return run_ranks(group, [&](Transport& t) {
+    std::vector<float> input(t.rank() == odd ? c.elements + extra : c.elements, 1.0F);
     std::vector<float> output(input.size());
     allreduce_sum(t, input, output,
                   {.timeout = std::chrono::seconds(10),
                    .algorithm = c.algorithm,
                    .pipeline_chunk_bytes = 64});
   });
-  expect_all_fail_naming_the_odd_rank(outcomes, 2);
+}
+
+TEST_P(AllReduceDisagreement, RanksWithDifferentLengthsAllFailNamingAPeer) {
+  expect_all_fail_naming_the_odd_rank(allreduce_with_an_odd_length(GetParam(), 3, 2, 1), 2);
 }
 
 // Four ranks: rank 0 is neither neighbour of rank 2, so it never sees rank 2's header; under
 // `direct` it receives rank 2's segment, of the wrong size, and must still report the
 // disagreement (rank 3 saw the odd header and says so), not a protocol error.
 TEST_P(AllReduceDisagreement, ARankThatNeverSeesTheOddHeaderStillReportsTheDisagreement) {
-  const DisagreementCase c = GetParam();
-  auto group = make_test_group(c.backend, 4);
-  const auto outcomes = run_ranks(group, [&](Transport& t) {
-    std::vector<float> input(t.rank() == 2 ? c.elements + 4 : c.elements, 1.0F);
-    std::vector<float> output(input.size());
-    allreduce_sum(t, input, output,
-                  {.timeout = std::chrono::seconds(10),
-                   .algorithm = c.algorithm,
-                   .pipeline_chunk_bytes = 64});
-  });
-  expect_all_fail_naming_the_odd_rank(outcomes, 2);
+  expect_all_fail_naming_the_odd_rank(allreduce_with_an_odd_length(GetParam(), 4, 2, 4), 2);
 }
 
 TEST_P(AllReduceDisagreement, RanksWithDifferentAlgorithmsAllFailNamingAPeer) {
