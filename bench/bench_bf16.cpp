@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/cpu_features.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/cpu_features.h>
 
 namespace {
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 #include "synthetic_trace.h"
 
 namespace {

@@ -51,11 +51,11 @@
 #include <thread>
 #include <vector>
 
-#include "base/errors.h"
-#include "collectives/collectives.h"
-#include "transport/factory.h"
-#include "transport/rendezvous.h"
-#include "transport/tcp/tcp_transport.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/tcp/tcp_transport.h>
 
 #if PULSELOCO_BENCH_MPI
 #include <mpi.h>

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/cpu_features.h"
-#include "base/digest_dispatch.h"
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/base/digest_dispatch.h>
 
 namespace {
 

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "base/bf16.h"
+#include <pulseloco/base/bf16.h>
 #include "bench_inputs_cuda.h"
 
 namespace pulseloco::bench {

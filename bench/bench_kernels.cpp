@@ -35,10 +35,10 @@
 #include <immintrin.h>
 #endif
 
-#include "base/cpu_features.h"
-#include "base/thread_pool.h"
-#include "kernels/cpu/window_kernels_internal.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/kernels/cpu/window_kernels_internal.h>
+#include <pulseloco/kernels/window_kernels.h>
 #include "summary_reporter.h"
 #include "tests/kernels/window_test_inputs.h"
 

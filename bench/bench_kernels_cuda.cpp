@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "bench_inputs_cuda.h"
-#include "kernels/cuda/window_kernels_cuda.h"
-#include "kernels/gpu_runtime.h"
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
+#include <pulseloco/kernels/gpu_runtime.h>
 #include "summary_reporter.h"
 
 namespace pulseloco::bench {

@@ -25,15 +25,15 @@
 #include <string>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/errors.h"
-#include "base/thread_pool.h"
-#include "codec/message.h"
-#include "engine/options.h"
-#include "engine/replay.h"
-#include "engine/state_files.h"
-#include "io/safetensors.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/codec/message.h>
+#include <pulseloco/engine/options.h>
+#include <pulseloco/engine/replay.h>
+#include <pulseloco/engine/state_files.h>
+#include <pulseloco/io/safetensors.h>
+#include <pulseloco/kernels/window_kernels.h>
 #include "payload_generator.h"
 #include "qwen_shapes.h"
 

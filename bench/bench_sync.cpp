@@ -34,14 +34,14 @@
 #include <utility>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/errors.h"
-#include "base/thread_pool.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/thread_pool.h>
 #include "bench_random.h"
-#include "collectives/collectives.h"
-#include "engine/engine.h"
-#include "engine/report.h"
-#include "transport/factory.h"
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/report.h>
+#include <pulseloco/transport/factory.h>
 
 namespace {
 

@@ -23,10 +23,10 @@
 #include <thread>
 #include <vector>
 
-#include "base/errors.h"
-#include "transport/factory.h"
-#include "transport/rendezvous.h"
-#include "transport/tcp/tcp_transport.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/tcp/tcp_transport.h>
 
 namespace {
 

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/thread_pool.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/kernels/window_kernels.h>
 #include "tests/kernels/window_test_inputs.h"
 
 namespace {

@@ -7,10 +7,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "base/bf16.h"
-#include "base/thread_pool.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/thread_pool.h>
 #include "bench_random.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::bench {
 namespace {

@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 #include "qwen_shapes.h"
 
 namespace pulseloco::bench {

@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <utility>
 
-#include "base/bf16.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::bench {
 namespace {

@@ -13,22 +13,23 @@ install(TARGETS ${PULSELOCO_COMPONENTS} pulseloco pulseloco_compile_options
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS pulseloco_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-# Headers keep their layout under include/pulseloco/: "base/errors.h", "kernels/...", and the
-# public API header <pulseloco/pulseloco.h>.
-foreach(dir src/base src/codec src/io src/engine src/torch_adapter kernels transport collectives)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/${dir})
-    get_filename_component(name ${dir} NAME)
-    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/
+# Headers go under include/pulseloco/<component>/ exactly as the build tree includes them
+# (cmake/PulselocoIncludeTree.cmake), and include/ is the only include root an installed
+# pulseloco adds: users write <pulseloco/pulseloco.h>, <pulseloco/engine/engine.h>.
+foreach(entry ${PULSELOCO_HEADER_FOLDERS})
+  string(REPLACE "=" ";" pair ${entry})
+  list(GET pair 0 name)
+  list(GET pair 1 folder)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/${folder} AND NOT name STREQUAL "cli")
+    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/
       DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco/${name}
       FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
   endif()
 endforeach()
-if(EXISTS ${PROJECT_SOURCE_DIR}/src/pulseloco)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/pulseloco/
-    DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco FILES_MATCHING PATTERN "*.h")
-endif()
-install(FILES ${PROJECT_BINARY_DIR}/generated/base/build_config.h
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco/base)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/pulseloco/
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco FILES_MATCHING PATTERN "*.h")
+install(FILES ${PULSELOCO_INCLUDE_DIR}/pulseloco/build_config.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco)
 
 install(EXPORT pulselocoTargets
   NAMESPACE pulseloco::

@@ -21,9 +21,9 @@
 #include <cstring>
 #include <functional>
 
-#include "base/errors.h"
-#include "collectives/collectives.h"
-#include "collectives/detail/call.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/collectives/detail/call.h>
 
 namespace pulseloco::collectives {
 

@@ -14,10 +14,10 @@
 #include <cstring>
 #include <functional>
 
-#include "base/errors.h"
-#include "collectives/collectives.h"
-#include "collectives/detail/call.h"
-#include "transport/native_collectives.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/collectives/detail/call.h>
+#include <pulseloco/transport/native_collectives.h>
 
 namespace pulseloco::collectives {
 

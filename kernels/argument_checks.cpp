@@ -1,8 +1,8 @@
-#include "kernels/argument_checks.h"
+#include <pulseloco/kernels/argument_checks.h>
 
 #include <fmt/format.h>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::kernels::detail {
 

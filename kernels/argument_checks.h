@@ -6,7 +6,7 @@
 #include <span>
 #include <string_view>
 
-#include "kernels/window_kernels.h"
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::kernels::detail {
 

@@ -18,9 +18,9 @@
 #include <span>
 #include <string_view>
 
-#include "base/cpu_features.h"
-#include "base/digest.h"
-#include "base/tensor_view.h"
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/tensor_view.h>
 
 namespace pulseloco::kernels {
 

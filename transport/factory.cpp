@@ -1,4 +1,4 @@
-#include "transport/factory.h"
+#include <pulseloco/transport/factory.h>
 
 #include <fmt/format.h>
 
@@ -10,15 +10,15 @@
 #include <initializer_list>
 #include <limits>
 
-#include "base/build_config.h"
-#include "base/errors.h"
-#include "transport/tcp/tcp_transport.h"
+#include <pulseloco/build_config.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/tcp/tcp_transport.h>
 
 #if PULSELOCO_TRANSPORT_MPI
-#include "transport/mpi/mpi_transport.h"
+#include <pulseloco/transport/mpi/mpi_transport.h>
 #endif
 #if PULSELOCO_TRANSPORT_NCCL
-#include "transport/nccl/nccl_transport.h"
+#include <pulseloco/transport/nccl/nccl_transport.h>
 #endif
 
 namespace pulseloco::transport {

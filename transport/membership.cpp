@@ -70,7 +70,7 @@
 //   asked, and joiners) gets that reason as an error reply, and so does any later request.
 // Every transition is logged at info level (warn for refusals, violations, removals; error when
 // the run stops).
-#include "transport/membership.h"
+#include <pulseloco/transport/membership.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -88,12 +88,12 @@
 #include <set>
 #include <thread>
 
-#include "base/errors.h"
-#include "base/log.h"
-#include "base/thread_name.h"
-#include "transport/tcp/asio_util.h"
-#include "transport/tcp/handshake.h"
-#include "transport/waiting.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/base/thread_name.h>
+#include <pulseloco/transport/tcp/asio_util.h>
+#include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::transport {
 namespace {

@@ -36,9 +36,9 @@
 #include <string_view>
 #include <vector>
 
-#include "base/errors.h"
-#include "transport/rendezvous.h"
-#include "transport/transport.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 

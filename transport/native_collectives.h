@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <span>
 
-#include "transport/transport.h"
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 

@@ -1,4 +1,4 @@
-#include "transport/rendezvous.h"
+#include <pulseloco/transport/rendezvous.h>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -18,15 +18,15 @@
 #include <mutex>
 #include <thread>
 
-#include "base/build_config.h"
-#include "base/errors.h"
-#include "base/log.h"
-#include "base/thread_name.h"
-#include "transport/tcp/asio_util.h"
-#include "transport/tcp/handshake.h"
+#include <pulseloco/build_config.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/base/thread_name.h>
+#include <pulseloco/transport/tcp/asio_util.h>
+#include <pulseloco/transport/tcp/handshake.h>
 
 #if PULSELOCO_TRANSPORT_MPI
-#include "transport/mpi/mpi_environment.h"
+#include <pulseloco/transport/mpi/mpi_environment.h>
 #endif
 
 namespace pulseloco::transport {

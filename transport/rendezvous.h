@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "transport/factory.h"
-#include "transport/transport.h"
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 

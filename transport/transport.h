@@ -18,7 +18,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "base/tensor_view.h"
+#include <pulseloco/base/tensor_view.h>
 
 namespace pulseloco::transport {
 
@@ -92,7 +92,7 @@ class Transport {
   // message whose receive is never posted.
   virtual void retire_tag(Tag tag) noexcept { (void)tag; }
 
-  // Fails every pending and future operation with PeerLostError("aborted: <reason>").
+  // Fails every pending and future operation with AbortedError(reason).
   virtual void abort(std::string_view reason) noexcept = 0;
 
   [[nodiscard]] virtual TransportStats stats() const = 0;

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <thread>
 
-#include "transport/transport.h"
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 

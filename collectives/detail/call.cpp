@@ -1,4 +1,4 @@
-#include "collectives/detail/call.h"
+#include <pulseloco/collectives/detail/call.h>
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <exception>
 #include <utility>
 
-#include "base/log.h"
+#include <pulseloco/base/log.h>
 
 namespace pulseloco::collectives::detail {
 
@@ -66,7 +66,7 @@ struct LeftDisagreement : std::exception {
 
 // The transport was aborted on this rank (by the caller or an earlier failure).
 [[nodiscard]] bool is_local_abort(const Error& error) {
-  return error.kind() == ErrorKind::peer_lost && error.message().starts_with("aborted");
+  return error.kind() == ErrorKind::aborted;
 }
 
 // Inside a catch block for `error`: rethrows a local abort unchanged, else reports what this

@@ -16,9 +16,9 @@
 #include <string_view>
 #include <vector>
 
-#include "base/errors.h"
-#include "collectives/collectives.h"
-#include "transport/transport.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::collectives::detail {
 

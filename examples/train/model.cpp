@@ -12,8 +12,8 @@
 
 #include <cmath>
 
-#include "base/digest.h"
-#include "base/errors.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::example {
 namespace {

@@ -13,10 +13,10 @@
 #include <cmath>
 #include <numbers>
 
-#include "base/bf16.h"
-#include "base/digest.h"
-#include "base/errors.h"
-#include "base/log.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 
 namespace pulseloco::example {
 namespace {

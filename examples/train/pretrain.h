@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 #include "model.h"
 #include "task.h"
 

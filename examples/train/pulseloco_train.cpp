@@ -24,16 +24,16 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
-#include "base/log.h"
-#include "collectives/collectives.h"
-#include "engine/engine.h"
-#include "engine/report.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/report.h>
 #include "model.h"
 #include "pretrain.h"
 #include "task.h"
-#include "torch_adapter/synchronizer.h"
-#include "transport/factory.h"
+#include <pulseloco/adapters/torch/synchronizer.h>
+#include <pulseloco/transport/factory.h>
 
 namespace {
 

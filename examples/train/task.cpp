@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::example {
 namespace {

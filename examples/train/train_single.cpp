@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "base/errors.h"
-#include "base/log.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 #include "model.h"
 #include "pretrain.h"
 #include "task.h"

@@ -1,5 +1,5 @@
 // Build of kernels/gpu_runtime.h without CUDA: there are no devices.
-#include "kernels/gpu_runtime.h"
+#include <pulseloco/kernels/gpu_runtime.h>
 
 #include <fmt/format.h>
 

@@ -10,7 +10,7 @@
 #include <bit>
 #include <cstdint>
 
-#include "kernels/cpu/window_kernels_internal.h"
+#include <pulseloco/kernels/cpu/window_kernels_internal.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -9,11 +9,11 @@
 #include <xmmintrin.h>
 #endif
 
-#include "base/bf16.h"
-#include "base/errors.h"
-#include "kernels/argument_checks.h"
-#include "kernels/cpu/window_kernels_internal.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/kernels/argument_checks.h>
+#include <pulseloco/kernels/cpu/window_kernels_internal.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::kernels {
 namespace detail {

@@ -10,8 +10,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "base/bf16.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::kernels::detail {
 

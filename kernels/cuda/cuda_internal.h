@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda/window_kernels_cuda.h"
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
 
 namespace pulseloco::kernels::cuda::detail {
 

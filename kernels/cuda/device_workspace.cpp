@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <utility>
 
-#include "base/errors.h"
-#include "kernels/cuda/cuda_internal.h"
-#include "kernels/cuda/window_kernels_cuda.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/kernels/cuda/cuda_internal.h>
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
 
 namespace pulseloco::kernels::cuda {
 namespace detail {

@@ -1,5 +1,5 @@
 // CUDA build of kernels/gpu_runtime.h.
-#include "kernels/gpu_runtime.h"
+#include <pulseloco/kernels/gpu_runtime.h>
 
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>

@@ -14,11 +14,11 @@
 #include <string>
 #include <utility>
 
-#include "base/bf16.h"
-#include "base/errors.h"
-#include "kernels/argument_checks.h"
-#include "kernels/cuda/cuda_internal.h"
-#include "kernels/cuda/window_kernels_cuda.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/kernels/argument_checks.h>
+#include <pulseloco/kernels/cuda/cuda_internal.h>
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
 
 #define PULSELOCO_CUDA_CHECK(call) \
   ::pulseloco::kernels::cuda::detail::check(static_cast<int>(call), #call)

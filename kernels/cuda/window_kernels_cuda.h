@@ -24,8 +24,8 @@
 #include <memory>
 #include <span>
 
-#include "base/digest.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::kernels::cuda {
 

@@ -1,7 +1,7 @@
-#include "base/bf16.h"
+#include <pulseloco/base/bf16.h>
 
-#include "base/cpu_features.h"
-#include "base/errors.h"
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/base/errors.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -1,9 +1,9 @@
-#include "base/cpu_features.h"
+#include <pulseloco/base/cpu_features.h>
 
 #include <cstdlib>
 #include <string>
 
-#include "base/log.h"
+#include <pulseloco/base/log.h>
 
 namespace pulseloco {
 

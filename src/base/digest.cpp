@@ -1,9 +1,9 @@
-#include "base/digest.h"
+#include <pulseloco/base/digest.h>
 
 #include <xxhash.h>
 
-#include "base/cpu_features.h"
-#include "base/digest_dispatch.h"
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/base/digest_dispatch.h>
 
 #include <fmt/format.h>
 

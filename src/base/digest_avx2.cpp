@@ -15,7 +15,7 @@
 #define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
 
-#include "base/digest_dispatch.h"
+#include <pulseloco/base/digest_dispatch.h>
 
 namespace pulseloco::detail {
 

@@ -1,4 +1,4 @@
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,6 +18,8 @@ std::string_view error_kind_name(ErrorKind kind) noexcept {
       return "timeout";
     case ErrorKind::peer_lost:
       return "peer lost";
+    case ErrorKind::aborted:
+      return "aborted";
     case ErrorKind::protocol:
       return "protocol violation";
     case ErrorKind::divergence:

@@ -23,7 +23,10 @@ enum class ErrorKind : std::uint8_t {
   divergence,        // replicas that must be bit-identical are not
   non_finite,        // the training run produced NaN or infinity where the algorithm forbids it
   membership,        // this worker is not (or no longer) in the run's group, or the run stopped
+  aborted,           // this rank gave up the group (abort(), an earlier failure): an
+                     // AbortedError, which is also a PeerLostError
 };
+// The values travel in the collectives' failure notices: append new kinds, never renumber.
 
 [[nodiscard]] std::string_view error_kind_name(ErrorKind kind) noexcept;
 
@@ -52,11 +55,16 @@ class Error : public std::runtime_error {
   ErrorContext context_;
 };
 
-#define PULSELOCO_DEFINE_ERROR(Name, Kind)                             \
-  class Name : public Error {                                          \
-   public:                                                             \
-    explicit Name(std::string_view message, ErrorContext context = {}) \
-        : Error(ErrorKind::Kind, message, std::move(context)) {}       \
+// Each class fixes its kind; a subclass of one (AbortedError) passes a finer kind up.
+#define PULSELOCO_DEFINE_ERROR(Name, Kind)                                             \
+  class Name : public Error {                                                          \
+   public:                                                                             \
+    explicit Name(std::string_view message, ErrorContext context = {})                 \
+        : Error(ErrorKind::Kind, message, std::move(context)) {}                       \
+                                                                                       \
+   protected:                                                                          \
+    Name(ErrorKind finer_kind, std::string_view message, ErrorContext context)         \
+        : Error(finer_kind, message, std::move(context)) {}                            \
   }
 
 PULSELOCO_DEFINE_ERROR(InvalidArgument, invalid_argument);
@@ -69,6 +77,16 @@ PULSELOCO_DEFINE_ERROR(NonFiniteError, non_finite);
 PULSELOCO_DEFINE_ERROR(MembershipError, membership);
 
 #undef PULSELOCO_DEFINE_ERROR
+
+// An operation failed because this rank's transport was aborted (Transport::abort(), or a
+// collective that failed before). The group is gone for this rank as if every peer were lost,
+// so it is caught as a PeerLostError too; kind() tells the two apart. The message is the
+// abort's reason.
+class AbortedError : public PeerLostError {
+ public:
+  explicit AbortedError(std::string_view reason, ErrorContext context = {})
+      : PeerLostError(ErrorKind::aborted, reason, std::move(context)) {}
+};
 
 // Formats "kind: message [rank 1, peer 2, tensor 'w', index 7, byte offset 9]".
 [[nodiscard]] std::string format_error(ErrorKind kind, std::string_view message,

@@ -1,4 +1,4 @@
-#include "base/log.h"
+#include <pulseloco/base/log.h>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

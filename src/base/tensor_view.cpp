@@ -1,4 +1,4 @@
-#include "base/tensor_view.h"
+#include <pulseloco/base/tensor_view.h>
 
 namespace pulseloco {
 

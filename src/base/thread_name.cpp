@@ -1,4 +1,4 @@
-#include "base/thread_name.h"
+#include <pulseloco/base/thread_name.h>
 
 #include <pthread.h>
 

@@ -1,11 +1,11 @@
-#include "base/thread_pool.h"
+#include <pulseloco/base/thread_pool.h>
 
 #include <atomic>
 #include <exception>
 #include <limits>
 #include <memory>
 
-#include "base/thread_name.h"
+#include <pulseloco/base/thread_name.h>
 
 namespace pulseloco {
 

@@ -12,9 +12,9 @@
 #include <memory>
 #include <string>
 
-#include "cli/commands.h"
-#include "transport/factory.h"
-#include "transport/membership.h"
+#include <pulseloco/cli/commands.h>
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/membership.h>
 
 namespace pulseloco::cli {
 

@@ -5,10 +5,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "base/build_config.h"
-#include "base/cpu_features.h"
-#include "cli/commands.h"
-#include "kernels/gpu_runtime.h"
+#include <pulseloco/build_config.h>
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/cli/commands.h>
+#include <pulseloco/kernels/gpu_runtime.h>
 
 namespace pulseloco::cli {
 namespace {

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
-#include "cli/commands.h"
-#include "codec/message.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/cli/commands.h>
+#include <pulseloco/codec/message.h>
 
 namespace pulseloco::cli {
 namespace {

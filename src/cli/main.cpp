@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <exception>
 
-#include "base/build_config.h"
-#include "base/errors.h"
-#include "cli/commands.h"
+#include <pulseloco/build_config.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/cli/commands.h>
 
 int main(int argc, char** argv) {
   CLI::App app{"pulseloco " PULSELOCO_VERSION_STRING

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
-#include "cli/commands.h"
-#include "engine/replay.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/cli/commands.h>
+#include <pulseloco/engine/replay.h>
 
 namespace pulseloco::cli {
 namespace {

@@ -1,10 +1,10 @@
-#include "codec/index_coding.h"
+#include <pulseloco/codec/index_coding.h>
 
 #include <algorithm>
 #include <bit>
 #include <string>
 
-#include "codec/wire.h"
+#include <pulseloco/codec/wire.h>
 
 namespace pulseloco::codec::detail {
 namespace {

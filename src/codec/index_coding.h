@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <span>
 
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 
 namespace pulseloco::codec::detail {
 

@@ -1,4 +1,4 @@
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 
 #include <xxhash.h>
 
@@ -9,11 +9,11 @@
 #include <limits>
 #include <string>
 
-#include "base/errors.h"
-#include "codec/index_coding.h"
-#include "codec/value_planes.h"
-#include "codec/wire.h"
-#include "codec/zstd_frames.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/codec/index_coding.h>
+#include <pulseloco/codec/value_planes.h>
+#include <pulseloco/codec/wire.h>
+#include <pulseloco/codec/zstd_frames.h>
 
 namespace pulseloco::codec {
 

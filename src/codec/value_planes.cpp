@@ -1,10 +1,10 @@
-#include "codec/value_planes.h"
+#include <pulseloco/codec/value_planes.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstring>
 
-#include "codec/wire.h"
+#include <pulseloco/codec/wire.h>
 
 namespace pulseloco::codec::detail {
 

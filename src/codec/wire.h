@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::codec::wire {
 

@@ -1,12 +1,12 @@
-#include "codec/zstd_frames.h"
+#include <pulseloco/codec/zstd_frames.h>
 
 #include <zstd_errors.h>
 
 #include <new>
 #include <string>
 
-#include "base/errors.h"
-#include "codec/wire.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/codec/wire.h>
 
 namespace pulseloco::codec::detail {
 

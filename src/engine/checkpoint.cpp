@@ -8,10 +8,10 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "base/errors.h"
-#include "base/log.h"
-#include "engine/engine_impl.h"
-#include "engine/state_files.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/engine/engine_impl.h>
+#include <pulseloco/engine/state_files.h>
 
 namespace pulseloco {
 namespace {

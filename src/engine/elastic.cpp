@@ -1,4 +1,4 @@
-#include "engine/elastic.h"
+#include <pulseloco/engine/elastic.h>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -12,9 +12,9 @@
 #include <cstdlib>
 #include <utility>
 
-#include "base/errors.h"
-#include "base/log.h"
-#include "transport/rendezvous.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/transport/rendezvous.h>
 
 namespace pulseloco {
 namespace {
@@ -24,6 +24,7 @@ namespace {
 [[nodiscard]] bool recoverable(const Error& error) noexcept {
   switch (error.kind()) {
     case ErrorKind::peer_lost:
+    case ErrorKind::aborted:
     case ErrorKind::timeout:
     case ErrorKind::protocol:
     case ErrorKind::io:

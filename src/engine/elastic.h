@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
-#include "engine/report.h"
-#include "transport/factory.h"
-#include "transport/membership.h"
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/report.h>
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/membership.h>
 
 namespace pulseloco {
 

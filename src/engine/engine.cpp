@@ -1,6 +1,6 @@
-#include "engine/engine.h"
+#include <pulseloco/engine/engine.h>
 
-#include "engine/engine_impl.h"
+#include <pulseloco/engine/engine_impl.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,14 +18,14 @@
 #include <optional>
 #include <utility>
 
-#include "base/bf16.h"
-#include "base/errors.h"
-#include "base/log.h"
-#include "codec/message.h"
-#include "collectives/collectives.h"
-#include "engine/layout.h"
-#include "engine/scratch_pool.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/codec/message.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/layout.h>
+#include <pulseloco/engine/scratch_pool.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco {
 namespace {

@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "base/tensor_view.h"
-#include "base/thread_pool.h"
-#include "engine/options.h"
-#include "engine/report.h"
-#include "transport/transport.h"
+#include <pulseloco/base/tensor_view.h>
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/options.h>
+#include <pulseloco/engine/report.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco {
 

@@ -10,14 +10,14 @@
 #include <span>
 #include <vector>
 
-#include "base/thread_pool.h"
-#include "codec/message.h"
-#include "collectives/collectives.h"
-#include "engine/engine.h"
-#include "engine/fault_injection.h"
-#include "engine/layout.h"
-#include "engine/scratch_pool.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/codec/message.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/fault_injection.h>
+#include <pulseloco/engine/layout.h>
+#include <pulseloco/engine/scratch_pool.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco {
 namespace engine_detail {

@@ -1,4 +1,4 @@
-#include "engine/fault_injection.h"
+#include <pulseloco/engine/fault_injection.h>
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco {
 namespace {

@@ -1,8 +1,8 @@
-#include "engine/layout.h"
+#include <pulseloco/engine/layout.h>
 
 #include <set>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco {
 

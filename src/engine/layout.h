@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "base/digest.h"
-#include "base/tensor_view.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/tensor_view.h>
 
 namespace pulseloco {
 

@@ -1,12 +1,12 @@
-#include "engine/options.h"
+#include <pulseloco/engine/options.h>
 
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "base/bf16.h"
-#include "base/digest.h"
-#include "base/errors.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco {
 

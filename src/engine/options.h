@@ -10,8 +10,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "codec/message.h"
-#include "collectives/collectives.h"
+#include <pulseloco/codec/message.h>
+#include <pulseloco/collectives/collectives.h>
 
 namespace pulseloco {
 

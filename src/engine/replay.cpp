@@ -1,4 +1,4 @@
-#include "engine/replay.h"
+#include <pulseloco/engine/replay.h>
 
 #include <fmt/format.h>
 
@@ -9,11 +9,11 @@
 #include <regex>
 #include <thread>
 
-#include "base/errors.h"
-#include "engine/engine.h"
-#include "engine/state_files.h"
-#include "io/safetensors.h"
-#include "transport/inproc/inproc.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/state_files.h>
+#include <pulseloco/io/safetensors.h>
+#include <pulseloco/transport/inproc/inproc.h>
 
 namespace pulseloco {
 namespace {

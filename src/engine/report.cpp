@@ -1,4 +1,4 @@
-#include "engine/report.h"
+#include <pulseloco/engine/report.h>
 
 #include <fmt/format.h>
 

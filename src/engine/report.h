@@ -7,8 +7,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "base/digest.h"
-#include "engine/options.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/engine/options.h>
 
 namespace pulseloco {
 

@@ -1,10 +1,10 @@
-#include "engine/state_files.h"
+#include <pulseloco/engine/state_files.h>
 
 #include <fmt/format.h>
 
 #include <charconv>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::state_files {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 
 namespace pulseloco::state_files {
 

@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/errors.h"
-#include "engine/engine_impl.h"
-#include "engine/state_files.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/engine/engine_impl.h>
+#include <pulseloco/engine/state_files.h>
 
 namespace pulseloco {
 namespace {

@@ -1,4 +1,4 @@
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -17,7 +17,7 @@
 #include <set>
 #include <utility>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::io {
 namespace {

@@ -28,7 +28,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "base/tensor_view.h"
+#include <pulseloco/base/tensor_view.h>
 
 namespace pulseloco::io {
 

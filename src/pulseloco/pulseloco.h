@@ -7,15 +7,15 @@
 // The libtorch adapter is in <pulseloco/torch.h>.
 #pragma once
 
-#include "base/bf16.h"
-#include "base/build_config.h"
-#include "base/digest.h"
-#include "base/errors.h"
-#include "base/tensor_view.h"
-#include "engine/elastic.h"
-#include "engine/engine.h"
-#include "engine/options.h"
-#include "engine/replay.h"
-#include "engine/report.h"
-#include "transport/factory.h"
-#include "transport/membership.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/build_config.h>
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/tensor_view.h>
+#include <pulseloco/engine/elastic.h>
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/options.h>
+#include <pulseloco/engine/replay.h>
+#include <pulseloco/engine/report.h>
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/membership.h>

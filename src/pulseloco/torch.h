@@ -1,5 +1,5 @@
 // The libtorch adapter: `#include <pulseloco/torch.h>` (needs a build with libtorch).
 #pragma once
 
-#include "pulseloco/pulseloco.h"
-#include "torch_adapter/synchronizer.h"
+#include <pulseloco/pulseloco.h>
+#include <pulseloco/adapters/torch/synchronizer.h>

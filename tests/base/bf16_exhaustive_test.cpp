@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/cpu_features.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/cpu_features.h>
 
 namespace pulseloco {
 namespace {

@@ -1,4 +1,4 @@
-#include "base/bf16.h"
+#include <pulseloco/base/bf16.h>
 
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <random>
 #include <vector>
 
-#include "base/cpu_features.h"
-#include "base/errors.h"
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco {
 namespace {

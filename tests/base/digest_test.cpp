@@ -1,11 +1,11 @@
-#include "base/digest.h"
+#include <pulseloco/base/digest.h>
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "base/cpu_features.h"
-#include "base/digest_dispatch.h"
+#include <pulseloco/base/cpu_features.h>
+#include <pulseloco/base/digest_dispatch.h>
 
 #include <array>
 #include <cmath>

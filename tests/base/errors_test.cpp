@@ -1,4 +1,4 @@
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 #include <gtest/gtest.h>
 
@@ -27,6 +27,16 @@ TEST(Errors, DivergenceNamesTheRanks) {
   EXPECT_EQ(std::string(error.what()), "replica divergence: digests differ [ranks 0,2]");
 }
 
+TEST(Errors, AnAbortIsAPeerLostErrorOfItsOwnKind) {
+  try {
+    throw AbortedError("the engine gave up", {.rank = 2});
+  } catch (const PeerLostError& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::aborted);
+    EXPECT_EQ(error.message(), "the engine gave up");
+    EXPECT_EQ(std::string(error.what()), "aborted: the engine gave up [rank 2]");
+  }
+}
+
 TEST(Errors, EveryKindIsCatchableAsError) {
   auto throws = [](ErrorKind kind) {
     switch (kind) {
@@ -38,6 +48,8 @@ TEST(Errors, EveryKindIsCatchableAsError) {
         throw TimeoutError("x");
       case ErrorKind::peer_lost:
         throw PeerLostError("x");
+      case ErrorKind::aborted:
+        throw AbortedError("x");
       case ErrorKind::protocol:
         throw ProtocolError("x");
       case ErrorKind::divergence:
@@ -50,7 +62,7 @@ TEST(Errors, EveryKindIsCatchableAsError) {
   };
   for (auto kind :
        {ErrorKind::invalid_argument, ErrorKind::io, ErrorKind::timeout, ErrorKind::peer_lost,
-        ErrorKind::protocol, ErrorKind::divergence, ErrorKind::non_finite, ErrorKind::membership}) {
+        ErrorKind::aborted, ErrorKind::protocol, ErrorKind::divergence, ErrorKind::non_finite, ErrorKind::membership}) {
     try {
       throws(kind);
       FAIL() << "did not throw";

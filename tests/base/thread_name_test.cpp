@@ -1,11 +1,11 @@
-#include "base/thread_name.h"
+#include <pulseloco/base/thread_name.h>
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <thread>
 
-#include "base/thread_pool.h"
+#include <pulseloco/base/thread_pool.h>
 
 namespace pulseloco {
 namespace {

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "codec/codec_test_util.h"
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 
 namespace pulseloco::codec {
 namespace {

@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 
 namespace pulseloco::codec::testing {
 

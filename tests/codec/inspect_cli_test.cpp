@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "codec/codec_test_util.h"
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 
 namespace pulseloco::codec {
 namespace {

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/rendezvous.h"
+#include <pulseloco/transport/rendezvous.h>
 
 extern char** environ;
 

@@ -1,7 +1,7 @@
 // The collectives with every rank a thread of this process: results against independently
 // computed expectations, for world sizes 1, 2, 3, 4 and 7, payloads from 0 bytes to 64 MiB,
 // both all-gather algorithms, and every backend of test_groups.h.
-#include "collectives/collectives.h"
+#include <pulseloco/collectives/collectives.h>
 
 #include <gtest/gtest.h>
 
@@ -16,13 +16,13 @@
 #include <numeric>
 #include <set>
 
-#include "base/digest.h"
-#include "base/errors.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
 #include "collective_reference.h"
-#include "collectives/detail/call.h"
+#include <pulseloco/collectives/detail/call.h>
 #include "rank_harness.h"
 #include "test_groups.h"
-#include "transport/tcp/tcp_transport.h"
+#include <pulseloco/transport/tcp/tcp_transport.h>
 
 namespace pulseloco::collectives {
 namespace {

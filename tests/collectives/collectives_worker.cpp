@@ -25,12 +25,12 @@
 #include <optional>
 #include <stdexcept>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "collective_reference.h"
-#include "collectives/collectives.h"
+#include <pulseloco/collectives/collectives.h>
 #include "rank_harness.h"
-#include "transport/factory.h"
-#include "transport/rendezvous.h"
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/rendezvous.h>
 
 #if PULSELOCO_WORKER_MPI
 #include <mpi.h>
@@ -85,6 +85,8 @@ std::string_view kind_word(ErrorKind kind) {
       return "non_finite";
     case ErrorKind::membership:
       return "membership";
+    case ErrorKind::aborted:
+      return "aborted";
   }
   return "unknown";
 }

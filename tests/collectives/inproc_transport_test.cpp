@@ -1,5 +1,5 @@
 // The in-process transport: message semantics, deadlines, abort, and every fault it injects.
-#include "transport/inproc/inproc.h"
+#include <pulseloco/transport/inproc/inproc.h>
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "rank_harness.h"
 
 namespace pulseloco::transport::inproc {
@@ -101,7 +101,8 @@ TEST(Inproc, AbortFailsPendingAndFutureOperationsAndPeersSeeTheConnectionClose) 
     pending->wait(soon());
     FAIL();
   } catch (const PeerLostError& error) {
-    EXPECT_EQ(error.message(), "aborted: test says stop");
+    EXPECT_EQ(error.kind(), ErrorKind::aborted);
+    EXPECT_EQ(error.message(), "test says stop");
   }
   EXPECT_THROW(group[1]->send(0, 1, got, soon()), PeerLostError);
   try {
@@ -137,7 +138,8 @@ TEST(Inproc, MessagesSentBeforeAKillAreStillDelivered) {
     group[0]->send(1, 1, sent, soon());
     FAIL();
   } catch (const PeerLostError& error) {
-    EXPECT_EQ(error.message(), "aborted: killed by fault injection");
+    EXPECT_EQ(error.kind(), ErrorKind::aborted);
+    EXPECT_EQ(error.message(), "killed by fault injection");
   }
   ASSERT_EQ(faults->injected().size(), 1U);
   EXPECT_EQ(faults->injected()[0].action, FaultAction::kill_sender);

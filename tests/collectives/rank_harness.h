@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "base/errors.h"
-#include "transport/transport.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::testing {
 

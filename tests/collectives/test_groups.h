@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "transport/inproc/inproc.h"
-#include "transport/transport.h"
+#include <pulseloco/transport/inproc/inproc.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::testing {
 

@@ -1,7 +1,7 @@
 // ElasticEngine in one process: a Coordinator and several workers on threads, each with its own
 // TCP data plane over loopback. A worker leaving mid-run and a worker joining mid-run; every
 // window's digests agree and the survivors end identical. (Process-level faults: elastic_test.py.)
-#include "engine/elastic.h"
+#include <pulseloco/engine/elastic.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -14,9 +14,9 @@
 #include <set>
 #include <thread>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "engine/engine_test_util.h"
-#include "transport/membership.h"
+#include <pulseloco/transport/membership.h>
 
 namespace pulseloco {
 namespace {

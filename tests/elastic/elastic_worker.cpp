@@ -23,11 +23,11 @@
 #include <thread>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/errors.h"
-#include "base/log.h"
-#include "engine/elastic.h"
-#include "engine/report.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/engine/elastic.h>
+#include <pulseloco/engine/report.h>
 
 namespace {
 

@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include "base/errors.h"
-#include "engine/engine.h"
-#include "engine/replay.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/replay.h>
 #include "engine_test_util.h"
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 
 namespace pulseloco {
 namespace {

@@ -1,15 +1,15 @@
 // The window engine end to end over an in-process group: bit-identity with the scalar reference
 // of docs/algorithm.md, replicas identical, atomic failure, start-up checks, dense modes.
-#include "engine/engine.h"
+#include <pulseloco/engine/engine.h>
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "engine_test_util.h"
-#include "transport/inproc/inproc.h"
+#include <pulseloco/transport/inproc/inproc.h>
 
 namespace pulseloco {
 namespace {

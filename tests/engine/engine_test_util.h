@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "base/bf16.h"
-#include "engine/engine.h"
-#include "transport/inproc/inproc.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/engine/engine.h>
+#include <pulseloco/transport/inproc/inproc.h>
 
 namespace pulseloco::testing {
 

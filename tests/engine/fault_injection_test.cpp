@@ -1,12 +1,12 @@
 // PULSELOCO_FAULT's syntax: every field parses, and bad input is refused with a message that
 // names what was wrong.
-#include "engine/fault_injection.h"
+#include <pulseloco/engine/fault_injection.h>
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco {
 namespace {

@@ -9,10 +9,10 @@
 #include <mutex>
 #include <set>
 
-#include "base/errors.h"
-#include "engine/engine.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/engine/engine.h>
 #include "engine_test_util.h"
-#include "transport/inproc/inproc.h"
+#include <pulseloco/transport/inproc/inproc.h>
 
 namespace pulseloco {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
-#include "engine/options.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/engine/options.h>
 #include "engine_test_util.h"
 
 namespace pulseloco {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "collectives/test_groups.h"
-#include "engine/engine.h"
+#include <pulseloco/engine/engine.h>
 #include "engine_test_util.h"
 
 namespace pulseloco {

@@ -9,10 +9,10 @@
 #include <fstream>
 #include <set>
 
-#include "base/digest.h"
-#include "base/errors.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
 #include "io/python_check.h"
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 #include "io/test_files.h"
 #include "model.h"
 #include "pretrain.h"

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "base/bf16.h"
+#include <pulseloco/base/bf16.h>
 #include "gpu/gpu_test_util.h"
 
 namespace pulseloco {

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/window_kernels_cuda.h"
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
 #include "kernels/kernel_backend.h"
 
 namespace pulseloco::testing {

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/gpu_runtime.h"
+#include <pulseloco/kernels/gpu_runtime.h>
 
 #define PULSELOCO_SKIP_WITHOUT_GPU()                              \
   do {                                                            \

@@ -11,13 +11,13 @@
 #include <numeric>
 #include <vector>
 
-#include "base/digest.h"
-#include "base/errors.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
 #include "gpu/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/backend_comparison.h"
-#include "kernels/cuda/window_kernels_cuda.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
+#include <pulseloco/kernels/window_kernels.h>
 #include "kernels/window_test_inputs.h"
 
 namespace pulseloco::testing {

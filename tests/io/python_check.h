@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 
 #if !defined(PULSELOCO_TEST_PYTHON) || !defined(PULSELOCO_SAFETENSORS_CHECKER)
 #error "call pulseloco_use_safetensors_checker() on this test target"

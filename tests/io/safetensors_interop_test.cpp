@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "base/bf16.h"
+#include <pulseloco/base/bf16.h>
 #include "io/python_check.h"
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 #include "io/test_files.h"
 
 namespace pulseloco::io {

@@ -1,5 +1,5 @@
 // safetensors writer and reader: round trips, streaming, and every way a header can be wrong.
-#include "io/safetensors.h"
+#include <pulseloco/io/safetensors.h>
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/errors.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
 #include "io/test_files.h"
 
 namespace pulseloco::io {

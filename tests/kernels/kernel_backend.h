@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/window_kernels.h"
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::testing {
 

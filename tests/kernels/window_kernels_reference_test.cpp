@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "kernels/torch_reference.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/kernels/window_kernels.h>
 #include "kernels/window_test_inputs.h"
 
 namespace pulseloco::testing {

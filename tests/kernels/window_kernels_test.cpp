@@ -13,10 +13,10 @@
 #include <xmmintrin.h>
 #endif
 
-#include "base/bf16.h"
-#include "base/digest.h"
-#include "base/errors.h"
-#include "kernels/window_kernels.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/kernels/window_kernels.h>
 #include "kernels/window_test_inputs.h"
 
 namespace pulseloco::kernels {

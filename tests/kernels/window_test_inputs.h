@@ -9,8 +9,8 @@
 #include <limits>
 #include <vector>
 
-#include "base/bf16.h"
-#include "base/tensor_view.h"
+#include <pulseloco/base/bf16.h>
+#include <pulseloco/base/tensor_view.h>
 
 namespace pulseloco::testing {
 

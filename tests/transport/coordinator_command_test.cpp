@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "base/errors.h"
-#include "transport/membership.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/membership.h>
 
 namespace pulseloco::transport {
 namespace {

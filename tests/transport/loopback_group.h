@@ -20,9 +20,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "transport/factory.h"
-#include "transport/rendezvous.h"
-#include "transport/tcp/tcp_transport.h"
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/tcp/tcp_transport.h>
 
 namespace pulseloco::transport::testing {
 

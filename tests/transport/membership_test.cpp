@@ -18,10 +18,10 @@
 #include <thread>
 #include <vector>
 
-#include "base/errors.h"
-#include "transport/membership.h"
-#include "transport/tcp/asio_util.h"
-#include "transport/tcp/handshake.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/membership.h>
+#include <pulseloco/transport/tcp/asio_util.h>
+#include <pulseloco/transport/tcp/handshake.h>
 
 namespace pulseloco::transport {
 namespace {

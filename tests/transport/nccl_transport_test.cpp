@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "gpu/gpu_test_util.h"
-#include "transport/factory.h"
+#include <pulseloco/transport/factory.h>
 #include "transport/loopback_group.h"
 
 namespace pulseloco::transport {

@@ -7,10 +7,10 @@
 #include <optional>
 #include <string>
 
-#include "base/errors.h"
-#include "transport/factory.h"
-#include "transport/rendezvous.h"
-#include "transport/tcp/frame.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/tcp/frame.h>
 
 namespace pulseloco::transport {
 namespace {

@@ -1,6 +1,6 @@
 // tcp::Progress on a bare io_context: who runs the handlers while a caller waits, and that a
 // driver sleeping in the io_context learns of completions made elsewhere.
-#include "transport/tcp/progress.h"
+#include <pulseloco/transport/tcp/progress.h>
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <string>
 #include <thread>
 
-#include "base/log.h"
-#include "base/thread_name.h"
+#include <pulseloco/base/log.h>
+#include <pulseloco/base/thread_name.h>
 
 namespace pulseloco::transport::tcp {
 namespace {

@@ -10,10 +10,10 @@
 #include <string>
 #include <thread>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "transport/loopback_group.h"
-#include "transport/tcp/asio_util.h"
-#include "transport/tcp/handshake.h"
+#include <pulseloco/transport/tcp/asio_util.h>
+#include <pulseloco/transport/tcp/handshake.h>
 
 namespace pulseloco::transport {
 namespace {

@@ -11,10 +11,10 @@
 #include <string>
 #include <thread>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "transport/loopback_group.h"
-#include "transport/tcp/frame.h"
-#include "transport/tcp/handshake.h"
+#include <pulseloco/transport/tcp/frame.h>
+#include <pulseloco/transport/tcp/handshake.h>
 
 namespace pulseloco::transport {
 namespace {

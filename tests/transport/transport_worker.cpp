@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "base/errors.h"
-#include "base/log.h"
-#include "transport/factory.h"
-#include "transport/native_collectives.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/native_collectives.h>
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "transport/inproc/inproc.h"
+#include <pulseloco/transport/inproc/inproc.h>
 
 #include <fmt/format.h>
 
@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "base/digest.h"
-#include "base/errors.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::transport::inproc {
 
@@ -159,8 +159,8 @@ struct Fabric {
   }
 
   [[nodiscard]] std::exception_ptr local_abort_error(int rank, const Op& op) {
-    return std::make_exception_ptr(PeerLostError(
-        fmt::format("aborted: {}", info(rank).close_reason), {.rank = rank, .peer = op.peer}));
+    return std::make_exception_ptr(
+        AbortedError(info(rank).close_reason, {.rank = rank, .peer = op.peer}));
   }
   [[nodiscard]] static std::exception_ptr peer_closed_error(int rank, int peer) {
     return std::make_exception_ptr(PeerLostError(fmt::format("peer {} closed the connection", peer),

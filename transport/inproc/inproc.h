@@ -28,7 +28,7 @@
 #include <string_view>
 #include <vector>
 
-#include "transport/transport.h"
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport::inproc {
 

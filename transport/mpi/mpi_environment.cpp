@@ -1,11 +1,11 @@
-#include "transport/mpi/mpi_environment.h"
+#include <pulseloco/transport/mpi/mpi_environment.h>
 
 #include <fmt/format.h>
 
 #include <atomic>
 
-#include "base/errors.h"
-#include "base/log.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 
 namespace pulseloco::transport::mpi {
 namespace {

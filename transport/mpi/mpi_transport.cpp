@@ -1,4 +1,4 @@
-#include "transport/mpi/mpi_transport.h"
+#include <pulseloco/transport/mpi/mpi_transport.h>
 
 #include <fmt/format.h>
 
@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
-#include "base/errors.h"
-#include "base/log.h"
-#include "transport/mpi/mpi_environment.h"
-#include "transport/waiting.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/transport/mpi/mpi_environment.h>
+#include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::transport {
 namespace {
@@ -159,7 +159,7 @@ struct MpiTransport::State {
       unclean = true;
       if (!aborted)
         aborted = std::make_exception_ptr(
-            PeerLostError(fmt::format("aborted: {} timed out", what), ErrorContext{.rank = rank}));
+            AbortedError(fmt::format("{} timed out", what), ErrorContext{.rank = rank}));
     }
     mpi::mark_unclean();
     throw TimeoutError(fmt::format("{} did not complete within {} ms (a rank is stalled or dead; "
@@ -308,7 +308,7 @@ void MpiTransport::abort(std::string_view reason) noexcept {
     const std::lock_guard lock(state_->mutex);
     if (state_->aborted) return;
     state_->aborted = std::make_exception_ptr(
-        PeerLostError(fmt::format("aborted: {}", reason), ErrorContext{.rank = state_->rank}));
+        AbortedError(reason, ErrorContext{.rank = state_->rank}));
     logger().warn("mpi transport: rank {} aborting: {}", state_->rank, reason);
     const std::lock_guard call(mpi::call_mutex());
     for (auto& weak : state_->pending) {

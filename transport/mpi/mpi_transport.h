@@ -20,9 +20,9 @@
 
 #include <memory>
 
-#include "transport/factory.h"
-#include "transport/native_collectives.h"
-#include "transport/transport.h"
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/native_collectives.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 

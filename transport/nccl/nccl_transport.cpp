@@ -1,4 +1,4 @@
-#include "transport/nccl/nccl_transport.h"
+#include <pulseloco/transport/nccl/nccl_transport.h>
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
@@ -10,13 +10,13 @@
 #include <thread>
 #include <vector>
 
-#include "base/errors.h"
-#include "base/log.h"
-#include "transport/tcp/tcp_transport.h"
-#include "transport/waiting.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/transport/tcp/tcp_transport.h>
+#include <pulseloco/transport/waiting.h>
 
 #if PULSELOCO_TRANSPORT_MPI
-#include "transport/mpi/mpi_environment.h"
+#include <pulseloco/transport/mpi/mpi_environment.h>
 #endif
 
 namespace pulseloco::transport {
@@ -460,7 +460,7 @@ void NcclTransport::abort(std::string_view reason) noexcept {
     state_->comm = nullptr;
     state_->failure = nullptr;
     state_->fail_all_locked(std::make_exception_ptr(
-        PeerLostError(fmt::format("aborted: {}", reason), ErrorContext{.rank = state_->rank})));
+        AbortedError(reason, ErrorContext{.rank = state_->rank})));
   } catch (...) {
     // abort() must not throw.
   }

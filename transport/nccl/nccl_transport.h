@@ -22,8 +22,8 @@
 
 #include <memory>
 
-#include "transport/factory.h"
-#include "transport/transport.h"
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 

@@ -1,11 +1,11 @@
-#include "transport/tcp/asio_util.h"
+#include <pulseloco/transport/tcp/asio_util.h>
 
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::transport::tcp {
 

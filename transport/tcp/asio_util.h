@@ -11,8 +11,8 @@
 #include <memory>
 #include <string>
 
-#include "transport/factory.h"
-#include "transport/transport.h"
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport::tcp {
 

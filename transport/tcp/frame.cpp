@@ -1,10 +1,10 @@
-#include "transport/tcp/frame.h"
+#include <pulseloco/transport/tcp/frame.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "base/digest.h"
+#include <pulseloco/base/digest.h>
 
 namespace pulseloco::transport::tcp {
 namespace {

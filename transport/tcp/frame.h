@@ -26,7 +26,7 @@
 #include <span>
 #include <string>
 
-#include "transport/transport.h"
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport::tcp {
 

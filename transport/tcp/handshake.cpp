@@ -1,4 +1,4 @@
-#include "transport/tcp/handshake.h"
+#include <pulseloco/transport/tcp/handshake.h>
 
 #include <fmt/format.h>
 #include <openssl/crypto.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::transport::tcp {
 namespace {

@@ -20,9 +20,9 @@
 #include <string>
 #include <string_view>
 
-#include "base/errors.h"
-#include "transport/rendezvous.h"
-#include "transport/tcp/asio_util.h"
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/tcp/asio_util.h>
 
 namespace pulseloco::transport::tcp {
 

@@ -1,11 +1,11 @@
-#include "transport/tcp/progress.h"
+#include <pulseloco/transport/tcp/progress.h>
 
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
 
-#include "base/log.h"
-#include "base/thread_name.h"
+#include <pulseloco/base/log.h>
+#include <pulseloco/base/thread_name.h>
 
 namespace pulseloco::transport::tcp {
 

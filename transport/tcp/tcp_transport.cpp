@@ -1,4 +1,4 @@
-#include "transport/tcp/tcp_transport.h"
+#include <pulseloco/transport/tcp/tcp_transport.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,14 +16,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "base/digest.h"
-#include "base/errors.h"
-#include "base/log.h"
-#include "transport/tcp/asio_util.h"
-#include "transport/tcp/frame.h"
-#include "transport/tcp/handshake.h"
-#include "transport/tcp/progress.h"
-#include "transport/waiting.h"
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/transport/tcp/asio_util.h>
+#include <pulseloco/transport/tcp/frame.h>
+#include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/progress.h>
+#include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::transport {
 
@@ -1757,7 +1757,7 @@ void TcpTransport::Core::abort(std::string_view reason) noexcept {
       const std::lock_guard lock(mutex_);
       if (aborted_ || shut_down_) return;
       aborted_ = std::make_exception_ptr(
-          PeerLostError(fmt::format("aborted: {}", reason), ErrorContext{.rank = rank_}));
+          AbortedError(reason, ErrorContext{.rank = rank_}));
       error = aborted_;
     }
     logger().warn("tcp transport: rank {} aborting: {}", rank_, reason);

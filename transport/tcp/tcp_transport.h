@@ -32,9 +32,9 @@
 #include <cstdint>
 #include <memory>
 
-#include "transport/factory.h"
-#include "transport/rendezvous.h"
-#include "transport/transport.h"
+#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 

@@ -11,9 +11,9 @@
 #include <span>
 #include <vector>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 #include "codec/codec_test_util.h"
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 
 namespace pulseloco::codec::fuzz {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "codec/codec_test_util.h"
-#include "codec/message.h"
+#include <pulseloco/codec/message.h>
 
 namespace {
 

@@ -19,8 +19,8 @@
 #include <optional>
 #include <vector>
 
-#include "engine/elastic.h"
-#include "engine/engine.h"
+#include <pulseloco/engine/elastic.h>
+#include <pulseloco/engine/engine.h>
 
 namespace pulseloco::libtorch {
 

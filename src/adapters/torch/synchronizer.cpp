@@ -1,9 +1,9 @@
-#include "torch_adapter/synchronizer.h"
+#include <pulseloco/adapters/torch/synchronizer.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>
 
-#include "base/errors.h"
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::libtorch {
 namespace {
