@@ -8,6 +8,7 @@
 #include <exception>
 #include <utility>
 
+#include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/log.h>
 
 namespace pulseloco::collectives::detail {
@@ -24,19 +25,6 @@ namespace {
 constexpr std::uint32_t kHeaderMagic = 0x48434C50;  // "PLCH"
 constexpr std::uint32_t kNoticeMagic = 0x4E434C50;  // "PLCN"
 constexpr std::uint8_t kWireVersion = 1;
-
-template <typename T, std::size_t N>
-void put(std::array<std::byte, N>& out, std::size_t offset, T value) {
-  static_assert(std::is_trivially_copyable_v<T>);
-  std::memcpy(out.data() + offset, &value, sizeof(T));
-}
-
-template <typename T, std::size_t N>
-[[nodiscard]] T get(std::span<const std::byte, N> in, std::size_t offset) {
-  T value;
-  std::memcpy(&value, in.data() + offset, sizeof(T));
-  return value;
-}
 
 // A failure this rank observed itself while waiting on or posting to `peer`.
 struct ObservedFailure : std::exception {
@@ -137,27 +125,33 @@ Tag make_tag(Tag base, std::uint64_t sequence, Phase phase) {
 
 std::array<std::byte, kHeaderBytes> encode_header(const Header& header) {
   std::array<std::byte, kHeaderBytes> out{};
-  put(out, 0, kHeaderMagic);
-  put(out, 4, kWireVersion);
-  put(out, 5, static_cast<std::uint8_t>(header.op));
-  put(out, 6, static_cast<std::uint8_t>(header.algorithm));
-  put(out, 8, header.root);
-  put(out, 16, header.sequence);
-  put(out, 24, header.chunk_bytes);
-  put(out, 32, header.value);
+  ByteWriter(out)
+      .put(kHeaderMagic)
+      .put(kWireVersion)
+      .put(static_cast<std::uint8_t>(header.op))
+      .put(static_cast<std::uint8_t>(header.algorithm))
+      .zeros(1)
+      .put(header.root)
+      .zeros(4)
+      .put(header.sequence)
+      .put(header.chunk_bytes)
+      .put(header.value);
   return out;
 }
 
 Header decode_header(std::span<const std::byte, kHeaderBytes> bytes, int rank, int peer) {
   const ErrorContext context{.rank = rank, .peer = peer};
-  if (get<std::uint32_t>(bytes, 0) != kHeaderMagic || get<std::uint8_t>(bytes, 4) != kWireVersion) {
+  ByteReader in(bytes, context);
+  const auto magic = in.get<std::uint32_t>("magic");
+  const auto version = in.get<std::uint8_t>("version");
+  if (magic != kHeaderMagic || version != kWireVersion) {
     throw ProtocolError(
         fmt::format("peer {} sent something that is not a version-{} collective header", peer,
                     kWireVersion),
         context);
   }
-  const auto op = get<std::uint8_t>(bytes, 5);
-  const auto algorithm = get<std::uint8_t>(bytes, 6);
+  const auto op = in.get<std::uint8_t>("operation");
+  const auto algorithm = in.get<std::uint8_t>("algorithm");
   if (op < static_cast<std::uint8_t>(Op::sparse_allgather) ||
       op > static_cast<std::uint8_t>(Op::allgather_u64) ||
       algorithm > static_cast<std::uint8_t>(CollectiveAlgorithm::direct)) {
@@ -166,38 +160,45 @@ Header decode_header(std::span<const std::byte, kHeaderBytes> bytes, int rank, i
                                     peer, op, algorithm),
                         context);
   }
-  return Header{.op = static_cast<Op>(op),
-                .algorithm = static_cast<CollectiveAlgorithm>(algorithm),
-                .root = get<std::int32_t>(bytes, 8),
-                .sequence = get<std::uint64_t>(bytes, 16),
-                .chunk_bytes = get<std::uint64_t>(bytes, 24),
-                .value = get<std::uint64_t>(bytes, 32)};
+  in.skip(1, "padding");
+  Header header{.op = static_cast<Op>(op), .algorithm = static_cast<CollectiveAlgorithm>(algorithm)};
+  header.root = in.get<std::int32_t>("root");
+  in.skip(4, "padding");
+  header.sequence = in.get<std::uint64_t>("sequence");
+  header.chunk_bytes = in.get<std::uint64_t>("chunk size");
+  header.value = in.get<std::uint64_t>("value");
+  return header;
 }
 
 std::array<std::byte, kNoticeBytes> encode_notice(const Notice& notice) {
   std::array<std::byte, kNoticeBytes> out{};
-  put(out, 0, kNoticeMagic);
-  put(out, 4, kWireVersion);
-  put(out, 5, static_cast<std::uint8_t>(notice.type));
-  put(out, 6, static_cast<std::uint8_t>(notice.kind));
-  put(out, 8, notice.reporter);
-  put(out, 12, notice.subject);
-  put(out, 16, notice.sequence);
+  ByteWriter(out)
+      .put(kNoticeMagic)
+      .put(kWireVersion)
+      .put(static_cast<std::uint8_t>(notice.type))
+      .put(static_cast<std::uint8_t>(notice.kind))
+      .zeros(1)
+      .put(notice.reporter)
+      .put(notice.subject)
+      .put(notice.sequence);
   return out;
 }
 
 Notice decode_notice(std::span<const std::byte, kNoticeBytes> bytes, int rank, int peer,
                      int world_size, std::uint64_t sequence) {
   const ErrorContext context{.rank = rank, .peer = peer};
-  const auto type = get<std::uint8_t>(bytes, 5);
-  const auto kind = get<std::uint8_t>(bytes, 6);
-  const Notice notice{.type = static_cast<NoticeType>(type),
-                      .kind = static_cast<ErrorKind>(kind),
-                      .reporter = get<std::int32_t>(bytes, 8),
-                      .subject = get<std::int32_t>(bytes, 12),
-                      .sequence = get<std::uint64_t>(bytes, 16)};
+  ByteReader in(bytes, context);
+  const auto magic = in.get<std::uint32_t>("magic");
+  const auto version = in.get<std::uint8_t>("version");
+  const auto type = in.get<std::uint8_t>("notice type");
+  const auto kind = in.get<std::uint8_t>("error kind");
+  in.skip(1, "padding");
+  Notice notice{.type = static_cast<NoticeType>(type), .kind = static_cast<ErrorKind>(kind)};
+  notice.reporter = in.get<std::int32_t>("reporter");
+  notice.subject = in.get<std::int32_t>("subject");
+  notice.sequence = in.get<std::uint64_t>("sequence");
   const bool valid =
-      get<std::uint32_t>(bytes, 0) == kNoticeMagic && get<std::uint8_t>(bytes, 4) == kWireVersion &&
+      magic == kNoticeMagic && version == kWireVersion &&
       type >= static_cast<std::uint8_t>(NoticeType::done) &&
       type <= static_cast<std::uint8_t>(NoticeType::disagreement) &&
       kind <= static_cast<std::uint8_t>(ErrorKind::non_finite) && notice.reporter == peer &&

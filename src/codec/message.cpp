@@ -162,7 +162,7 @@ FrameParse parse_frame(std::span<const std::byte> available, std::uint64_t frame
     return result;
   }
   const std::byte* p = available.data();
-  info.tensor = wire::load<std::uint32_t>(p + kFrameTensorAt);
+  info.tensor = load_le<std::uint32_t>(p + kFrameTensorAt);
   if (info.tensor >= header.tensor_numels.size()) {
     fail(where + ": tensor " + std::to_string(info.tensor) + " is not in the tensor table (" +
              std::to_string(header.tensor_numels.size()) + " tensors)",
@@ -178,10 +178,10 @@ FrameParse parse_frame(std::span<const std::byte> available, std::uint64_t frame
   const auto coding_code = static_cast<std::uint8_t>(p[kFrameIndexCodingAt]);
   const auto zstd_streams = static_cast<std::uint8_t>(p[kFrameZstdStreamsAt]);
   const auto sparse_planes = static_cast<std::uint8_t>(p[kFrameSparsePlanesAt]);
-  info.begin = wire::load<std::uint64_t>(p + kFrameBeginAt);
-  info.length = wire::load<std::uint32_t>(p + kFrameLengthAt);
-  info.entries = wire::load<std::uint32_t>(p + kFrameEntriesAt);
-  const auto payload_bytes = wire::load<std::uint64_t>(p + kFramePayloadBytesAt);
+  info.begin = load_le<std::uint64_t>(p + kFrameBeginAt);
+  info.length = load_le<std::uint32_t>(p + kFrameLengthAt);
+  info.entries = load_le<std::uint32_t>(p + kFrameEntriesAt);
+  const auto payload_bytes = load_le<std::uint64_t>(p + kFramePayloadBytesAt);
 
   const std::uint64_t max_length = std::min(kMaxFrameElements, limits.max_frame_elements);
   if (info.length > max_length) {
@@ -292,7 +292,7 @@ HeaderPrefix parse_header_prefix(std::span<const std::byte> bytes, const DecodeL
   if (std::memcmp(p, wire::kMagic, sizeof wire::kMagic) != 0) {
     fail("bad magic: not a pulseloco message", 0);
   }
-  const auto version = wire::load<std::uint16_t>(p + kHeaderVersionAt);
+  const auto version = load_le<std::uint16_t>(p + kHeaderVersionAt);
   if (version != kFormatVersion) {
     fail("unsupported format version " + std::to_string(version) + " (this build reads " +
              std::to_string(kFormatVersion) + ")",
@@ -303,13 +303,13 @@ HeaderPrefix parse_header_prefix(std::span<const std::byte> bytes, const DecodeL
     fail("unknown encoding " + std::to_string(encoding_code), kHeaderEncodingAt);
   }
   if (p[kHeaderFlagsAt] != std::byte{0}) fail("header flags are not zero", kHeaderFlagsAt);
-  if (wire::load<std::uint32_t>(p + kHeaderReservedAt) != 0) {
+  if (load_le<std::uint32_t>(p + kHeaderReservedAt) != 0) {
     fail("reserved header field is not zero", kHeaderReservedAt);
   }
   HeaderPrefix prefix;
   prefix.encoding = static_cast<Encoding>(encoding_code);
-  prefix.tensor_count = wire::load<std::uint32_t>(p + kHeaderTensorCountAt);
-  prefix.frame_count = wire::load<std::uint32_t>(p + kHeaderFrameCountAt);
+  prefix.tensor_count = load_le<std::uint32_t>(p + kHeaderTensorCountAt);
+  prefix.frame_count = load_le<std::uint32_t>(p + kHeaderFrameCountAt);
   if (prefix.tensor_count > limits.max_tensors) {
     fail(std::to_string(prefix.tensor_count) + " tensors exceed the limit of " +
              std::to_string(limits.max_tensors),
@@ -430,21 +430,21 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
 void write_frame_prefix(std::byte* p, const FrameEntries& entries, Encoding encoding,
                         IndexCoding coding, std::uint8_t zstd_streams, std::uint8_t sparse_planes,
                         std::uint64_t payload_bytes) {
-  wire::store<std::uint32_t>(p + kFrameTensorAt, entries.tensor);
+  store_le<std::uint32_t>(p + kFrameTensorAt, entries.tensor);
   p[kFrameEncodingAt] = static_cast<std::byte>(encoding);
   p[kFrameIndexCodingAt] = static_cast<std::byte>(coding);
   p[kFrameZstdStreamsAt] = static_cast<std::byte>(zstd_streams);
   p[kFrameSparsePlanesAt] = static_cast<std::byte>(sparse_planes);
-  wire::store<std::uint64_t>(p + kFrameBeginAt, entries.begin);
-  wire::store<std::uint32_t>(p + kFrameLengthAt, static_cast<std::uint32_t>(entries.length));
-  wire::store<std::uint32_t>(p + kFrameEntriesAt,
+  store_le<std::uint64_t>(p + kFrameBeginAt, entries.begin);
+  store_le<std::uint32_t>(p + kFrameLengthAt, static_cast<std::uint32_t>(entries.length));
+  store_le<std::uint32_t>(p + kFrameEntriesAt,
                              static_cast<std::uint32_t>(entries.offsets.size()));
-  wire::store<std::uint64_t>(p + kFramePayloadBytesAt, payload_bytes);
+  store_le<std::uint64_t>(p + kFramePayloadBytesAt, payload_bytes);
 }
 
 void append_checksum(std::vector<std::byte>& frame) {
   const std::uint64_t checksum = XXH3_64bits(frame.data(), frame.size());
-  wire::append<std::uint64_t>(frame, checksum);
+  append_le<std::uint64_t>(frame, checksum);
 }
 
 std::vector<std::byte> encode_plain(const FrameEntries& entries, Encoding encoding) {
@@ -457,12 +457,12 @@ std::vector<std::byte> encode_plain(const FrameEntries& entries, Encoding encodi
   std::byte* p = frame.data() + kFramePrefixBytes;
   if (encoding == Encoding::plain_i64_f32) {
     for (std::size_t i = 0; i < n; ++i) {
-      wire::store<std::int64_t>(p + 8 * i,
+      store_le<std::int64_t>(p + 8 * i,
                                 static_cast<std::int64_t>(entries.begin + entries.offsets[i]));
     }
   } else {
     for (std::size_t i = 0; i < n; ++i) {
-      wire::store<std::int32_t>(p + 4 * i, static_cast<std::int32_t>(entries.offsets[i]));
+      store_le<std::int32_t>(p + 4 * i, static_cast<std::int32_t>(entries.offsets[i]));
     }
   }
   if (n > 0) std::memcpy(p + n * index_bytes, entries.values.data(), n * 4);
@@ -641,17 +641,17 @@ std::vector<std::byte> encode_header(const MessageHeader& header, std::uint32_t 
   out.reserve(kHeaderPrefixBytes + 8 * header.tensor_numels.size() + kChecksumBytes);
   std::byte* p = out.data();
   std::memcpy(p, wire::kMagic, sizeof wire::kMagic);
-  wire::store<std::uint16_t>(p + kHeaderVersionAt, kFormatVersion);
+  store_le<std::uint16_t>(p + kHeaderVersionAt, kFormatVersion);
   p[kHeaderEncodingAt] = static_cast<std::byte>(header.encoding);
   p[kHeaderFlagsAt] = std::byte{0};
-  wire::store<std::uint64_t>(p + kHeaderWindowAt, header.window);
-  wire::store<std::uint32_t>(p + kHeaderRankAt, header.sender_rank);
-  wire::store<std::uint32_t>(p + kHeaderTensorCountAt,
+  store_le<std::uint64_t>(p + kHeaderWindowAt, header.window);
+  store_le<std::uint32_t>(p + kHeaderRankAt, header.sender_rank);
+  store_le<std::uint32_t>(p + kHeaderTensorCountAt,
                              static_cast<std::uint32_t>(header.tensor_numels.size()));
-  wire::store<std::uint32_t>(p + kHeaderFrameCountAt, frame_count);
-  wire::store<std::uint32_t>(p + kHeaderReservedAt, 0);
+  store_le<std::uint32_t>(p + kHeaderFrameCountAt, frame_count);
+  store_le<std::uint32_t>(p + kHeaderReservedAt, 0);
   for (const std::uint64_t numel : header.tensor_numels)
-    wire::append<std::uint64_t>(out, numel);
+    append_le<std::uint64_t>(out, numel);
   append_checksum(out);
   return out;
 }
@@ -701,7 +701,7 @@ MessageView MessageView::parse_impl(std::span<const std::byte> bytes, const Deco
   }
   const std::uint64_t checksum_at = prefix.header_bytes - kChecksumBytes;
   const std::uint64_t expected = XXH3_64bits(bytes.data(), checksum_at);
-  if (wire::load<std::uint64_t>(bytes.data() + checksum_at) != expected) {
+  if (load_le<std::uint64_t>(bytes.data() + checksum_at) != expected) {
     fail("header checksum mismatch", checksum_at);
   }
 
@@ -710,12 +710,12 @@ MessageView MessageView::parse_impl(std::span<const std::byte> bytes, const Deco
   view.announced_frames_ = prefix.frame_count;
   MessageHeader& header = view.header_;
   header.encoding = prefix.encoding;
-  header.window = wire::load<std::uint64_t>(bytes.data() + kHeaderWindowAt);
-  header.sender_rank = wire::load<std::uint32_t>(bytes.data() + kHeaderRankAt);
+  header.window = load_le<std::uint64_t>(bytes.data() + kHeaderWindowAt);
+  header.sender_rank = load_le<std::uint32_t>(bytes.data() + kHeaderRankAt);
   header.tensor_numels.resize(prefix.tensor_count);
   for (std::uint32_t t = 0; t < prefix.tensor_count; ++t) {
     const std::uint64_t at = kHeaderPrefixBytes + 8 * std::uint64_t{t};
-    header.tensor_numels[t] = wire::load<std::uint64_t>(bytes.data() + at);
+    header.tensor_numels[t] = load_le<std::uint64_t>(bytes.data() + at);
     if (header.tensor_numels[t] > kMaxNumel) {
       fail("tensor " + std::to_string(t) + " has " + std::to_string(header.tensor_numels[t]) +
                " elements, more than 2^63 - 1",
@@ -777,9 +777,9 @@ std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t pay
   const auto offset_of = [&](std::size_t i) -> std::uint64_t {
     // As unsigned: a negative index wraps to >= 2^63 and fails the range check like any other.
     if (info.encoding == Encoding::plain_i64_f32) {
-      return wire::load<std::uint64_t>(indices + 8 * i) - info.begin;
+      return load_le<std::uint64_t>(indices + 8 * i) - info.begin;
     }
-    return wire::load<std::uint32_t>(indices + 4 * i);
+    return load_le<std::uint32_t>(indices + 4 * i);
   };
   // Validate every entry before the first write.
   std::uint64_t next = 0;
@@ -788,7 +788,7 @@ std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t pay
     if (offset >= info.length || offset < next) {
       const std::uint64_t at = payload_offset + i * index_bytes;
       if (info.encoding == Encoding::plain_i64_f32) {
-        const auto index = wire::load<std::int64_t>(indices + 8 * i);
+        const auto index = load_le<std::int64_t>(indices + 8 * i);
         fail(frame_text(frame_index) + ": entry " + std::to_string(i) + ": index " +
                  std::to_string(index) +
                  (offset >= info.length ? " is outside the chunk [" + std::to_string(info.begin) +
@@ -806,7 +806,7 @@ std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t pay
     next = offset + 1;
   }
   for (std::size_t i = 0; i < n; ++i) {
-    const auto bits = wire::load<std::uint32_t>(values + 4 * i);
+    const auto bits = load_le<std::uint32_t>(values + 4 * i);
     if ((bits & 0x7F800000u) == 0x7F800000u) {
       throw ProtocolError(
           frame_text(frame_index) + ": entry " + std::to_string(i) + ": value is not finite",
@@ -903,7 +903,7 @@ std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> 
   }
   const auto frame = bytes_.subspan(info.byte_offset, info.byte_size);
   const std::size_t checksum_at = frame.size() - kChecksumBytes;
-  if (wire::load<std::uint64_t>(frame.data() + checksum_at) !=
+  if (load_le<std::uint64_t>(frame.data() + checksum_at) !=
       XXH3_64bits(frame.data(), checksum_at)) {
     fail(frame_text(i) + ": checksum mismatch", info.byte_offset + checksum_at);
   }

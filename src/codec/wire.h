@@ -1,5 +1,5 @@
-// Internal: little-endian field access and a bounds-checked reader whose every failure is a
-// ProtocolError naming the field and its byte offset in the message.
+// Internal: the codec's constants, varints and a reader whose every failure is a ProtocolError
+// naming the field and its byte offset in the message (fixed fields: base/byte_io.h).
 #pragma once
 
 #include <bit>
@@ -11,12 +11,10 @@
 #include <string_view>
 #include <vector>
 
+#include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
 
 namespace pulseloco::codec::wire {
-
-static_assert(std::endian::native == std::endian::little,
-              "the codec reads and writes little-endian fields with memcpy");
 
 inline constexpr std::byte kMagic[4] = {std::byte{'P'}, std::byte{'L'}, std::byte{'S'},
                                         std::byte{'M'}};
@@ -24,25 +22,6 @@ inline constexpr std::byte kMagic[4] = {std::byte{'P'}, std::byte{'L'}, std::byt
 // Number of payload streams of a pulse frame: indices, then value byte planes 0..3.
 inline constexpr int kPulseStreams = 5;
 inline constexpr int kIndexStream = 0;
-
-template <typename T>
-[[nodiscard]] inline T load(const std::byte* p) noexcept {
-  T value;
-  std::memcpy(&value, p, sizeof(T));
-  return value;
-}
-
-template <typename T>
-inline void store(std::byte* p, T value) noexcept {
-  std::memcpy(p, &value, sizeof(T));
-}
-
-template <typename T>
-inline void append(std::vector<std::byte>& out, T value) {
-  const std::size_t at = out.size();
-  out.resize(at + sizeof(T));
-  store(out.data() + at, value);
-}
 
 // LEB128 of a 64-bit value: at most 10 bytes.
 inline constexpr std::size_t kMaxVarint64Bytes = 10;
@@ -65,29 +44,12 @@ inline std::byte* put_varint(std::byte* p, std::uint64_t value) noexcept {
   throw ProtocolError(reason, ErrorContext{.byte_offset = byte_offset});
 }
 
-// Reads fields from `bytes`, which start at `base_offset` in the message.
-class Reader {
+// Reads fields from `bytes`, which start at `base_offset` in the message: the base reader plus
+// the codec's varints.
+class Reader : public ByteReader {
  public:
-  Reader(std::span<const std::byte> bytes, std::uint64_t base_offset) noexcept
-      : bytes_(bytes), base_(base_offset) {}
-
-  [[nodiscard]] std::uint64_t offset() const noexcept { return base_ + pos_; }
-  [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size() - pos_; }
-
-  template <typename T>
-  [[nodiscard]] T read(std::string_view field) {
-    need(sizeof(T), field);
-    const T value = load<T>(bytes_.data() + pos_);
-    pos_ += sizeof(T);
-    return value;
-  }
-
-  [[nodiscard]] std::span<const std::byte> take(std::uint64_t n, std::string_view field) {
-    need(n, field);
-    const auto out = bytes_.subspan(pos_, static_cast<std::size_t>(n));
-    pos_ += static_cast<std::size_t>(n);
-    return out;
-  }
+  Reader(std::span<const std::byte> bytes, std::uint64_t base_offset)
+      : ByteReader(bytes, {}, base_offset) {}
 
   // Canonical LEB128 (no redundant trailing zero groups), at most 64 bits.
   [[nodiscard]] std::uint64_t varint(std::string_view field) {
@@ -95,31 +57,18 @@ class Reader {
     std::uint64_t value = 0;
     for (unsigned i = 0; i < kMaxVarint64Bytes; ++i) {
       need(1, field);
-      const auto byte = static_cast<std::uint8_t>(bytes_[pos_++]);
+      const auto byte = static_cast<std::uint8_t>(next_byte());
       if (i == kMaxVarint64Bytes - 1 && byte > 1) {
-        fail(std::string(field) + ": varint exceeds 64 bits", start);
+        fail_at(std::string(field) + ": varint exceeds 64 bits", start);
       }
       value |= static_cast<std::uint64_t>(byte & 0x7F) << (7 * i);
       if ((byte & 0x80) == 0) {
-        if (byte == 0 && i > 0) fail(std::string(field) + ": non-canonical varint", start);
+        if (byte == 0 && i > 0) fail_at(std::string(field) + ": non-canonical varint", start);
         return value;
       }
     }
-    fail(std::string(field) + ": varint longer than 10 bytes", start);
+    fail_at(std::string(field) + ": varint longer than 10 bytes", start);
   }
-
- private:
-  void need(std::uint64_t n, std::string_view field) const {
-    if (n > remaining()) {
-      fail(std::string("truncated: ") + std::string(field) + " needs " + std::to_string(n) +
-               " bytes, " + std::to_string(remaining()) + " left",
-           offset());
-    }
-  }
-
-  std::span<const std::byte> bytes_;
-  std::uint64_t base_;
-  std::size_t pos_ = 0;
 };
 
 }  // namespace pulseloco::codec::wire

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include <pulseloco/base/bf16.h>
+#include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/codec/message.h>
@@ -206,11 +207,10 @@ struct MemberStatus {
   static constexpr std::size_t kBytes = 32;
 
   [[nodiscard]] std::array<std::byte, kBytes> serialize() const {
-    const std::array<std::uint64_t, 4> words{
-        (has_state ? 1u : 0u) | (momentum_initialised ? 2u : 0u) | (accepted_window ? 4u : 0u),
-        window, digest, accepted_window.value_or(0)};
+    const std::uint64_t flags =
+        (has_state ? 1u : 0u) | (momentum_initialised ? 2u : 0u) | (accepted_window ? 4u : 0u);
     std::array<std::byte, kBytes> bytes{};
-    std::memcpy(bytes.data(), words.data(), kBytes);
+    ByteWriter(bytes).put(flags).put(window).put(digest).put(accepted_window.value_or(0));
     return bytes;
   }
 
@@ -220,18 +220,21 @@ struct MemberStatus {
           fmt::format("membership status of {} bytes, expected {}", bytes.size(), kBytes),
           {.rank = rank, .peer = sender});
     }
-    std::array<std::uint64_t, 4> words{};
-    std::memcpy(words.data(), bytes.data(), kBytes);
-    if (words[0] > 7) {
-      throw ProtocolError(fmt::format("membership status has unknown flags {:#x}", words[0]),
+    ByteReader in(bytes, {.rank = rank, .peer = sender});
+    const auto flags = in.get<std::uint64_t>("flags");
+    if (flags > 7) {
+      throw ProtocolError(fmt::format("membership status has unknown flags {:#x}", flags),
                           {.rank = rank, .peer = sender});
     }
+    const auto window = in.get<std::uint64_t>("window");
+    const auto digest = in.get<std::uint64_t>("digest");
+    const auto accepted_window = in.get<std::uint64_t>("accepted window");
     MemberStatus status;
-    status.has_state = (words[0] & 1u) != 0;
-    status.momentum_initialised = (words[0] & 2u) != 0;
-    status.window = words[1];
-    status.digest = words[2];
-    if ((words[0] & 4u) != 0) status.accepted_window = words[3];
+    status.has_state = (flags & 1u) != 0;
+    status.momentum_initialised = (flags & 2u) != 0;
+    status.window = window;
+    status.digest = digest;
+    if ((flags & 4u) != 0) status.accepted_window = accepted_window;
     return status;
   }
 };
