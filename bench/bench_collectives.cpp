@@ -52,6 +52,7 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/transport/factory.h>
 #include <pulseloco/transport/rendezvous.h>
@@ -539,20 +540,20 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sparse_allgather", "allreduce_sum"}));
   app.add_option("--sizes", settings.sizes, "bytes per rank, e.g. 1M,4M,256M")->delimiter(',');
   app.add_option("--iterations", settings.iterations, "timed calls per point, at least")
-      ->check(CLI::PositiveNumber);
+      ->check(flags::at_least(1));
   app.add_option("--min-seconds", settings.min_seconds,
                  "more rounds for short calls, until a point's rounds take this long (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(flags::at_least(0));
   app.add_option("--algorithm", settings.algorithm, "algorithm of both collectives")
       ->check(CLI::IsMember({"automatic", "ring", "direct"}));
-  app.add_option("--chunk", settings.chunk, "pipeline_chunk_bytes")->check(CLI::PositiveNumber);
+  app.add_option("--chunk", settings.chunk, "pipeline_chunk_bytes")->check(flags::at_least(1));
   app.add_option("--connections", settings.connections, "TCP connections per peer (0: default)");
   app.add_flag("!--no-mpi", settings.run_mpi, "only our collectives");
   app.add_flag("--json", settings.json, "one JSON record per line");
   app.add_option("--link-mbit", settings.link_mbit, "shaped link rate, to report the bound");
   app.add_option("--idle-ms", settings.idle_ms,
                  "idle time after the barrier before every timed call (not timed)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(flags::at_least(0));
   app.add_option("--label", settings.label, "a 'setup' field for every record");
   app.add_option("--timeout-ms", settings.timeout_ms, "collective timeout");
   CLI11_PARSE(app, argc, argv);

@@ -23,6 +23,8 @@
 #include "pretrain.h"
 #include "task.h"
 
+#include <pulseloco/cli/flag_checks.h>
+
 namespace {
 
 using namespace pulseloco::example;
@@ -113,16 +115,16 @@ int main(int argc, char** argv) {
   app.add_option("--cache-dir", cache_dir, "pretrained cache (when not --fresh-pretrain)")
       ->capture_default_str();
   app.add_option("--timed-steps", timed_steps, "steps timed per thread count")
-      ->check(CLI::PositiveNumber)
+      ->check(pulseloco::flags::at_least(1))
       ->capture_default_str();
   app.add_option("--post-steps", post_steps, "post-training steps for the loss measurement")
-      ->check(CLI::NonNegativeNumber)
+      ->check(pulseloco::flags::at_least(0))
       ->capture_default_str();
   app.add_option("--sparsity-steps", sparsity_steps, "AdamW steps per learning rate")
-      ->check(CLI::Range(8, 1000))
+      ->check(pulseloco::flags::between(8, 1000))
       ->capture_default_str();
   app.add_option("--threads", threads_for_training, "threads for pretraining and the loss runs")
-      ->check(CLI::PositiveNumber)
+      ->check(pulseloco::flags::at_least(1))
       ->capture_default_str();
   app.add_option("--json", json_path, "also write the results as JSON");
   CLI11_PARSE(app, argc, argv);

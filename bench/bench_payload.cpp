@@ -28,6 +28,7 @@
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/thread_pool.h>
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/codec/message.h>
 #include <pulseloco/engine/options.h>
 #include <pulseloco/engine/replay.h>
@@ -376,15 +377,17 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--trace", s.traces, "a pulseloco_train --trace-dir directory (repeatable)");
   app.add_option("--trace-lr", s.trace_lrs, "the inner lr of each --trace run, in order");
-  app.add_option("--lr", g.lr, "generator: inner AdamW learning rate")->capture_default_str();
+  app.add_option("--lr", g.lr, "generator: inner AdamW learning rate")
+      ->check(flags::above(0))
+      ->capture_default_str();
   app.add_option("-H,--steps-per-window", g.inner_steps, "generator: inner steps per window")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--workers", g.workers, "generator: simulated workers")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--windows", g.windows, "generator: windows")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--weight-std", g.weight_std, "generator: std of matrix/embedding/bias weights")
       ->capture_default_str();

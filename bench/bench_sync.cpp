@@ -37,11 +37,12 @@
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/thread_pool.h>
-#include "bench_random.h"
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
 #include <pulseloco/transport/factory.h>
+#include "bench_random.h"
 
 namespace {
 
@@ -326,14 +327,14 @@ int main(int argc, char** argv) {
   app.add_option("--densities", s.densities,
                  "fractions of elements each rank's gate fires (pulse runs once per density)")
       ->delimiter(',')
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(flags::between(0.0, 1.0));
   app.add_option("--modes", s.modes, "pulse,diloco,ddp")
       ->delimiter(',')
       ->check(CLI::IsMember({"pulse", "diloco", "ddp"}));
   app.add_option("--rates", s.rates, "link rates for the hook (100mbit,1gbit) or none")
       ->delimiter(',');
   app.add_option("--ddp-steps", s.ddp_steps, "H of the ddp window (dense all-reduces)")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--shape-hook", s.shape_hook, "rank 0 runs '<hook> RATE' / '<hook> off'");
   app.add_option("--threads", s.threads, "engine threads per rank")->capture_default_str();

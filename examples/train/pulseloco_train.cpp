@@ -24,16 +24,17 @@
 #include <string>
 #include <vector>
 
+#include <pulseloco/adapters/torch/synchronizer.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
+#include <pulseloco/transport/factory.h>
 #include "model.h"
 #include "pretrain.h"
 #include "task.h"
-#include <pulseloco/adapters/torch/synchronizer.h>
-#include <pulseloco/transport/factory.h>
 
 namespace {
 
@@ -360,40 +361,44 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "tcp", "mpi"}))
       ->capture_default_str();
   app.add_option("--windows", settings.windows, "windows to run")
-      ->check(CLI::NonNegativeNumber)
+      ->check(flags::at_least(0))
       ->capture_default_str();
   app.add_option("-H,--steps-per-window", settings.steps_per_window, "inner steps per window")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
-  app.add_option("--lr", settings.lr, "inner AdamW learning rate")->capture_default_str();
+  app.add_option("--lr", settings.lr, "inner AdamW learning rate")
+      ->check(flags::above(0))
+      ->capture_default_str();
   app.add_option("--outer-lr", settings.outer_lr, "outer Nesterov learning rate")
+      ->check(flags::above(0))
       ->capture_default_str();
   app.add_option("--outer-momentum", settings.outer_momentum, "outer Nesterov momentum")
+      ->check(flags::at_least_and_below(0, 1))
       ->capture_default_str();
   app.add_option("--batch", settings.batch_size, "sequences per inner step and worker")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--eval-batch", settings.eval_batch_size, "sequences in the held-out batch")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--seed", settings.seed, "weights and data seed")->capture_default_str();
   app.add_option("--threads", settings.threads, "libtorch and engine threads per worker")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--timeout-ms", settings.timeout_ms, "deadline of every collective")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   app.add_option("--pipeline-chunk-bytes", settings.pipeline_chunk_bytes,
                  "pipelining granularity of the collectives (smaller for slow links)")
-      ->check(CLI::Range(std::uint64_t{4096}, std::uint64_t{1} << 30))
+      ->check(flags::between(std::uint64_t{4096}, std::uint64_t{1} << 30))
       ->capture_default_str();
   app.add_option("--local-workers", settings.local_workers,
                  "spawn this many workers on this machine over TCP (no mpirun needed)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(flags::at_least(0));
   app.add_option("--json", settings.json_path, "rank 0 writes the run's report here");
   app.add_option("--checkpoint-dir", settings.checkpoint_dir, "where checkpoints go");
   app.add_option("--checkpoint-every", settings.checkpoint_every, "windows between checkpoints")
-      ->check(CLI::NonNegativeNumber);
+      ->check(flags::at_least(0));
   app.add_option("--resume", settings.resume_dir, "resume from this checkpoint directory");
   app.add_option("--trace-dir", settings.trace_dir, "write window traces here");
   app.add_option("--final-weights", settings.final_weights_dir,
@@ -401,7 +406,7 @@ int main(int argc, char** argv) {
   app.add_option("--cache-dir", settings.pretrain.cache_dir, "pretrained-state cache")
       ->capture_default_str();
   app.add_option("--pretrain-steps", settings.pretrain.steps, "pretraining steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(flags::at_least(0))
       ->capture_default_str();
   app.add_flag("--pretrain-only", settings.pretrain_only,
                "pretrain (or check the cache) in this process and exit");

@@ -13,6 +13,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/cli/flag_checks.h>
 #include "model.h"
 #include "pretrain.h"
 #include "task.h"
@@ -46,33 +47,36 @@ int main(int argc, char** argv) {
   pretrain_options.cache_dir = default_cache_dir();
   app.add_option("--seed", seed, "initial weights and data")->capture_default_str();
   app.add_option("--threads", threads, "libtorch intra-op threads")
-      ->check(CLI::PositiveNumber)
+      ->check(pulseloco::flags::at_least(1))
       ->capture_default_str();
   app.add_option("--steps", steps, "post-training steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(pulseloco::flags::at_least(0))
       ->capture_default_str();
-  app.add_option("--lr", lr, "post-training AdamW learning rate")->capture_default_str();
+  app.add_option("--lr", lr, "post-training AdamW learning rate")
+      ->check(pulseloco::flags::above(0))
+      ->capture_default_str();
   app.add_option("--batch", batch_size, "sequences per post-training step")
-      ->check(CLI::PositiveNumber)
+      ->check(pulseloco::flags::at_least(1))
       ->capture_default_str();
   app.add_option("--rank", rank, "which worker's data stream to train on")
-      ->check(CLI::NonNegativeNumber)
+      ->check(pulseloco::flags::at_least(0))
       ->capture_default_str();
   app.add_option("--eval-every", eval_every, "held-out loss every N steps (0: start and end only)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(pulseloco::flags::at_least(0))
       ->capture_default_str();
   app.add_option("--eval-batch", eval_batch_size, "sequences in the held-out batch")
-      ->check(CLI::PositiveNumber)
+      ->check(pulseloco::flags::at_least(1))
       ->capture_default_str();
   app.add_option("--cache-dir", pretrain_options.cache_dir, "where the pretrained state is cached")
       ->capture_default_str();
   app.add_option("--pretrain-steps", pretrain_options.steps, "pretraining steps")
-      ->check(CLI::NonNegativeNumber)
+      ->check(pulseloco::flags::at_least(0))
       ->capture_default_str();
   app.add_option("--pretrain-batch", pretrain_options.batch_size, "sequences per pretraining step")
-      ->check(CLI::PositiveNumber)
+      ->check(pulseloco::flags::at_least(1))
       ->capture_default_str();
   app.add_option("--pretrain-lr", pretrain_options.peak_lr, "peak pretraining learning rate")
+      ->check(pulseloco::flags::above(0))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include <pulseloco/cli/commands.h>
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/transport/factory.h>
 #include <pulseloco/transport/membership.h>
 
@@ -31,28 +32,28 @@ void add_coordinator_command(CLI::App& app) {
   command
       ->add_option("--initial-workers", options->initial_workers,
                    "The first generation forms once this many workers wait")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   command
       ->add_option("--min-workers", options->min_workers,
                    "The run stops when a new generation would be smaller than this")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   command
       ->add_option("--max-workers", options->max_workers,
                    "Largest group (0: no limit); further workers wait for a place")
-      ->check(CLI::NonNegativeNumber)
+      ->check(flags::at_least(0))
       ->capture_default_str();
   command
       ->add_option("--join-every", options->join_every_windows,
                    "Admit waiting workers at window boundaries that are multiples of this")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   command
       ->add_option("--regroup-timeout-ms", *regroup_timeout_ms,
                    "How long a regroup waits for every member to ask for a new group (must "
                    "exceed twice the workers' collective timeout and their connect timeout)")
-      ->check(CLI::PositiveNumber)
+      ->check(flags::at_least(1))
       ->capture_default_str();
   command->callback([options, regroup_timeout_ms] {
     transport::CoordinatorOptions run = *options;

@@ -5,8 +5,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include <pulseloco/build_config.h>
 #include <pulseloco/base/cpu_features.h>
+#include <pulseloco/build_config.h>
 #include <pulseloco/cli/commands.h>
 #include <pulseloco/kernels/gpu_runtime.h>
 

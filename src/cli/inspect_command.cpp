@@ -15,6 +15,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/commands.h>
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/codec/message.h>
 
 namespace pulseloco::cli {
@@ -212,7 +213,9 @@ void add_inspect_command(CLI::App& app) {
   auto options = std::make_shared<InspectOptions>();
   auto* command = app.add_subcommand(
       "inspect", "Show a window message's header, tensors and frames, and verify every frame");
-  command->add_option("FILE", options->path, "An encoded message (encode_header + frames)")
+  command
+      ->add_option("FILE", options->path,
+                   "A window message file (docs/operations.md, \"Inspecting a window message\")")
       ->required();
   command->add_flag("--json", options->json, "Print machine-readable JSON");
   command->add_flag("--frames,!--no-frames", options->frames,
@@ -220,6 +223,7 @@ void add_inspect_command(CLI::App& app) {
   command
       ->add_option("--max-frame-elements", options->max_frame_elements,
                    "Reject frames covering more elements (bounds the decode buffers)")
+      ->check(flags::at_least(1))
       ->capture_default_str();
   command->callback([options] { inspect(*options); });
 }

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <exception>
 
-#include <pulseloco/build_config.h>
 #include <pulseloco/base/errors.h>
+#include <pulseloco/build_config.h>
 #include <pulseloco/cli/commands.h>
 
 int main(int argc, char** argv) {

@@ -1,0 +1,75 @@
+// Range checks for command-line flags (CLI11 validators) whose errors name the rule in words:
+// "--steps-per-window: must be at least 1, got 0". Used by the `pulseloco` tool, the examples
+// and the benchmarks, so that every numeric flag is checked the same way before anything runs.
+#pragma once
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <optional>
+#include <string>
+#include <system_error>
+
+namespace pulseloco::flags {
+
+namespace detail {
+
+// The flag's value as a number, or nullopt when it is not one (CLI11 then reports the failed
+// conversion itself, naming the flag).
+[[nodiscard]] inline std::optional<double> number(const std::string& text) {
+  double value = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (error != std::errc{} || stop != end) return std::nullopt;
+  return value;
+}
+
+template <typename Accept>
+[[nodiscard]] CLI::Validator check(std::string rule, std::string description, Accept accept) {
+  return CLI::Validator(
+      [rule, accept](std::string& text) -> std::string {
+        const auto value = number(text);
+        if (!value) return {};
+        if (!accept(*value)) return fmt::format("must be {}, got {}", rule, text);
+        return {};
+      },
+      std::move(description));
+}
+
+}  // namespace detail
+
+// value >= min
+template <typename T>
+[[nodiscard]] CLI::Validator at_least(T min) {
+  return detail::check(fmt::format("at least {}", min), fmt::format(">= {}", min),
+                       [min](double value) { return value >= static_cast<double>(min); });
+}
+
+// value > min (for real-valued flags such as learning rates)
+template <typename T>
+[[nodiscard]] CLI::Validator above(T min) {
+  return detail::check(fmt::format("greater than {}", min), fmt::format("> {}", min),
+                       [min](double value) { return value > static_cast<double>(min); });
+}
+
+// lo <= value <= hi
+template <typename T>
+[[nodiscard]] CLI::Validator between(T lo, T hi) {
+  return detail::check(fmt::format("between {} and {}", lo, hi), fmt::format("in [{}, {}]", lo, hi),
+                       [lo, hi](double value) {
+                         return value >= static_cast<double>(lo) &&
+                                value <= static_cast<double>(hi);
+                       });
+}
+
+// lo <= value < hi (for momenta and fractions that must stay below 1)
+template <typename T>
+[[nodiscard]] CLI::Validator at_least_and_below(T lo, T hi) {
+  return detail::check(fmt::format("at least {} and below {}", lo, hi),
+                       fmt::format("in [{}, {})", lo, hi), [lo, hi](double value) {
+                         return value >= static_cast<double>(lo) && value < static_cast<double>(hi);
+                       });
+}
+
+}  // namespace pulseloco::flags

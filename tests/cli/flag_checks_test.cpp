@@ -1,0 +1,60 @@
+#include <pulseloco/cli/flag_checks.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pulseloco::flags {
+namespace {
+
+// Parses `--value <text>` with `check`; returns CLI11's error message ("" when accepted).
+template <typename T>
+std::string parse(const std::string& text, const CLI::Validator& check) {
+  CLI::App app;
+  T value{};
+  app.add_option("--value", value)->check(check);
+  std::vector<std::string> args{text, "--value"};  // CLI11 parses a reversed vector
+  try {
+    app.parse(args);
+    return "";
+  } catch (const CLI::ParseError& error) {
+    return error.what();
+  }
+}
+
+TEST(FlagChecks, AtLeastNamesTheRuleAndTheValue) {
+  EXPECT_EQ(parse<int>("0", at_least(1)), "--value: must be at least 1, got 0");
+  EXPECT_EQ(parse<int>("1", at_least(1)), "");
+  EXPECT_EQ(parse<std::uint64_t>("-3", at_least(0)), "--value: must be at least 0, got -3");
+}
+
+TEST(FlagChecks, AboveRejectsTheBoundAndNotANumber) {
+  EXPECT_EQ(parse<double>("0", above(0)), "--value: must be greater than 0, got 0");
+  EXPECT_EQ(parse<double>("nan", above(0)), "--value: must be greater than 0, got nan");
+  EXPECT_EQ(parse<double>("3e-6", above(0)), "");
+}
+
+TEST(FlagChecks, BetweenIncludesBothEnds) {
+  const auto check = between(std::uint64_t{4096}, std::uint64_t{1} << 30);
+  EXPECT_EQ(parse<std::uint64_t>("4096", check), "");
+  EXPECT_EQ(parse<std::uint64_t>("1073741824", check), "");
+  EXPECT_EQ(parse<std::uint64_t>("5", check),
+            "--value: must be between 4096 and 1073741824, got 5");
+}
+
+TEST(FlagChecks, AtLeastAndBelowExcludesTheUpperEnd) {
+  EXPECT_EQ(parse<float>("0", at_least_and_below(0, 1)), "");
+  EXPECT_EQ(parse<float>("1", at_least_and_below(0, 1)),
+            "--value: must be at least 0 and below 1, got 1");
+}
+
+TEST(FlagChecks, ANonNumberIsLeftToTheConversionError) {
+  const std::string error = parse<double>("abc", above(0));
+  EXPECT_NE(error.find("--value"), std::string::npos) << error;
+  EXPECT_EQ(error.find("must be"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace pulseloco::flags
