@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Tables (Markdown, on stdout) and plot (PNG) of the end-to-end sync benchmark from the JSON
-records of pulseloco_bench_sync (scripts/bench_sync_netns --json > bench/results/sync.jsonl).
+records of pulseloco_bench_sync (scripts/bench_sync_netns --json > bench/results/sync-netns-tbf.jsonl).
 
     bench/sync_report.py [RECORDS.jsonl] [--plot FILE] [--no-plots]
 
@@ -37,7 +37,7 @@ def main(argv):
         del argv[i:i + 2]
     draw = "--no-plots" not in argv
     argv = [a for a in argv if a != "--no-plots"]
-    path = argv[0] if argv else "bench/results/sync.jsonl"
+    path = argv[0] if argv else "bench/results/sync-netns-tbf.jsonl"
     with open(path, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip().startswith("{")]
     records = [r for r in records if r.get("benchmark") == "sync"]

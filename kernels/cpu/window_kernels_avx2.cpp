@@ -147,11 +147,10 @@ PULSELOCO_AVX2_INLINE OuterLanes outer_lanes(__m256 global, __m256 momentum, __m
 // How far ahead of its loads the gate (and the residual commit, which recomputes it)
 // prefetches, in elements: 32 KiB of an fp32 stream. The gate reads three streams, writes
 // almost nothing and does enough arithmetic per element that the hardware prefetchers alone
-// leave it short of the memory's read rate out of cache; the bench's gate/<dtype>/avx2 and
-// gate/<dtype>/avx2/no_prefetch rows measure the difference (docs/benchmarks.md). The
-// distance was picked by trying 1024 to 32768 elements on the development machine. The outer
-// step and the fused commit + outer step, which write as many streams as they read, were not
-// faster with prefetching in the same trials and do not prefetch.
+// leave it short of the memory's read rate out of cache; pulseloco_bench_kernels'
+// gate/<dtype>/avx2 and gate/<dtype>/avx2/no_prefetch rows measure the difference
+// (docs/benchmarks.md, "Window kernels"). The outer step and the fused commit + outer step,
+// which write as many streams as they read, gain nothing from prefetching and do not prefetch.
 constexpr std::uint64_t kPrefetchElements = 8192;
 
 // Prefetches element i + kPrefetchElements of `stream` (elements of kElementBytes) into L1,

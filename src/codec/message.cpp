@@ -534,8 +534,8 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
   // Indices. The varint gaps are compressed and compared with the raw sizes of bit-packing and
   // Elias-Fano, whose bits zstd rarely shrinks on real traces (so they are compressed only
   // once chosen); the fewest bytes win, ties going to the lower code. Deterministic, one zstd
-  // call in the common case. (Trying zstd on all three costs about a third of the encoder's
-  // throughput for 0.1% of size: docs/benchmarks.md, "Codec".)
+  // call in the common case: compressing all three would cost encoder throughput for almost no
+  // size.
   if (state.gaps.size() < n) state.gaps.resize(n);
   const std::span<const std::uint32_t> gaps(state.gaps.data(), n);
   detail::compute_gaps(entries.offsets, state.gaps.data());
