@@ -121,6 +121,13 @@ Failed failure_of(RankZero& rank, std::exception_ptr cause, const Header& mine =
   return {};
 }
 
+// `notice` is of `type`, about `subject`, with `kind`.
+void expect_notice(const Notice& notice, NoticeType type, int subject, ErrorKind kind) {
+  EXPECT_EQ(notice.type, type);
+  EXPECT_EQ(notice.subject, subject);
+  EXPECT_EQ(notice.kind, kind);
+}
+
 TEST(NoticeChannel, DoneNoticesLetTheCallGoOn) {
   RankZero rank(3);
   for (const int peer : {1, 2}) {
@@ -150,10 +157,7 @@ TEST(NoticeChannel, GarbageOnTheNoticeTagFailsThePollAndNamesItsSender) {
   EXPECT_EQ(failed.kind, ErrorKind::protocol);
   EXPECT_EQ(failed.peer, 2);
   // The others learn the verdict.
-  const Notice told = rank.notice_to(1);
-  EXPECT_EQ(told.type, NoticeType::culprit);
-  EXPECT_EQ(told.subject, 2);
-  EXPECT_EQ(told.kind, ErrorKind::protocol);
+  expect_notice(rank.notice_to(1), NoticeType::culprit, 2, ErrorKind::protocol);
 }
 
 TEST(FailurePath, ADefinitiveCulpritNoticeBeatsALostPeer) {
@@ -165,11 +169,8 @@ TEST(FailurePath, ADefinitiveCulpritNoticeBeatsALostPeer) {
       failure_of(rank, as_ptr(ObservedFailure(2, ErrorKind::peer_lost, false, "closed")));
   EXPECT_EQ(failed.kind, ErrorKind::protocol);
   EXPECT_EQ(failed.peer, 1);
-  for (const int peer : {1, 3}) {
-    const Notice told = rank.notice_to(peer);
-    EXPECT_EQ(told.type, NoticeType::culprit);
-    EXPECT_EQ(told.subject, 1);
-  }
+  for (const int peer : {1, 3})
+    expect_notice(rank.notice_to(peer), NoticeType::culprit, 1, ErrorKind::protocol);
 }
 
 TEST(FailurePath, ATimeoutFollowsTheChainOfSuspectsToTheSilentRank) {
@@ -184,13 +185,8 @@ TEST(FailurePath, ATimeoutFollowsTheChainOfSuspectsToTheSilentRank) {
   EXPECT_EQ(failed.kind, ErrorKind::timeout);
   EXPECT_EQ(failed.peer, 3);
   // First its own suspicion, then the verdict.
-  const Notice suspect = rank.notice_to(2);
-  EXPECT_EQ(suspect.type, NoticeType::suspect);
-  EXPECT_EQ(suspect.subject, 1);
-  const Notice culprit = rank.notice_to(2);
-  EXPECT_EQ(culprit.type, NoticeType::culprit);
-  EXPECT_EQ(culprit.subject, 3);
-  EXPECT_EQ(culprit.kind, ErrorKind::timeout);
+  expect_notice(rank.notice_to(2), NoticeType::suspect, 1, ErrorKind::timeout);
+  expect_notice(rank.notice_to(2), NoticeType::culprit, 3, ErrorKind::timeout);
 }
 
 TEST(FailurePath, ADisagreementWithTheLeftNeighbourIsJudgedFromEveryRanksHeader) {
@@ -208,11 +204,8 @@ TEST(FailurePath, ADisagreementWithTheLeftNeighbourIsJudgedFromEveryRanksHeader)
   EXPECT_EQ(failed.peer, 2);
   for (const int peer : {1, 2, 3}) {
     EXPECT_EQ(rank.header_to(peer).value, 9U);
-    EXPECT_EQ(rank.notice_to(peer).type, NoticeType::disagreement);
-    const Notice verdict = rank.notice_to(peer);
-    EXPECT_EQ(verdict.type, NoticeType::culprit);
-    EXPECT_EQ(verdict.subject, 2);
-    EXPECT_EQ(verdict.kind, ErrorKind::invalid_argument);
+    expect_notice(rank.notice_to(peer), NoticeType::disagreement, 0, ErrorKind::invalid_argument);
+    expect_notice(rank.notice_to(peer), NoticeType::culprit, 2, ErrorKind::invalid_argument);
   }
 }
 
@@ -220,11 +213,8 @@ TEST(FailurePath, ALocalErrorIsRethrownAfterTellingThePeers) {
   RankZero rank(3);
   EXPECT_THROW(rank.fail(as_ptr(std::runtime_error("decoder rejected the message"))),
                std::runtime_error);
-  for (const int peer : {1, 2}) {
-    const Notice told = rank.notice_to(peer);
-    EXPECT_EQ(told.type, NoticeType::aborted);
-    EXPECT_EQ(told.subject, 0);
-  }
+  for (const int peer : {1, 2})
+    expect_notice(rank.notice_to(peer), NoticeType::aborted, 0, ErrorKind::peer_lost);
   // The transport is aborted afterwards.
   try {
     Notice::Bytes bytes{};
