@@ -6,7 +6,7 @@
 //
 // How a call runs (docs/collectives.md has the details):
 // - Every call first exchanges a small header with every peer (which collective, its call
-//   number, the options that must agree, and the sizes; the ring all-reduce with its right
+//   number, the options that must agree, and the sizes; the all-reduce with its right
 //   neighbour only, which suffices there), then moves its payload, then ends with a completion
 //   round: a rank returns success only once every rank has received everything.
 // - Every call has its own tags: (options.tag, the call's sequence number under that tag, the
@@ -64,7 +64,7 @@ struct CollectiveOptions {
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::automatic;
   // Pipelining granularity (and the unit a single wait covers). The ring's pipeline fills in
   // world_size - 2 chunk times, so smaller chunks suit slow links; 1 MiB costs nothing
-  // measurable on fast ones (docs/collectives.md).
+  // measurable on fast ones (docs/benchmarks.md, "Why these defaults").
   std::size_t pipeline_chunk_bytes = std::size_t{1} << 20;
   // Tags of this call: every collective in flight at the same time needs its own base tag.
   transport::Tag tag = 0;
@@ -100,8 +100,8 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
                            const OnMessage& on_message = {});
 
 // The algorithm `automatic` picks for these message sizes (one per rank, in rank order); every
-// rank computes the same choice from the same sizes. The rule and the measurements behind it
-// are in docs/collectives.md.
+// rank computes the same choice from the same sizes. The rule is explained in
+// docs/collectives.md, the measurements behind it are in docs/benchmarks.md.
 [[nodiscard]] CollectiveAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> sizes);
 
 // Dense fp32 sum (reduce-scatter + all-gather, chunked); `output` receives identical bytes on
@@ -121,8 +121,8 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
                    std::span<float> output, const CollectiveOptions& options);
 
 // The algorithm `automatic` picks for an all-reduce of `elements` floats over `world_size`
-// ranks (the same choice on every rank). The rule and the measurements behind it are in
-// docs/collectives.md.
+// ranks (the same choice on every rank). The rule is explained in docs/collectives.md, the
+// measurements behind it are in docs/benchmarks.md.
 [[nodiscard]] CollectiveAlgorithm choose_allreduce_algorithm(std::size_t elements, int world_size);
 // The largest vector, in bytes, that choose_allreduce_algorithm gives to `direct` (world sizes
 // above 2).

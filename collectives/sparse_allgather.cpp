@@ -38,7 +38,8 @@ std::string_view algorithm_name(CollectiveAlgorithm algorithm) noexcept {
 }
 
 namespace {
-// The rule of `automatic`; docs/collectives.md shows the measurements behind it.
+// The rule of `automatic` (docs/collectives.md); the measurements behind it are in
+// docs/benchmarks.md ("Why these defaults").
 constexpr std::uint64_t kLatencyBoundBytes = std::uint64_t{32} << 10;
 }  // namespace
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <pulseloco/base/cpu_features.h>
@@ -114,7 +115,10 @@ TEST_P(Bf16Vectorised, EveryImplementationMatchesTheScalarRoutine) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, Bf16Vectorised,
-                         ::testing::Values(0, 1, 7, 8, 15, 16, 17, 31, 33, 1000, 65537));
+                         ::testing::Values(0, 1, 7, 8, 15, 16, 17, 31, 33, 1000, 65537),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param) + "_elements";
+                         });
 
 TEST(Bf16, MismatchedSpansAreRejected) {
   std::vector<float> src(4);

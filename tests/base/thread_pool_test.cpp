@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace pulseloco {
@@ -43,7 +44,10 @@ TEST_P(ThreadPoolSizes, SubmitRunsTheTask) {
   EXPECT_EQ(value.load(), 5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Threads, ThreadPoolSizes, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(Threads, ThreadPoolSizes, ::testing::Values(1, 2, 4),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param) + "_threads";
+                         });
 
 }  // namespace
 }  // namespace pulseloco

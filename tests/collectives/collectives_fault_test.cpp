@@ -35,7 +35,7 @@ using transport::inproc::MessageEvent;
 constexpr std::chrono::milliseconds kTimeout = 1000ms;
 
 // Data-phase messages (not headers or notices): the low byte of the tag is the phase, and
-// phases 3..5 carry payload (collectives/detail/call.h).
+// phases 3..5 carry payload (collectives/detail/packets.h).
 bool is_data(const MessageEvent& m) {
   const auto phase = m.tag & 0xFF;
   return phase >= 3 && phase <= 5;

@@ -263,7 +263,10 @@ TEST_P(EnvRendezvous, EveryCollectiveDeliversTheExpectedBytes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, EnvRendezvous, ::testing::Values(2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, EnvRendezvous, ::testing::Values(2, 3, 4),
+                         [](const auto& param_info) {
+                           return std::to_string(param_info.param) + "_ranks";
+                         });
 
 TEST(SigKill, DuringASmallAllGather) {
   // The victim stops inside its callback, mid-call, until it is killed.
