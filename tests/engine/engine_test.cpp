@@ -63,6 +63,10 @@ struct PulseCase {
   DType dtype;
 };
 
+void PrintTo(const PulseCase& c, std::ostream* out) {
+  *out << c.world << " ranks, " << dtype_name(c.dtype);
+}
+
 class EnginePulse : public ::testing::TestWithParam<PulseCase> {};
 
 TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {

@@ -24,19 +24,19 @@ TEST(FaultPlan, ParsesEveryField) {
   const FaultPlan plan =
       parse_fault_plan(" window=12 , phase=aggregate,action=disconnect,rank=3,worker=w7");
   EXPECT_EQ(plan.window, 12u);
-  EXPECT_EQ(plan.phase, FaultPhase::aggregate);
+  EXPECT_EQ(plan.phase, WindowPhase::aggregate);
   EXPECT_EQ(plan.action, FaultAction::disconnect);
   EXPECT_EQ(plan.rank, 3);
   EXPECT_EQ(plan.worker, "w7");
-  EXPECT_TRUE(plan.matches(12, FaultPhase::aggregate, 3, "w7"));
-  EXPECT_FALSE(plan.matches(12, FaultPhase::aggregate, 2, "w7"));
-  EXPECT_FALSE(plan.matches(12, FaultPhase::gate, 3, "w7"));
-  EXPECT_FALSE(plan.matches(12, FaultPhase::aggregate, 3, "w6"));
+  EXPECT_TRUE(plan.matches(12, WindowPhase::aggregate, 3, "w7"));
+  EXPECT_FALSE(plan.matches(12, WindowPhase::aggregate, 2, "w7"));
+  EXPECT_FALSE(plan.matches(12, WindowPhase::gate, 3, "w7"));
+  EXPECT_FALSE(plan.matches(12, WindowPhase::aggregate, 3, "w6"));
 }
 
 TEST(FaultPlan, EveryNameParsesBackToItsValue) {
-  for (const FaultPhase phase : {FaultPhase::gate, FaultPhase::exchange, FaultPhase::aggregate}) {
-    const auto text = "window=0,action=kill,phase=" + std::string(fault_phase_name(phase));
+  for (const WindowPhase phase : {WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate}) {
+    const auto text = "window=0,action=kill,phase=" + std::string(window_phase_name(phase));
     EXPECT_EQ(parse_fault_plan(text).phase, phase) << text;
   }
   for (const FaultAction action :
