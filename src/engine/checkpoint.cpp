@@ -141,10 +141,9 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
   for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
     specs.push_back(
         spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t)));
-    state.read_host(StateBuffer::residual, t, state.whole(t),
-                    [&](std::span<const std::byte> bytes) {
-                      residual_digests.push_back(digest_bytes(bytes));
-                    });
+    state.read_host(
+        StateBuffer::residual, t, state.whole(t),
+        [&](std::span<const std::byte> bytes) { residual_digests.push_back(digest_bytes(bytes)); });
   }
   io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointRankFormat)},
@@ -191,8 +190,8 @@ void save_global_weights(const ReplicatedState& state, const EngineOptions& opti
   writer.finish();
 }
 
-void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
-                     const WindowGroup& group, ThreadPool& pool, const std::filesystem::path& dir) {
+void load_checkpoint(ReplicatedState& state, const EngineOptions& options, const WindowGroup& group,
+                     ThreadPool& pool, const std::filesystem::path& dir) {
   const int rank = group.rank();
   const int world = group.world();
   const bool pulse = options.mode == Mode::pulse;

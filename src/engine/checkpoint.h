@@ -20,8 +20,8 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
 
 // Collective. Validates every file completely (metadata, tensor table, data digests) and all
 // ranks agree before any state changes; then θ_l is reset to cast(θ_g).
-void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
-                     const WindowGroup& group, ThreadPool& pool, const std::filesystem::path& dir);
+void load_checkpoint(ReplicatedState& state, const EngineOptions& options, const WindowGroup& group,
+                     ThreadPool& pool, const std::filesystem::path& dir);
 
 // θ_g in one file (not collective); the metadata holds only the window and the digest, so
 // bit-identical replicas write byte-identical files.

@@ -21,8 +21,8 @@
 namespace pulseloco {
 
 using engine_detail::seconds_since;
-using engine_detail::SteadyClock;
 using engine_detail::StateBuffer;
+using engine_detail::SteadyClock;
 using engine_detail::WindowGroup;
 
 void Engine::Impl::prepare(std::vector<NamedTensor> parameters) {

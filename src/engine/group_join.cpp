@@ -156,8 +156,8 @@ bool catch_up(const WindowGroup& group, ReplicatedState& state, const EngineOpti
   const std::uint64_t window = state.window();
   const bool up_to_date = has_state && window == latest;
   if (!up_to_date) {
-    const bool accepted_the_committed_window = has_state && latest > 0 && window == latest - 1 &&
-                                               state.accepted_window() == window;
+    const bool accepted_the_committed_window =
+        has_state && latest > 0 && window == latest - 1 && state.accepted_window() == window;
     if (accepted_the_committed_window && options.mode == Mode::pulse) {
       // The old group committed the window this rank had accepted (its message is in the
       // others' aggregate): commit the residual exactly as the window would have.
@@ -212,8 +212,7 @@ bool join_group(const WindowGroup& group, ReplicatedState& state, const EngineOp
   mine.digest = mine.has_state ? state.digest(pool) : 0;
   mine.accepted_window = state.accepted_window();
   const auto record = mine.serialize();
-  const auto records =
-      collectives::sparse_allgather(group.transport(), record, group.collective());
+  const auto records = collectives::sparse_allgather(group.transport(), record, group.collective());
   std::vector<MemberStatus> members;
   for (int r = 0; r < group.world(); ++r) {
     members.push_back(

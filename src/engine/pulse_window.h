@@ -37,7 +37,7 @@ struct ReceivedMessages {
   // Views into `bytes`, each validated completely (applying them cannot fail); empty when
   // `invalid` is set.
   std::vector<codec::MessageView> views;
-  std::exception_ptr invalid;       // the first invalid message's ProtocolError
+  std::exception_ptr invalid;        // the first invalid message's ProtocolError
   std::uint64_t received_bytes = 0;  // the other ranks' messages
 };
 

@@ -17,8 +17,8 @@ namespace pulseloco::engine_detail {
 class WindowGroup {
  public:
   // `observer` may be null (production). Every reference must outlive this object.
-  WindowGroup(transport::Transport& transport, const EngineOptions& options,
-              const GroupInfo& info, PhaseObserver* observer);
+  WindowGroup(transport::Transport& transport, const EngineOptions& options, const GroupInfo& info,
+              PhaseObserver* observer);
 
   [[nodiscard]] transport::Transport& transport() const noexcept { return *transport_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -50,6 +50,7 @@ class WindowGroup {
 // The commit vote: every rank says whether it accepted every message of the window; the window
 // commits only when all did. Rethrows `local_error` (this rank's reason to reject) once the
 // others know; throws ProtocolError naming the ranks that rejected.
-void agree_to_commit(const WindowGroup& group, bool accepted, const std::exception_ptr& local_error);
+void agree_to_commit(const WindowGroup& group, bool accepted,
+                     const std::exception_ptr& local_error);
 
 }  // namespace pulseloco::engine_detail

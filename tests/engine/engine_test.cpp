@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include <pulseloco/base/errors.h>
-#include "engine_test_util.h"
 #include <pulseloco/transport/inproc/inproc.h>
+#include "engine/engine_test_util.h"
 
 namespace pulseloco {
 namespace {

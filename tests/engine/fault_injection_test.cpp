@@ -10,8 +10,8 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/engine.h>
-#include "engine_test_util.h"
 #include <pulseloco/transport/inproc/inproc.h>
+#include "engine/engine_test_util.h"
 
 namespace pulseloco {
 namespace {
@@ -40,7 +40,8 @@ TEST(FaultPlan, ParsesEveryField) {
 }
 
 TEST(FaultPlan, EveryNameParsesBackToItsValue) {
-  for (const WindowPhase phase : {WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate}) {
+  for (const WindowPhase phase :
+       {WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate}) {
     const auto text = "window=0,action=kill,phase=" + std::string(window_phase_name(phase));
     EXPECT_EQ(parse_fault_plan(text).phase, phase) << text;
   }
@@ -65,7 +66,6 @@ TEST(FaultPlan, BadInputIsRefusedNamingWhatWasWrong) {
   EXPECT_NE(error_of("window=1,phase=gate").find("needs window=, phase= and action="),
             std::string::npos);
 }
-
 
 // Sets an environment variable for the guard's lifetime.
 class ScopedVariable {
