@@ -104,7 +104,8 @@ std::vector<io::TensorSpec> global_file_specs(const ReplicatedState& state) {
 }  // namespace
 
 void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
-                     const WindowGroup& group, ThreadPool& pool, const std::filesystem::path& dir) {
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir) {
   const int rank = group.rank();
   create_directories(dir, "checkpoint directory ", rank);
   const std::string state_hex = digest_hex(state.digest(pool));
@@ -190,8 +191,9 @@ void save_global_weights(const ReplicatedState& state, const EngineOptions& opti
   writer.finish();
 }
 
-void load_checkpoint(ReplicatedState& state, const EngineOptions& options, const WindowGroup& group,
-                     ThreadPool& pool, const std::filesystem::path& dir) {
+void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir) {
   const int rank = group.rank();
   const int world = group.world();
   const bool pulse = options.mode == Mode::pulse;

@@ -8,20 +8,22 @@
 #include <filesystem>
 
 #include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/attached_group.h>
 #include <pulseloco/engine/options.h>
 #include <pulseloco/engine/replicated_state.h>
-#include <pulseloco/engine/window_group.h>
 
 namespace pulseloco::engine_detail {
 
 // Collective: every file exists once any rank returns.
 void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
-                     const WindowGroup& group, ThreadPool& pool, const std::filesystem::path& dir);
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir);
 
 // Collective. Validates every file completely (metadata, tensor table, data digests) and all
 // ranks agree before any state changes; then θ_l is reset to cast(θ_g).
-void load_checkpoint(ReplicatedState& state, const EngineOptions& options, const WindowGroup& group,
-                     ThreadPool& pool, const std::filesystem::path& dir);
+void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir);
 
 // θ_g in one file (not collective); the metadata holds only the window and the digest, so
 // bit-identical replicas write byte-identical files.

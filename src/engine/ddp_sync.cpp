@@ -10,7 +10,7 @@
 
 namespace pulseloco::engine_detail {
 
-void DdpSync::run(const WindowGroup& group, WindowReport& report) {
+void DdpSync::run(const AttachedGroup& group, WindowReport& report) {
   report.entries_sent = payload_bytes_ / sizeof(float);
   report.payload_bytes = payload_bytes_;
   report.received_bytes = payload_bytes_ * static_cast<std::uint64_t>(group.world() - 1);
@@ -20,7 +20,7 @@ void DdpSync::run(const WindowGroup& group, WindowReport& report) {
   exchange_seconds_ = 0;
 }
 
-void DdpSync::average_gradients(const WindowGroup& group, std::span<const TensorView> gradients) {
+void DdpSync::average_gradients(const AttachedGroup& group, std::span<const TensorView> gradients) {
   const std::size_t tensors = state_.tensor_count();
   if (gradients.size() != tensors) {
     throw InvalidArgument(

@@ -16,9 +16,10 @@ class DdpSync final : public WindowStrategy {
   explicit DdpSync(const ReplicatedState& state) : state_(state) {}
 
   [[nodiscard]] Mode mode() const noexcept override { return Mode::ddp; }
-  void run(const WindowGroup& group, WindowReport& report) override;
+  void run(const AttachedGroup& group, WindowReport& report) override;
   // Gradients match the parameters' sizes and dtypes and are on the CPU (InvalidArgument).
-  void average_gradients(const WindowGroup& group, std::span<const TensorView> gradients) override;
+  void average_gradients(const AttachedGroup& group,
+                         std::span<const TensorView> gradients) override;
   [[nodiscard]] bool exchanges_during_steps() const noexcept override { return true; }
 
  private:

@@ -7,7 +7,7 @@
 
 namespace pulseloco::engine_detail {
 
-void DilocoWindow::run(const WindowGroup& group, WindowReport& report) {
+void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
   group.reached(WindowPhase::gate, state_.window());
   auto phase = SteadyClock::now();
   double exchange_seconds = exchange(group);
@@ -29,7 +29,7 @@ void DilocoWindow::run(const WindowGroup& group, WindowReport& report) {
   report.seconds.apply = seconds_since(phase);
 }
 
-double DilocoWindow::exchange(const WindowGroup& group) {
+double DilocoWindow::exchange(const AttachedGroup& group) {
   const auto& chunks = state_.layout().chunks();
   double seconds = 0;
   for (const BucketRef& bucket : state_.layout().buckets()) {

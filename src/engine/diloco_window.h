@@ -16,12 +16,12 @@ class DilocoWindow final : public WindowStrategy {
       : state_(state), options_(options), pool_(pool) {}
 
   [[nodiscard]] Mode mode() const noexcept override { return Mode::diloco; }
-  void run(const WindowGroup& group, WindowReport& report) override;
+  void run(const AttachedGroup& group, WindowReport& report) override;
 
  private:
   // Pseudo-gradients, summed over the ranks, held in the state; returns the seconds spent in
   // the all-reduces.
-  [[nodiscard]] double exchange(const WindowGroup& group);
+  [[nodiscard]] double exchange(const AttachedGroup& group);
   void apply(int world);
 
   ReplicatedState& state_;

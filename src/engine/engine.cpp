@@ -20,10 +20,10 @@
 
 namespace pulseloco {
 
+using engine_detail::AttachedGroup;
 using engine_detail::seconds_since;
 using engine_detail::StateBuffer;
 using engine_detail::SteadyClock;
-using engine_detail::WindowGroup;
 
 void Engine::Impl::prepare(std::vector<NamedTensor> parameters) {
   // Invalid options are refused before any communication (the timeout itself may be invalid).
@@ -36,13 +36,13 @@ void Engine::Impl::prepare(std::vector<NamedTensor> parameters) {
   }
 }
 
-WindowGroup Engine::Impl::window_group() const {
+AttachedGroup Engine::Impl::attached_group() const {
   if (!transport) {
     throw InvalidArgument(
         "this engine is not attached to a group (call attach() with a connected transport)",
         {.rank = rank});
   }
-  return WindowGroup(*transport, options, group, phase_observer.get());
+  return AttachedGroup(*transport, options, group, phase_observer.get());
 }
 
 void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, GroupInfo info) {
@@ -53,7 +53,7 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
   group = std::move(info);
   committed_report.reset();
   strategy = engine_detail::make_window_strategy(state, options, pool);
-  if (engine_detail::join_group(window_group(), state, options, pool, setup_error)) {
+  if (engine_detail::join_group(attached_group(), state, options, pool, setup_error)) {
     steps_in_window = 0;
   }
   stats_at_window_start = transport->stats();
@@ -64,11 +64,11 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
       state.layout().parameters(), options.steps_per_window, state.layout().chunks().size());
 }
 
-void Engine::Impl::verify(const WindowGroup& window_group, WindowReport& report) const {
+void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) const {
   const auto start = SteadyClock::now();
   if (options.verify_digests) {
-    report.rank_digests = collectives::allgather_u64(window_group.transport(), report.digest,
-                                                     window_group.collective());
+    report.rank_digests =
+        collectives::allgather_u64(attached.transport(), report.digest, attached.collective());
     std::map<Digest, int> votes;
     for (Digest d : report.rank_digests)
       ++votes[d];
@@ -92,7 +92,7 @@ void Engine::Impl::verify(const WindowGroup& window_group, WindowReport& report)
 }
 
 WindowReport Engine::Impl::run_window() {
-  const WindowGroup link = window_group();
+  const AttachedGroup attached = attached_group();
   if (!state.has_contents()) {
     throw InvalidArgument("this engine holds no state yet: attach() it to a group first",
                           {.rank = rank});
@@ -112,16 +112,16 @@ WindowReport Engine::Impl::run_window() {
   report.ddp_bytes = options.steps_per_window * report.parameters * sizeof(float);
 
   const bool tracing = !options.trace_dir.empty();
-  if (tracing) engine_detail::write_trace_inputs(state, options, link);
-  strategy->run(link, report);
+  if (tracing) engine_detail::write_trace_inputs(state, options, attached);
+  strategy->run(attached, report);
   // The window has committed on this rank: θ_g, m, e and θ_l hold its results. What follows
   // (digests, the trace) may still fail, but the window is not run again.
   state.commit_window();
   steps_in_window = 0;
   report.digest = state.digest(pool);
   committed_report = report;
-  if (tracing) engine_detail::write_trace_outputs(state, options, link, report);
-  verify(link, report);
+  if (tracing) engine_detail::write_trace_outputs(state, options, attached, report);
+  verify(attached, report);
   committed_report.reset();
 
   const transport::TransportStats now = transport->stats();
@@ -166,12 +166,12 @@ bool Engine::next_step_runs_window() const noexcept {
 }
 
 void Engine::save_checkpoint(const std::filesystem::path& dir) {
-  engine_detail::save_checkpoint(impl_->state, impl_->options, impl_->window_group(), impl_->pool,
+  engine_detail::save_checkpoint(impl_->state, impl_->options, impl_->attached_group(), impl_->pool,
                                  dir);
 }
 
 void Engine::load_checkpoint(const std::filesystem::path& dir) {
-  engine_detail::load_checkpoint(impl_->state, impl_->options, impl_->window_group(), impl_->pool,
+  engine_detail::load_checkpoint(impl_->state, impl_->options, impl_->attached_group(), impl_->pool,
                                  dir);
   impl_->steps_in_window = 0;
 }
@@ -195,7 +195,7 @@ WindowReport Engine::run_window() {
 }
 
 void Engine::average_gradients(std::span<const TensorView> gradients) {
-  const WindowGroup group = impl_->window_group();
+  const AttachedGroup group = impl_->attached_group();
   impl_->strategy->average_gradients(group, gradients);
 }
 
@@ -215,7 +215,7 @@ const EngineOptions& Engine::options() const noexcept {
   return impl_->options;
 }
 transport::Transport& Engine::transport() {
-  return impl_->window_group().transport();
+  return impl_->attached_group().transport();
 }
 const GroupInfo& Engine::group() const noexcept {
   return impl_->group;

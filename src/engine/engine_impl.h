@@ -10,10 +10,10 @@
 #include <optional>
 
 #include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/attached_group.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/phase_hooks.h>
 #include <pulseloco/engine/replicated_state.h>
-#include <pulseloco/engine/window_group.h>
 #include <pulseloco/engine/window_strategy.h>
 
 namespace pulseloco {
@@ -43,11 +43,11 @@ struct Engine::Impl {
   void prepare(std::vector<NamedTensor> parameters);
   void attach(std::unique_ptr<transport::Transport> replacement, GroupInfo info);
   // The group attached to; InvalidArgument when detached.
-  [[nodiscard]] engine_detail::WindowGroup window_group() const;
+  [[nodiscard]] engine_detail::AttachedGroup attached_group() const;
 
   WindowReport run_window();
   // Step 10: every rank's digest compared (DivergenceError naming the ranks off the majority).
-  void verify(const engine_detail::WindowGroup& group, WindowReport& report) const;
+  void verify(const engine_detail::AttachedGroup& group, WindowReport& report) const;
 };
 
 }  // namespace pulseloco

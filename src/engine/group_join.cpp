@@ -62,7 +62,7 @@ struct MemberStatus {
 
 // Every rank's `mine` must equal rank 0's; 0 means "this rank failed locally" (then its own
 // error is thrown, after the others have learnt of it).
-void check_agreement(const WindowGroup& group, std::uint64_t mine, const char* what,
+void check_agreement(const AttachedGroup& group, std::uint64_t mine, const char* what,
                      const std::exception_ptr& local_error) {
   const auto all = collectives::allgather_u64(group.transport(), mine, group.collective());
   if (local_error) std::rethrow_exception(local_error);
@@ -88,7 +88,7 @@ void check_agreement(const WindowGroup& group, std::uint64_t mine, const char* w
 
 // Sends `buffers` of every tensor from `source` to every rank, tensor by tensor, in pieces of at
 // most one bucket (collective).
-void broadcast_buffers(const WindowGroup& group, ReplicatedState& state,
+void broadcast_buffers(const AttachedGroup& group, ReplicatedState& state,
                        std::initializer_list<StateBuffer> buffers, int source,
                        std::uint64_t bucket_elements) {
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
@@ -105,7 +105,7 @@ void broadcast_buffers(const WindowGroup& group, ReplicatedState& state,
 }
 
 // The first group of a run: rank 0's θ_l becomes everyone's θ_l and θ_g.
-void start_from_rank_0(const WindowGroup& group, ReplicatedState& state,
+void start_from_rank_0(const AttachedGroup& group, ReplicatedState& state,
                        const EngineOptions& options, ThreadPool& pool) {
   broadcast_buffers(group, state, {StateBuffer::local}, 0, options.bucket_elements);
   if (state.keeps_global_state()) state.global_from_local(pool);  // θ_l = cast(θ_g) holds
@@ -117,7 +117,7 @@ void start_from_rank_0(const WindowGroup& group, ReplicatedState& state,
 
 // Some member holds state: brings every member to the state of the most advanced ones.
 // Returns true when this rank took θ_g and m from another member.
-bool catch_up(const WindowGroup& group, ReplicatedState& state, const EngineOptions& options,
+bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOptions& options,
               ThreadPool& pool, const std::vector<MemberStatus>& members) {
   const int rank = group.rank();
   const int world = group.world();
@@ -196,7 +196,7 @@ bool catch_up(const WindowGroup& group, ReplicatedState& state, const EngineOpti
 
 }  // namespace
 
-bool join_group(const WindowGroup& group, ReplicatedState& state, const EngineOptions& options,
+bool join_group(const AttachedGroup& group, ReplicatedState& state, const EngineOptions& options,
                 ThreadPool& pool, const std::exception_ptr& setup_error) {
   // A rank with invalid parameters still takes part in the agreement rounds, so that every rank
   // fails at once instead of waiting for it until the timeout.

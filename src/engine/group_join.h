@@ -7,9 +7,9 @@
 #include <exception>
 
 #include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/attached_group.h>
 #include <pulseloco/engine/options.h>
 #include <pulseloco/engine/replicated_state.h>
-#include <pulseloco/engine/window_group.h>
 
 namespace pulseloco::engine_detail {
 
@@ -18,7 +18,7 @@ namespace pulseloco::engine_detail {
 // this rank took θ_g and m from another member: its θ_l was reset to cast(θ_g), so its inner
 // steps start over. A failure leaves the state ready for the next attempt (a member that was
 // receiving state counts as new).
-[[nodiscard]] bool join_group(const WindowGroup& group, ReplicatedState& state,
+[[nodiscard]] bool join_group(const AttachedGroup& group, ReplicatedState& state,
                               const EngineOptions& options, ThreadPool& pool,
                               const std::exception_ptr& setup_error);
 

@@ -14,7 +14,7 @@
 
 namespace pulseloco::engine_detail {
 
-void PulseWindow::run(const WindowGroup& group, WindowReport& report) {
+void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   group.reached(WindowPhase::gate, state_.window());
   auto phase = SteadyClock::now();
   const OutgoingMessage message = gate_and_encode(group.rank());
@@ -78,7 +78,7 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank) {
   return message;
 }
 
-ReceivedMessages PulseWindow::exchange(const WindowGroup& group, const OutgoingMessage& mine) {
+ReceivedMessages PulseWindow::exchange(const AttachedGroup& group, const OutgoingMessage& mine) {
   const int rank = group.rank();
   // Validation of each message starts on the pool as soon as the message is complete,
   // overlapping the rest of the exchange; the results are collected after the all-gather.
@@ -207,7 +207,7 @@ codec::MessageView PulseWindow::validate_message(int rank, int sender, std::uint
   }
 }
 
-void PulseWindow::vote(const WindowGroup& group, const ReceivedMessages& received) {
+void PulseWindow::vote(const AttachedGroup& group, const ReceivedMessages& received) {
   if (!received.invalid) state_.accept_window();
   agree_to_commit(group, !received.invalid, received.invalid);
 }

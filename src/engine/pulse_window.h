@@ -47,14 +47,14 @@ class PulseWindow final : public WindowStrategy {
       : state_(state), options_(options), pool_(pool) {}
 
   [[nodiscard]] Mode mode() const noexcept override { return Mode::pulse; }
-  void run(const WindowGroup& group, WindowReport& report) override;
+  void run(const AttachedGroup& group, WindowReport& report) override;
 
   [[nodiscard]] OutgoingMessage gate_and_encode(int rank);
   // Throws (state unchanged) when the collective fails; an invalid message is recorded in the
   // result instead, so that the vote can tell the other ranks.
-  [[nodiscard]] ReceivedMessages exchange(const WindowGroup& group, const OutgoingMessage& mine);
+  [[nodiscard]] ReceivedMessages exchange(const AttachedGroup& group, const OutgoingMessage& mine);
   // Records that this rank accepted the window (when it did) and runs the commit vote.
-  void vote(const WindowGroup& group, const ReceivedMessages& received);
+  void vote(const AttachedGroup& group, const ReceivedMessages& received);
   void apply(const ReceivedMessages& received);
 
  private:

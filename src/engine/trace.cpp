@@ -53,7 +53,7 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
 }
 
 io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& options,
-                            const WindowGroup& group, std::string_view stage) {
+                            const AttachedGroup& group, std::string_view stage) {
   return io::Metadata{
       {"format", std::string(state_files::kTraceFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
@@ -71,7 +71,7 @@ io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& o
 }  // namespace
 
 void write_trace_inputs(const ReplicatedState& state, const EngineOptions& options,
-                        const WindowGroup& group) {
+                        const AttachedGroup& group) {
   if (options.mode != Mode::pulse) {
     throw InvalidArgument("window traces are recorded for mode pulse only");
   }
@@ -81,7 +81,7 @@ void write_trace_inputs(const ReplicatedState& state, const EngineOptions& optio
 }
 
 void write_trace_outputs(const ReplicatedState& state, const EngineOptions& options,
-                         const WindowGroup& group, const WindowReport& report) {
+                         const AttachedGroup& group, const WindowReport& report) {
   io::Metadata metadata = trace_metadata(state, options, group, "outputs");
   metadata["window"] = std::to_string(report.window);
   metadata["state_digest"] = digest_hex(report.digest);

@@ -1,15 +1,17 @@
 #include <pulseloco/engine/window_strategy.h>
 
 #include <string>
+#include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/ddp_sync.h>
 #include <pulseloco/engine/diloco_window.h>
 #include <pulseloco/engine/pulse_window.h>
 
 namespace pulseloco::engine_detail {
 
-void WindowStrategy::average_gradients(const WindowGroup& /*group*/,
+void WindowStrategy::average_gradients(const AttachedGroup& /*group*/,
                                        std::span<const TensorView> /*gradients*/) {
   throw InvalidArgument("average_gradients() is for mode ddp; this run is mode " +
                         std::string(mode_name(mode())));
@@ -34,6 +36,23 @@ void throw_non_finite(const ReplicatedState& state, int rank, const ChunkRef& ch
   throw NonFiniteError(
       "the pseudo-gradient is not finite (the local model diverged); nothing was sent",
       {.rank = rank, .tensor = state.name(chunk.tensor), .index = chunk.begin + offset});
+}
+
+void agree_to_commit(const AttachedGroup& group, bool accepted,
+                     const std::exception_ptr& local_error) {
+  const auto votes =
+      collectives::allgather_u64(group.transport(), accepted ? 1u : 0u, group.collective());
+  if (local_error) std::rethrow_exception(local_error);
+  std::vector<int> rejecting;
+  for (int r = 0; r < group.world(); ++r) {
+    if (votes[static_cast<std::size_t>(r)] != 1) rejecting.push_back(r);
+  }
+  if (!rejecting.empty()) {
+    throw ProtocolError(
+        "the window was rejected by other ranks (invalid messages); "
+        "state left unchanged",
+        {.rank = group.rank(), .ranks = rejecting});
+  }
 }
 
 double density_of(const WindowReport& report) {

@@ -14,17 +14,18 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <vector>
 
 #include <pulseloco/base/tensor_view.h>
 #include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/attached_group.h>
 #include <pulseloco/engine/layout.h>
 #include <pulseloco/engine/options.h>
 #include <pulseloco/engine/replicated_state.h>
 #include <pulseloco/engine/report.h>
-#include <pulseloco/engine/window_group.h>
 
 namespace pulseloco::engine_detail {
 
@@ -38,11 +39,11 @@ class WindowStrategy {
   // rank has accepted: fills the report's entries, bytes, density and the gate, exchange and
   // apply seconds. A window commits entirely or throws leaving the state unchanged. The engine
   // advances the window counter afterwards.
-  virtual void run(const WindowGroup& group, WindowReport& report) = 0;
+  virtual void run(const AttachedGroup& group, WindowReport& report) = 0;
 
   // Mode ddp: replaces every gradient by its average over the ranks (collective). The other
   // modes refuse.
-  virtual void average_gradients(const WindowGroup& group, std::span<const TensorView> gradients);
+  virtual void average_gradients(const AttachedGroup& group, std::span<const TensorView> gradients);
 
   // True when the window's exchanges run during the inner steps (ddp): the engine adds them to
   // the window's total time.
@@ -71,6 +72,12 @@ struct BucketScratch {
   std::vector<float> input;
   std::vector<float> output;
 };
+
+// The commit vote: every rank says whether it accepted every message of the window; the window
+// commits only when all did. Rethrows `local_error` (this rank's reason to reject) once the
+// others know; throws ProtocolError naming the ranks that rejected.
+void agree_to_commit(const AttachedGroup& group, bool accepted,
+                     const std::exception_ptr& local_error);
 
 // entries_sent / parameters (0 for an empty model).
 [[nodiscard]] double density_of(const WindowReport& report);

@@ -1,10 +1,9 @@
-// Internal: the group a window runs in, as the window strategies, the join and the files see it
-// (the transport, this rank's place in it, the options of the engine's collectives, the phase
-// hooks), and the agreement round every mode's commit ends with.
+// Internal: the group an engine is attached to, as the window strategies, the join and the files
+// see it: the transport, this rank's place in it, the options of the engine's collectives and
+// the phase hooks.
 #pragma once
 
 #include <cstdint>
-#include <exception>
 #include <string_view>
 
 #include <pulseloco/collectives/collectives.h>
@@ -14,11 +13,11 @@
 
 namespace pulseloco::engine_detail {
 
-class WindowGroup {
+class AttachedGroup {
  public:
   // `observer` may be null (production). Every reference must outlive this object.
-  WindowGroup(transport::Transport& transport, const EngineOptions& options, const GroupInfo& info,
-              PhaseObserver* observer);
+  AttachedGroup(transport::Transport& transport, const EngineOptions& options,
+                const GroupInfo& info, PhaseObserver* observer);
 
   [[nodiscard]] transport::Transport& transport() const noexcept { return *transport_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -46,11 +45,5 @@ class WindowGroup {
   collectives::CollectiveOptions collective_;
   PhaseObserver* observer_;
 };
-
-// The commit vote: every rank says whether it accepted every message of the window; the window
-// commits only when all did. Rethrows `local_error` (this rank's reason to reject) once the
-// others know; throws ProtocolError naming the ranks that rejected.
-void agree_to_commit(const WindowGroup& group, bool accepted,
-                     const std::exception_ptr& local_error);
 
 }  // namespace pulseloco::engine_detail
