@@ -64,7 +64,7 @@ struct PulseCase {
 };
 
 void PrintTo(const PulseCase& c, std::ostream* out) {
-  *out << c.world << " ranks, " << dtype_name(c.dtype);
+  *out << "world " << c.world << ", " << dtype_name(c.dtype);
 }
 
 class EnginePulse : public ::testing::TestWithParam<PulseCase> {};
