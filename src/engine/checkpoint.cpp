@@ -1,7 +1,5 @@
-// Checkpoints: rank 0 writes the replicated state (θ_g, m, window counter, options) to
-// `global.safetensors`; every rank writes its own residual e to `rank-NNNNN.safetensors`.
-// Loading validates every file completely (metadata, tensor table, data digests) and all ranks
-// agree before any state changes.
+#include <pulseloco/engine/checkpoint.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -10,10 +8,10 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
-#include <pulseloco/engine/engine_impl.h>
+#include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/state_files.h>
 
-namespace pulseloco {
+namespace pulseloco::engine_detail {
 namespace {
 
 using state_files::require;
@@ -63,59 +61,77 @@ void check_equal(const io::Metadata& metadata, const std::string& key, const std
   }
 }
 
-}  // namespace
-
-void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
+void create_directories(const std::filesystem::path& dir, std::string_view what, int rank) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error) {
-    throw IoError(
-        fmt::format("cannot create checkpoint directory {}: {}", dir.string(), error.message()),
-        {.rank = rank});
+    throw IoError(fmt::format("cannot create {}{}: {}", what, dir.string(), error.message()),
+                  {.rank = rank});
   }
-  const Digest state_digest = compute_state_digest();
-  const std::string state_hex = digest_hex(state_digest);
-  const std::string table_hex = digest_hex(layout.table_digest());
+}
+
+// Writes one tensor's `buffer` as the file's tensor `prefix` + its name.
+void write_buffer(io::SafetensorsWriter& writer, const ReplicatedState& state,
+                  std::string_view prefix, StateBuffer buffer, std::size_t tensor) {
+  state.read_host(buffer, tensor, state.whole(tensor), [&](std::span<const std::byte> bytes) {
+    writer.write(std::string(prefix) + state.name(tensor), bytes);
+  });
+}
+
+void read_buffer(const io::SafetensorsReader& reader, ReplicatedState& state,
+                 std::string_view prefix, StateBuffer buffer, std::size_t tensor) {
+  state.update_host(buffer, tensor, state.whole(tensor), [&](std::span<std::byte> bytes) {
+    reader.read(std::string(prefix) + state.name(tensor), bytes);
+  });
+}
+
+// The checkpoint global file's tensors: θ_g and m (mode ddp: θ_l).
+std::vector<io::TensorSpec> global_file_specs(const ReplicatedState& state) {
+  std::vector<io::TensorSpec> specs;
+  for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+    if (!state.keeps_global_state()) {
+      specs.push_back(spec_of(state_files::kLocal, state.name(t),
+                              io::to_tensor_dtype(state.local_dtype(t)), state.shape(t)));
+    } else {
+      for (auto prefix : {state_files::kGlobal, state_files::kMomentum}) {
+        specs.push_back(spec_of(prefix, state.name(t), io::TensorDType::f32, state.shape(t)));
+      }
+    }
+  }
+  return specs;
+}
+
+}  // namespace
+
+void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir) {
+  const int rank = group.rank();
+  create_directories(dir, "checkpoint directory ", rank);
+  const std::string state_hex = digest_hex(state.digest(pool));
+  const std::string table_hex = digest_hex(state.layout().table_digest());
   const bool pulse = options.mode == Mode::pulse;
-  const bool ddp = options.mode == Mode::ddp;
 
   if (rank == 0) {
     io::Metadata metadata{
         {"format", std::string(state_files::kCheckpointFormat)},
         {"format_version", std::string(state_files::kFormatVersion)},
-        {"window", std::to_string(window)},
-        {"world_size", std::to_string(world)},
+        {"window", std::to_string(state.window())},
+        {"world_size", std::to_string(group.world())},
         {"mode", std::string(mode_name(options.mode))},
-        {"momentum_initialised", momentum_initialised ? "true" : "false"},
+        {"momentum_initialised", state.momentum_initialised() ? "true" : "false"},
         {"options", to_json(options).dump()},
         {"table_digest", table_hex},
         {"state_digest", state_hex},
     };
-    std::vector<io::TensorSpec> specs;
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const std::string& name = layout.tensors()[t].name;
-      if (ddp) {
-        specs.push_back(spec_of(state_files::kLocal, name,
-                                io::to_tensor_dtype(tensors[t].local.dtype), tensors[t].shape));
+    io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata,
+                                 global_file_specs(state));
+    for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+      if (!state.keeps_global_state()) {
+        write_buffer(writer, state, state_files::kLocal, StateBuffer::local, t);
       } else {
-        specs.push_back(
-            spec_of(state_files::kGlobal, name, io::TensorDType::f32, tensors[t].shape));
-        specs.push_back(
-            spec_of(state_files::kMomentum, name, io::TensorDType::f32, tensors[t].shape));
-      }
-    }
-    io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata, specs);
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const std::string& name = layout.tensors()[t].name;
-      if (ddp) {
-        writer.write(std::string(state_files::kLocal) + name,
-                     std::span(static_cast<const std::byte*>(tensors[t].local.data),
-                               tensors[t].local.bytes()));
-      } else {
-        writer.write(std::string(state_files::kGlobal) + name,
-                     std::span<const float>(tensors[t].global));
-        writer.write(std::string(state_files::kMomentum) + name,
-                     std::span<const float>(tensors[t].momentum));
+        write_buffer(writer, state, state_files::kGlobal, StateBuffer::global, t);
+        write_buffer(writer, state, state_files::kMomentum, StateBuffer::momentum, t);
       }
     }
     writer.finish();
@@ -123,68 +139,64 @@ void Engine::Impl::save_checkpoint(const std::filesystem::path& dir) {
 
   std::vector<Digest> residual_digests;
   std::vector<io::TensorSpec> specs;
-  for (std::size_t t = 0; t < tensors.size() && pulse; ++t) {
-    specs.push_back(spec_of(state_files::kResidual, layout.tensors()[t].name, io::TensorDType::f32,
-                            tensors[t].shape));
-    residual_digests.push_back(digest_of<float>(tensors[t].residual));
+  for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
+    specs.push_back(
+        spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t)));
+    state.read_host(
+        StateBuffer::residual, t, state.whole(t),
+        [&](std::span<const std::byte> bytes) { residual_digests.push_back(digest_bytes(bytes)); });
   }
   io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointRankFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
-      {"window", std::to_string(window)},
+      {"window", std::to_string(state.window())},
       {"rank", std::to_string(rank)},
-      {"world_size", std::to_string(world)},
+      {"world_size", std::to_string(group.world())},
       {"table_digest", table_hex},
       {"state_digest", state_hex},
       {"residual_digest", digest_hex(combine_digests(residual_digests))},
   };
   io::SafetensorsWriter writer(state_files::checkpoint_rank_file(dir, rank), metadata, specs);
-  for (std::size_t t = 0; t < tensors.size() && pulse; ++t) {
-    writer.write(std::string(state_files::kResidual) + layout.tensors()[t].name,
-                 std::span<const float>(tensors[t].residual));
+  for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
+    write_buffer(writer, state, state_files::kResidual, StateBuffer::residual, t);
   }
   writer.finish();
   // Every file exists once any rank returns.
-  collectives::barrier(*transport, next_collective());
-  logger().info("checkpoint of window {} written to {} (state digest {})", window, dir.string(),
-                state_hex);
+  collectives::barrier(group.transport(), group.collective());
+  logger().info("checkpoint of window {} written to {} (state digest {})", state.window(),
+                dir.string(), state_hex);
 }
 
-void Engine::Impl::save_global_weights(const std::filesystem::path& file) {
+void save_global_weights(const ReplicatedState& state, const EngineOptions& options, int rank,
+                         ThreadPool& pool, const std::filesystem::path& file) {
   if (options.mode == Mode::ddp) {
     throw InvalidArgument("mode ddp keeps no global weights; save the model's own weights");
   }
-  if (file.has_parent_path()) {
-    std::error_code error;
-    std::filesystem::create_directories(file.parent_path(), error);
-    if (error) {
-      throw IoError(
-          fmt::format("cannot create {}: {}", file.parent_path().string(), error.message()),
-          {.rank = rank});
-    }
-  }
+  if (file.has_parent_path()) create_directories(file.parent_path(), "", rank);
   const io::Metadata metadata{
       {"format", "pulseloco-global-weights"},
       {"format_version", std::string(state_files::kFormatVersion)},
-      {"window", std::to_string(window)},
-      {"state_digest", digest_hex(compute_state_digest())},
+      {"window", std::to_string(state.window())},
+      {"state_digest", digest_hex(state.digest(pool))},
   };
   std::vector<io::TensorSpec> specs;
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    specs.push_back(spec_of(state_files::kGlobal, layout.tensors()[t].name, io::TensorDType::f32,
-                            tensors[t].shape));
+  for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+    specs.push_back(
+        spec_of(state_files::kGlobal, state.name(t), io::TensorDType::f32, state.shape(t)));
   }
   io::SafetensorsWriter writer(file, metadata, specs);
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    writer.write(std::string(state_files::kGlobal) + layout.tensors()[t].name,
-                 std::span<const float>(tensors[t].global));
+  for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+    write_buffer(writer, state, state_files::kGlobal, StateBuffer::global, t);
   }
   writer.finish();
 }
 
-void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
+void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir) {
+  const int rank = group.rank();
+  const int world = group.world();
   const bool pulse = options.mode == Mode::pulse;
-  const bool ddp = options.mode == Mode::ddp;
   const auto global_path = state_files::checkpoint_global_file(dir);
   const auto rank_path = state_files::checkpoint_rank_file(dir, rank);
 
@@ -202,7 +214,7 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
     check_equal(meta, "format_version", std::string(state_files::kFormatVersion), global_path);
     check_equal(meta, "world_size", std::to_string(world), global_path);
     check_equal(meta, "mode", std::string(mode_name(options.mode)), global_path);
-    check_equal(meta, "table_digest", digest_hex(layout.table_digest()), global_path);
+    check_equal(meta, "table_digest", digest_hex(state.layout().table_digest()), global_path);
     const EngineOptions saved =
         options_from_json(nlohmann::json::parse(require(meta, "options", global_path)));
     if (const auto differing = options_that_change_the_state(saved, options); !differing.empty()) {
@@ -226,21 +238,10 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
 
     std::vector<std::byte> buffer;
     std::vector<Digest> parts;
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const std::string& name = layout.tensors()[t].name;
-      if (ddp) {
-        const auto spec = spec_of(state_files::kLocal, name,
-                                  io::to_tensor_dtype(tensors[t].local.dtype), tensors[t].shape);
-        check_tensor(*global_file, spec);
-        parts.push_back(file_tensor_digest(*global_file, spec.name, buffer));
-        parts.push_back(0);
-      } else {
-        for (auto prefix : {state_files::kGlobal, state_files::kMomentum}) {
-          const auto spec = spec_of(prefix, name, io::TensorDType::f32, tensors[t].shape);
-          check_tensor(*global_file, spec);
-          parts.push_back(file_tensor_digest(*global_file, spec.name, buffer));
-        }
-      }
+    for (const io::TensorSpec& spec : global_file_specs(state)) {
+      check_tensor(*global_file, spec);
+      parts.push_back(file_tensor_digest(*global_file, spec.name, buffer));
+      if (!state.keeps_global_state()) parts.push_back(0);
     }
     loaded_digest = combine_digests(parts);
     if (digest_hex(loaded_digest) != state_hex) {
@@ -257,9 +258,9 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
     check_equal(rank_meta, "window", std::to_string(loaded_window), rank_path);
     check_equal(rank_meta, "state_digest", state_hex, rank_path);
     std::vector<Digest> residual_parts;
-    for (std::size_t t = 0; t < tensors.size() && pulse; ++t) {
-      const auto spec = spec_of(state_files::kResidual, layout.tensors()[t].name,
-                                io::TensorDType::f32, tensors[t].shape);
+    for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
+      const auto spec =
+          spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t));
       check_tensor(*rank_file, spec);
       residual_parts.push_back(file_tensor_digest(*rank_file, spec.name, buffer));
     }
@@ -272,7 +273,7 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
   // Phase 2: every rank must have validated the same checkpoint.
   const std::uint64_t token =
       local_error ? 0 : combine_digests(std::array<Digest, 2>{loaded_window, loaded_digest}) | 1u;
-  const auto tokens = collectives::allgather_u64(*transport, token, next_collective());
+  const auto tokens = collectives::allgather_u64(group.transport(), token, group.collective());
   if (local_error) std::rethrow_exception(local_error);
   std::vector<int> disagreeing;
   for (int r = 0; r < world; ++r) {
@@ -286,40 +287,20 @@ void Engine::Impl::load_checkpoint(const std::filesystem::path& dir) {
   }
 
   // Phase 3: load.
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    const std::string& name = layout.tensors()[t].name;
-    TensorState& state = tensors[t];
-    if (ddp) {
-      global_file->read(std::string(state_files::kLocal) + name,
-                        std::span(static_cast<std::byte*>(state.local.data), state.local.bytes()));
+  for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+    if (!state.keeps_global_state()) {
+      read_buffer(*global_file, state, state_files::kLocal, StateBuffer::local, t);
       continue;
     }
-    global_file->read(std::string(state_files::kGlobal) + name,
-                      std::as_writable_bytes(std::span(state.global)));
-    global_file->read(std::string(state_files::kMomentum) + name,
-                      std::as_writable_bytes(std::span(state.momentum)));
-    if (pulse) {
-      rank_file->read(std::string(state_files::kResidual) + name,
-                      std::as_writable_bytes(std::span(state.residual)));
-    } else {
-      std::fill(state.residual.begin(), state.residual.end(), 0.0f);
-    }
+    read_buffer(*global_file, state, state_files::kGlobal, StateBuffer::global, t);
+    read_buffer(*global_file, state, state_files::kMomentum, StateBuffer::momentum, t);
+    if (pulse) read_buffer(*rank_file, state, state_files::kResidual, StateBuffer::residual, t);
   }
-  if (!ddp) {
-    pool.parallel_for(layout.chunks().size(), [&](std::size_t c) {
-      const ChunkRef& chunk = layout.chunks()[c];
-      TensorState& state = tensors[chunk.tensor];
-      kernels::reset_local(
-          state.global.data() + chunk.begin,
-          static_cast<std::byte*>(state.local.data) + chunk.begin * dtype_size(state.local.dtype),
-          state.local.dtype, chunk.length);
-    });
-  }
-  window = loaded_window;
-  momentum_initialised = loaded_momentum_initialised;
-  steps_in_window = 0;
-  logger().info("resumed from {} at window {} (state digest {})", dir.string(), window,
+  if (!pulse) state.zero_residual();
+  if (state.keeps_global_state()) state.reset_local(pool);
+  state.set_progress(loaded_window, loaded_momentum_initialised);
+  logger().info("resumed from {} at window {} (state digest {})", dir.string(), state.window(),
                 digest_hex(loaded_digest));
 }
 
-}  // namespace pulseloco
+}  // namespace pulseloco::engine_detail

@@ -1,6 +1,8 @@
 #include <pulseloco/engine/fault_injection.h>
 
 #include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <array>
 #include <charconv>
@@ -8,6 +10,7 @@
 #include <string>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 
 namespace pulseloco {
 namespace {
@@ -46,7 +49,7 @@ Enum parse_named(std::string_view key, std::string_view value, const std::array<
 
 }  // namespace
 
-bool FaultPlan::matches(std::uint64_t at_window, FaultPhase at_phase, int at_rank,
+bool FaultPlan::matches(std::uint64_t at_window, WindowPhase at_phase, int at_rank,
                         std::string_view at_worker) const noexcept {
   return !fired && window == at_window && phase == at_phase && (!rank || *rank == at_rank) &&
          (worker.empty() || worker == at_worker);
@@ -73,8 +76,8 @@ FaultPlan parse_fault_plan(std::string_view text) {
       have_window = true;
     } else if (key == "phase") {
       plan.phase = parse_named(
-          key, value, std::array{FaultPhase::gate, FaultPhase::exchange, FaultPhase::aggregate},
-          fault_phase_name);
+          key, value, std::array{WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate},
+          window_phase_name);
       have_phase = true;
     } else if (key == "action") {
       plan.action = parse_named(
@@ -102,18 +105,6 @@ std::optional<FaultPlan> fault_plan_from_environment() {
   return parse_fault_plan(text);
 }
 
-std::string_view fault_phase_name(FaultPhase phase) noexcept {
-  switch (phase) {
-    case FaultPhase::gate:
-      return "gate";
-    case FaultPhase::exchange:
-      return "exchange";
-    case FaultPhase::aggregate:
-      return "aggregate";
-  }
-  return "?";
-}
-
 std::string_view fault_action_name(FaultAction action) noexcept {
   switch (action) {
     case FaultAction::kill:
@@ -124,6 +115,32 @@ std::string_view fault_action_name(FaultAction action) noexcept {
       return "disconnect";
   }
   return "?";
+}
+
+void FaultInjector::at(const PhasePoint& point) {
+  if (!plan_.matches(point.window, point.phase, point.rank, point.worker)) return;
+  plan_.fired = true;
+  logger().warn("fault injection: {} at window {}, phase {}", fault_action_name(plan_.action),
+                point.window, window_phase_name(point.phase));
+  switch (plan_.action) {
+    case FaultAction::kill:
+      ::kill(::getpid(), SIGKILL);
+      break;
+    case FaultAction::stall:
+      ::raise(SIGSTOP);
+      break;
+    case FaultAction::disconnect:
+      point.transport.abort("fault injection: this worker disconnected");
+      break;
+  }
+}
+
+std::unique_ptr<PhaseObserver> fault_injector_from_environment() {
+  std::optional<FaultPlan> plan = fault_plan_from_environment();
+  if (!plan) return nullptr;
+  logger().warn("fault injection armed (PULSELOCO_FAULT): {} at window {}, phase {}",
+                fault_action_name(plan->action), plan->window, window_phase_name(plan->phase));
+  return std::make_unique<FaultInjector>(std::move(*plan));
 }
 
 }  // namespace pulseloco

@@ -1,5 +1,6 @@
 // The fault-injection harness of elastic-membership tests: makes this process fail at a chosen
-// window and phase, as a real worker would (docs/elastic.md, "Testing failures").
+// window and phase, as a real worker would (docs/elastic.md, "Testing failures"). It is a phase
+// observer (engine/phase_hooks.h) that the engine installs only when PULSELOCO_FAULT is set.
 //
 //   PULSELOCO_FAULT="window=3,phase=exchange,action=kill"          (this process)
 //   PULSELOCO_FAULT="window=3,phase=gate,action=stall,rank=2"      (only while at rank 2)
@@ -20,25 +21,27 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include <pulseloco/engine/phase_hooks.h>
+
 namespace pulseloco {
 
-enum class FaultPhase : std::uint8_t { gate, exchange, aggregate };
 enum class FaultAction : std::uint8_t { kill, stall, disconnect };
 
 struct FaultPlan {
   std::uint64_t window = 0;
-  FaultPhase phase = FaultPhase::gate;
+  WindowPhase phase = WindowPhase::gate;
   FaultAction action = FaultAction::kill;
   std::optional<int> rank;  // only while this process has this rank
   std::string worker;       // only while this process is this worker id ("" = any)
   bool fired = false;
 
   // True when the fault applies at this point.
-  [[nodiscard]] bool matches(std::uint64_t at_window, FaultPhase at_phase, int at_rank,
+  [[nodiscard]] bool matches(std::uint64_t at_window, WindowPhase at_phase, int at_rank,
                              std::string_view at_worker) const noexcept;
 };
 
@@ -47,7 +50,20 @@ struct FaultPlan {
 // The plan in PULSELOCO_FAULT, if set.
 [[nodiscard]] std::optional<FaultPlan> fault_plan_from_environment();
 
-[[nodiscard]] std::string_view fault_phase_name(FaultPhase phase) noexcept;
 [[nodiscard]] std::string_view fault_action_name(FaultAction action) noexcept;
+
+// Carries out a plan: at the first point it matches, its action.
+class FaultInjector final : public PhaseObserver {
+ public:
+  explicit FaultInjector(FaultPlan plan) : plan_(std::move(plan)) {}
+  void at(const PhasePoint& point) override;
+
+ private:
+  FaultPlan plan_;
+};
+
+// The injector PULSELOCO_FAULT asks for (logging a warning that it is armed), or null when the
+// variable is not set. Throws InvalidArgument for an invalid value.
+[[nodiscard]] std::unique_ptr<PhaseObserver> fault_injector_from_environment();
 
 }  // namespace pulseloco

@@ -39,11 +39,10 @@ struct EngineOptions {
   std::chrono::milliseconds timeout{60'000};  // every collective's deadline
   collectives::CollectiveAlgorithm allgather = collectives::CollectiveAlgorithm::automatic;
   // Pipelining granularity of the collectives (collectives::CollectiveOptions): a ring's
-  // pipeline fills in world_size - 2 chunk times, and a 1 MiB chunk takes 84 ms per hop at
-  // 100 Mbit/s. The engine is for slow links, so its default is a quarter of the collectives'
-  // own: measured over 100 Mbit/s links, it brought pulse's exchange from 1.27-1.38x to
-  // 1.19-1.21x its bandwidth bound, and changed nothing at 1 Gbit/s (docs/benchmarks.md,
-  // "End-to-end sync").
+  // pipeline fills in world_size - 2 chunk times, which is long on a slow link. The engine is
+  // for slow links, so its default is a quarter of the collectives' own, which brings pulse's
+  // exchange closer to its bandwidth bound over slow links and costs nothing on fast ones
+  // (docs/benchmarks.md, "End-to-end sync").
   std::uint64_t pipeline_chunk_bytes = std::uint64_t{256} << 10;
   bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
   std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)

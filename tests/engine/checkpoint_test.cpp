@@ -9,8 +9,8 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/replay.h>
-#include "engine_test_util.h"
 #include <pulseloco/io/safetensors.h>
+#include "engine/engine_test_util.h"
 
 namespace pulseloco {
 namespace {

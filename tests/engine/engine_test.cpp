@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include <pulseloco/base/errors.h>
-#include "engine_test_util.h"
 #include <pulseloco/transport/inproc/inproc.h>
+#include "engine/engine_test_util.h"
 
 namespace pulseloco {
 namespace {
@@ -62,6 +62,10 @@ struct PulseCase {
   int world;
   DType dtype;
 };
+
+void PrintTo(const PulseCase& c, std::ostream* out) {
+  *out << "world " << c.world << ", " << dtype_name(c.dtype);
+}
 
 class EnginePulse : public ::testing::TestWithParam<PulseCase> {};
 

@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
 #include <thread>
@@ -16,6 +17,18 @@
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/transport/inproc/inproc.h>
+
+namespace pulseloco {
+
+// Parameterised tests print their parameters by name (dtype_name, mode_name), not as bytes.
+inline void PrintTo(DType dtype, std::ostream* out) {
+  *out << dtype_name(dtype);
+}
+inline void PrintTo(Mode mode, std::ostream* out) {
+  *out << mode_name(mode);
+}
+
+}  // namespace pulseloco
 
 namespace pulseloco::testing {
 

@@ -11,8 +11,8 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/engine.h>
-#include "engine_test_util.h"
 #include <pulseloco/transport/inproc/inproc.h>
+#include "engine/engine_test_util.h"
 
 namespace pulseloco {
 namespace {

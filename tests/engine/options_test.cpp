@@ -9,7 +9,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/options.h>
-#include "engine_test_util.h"
+#include "engine/engine_test_util.h"
 
 namespace pulseloco {
 namespace {

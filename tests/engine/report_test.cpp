@@ -2,9 +2,9 @@
 // ranks' reports, over the in-process and the TCP transport.
 #include <gtest/gtest.h>
 
-#include "collectives/test_groups.h"
 #include <pulseloco/engine/engine.h>
-#include "engine_test_util.h"
+#include "collectives/test_groups.h"
+#include "engine/engine_test_util.h"
 
 namespace pulseloco {
 namespace {

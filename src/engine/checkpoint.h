@@ -1,0 +1,33 @@
+// Internal: checkpoints and the global weights file, written from and read into the replicated
+// state. Rank 0 writes the replicated state (θ_g, m, window counter, options) to
+// `global.safetensors`; every rank writes its own residual e to `rank-NNNNN.safetensors`
+// (mode ddp: θ_l in place of θ_g and m, no residual). The layout is in state_files.h and
+// docs/operations.md.
+#pragma once
+
+#include <filesystem>
+
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/attached_group.h>
+#include <pulseloco/engine/options.h>
+#include <pulseloco/engine/replicated_state.h>
+
+namespace pulseloco::engine_detail {
+
+// Collective: every file exists once any rank returns.
+void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir);
+
+// Collective. Validates every file completely (metadata, tensor table, data digests) and all
+// ranks agree before any state changes; then θ_l is reset to cast(θ_g).
+void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
+                     const AttachedGroup& group, ThreadPool& pool,
+                     const std::filesystem::path& dir);
+
+// θ_g in one file (not collective); the metadata holds only the window and the digest, so
+// bit-identical replicas write byte-identical files.
+void save_global_weights(const ReplicatedState& state, const EngineOptions& options, int rank,
+                         ThreadPool& pool, const std::filesystem::path& file);
+
+}  // namespace pulseloco::engine_detail

@@ -1,0 +1,33 @@
+// Internal: data-parallel synchronisation: every gradient averaged over the ranks after each
+// backward pass (Engine::average_gradients), no outer step. Its "window" runs no exchange of its
+// own: it reports what the window's gradient all-reduces moved, and the engine compares the
+// replicas' weights by digest.
+#pragma once
+
+#include <cstdint>
+
+#include <pulseloco/engine/scratch_pool.h>
+#include <pulseloco/engine/window_strategy.h>
+
+namespace pulseloco::engine_detail {
+
+class DdpSync final : public WindowStrategy {
+ public:
+  explicit DdpSync(const ReplicatedState& state) : state_(state) {}
+
+  [[nodiscard]] Mode mode() const noexcept override { return Mode::ddp; }
+  void run(const AttachedGroup& group, WindowReport& report) override;
+  // Gradients match the parameters' sizes and dtypes and are on the CPU (InvalidArgument).
+  void average_gradients(const AttachedGroup& group,
+                         std::span<const TensorView> gradients) override;
+  [[nodiscard]] bool exchanges_during_steps() const noexcept override { return true; }
+
+ private:
+  const ReplicatedState& state_;
+  ScratchPool<BucketScratch> bucket_scratch_;
+  // What the gradient all-reduces of the current window moved, and how long they took.
+  std::uint64_t payload_bytes_ = 0;
+  double exchange_seconds_ = 0;
+};
+
+}  // namespace pulseloco::engine_detail

@@ -1,0 +1,73 @@
+#include <pulseloco/engine/diloco_window.h>
+
+#include <cmath>
+#include <vector>
+
+#include <pulseloco/collectives/collectives.h>
+
+namespace pulseloco::engine_detail {
+
+void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
+  group.reached(WindowPhase::gate, state_.window());
+  auto phase = SteadyClock::now();
+  double exchange_seconds = exchange(group);
+  const auto agree_start = SteadyClock::now();
+  state_.accept_window();
+  agree_to_commit(group, true, nullptr);
+  exchange_seconds += seconds_since(agree_start);
+  report.seconds.exchange = exchange_seconds;
+  report.seconds.gate = seconds_since(phase) - exchange_seconds;
+  group.reached(WindowPhase::aggregate, state_.window());
+  const std::uint64_t parameters = state_.layout().parameters();
+  report.entries_sent = parameters;
+  report.payload_bytes = parameters * sizeof(float);
+  report.received_bytes = report.payload_bytes * static_cast<std::uint64_t>(group.world() - 1);
+  report.density = density_of(report);
+
+  phase = SteadyClock::now();
+  apply(group.world());
+  report.seconds.apply = seconds_since(phase);
+}
+
+double DilocoWindow::exchange(const AttachedGroup& group) {
+  const auto& chunks = state_.layout().chunks();
+  double seconds = 0;
+  for (const BucketRef& bucket : state_.layout().buckets()) {
+    auto scratch = bucket_scratch_.acquire();
+    scratch->input.resize(bucket.elements);
+    scratch->output.resize(bucket.elements);
+    std::vector<std::uint64_t> offsets(bucket.chunk_count);
+    for (std::size_t i = 1; i < bucket.chunk_count; ++i) {
+      offsets[i] = offsets[i - 1] + chunks[bucket.first_chunk + i - 1].length;
+    }
+    pool_.parallel_for(bucket.chunk_count, [&](std::size_t i) {
+      const ChunkRef& chunk = chunks[bucket.first_chunk + i];
+      float* delta = scratch->input.data() + offsets[i];
+      state_.pseudo_gradient(chunk, delta);
+      for (std::uint64_t k = 0; k < chunk.length; ++k) {
+        if (!std::isfinite(delta[k])) throw_non_finite(state_, group.rank(), chunk, k);
+      }
+    });
+    const auto start = SteadyClock::now();
+    collectives::allreduce_sum(group.transport(), scratch->input, scratch->output,
+                               group.collective());
+    seconds += seconds_since(start);
+    group.reached(WindowPhase::exchange, state_.window());
+    for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
+      state_.hold_dense_sum(chunks[bucket.first_chunk + i], scratch->output.data() + offsets[i]);
+    }
+  }
+  return seconds;
+}
+
+void DilocoWindow::apply(int world) {
+  const auto& chunks = state_.layout().chunks();
+  const kernels::OuterStepParams params{options_.outer_lr, options_.outer_momentum,
+                                        !state_.momentum_initialised()};
+  const auto divisor = static_cast<float>(world);
+  pool_.parallel_for(chunks.size(), [&](std::size_t c) {
+    state_.apply_dense_average(chunks[c], divisor, params);
+  });
+}
+
+}  // namespace pulseloco::engine_detail

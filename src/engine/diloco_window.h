@@ -1,0 +1,33 @@
+// Internal: a DiLoCo window: the dense fp32 pseudo-gradient all-reduced bucket by bucket, then,
+// once every rank voted to commit, the averaged outer step (docs/algorithm.md, "Dense
+// baselines"). The ranks' sum is held in the state until the vote, so a failed exchange leaves
+// θ_g, m and θ_l unchanged.
+#pragma once
+
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/scratch_pool.h>
+#include <pulseloco/engine/window_strategy.h>
+
+namespace pulseloco::engine_detail {
+
+class DilocoWindow final : public WindowStrategy {
+ public:
+  DilocoWindow(ReplicatedState& state, const EngineOptions& options, ThreadPool& pool)
+      : state_(state), options_(options), pool_(pool) {}
+
+  [[nodiscard]] Mode mode() const noexcept override { return Mode::diloco; }
+  void run(const AttachedGroup& group, WindowReport& report) override;
+
+ private:
+  // Pseudo-gradients, summed over the ranks, held in the state; returns the seconds spent in
+  // the all-reduces.
+  [[nodiscard]] double exchange(const AttachedGroup& group);
+  void apply(int world);
+
+  ReplicatedState& state_;
+  const EngineOptions& options_;
+  ThreadPool& pool_;
+  ScratchPool<BucketScratch> bucket_scratch_;
+};
+
+}  // namespace pulseloco::engine_detail

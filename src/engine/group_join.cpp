@@ -1,0 +1,243 @@
+#include <pulseloco/engine/group_join.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <initializer_list>
+#include <optional>
+#include <vector>
+
+#include <pulseloco/base/byte_io.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/collectives/collectives.h>
+
+namespace pulseloco::engine_detail {
+namespace {
+
+// What a member tells the others when it joins: enough to decide who is up to date.
+struct MemberStatus {
+  bool has_state = false;
+  bool momentum_initialised = false;
+  std::uint64_t window = 0;
+  Digest digest = 0;
+  std::optional<std::uint64_t> accepted_window;
+
+  static constexpr std::size_t kBytes = 32;
+
+  [[nodiscard]] std::array<std::byte, kBytes> serialize() const {
+    const std::uint64_t flags =
+        (has_state ? 1u : 0u) | (momentum_initialised ? 2u : 0u) | (accepted_window ? 4u : 0u);
+    std::array<std::byte, kBytes> bytes{};
+    ByteWriter(bytes).put(flags).put(window).put(digest).put(accepted_window.value_or(0));
+    return bytes;
+  }
+
+  static MemberStatus deserialize(std::span<const std::byte> bytes, int sender, int rank) {
+    if (bytes.size() != kBytes) {
+      throw ProtocolError(
+          fmt::format("membership status of {} bytes, expected {}", bytes.size(), kBytes),
+          {.rank = rank, .peer = sender});
+    }
+    ByteReader in(bytes, {.rank = rank, .peer = sender});
+    const auto flags = in.get<std::uint64_t>("flags");
+    if (flags > 7) {
+      throw ProtocolError(fmt::format("membership status has unknown flags {:#x}", flags),
+                          {.rank = rank, .peer = sender});
+    }
+    const auto window = in.get<std::uint64_t>("window");
+    const auto digest = in.get<std::uint64_t>("digest");
+    const auto accepted_window = in.get<std::uint64_t>("accepted window");
+    MemberStatus status;
+    status.has_state = (flags & 1u) != 0;
+    status.momentum_initialised = (flags & 2u) != 0;
+    status.window = window;
+    status.digest = digest;
+    if ((flags & 4u) != 0) status.accepted_window = accepted_window;
+    return status;
+  }
+};
+
+// Every rank's `mine` must equal rank 0's; 0 means "this rank failed locally" (then its own
+// error is thrown, after the others have learnt of it).
+void check_agreement(const AttachedGroup& group, std::uint64_t mine, const char* what,
+                     const std::exception_ptr& local_error) {
+  const auto all = collectives::allgather_u64(group.transport(), mine, group.collective());
+  if (local_error) std::rethrow_exception(local_error);
+  std::vector<int> failed;
+  std::vector<int> differing;
+  for (int r = 0; r < group.world(); ++r) {
+    const std::uint64_t theirs = all[static_cast<std::size_t>(r)];
+    if (theirs == 0) {
+      failed.push_back(r);
+    } else if (theirs != all[0] && all[0] != 0) {
+      differing.push_back(r);
+    }
+  }
+  if (!failed.empty()) {
+    throw InvalidArgument("these ranks could not start (invalid parameters; see their logs)",
+                          {.rank = group.rank(), .ranks = failed});
+  }
+  if (!differing.empty()) {
+    throw InvalidArgument(fmt::format("{} differ from rank 0's on these ranks", what),
+                          {.rank = group.rank(), .ranks = differing});
+  }
+}
+
+// Sends `buffers` of every tensor from `source` to every rank, tensor by tensor, in pieces of at
+// most one bucket (collective).
+void broadcast_buffers(const AttachedGroup& group, ReplicatedState& state,
+                       std::initializer_list<StateBuffer> buffers, int source,
+                       std::uint64_t bucket_elements) {
+  for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+    const std::uint64_t numel = state.whole(t).count;
+    for (const StateBuffer buffer : buffers) {
+      for (std::uint64_t begin = 0; begin < numel; begin += bucket_elements) {
+        const std::uint64_t count = std::min(bucket_elements, numel - begin);
+        state.update_host(buffer, t, {begin, count}, [&](std::span<std::byte> bytes) {
+          collectives::broadcast(group.transport(), source, bytes, group.collective());
+        });
+      }
+    }
+  }
+}
+
+// The first group of a run: rank 0's θ_l becomes everyone's θ_l and θ_g.
+void start_from_rank_0(const AttachedGroup& group, ReplicatedState& state,
+                       const EngineOptions& options, ThreadPool& pool) {
+  broadcast_buffers(group, state, {StateBuffer::local}, 0, options.bucket_elements);
+  if (state.keeps_global_state()) state.global_from_local(pool);  // θ_l = cast(θ_g) holds
+  state.zero_residual();
+  state.set_progress(0, false);
+  state.clear_accepted_window();
+  state.set_has_contents(true);
+}
+
+// Some member holds state: brings every member to the state of the most advanced ones.
+// Returns true when this rank took θ_g and m from another member.
+bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOptions& options,
+              ThreadPool& pool, const std::vector<MemberStatus>& members) {
+  const int rank = group.rank();
+  const int world = group.world();
+  if (options.mode == Mode::ddp) {
+    throw InvalidArgument(
+        "mode ddp keeps no replicated state to hand to new members; elastic membership needs "
+        "mode pulse or diloco",
+        {.rank = rank});
+  }
+  std::uint64_t latest = 0;
+  for (const auto& m : members) {
+    if (m.has_state) latest = std::max(latest, m.window);
+  }
+  int source = -1;
+  std::vector<int> differing;
+  for (int r = 0; r < world; ++r) {
+    const MemberStatus& m = members[static_cast<std::size_t>(r)];
+    if (!m.has_state || m.window != latest) continue;
+    if (source < 0) {
+      source = r;
+    } else if (m.digest != members[static_cast<std::size_t>(source)].digest) {
+      differing.push_back(r);
+    }
+  }
+  if (!differing.empty()) {
+    throw DivergenceError(
+        fmt::format("members at window {} hold a different θ_g/m than rank {}", latest, source),
+        {.rank = rank, .ranks = differing});
+  }
+  std::vector<int> behind;
+  for (int r = 0; r < world; ++r) {
+    const MemberStatus& m = members[static_cast<std::size_t>(r)];
+    if (!m.has_state || m.window != latest) behind.push_back(r);
+  }
+  const bool has_state = state.has_contents();
+  const std::uint64_t window = state.window();
+  const bool up_to_date = has_state && window == latest;
+  if (!up_to_date) {
+    const bool accepted_the_committed_window =
+        has_state && latest > 0 && window == latest - 1 && state.accepted_window() == window;
+    if (accepted_the_committed_window && options.mode == Mode::pulse) {
+      // The old group committed the window this rank had accepted (its message is in the
+      // others' aggregate): commit the residual exactly as the window would have.
+      state.commit_residual(pool);
+      logger().info(
+          "window {} committed in the old group after this rank had accepted it: residual "
+          "committed, taking θ_g and m from rank {}",
+          window, source);
+    } else if (!accepted_the_committed_window) {
+      if (has_state) {
+        logger().warn(
+            "this rank is at window {}, the group at {}: re-synchronising from rank {} with a "
+            "zero residual",
+            window, latest, source);
+      }
+      state.zero_residual();
+    }
+    // Until the state has arrived, this rank counts as new.
+    state.set_has_contents(false);
+    state.clear_accepted_window();
+  }
+  if (!behind.empty()) {
+    broadcast_buffers(group, state, {StateBuffer::global, StateBuffer::momentum}, source,
+                      options.bucket_elements);
+    if (!up_to_date) {
+      state.reset_local(pool);
+      state.set_progress(latest, members[static_cast<std::size_t>(source)].momentum_initialised);
+      state.set_has_contents(true);
+    }
+    logger().info("group generation {}: ranks {} received θ_g and m of window {} from rank {}",
+                  group.generation(), fmt::join(behind, ", "), latest, source);
+  }
+  state.clear_accepted_window();
+  return !up_to_date && !behind.empty();
+}
+
+}  // namespace
+
+bool join_group(const AttachedGroup& group, ReplicatedState& state, const EngineOptions& options,
+                ThreadPool& pool, const std::exception_ptr& setup_error) {
+  // A rank with invalid parameters still takes part in the agreement rounds, so that every rank
+  // fails at once instead of waiting for it until the timeout.
+  check_agreement(group, setup_error ? 0 : shared_options_digest(options) | 1u,
+                  "options (mode, H, outer lr/momentum, chunking, codec)", setup_error);
+  check_agreement(group, state.layout().table_digest() | 1u,
+                  "parameter tables (names, sizes, dtypes)", nullptr);
+
+  MemberStatus mine;
+  mine.has_state = state.has_contents();
+  mine.momentum_initialised = state.momentum_initialised();
+  mine.window = state.window();
+  mine.digest = mine.has_state ? state.digest(pool) : 0;
+  mine.accepted_window = state.accepted_window();
+  const auto record = mine.serialize();
+  const auto records = collectives::sparse_allgather(group.transport(), record, group.collective());
+  std::vector<MemberStatus> members;
+  for (int r = 0; r < group.world(); ++r) {
+    members.push_back(
+        MemberStatus::deserialize(records[static_cast<std::size_t>(r)], r, group.rank()));
+  }
+
+  bool took_state = false;
+  if (std::none_of(members.begin(), members.end(), [](const auto& m) { return m.has_state; })) {
+    start_from_rank_0(group, state, options, pool);
+  } else {
+    took_state = catch_up(group, state, options, pool, members);
+  }
+
+  // Every member must now hold the same θ_g and m.
+  const auto digests =
+      collectives::allgather_u64(group.transport(), state.digest(pool), group.collective());
+  std::vector<int> diverging;
+  for (int r = 0; r < group.world(); ++r) {
+    if (digests[static_cast<std::size_t>(r)] != digests[0]) diverging.push_back(r);
+  }
+  if (!diverging.empty()) {
+    throw DivergenceError("after attaching, these ranks hold a different θ_g/m than rank 0",
+                          {.rank = group.rank(), .ranks = diverging});
+  }
+  return took_state;
+}
+
+}  // namespace pulseloco::engine_detail

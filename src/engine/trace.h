@@ -1,0 +1,28 @@
+// Internal: window traces. With EngineOptions::trace_dir set, every rank writes, for every
+// window, `window-NNNNNN/rank-NNNNN.in.safetensors` (θ_g, m, e, θ_l before the window) and
+// `rank-NNNNN.out.safetensors` (the same after it). `pulseloco replay` re-runs a traced window
+// offline from the inputs and checks the outputs bit for bit (engine/replay.h).
+#pragma once
+
+#include <filesystem>
+
+#include <pulseloco/engine/attached_group.h>
+#include <pulseloco/engine/options.h>
+#include <pulseloco/engine/replicated_state.h>
+#include <pulseloco/engine/report.h>
+
+namespace pulseloco::engine_detail {
+
+// The inputs of the window about to run (mode pulse only: InvalidArgument otherwise).
+void write_trace_inputs(const ReplicatedState& state, const EngineOptions& options,
+                        const AttachedGroup& group);
+// The outputs of the window `report` describes, just committed (the state's window counter
+// already counts it).
+void write_trace_outputs(const ReplicatedState& state, const EngineOptions& options,
+                         const AttachedGroup& group, const WindowReport& report);
+// Replaces θ_g, m, e, θ_l and the window counter with a traced window's inputs (not
+// collective). Validates the file before changing anything.
+void load_trace_inputs(ReplicatedState& state, int rank, int world,
+                       const std::filesystem::path& file);
+
+}  // namespace pulseloco::engine_detail

@@ -1,0 +1,64 @@
+#include <pulseloco/engine/window_strategy.h>
+
+#include <string>
+#include <vector>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/ddp_sync.h>
+#include <pulseloco/engine/diloco_window.h>
+#include <pulseloco/engine/pulse_window.h>
+
+namespace pulseloco::engine_detail {
+
+void WindowStrategy::average_gradients(const AttachedGroup& /*group*/,
+                                       std::span<const TensorView> /*gradients*/) {
+  throw InvalidArgument("average_gradients() is for mode ddp; this run is mode " +
+                        std::string(mode_name(mode())));
+}
+
+std::unique_ptr<WindowStrategy> make_window_strategy(ReplicatedState& state,
+                                                     const EngineOptions& options,
+                                                     ThreadPool& pool) {
+  switch (options.mode) {
+    case Mode::pulse:
+      return std::make_unique<PulseWindow>(state, options, pool);
+    case Mode::diloco:
+      return std::make_unique<DilocoWindow>(state, options, pool);
+    case Mode::ddp:
+      return std::make_unique<DdpSync>(state);
+  }
+  throw InvalidArgument("unknown mode");
+}
+
+void throw_non_finite(const ReplicatedState& state, int rank, const ChunkRef& chunk,
+                      std::uint64_t offset) {
+  throw NonFiniteError(
+      "the pseudo-gradient is not finite (the local model diverged); nothing was sent",
+      {.rank = rank, .tensor = state.name(chunk.tensor), .index = chunk.begin + offset});
+}
+
+void agree_to_commit(const AttachedGroup& group, bool accepted,
+                     const std::exception_ptr& local_error) {
+  const auto votes =
+      collectives::allgather_u64(group.transport(), accepted ? 1u : 0u, group.collective());
+  if (local_error) std::rethrow_exception(local_error);
+  std::vector<int> rejecting;
+  for (int r = 0; r < group.world(); ++r) {
+    if (votes[static_cast<std::size_t>(r)] != 1) rejecting.push_back(r);
+  }
+  if (!rejecting.empty()) {
+    throw ProtocolError(
+        "the window was rejected by other ranks (invalid messages); "
+        "state left unchanged",
+        {.rank = group.rank(), .ranks = rejecting});
+  }
+}
+
+double density_of(const WindowReport& report) {
+  return report.parameters > 0
+             ? static_cast<double>(report.entries_sent) / static_cast<double>(report.parameters)
+             : 0.0;
+}
+
+}  // namespace pulseloco::engine_detail

@@ -1,0 +1,85 @@
+// Internal: how a window runs in one mode. One implementation per mode (docs/algorithm.md), each
+// over the engine's replicated state:
+//
+//   PulseWindow   (pulse_window.h)   gate + encode -> sparse all-gather + validate -> commit
+//                                    vote -> aggregate + commit residual + outer step + reset
+//   DilocoWindow  (diloco_window.h)  pseudo-gradient -> dense all-reduce per bucket -> commit
+//                                    vote -> outer step + reset
+//   DdpSync       (ddp_sync.h)       gradients averaged during the steps; the window only
+//                                    counts them
+//
+// The engine runs what is common to every mode around the strategy: the report, traces, the
+// window counter, the digests and their comparison.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include <pulseloco/base/tensor_view.h>
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/attached_group.h>
+#include <pulseloco/engine/layout.h>
+#include <pulseloco/engine/options.h>
+#include <pulseloco/engine/replicated_state.h>
+#include <pulseloco/engine/report.h>
+
+namespace pulseloco::engine_detail {
+
+class WindowStrategy {
+ public:
+  virtual ~WindowStrategy() = default;
+
+  [[nodiscard]] virtual Mode mode() const noexcept = 0;
+
+  // Runs this rank's part of the window (collective) and commits it on this rank once every
+  // rank has accepted: fills the report's entries, bytes, density and the gate, exchange and
+  // apply seconds. A window commits entirely or throws leaving the state unchanged. The engine
+  // advances the window counter afterwards.
+  virtual void run(const AttachedGroup& group, WindowReport& report) = 0;
+
+  // Mode ddp: replaces every gradient by its average over the ranks (collective). The other
+  // modes refuse.
+  virtual void average_gradients(const AttachedGroup& group, std::span<const TensorView> gradients);
+
+  // True when the window's exchanges run during the inner steps (ddp): the engine adds them to
+  // the window's total time.
+  [[nodiscard]] virtual bool exchanges_during_steps() const noexcept { return false; }
+};
+
+// The strategy of options.mode over `state`.
+[[nodiscard]] std::unique_ptr<WindowStrategy> make_window_strategy(ReplicatedState& state,
+                                                                   const EngineOptions& options,
+                                                                   ThreadPool& pool);
+
+// --- shared by the strategies ------------------------------------------------------------------
+
+using SteadyClock = std::chrono::steady_clock;
+
+[[nodiscard]] inline double seconds_since(SteadyClock::time_point start) {
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+// NonFiniteError for element `offset` of `chunk`: the local model diverged, nothing was sent.
+[[noreturn]] void throw_non_finite(const ReplicatedState& state, int rank, const ChunkRef& chunk,
+                                   std::uint64_t offset);
+
+// Dense all-reduce staging for one bucket (diloco, ddp).
+struct BucketScratch {
+  std::vector<float> input;
+  std::vector<float> output;
+};
+
+// The commit vote: every rank says whether it accepted every message of the window; the window
+// commits only when all did. Rethrows `local_error` (this rank's reason to reject) once the
+// others know; throws ProtocolError naming the ranks that rejected.
+void agree_to_commit(const AttachedGroup& group, bool accepted,
+                     const std::exception_ptr& local_error);
+
+// entries_sent / parameters (0 for an empty model).
+[[nodiscard]] double density_of(const WindowReport& report);
+
+}  // namespace pulseloco::engine_detail
