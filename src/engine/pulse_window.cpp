@@ -11,6 +11,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/trace.h>
 
 namespace pulseloco::engine_detail {
 
@@ -18,6 +19,9 @@ void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   group.reached(WindowPhase::gate, state_.window());
   auto phase = SteadyClock::now();
   const OutgoingMessage message = gate_and_encode(group.rank());
+  if (!options_.trace_dir.empty()) {
+    write_trace_message(options_, group.rank(), message.window, message.bytes);
+  }
   report.seconds.gate = seconds_since(phase);
   report.entries_sent = message.entries;
   report.payload_bytes = message.bytes.size();

@@ -26,6 +26,11 @@ std::filesystem::path trace_file(const std::filesystem::path& dir, std::uint64_t
          fmt::format("rank-{:05}.{}.safetensors", rank, inputs ? "in" : "out");
 }
 
+std::filesystem::path trace_message_file(const std::filesystem::path& dir, std::uint64_t window,
+                                         int rank) {
+  return trace_window_dir(dir, window) / fmt::format("rank-{:05}.message", rank);
+}
+
 const std::string& require(const io::Metadata& metadata, const std::string& key,
                            const std::filesystem::path& file) {
   const auto it = metadata.find(key);

@@ -29,6 +29,9 @@ inline constexpr std::string_view kLocal = "local.";        // θ_l, the model's
                                                      std::uint64_t window);
 [[nodiscard]] std::filesystem::path trace_file(const std::filesystem::path& dir,
                                                std::uint64_t window, int rank, bool inputs);
+// The encoded message this rank sent in a traced window (`pulseloco inspect` reads it).
+[[nodiscard]] std::filesystem::path trace_message_file(const std::filesystem::path& dir,
+                                                       std::uint64_t window, int rank);
 
 // Metadata helpers: every value is a string in safetensors.
 [[nodiscard]] const std::string& require(const io::Metadata& metadata, const std::string& key,

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -78,6 +79,32 @@ void write_trace_inputs(const ReplicatedState& state, const EngineOptions& optio
   write_state_file(state, group.rank(),
                    state_files::trace_file(options.trace_dir, state.window(), group.rank(), true),
                    trace_metadata(state, options, group, "inputs"));
+}
+
+void write_trace_message(const EngineOptions& options, int rank, std::uint64_t window,
+                         std::span<const std::byte> message) {
+  const std::filesystem::path path =
+      state_files::trace_message_file(options.trace_dir, window, rank);
+  std::filesystem::path partial = path;
+  partial += ".partial";
+  std::error_code error;
+  std::filesystem::create_directories(path.parent_path(), error);
+  {
+    std::ofstream file(partial, std::ios::binary | std::ios::trunc);
+    file.write(reinterpret_cast<const char*>(message.data()),
+               static_cast<std::streamsize>(message.size()));
+    file.close();
+    if (error || !file) {
+      throw IoError(fmt::format("cannot write the traced message {}", partial.string()),
+                    {.rank = rank});
+    }
+  }
+  std::filesystem::rename(partial, path, error);
+  if (error) {
+    throw IoError(
+        fmt::format("cannot rename {} to {}: {}", partial.string(), path.string(), error.message()),
+        {.rank = rank});
+  }
 }
 
 void write_trace_outputs(const ReplicatedState& state, const EngineOptions& options,

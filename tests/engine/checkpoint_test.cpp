@@ -1,12 +1,17 @@
 // Checkpoint/resume continues bit-identically; damaged checkpoints are refused without changing
 // anything; window traces replay bit-identically and a tampered trace is caught.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <span>
+#include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/codec/message.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/replay.h>
 #include <pulseloco/io/safetensors.h>
@@ -235,6 +240,22 @@ TEST(Trace, EveryTracedWindowReplaysBitIdenticallyAndTamperingIsCaught) {
     run.window(w);
 
   EXPECT_EQ(traced_windows(dir), (std::vector<std::uint64_t>{0, 1, 2}));
+  // Every rank's message of every window, whole, as it went on the wire.
+  for (std::uint64_t w : traced_windows(dir)) {
+    for (int r = 0; r < kWorld; ++r) {
+      const fs::path file =
+          dir / fmt::format("window-{:06}", w) / fmt::format("rank-{:05}.message", r);
+      std::ifstream in(file, std::ios::binary);
+      ASSERT_TRUE(in) << file;
+      const std::vector<char> chars((std::istreambuf_iterator<char>(in)),
+                                    std::istreambuf_iterator<char>());
+      const auto bytes = std::as_bytes(std::span(chars));
+      const codec::MessageView message = codec::MessageView::parse(bytes);
+      EXPECT_EQ(message.header().window, w);
+      EXPECT_EQ(message.header().sender_rank, static_cast<std::uint32_t>(r));
+      EXPECT_FALSE(fs::exists(file.string() + ".partial"));
+    }
+  }
   for (std::uint64_t w : traced_windows(dir)) {
     const ReplayResult result = replay_window(dir, w);
     EXPECT_TRUE(result.identical()) << "window " << w;

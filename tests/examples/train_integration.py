@@ -160,7 +160,18 @@ def test_resume(args):
               f"the resumed run reports windows {[w['window'] for w in second['windows']]}")
 
     check_files_with_safetensors(full, ranks)
+    check_inspect(args, full / "trace")
     check_replay(args, full / "trace")
+
+
+def check_inspect(args, trace):
+    """`pulseloco inspect` reads the message a traced rank sent and verifies every frame."""
+    message = trace / "window-000002" / "rank-00001.message"
+    result = run([args.pulseloco, "inspect", "--json", str(message)], timeout=args.timeout)
+    check(result.returncode == 0, f"pulseloco inspect {message} exited {result.returncode}")
+    header = json.loads(result.stdout)["header"]
+    check(header["window"] == 2 and header["sender_rank"] == 1,
+          f"pulseloco inspect: unexpected header {header}")
 
 
 def check_replay(args, trace):
