@@ -56,10 +56,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -70,15 +68,13 @@
 #include <pulseloco/elastic/membership_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/listener.h>
+#include <pulseloco/transport/tcp/server_outcome.h>
 
 namespace pulseloco::elastic {
 namespace {
 
 namespace asio = boost::asio;
 namespace tcp = transport::tcp;
-using tcp::Socket;
-using transport::Clock;
-using transport::PeerAddress;
 
 // A worker that does not take a reply of a few bytes within this long is treated as lost.
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
@@ -113,11 +109,11 @@ struct Coordinator::Impl {
   enum class Standing : std::uint8_t { idle, waiting, member, asked, left, lost, removed };
 
   struct Connection {
-    explicit Connection(std::shared_ptr<Socket> accepted) : socket(std::move(accepted)) {}
-    const std::shared_ptr<Socket> socket;
+    explicit Connection(std::shared_ptr<tcp::Socket> accepted) : socket(std::move(accepted)) {}
+    const std::shared_ptr<tcp::Socket> socket;
     std::string from;  // remote address, for the log
     std::string worker_id;
-    PeerAddress data_address;
+    transport::PeerAddress data_address;
     bool registered = false;
     bool closed = false;           // on_closed ran: no longer part of anything
     bool request_pending = false;  // a request is unanswered (next_group)
@@ -158,27 +154,16 @@ struct Coordinator::Impl {
   std::atomic<std::uint64_t> current_generation{0};
   std::atomic<int> refused{0};
   std::atomic<int> waiting{0};
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool done = false;
-  std::exception_ptr failure;
+  tcp::ServerOutcome outcome;
 
   // ---------------------------------------------------------------------------------------------
   // Connections and messages
 
-  void complete(std::exception_ptr error) {
-    {
-      const std::lock_guard lock(mutex);
-      if (done) return;
-      done = true;
-      failure = std::move(error);
-    }
-    changed.notify_all();
-  }
+  void complete(std::exception_ptr error) { outcome.complete(std::move(error)); }
 
   static void close_socket(Connection& connection) {
     boost::system::error_code ignored;
-    connection.socket->shutdown(Socket::shutdown_both, ignored);
+    connection.socket->shutdown(tcp::Socket::shutdown_both, ignored);
     connection.socket->close(ignored);
   }
 
@@ -205,7 +190,7 @@ struct Coordinator::Impl {
       connection->outbox.pop_front();
       boost::system::error_code error;
       {
-        tcp::Watchdog watchdog(io.get_executor(), Clock::now() + kWriteTimeout,
+        tcp::Watchdog watchdog(io.get_executor(), transport::Clock::now() + kWriteTimeout,
                                [connection] { close_socket(*connection); });
         co_await asio::async_write(*connection->socket, asio::buffer(frame),
                                    asio::redirect_error(asio::use_awaitable, error));
@@ -367,7 +352,8 @@ struct Coordinator::Impl {
       data_host = remote.address().to_string();
     }
     connection->worker_id = worker_id;
-    connection->data_address = PeerAddress{data_host, static_cast<std::uint16_t>(data_port)};
+    connection->data_address =
+        transport::PeerAddress{data_host, static_cast<std::uint16_t>(data_port)};
     connection->registered = true;
     logger().info("membership coordinator: worker {} registered from {} (data address {})",
                   worker_id, connection->from, to_string(connection->data_address));
@@ -772,9 +758,7 @@ std::uint64_t Coordinator::generation() const {
 }
 
 void Coordinator::wait() {
-  std::unique_lock lock(impl_->mutex);
-  impl_->changed.wait(lock, [&] { return impl_->done; });
-  if (impl_->failure) std::rethrow_exception(impl_->failure);
+  impl_->outcome.wait();
 }
 
 int Coordinator::refused_connections() const noexcept {

@@ -27,7 +27,6 @@ namespace {
 
 namespace asio = boost::asio;
 namespace tcp = transport::tcp;
-using tcp::Socket;
 using transport::Clock;
 using transport::Deadline;
 using transport::GroupId;
@@ -126,7 +125,7 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
                                      "within {} ms (last problem: {})",
                                      server, elapsed_ms(options.connect_timeout), last_problem),
                          context);
-    auto socket = std::make_shared<Socket>(io);
+    auto socket = std::make_shared<tcp::Socket>(io);
     boost::system::error_code error;
     try {
       const auto endpoint = tcp::resolve_endpoint(io, options.master_addr, options.master_port);

@@ -5,8 +5,6 @@
 #include <openssl/rand.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -17,28 +15,26 @@
 #include <pulseloco/group/rendezvous_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/listener.h>
+#include <pulseloco/transport/tcp/server_outcome.h>
 
 namespace pulseloco::group {
 namespace {
 
 namespace asio = boost::asio;
 namespace tcp = transport::tcp;
-using tcp::Socket;
-using transport::Clock;
-using transport::Deadline;
-using transport::PeerAddress;
 
 }  // namespace
 
 struct RendezvousServer::Impl {
   struct Member {
-    std::shared_ptr<Socket> socket;
-    PeerAddress address;
+    std::shared_ptr<tcp::Socket> socket;
+    transport::PeerAddress address;
     bool claimed = false;
     bool registered = false;
   };
 
-  Impl(const std::string& host, std::uint16_t port, int world, std::string key, Deadline until)
+  Impl(const std::string& host, std::uint16_t port, int world, std::string key,
+       transport::Deadline until)
       : listener(io, io.get_executor(), "rendezvous server", host, port),
         timer(io),
         world_size(world),
@@ -52,29 +48,19 @@ struct RendezvousServer::Impl {
   asio::steady_timer timer;
   const int world_size;
   const std::string secret;
-  const Deadline deadline;
+  const transport::Deadline deadline;
   std::vector<Member> members;  // touched only on the io thread
   int registered = 0;
   bool finished = false;  // no more registrations (complete or failed)
   std::atomic<int> refused{0};
 
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool done = false;
-  std::exception_ptr failure;
+  tcp::ServerOutcome outcome;
   std::thread thread;
 
-  void complete(std::exception_ptr error) {
-    {
-      const std::lock_guard lock(mutex);
-      done = true;
-      failure = std::move(error);
-    }
-    changed.notify_all();
-  }
+  void complete(std::exception_ptr error) { outcome.complete(std::move(error)); }
 
   asio::awaitable<void> serve(tcp::PendingConnection connection) {
-    const std::shared_ptr<Socket> socket = connection.socket();
+    const std::shared_ptr<tcp::Socket> socket = connection.socket();
     const std::string from = tcp::remote_description(*socket);
     int claimed = -1;
     try {
@@ -104,7 +90,7 @@ struct RendezvousServer::Impl {
       std::array<std::byte, kRegistrationHeadBytes> head_bytes{};
       co_await asio::async_read(*socket, asio::buffer(head_bytes), asio::use_awaitable);
       const RegistrationHead head = decode_registration_head(head_bytes);
-      PeerAddress address;
+      transport::PeerAddress address;
       address.port = head.port;
       address.host.resize(head.host_bytes);
       if (!address.host.empty())
@@ -142,7 +128,7 @@ struct RendezvousServer::Impl {
       transport::GroupId group_id{};
       if (RAND_bytes(group_id.data(), static_cast<int>(group_id.size())) != 1)
         throw IoError("OpenSSL RAND_bytes failed to produce a group id");
-      std::vector<PeerAddress> peers;
+      std::vector<transport::PeerAddress> peers;
       for (const auto& member : members)
         peers.push_back(member.address);
       table = encode_table(group_id, peers);
@@ -158,7 +144,7 @@ struct RendezvousServer::Impl {
         logger().warn("rendezvous server: could not send the table to rank {}: {}", rank,
                       error.message());
       boost::system::error_code ignored;
-      members[rank].socket->shutdown(Socket::shutdown_send, ignored);
+      members[rank].socket->shutdown(tcp::Socket::shutdown_send, ignored);
     }
     logger().debug("rendezvous server: sent the table of {} ranks", world_size);
     complete(nullptr);
@@ -179,7 +165,7 @@ struct RendezvousServer::Impl {
       co_await asio::async_write(*member.socket, asio::buffer(reply),
                                  asio::redirect_error(asio::use_awaitable, error));
       boost::system::error_code ignored;
-      member.socket->shutdown(Socket::shutdown_send, ignored);
+      member.socket->shutdown(tcp::Socket::shutdown_send, ignored);
     }
     ErrorContext context;
     context.ranks = missing;
@@ -188,7 +174,7 @@ struct RendezvousServer::Impl {
 };
 
 RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, int world_size,
-                                   std::string secret, Deadline deadline) {
+                                   std::string secret, transport::Deadline deadline) {
   if (world_size < 1)
     throw InvalidArgument(fmt::format("rendezvous server: world size {} < 1", world_size));
   impl_ = std::make_unique<Impl>(host, port, world_size, std::move(secret), deadline);
@@ -216,9 +202,7 @@ std::uint16_t RendezvousServer::port() const noexcept {
 }
 
 void RendezvousServer::wait() {
-  std::unique_lock lock(impl_->mutex);
-  impl_->changed.wait(lock, [&] { return impl_->done; });
-  if (impl_->failure) std::rethrow_exception(impl_->failure);
+  impl_->outcome.wait();
 }
 
 int RendezvousServer::refused_connections() const noexcept {

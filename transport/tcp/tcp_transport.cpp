@@ -42,6 +42,19 @@ class TcpRequest final : public Request {
   std::shared_ptr<Operation> op_;
 };
 
+// An isend or irecv (`call`) of `bytes` with `peer`, which must be a rank of the group.
+std::shared_ptr<Operation> new_operation(const Core& core, std::string_view call, int peer, Tag tag,
+                                         std::size_t bytes) {
+  if (peer < 0 || peer >= core.size_)
+    throw InvalidArgument(fmt::format("{}: peer {} is not in [0, {})", call, peer, core.size_),
+                          ErrorContext{.rank = core.rank_});
+  auto op = std::make_shared<Operation>();
+  op->peer = peer;
+  op->tag = tag;
+  op->bytes = bytes;
+  return op;
+}
+
 std::string what_of(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -447,27 +460,15 @@ std::unique_ptr<Request> TcpTransport::isend(int peer, Tag tag, std::span<const 
 
 std::unique_ptr<Request> TcpTransport::post_send(int peer, Tag tag, std::span<const std::byte> data,
                                                  const Operation* forwarded) {
-  if (peer < 0 || peer >= core_->size_)
-    throw InvalidArgument(fmt::format("isend: peer {} is not in [0, {})", peer, core_->size_),
-                          ErrorContext{.rank = core_->rank_});
-  auto op = std::make_shared<Operation>();
+  auto op = new_operation(*core_, "isend", peer, tag, data.size());
   op->is_send = true;
-  op->peer = peer;
-  op->tag = tag;
-  op->bytes = data.size();
   auto request = std::make_unique<TcpRequest>(core_, op);
   core_->sender_.post(op, data, forwarded);
   return request;
 }
 
 std::unique_ptr<Request> TcpTransport::irecv(int peer, Tag tag, std::span<std::byte> data) {
-  if (peer < 0 || peer >= core_->size_)
-    throw InvalidArgument(fmt::format("irecv: peer {} is not in [0, {})", peer, core_->size_),
-                          ErrorContext{.rank = core_->rank_});
-  auto op = std::make_shared<Operation>();
-  op->peer = peer;
-  op->tag = tag;
-  op->bytes = data.size();
+  auto op = new_operation(*core_, "irecv", peer, tag, data.size());
   op->recv_buffer = data;
   auto request = std::make_unique<TcpRequest>(core_, op);
   core_->receiver_.post(op);
