@@ -50,7 +50,7 @@ struct Peer {
   bool stalled = false;        // lock: an operation with it timed out; closing does not wait
 };
 
-class Core : public std::enable_shared_from_this<Core> {
+class Core {
  public:
   explicit Core(const TcpOptions& options);
   ~Core();
