@@ -1,4 +1,5 @@
-// Small Boost.Asio helpers shared by the TCP transport and the rendezvous (internal header).
+// Small Boost.Asio helpers shared by the TCP transport, the rendezvous (group/) and the elastic
+// coordinator and client (elastic/).
 #pragma once
 
 // Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
