@@ -54,8 +54,9 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/collectives/collectives.h>
-#include <pulseloco/transport/factory.h>
-#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/group/make_transport.h>
+#include <pulseloco/group/rendezvous.h>
+#include <pulseloco/group/rendezvous_server.h>
 #include <pulseloco/transport/tcp/tcp_transport.h>
 
 #if PULSELOCO_BENCH_MPI
@@ -150,8 +151,8 @@ double process_cpu_seconds() {
 class Harness {
  public:
   explicit Harness(const Settings& settings) : settings_(settings) {
-    bool use_mpi = settings.bootstrap == "mpi" ||
-                   (settings.bootstrap == "auto" && transport::launched_by_mpi());
+    bool use_mpi =
+        settings.bootstrap == "mpi" || (settings.bootstrap == "auto" && group::launched_by_mpi());
 #if PULSELOCO_BENCH_MPI
     if (use_mpi) {
       MPI_Init(nullptr, nullptr);
@@ -162,9 +163,9 @@ class Harness {
     if (use_mpi) throw std::runtime_error("this build has no MPI");
 #endif
     if (!transport_) {
-      transport::TransportOptions options = transport::from_environment();
-      if (settings.connections > 0) options.connections_per_peer = settings.connections;
-      transport_ = transport::make_transport(options);
+      group::TransportOptions options = group::from_environment();
+      if (settings.connections > 0) options.tcp.connections_per_peer = settings.connections;
+      transport_ = group::make_transport(options);
     }
     options_.timeout = std::chrono::milliseconds(settings.timeout_ms);
     options_.algorithm = parse_algorithm(settings.algorithm);
@@ -309,25 +310,26 @@ class Harness {
     int size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    transport::TransportOptions options = transport::from_environment();
+    group::TransportOptions options = group::from_environment();
     options.backend = transport::Backend::tcp;
-    options.rendezvous = transport::RendezvousMethod::environment;
+    options.rendezvous = group::RendezvousMethod::environment;
     options.rank = rank;
     options.world_size = size;
     options.master_addr = "127.0.0.1";
-    options.listen_addr = "127.0.0.1";
+    options.tcp.listen_addr = "127.0.0.1";
     options.external_rendezvous_server = true;
-    if (settings_.connections > 0) options.connections_per_peer = settings_.connections;
-    std::unique_ptr<transport::RendezvousServer> server;
+    if (settings_.connections > 0) options.tcp.connections_per_peer = settings_.connections;
+    std::unique_ptr<group::RendezvousServer> server;
     int port = 0;
     if (rank == 0) {
-      server = std::make_unique<transport::RendezvousServer>(
-          "127.0.0.1", 0, size, options.secret, transport::deadline_after(options.connect_timeout));
+      server = std::make_unique<group::RendezvousServer>(
+          "127.0.0.1", 0, size, options.tcp.secret,
+          transport::deadline_after(options.connect_timeout));
       port = server->port();
     }
     MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
     options.master_port = static_cast<std::uint16_t>(port);
-    auto t = transport::make_transport(options);
+    auto t = group::make_transport(options);
     if (server) server->wait();
     return t;
   }

@@ -41,7 +41,7 @@
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
-#include <pulseloco/transport/factory.h>
+#include <pulseloco/group/make_transport.h>
 #include "bench_random.h"
 
 namespace {
@@ -177,10 +177,10 @@ std::uint64_t s_to_ns(double seconds) {
 // One window of `mode` at `rate`; rank 0 returns the record.
 nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
                        double density, std::uint16_t port, ThreadPool& pool) {
-  transport::TransportOptions topt = transport::from_environment();
+  group::TransportOptions topt = group::from_environment();
   topt.master_port = port;
   topt.connect_timeout = std::chrono::seconds(s.timeout_s);
-  auto transport = transport::make_transport(topt);
+  auto transport = group::make_transport(topt);
   const int rank = transport->rank();
   const int world = transport->size();
   if (rank == 0) run_hook(s, "off");  // build the state over unshaped links

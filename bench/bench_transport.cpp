@@ -24,14 +24,16 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
-#include <pulseloco/transport/factory.h>
-#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/group/make_transport.h>
+#include <pulseloco/group/rendezvous.h>
+#include <pulseloco/group/rendezvous_server.h>
 #include <pulseloco/transport/tcp/tcp_transport.h>
 
 namespace {
 
 using namespace pulseloco;
 using namespace pulseloco::transport;
+using namespace pulseloco::group;
 
 struct Config {
   std::string backend = "tcp";
@@ -152,7 +154,7 @@ int main(int argc, char** argv) {
   try {
     TransportOptions options = from_environment();
     options.backend = *parse_backend(config.backend);
-    if (config.connections > 0) options.connections_per_peer = config.connections;
+    if (config.connections > 0) options.tcp.connections_per_peer = config.connections;
     const bool separate_processes =
         launched_by_mpi() || !options.master_addr.empty() || !options.peers.empty();
     if (separate_processes) {
@@ -166,7 +168,7 @@ int main(int argc, char** argv) {
     }
     if (options.backend != Backend::tcp)
       throw InvalidArgument("without mpirun or a rendezvous only --backend tcp can run here");
-    RendezvousServer server("127.0.0.1", 0, 2, options.secret,
+    RendezvousServer server("127.0.0.1", 0, 2, options.tcp.secret,
                             deadline_after(options.connect_timeout));
     std::vector<std::unique_ptr<TcpTransport>> group(2);
     std::vector<Result> results;
@@ -182,7 +184,7 @@ int main(int argc, char** argv) {
           mine.master_addr = "127.0.0.1";
           mine.master_port = server.port();
           mine.external_rendezvous_server = true;
-          auto transport = std::make_unique<TcpTransport>(mine);
+          auto transport = make_tcp_transport(mine);
           auto measured = measure(*transport, config);
           if (rank == 0) results = std::move(measured);
         } catch (...) {

@@ -11,8 +11,10 @@ set(PULSELOCO_HEADER_FOLDERS
   codec=src/codec
   io=src/io
   transport=transport
+  group=src/group
   collectives=collectives
   engine=src/engine
+  elastic=src/elastic
   adapters=src/adapters
   cli=src/cli)
 

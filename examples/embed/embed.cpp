@@ -31,7 +31,7 @@ int main() try {
 
   // pulseloco: join the group (mpirun or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) and wrap the
   // parameters. Rank 0's weights are broadcast to every worker here.
-  auto transport = pulseloco::transport::make_transport(pulseloco::transport::from_environment());
+  auto transport = pulseloco::group::make_transport(pulseloco::group::from_environment());
   const int rank = transport->rank();
   pulseloco::EngineOptions options;
   options.steps_per_window = 4;  // H

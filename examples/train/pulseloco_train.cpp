@@ -26,12 +26,11 @@
 
 #include <pulseloco/adapters/torch/synchronizer.h>
 #include <pulseloco/base/errors.h>
-#include <pulseloco/base/log.h>
 #include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
-#include <pulseloco/transport/factory.h>
+#include <pulseloco/group/make_transport.h>
 #include "model.h"
 #include "pretrain.h"
 #include "task.h"
@@ -138,7 +137,7 @@ int run_local_workers(int workers, int argc, char** argv) {
 // --- one worker ------------------------------------------------------------------------------
 
 std::unique_ptr<transport::Transport> connect(const Settings& settings) {
-  transport::TransportOptions options = transport::from_environment();
+  group::TransportOptions options = group::from_environment();
   if (settings.transport != "auto") {
     const auto backend = transport::parse_backend(settings.transport);
     if (!backend) throw InvalidArgument("--transport must be auto, tcp or mpi");
@@ -146,7 +145,7 @@ std::unique_ptr<transport::Transport> connect(const Settings& settings) {
   } else if (std::getenv("PULSELOCO_TRANSPORT") == nullptr) {
     options.backend = transport::Backend::tcp;  // commodity-internet default, also under mpirun
   }
-  return transport::make_transport(options);
+  return group::make_transport(options);
 }
 
 struct WindowRow {
@@ -206,7 +205,6 @@ int run_worker(const Settings& settings) {
   auto transport = connect(settings);
   const int rank = transport->rank();
   const int world = transport->size();
-  set_log_rank(rank);
   torch::set_num_threads(settings.threads);
 
   const example::ModelConfig config;

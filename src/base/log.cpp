@@ -48,9 +48,46 @@ spdlog::logger& logger() {
   return *instance;
 }
 
-void set_log_rank(int rank) {
+namespace {
+
+struct RankTag {
+  std::mutex mutex;
+  std::optional<int> rank;
+  bool chosen_by_program = false;
+};
+
+RankTag& rank_tag() {
+  static RankTag tag;
+  return tag;
+}
+
+// Under the tag's mutex.
+void apply_rank_tag(RankTag& tag, int rank) {
+  tag.rank = rank;
   logger().set_pattern(
       fmt::format("[%Y-%m-%d %H:%M:%S.%e] [pulseloco] [rank {}] [%^%l%$] %v", rank));
+}
+
+}  // namespace
+
+void set_log_rank(int rank) {
+  RankTag& tag = rank_tag();
+  const std::lock_guard lock(tag.mutex);
+  tag.chosen_by_program = true;
+  apply_rank_tag(tag, rank);
+}
+
+void tag_log_with_group_rank(int rank) {
+  RankTag& tag = rank_tag();
+  const std::lock_guard lock(tag.mutex);
+  if (tag.chosen_by_program || tag.rank == rank) return;
+  apply_rank_tag(tag, rank);
+}
+
+std::optional<int> log_rank() {
+  RankTag& tag = rank_tag();
+  const std::lock_guard lock(tag.mutex);
+  return tag.rank;
 }
 
 }  // namespace pulseloco

@@ -15,7 +15,16 @@ namespace pulseloco {
 // Parses a level name; nullopt when it is not one of spdlog's names.
 [[nodiscard]] std::optional<spdlog::level::level_enum> parse_log_level(std::string_view name);
 
-// Prefixes every following log line with "[rank N]" (call once the rank is known).
+// The rank tag: every log line after it names the process's rank ("[rank N]").
+//
+// Group formation (group::make_transport) sets it to this process's rank in the group each
+// time a group forms. A program that calls set_log_rank() chooses the tag itself: group
+// formation leaves it alone from then on.
 void set_log_rank(int rank);
+// What group formation calls once a group has formed: tags the log lines with `rank` unless the
+// program called set_log_rank().
+void tag_log_with_group_rank(int rank);
+// The rank the log lines name; nullopt while they name none.
+[[nodiscard]] std::optional<int> log_rank();
 
 }  // namespace pulseloco

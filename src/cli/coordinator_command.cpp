@@ -1,4 +1,4 @@
-// `pulseloco coordinator`: runs the elastic-membership coordinator (transport/membership.h) that
+// `pulseloco coordinator`: runs the elastic-membership coordinator (elastic/coordinator.h) that
 // workers of an elastic run register with. It prints "coordinator listening on HOST:PORT" once
 // it accepts connections, and runs until the run is over: exit status 0 when every member of
 // the last generation has left, 1 (with the reason) when the run stopped because the group fell
@@ -14,8 +14,8 @@
 
 #include <pulseloco/cli/commands.h>
 #include <pulseloco/cli/flag_checks.h>
-#include <pulseloco/transport/factory.h>
-#include <pulseloco/transport/membership.h>
+#include <pulseloco/elastic/coordinator.h>
+#include <pulseloco/group/options.h>
 
 namespace pulseloco::cli {
 
@@ -24,7 +24,7 @@ void add_coordinator_command(CLI::App& app) {
       "coordinator",
       "Run the elastic membership coordinator: forms successive groups of workers, re-forms "
       "them when a worker is lost, admits new workers at window boundaries");
-  auto options = std::make_shared<transport::CoordinatorOptions>();
+  auto options = std::make_shared<elastic::CoordinatorOptions>();
   auto regroup_timeout_ms = std::make_shared<std::int64_t>(options->regroup_timeout.count());
   command->add_option("--host", options->host, "Address to listen on")->capture_default_str();
   command->add_option("--port", options->port, "Port to listen on (0: any free port)")
@@ -56,10 +56,10 @@ void add_coordinator_command(CLI::App& app) {
       ->check(flags::at_least(1))
       ->capture_default_str();
   command->callback([options, regroup_timeout_ms] {
-    transport::CoordinatorOptions run = *options;
+    elastic::CoordinatorOptions run = *options;
     run.regroup_timeout = std::chrono::milliseconds(*regroup_timeout_ms);
-    run.secret = transport::from_environment().secret;
-    transport::Coordinator coordinator(run);
+    run.secret = group::from_environment().tcp.secret;
+    elastic::Coordinator coordinator(run);
     // Scripts and tests wait for this line before starting workers.
     fmt::print("coordinator listening on {}:{}\n", run.host, coordinator.port());
     std::fflush(stdout);

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/group/rendezvous_server.h>
 
 extern char** environ;
 
@@ -217,7 +217,7 @@ class ProcessGroup {
   }
 
  private:
-  transport::RendezvousServer server_;
+  group::RendezvousServer server_;
   Pipe event_;
   Pipe block_;
   std::vector<std::unique_ptr<Worker>> workers_;

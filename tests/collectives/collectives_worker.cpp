@@ -26,11 +26,11 @@
 #include <stdexcept>
 
 #include <pulseloco/base/errors.h>
-#include "collective_reference.h"
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/group/make_transport.h>
+#include <pulseloco/group/rendezvous_server.h>
+#include "collective_reference.h"
 #include "rank_harness.h"
-#include <pulseloco/transport/factory.h>
-#include <pulseloco/transport/rendezvous.h>
 
 #if PULSELOCO_WORKER_MPI
 #include <mpi.h>
@@ -266,32 +266,32 @@ void compare_with_mpi(transport::Transport& t, const Settings& settings) {
 // that the others learn through MPI.
 std::unique_ptr<transport::Transport> connect_through_mpi(const std::string& backend) {
   if (backend == "mpi") {
-    transport::TransportOptions options;
+    group::TransportOptions options;
     options.backend = transport::Backend::mpi;
-    return transport::make_transport(options);
+    return group::make_transport(options);
   }
   int rank = 0;
   int size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  transport::TransportOptions options;
+  group::TransportOptions options;
   options.backend = transport::Backend::tcp;
-  options.rendezvous = transport::RendezvousMethod::environment;
+  options.rendezvous = group::RendezvousMethod::environment;
   options.rank = rank;
   options.world_size = size;
   options.master_addr = "127.0.0.1";
-  options.listen_addr = "127.0.0.1";
+  options.tcp.listen_addr = "127.0.0.1";
   options.external_rendezvous_server = true;
-  std::unique_ptr<transport::RendezvousServer> server;
+  std::unique_ptr<group::RendezvousServer> server;
   int port = 0;
   if (rank == 0) {
-    server = std::make_unique<transport::RendezvousServer>(
+    server = std::make_unique<group::RendezvousServer>(
         "127.0.0.1", 0, size, "", transport::deadline_after(options.connect_timeout));
     port = server->port();
   }
   MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);
   options.master_port = static_cast<std::uint16_t>(port);
-  auto t = transport::make_transport(options);
+  auto t = group::make_transport(options);
   if (server) server->wait();
   return t;
 }
@@ -302,7 +302,7 @@ int run(const Settings& settings) {
 #if PULSELOCO_WORKER_MPI
   if (settings.bootstrap == "mpi") t = connect_through_mpi(settings.transport);
 #endif
-  if (settings.bootstrap == "env") t = transport::make_transport(transport::from_environment());
+  if (settings.bootstrap == "env") t = group::make_transport(group::from_environment());
   if (!t) throw std::invalid_argument("unknown or unavailable --bootstrap " + settings.bootstrap);
   const int rank = t->rank();
   try {

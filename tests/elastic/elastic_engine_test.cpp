@@ -1,7 +1,7 @@
 // ElasticEngine in one process: a Coordinator and several workers on threads, each with its own
 // TCP data plane over loopback. A worker leaving mid-run and a worker joining mid-run; every
 // window's digests agree and the survivors end identical. (Process-level faults: elastic_test.py.)
-#include <pulseloco/engine/elastic.h>
+#include <pulseloco/elastic/elastic_engine.h>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 #include <thread>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/elastic/coordinator.h>
 #include "engine/engine_test_util.h"
-#include <pulseloco/transport/membership.h>
 
 namespace pulseloco {
 namespace {
@@ -35,10 +35,10 @@ ElasticOptions elastic_options(std::uint16_t port, const std::string& worker) {
   ElasticOptions elastic;
   elastic.coordinator = fmt::format("127.0.0.1:{}", port);
   elastic.worker_id = worker;
-  elastic.transport.listen_addr = "127.0.0.1";
-  elastic.transport.connections_per_peer = 1;
+  elastic.transport.tcp.listen_addr = "127.0.0.1";
+  elastic.transport.tcp.connections_per_peer = 1;
   elastic.transport.connect_timeout = std::chrono::milliseconds(20'000);
-  elastic.transport.secret = "elastic-test";
+  elastic.transport.tcp.secret = "elastic-test";
   elastic.admission_timeout = std::chrono::milliseconds(60'000);
   return elastic;
 }
@@ -50,7 +50,7 @@ struct Reports {
   std::map<std::uint64_t, std::vector<WindowReport>> by_window;
   std::map<std::string, Digest> final_digest;
   bool joiner_registered = false;
-  const transport::Coordinator* coordinator = nullptr;  // for wait_for_joiner
+  const elastic::Coordinator* coordinator = nullptr;  // for wait_for_joiner
 
   void add(const WindowReport& report) {
     const std::lock_guard lock(mutex);
@@ -117,12 +117,12 @@ void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
 }
 
 TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
-  transport::Coordinator coordinator({.host = "127.0.0.1",
-                                      .initial_workers = 3,
-                                      .min_workers = 2,
-                                      .join_every_windows = 1,
-                                      .regroup_timeout = std::chrono::milliseconds(15'000),
-                                      .secret = "elastic-test"});
+  elastic::Coordinator coordinator({.host = "127.0.0.1",
+                                    .initial_workers = 3,
+                                    .min_workers = 2,
+                                    .join_every_windows = 1,
+                                    .regroup_timeout = std::chrono::milliseconds(15'000),
+                                    .secret = "elastic-test"});
   const std::uint16_t port = coordinator.port();
   Reports reports;
   reports.coordinator = &coordinator;

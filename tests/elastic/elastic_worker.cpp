@@ -26,7 +26,7 @@
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
-#include <pulseloco/engine/elastic.h>
+#include <pulseloco/elastic/elastic_engine.h>
 #include <pulseloco/engine/report.h>
 
 namespace {
@@ -136,10 +136,10 @@ int main(int argc, char** argv) {
     ElasticOptions elastic;
     elastic.coordinator = coordinator;
     elastic.worker_id = worker;
-    elastic.transport.listen_addr = "127.0.0.1";
-    elastic.transport.connections_per_peer = 1;
+    elastic.transport.tcp.listen_addr = "127.0.0.1";
+    elastic.transport.tcp.connections_per_peer = 1;
     elastic.transport.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
-    elastic.transport = transport::from_environment(elastic.transport);  // PULSELOCO_SECRET
+    elastic.transport = group::from_environment(elastic.transport);  // PULSELOCO_SECRET
     elastic.on_registered = [&] { emit({{"event", "registered"}}); };
 
     Model model(42);  // every worker starts alike; rank 0's weights win anyway

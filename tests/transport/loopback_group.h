@@ -20,8 +20,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <pulseloco/transport/factory.h>
-#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/group/make_transport.h>
+#include <pulseloco/group/rendezvous_server.h>
 #include <pulseloco/transport/tcp/tcp_transport.h>
 
 namespace pulseloco::transport::testing {
@@ -48,31 +48,31 @@ inline void run_parallel(int count, const std::function<void(int rank)>& fn) {
 }
 
 // Options for rank `rank` of a loopback group whose rendezvous server listens on `port`.
-inline TransportOptions loopback_options(TransportOptions base, int rank, int world_size,
-                                         std::uint16_t port) {
+inline group::TransportOptions loopback_options(group::TransportOptions base, int rank,
+                                                int world_size, std::uint16_t port) {
   base.backend = Backend::tcp;
-  base.rendezvous = RendezvousMethod::environment;
+  base.rendezvous = group::RendezvousMethod::environment;
   base.rank = rank;
   base.world_size = world_size;
   base.master_addr = "127.0.0.1";
   base.master_port = port;
   base.external_rendezvous_server = true;
-  base.listen_addr = "127.0.0.1";
+  base.tcp.listen_addr = "127.0.0.1";
   return base;
 }
 
 // `world_size` connected TCP transports, index = rank.
 inline std::vector<std::unique_ptr<TcpTransport>> make_loopback_group(
-    int world_size, const TransportOptions& base = {}) {
-  RendezvousServer server("127.0.0.1", 0, world_size, base.secret,
-                          deadline_after(base.connect_timeout));
-  std::vector<std::unique_ptr<TcpTransport>> group(static_cast<std::size_t>(world_size));
+    int world_size, const group::TransportOptions& base = {}) {
+  group::RendezvousServer server("127.0.0.1", 0, world_size, base.tcp.secret,
+                                 deadline_after(base.connect_timeout));
+  std::vector<std::unique_ptr<TcpTransport>> ranks(static_cast<std::size_t>(world_size));
   run_parallel(world_size, [&](int rank) {
-    group[static_cast<std::size_t>(rank)] =
-        std::make_unique<TcpTransport>(loopback_options(base, rank, world_size, server.port()));
+    ranks[static_cast<std::size_t>(rank)] =
+        group::make_tcp_transport(loopback_options(base, rank, world_size, server.port()));
   });
   server.wait();
-  return group;
+  return ranks;
 }
 
 // A TCP port on 127.0.0.1 that was free a moment ago (the caller must cope with losing a race).
@@ -102,14 +102,14 @@ inline std::vector<std::string> free_peer_list(int count) {
 }
 
 // Options for `rank` of a group joined by the peer-list rendezvous.
-inline TransportOptions peer_list_options(const std::vector<std::string>& peers, int rank,
-                                          std::string secret,
-                                          std::chrono::milliseconds connect_timeout) {
-  TransportOptions options;
-  options.rendezvous = RendezvousMethod::peer_list;
+inline group::TransportOptions peer_list_options(const std::vector<std::string>& peers, int rank,
+                                                 std::string secret,
+                                                 std::chrono::milliseconds connect_timeout) {
+  group::TransportOptions options;
+  options.rendezvous = group::RendezvousMethod::peer_list;
   options.peers = peers;
   options.rank = rank;
-  options.secret = std::move(secret);
+  options.tcp.secret = std::move(secret);
   options.connect_timeout = connect_timeout;
   return options;
 }

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/group/make_transport.h>
 #include "gpu/gpu_test_util.h"
-#include <pulseloco/transport/factory.h>
 #include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
@@ -50,18 +50,18 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-TransportOptions single_rank() {
-  TransportOptions options;
+group::TransportOptions single_rank() {
+  group::TransportOptions options;
   options.backend = Backend::nccl;
   options.world_size = 1;
-  options.nccl_bootstrap = NcclBootstrap::tcp;
+  options.nccl_bootstrap = group::NcclBootstrap::tcp;
   return options;
 }
 
 TEST(NcclTransport, WithoutADeviceCreationFailsClearly) {
   if (kernels::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";
   try {
-    (void)make_transport(single_rank());
+    (void)group::make_transport(single_rank());
     FAIL() << "an NCCL transport cannot exist without a GPU";
   } catch (const IoError& error) {
     EXPECT_NE(std::string(error.what()).find("no CUDA device"), std::string::npos) << error.what();
@@ -70,7 +70,7 @@ TEST(NcclTransport, WithoutADeviceCreationFailsClearly) {
 
 TEST(NcclTransport, SendsToItselfMessagesOfEverySize) {
   PULSELOCO_SKIP_WITHOUT_GPU();
-  auto transport = make_transport(single_rank());
+  auto transport = group::make_transport(single_rank());
   EXPECT_EQ(transport->backend(), "nccl");
   EXPECT_TRUE(transport->buffer_device().is_cuda());
   std::uint64_t total = 0;
@@ -95,14 +95,14 @@ TEST(NcclTransport, SendsToItselfMessagesOfEverySize) {
 
 TEST(NcclTransport, RefusesHostBuffers) {
   PULSELOCO_SKIP_WITHOUT_GPU();
-  auto transport = make_transport(single_rank());
+  auto transport = group::make_transport(single_rank());
   std::vector<std::byte> host(64);
   EXPECT_THROW((void)transport->isend(0, 1, host), InvalidArgument);
 }
 
 TEST(NcclTransport, AReceiveThatNeverMatchesTimesOutAndAbortEndsIt) {
   PULSELOCO_SKIP_WITHOUT_GPU();
-  auto transport = make_transport(single_rank());
+  auto transport = group::make_transport(single_rank());
   DeviceBuffer buffer(1024);
   auto recv = transport->irecv(0, 1, buffer.span());
   EXPECT_THROW(recv->wait(deadline_after(300ms)), TimeoutError);
@@ -120,12 +120,12 @@ TEST(NcclTransport, AReceiveThatNeverMatchesTimesOutAndAbortEndsIt) {
 TEST(NcclTransport, TwoRanksOnTwoDevicesExchange) {
   PULSELOCO_SKIP_WITHOUT_GPU();
   if (kernels::cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  RendezvousServer server("127.0.0.1", 0, 2, "", deadline_after(kTimeout));
+  group::RendezvousServer server("127.0.0.1", 0, 2, "", deadline_after(kTimeout));
   testing::run_parallel(2, [&](int rank) {
     auto options = testing::loopback_options(single_rank(), rank, 2, server.port());
     options.backend = Backend::nccl;
-    options.cuda_device = rank;
-    auto transport = make_transport(options);
+    options.nccl.cuda_device = rank;
+    auto transport = group::make_transport(options);
     ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
     const std::size_t bytes = (std::size_t{16} << 20) + 3 + static_cast<std::size_t>(rank);
     const std::size_t theirs = (std::size_t{16} << 20) + 3 + static_cast<std::size_t>(1 - rank);

@@ -11,14 +11,16 @@
 #include <thread>
 
 #include <pulseloco/base/errors.h>
-#include "transport/loopback_group.h"
+#include <pulseloco/group/rendezvous.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
 namespace {
 
 using namespace std::chrono_literals;
+using group::TransportOptions;
 using testing::make_loopback_group;
 using testing::payload;
 using testing::run_parallel;
@@ -70,14 +72,14 @@ TEST(Hmac, MatchesRfc4231TestCase2) {
 
 TEST(TcpAuth, StrangersWithTheWrongSecretAreRefusedByTheDataListener) {
   TransportOptions options;
-  options.secret = kSecret;
+  options.tcp.secret = kSecret;
   auto group = make_loopback_group(2, options);
   tcp::Hello hello;
   hello.purpose = tcp::Purpose::data;
   hello.src_rank = 0;
   hello.dst_rank = 1;
   hello.world_size = 2;
-  hello.lanes = static_cast<std::uint16_t>(options.connections_per_peer);
+  hello.lanes = static_cast<std::uint16_t>(options.tcp.connections_per_peer);
   hello.group_id = group[1]->group_id();
   const std::string problem = intrude(group[1]->listen_port(), hello, "not the secret");
   EXPECT_NE(problem.find("authentication failed"), std::string::npos) << problem;
@@ -96,7 +98,7 @@ TEST(TcpAuth, AStrangerDuringFormationDoesNotKeepTheRealPeerOut) {
     std::exception_ptr rank1_error;
     std::thread starter([&] {
       try {
-        rank1 = std::make_unique<TcpTransport>(options_for(1));
+        rank1 = group::make_tcp_transport(options_for(1));
       } catch (...) {
         rank1_error = std::current_exception();
       }
@@ -128,7 +130,7 @@ TEST(TcpAuth, AStrangerDuringFormationDoesNotKeepTheRealPeerOut) {
     // Now the real rank 0 arrives, and the group forms.
     std::unique_ptr<TcpTransport> rank0;
     try {
-      rank0 = std::make_unique<TcpTransport>(options_for(0));
+      rank0 = group::make_tcp_transport(options_for(0));
     } catch (const IoError&) {
       starter.join();
       if (attempt < 3) continue;  // rank 0's port was taken meanwhile
@@ -147,14 +149,14 @@ TEST(TcpAuth, AStrangerDuringFormationDoesNotKeepTheRealPeerOut) {
 
 TEST(TcpAuth, AuthenticatedButUnwantedConnectionsAreRefusedWithAReason) {
   TransportOptions options;
-  options.secret = kSecret;
+  options.tcp.secret = kSecret;
   auto group = make_loopback_group(2, options);
   tcp::Hello hello;
   hello.purpose = tcp::Purpose::data;
   hello.src_rank = 0;
   hello.dst_rank = 1;
   hello.world_size = 2;
-  hello.lanes = static_cast<std::uint16_t>(options.connections_per_peer);
+  hello.lanes = static_cast<std::uint16_t>(options.tcp.connections_per_peer);
   // A connection that already exists.
   hello.group_id = group[1]->group_id();
   EXPECT_NE(intrude(group[1]->listen_port(), hello, kSecret).find("already exists"),
@@ -169,7 +171,7 @@ TEST(TcpAuth, AuthenticatedButUnwantedConnectionsAreRefusedWithAReason) {
 
 TEST(TcpAuth, GarbageIsDroppedWithoutDisturbingTheGroup) {
   TransportOptions options;
-  options.secret = kSecret;
+  options.tcp.secret = kSecret;
   auto group = make_loopback_group(2, options);
   asio::io_context io;
   tcp::Socket socket(io);
@@ -185,26 +187,26 @@ TEST(TcpAuth, GarbageIsDroppedWithoutDisturbingTheGroup) {
 }
 
 TEST(TcpAuth, TheRendezvousServerRefusesAWrongSecretAndCarriesOn) {
-  RendezvousServer server("127.0.0.1", 0, 2, kSecret, deadline_after(kTimeout));
+  group::RendezvousServer server("127.0.0.1", 0, 2, kSecret, deadline_after(kTimeout));
   TransportOptions intruder = testing::loopback_options({}, 0, 2, server.port());
-  intruder.secret = "guessed";
+  intruder.tcp.secret = "guessed";
   intruder.connect_timeout = 10s;
   try {
-    (void)environment_rendezvous(intruder, 4242);
+    (void)group::environment_rendezvous(intruder, 4242);
     FAIL() << "a wrong secret must not register";
   } catch (const ProtocolError& error) {
     EXPECT_NE(std::string(error.what()).find("authentication failed"), std::string::npos)
         << error.what();
   }
-  std::vector<std::unique_ptr<TcpTransport>> group(2);
+  std::vector<std::unique_ptr<TcpTransport>> ranks(2);
   run_parallel(2, [&](int rank) {
     TransportOptions options = testing::loopback_options({}, rank, 2, server.port());
-    options.secret = kSecret;
-    group[static_cast<std::size_t>(rank)] = std::make_unique<TcpTransport>(options);
+    options.tcp.secret = kSecret;
+    ranks[static_cast<std::size_t>(rank)] = group::make_tcp_transport(options);
   });
   server.wait();
   EXPECT_EQ(server.refused_connections(), 1);
-  expect_group_works(group);
+  expect_group_works(ranks);
 }
 
 TEST(TcpAuth, RanksWithDifferentSecretsDoNotConnect) {
@@ -215,7 +217,7 @@ TEST(TcpAuth, RanksWithDifferentSecretsDoNotConnect) {
     bool port_taken = false;
     run_parallel(2, [&](int rank) {
       try {
-        TcpTransport transport(
+        const auto transport = group::make_tcp_transport(
             testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s));
       } catch (const IoError&) {
         port_taken = true;  // the free port was taken meanwhile: try again

@@ -7,19 +7,21 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <thread>
 
 #include <pulseloco/base/errors.h>
-#include "transport/loopback_group.h"
 #include <pulseloco/transport/tcp/frame.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
 namespace {
 
 using namespace std::chrono_literals;
+using group::TransportOptions;
 using testing::make_loopback_group;
 using testing::payload;
 using testing::run_parallel;
@@ -79,13 +81,14 @@ TEST_P(WorldSize, EveryPairExchangesDistinctMessagesOfEverySize) {
   exchange_all_pairs(group, 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Loopback, WorldSize, ::testing::Values(1, 2, 3, 4, 7));
+INSTANTIATE_TEST_SUITE_P(Loopback, WorldSize, ::testing::Values(1, 2, 3, 4, 7),
+                         [](const auto& param_info) { return std::to_string(param_info.param); });
 
 // The default polls before sleeping (busy_poll); without it every wait sleeps at once. Both must
 // deliver the same.
 TEST(TcpTransport, WithoutBusyPollingEveryPairExchanges) {
   TransportOptions options;
-  options.busy_poll = std::chrono::microseconds(0);
+  options.tcp.busy_poll = std::chrono::microseconds(0);
   auto group = make_loopback_group(4, options);
   exchange_all_pairs(group, 3);
 }
@@ -110,10 +113,10 @@ TEST(TcpTransport, ASendNobodyWaitsForGoesOutAfterTheCallerLeft) {
 
 TEST(TcpTransport, SeveralIoThreadsPerTransport) {
   TransportOptions options;
-  options.io_threads = 3;
-  options.connections_per_peer = 3;
-  options.stripe_threshold_bytes = 64 * 1024;
-  options.stripe_chunk_bytes = 64 * 1024;
+  options.tcp.io_threads = 3;
+  options.tcp.connections_per_peer = 3;
+  options.tcp.stripe_threshold_bytes = 64 * 1024;
+  options.tcp.stripe_chunk_bytes = 64 * 1024;
   auto group = make_loopback_group(4, options);
   exchange_all_pairs(group, 4);
 }
@@ -121,7 +124,7 @@ TEST(TcpTransport, SeveralIoThreadsPerTransport) {
 TEST(TcpTransport, GroupOfOneWithoutRendezvous) {
   TransportOptions options;
   options.world_size = 1;
-  auto transport = make_transport(options);
+  auto transport = group::make_transport(options);
   EXPECT_EQ(transport->size(), 1);
   const auto message = payload(1, 1000);
   std::vector<std::byte> received(1000);
@@ -133,7 +136,7 @@ TEST(TcpTransport, GroupOfOneWithoutRendezvous) {
 
 TEST(TcpTransport, SixtyFourMebibytesStripedOverFourConnections) {
   TransportOptions options;
-  options.connections_per_peer = 4;
+  options.tcp.connections_per_peer = 4;
   auto group = make_loopback_group(3, options);
   constexpr std::size_t kBytes = std::size_t{64} << 20;
   run_parallel(3, [&](int rank) {
@@ -156,8 +159,8 @@ TEST(TcpTransport, SixtyFourMebibytesStripedOverFourConnections) {
                           kBytes + 17 * static_cast<std::size_t>(peer)));
     }
     // The message went as chunks over every connection.
-    const auto plan =
-        tcp::plan_chunks(kBytes, 4, options.stripe_threshold_bytes, options.stripe_chunk_bytes);
+    const auto plan = tcp::plan_chunks(kBytes, 4, options.tcp.stripe_threshold_bytes,
+                                       options.tcp.stripe_chunk_bytes);
     EXPECT_GE(plan.count, 4U);
   });
 }
@@ -234,7 +237,7 @@ TEST(TcpTransport, AFrameWhoseReceiveIsPostedIsCopiedOnlyAtItsEdges) {
   // tail shorter than 16 KiB. (The staging buffer holds 64 KiB; filled whole, it took up to
   // that much of every frame's payload, to be copied out again.)
   TransportOptions options;
-  options.connections_per_peer = 1;
+  options.tcp.connections_per_peer = 1;
   auto group = make_loopback_group(2, options);
   constexpr int kMessages = 64;
   constexpr std::size_t kBytes = std::size_t{256} << 10;  // one frame each: below striping
@@ -264,11 +267,11 @@ TEST(TcpTransport, AFrameWhoseReceiveIsPostedIsCopiedOnlyAtItsEdges) {
 void receive_while_arriving(int connections, std::size_t stripe_threshold, std::size_t stripe_chunk,
                             std::size_t bytes, std::uint64_t seed) {
   TransportOptions options;
-  options.connections_per_peer = connections;
-  options.stripe_threshold_bytes = stripe_threshold;
-  options.stripe_chunk_bytes = stripe_chunk;
-  options.socket_send_buffer_bytes = 64 * 1024;
-  options.socket_receive_buffer_bytes = 64 * 1024;
+  options.tcp.connections_per_peer = connections;
+  options.tcp.stripe_threshold_bytes = stripe_threshold;
+  options.tcp.stripe_chunk_bytes = stripe_chunk;
+  options.tcp.socket_send_buffer_bytes = 64 * 1024;
+  options.tcp.socket_receive_buffer_bytes = 64 * 1024;
   auto group = make_loopback_group(2, options);
   for (int round = 0; round < 3; ++round) {
     const auto message = payload(seed + static_cast<std::uint64_t>(round), bytes);
@@ -295,15 +298,15 @@ TEST(TcpTransport, AReceivePostedWhileAOneFrameMessageArrivesTakesTheRestOfTheFr
   // is read straight into the receive's buffer and only the part that arrived before is copied
   // (the all-gather sends its first step before its receiver knows the size). The copy and the
   // direct part must join up exactly.
-  receive_while_arriving(1, 64U << 20, TransportOptions{}.stripe_chunk_bytes, (16U << 20) + 3, 10);
+  receive_while_arriving(1, 64U << 20, TcpOptions{}.stripe_chunk_bytes, (16U << 20) + 3, 10);
 }
 
 TEST(TcpTransport, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
   TransportOptions options;
-  options.connections_per_peer = 1;
-  options.max_unexpected_bytes = std::size_t{4} << 20;
-  options.socket_send_buffer_bytes = 64 * 1024;
-  options.socket_receive_buffer_bytes = 64 * 1024;
+  options.tcp.connections_per_peer = 1;
+  options.tcp.max_unexpected_bytes = std::size_t{4} << 20;
+  options.tcp.socket_send_buffer_bytes = 64 * 1024;
+  options.tcp.socket_receive_buffer_bytes = 64 * 1024;
   auto group = make_loopback_group(2, options);
   constexpr std::size_t kBytes = std::size_t{4} << 20;
   std::vector<std::vector<std::byte>> messages;
@@ -316,11 +319,11 @@ TEST(TcpTransport, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
   // buffers (about 0.5 MiB) hold a little more, so the last send cannot complete.
   sends[0]->wait(deadline_after(kTimeout));
   EXPECT_THROW(sends[3]->wait(deadline_after(300ms)), TimeoutError);
-  EXPECT_LE(group[1]->unexpected_bytes(), options.max_unexpected_bytes);
+  EXPECT_LE(group[1]->unexpected_bytes(), options.tcp.max_unexpected_bytes);
   for (int i = 0; i < 4; ++i) {
     std::vector<std::byte> got(kBytes);
     group[1]->recv(0, 1, got, deadline_after(kTimeout));
-    EXPECT_LE(group[1]->unexpected_bytes(), options.max_unexpected_bytes);
+    EXPECT_LE(group[1]->unexpected_bytes(), options.tcp.max_unexpected_bytes);
     ASSERT_EQ(got, messages[static_cast<std::size_t>(i)]) << "message " << i;
   }
   for (auto& send : sends)
@@ -428,11 +431,24 @@ TEST(TcpTransport, DestroyingTheTransportFailsItsPendingRequests) {
   EXPECT_THROW(pending->wait(deadline_after(kTimeout)), PeerLostError);
 }
 
+std::string corruption_name(FrameCorruption target) {
+  return target == FrameCorruption::payload ? "payload" : "header";
+}
+
+}  // namespace
+
+// How gtest prints the parameter of the Corruption tests.
+void PrintTo(FrameCorruption target, std::ostream* out) {
+  *out << corruption_name(target);
+}
+
+namespace {
+
 class Corruption : public ::testing::TestWithParam<FrameCorruption> {};
 
 TEST_P(Corruption, IsDetectedAndNamesThePeer) {
   TransportOptions options;
-  options.connections_per_peer = 2;
+  options.tcp.connections_per_peer = 2;
   auto group = make_loopback_group(2, options);
   const auto good = payload(1, 50'000);
   std::vector<std::byte> received(good.size());
@@ -464,14 +480,15 @@ TEST_P(Corruption, IsDetectedAndNamesThePeer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TcpTransport, Corruption,
-                         ::testing::Values(FrameCorruption::payload, FrameCorruption::header));
+                         ::testing::Values(FrameCorruption::payload, FrameCorruption::header),
+                         [](const auto& param_info) { return corruption_name(param_info.param); });
 
 // The checksum-reuse tests send a message striped in several frames over two connections.
 TransportOptions striped_over_two_connections() {
   TransportOptions options;
-  options.connections_per_peer = 2;
-  options.stripe_threshold_bytes = 64 << 10;
-  options.stripe_chunk_bytes = 64 << 10;
+  options.tcp.connections_per_peer = 2;
+  options.tcp.stripe_threshold_bytes = 64 << 10;
+  options.tcp.stripe_chunk_bytes = 64 << 10;
   return options;
 }
 
@@ -527,9 +544,10 @@ TEST(TcpTransport, ForwardingReusesTheChecksumsVerifiedOnArrival) {
   constexpr std::size_t kBytes = (std::size_t{1} << 20) + 5;
   const auto first = payload(11, kBytes);
   const auto second = payload(12, kBytes);
-  ASSERT_GT(
-      tcp::plan_chunks(kBytes, 2, options.stripe_threshold_bytes, options.stripe_chunk_bytes).count,
-      2U);
+  ASSERT_GT(tcp::plan_chunks(kBytes, 2, options.tcp.stripe_threshold_bytes,
+                             options.tcp.stripe_chunk_bytes)
+                .count,
+            2U);
   std::vector<std::byte> at_two(kBytes);
   std::vector<std::byte> at_two_shorter(kBytes - 1);
   Rejection rejection;
@@ -606,9 +624,9 @@ TEST(TcpTransport, SendingTheSameBytesAgainSharesTheChecksumsOfTheEarlierSend) {
 
 TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {
   TransportOptions options;
-  options.connections_per_peer = 3;
-  options.stripe_threshold_bytes = 1 << 16;
-  options.stripe_chunk_bytes = 1 << 16;
+  options.tcp.connections_per_peer = 3;
+  options.tcp.stripe_threshold_bytes = 1 << 16;
+  options.tcp.stripe_chunk_bytes = 1 << 16;
   auto group = make_loopback_group(2, options);
   const std::vector<std::size_t> sizes = {0, 1, 1000, 65536, 65537, 1'000'000};
   std::uint64_t payload_bytes = 0;
@@ -620,9 +638,9 @@ TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {
     group[0]->send(1, i, message, deadline_after(kTimeout));
     recv->wait(deadline_after(kTimeout));
     payload_bytes += sizes[i];
-    frames +=
-        tcp::plan_chunks(sizes[i], 3, options.stripe_threshold_bytes, options.stripe_chunk_bytes)
-            .count;
+    frames += tcp::plan_chunks(sizes[i], 3, options.tcp.stripe_threshold_bytes,
+                               options.tcp.stripe_chunk_bytes)
+                  .count;
   }
   const auto sender = group[0]->stats();
   const auto receiver = group[1]->stats();
@@ -642,9 +660,9 @@ TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {
 
 TEST(TcpTransport, RandomTrafficBetweenFourRanks) {
   TransportOptions options;
-  options.connections_per_peer = 3;
-  options.stripe_threshold_bytes = 32 * 1024;
-  options.stripe_chunk_bytes = 16 * 1024;
+  options.tcp.connections_per_peer = 3;
+  options.tcp.stripe_threshold_bytes = 32 * 1024;
+  options.tcp.stripe_chunk_bytes = 16 * 1024;
   auto group = make_loopback_group(4, options);
   constexpr int kMessages = 150;
   // Message m from s to d has tag (m % 5) and a size drawn from a seeded generator.
@@ -694,7 +712,7 @@ TEST(TcpTransport, PeerListRendezvous) {
     try {
       run_parallel(3, [&](int rank) {
         group[static_cast<std::size_t>(rank)] =
-            make_transport(testing::peer_list_options(peers, rank, "peer-list secret", 20s));
+            group::make_transport(testing::peer_list_options(peers, rank, "peer-list secret", 20s));
       });
     } catch (const IoError& error) {
       if (attempt < 3) continue;  // a port was taken meanwhile
@@ -723,7 +741,7 @@ TEST(TcpTransport, APeerLostWhileTheGroupFormsEndsTheFormationAtOnce) {
     run_parallel(2, [&](int rank) {
       const auto start = std::chrono::steady_clock::now();
       try {
-        TcpTransport transport(
+        const auto transport = group::make_tcp_transport(
             testing::peer_list_options(peers, rank, "formation", rank == 0 ? 20s : 1s));
       } catch (const IoError&) {
         port_taken = true;  // a free port was taken meanwhile: try again
@@ -744,23 +762,23 @@ TEST(TcpTransport, APeerLostWhileTheGroupFormsEndsTheFormationAtOnce) {
 
 TEST(TcpTransport, OptionsAreValidated) {
   TransportOptions options;
-  options.connections_per_peer = 0;
-  EXPECT_THROW(validate(options), InvalidArgument);
+  options.tcp.connections_per_peer = 0;
+  EXPECT_THROW(group::validate(options), InvalidArgument);
   options = {};
-  options.stripe_chunk_bytes = 100;
-  EXPECT_THROW(validate(options), InvalidArgument);
+  options.tcp.stripe_chunk_bytes = 100;
+  EXPECT_THROW(group::validate(options), InvalidArgument);
   options = {};
-  options.busy_poll = std::chrono::microseconds(-1);
-  EXPECT_THROW(validate(options), InvalidArgument);
+  options.tcp.busy_poll = std::chrono::microseconds(-1);
+  EXPECT_THROW(group::validate(options), InvalidArgument);
   options = {};
   options.world_size = 2;
   options.rank = 2;
-  EXPECT_THROW(validate(options), InvalidArgument);
+  EXPECT_THROW(group::validate(options), InvalidArgument);
   options = {};
   options.world_size = 3;
   options.rank = 0;
   // Three ranks but no way to find them.
-  EXPECT_THROW((void)make_transport(options), InvalidArgument);
+  EXPECT_THROW((void)group::make_transport(options), InvalidArgument);
 }
 
 }  // namespace

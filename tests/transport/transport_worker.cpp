@@ -31,7 +31,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
-#include <pulseloco/transport/factory.h>
+#include <pulseloco/group/make_transport.h>
 #include <pulseloco/transport/native_collectives.h>
 
 namespace {
@@ -244,11 +244,10 @@ int main(int argc, char** argv) {
   auto since = std::chrono::steady_clock::now();
   std::unique_ptr<Transport> transport;
   try {
-    TransportOptions options = from_environment();
+    group::TransportOptions options = group::from_environment();
     if (!backend.empty()) options.backend = *parse_backend(backend);
-    transport = make_transport(options);
+    transport = group::make_transport(options);  // tags the log lines with the rank
     Transport& t = *transport;
-    set_log_rank(t.rank());
     report(fmt::format("ready rank={} size={} backend={}", t.rank(), t.size(), t.backend()));
     if (scenario == "join") {
       report("ok joined");

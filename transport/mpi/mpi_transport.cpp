@@ -204,29 +204,19 @@ class MpiRequest final : public Request {
 
 }  // namespace
 
-MpiTransport::MpiTransport(const TransportOptions& options) : state_(std::make_shared<State>()) {
+MpiTransport::MpiTransport(const MpiOptions& options) : state_(std::make_shared<State>()) {
   mpi::ensure_initialized();
   const std::lock_guard lock(mpi::call_mutex());
   mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &state_->comm), "MPI_Comm_dup");
   mpi::check(MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   mpi::check(MPI_Comm_rank(state_->comm, &state_->rank), "MPI_Comm_rank");
   mpi::check(MPI_Comm_size(state_->comm, &state_->size), "MPI_Comm_size");
-  if (options.rank != -1 && options.rank != state_->rank)
-    throw InvalidArgument(
-        fmt::format("mpi transport: the configured rank {} differs from the MPI "
-                    "rank {}",
-                    options.rank, state_->rank));
-  if (options.world_size != -1 && options.world_size != state_->size)
-    throw InvalidArgument(
-        fmt::format("mpi transport: the configured world size {} differs from "
-                    "MPI's {}",
-                    options.world_size, state_->size));
   int* tag_ub = nullptr;
   int found = 0;
   mpi::check(MPI_Comm_get_attr(state_->comm, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr");
   if (found != 0 && tag_ub != nullptr)
     state_->tag_modulus = static_cast<std::uint64_t>(*tag_ub) + 1;
-  state_->part_bytes = options.mpi_part_bytes;
+  state_->part_bytes = options.part_bytes;
 }
 
 MpiTransport::~MpiTransport() {
@@ -307,8 +297,8 @@ void MpiTransport::abort(std::string_view reason) noexcept {
   try {
     const std::lock_guard lock(state_->mutex);
     if (state_->aborted) return;
-    state_->aborted = std::make_exception_ptr(
-        AbortedError(reason, ErrorContext{.rank = state_->rank}));
+    state_->aborted =
+        std::make_exception_ptr(AbortedError(reason, ErrorContext{.rank = state_->rank}));
     logger().warn("mpi transport: rank {} aborting: {}", state_->rank, reason);
     const std::lock_guard call(mpi::call_mutex());
     for (auto& weak : state_->pending) {

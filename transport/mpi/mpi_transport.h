@@ -20,7 +20,7 @@
 
 #include <memory>
 
-#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/mpi/mpi_options.h>
 #include <pulseloco/transport/native_collectives.h>
 #include <pulseloco/transport/transport.h>
 
@@ -28,8 +28,8 @@ namespace pulseloco::transport {
 
 class MpiTransport final : public Transport, public NativeCollectives {
  public:
-  // Joins MPI_COMM_WORLD (its rank and size; options.rank/world_size, when set, must agree).
-  explicit MpiTransport(const TransportOptions& options);
+  // Joins MPI_COMM_WORLD (its rank and size), initialising MPI when needed.
+  explicit MpiTransport(const MpiOptions& options);
   ~MpiTransport() override;
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;

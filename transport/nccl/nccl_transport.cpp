@@ -12,17 +12,11 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
-#include <pulseloco/transport/tcp/tcp_transport.h>
 #include <pulseloco/transport/waiting.h>
-
-#if PULSELOCO_TRANSPORT_MPI
-#include <pulseloco/transport/mpi/mpi_environment.h>
-#endif
 
 namespace pulseloco::transport {
 namespace {
 
-constexpr Tag kBootstrapTag = 0x4E43434C;  // "NCCL"
 // How long destruction lets queued operations finish and the communicator finalise.
 constexpr auto kCloseTimeout = std::chrono::seconds(10);
 
@@ -42,78 +36,6 @@ std::string nccl_problem(ncclResult_t result, ncclComm_t comm) {
 void check_nccl(ncclResult_t result, ncclComm_t comm, std::string_view what) {
   if (result != ncclSuccess && result != ncclInProgress)
     throw IoError(fmt::format("{}: {}", what, nccl_problem(result, comm)));
-}
-
-struct Bootstrap {
-  int rank = 0;
-  int size = 1;
-  ncclUniqueId id{};
-};
-
-Bootstrap bootstrap_over_tcp(const TransportOptions& options) {
-  TransportOptions tcp_options = options;
-  tcp_options.backend = Backend::tcp;
-  tcp_options.connections_per_peer = 1;
-  TcpTransport tcp(tcp_options);
-  Bootstrap result;
-  result.rank = tcp.rank();
-  result.size = tcp.size();
-  auto* raw = reinterpret_cast<std::byte*>(&result.id);
-  const auto deadline = deadline_after(options.connect_timeout);
-  if (result.rank == 0) {
-    check_nccl(ncclGetUniqueId(&result.id), nullptr, "ncclGetUniqueId");
-    std::vector<std::unique_ptr<Request>> sends;
-    for (int peer = 1; peer < result.size; ++peer)
-      sends.push_back(
-          tcp.isend(peer, kBootstrapTag, std::span<const std::byte>(raw, sizeof result.id)));
-    for (auto& send : sends)
-      send->wait(deadline);
-  } else {
-    tcp.recv(0, kBootstrapTag, std::span<std::byte>(raw, sizeof result.id), deadline);
-  }
-  return result;
-}
-
-Bootstrap bootstrap_over_mpi(const TransportOptions& options) {
-#if PULSELOCO_TRANSPORT_MPI
-  mpi::ensure_initialized();
-  Bootstrap result;
-  MPI_Request request = MPI_REQUEST_NULL;
-  {
-    const std::lock_guard lock(mpi::call_mutex());
-    mpi::check(MPI_Comm_rank(MPI_COMM_WORLD, &result.rank), "MPI_Comm_rank");
-    mpi::check(MPI_Comm_size(MPI_COMM_WORLD, &result.size), "MPI_Comm_size");
-    if (result.rank == 0) check_nccl(ncclGetUniqueId(&result.id), nullptr, "ncclGetUniqueId");
-    mpi::check(MPI_Ibcast(&result.id, sizeof result.id, MPI_BYTE, 0, MPI_COMM_WORLD, &request),
-               "MPI_Ibcast (NCCL unique id)");
-  }
-  const auto deadline = deadline_after(options.connect_timeout);
-  const bool done = poll_until(deadline, [&] {
-    int flag = 0;
-    const std::lock_guard lock(mpi::call_mutex());
-    mpi::check(MPI_Test(&request, &flag, MPI_STATUS_IGNORE), "MPI_Test (NCCL unique id)");
-    return flag != 0;
-  });
-  if (!done) {
-    mpi::mark_unclean();
-    throw TimeoutError(fmt::format("nccl transport: the NCCL id did not arrive over MPI within {} "
-                                   "ms",
-                                   options.connect_timeout.count()),
-                       ErrorContext{.rank = result.rank, .peer = 0});
-  }
-  if ((options.rank != -1 && options.rank != result.rank) ||
-      (options.world_size != -1 && options.world_size != result.size))
-    throw InvalidArgument(
-        fmt::format("nccl transport: configured rank {} of {} differs from MPI's "
-                    "rank {} of {}",
-                    options.rank, options.world_size, result.rank, result.size));
-  return result;
-#else
-  (void)options;
-  throw InvalidArgument(
-      "nccl transport: bootstrap over MPI needs MPI support (configure with "
-      "-DPULSELOCO_WITH_MPI=ON) or PULSELOCO_NCCL_BOOTSTRAP=tcp");
-#endif
 }
 
 }  // namespace
@@ -300,7 +222,9 @@ class NcclRequest final : public Request {
 
 }  // namespace
 
-NcclTransport::NcclTransport(const TransportOptions& options) : state_(std::make_shared<State>()) {
+NcclTransport::NcclTransport(const NcclOptions& options, const FormBootstrap& form_bootstrap,
+                             std::chrono::milliseconds timeout)
+    : state_(std::make_shared<State>()) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
     throw IoError("nccl transport: no CUDA device is visible to this process");
@@ -313,38 +237,46 @@ NcclTransport::NcclTransport(const TransportOptions& options) : state_(std::make
   check_cuda(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking),
              "cudaStreamCreateWithFlags");
 
-  NcclBootstrap method = options.nccl_bootstrap;
-  if (method == NcclBootstrap::automatic)
-    method = launched_by_mpi() && PULSELOCO_TRANSPORT_MPI ? NcclBootstrap::mpi : NcclBootstrap::tcp;
-  const Bootstrap boot =
-      method == NcclBootstrap::mpi ? bootstrap_over_mpi(options) : bootstrap_over_tcp(options);
-  state_->rank = boot.rank;
-  state_->size = boot.size;
+  // Rank 0 creates the NCCL id; the bootstrap carries it to the other ranks.
+  ncclUniqueId id{};
+  {
+    const std::unique_ptr<Bootstrap> bootstrap = form_bootstrap();
+    state_->rank = bootstrap->rank();
+    state_->size = bootstrap->size();
+    if (state_->rank == 0) check_nccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId");
+    try {
+      bootstrap->broadcast(0, std::as_writable_bytes(std::span(&id, 1)), deadline_after(timeout));
+    } catch (const TimeoutError&) {
+      throw TimeoutError(
+          fmt::format("nccl transport: the NCCL id did not arrive within {} ms", timeout.count()),
+          ErrorContext{.rank = state_->rank, .peer = 0});
+    }
+  }
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  check_nccl(ncclCommInitRankConfig(&state_->comm, boot.size, boot.id, boot.rank, &config),
+  check_nccl(ncclCommInitRankConfig(&state_->comm, state_->size, id, state_->rank, &config),
              state_->comm, "ncclCommInitRankConfig");
-  const auto deadline = deadline_after(options.connect_timeout);
+  const auto deadline = deadline_after(timeout);
   ncclResult_t status = ncclInProgress;
   const bool ready = poll_until(deadline, [&] {
     check_nccl(ncclCommGetAsyncError(state_->comm, &status), state_->comm, "ncclCommGetAsyncError");
     return status != ncclInProgress;
   });
   if (!ready || status != ncclSuccess) {
-    const std::string problem =
-        ready ? nccl_problem(status, state_->comm)
-              : fmt::format("not ready within {} ms", options.connect_timeout.count());
+    const std::string problem = ready ? nccl_problem(status, state_->comm)
+                                      : fmt::format("not ready within {} ms", timeout.count());
     ncclCommAbort(state_->comm);
     state_->comm = nullptr;
-    const ErrorContext context{.rank = boot.rank};
+    const ErrorContext context{.rank = state_->rank};
     if (!ready)
       throw TimeoutError(
-          fmt::format("nccl transport: communicator of {} ranks {}", boot.size, problem), context);
+          fmt::format("nccl transport: communicator of {} ranks {}", state_->size, problem),
+          context);
     throw IoError(fmt::format("nccl transport: creating the communicator failed: {}", problem),
                   context);
   }
-  logger().debug("nccl transport: rank {} of {} on CUDA device {}", boot.rank, boot.size,
+  logger().debug("nccl transport: rank {} of {} on CUDA device {}", state_->rank, state_->size,
                  state_->device);
 }
 
@@ -459,8 +391,8 @@ void NcclTransport::abort(std::string_view reason) noexcept {
     ncclCommAbort(state_->comm);  // ends the NCCL kernels; buffers are free afterwards
     state_->comm = nullptr;
     state_->failure = nullptr;
-    state_->fail_all_locked(std::make_exception_ptr(
-        AbortedError(reason, ErrorContext{.rank = state_->rank})));
+    state_->fail_all_locked(
+        std::make_exception_ptr(AbortedError(reason, ErrorContext{.rank = state_->rank})));
   } catch (...) {
     // abort() must not throw.
   }

@@ -1,11 +1,12 @@
 // The NCCL backend: ncclSend/ncclRecv between CUDA devices. Message buffers live on the
 // transport's device (buffer_device() is cuda:N).
 //
-//  - Bootstrap: rank 0 creates the NCCL unique id and hands it to the others with MPI_Bcast
-//    (launched by mpirun, MPI built in) or over a TCP transport formed by the usual rendezvous
-//    (environment variables or peer list; one connection per peer, closed after the id is
-//    delivered). The communicator is non-blocking (ncclConfig_t::blocking = 0), so creation,
-//    launches and closing can all be bounded by deadlines.
+//  - Bootstrap: rank 0 creates the NCCL unique id and hands it to the others over the side
+//    channel the group layer gives (bootstrap.h): MPI_Bcast when launched by mpirun with the MPI
+//    backend linked, else a TCP transport formed by the usual rendezvous (environment variables
+//    or peer list; one connection per peer, closed after the id is delivered). The communicator is
+//    non-blocking (ncclConfig_t::blocking = 0), so creation, launches and closing can all be
+//    bounded by deadlines.
 //  - isend/irecv only queue the operation. The first test() or wait() launches everything
 //    queued so far as one ncclGroupStart/ncclGroupEnd group on the transport's stream, so that
 //    the sends and receives of a collective step progress together (NCCL blocks a send until
@@ -22,14 +23,21 @@
 
 #include <memory>
 
-#include <pulseloco/transport/factory.h>
+#include <chrono>
+
+#include <pulseloco/transport/bootstrap.h>
+#include <pulseloco/transport/nccl/nccl_options.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 
 class NcclTransport final : public Transport {
  public:
-  explicit NcclTransport(const TransportOptions& options);
+  // Sets up the device, then calls `form_bootstrap` (the group's side channel) to carry rank 0's
+  // NCCL id to every rank, and creates the communicator; the bootstrap and the creation each
+  // get `timeout`.
+  NcclTransport(const NcclOptions& options, const FormBootstrap& form_bootstrap,
+                std::chrono::milliseconds timeout);
   ~NcclTransport() override;
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;

@@ -39,7 +39,7 @@ bool Watchdog::fired() const noexcept {
   return state_->fired;
 }
 
-void apply_buffer_sizes(Socket& socket, const TransportOptions& options) {
+void apply_buffer_sizes(Socket& socket, const TcpOptions& options) {
   boost::system::error_code ignored;
   if (options.socket_send_buffer_bytes > 0)
     socket.set_option(asio::socket_base::send_buffer_size(options.socket_send_buffer_bytes),
@@ -49,7 +49,7 @@ void apply_buffer_sizes(Socket& socket, const TransportOptions& options) {
                       ignored);
 }
 
-void apply_buffer_sizes(Acceptor& acceptor, const TransportOptions& options) {
+void apply_buffer_sizes(Acceptor& acceptor, const TcpOptions& options) {
   boost::system::error_code ignored;
   // Accepted sockets inherit these; the receive size must be set before the handshake so that
   // TCP negotiates a matching window scale.
@@ -61,7 +61,7 @@ void apply_buffer_sizes(Acceptor& acceptor, const TransportOptions& options) {
                         ignored);
 }
 
-void apply_socket_options(Socket& socket, const TransportOptions& options) {
+void apply_socket_options(Socket& socket, const TcpOptions& options) {
   boost::system::error_code ignored;
   socket.set_option(asio::ip::tcp::no_delay(options.tcp_nodelay), ignored);
   socket.set_option(asio::socket_base::keep_alive(options.keepalive), ignored);

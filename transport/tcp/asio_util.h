@@ -1,4 +1,5 @@
-// Small Boost.Asio helpers shared by the TCP transport and the rendezvous (internal header).
+// Small Boost.Asio helpers shared by the TCP transport, the rendezvous (group/) and the elastic
+// coordinator and client (elastic/).
 #pragma once
 
 // Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.
@@ -11,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include <pulseloco/transport/factory.h>
+#include <pulseloco/transport/tcp/tcp_options.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport::tcp {
@@ -40,9 +41,9 @@ class Watchdog {
 };
 
 // Applies TCP_NODELAY, keepalive and (before connect/listen) the buffer sizes.
-void apply_socket_options(Socket& socket, const TransportOptions& options);
-void apply_buffer_sizes(Socket& socket, const TransportOptions& options);
-void apply_buffer_sizes(Acceptor& acceptor, const TransportOptions& options);
+void apply_socket_options(Socket& socket, const TcpOptions& options);
+void apply_buffer_sizes(Socket& socket, const TcpOptions& options);
+void apply_buffer_sizes(Acceptor& acceptor, const TcpOptions& options);
 
 // "1.2.3.4:5678" of the remote end, or "<unknown>".
 [[nodiscard]] std::string remote_description(const Socket& socket);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
 
 namespace pulseloco::transport::tcp {
@@ -21,61 +22,50 @@ constexpr std::string_view kClientLabel = "pulseloco-client-v1";
 
 enum class VerdictStatus : std::uint8_t { accepted = 0, authentication_failed = 1, refused = 2 };
 
-void put_u16(std::uint8_t* out, std::uint16_t v) {
-  for (int i = 0; i < 2; ++i)
-    out[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-void put_u32(std::uint8_t* out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i)
-    out[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-std::uint16_t get_u16(const std::uint8_t* in) {
-  return static_cast<std::uint16_t>(in[0] | (in[1] << 8));
-}
-std::uint32_t get_u32(const std::uint8_t* in) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i)
-    v = (v << 8) | in[i];
-  return v;
-}
-
 using HelloBytes = std::array<std::uint8_t, kHelloBytes>;
 
 HelloBytes encode_hello(const Hello& hello) {
   HelloBytes out{};
-  std::memcpy(out.data(), kHelloMagic.data(), kHelloMagic.size());
-  out[8] = kHandshakeVersion;
-  out[9] = static_cast<std::uint8_t>(hello.purpose);
-  put_u16(out.data() + 10, 0);
-  put_u32(out.data() + 12, hello.src_rank);
-  put_u32(out.data() + 16, hello.dst_rank);
-  put_u32(out.data() + 20, hello.world_size);
-  put_u16(out.data() + 24, hello.lane);
-  put_u16(out.data() + 26, hello.lanes);
-  std::memcpy(out.data() + 28, hello.group_id.data(), hello.group_id.size());
-  std::memcpy(out.data() + 44, hello.nonce.data(), hello.nonce.size());
-  return out;  // bytes 76..79 stay zero
+  ByteWriter(std::as_writable_bytes(std::span(out)))
+      .put_bytes(kHelloMagic)
+      .put(kHandshakeVersion)
+      .put(hello.purpose)
+      .zeros(2)
+      .put(hello.src_rank)
+      .put(hello.dst_rank)
+      .put(hello.world_size)
+      .put(hello.lane)
+      .put(hello.lanes)
+      .put_bytes(hello.group_id)
+      .put_bytes(hello.nonce)
+      .zeros(4);
+  return out;
 }
 
-Hello decode_hello(const HelloBytes& in) {
-  if (std::memcmp(in.data(), kHelloMagic.data(), kHelloMagic.size()) != 0)
-    throw ProtocolError("not a pulseloco connection (bad handshake magic)");
-  if (in[8] != kHandshakeVersion)
+Hello decode_hello(const HelloBytes& bytes) {
+  ByteReader in(bytes);
+  std::array<std::uint8_t, kHelloMagic.size()> magic{};
+  in.get_bytes(magic, "magic");
+  if (magic != kHelloMagic) throw ProtocolError("not a pulseloco connection (bad handshake magic)");
+  const auto version = in.get<std::uint8_t>("version");
+  if (version != kHandshakeVersion)
     throw ProtocolError(fmt::format("unsupported handshake version {} (this build speaks {})",
-                                    in[8], kHandshakeVersion));
-  if (in[9] != static_cast<std::uint8_t>(Purpose::rendezvous) &&
-      in[9] != static_cast<std::uint8_t>(Purpose::data) &&
-      in[9] != static_cast<std::uint8_t>(Purpose::membership))
-    throw ProtocolError(fmt::format("unknown connection purpose {}", in[9]));
+                                    version, kHandshakeVersion));
+  const auto purpose = in.get<std::uint8_t>("purpose");
+  if (purpose != static_cast<std::uint8_t>(Purpose::rendezvous) &&
+      purpose != static_cast<std::uint8_t>(Purpose::data) &&
+      purpose != static_cast<std::uint8_t>(Purpose::membership))
+    throw ProtocolError(fmt::format("unknown connection purpose {}", purpose));
   Hello hello;
-  hello.purpose = static_cast<Purpose>(in[9]);
-  hello.src_rank = get_u32(in.data() + 12);
-  hello.dst_rank = get_u32(in.data() + 16);
-  hello.world_size = get_u32(in.data() + 20);
-  hello.lane = get_u16(in.data() + 24);
-  hello.lanes = get_u16(in.data() + 26);
-  std::memcpy(hello.group_id.data(), in.data() + 28, hello.group_id.size());
-  std::memcpy(hello.nonce.data(), in.data() + 44, hello.nonce.size());
+  hello.purpose = static_cast<Purpose>(purpose);
+  in.skip(2, "reserved");
+  hello.src_rank = in.get<std::uint32_t>("source rank");
+  hello.dst_rank = in.get<std::uint32_t>("destination rank");
+  hello.world_size = in.get<std::uint32_t>("world size");
+  hello.lane = in.get<std::uint16_t>("connection");
+  hello.lanes = in.get<std::uint16_t>("connections");
+  in.get_bytes(hello.group_id, "group id");
+  in.get_bytes(hello.nonce, "nonce");
   return hello;
 }
 
@@ -143,16 +133,19 @@ asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
         "authentication failed: the peer's proof does not match our secret (the shared secrets "
         "differ)");
 
-  std::array<std::uint8_t, kVerdictHeaderBytes> verdict{};
+  std::array<std::byte, kVerdictHeaderBytes> verdict{};
   traffic.bytes_received +=
       co_await asio::async_read(socket, asio::buffer(verdict), asio::use_awaitable);
+  ByteReader in(verdict);
+  const auto status = in.get<std::uint8_t>("verdict");
+  in.skip(1, "reserved");
   const std::size_t reason_bytes =
-      std::min<std::size_t>(get_u16(verdict.data() + 2), kMaxVerdictReasonBytes);
+      std::min<std::size_t>(in.get<std::uint16_t>("reason length"), kMaxVerdictReasonBytes);
   std::string reason(reason_bytes, '\0');
   if (reason_bytes > 0)
     traffic.bytes_received +=
         co_await asio::async_read(socket, asio::buffer(reason), asio::use_awaitable);
-  switch (static_cast<VerdictStatus>(verdict[0])) {
+  switch (static_cast<VerdictStatus>(status)) {
     case VerdictStatus::accepted:
       co_return traffic;
     case VerdictStatus::authentication_failed:
@@ -161,7 +154,7 @@ asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
     case VerdictStatus::refused:
       throw HandshakeRefused(fmt::format("the peer refused the connection: {}", reason));
   }
-  throw ProtocolError(fmt::format("unknown handshake verdict {}", verdict[0]));
+  throw ProtocolError(fmt::format("unknown handshake verdict {}", status));
 }
 
 asio::awaitable<ServerHandshake> server_handshake(
@@ -198,10 +191,8 @@ asio::awaitable<ServerHandshake> server_handshake(
       status == VerdictStatus::refused
           ? std::string_view(result.refusal).substr(0, kMaxVerdictReasonBytes)
           : std::string_view{};
-  std::array<std::uint8_t, kVerdictHeaderBytes> verdict{};
-  verdict[0] = static_cast<std::uint8_t>(status);
-  verdict[2] = static_cast<std::uint8_t>(reason.size());
-  verdict[3] = static_cast<std::uint8_t>(reason.size() >> 8);
+  std::array<std::byte, kVerdictHeaderBytes> verdict{};
+  ByteWriter(verdict).put(status).zeros(1).put(static_cast<std::uint16_t>(reason.size()));
   const std::array<asio::const_buffer, 2> message{asio::buffer(verdict),
                                                   asio::buffer(reason.data(), reason.size())};
   result.traffic.bytes_sent += co_await asio::async_write(socket, message, asio::use_awaitable);

@@ -21,8 +21,8 @@
 #include <string_view>
 
 #include <pulseloco/base/errors.h>
-#include <pulseloco/transport/rendezvous.h>
 #include <pulseloco/transport/tcp/asio_util.h>
+#include <pulseloco/transport/tcp/group_table.h>
 
 namespace pulseloco::transport::tcp {
 

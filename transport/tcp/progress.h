@@ -5,10 +5,10 @@
 // thread reads a frame and wakes the waiting caller; the caller's next send wakes the I/O
 // thread), and every arrival needs the sleeping I/O thread to be scheduled. On a machine with
 // more busy threads than cores (several ranks per machine, or a training process) a woken
-// thread can wait a whole scheduler slice for a core; a 1 KiB exchange between two loopback
-// ranks took 41 us that way against OpenMPI's 10 us, and takes 11 us with this class
-// (docs/benchmarks.md, "Transports"). MPI's progress engine avoids the hand-overs by having the
-// waiting thread drive its sockets itself, and so does this one:
+// thread can wait a whole scheduler slice for a core, which dominates a small exchange
+// (docs/benchmarks.md, "Transports: point-to-point throughput", measures what this class
+// gives). MPI's progress engine avoids the hand-overs by having the waiting thread drive its
+// sockets itself, and so does this one:
 //
 //  - A caller in wait() is a driver (drive_until): it runs the io_context itself, the reactor
 //    and every ready handler, until its operation completes. It polls without blocking while

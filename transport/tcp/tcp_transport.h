@@ -1,48 +1,62 @@
 // The TCP backend: a full mesh of authenticated TCP connections driven by a Boost.Asio
 // io_context, which a caller waiting on a request runs itself, and options.io_threads I/O
-// threads run while nobody waits (tcp/progress.h says why).
+// threads run while nobody waits (tcp/progress.h says why). It is made of parts with one job
+// each, all in tcp/:
 //
-//  - Group formation: bind the data listener, run the rendezvous (rendezvous.h), then the lower
-//    rank of every pair opens options.connections_per_peer connections to the higher one,
-//    retrying until options.connect_timeout; every connection passes the HMAC-SHA256
-//    challenge-response (tcp/handshake.h). The listener keeps refusing (and logging) strangers
-//    for the transport's whole life without disturbing the group.
-//  - Framing (tcp/frame.h): 64-byte header with xxh3-64 of the payload chunk and of the header
-//    itself; any violation becomes a ProtocolError naming the peer and ends the connections to
-//    it. Messages above options.stripe_threshold_bytes are cut into chunks spread over all the
+//  - mesh formation (mesh.h): the data listener (listener.h), then the lower rank of every pair
+//    opens options.connections_per_peer connections to the higher one, retrying until the
+//    connect timeout; every connection passes the HMAC-SHA256 challenge-response
+//    (handshake.h). The group's table (this rank, every rank's listener, the group id) comes
+//    from the group layer (<pulseloco/group/make_transport.h> finds it by a rendezvous); the
+//    transport only uses it.
+//  - the connections (lane.h): framing (frame.h: a 64-byte header with xxh3-64 of the payload
+//    chunk and of the header itself) and the reads and scatter-gather writes of one socket.
+//    Messages above options.stripe_threshold_bytes are cut into chunks spread over all the
 //    connections to the peer and reassembled in place.
-//  - Matching: the n-th message sent to a peer under a tag matches the n-th irecv posted for that
-//    (peer, tag). A frame whose irecv is posted is read straight into the caller's buffer; an
-//    early one is kept (up to options.max_unexpected_bytes in all, then reading from that
-//    connection pauses until a matching irecv is posted) and copied when the receive completes;
-//    when the irecv is posted while its message is arriving, the remaining chunks go straight
-//    into the caller's buffer and only the early ones are copied. Right after a frame completes
-//    a receive, a frame that would be kept early waits for a new handler, so that the caller
-//    waiting for that receive runs first: it often posts that frame's irecv next.
-//  - Sending writes header and payload with one scatter-gather write (no copy), several small
-//    frames per system call when they queue up. Payload checksums are computed on the I/O
-//    thread just before each write (the kernel then copies bytes that are in cache), and on the
-//    receiving side piece by piece as the bytes arrive.
-//  - Failures: EOF or reset on any connection to a peer fails every pending and future
-//    operation with that peer with PeerLostError naming it (messages that had fully arrived can
-//    still be received); abort() tells the peers why before closing. Destruction says goodbye
-//    to every peer and waits (at most 10 s) until each has read everything sent to it.
+//  - sending (sender.h) and receiving (receiver.h), and matching the messages that arrive with
+//    the receives posted for them, early messages included (matcher.h).
+//  - this front: requests, and the failure policy. EOF or reset on any connection to a peer
+//    fails every pending and future operation with that peer with PeerLostError naming it
+//    (messages that had fully arrived can still be received); a frame that breaks the protocol
+//    is a ProtocolError naming the peer, which is told why and dropped; abort() tells the peers
+//    why before closing. Destruction says goodbye to every peer and waits (at most 10 s) until
+//    each has read everything sent to it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
-#include <pulseloco/transport/factory.h>
-#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/transport/tcp/group_table.h>
+#include <pulseloco/transport/tcp/tcp_options.h>
+#include <pulseloco/transport/tcp/test_hooks.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 
+namespace tcp {
+class Core;
+struct Operation;
+}  // namespace tcp
+
+// Finds the group once this rank's data listener is bound: given the listener's port, returns
+// the group's table (the group layer's rendezvous).
+using FindGroup = std::function<GroupTable(std::uint16_t listen_port)>;
+
 class TcpTransport final : public Transport {
  public:
-  // Binds the listener, runs the rendezvous `options` select (resolve_rendezvous) and connects
-  // the mesh. Blocks until every connection is authenticated or options.connect_timeout passes.
-  explicit TcpTransport(const TransportOptions& options);
+  // Binds the data listener on options.listen_addr:options.listen_port, calls `find_group`
+  // with its port and connects the mesh of the table it returns. Blocks until every connection
+  // is authenticated; throws TimeoutError naming the missing peers when that takes longer than
+  // `connect_timeout` from the call (the rendezvous included).
+  TcpTransport(const TcpOptions& options, const FindGroup& find_group,
+               std::chrono::milliseconds connect_timeout);
+  // The same for a table known before this rank listens (a peer list): the listener binds the
+  // port the table gives this rank (no listener for a group of one).
+  TcpTransport(const TcpOptions& options, GroupTable table,
+               std::chrono::milliseconds connect_timeout);
   ~TcpTransport() override;
   TcpTransport(const TcpTransport&) = delete;
   TcpTransport& operator=(const TcpTransport&) = delete;
@@ -65,11 +79,11 @@ class TcpTransport final : public Transport {
   void abort(std::string_view reason) noexcept override;
   [[nodiscard]] TransportStats stats() const override;
 
-  // The port of the data listener.
+  // The port of the data listener (0 for a group of one).
   [[nodiscard]] std::uint16_t listen_port() const noexcept;
   // Every rank's data listener, in rank order.
   [[nodiscard]] const std::vector<PeerAddress>& peer_addresses() const noexcept;
-  // The id every connection of this group presents (from the rendezvous).
+  // The id every connection of this group presents.
   [[nodiscard]] GroupId group_id() const noexcept;
   // Connections refused by the data listener so far (authentication failures, strangers).
   [[nodiscard]] int refused_connections() const noexcept;
@@ -86,13 +100,17 @@ class TcpTransport final : public Transport {
   // Message counters kept, one per (peer, tag, direction) in use (retire_tag drops them).
   [[nodiscard]] std::size_t tag_counters() const;
 
-  // Test hook: flips one bit of the hook.frame_index-th data frame sent after this call.
+  // Test hook (test_hooks.h): flips one bit of the hook.frame_index-th data frame sent after
+  // this call.
   void corrupt_outgoing_frame(CorruptFrame hook);
 
-  class Core;
-
  private:
-  std::shared_ptr<Core> core_;
+  // isend, and iforward with the earlier operation when it is one of this transport's.
+  [[nodiscard]] std::unique_ptr<Request> post_send(int peer, Tag tag,
+                                                   std::span<const std::byte> data,
+                                                   const tcp::Operation* forwarded);
+
+  std::shared_ptr<tcp::Core> core_;
 };
 
 }  // namespace pulseloco::transport

@@ -19,7 +19,7 @@
 #include <optional>
 #include <vector>
 
-#include <pulseloco/engine/elastic.h>
+#include <pulseloco/elastic/elastic_engine.h>
 #include <pulseloco/engine/engine.h>
 
 namespace pulseloco::libtorch {

@@ -1,4 +1,4 @@
-#include <pulseloco/engine/elastic.h>
+#include <pulseloco/elastic/elastic_engine.h>
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -14,7 +14,8 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
-#include <pulseloco/transport/rendezvous.h>
+#include <pulseloco/group/make_transport.h>
+#include <pulseloco/group/rendezvous.h>
 
 namespace pulseloco {
 namespace {
@@ -116,7 +117,7 @@ ElasticOptions elastic_options_from_environment(ElasticOptions defaults) {
   if (const char* value = std::getenv("PULSELOCO_WORKER_ID"); value && *value) {
     options.worker_id = value;
   }
-  options.transport = transport::from_environment(options.transport);
+  options.transport = group::from_environment(options.transport);
   return options;
 }
 
@@ -140,15 +141,16 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
 
   // Where this worker's data listener listens in every generation.
   transport::PeerAddress data;
-  data.port = elastic_.transport.listen_port != 0 ? elastic_.transport.listen_port
-                                                  : free_port(elastic_.transport.listen_addr);
+  data.port = elastic_.transport.tcp.listen_port != 0
+                  ? elastic_.transport.tcp.listen_port
+                  : free_port(elastic_.transport.tcp.listen_addr);
   if (!elastic_.transport.advertise_addr.empty()) {
     data.host = elastic_.transport.advertise_addr;
   } else if (!elastic_.transport.socket_ifname.empty()) {
-    data.host = transport::interface_address(elastic_.transport.socket_ifname);
-  } else if (!elastic_.transport.listen_addr.empty() &&
-             elastic_.transport.listen_addr != "0.0.0.0") {
-    data.host = elastic_.transport.listen_addr;
+    data.host = group::interface_address(elastic_.transport.socket_ifname);
+  } else if (!elastic_.transport.tcp.listen_addr.empty() &&
+             elastic_.transport.tcp.listen_addr != "0.0.0.0") {
+    data.host = elastic_.transport.tcp.listen_addr;
   } else {
     data.host = local_address_towards(coordinator.host);
   }
@@ -156,11 +158,11 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
 
   // Invalid parameters are refused before this worker registers anywhere.
   engine_ = std::make_unique<Engine>(std::move(parameters), std::move(options));
-  membership_ = std::make_unique<transport::MembershipClient>(transport::MembershipClientOptions{
+  membership_ = std::make_unique<elastic::MembershipClient>(elastic::MembershipClientOptions{
       .coordinator = elastic_.coordinator,
       .worker_id = worker_id_,
       .data_address = data,
-      .secret = elastic_.transport.secret,
+      .secret = elastic_.transport.tcp.secret,
       .connect_timeout = elastic_.transport.connect_timeout,
   });
   logger().info("worker {} registered with the coordinator at {} (data plane {})", worker_id_,
@@ -185,18 +187,18 @@ void ElasticEngine::regroup(std::string reason) {
   for (int attempt = 1;; ++attempt) {
     engine_->detach();  // frees the data port for the next generation's listener
     group_ = membership_->next_group(reason, transport::deadline_after(elastic_.admission_timeout));
-    transport::TransportOptions options = elastic_.transport;
+    group::TransportOptions options = elastic_.transport;
     options.backend = transport::Backend::tcp;
-    options.rendezvous = transport::RendezvousMethod::peer_list;
+    options.rendezvous = group::RendezvousMethod::peer_list;
     options.peers.clear();
     for (const auto& peer : group_.peers)
       options.peers.push_back(transport::to_string(peer));
     options.rank = group_.rank;
     options.world_size = group_.size();
     options.group_key = group_.group_key;
-    options.listen_port = 0;  // peer_list: the port of this worker's entry
+    options.tcp.listen_port = 0;  // peer_list: the port of this worker's entry
     try {
-      engine_->attach(transport::make_transport(options),
+      engine_->attach(group::make_transport(options),
                       GroupInfo{.generation = group_.generation, .members = group_.worker_ids});
       ++groups_joined_;
       logger().info("worker {}: rank {} of {} in group generation {} (joined: [{}], lost: [{}])",

@@ -1,8 +1,8 @@
-// Elastic membership (transport/membership.h): an in-process coordinator and workers on threads
-// over loopback. Generations form, lose and admit workers; boundary answers agree; stalled
-// members are removed; the run stops below the minimum and ends when everyone left; strangers,
-// wrong secrets, taken ids and garbage never disturb the others. Every wait is bounded by a
-// deadline and synchronised on replies or on the coordinator's counters, never on sleeps.
+// Elastic membership (elastic/coordinator.h, membership_client.h): an in-process coordinator and
+// workers on threads over loopback. Generations form, lose and admit workers; boundary answers
+// agree; stalled members are removed; the run stops below the minimum and ends when everyone left;
+// strangers, wrong secrets, taken ids and garbage never disturb the others. Every wait is bounded
+// by a deadline and synchronised on replies or on the coordinator's counters, never on sleeps.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -19,15 +19,20 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
-#include <pulseloco/transport/membership.h>
+#include <pulseloco/elastic/coordinator.h>
+#include <pulseloco/elastic/membership_client.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
 
-namespace pulseloco::transport {
+namespace pulseloco::elastic {
 namespace {
 
 using namespace std::chrono_literals;
 namespace asio = boost::asio;
+namespace tcp = transport::tcp;
+using transport::Clock;
+using transport::deadline_after;
+using transport::PeerAddress;
 using Json = nlohmann::json;
 
 constexpr auto kTimeout = 30s;
@@ -565,4 +570,4 @@ TEST(Membership, AnUnreachableCoordinatorTimesOutNamingIt) {
 }
 
 }  // namespace
-}  // namespace pulseloco::transport
+}  // namespace pulseloco::elastic

@@ -18,12 +18,14 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
-#include <pulseloco/transport/membership.h>
+#include <pulseloco/elastic/membership_client.h>
 
-namespace pulseloco::transport {
+namespace pulseloco::elastic {
 namespace {
 
 using namespace std::chrono_literals;
+using transport::deadline_after;
+using transport::PeerAddress;
 
 constexpr const char* kPulseloco = PULSELOCO_CLI;
 constexpr auto kTimeout = 30s;
@@ -184,4 +186,4 @@ TEST(CoordinatorCommand, RejectsImpossibleOptions) {
 }
 
 }  // namespace
-}  // namespace pulseloco::transport
+}  // namespace pulseloco::elastic

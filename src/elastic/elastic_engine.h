@@ -9,7 +9,7 @@
 //   }
 //   sync.leave();
 //
-// Each worker registers with the coordinator (transport/membership.h), which forms generations
+// Each worker registers with the coordinator (coordinator.h), which forms generations
 // of the group; the data plane of each generation is a fresh TCP mesh among its members. When a
 // window fails because a member died, stalled or was cut off, every survivor asks the
 // coordinator for the next generation, attaches its engine to the new group (Engine::attach:
@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
+#include <pulseloco/elastic/membership_client.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
-#include <pulseloco/transport/factory.h>
-#include <pulseloco/transport/membership.h>
+#include <pulseloco/group/options.h>
 
 namespace pulseloco {
 
@@ -44,7 +44,7 @@ struct ElasticOptions {
   // Data-plane settings of every generation's TCP transport (connections per peer, buffers,
   // timeouts, secret, listen_addr/advertise_addr/socket_ifname). The rendezvous fields are
   // filled per generation from the coordinator's table; listen_port 0 picks a free port once.
-  transport::TransportOptions transport;
+  group::TransportOptions transport;
   // How long to wait to be admitted into a group (at start, or after a failure).
   std::chrono::milliseconds admission_timeout{600'000};
   // A window is attempted at most this many times (each attempt in a new generation).
@@ -56,7 +56,7 @@ struct ElasticOptions {
 };
 
 // Fills coordinator, worker id and the transport options from the environment
-// (PULSELOCO_COORDINATOR, PULSELOCO_WORKER_ID, and transport::from_environment()).
+// (PULSELOCO_COORDINATOR, PULSELOCO_WORKER_ID, and group::from_environment()).
 [[nodiscard]] ElasticOptions elastic_options_from_environment(ElasticOptions defaults = {});
 
 class ElasticEngine {
@@ -83,7 +83,7 @@ class ElasticEngine {
   void leave() noexcept;
 
   [[nodiscard]] Engine& engine() noexcept { return *engine_; }
-  [[nodiscard]] const transport::GroupAssignment& group() const noexcept { return group_; }
+  [[nodiscard]] const elastic::GroupAssignment& group() const noexcept { return group_; }
   [[nodiscard]] const std::string& worker_id() const noexcept { return worker_id_; }
   // Generations this worker has been part of (1 for a run without membership changes).
   [[nodiscard]] int groups_joined() const noexcept { return groups_joined_; }
@@ -97,9 +97,9 @@ class ElasticEngine {
   ElasticOptions elastic_;
   std::string worker_id_;
   std::uint16_t data_port_ = 0;
-  std::unique_ptr<transport::MembershipClient> membership_;
+  std::unique_ptr<elastic::MembershipClient> membership_;
   std::unique_ptr<Engine> engine_;
-  transport::GroupAssignment group_;
+  elastic::GroupAssignment group_;
   int groups_joined_ = 0;
   bool left_ = false;
 };

@@ -1,27 +1,4 @@
-// The elastic-membership coordinator and its client (transport/membership.h).
-//
-// Wire protocol
-// -------------
-// One TCP connection per worker, for the worker's whole life. It starts with the HMAC-SHA256
-// challenge-response of tcp/handshake.h (purpose `membership`; any other purpose, a wrong secret
-// or a malformed hello is refused). After it, both directions carry messages: a u32
-// little-endian length (1 .. 1 MiB) followed by that many bytes of UTF-8 JSON, an object with a
-// string "type". Every request gets exactly one reply, in order.
-//
-//   worker -> coordinator                          coordinator -> worker
-//   {type: register, worker_id,                    {type: registered, generation}
-//    data_host, data_port}                         {type: refused, reason}  (connection closed)
-//   {type: next_group, reason}                     {type: group, generation, rank, workers:
-//                                                    [{id, host, port}], group_key, joined, lost}
-//                                                  {type: error, message}
-//   {type: boundary, window}                       {type: boundary, regroup}  or  {type: error}
-//   {type: leave}                                  {type: bye}  (connection closed)
-//
-// The registration must complete within kRegistrationTimeout of the connection. A wildcard or
-// empty data_host is replaced by the address the connection comes from. A message that is not
-// a framed JSON object of a known type, a length above the limit, or a second request while one
-// is unanswered is a protocol violation: the coordinator logs it and closes that connection,
-// and the worker is treated as lost. Nothing such a connection does reaches other workers.
+// The elastic-membership coordinator (coordinator.h); membership_messages.h has its messages.
 //
 // State machine of the coordinator (docs/elastic.md is written from this block)
 // -----------------------------------------------------------------------------
@@ -70,7 +47,7 @@
 //   asked, and joiners) gets that reason as an error reply, and so does any later request.
 // Every transition is logged at info level (warn for refusals, violations, removals; error when
 // the run stops).
-#include <pulseloco/transport/membership.h>
+#include <pulseloco/elastic/coordinator.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -79,11 +56,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <thread>
@@ -91,87 +65,21 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/base/thread_name.h>
-#include <pulseloco/transport/tcp/asio_util.h>
+#include <pulseloco/elastic/membership_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
-#include <pulseloco/transport/waiting.h>
+#include <pulseloco/transport/tcp/listener.h>
+#include <pulseloco/transport/tcp/server_outcome.h>
 
-namespace pulseloco::transport {
+namespace pulseloco::elastic {
 namespace {
 
 namespace asio = boost::asio;
-using tcp::Socket;
-using Json = nlohmann::json;
+namespace tcp = transport::tcp;
 
-// Requests and replies are a few hundred bytes (a group table a few KiB); anything near this
-// bound is not a membership message.
-constexpr std::uint32_t kMaxMessageBytes = std::uint32_t{1} << 20;
-// A connection gets this long to authenticate and register.
-constexpr auto kRegistrationTimeout = std::chrono::seconds(10);
 // A worker that does not take a reply of a few bytes within this long is treated as lost.
 constexpr auto kWriteTimeout = std::chrono::seconds(30);
-// How long leave() waits for the coordinator's acknowledgement.
-constexpr auto kLeaveTimeout = std::chrono::seconds(5);
 // How long the coordinator's destructor lets queued replies drain.
 constexpr auto kShutdownGrace = std::chrono::seconds(2);
-constexpr std::size_t kMaxNameBytes = 255;
-
-std::string encode_frame(const Json& message) {
-  const std::string body = message.dump(-1, ' ', false, Json::error_handler_t::replace);
-  const auto length = static_cast<std::uint32_t>(body.size());
-  std::string frame(4, '\0');
-  for (int i = 0; i < 4; ++i)
-    frame[static_cast<std::size_t>(i)] = static_cast<char>(length >> (8 * i));
-  frame += body;
-  return frame;
-}
-
-std::uint32_t decode_length(const std::uint8_t* bytes) {
-  std::uint32_t length = 0;
-  for (int i = 3; i >= 0; --i)
-    length = (length << 8) | bytes[i];
-  return length;
-}
-
-void check_length(std::uint32_t length) {
-  if (length == 0 || length > kMaxMessageBytes)
-    throw ProtocolError(fmt::format("a message of {} bytes (membership messages are 1 to {} bytes)",
-                                    length, kMaxMessageBytes));
-}
-
-Json parse_message(std::string_view body) {
-  Json message = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (message.is_discarded() || !message.is_object() || !message.contains("type") ||
-      !message["type"].is_string())
-    throw ProtocolError("a message that is not a JSON object with a string \"type\"");
-  return message;
-}
-
-// A string field of a message; throws ProtocolError naming it when absent or of another type.
-std::string string_field(const Json& message, const char* name) {
-  const auto it = message.find(name);
-  if (it == message.end() || !it->is_string())
-    throw ProtocolError(fmt::format("'{}' message without a string '{}'",
-                                    message["type"].get<std::string>(), name));
-  return it->get<std::string>();
-}
-
-std::uint64_t unsigned_field(const Json& message, const char* name) {
-  const auto it = message.find(name);
-  if (it == message.end() || !it->is_number_unsigned())
-    throw ProtocolError(fmt::format("'{}' message without an unsigned integer '{}'",
-                                    message["type"].get<std::string>(), name));
-  return it->get<std::uint64_t>();
-}
-
-std::string check_name(std::string_view name, std::string_view what) {
-  if (name.empty()) return fmt::format("the {} is empty", what);
-  if (name.size() > kMaxNameBytes)
-    return fmt::format("the {} is longer than {} bytes", what, kMaxNameBytes);
-  for (const char c : name)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
-      return fmt::format("the {} contains a control character", what);
-  return {};
-}
 
 bool is_wildcard_host(std::string_view host) {
   return host.empty() || host == "0.0.0.0" || host == "::";
@@ -201,15 +109,14 @@ struct Coordinator::Impl {
   enum class Standing : std::uint8_t { idle, waiting, member, asked, left, lost, removed };
 
   struct Connection {
-    explicit Connection(asio::io_context& io) : socket(io) {}
-    Socket socket;
+    explicit Connection(std::shared_ptr<tcp::Socket> accepted) : socket(std::move(accepted)) {}
+    const std::shared_ptr<tcp::Socket> socket;
     std::string from;  // remote address, for the log
     std::string worker_id;
-    PeerAddress data_address;
+    transport::PeerAddress data_address;
     bool registered = false;
     bool closed = false;           // on_closed ran: no longer part of anything
     bool request_pending = false;  // a request is unanswered (next_group)
-    bool registration_timed_out = false;
     Standing standing = Standing::idle;
     std::uint64_t removed_at = 0;  // the generation it was removed from
     std::deque<std::string> outbox;
@@ -223,17 +130,13 @@ struct Coordinator::Impl {
   using ConnectionPtr = std::shared_ptr<Connection>;
 
   explicit Impl(CoordinatorOptions coordinator_options)
-      : options(std::move(coordinator_options)),
-        acceptor(io),
-        regroup_timer(io),
-        shutdown_timer(io) {}
+      : options(std::move(coordinator_options)), regroup_timer(io), shutdown_timer(io) {}
 
   const CoordinatorOptions options;
   asio::io_context io;
-  tcp::Acceptor acceptor;
+  std::optional<tcp::Listener> listener;
   asio::steady_timer regroup_timer;
   asio::steady_timer shutdown_timer;
-  std::uint16_t listening_port = 0;
   std::thread thread;
 
   // --- State of the io thread --------------------------------------------------------------
@@ -251,33 +154,22 @@ struct Coordinator::Impl {
   std::atomic<std::uint64_t> current_generation{0};
   std::atomic<int> refused{0};
   std::atomic<int> waiting{0};
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool done = false;
-  std::exception_ptr failure;
+  tcp::ServerOutcome outcome;
 
   // ---------------------------------------------------------------------------------------------
   // Connections and messages
 
-  void complete(std::exception_ptr error) {
-    {
-      const std::lock_guard lock(mutex);
-      if (done) return;
-      done = true;
-      failure = std::move(error);
-    }
-    changed.notify_all();
-  }
+  void complete(std::exception_ptr error) { outcome.complete(std::move(error)); }
 
   static void close_socket(Connection& connection) {
     boost::system::error_code ignored;
-    connection.socket.shutdown(Socket::shutdown_both, ignored);
-    connection.socket.close(ignored);
+    connection.socket->shutdown(tcp::Socket::shutdown_both, ignored);
+    connection.socket->close(ignored);
   }
 
   void send(const ConnectionPtr& connection, const Json& message) {
     if (connection->closed) return;
-    connection->outbox.push_back(encode_frame(message));
+    connection->outbox.push_back(encode_message(message));
     if (connection->writing) return;
     connection->writing = true;
     asio::co_spawn(io, write_loop(connection), asio::detached);
@@ -298,9 +190,9 @@ struct Coordinator::Impl {
       connection->outbox.pop_front();
       boost::system::error_code error;
       {
-        tcp::Watchdog watchdog(io.get_executor(), Clock::now() + kWriteTimeout,
+        tcp::Watchdog watchdog(io.get_executor(), transport::Clock::now() + kWriteTimeout,
                                [connection] { close_socket(*connection); });
-        co_await asio::async_write(connection->socket, asio::buffer(frame),
+        co_await asio::async_write(*connection->socket, asio::buffer(frame),
                                    asio::redirect_error(asio::use_awaitable, error));
       }
       if (error) {
@@ -319,12 +211,11 @@ struct Coordinator::Impl {
   }
 
   asio::awaitable<Json> read_message(Connection& connection) {
-    std::array<std::uint8_t, 4> head{};
-    co_await asio::async_read(connection.socket, asio::buffer(head), asio::use_awaitable);
-    const std::uint32_t length = decode_length(head.data());
-    check_length(length);
+    std::array<std::byte, kLengthBytes> head{};
+    co_await asio::async_read(*connection.socket, asio::buffer(head), asio::use_awaitable);
+    const std::uint32_t length = decode_length(head);
     std::string body(length, '\0');
-    co_await asio::async_read(connection.socket, asio::buffer(body), asio::use_awaitable);
+    co_await asio::async_read(*connection.socket, asio::buffer(body), asio::use_awaitable);
     co_return parse_message(body);
   }
 
@@ -341,29 +232,15 @@ struct Coordinator::Impl {
                   reason);
   }
 
-  asio::awaitable<void> accept_loop() {
-    for (;;) {
-      auto connection = std::make_shared<Connection>(io);
-      boost::system::error_code error;
-      co_await acceptor.async_accept(connection->socket,
-                                     asio::redirect_error(asio::use_awaitable, error));
-      if (shutting_down || error == asio::error::operation_aborted) co_return;
-      if (error) {  // out of file descriptors, say: pause instead of spinning
-        logger().warn("membership coordinator: accept failed: {}", error.message());
-        asio::steady_timer pause(io);
-        pause.expires_after(std::chrono::milliseconds(100));
-        co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, error));
-        continue;
-      }
-      connection->from = tcp::remote_description(connection->socket);
-      tcp::apply_socket_options(connection->socket, TransportOptions{});
-      connections.insert(connection);
-      asio::co_spawn(io, serve(std::move(connection)), asio::detached);
-    }
-  }
-
-  asio::awaitable<void> serve(ConnectionPtr connection) {
-    if (!co_await admit(connection)) {
+  // A connection the listener accepted: its handshake and registration, then its requests until
+  // it closes.
+  asio::awaitable<void> serve(tcp::PendingConnection pending) {
+    if (shutting_down) co_return;
+    const auto connection = std::make_shared<Connection>(pending.socket());
+    connection->from = tcp::remote_description(*connection->socket);
+    tcp::apply_socket_options(*connection->socket, transport::TcpOptions{});
+    connections.insert(connection);
+    if (!co_await admit(connection, pending)) {
       if (!connection->writing) {
         close_socket(*connection);
         forget(connection);
@@ -402,16 +279,13 @@ struct Coordinator::Impl {
     on_closed(connection, problem);
   }
 
-  // Handshake and registration; false when the connection was refused.
-  asio::awaitable<bool> admit(const ConnectionPtr& connection) {
+  // Handshake and registration, within the listener's handshake deadline; false when the
+  // connection was refused.
+  asio::awaitable<bool> admit(const ConnectionPtr& connection, tcp::PendingConnection& pending) {
     std::string refusal;
     try {
-      tcp::Watchdog watchdog(io.get_executor(), Clock::now() + kRegistrationTimeout, [connection] {
-        connection->registration_timed_out = true;
-        close_socket(*connection);
-      });
       const auto result = co_await tcp::server_handshake(
-          connection->socket, options.secret, [](const tcp::Hello& hello) -> std::string {
+          *connection->socket, options.secret, [](const tcp::Hello& hello) -> std::string {
             if (hello.purpose != tcp::Purpose::membership)
               return "this is a membership coordinator, not a rendezvous server or a data "
                      "listener";
@@ -423,12 +297,13 @@ struct Coordinator::Impl {
       }
       const Json message = co_await read_message(*connection);
       refusal = register_worker(connection, message);
+      pending.handshake_done();
       if (refusal.empty()) co_return true;
     } catch (const std::exception& error) {
       if (shutting_down) co_return false;
-      if (connection->registration_timed_out) {
+      if (pending.timed_out()) {
         refusal = fmt::format("did not authenticate and register within {} s",
-                              std::chrono::seconds(kRegistrationTimeout).count());
+                              tcp::kHandshakeTimeout.count());
       } else if (const auto* io_error = dynamic_cast<const boost::system::system_error*>(&error)) {
         refusal = fmt::format("connection failed during the handshake: {}",
                               io_error->code() == asio::error::eof ? std::string("closed")
@@ -472,12 +347,13 @@ struct Coordinator::Impl {
     }
     if (is_wildcard_host(data_host)) {
       boost::system::error_code error;
-      const auto remote = connection->socket.remote_endpoint(error);
+      const auto remote = connection->socket->remote_endpoint(error);
       if (error) return "cannot tell the address of the connection for its wildcard data host";
       data_host = remote.address().to_string();
     }
     connection->worker_id = worker_id;
-    connection->data_address = PeerAddress{data_host, static_cast<std::uint16_t>(data_port)};
+    connection->data_address =
+        transport::PeerAddress{data_host, static_cast<std::uint16_t>(data_port)};
     connection->registered = true;
     logger().info("membership coordinator: worker {} registered from {} (data address {})",
                   worker_id, connection->from, to_string(connection->data_address));
@@ -800,8 +676,7 @@ struct Coordinator::Impl {
 
   void begin_shutdown() {
     shutting_down = true;
-    boost::system::error_code ignored;
-    acceptor.close(ignored);
+    listener->close();
     regroup_timer.cancel();
     for (const auto& connection :
          std::vector<ConnectionPtr>(connections.begin(), connections.end())) {
@@ -845,26 +720,17 @@ Coordinator::Coordinator(CoordinatorOptions options) {
   impl_ = std::make_unique<Impl>(std::move(options));
   auto& impl = *impl_;
   const std::string& host = impl.options.host;
-  try {
-    const auto endpoint = tcp::Endpoint(
-        asio::ip::make_address(host.empty() ? std::string("0.0.0.0") : host), impl.options.port);
-    impl.acceptor.open(endpoint.protocol());
-    impl.acceptor.set_option(asio::socket_base::reuse_address(true));
-    impl.acceptor.bind(endpoint);
-    impl.acceptor.listen(asio::socket_base::max_listen_connections);
-    impl.listening_port = impl.acceptor.local_endpoint().port();
-  } catch (const boost::system::system_error& error) {
-    throw IoError(fmt::format("membership coordinator: cannot listen on {}:{}: {}", host,
-                              impl.options.port, error.code().message()));
-  }
+  impl.listener.emplace(impl.io, impl.io.get_executor(), "membership coordinator", host,
+                        impl.options.port);
   logger().info(
       "membership coordinator: listening on {}:{} (initial {}, minimum {}, maximum {}, joins "
       "every {} windows, regroup timeout {} ms)",
-      host, impl.listening_port, impl.options.initial_workers, impl.options.min_workers,
+      host, impl.listener->port(), impl.options.initial_workers, impl.options.min_workers,
       impl.options.max_workers == 0 ? std::string("unlimited")
                                     : std::to_string(impl.options.max_workers),
       impl.options.join_every_windows, impl.options.regroup_timeout.count());
-  asio::co_spawn(impl.io, impl.accept_loop(), asio::detached);
+  impl.listener->start(
+      [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });
   impl.thread = std::thread([&impl] {
     set_this_thread_name("pl-membership");
     for (;;) {
@@ -884,7 +750,7 @@ Coordinator::~Coordinator() {
 }
 
 std::uint16_t Coordinator::port() const noexcept {
-  return impl_->listening_port;
+  return impl_->listener->port();
 }
 
 std::uint64_t Coordinator::generation() const {
@@ -892,9 +758,7 @@ std::uint64_t Coordinator::generation() const {
 }
 
 void Coordinator::wait() {
-  std::unique_lock lock(impl_->mutex);
-  impl_->changed.wait(lock, [&] { return impl_->done; });
-  if (impl_->failure) std::rethrow_exception(impl_->failure);
+  impl_->outcome.wait();
 }
 
 int Coordinator::refused_connections() const noexcept {
@@ -904,381 +768,4 @@ int Coordinator::refused_connections() const noexcept {
 int Coordinator::waiting_workers() const noexcept {
   return impl_->waiting.load();
 }
-
-// ------------------------------------------------------------------------------------------------
-// The client
-
-struct MembershipClient::Impl {
-  enum class Request : std::uint8_t { none, next_group, boundary };
-
-  explicit Impl(MembershipClientOptions client_options)
-      : options(std::move(client_options)), socket(io) {}
-
-  const MembershipClientOptions options;
-  PeerAddress coordinator;
-  asio::io_context io;
-  Socket socket;
-  std::string inbox;                    // received bytes not yet taken as messages
-  std::mutex mutex;                     // one call at a time
-  Request outstanding = Request::none;  // sent, reply not yet received (after a timeout)
-  std::uint64_t outstanding_window = 0;
-  std::exception_ptr broken;  // why the connection is unusable, once it is
-  bool left = false;
-  std::uint64_t generation = 0;
-
-  [[noreturn]] void fail(std::exception_ptr error) {
-    broken = error;
-    boost::system::error_code ignored;
-    socket.close(ignored);
-    std::rethrow_exception(error);
-  }
-
-  [[noreturn]] void lost(const boost::system::error_code& error) {
-    fail(std::make_exception_ptr(PeerLostError(fmt::format(
-        "coordinator lost: the connection to the membership coordinator at {} {}",
-        to_string(coordinator),
-        error == asio::error::eof ? std::string("was closed") : "failed: " + error.message()))));
-  }
-
-  void check_usable() {
-    if (broken) std::rethrow_exception(broken);
-    if (left)
-      throw MembershipError(
-          fmt::format("worker {} has left the run (leave() was called)", options.worker_id));
-  }
-
-  // Runs the io_context until `done`; at `deadline` calls `cancel` and lets the cancelled
-  // operation finish. Returns false when the deadline came first.
-  template <typename Cancel>
-  bool run_until(const bool& done, Deadline deadline, Cancel cancel) {
-    io.restart();
-    while (!done && Clock::now() < deadline)
-      io.run_one_until(deadline);
-    if (done) return true;
-    cancel();
-    io.restart();
-    while (!done)
-      io.run_one();
-    return false;
-  }
-
-  void write_message(const Json& message, Deadline deadline) {
-    const std::string frame = encode_frame(message);
-    bool done = false;
-    boost::system::error_code error;
-    asio::async_write(socket, asio::buffer(frame),
-                      [&](const boost::system::error_code& result, std::size_t) {
-                        error = result;
-                        done = true;
-                      });
-    // A message cut short would desynchronise the stream: at the deadline the connection goes.
-    if (!run_until(done, deadline, [&] {
-          boost::system::error_code ignored;
-          socket.close(ignored);
-        }))
-      fail(std::make_exception_ptr(TimeoutError(
-          fmt::format("membership: could not send to the coordinator at {} before the deadline",
-                      to_string(coordinator)))));
-    if (error) lost(error);
-  }
-
-  // The next complete message in `inbox`, if any.
-  std::optional<Json> take_message() {
-    if (inbox.size() < 4) return std::nullopt;
-    const std::uint32_t length = decode_length(reinterpret_cast<const std::uint8_t*>(inbox.data()));
-    try {
-      check_length(length);
-    } catch (const ProtocolError& error) {
-      fail(std::make_exception_ptr(ProtocolError(fmt::format(
-          "membership coordinator at {} sent {}", to_string(coordinator), error.message()))));
-    }
-    if (inbox.size() < 4 + std::size_t{length}) return std::nullopt;
-    Json message;
-    try {
-      message = parse_message(std::string_view(inbox).substr(4, length));
-    } catch (const ProtocolError& error) {
-      fail(std::make_exception_ptr(ProtocolError(fmt::format(
-          "membership coordinator at {} sent {}", to_string(coordinator), error.message()))));
-    }
-    inbox.erase(0, 4 + std::size_t{length});
-    return message;
-  }
-
-  // The next message, or nullopt when the deadline passed first (the connection stays usable:
-  // bytes received so far are kept).
-  std::optional<Json> read_message(Deadline deadline) {
-    for (;;) {
-      if (auto message = take_message()) return message;
-      std::array<char, 4096> chunk{};
-      bool done = false;
-      boost::system::error_code error;
-      std::size_t received = 0;
-      socket.async_read_some(asio::buffer(chunk),
-                             [&](const boost::system::error_code& result, std::size_t n) {
-                               error = result;
-                               received = n;
-                               done = true;
-                             });
-      const bool in_time = run_until(done, deadline, [&] {
-        boost::system::error_code ignored;
-        socket.cancel(ignored);
-      });
-      inbox.append(chunk.data(), received);
-      if (!in_time && (error == asio::error::operation_aborted || !error)) {
-        if (auto message = take_message()) return message;
-        return std::nullopt;
-      }
-      if (error) lost(error);
-    }
-  }
-
-  // The reply to the outstanding request; TimeoutError (leaving it outstanding) at the deadline.
-  // Reads and drops the reply to a boundary question that timed out earlier (its answer is no
-  // longer wanted), so that the next reply read is the next request's.
-  void discard_stale_boundary_reply(Deadline deadline, long long budget_ms) {
-    if (!read_message(deadline))
-      throw TimeoutError(
-          fmt::format("membership: the coordinator at {} did not answer an earlier "
-                      "boundary question within {} ms",
-                      to_string(coordinator), budget_ms));
-    outstanding = Request::none;
-  }
-
-  Json await_reply(Deadline deadline, std::string_view what, long long budget_ms) {
-    auto reply = read_message(deadline);
-    if (!reply)
-      throw TimeoutError(
-          fmt::format("membership: the coordinator at {} did not answer {} within "
-                      "{} ms",
-                      to_string(coordinator), what, budget_ms));
-    outstanding = Request::none;
-    const std::string type = (*reply)["type"].get<std::string>();
-    if (type == "error") {
-      const auto message = reply->find("message");
-      throw MembershipError(message != reply->end() && message->is_string()
-                                ? message->get<std::string>()
-                                : std::string("the coordinator refused the request"));
-    }
-    return *std::move(reply);
-  }
-
-  [[noreturn]] void unexpected(const Json& reply, std::string_view expected) {
-    fail(std::make_exception_ptr(ProtocolError(
-        fmt::format("membership coordinator at {} sent a '{}' message where a '{}' "
-                    "reply was due",
-                    to_string(coordinator), reply["type"].get<std::string>(), expected))));
-  }
-
-  // Connects, authenticates and registers, retrying connection failures until the deadline.
-  void connect_and_register() {
-    const Deadline deadline = deadline_after(options.connect_timeout);
-    const auto timeout_ms = options.connect_timeout.count();
-    auto backoff = std::chrono::milliseconds(20);
-    std::string last_problem = "no attempt";
-    for (;;) {
-      if (Clock::now() >= deadline)
-        throw TimeoutError(fmt::format(
-            "membership: could not register with the coordinator at {} within {} ms (last "
-            "problem: {})",
-            to_string(coordinator), timeout_ms, last_problem));
-      boost::system::error_code error;
-      socket.close(error);
-      inbox.clear();
-      try {
-        const auto endpoint = tcp::resolve_endpoint(io, coordinator.host, coordinator.port);
-        bool done = false;
-        socket.async_connect(endpoint, [&](const boost::system::error_code& result) {
-          error = result;
-          done = true;
-        });
-        if (!run_until(done, deadline, [&] {
-              boost::system::error_code ignored;
-              socket.close(ignored);
-            }))
-          error = asio::error::timed_out;
-      } catch (const IoError& resolve_error) {
-        error = asio::error::host_not_found;
-        last_problem = resolve_error.what();
-      }
-      if (!error) {
-        tcp::apply_socket_options(socket, TransportOptions{});
-        error = handshake(deadline);
-        if (!error) break;
-      }
-      if (error != asio::error::host_not_found) last_problem = error.message();
-      std::this_thread::sleep_until(std::min(deadline, Clock::now() + backoff));  // retry pace
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-    }
-
-    write_message(Json{{"type", "register"},
-                       {"worker_id", options.worker_id},
-                       {"data_host", options.data_address.host},
-                       {"data_port", options.data_address.port}},
-                  deadline);
-    const auto reply = read_message(deadline);
-    if (!reply)
-      fail(std::make_exception_ptr(TimeoutError(
-          fmt::format("membership: the coordinator at {} did not answer the registration of "
-                      "worker {} within {} ms",
-                      to_string(coordinator), options.worker_id, timeout_ms))));
-    const std::string type = (*reply)["type"].get<std::string>();
-    if (type == "refused") {
-      const auto reason = reply->find("reason");
-      fail(std::make_exception_ptr(ProtocolError(fmt::format(
-          "membership coordinator at {} refused worker {}: {}", to_string(coordinator),
-          options.worker_id,
-          reason != reply->end() && reason->is_string() ? reason->get<std::string>()
-                                                        : std::string("no reason given")))));
-    }
-    if (type != "registered") unexpected(*reply, "registered");
-    logger().debug("membership: worker {} registered with the coordinator at {}", options.worker_id,
-                   to_string(coordinator));
-  }
-
-  // The handshake; an I/O error code to retry on, or throws ProtocolError when refused.
-  boost::system::error_code handshake(Deadline deadline) {
-    auto run = [this, deadline]() -> asio::awaitable<void> {
-      tcp::Watchdog watchdog(io.get_executor(), deadline, [this] {
-        boost::system::error_code ignored;
-        socket.close(ignored);
-      });
-      tcp::Hello hello;
-      hello.purpose = tcp::Purpose::membership;
-      (void)co_await tcp::client_handshake(socket, hello, options.secret);
-    };
-    auto outcome = asio::co_spawn(io, run(), asio::use_future);
-    io.restart();
-    io.run();
-    try {
-      outcome.get();
-    } catch (const tcp::HandshakeRefused& refused) {
-      fail(std::make_exception_ptr(ProtocolError(fmt::format(
-          "membership coordinator at {}: {}", to_string(coordinator), refused.message()))));
-    } catch (const boost::system::system_error& error) {
-      return error.code() ? error.code() : asio::error::connection_aborted;
-    }
-    return {};
-  }
-
-  GroupAssignment parse_group(const Json& reply) {
-    try {
-      GroupAssignment group;
-      group.generation = reply.at("generation").get<std::uint64_t>();
-      group.rank = reply.at("rank").get<int>();
-      for (const auto& worker : reply.at("workers")) {
-        group.worker_ids.push_back(worker.at("id").get<std::string>());
-        group.peers.push_back(PeerAddress{worker.at("host").get<std::string>(),
-                                          worker.at("port").get<std::uint16_t>()});
-      }
-      group.group_key = reply.at("group_key").get<std::string>();
-      group.joined = reply.at("joined").get<std::vector<std::string>>();
-      group.lost = reply.at("lost").get<std::vector<std::string>>();
-      if (group.generation <= generation || group.rank < 0 || group.rank >= group.size() ||
-          group.worker_ids[static_cast<std::size_t>(group.rank)] != options.worker_id ||
-          group.group_key.empty())
-        throw ProtocolError("inconsistent group");
-      return group;
-    } catch (const std::exception& error) {
-      fail(std::make_exception_ptr(ProtocolError(
-          fmt::format("membership coordinator at {} sent an invalid group for worker {}: {}",
-                      to_string(coordinator), options.worker_id, error.what()))));
-    }
-  }
-};
-
-MembershipClient::MembershipClient(MembershipClientOptions options) {
-  if (auto problem = check_name(options.worker_id, "worker id"); !problem.empty())
-    throw InvalidArgument(fmt::format("membership client: {}", problem));
-  if (options.data_address.port == 0)
-    throw InvalidArgument(
-        fmt::format("membership client: worker {} has no data port", options.worker_id));
-  if (options.data_address.host.size() > kMaxNameBytes)
-    throw InvalidArgument(
-        fmt::format("membership client: data host longer than {} bytes", kMaxNameBytes));
-  if (options.connect_timeout.count() <= 0)
-    throw InvalidArgument("membership client: connect_timeout must be positive");
-  const PeerAddress coordinator = parse_peer_address(options.coordinator, "membership coordinator");
-  impl_ = std::make_unique<Impl>(std::move(options));
-  impl_->coordinator = coordinator;
-  impl_->connect_and_register();
-}
-
-MembershipClient::~MembershipClient() {
-  boost::system::error_code ignored;
-  impl_->socket.close(ignored);
-}
-
-GroupAssignment MembershipClient::next_group(std::string_view reason, Deadline deadline) {
-  auto& impl = *impl_;
-  const std::lock_guard lock(impl.mutex);
-  impl.check_usable();
-  const long long budget_ms = to_ms(deadline - Clock::now());
-  if (impl.outstanding == Impl::Request::boundary) {
-    // A boundary question that timed out earlier: its answer is no longer wanted.
-    impl.discard_stale_boundary_reply(deadline, budget_ms);
-  }
-  if (impl.outstanding == Impl::Request::none) {
-    impl.write_message(Json{{"type", "next_group"}, {"reason", std::string(reason)}}, deadline);
-    impl.outstanding = Impl::Request::next_group;
-  }
-  const Json reply = impl.await_reply(deadline, "with a new group", budget_ms);
-  if (reply["type"] != "group") impl.unexpected(reply, "group");
-  GroupAssignment group = impl.parse_group(reply);
-  impl.generation = group.generation;
-  logger().debug("membership: worker {} is rank {} of {} in generation {}", impl.options.worker_id,
-                 group.rank, group.size(), group.generation);
-  return group;
-}
-
-bool MembershipClient::boundary(std::uint64_t window, Deadline deadline) {
-  auto& impl = *impl_;
-  const std::lock_guard lock(impl.mutex);
-  impl.check_usable();
-  if (impl.generation == 0)
-    throw InvalidArgument(fmt::format(
-        "membership: worker {} asked about a window boundary before it was placed in a group "
-        "(call next_group first)",
-        impl.options.worker_id));
-  if (impl.outstanding == Impl::Request::next_group)
-    throw InvalidArgument(fmt::format(
-        "membership: worker {} asked about a window boundary while its next_group request is "
-        "still unanswered (call next_group again)",
-        impl.options.worker_id));
-  const long long budget_ms = to_ms(deadline - Clock::now());
-  if (impl.outstanding == Impl::Request::boundary && impl.outstanding_window != window) {
-    impl.discard_stale_boundary_reply(deadline, budget_ms);
-  }
-  if (impl.outstanding == Impl::Request::none) {
-    impl.write_message(Json{{"type", "boundary"}, {"window", window}}, deadline);
-    impl.outstanding = Impl::Request::boundary;
-    impl.outstanding_window = window;
-  }
-  const Json reply = impl.await_reply(
-      deadline, fmt::format("the boundary question for window {}", window), budget_ms);
-  const auto regroup = reply.find("regroup");
-  if (reply["type"] != "boundary" || regroup == reply.end() || !regroup->is_boolean())
-    impl.unexpected(reply, "boundary");
-  return regroup->get<bool>();
-}
-
-void MembershipClient::leave() noexcept {
-  auto& impl = *impl_;
-  const std::lock_guard lock(impl.mutex);
-  if (impl.left) return;
-  impl.left = true;
-  if (impl.broken) return;
-  try {
-    const Deadline deadline = deadline_after(kLeaveTimeout);
-    impl.write_message(Json{{"type", "leave"}}, deadline);
-    // Replies to requests that timed out earlier may come first; the acknowledgement is last.
-    while (auto reply = impl.read_message(deadline))
-      if ((*reply)["type"] == "bye") break;
-  } catch (const std::exception& error) {
-    logger().debug("membership: worker {} left without an acknowledgement: {}",
-                   impl.options.worker_id, error.what());
-  }
-  boost::system::error_code ignored;
-  impl.socket.close(ignored);
-}
-
-}  // namespace pulseloco::transport
+}  // namespace pulseloco::elastic

@@ -1,0 +1,58 @@
+// Options of the TCP transport (tcp_transport.h). The group layer carries them as
+// group::TransportOptions::tcp and reads each from a PULSELOCO_TCP_* variable
+// (docs/operations.md, "Environment variables").
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace pulseloco::transport {
+
+struct TcpOptions {
+  std::string listen_addr;        // data listener address; "" = all interfaces
+  std::uint16_t listen_port = 0;  // data listener port; 0 = any free port
+
+  int connections_per_peer = 2;  // parallel TCP connections per peer
+  // Larger messages are striped: a 1 MiB message then travels as two 512 KiB frames on two
+  // connections (docs/benchmarks.md, "Frame size", measures the threshold).
+  std::size_t stripe_threshold_bytes = std::size_t{512} << 10;
+  std::size_t stripe_chunk_bytes = std::size_t{4} << 20;  // largest frame of a striped message
+  bool tcp_nodelay = true;
+  int socket_send_buffer_bytes = 0;     // SO_SNDBUF; 0 = kernel autotuning
+  int socket_receive_buffer_bytes = 0;  // SO_RCVBUF; 0 = kernel autotuning
+  bool keepalive = true;                // SO_KEEPALIVE with the three settings below
+  int keepalive_idle_s = 60;            // TCP_KEEPIDLE
+  int keepalive_interval_s = 10;        // TCP_KEEPINTVL
+  int keepalive_count = 6;              // TCP_KEEPCNT
+  // A connection that makes no progress this long while it has bytes to send, or is in the
+  // middle of a frame, is declared dead (TimeoutError naming the peer); 0 = never. Request
+  // deadlines apply independently.
+  std::chrono::milliseconds io_timeout{0};
+  // Messages that arrive before their irecv is posted are buffered up to this many bytes in
+  // all; beyond it the transport stops reading from that connection until a matching irecv is
+  // posted (TCP flow control then holds the sender).
+  std::size_t max_unexpected_bytes = std::size_t{1} << 30;
+  bool payload_checksums = true;  // xxh3-64 of every frame's payload (headers always)
+  // Threads that run this transport's Asio io_context while no caller waits: a caller waiting
+  // on a request runs it itself, and the I/O threads step aside meanwhile (tcp/progress.h).
+  int io_threads = 1;
+  // How long a thread that has run out of work polls for more (yielding the core in between)
+  // before it sleeps in the reactor: a caller in wait(), and an I/O thread after its last
+  // handler. The next frame of a collective round usually follows within microseconds; polling
+  // saves the sleep and wake-up, as MPI and NCCL do by polling all the time. A waiting caller
+  // keeps polling while handlers keep running. 0: sleep in the reactor at once.
+  // docs/benchmarks.md ("Busy polling, socket buffers, pipeline chunk, early frames") measures
+  // the default.
+  std::chrono::microseconds busy_poll{100};
+  // Shared secret for the HMAC-SHA256 challenge-response of every TCP connection (data plane
+  // and rendezvous). Empty: connections are still checked (with an empty key) but not
+  // authenticated; a warning is logged.
+  std::string secret;
+};
+
+// Checks every field; throws InvalidArgument naming the field and the value.
+void validate(const TcpOptions& options);
+
+}  // namespace pulseloco::transport
