@@ -1,21 +1,46 @@
-# Install rules and the CMake package: an installed copy is found with find_package(pulseloco)
-# and used through the target pulseloco::pulseloco (tests/consumer proves it).
+# Install rules and the CMake package. An installed pulseloco is found with
+#   find_package(pulseloco [COMPONENTS core cuda nccl mpi torch])
+# and used through pulseloco::pulseloco (every component found) or pulseloco::core,
+# pulseloco::cuda, ... (tests/consumer proves both). Each package component has its own export
+# file, so that a consumer without CUDA, NCCL, MPI or libtorch can still use `core`.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(PULSELOCO_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/pulseloco")
 
-install(TARGETS ${PULSELOCO_COMPONENTS} pulseloco pulseloco_compile_options
-  EXPORT pulselocoTargets
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
-  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+set(PULSELOCO_BUILT_PACKAGE_COMPONENTS "")
+foreach(package_component ${PULSELOCO_PACKAGE_COMPONENTS})
+  get_property(targets GLOBAL PROPERTY PULSELOCO_COMPONENT_${package_component})
+  if(package_component STREQUAL "core")
+    list(APPEND targets pulseloco_compile_options)
+  endif()
+  if(NOT targets)
+    continue()
+  endif()
+  list(APPEND PULSELOCO_BUILT_PACKAGE_COMPONENTS ${package_component})
+  # In the package: pulseloco::base, pulseloco::engine, ... as in the build tree.
+  foreach(target ${targets})
+    string(REGEX REPLACE "^pulseloco_" "" export_name ${target})
+    set_target_properties(${target} PROPERTIES EXPORT_NAME ${export_name})
+  endforeach()
+  install(TARGETS ${targets}
+    EXPORT pulseloco-${package_component}-targets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+    RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+    INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(EXPORT pulseloco-${package_component}-targets
+    NAMESPACE pulseloco::
+    DESTINATION ${PULSELOCO_INSTALL_CMAKEDIR})
+  list(REMOVE_ITEM targets pulseloco_compile_options)
+  set(PULSELOCO_PACKAGE_TARGETS_${package_component} ${targets})
+endforeach()
 install(TARGETS pulseloco_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # Headers go under include/pulseloco/<component>/ exactly as the build tree includes them
 # (cmake/PulselocoIncludeTree.cmake), and include/ is the only include root an installed
-# pulseloco adds: users write <pulseloco/pulseloco.h>, <pulseloco/engine/engine.h>.
+# pulseloco adds: users write <pulseloco/pulseloco.h>, <pulseloco/engine/engine.h>. Internal
+# headers (detail/, *_internal.h, *_impl.h) stay out.
 foreach(entry ${PULSELOCO_HEADER_FOLDERS})
   string(REPLACE "=" ";" pair ${entry})
   list(GET pair 0 name)
@@ -23,7 +48,10 @@ foreach(entry ${PULSELOCO_HEADER_FOLDERS})
   if(EXISTS ${PROJECT_SOURCE_DIR}/${folder} AND NOT name STREQUAL "cli")
     install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/
       DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco/${name}
-      FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
+      FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
+      PATTERN "detail" EXCLUDE
+      PATTERN "*_internal.h" EXCLUDE
+      PATTERN "*_impl.h" EXCLUDE)
   endif()
 endforeach()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/pulseloco/
@@ -31,10 +59,12 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/pulseloco/
 install(FILES ${PULSELOCO_INCLUDE_DIR}/pulseloco/build_config.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco)
 
-install(EXPORT pulselocoTargets
-  NAMESPACE pulseloco::
-  DESTINATION ${PULSELOCO_INSTALL_CMAKEDIR})
-
+# The config file learns which components this build has and which targets each one holds.
+set(PULSELOCO_PACKAGE_TARGET_LISTS "")
+foreach(package_component ${PULSELOCO_BUILT_PACKAGE_COMPONENTS})
+  string(APPEND PULSELOCO_PACKAGE_TARGET_LISTS
+    "set(_pulseloco_targets_${package_component} ${PULSELOCO_PACKAGE_TARGETS_${package_component}})\n")
+endforeach()
 configure_package_config_file(
   ${PROJECT_SOURCE_DIR}/cmake/pulselocoConfig.cmake.in
   ${PROJECT_BINARY_DIR}/pulselocoConfig.cmake

@@ -8,7 +8,9 @@
 #include <pulseloco/base/cpu_features.h>
 #include <pulseloco/build_config.h>
 #include <pulseloco/cli/commands.h>
+#if PULSELOCO_HAS_CUDA
 #include <pulseloco/kernels/gpu_runtime.h>
+#endif
 
 namespace pulseloco::cli {
 namespace {
@@ -25,21 +27,20 @@ nlohmann::json build_info() {
       {"torch", PULSELOCO_HAS_TORCH == 1},
   };
   nlohmann::json versions = nlohmann::json::object();
-  if (PULSELOCO_HAS_CUDA) {
-    versions["cuda_compiler"] = PULSELOCO_CUDA_COMPILER_VERSION;
-    versions["cuda_architectures"] = PULSELOCO_CUDA_ARCHITECTURES;
-    versions["cuda_runtime"] = kernels::cuda_runtime_version();
+  info["cuda_devices"] = nlohmann::json::array();
+#if PULSELOCO_HAS_CUDA
+  versions["cuda_compiler"] = PULSELOCO_CUDA_COMPILER_VERSION;
+  versions["cuda_architectures"] = PULSELOCO_CUDA_ARCHITECTURES;
+  versions["cuda_runtime"] = kernels::cuda_runtime_version();
+  for (int d = 0; d < kernels::cuda_device_count(); ++d) {
+    info["cuda_devices"].push_back(kernels::cuda_device_description(d));
   }
+#endif
   if (PULSELOCO_HAS_NCCL) versions["nccl"] = PULSELOCO_NCCL_VERSION;
   if (PULSELOCO_HAS_MPI) versions["mpi"] = PULSELOCO_MPI_VERSION;
   if (PULSELOCO_HAS_TORCH) versions["torch"] = PULSELOCO_TORCH_VERSION;
   info["versions"] = versions;
   info["cpu_isa"] = std::string(cpu_isa_name(detected_cpu_isa()));
-  const int devices = kernels::cuda_device_count();
-  info["cuda_devices"] = nlohmann::json::array();
-  for (int d = 0; d < devices; ++d) {
-    info["cuda_devices"].push_back(kernels::cuda_device_description(d));
-  }
   return info;
 }
 

@@ -1,3 +1,6 @@
+# Installs this build into a prefix, then configures, builds and runs a separate project that
+# finds it with find_package(pulseloco). EXTRA_ARGS (a ;-list) reach the project's configure
+# step (e.g. -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON), EXPECT is a regex its output must match.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
@@ -13,16 +16,18 @@ endfunction()
 run(${CMAKE_COMMAND} --install ${PULSELOCO_BUILD_DIR} --prefix ${prefix})
 set(configure_args -S ${PROJECT_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
   -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=${BUILD_TYPE}
-  -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
-if(CUDA_COMPILER)
+  -DCMAKE_CXX_COMPILER=${CXX_COMPILER} ${EXTRA_ARGS})
+if(CUDA_COMPILER AND NOT EXTRA_ARGS MATCHES "DISABLE_FIND_PACKAGE_CUDAToolkit")
   get_filename_component(cuda_bin ${CUDA_COMPILER} DIRECTORY)
   get_filename_component(cuda_root ${cuda_bin} DIRECTORY)
   list(APPEND configure_args -DCUDAToolkit_ROOT=${cuda_root})
 endif()
 run(${CMAKE_COMMAND} ${configure_args})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run(${WORK_DIR}/build/pulseloco_consumer)
-if(NOT last_output MATCHES "consumer ok")
+file(GLOB program ${WORK_DIR}/build/pulseloco_consumer*)
+list(FILTER program EXCLUDE REGEX "\\.")
+run(${program})
+if(NOT last_output MATCHES "${EXPECT}")
   message(FATAL_ERROR "unexpected consumer output: ${last_output}")
 endif()
 message(STATUS "${last_output}")
