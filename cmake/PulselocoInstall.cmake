@@ -40,19 +40,26 @@ install(TARGETS pulseloco_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Headers go under include/pulseloco/<component>/ exactly as the build tree includes them
 # (cmake/PulselocoIncludeTree.cmake), and include/ is the only include root an installed
 # pulseloco adds: users write <pulseloco/pulseloco.h>, <pulseloco/engine/engine.h>. Internal
-# headers (detail/, *_internal.h, *_impl.h) stay out.
+# headers stay out: those under detail/ and those whose first line says so ("// Internal: ..."
+# or "(internal header)"); an installed header never includes one.
 foreach(entry ${PULSELOCO_HEADER_FOLDERS})
   string(REPLACE "=" ";" pair ${entry})
   list(GET pair 0 name)
   list(GET pair 1 folder)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/${folder} AND NOT name STREQUAL "cli")
-    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${folder}/
-      DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco/${name}
-      FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
-      PATTERN "detail" EXCLUDE
-      PATTERN "*_internal.h" EXCLUDE
-      PATTERN "*_impl.h" EXCLUDE)
+  if(NOT EXISTS ${PROJECT_SOURCE_DIR}/${folder} OR name STREQUAL "cli")
+    continue()
   endif()
+  file(GLOB_RECURSE headers RELATIVE ${PROJECT_SOURCE_DIR}/${folder}
+    ${PROJECT_SOURCE_DIR}/${folder}/*.h ${PROJECT_SOURCE_DIR}/${folder}/*.cuh)
+  foreach(header ${headers})
+    file(STRINGS ${PROJECT_SOURCE_DIR}/${folder}/${header} first_line LIMIT_COUNT 1)
+    if(header MATCHES "(^|/)detail/" OR first_line MATCHES "^// Internal|internal header")
+      continue()
+    endif()
+    get_filename_component(subfolder ${header} DIRECTORY)
+    install(FILES ${PROJECT_SOURCE_DIR}/${folder}/${header}
+      DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco/${name}/${subfolder})
+  endforeach()
 endforeach()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/pulseloco/
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pulseloco FILES_MATCHING PATTERN "*.h")

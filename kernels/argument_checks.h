@@ -1,5 +1,6 @@
-// Argument checks shared by the CPU and CUDA window kernels: every public kernel validates its
-// arguments with these before doing any work, and throws InvalidArgument naming the kernel.
+// Internal: argument checks shared by the CPU and CUDA window kernels: every public kernel
+// validates its arguments with these before doing any work, and throws InvalidArgument naming the
+// kernel.
 #pragma once
 
 #include <cstdint>

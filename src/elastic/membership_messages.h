@@ -1,4 +1,4 @@
-// The messages between the elastic coordinator (coordinator.h) and its workers
+// Internal: the messages between the elastic coordinator (coordinator.h) and its workers
 // (membership_client.h).
 //
 // Wire protocol

@@ -1,6 +1,6 @@
-// The fault-injection harness of elastic-membership tests: makes this process fail at a chosen
-// window and phase, as a real worker would (docs/elastic.md, "Testing failures"). It is a phase
-// observer (engine/phase_hooks.h) that the engine installs only when PULSELOCO_FAULT is set.
+// Internal: the fault-injection harness of elastic-membership tests: makes this process fail at a
+// chosen window and phase, as a real worker would (docs/elastic.md, "Testing failures"). It is a
+// phase observer (engine/phase_hooks.h) that the engine installs only when PULSELOCO_FAULT is set.
 //
 //   PULSELOCO_FAULT="window=3,phase=exchange,action=kill"          (this process)
 //   PULSELOCO_FAULT="window=3,phase=gate,action=stall,rank=2"      (only while at rank 2)

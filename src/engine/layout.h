@@ -1,5 +1,5 @@
-// How the model's tensors are cut into chunks (the unit of gating, encoding, aggregation and
-// parallelism; one wire frame each) and grouped into buckets (the unit of dense all-reduce).
+// Internal: how the model's tensors are cut into chunks (the unit of gating, encoding, aggregation
+// and parallelism; one wire frame each) and grouped into buckets (the unit of dense all-reduce).
 // Every rank derives the same layout from the same tensor table and options.
 #pragma once
 

@@ -1,6 +1,6 @@
-// Named points of a window at which the engine tells an observer where it is: the seam through
-// which tests make a process fail at a chosen point (engine/fault_injection.h). A production
-// engine has no observer; each point then costs one test of a null pointer.
+// Internal: named points of a window at which the engine tells an observer where it is: the seam
+// through which tests make a process fail at a chosen point (engine/fault_injection.h). A
+// production engine has no observer; each point then costs one test of a null pointer.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
-// Reusable per-task scratch buffers: a task borrows one for the duration of a chunk and gives it
-// back, so the engine allocates a handful of chunk-sized buffers once instead of per chunk.
+// Internal: reusable per-task scratch buffers: a task borrows one for the duration of a chunk and
+// gives it back, so the engine allocates a handful of chunk-sized buffers once instead of per
+// chunk.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
-// The messages of the environment rendezvous (rendezvous.h), after the connection's handshake
-// (transport/tcp/handshake.h, purpose `rendezvous`). All integers little-endian.
+// Internal: the messages of the environment rendezvous (rendezvous.h), after the connection's
+// handshake (transport/tcp/handshake.h, purpose `rendezvous`). All integers little-endian.
 //
 //   rank -> server   registration: where the rank's data listener is
 //                    u16 port, u8 host length, host

@@ -1,5 +1,5 @@
-// The test hooks of group formation (DEVELOPERS.md, "Test hooks"); production runs never set
-// them.
+// Internal: the test hooks of group formation (DEVELOPERS.md, "Test hooks"); production runs never
+// set them.
 #pragma once
 
 #include <optional>

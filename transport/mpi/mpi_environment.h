@@ -1,5 +1,5 @@
-// The process-wide MPI environment shared by the MPI transport and MPI_COMM_WORLD's bootstrap
-// (mpi_world.h) (internal header of pulseloco_transport_mpi).
+// Internal: the process-wide MPI environment shared by the MPI transport and MPI_COMM_WORLD's
+// bootstrap (mpi_world.h) (internal header of pulseloco_transport_mpi).
 #pragma once
 
 #include <mpi.h>

@@ -1,6 +1,6 @@
-// MPI_COMM_WORLD as a Bootstrap (bootstrap.h): the MPI rendezvous exchanges the ranks' TCP data
-// addresses over it, and the NCCL backend its unique id. Every call is non-blocking MPI polled
-// against the deadline; a call that misses it leaves MPI unfit for a clean finalize
+// Internal: MPI_COMM_WORLD as a Bootstrap (bootstrap.h): the MPI rendezvous exchanges the ranks'
+// TCP data addresses over it, and the NCCL backend its unique id. Every call is non-blocking MPI
+// polled against the deadline; a call that misses it leaves MPI unfit for a clean finalize
 // (mpi::mark_unclean).
 #pragma once
 

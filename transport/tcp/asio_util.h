@@ -1,5 +1,5 @@
-// Small Boost.Asio helpers shared by the TCP transport, the rendezvous (group/) and the elastic
-// coordinator and client (elastic/).
+// Internal: small Boost.Asio helpers shared by the TCP transport, the rendezvous (group/) and the
+// elastic coordinator and client (elastic/).
 #pragma once
 
 // Boost 1.74's awaitable.hpp uses std::exchange without including <utility>.

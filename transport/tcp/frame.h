@@ -1,4 +1,4 @@
-// The TCP data-plane frame: a fixed 64-byte header, then the payload chunk.
+// Internal: the TCP data-plane frame: a fixed 64-byte header, then the payload chunk.
 //
 //   offset size field
 //    0     4    magic "PLT1"

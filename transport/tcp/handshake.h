@@ -1,4 +1,4 @@
-// Mutual authentication of a new TCP connection (rendezvous and data plane alike): an
+// Internal: mutual authentication of a new TCP connection (rendezvous and data plane alike): an
 // HMAC-SHA256 challenge-response over the shared secret, with fresh 32-byte nonces from
 // OpenSSL's RAND_bytes on both sides and constant-time comparison (CRYPTO_memcmp).
 //

@@ -1,5 +1,5 @@
-// One TCP connection of a transport to a peer (a "lane"; a peer has connections_per_peer of
-// them), with the byte-level work of that one socket: cutting the incoming bytes into frames and
+// Internal: one TCP connection of a transport to a peer (a "lane"; a peer has connections_per_peer
+// of them), with the byte-level work of that one socket: cutting the incoming bytes into frames and
 // putting each payload where it belongs, and writing queued frames with one scatter-gather write
 // (internal header of the TCP transport). Whose bytes go where (the message matcher), when to
 // read and write (the transport's sending and receiving units) and what a failure means (the

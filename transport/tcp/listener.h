@@ -1,5 +1,5 @@
-// The one way pulseloco listens for TCP connections: the TCP transport's data listener, the
-// rendezvous server (group/) and the elastic coordinator (elastic/) all accept through a
+// Internal: the one way pulseloco listens for TCP connections: the TCP transport's data listener,
+// the rendezvous server (group/) and the elastic coordinator (elastic/) all accept through a
 // Listener, under one policy:
 //  - every accepted connection must finish its handshake (authentication, and whatever its
 //    server reads before it trusts the peer) within kHandshakeTimeout, or its socket is closed;

@@ -1,5 +1,5 @@
-// One isend or irecv of the TCP transport, and the payload checksums a message's frames share
-// (internal header of tcp_transport.cpp and its parts).
+// Internal: one isend or irecv of the TCP transport, and the payload checksums a message's frames
+// share (internal header of tcp_transport.cpp and its parts).
 #pragma once
 
 #include <atomic>

@@ -1,5 +1,5 @@
-// Who runs a TCP transport's io_context: a caller waiting on an operation, or the transport's
-// I/O threads when nobody waits.
+// Internal: who runs a TCP transport's io_context: a caller waiting on an operation, or the
+// transport's I/O threads when nobody waits.
 //
 // Why: when an I/O thread owns the reactor, every message crosses threads twice (the I/O
 // thread reads a frame and wakes the waiting caller; the caller's next send wakes the I/O

@@ -1,4 +1,4 @@
-// How a TCP server that runs on a thread of its own (the rendezvous server, the elastic
+// Internal: how a TCP server that runs on a thread of its own (the rendezvous server, the elastic
 // coordinator) reports how it ended: complete() once, from its thread; wait() from any other.
 #pragma once
 

@@ -13,7 +13,7 @@ int main() try {
       {.name = "w", .view = {.data = weights.data(), .numel = weights.size()}});
   pulseloco::EngineOptions options;
   options.steps_per_window = 2;
-  auto transport = pulseloco::transport::make_transport(pulseloco::transport::from_environment());
+  auto transport = pulseloco::group::make_transport(pulseloco::group::from_environment());
   pulseloco::Engine engine(std::move(parameters), options, std::move(transport));
   int windows = 0;
   for (int step = 0; step < 6; ++step) {
