@@ -13,6 +13,7 @@
 
 #include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
+#include <pulseloco/codec/message.h>
 
 namespace pulseloco::codec::wire {
 
@@ -72,3 +73,55 @@ class Reader : public ByteReader {
 };
 
 }  // namespace pulseloco::codec::wire
+
+namespace pulseloco::codec {
+
+// Layout constants of the message header and frame prefixes (docs/wire-format.md), shared by
+// encoding (message_encode.cpp) and parsing (message.cpp).
+
+// Message header prefix.
+inline constexpr std::size_t kHeaderVersionAt = 4;
+inline constexpr std::size_t kHeaderEncodingAt = 6;
+inline constexpr std::size_t kHeaderFlagsAt = 7;
+inline constexpr std::size_t kHeaderWindowAt = 8;
+inline constexpr std::size_t kHeaderRankAt = 16;
+inline constexpr std::size_t kHeaderTensorCountAt = 20;
+inline constexpr std::size_t kHeaderFrameCountAt = 24;
+inline constexpr std::size_t kHeaderReservedAt = 28;
+
+// Frame prefix.
+inline constexpr std::size_t kFrameTensorAt = 0;
+inline constexpr std::size_t kFrameEncodingAt = 4;
+inline constexpr std::size_t kFrameIndexCodingAt = 5;
+inline constexpr std::size_t kFrameZstdStreamsAt = 6;
+inline constexpr std::size_t kFrameSparsePlanesAt = 7;
+inline constexpr std::size_t kFrameBeginAt = 8;
+inline constexpr std::size_t kFrameLengthAt = 16;
+inline constexpr std::size_t kFrameEntriesAt = 20;
+inline constexpr std::size_t kFramePayloadBytesAt = 24;
+
+inline constexpr std::size_t kFrameOverheadBytes = kFramePrefixBytes + kChecksumBytes;
+inline constexpr std::uint64_t kMaxNumel = (std::uint64_t{1} << 63) - 1;
+inline constexpr std::uint8_t kZstdStreamsMask = (1u << wire::kPulseStreams) - 1;
+inline constexpr std::uint8_t kSparsePlanesMask = 0x0F;
+
+static_assert(kHeaderReservedAt + 4 == kHeaderPrefixBytes);
+static_assert(kFramePayloadBytesAt + 8 == kFramePrefixBytes);
+
+[[nodiscard]] inline bool valid_encoding(std::uint8_t code) noexcept {
+  return code <= 2;
+}
+[[nodiscard]] inline bool valid_index_coding(std::uint8_t code) noexcept {
+  return code <= 2;
+}
+
+[[nodiscard]] inline std::uint64_t plain_index_bytes(Encoding encoding) noexcept {
+  return encoding == Encoding::plain_i64_f32 ? 8 : 4;
+}
+
+// Makes `buffer` at least `size` bytes (never shrinks it: scratch buffers are reused).
+inline void grow(std::vector<std::byte>& buffer, std::size_t size) {
+  if (buffer.size() < size) buffer.resize(size);
+}
+
+}  // namespace pulseloco::codec

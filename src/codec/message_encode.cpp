@@ -1,0 +1,315 @@
+// Encoding window messages: encode_frame and encode_header (message.h). Parsing and decoding
+// are in message.cpp.
+#include <pulseloco/codec/message.h>
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/codec/index_coding.h>
+#include <pulseloco/codec/value_planes.h>
+#include <pulseloco/codec/wire.h>
+#include <pulseloco/codec/zstd_frames.h>
+
+namespace pulseloco::codec {
+
+using wire::fail;
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+namespace {
+
+// Per-thread encoder state: a zstd context and staging buffers, reused across frames.
+struct EncodeState {
+  detail::ZstdCCtxPtr cctx = detail::make_zstd_cctx();
+  std::vector<std::uint32_t> gaps;
+  std::vector<std::byte> index_raw;     // the index coding's bytes
+  std::vector<std::byte> index_packed;  // ... and their zstd frame
+  std::vector<std::byte> planes;        // 4 dense planes
+  std::array<std::vector<std::byte>, 4> sparse;
+  std::array<std::vector<std::byte>, 4> plane_packed;
+};
+
+EncodeState& encode_state() {
+  thread_local EncodeState state;
+  return state;
+}
+
+void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& options) {
+  const auto error = [&](const std::string& message, std::optional<std::uint64_t> index = {}) {
+    throw InvalidArgument("encode_frame: " + message, ErrorContext{.index = index});
+  };
+  if (!valid_encoding(static_cast<std::uint8_t>(options.encoding))) error("unknown encoding");
+  if (options.index_coding && !valid_index_coding(static_cast<std::uint8_t>(*options.index_coding)))
+    error("unknown index coding");
+  if (options.zstd_level < 0 || options.zstd_level > kMaxZstdLevel) {
+    error("zstd level " + std::to_string(options.zstd_level) + " is not 0 (default) or 1.." +
+          std::to_string(kMaxZstdLevel));
+  }
+  if (entries.offsets.size() != entries.values.size()) {
+    error(std::to_string(entries.offsets.size()) + " offsets but " +
+          std::to_string(entries.values.size()) + " values");
+  }
+  if (entries.length > kMaxFrameElements) {
+    error("chunk length " + std::to_string(entries.length) + " exceeds " +
+          std::to_string(kMaxFrameElements));
+  }
+  if (entries.begin > kMaxNumel || entries.length > kMaxNumel - entries.begin) {
+    error("chunk [" + std::to_string(entries.begin) + ", +" + std::to_string(entries.length) +
+          ") exceeds the largest tensor the format allows (2^63 - 1 elements)");
+  }
+  std::uint64_t next = 0;
+  for (std::size_t i = 0; i < entries.offsets.size(); ++i) {
+    const std::uint32_t offset = entries.offsets[i];
+    if (offset < next || offset >= entries.length) {
+      error("entry " + std::to_string(i) + ": offset " + std::to_string(offset) +
+                (offset >= entries.length
+                     ? " is not below the chunk length " + std::to_string(entries.length)
+                     : " does not ascend"),
+            entries.begin + offset);
+    }
+    next = std::uint64_t{offset} + 1;
+  }
+  const std::size_t bad = detail::first_non_finite(entries.values);
+  if (bad != entries.values.size()) {
+    error("entry " + std::to_string(bad) + ": value is not finite",
+          entries.begin + entries.offsets[bad]);
+  }
+}
+
+void write_frame_prefix(std::byte* p, const FrameEntries& entries, Encoding encoding,
+                        IndexCoding coding, std::uint8_t zstd_streams, std::uint8_t sparse_planes,
+                        std::uint64_t payload_bytes) {
+  store_le<std::uint32_t>(p + kFrameTensorAt, entries.tensor);
+  p[kFrameEncodingAt] = static_cast<std::byte>(encoding);
+  p[kFrameIndexCodingAt] = static_cast<std::byte>(coding);
+  p[kFrameZstdStreamsAt] = static_cast<std::byte>(zstd_streams);
+  p[kFrameSparsePlanesAt] = static_cast<std::byte>(sparse_planes);
+  store_le<std::uint64_t>(p + kFrameBeginAt, entries.begin);
+  store_le<std::uint32_t>(p + kFrameLengthAt, static_cast<std::uint32_t>(entries.length));
+  store_le<std::uint32_t>(p + kFrameEntriesAt, static_cast<std::uint32_t>(entries.offsets.size()));
+  store_le<std::uint64_t>(p + kFramePayloadBytesAt, payload_bytes);
+}
+
+void append_checksum(std::vector<std::byte>& frame) {
+  const std::uint64_t checksum = XXH3_64bits(frame.data(), frame.size());
+  append_le<std::uint64_t>(frame, checksum);
+}
+
+std::vector<std::byte> encode_plain(const FrameEntries& entries, Encoding encoding) {
+  const std::size_t n = entries.offsets.size();
+  const std::uint64_t index_bytes = plain_index_bytes(encoding);
+  const std::uint64_t payload = n * (index_bytes + 4);
+  std::vector<std::byte> frame(kFramePrefixBytes + payload);
+  frame.reserve(frame.size() + kChecksumBytes);
+  write_frame_prefix(frame.data(), entries, encoding, IndexCoding::varint, 0, 0, payload);
+  std::byte* p = frame.data() + kFramePrefixBytes;
+  if (encoding == Encoding::plain_i64_f32) {
+    for (std::size_t i = 0; i < n; ++i) {
+      store_le<std::int64_t>(p + 8 * i,
+                             static_cast<std::int64_t>(entries.begin + entries.offsets[i]));
+    }
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      store_le<std::int32_t>(p + 4 * i, static_cast<std::int32_t>(entries.offsets[i]));
+    }
+  }
+  if (n > 0) std::memcpy(p + n * index_bytes, entries.values.data(), n * 4);
+  append_checksum(frame);
+  return frame;
+}
+
+// A stream as it goes on the wire: its zstd frame when that is smaller, else the raw bytes.
+struct StoredStream {
+  std::span<const std::byte> bytes;
+  bool compressed = false;
+};
+
+// True when an order-0 entropy coder could save at most about 6% of `bytes`: their Renyi-2
+// entropy -log2(sum p_i^2), a lower bound of the Shannon entropy, is at least 7.5 bits per
+// byte. Such streams (the random-looking mantissa planes) are stored without asking zstd, whose
+// match finder would find nothing there (measured: docs/benchmarks.md, "Codec"). Deterministic:
+// integer counts and one comparison.
+bool looks_incompressible(std::span<const std::byte> bytes) {
+  constexpr std::size_t kMinBytes = 256;
+  constexpr double kTwoPow7_5 = 181.01933598375618;  // 2^7.5
+  if (bytes.size() < kMinBytes) return false;
+  // Four interleaved histograms break the store-to-load dependency on repeated symbols.
+  std::array<std::array<std::uint32_t, 256>, 4> counts{};
+  const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data());
+  const std::size_t n = bytes.size();
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++counts[0][p[i]];
+    ++counts[1][p[i + 1]];
+    ++counts[2][p[i + 2]];
+    ++counts[3][p[i + 3]];
+  }
+  for (; i < n; ++i)
+    ++counts[0][p[i]];
+  std::uint64_t sum_squares = 0;  // <= n^2 < 2^64
+  for (std::size_t symbol = 0; symbol < 256; ++symbol) {
+    const std::uint64_t c = std::uint64_t{counts[0][symbol]} + counts[1][symbol] +
+                            counts[2][symbol] + counts[3][symbol];
+    sum_squares += c * c;
+  }
+  const auto total = static_cast<double>(n);
+  return static_cast<double>(sum_squares) * kTwoPow7_5 <= total * total;
+}
+
+StoredStream store_stream(ZSTD_CCtx* cctx, std::span<const std::byte> raw,
+                          std::vector<std::byte>& packed, int level) {
+  if (looks_incompressible(raw)) return {raw, false};
+  const std::size_t bound = ZSTD_compressBound(raw.size());
+  grow(packed, bound);
+  const std::size_t size = detail::zstd_compress(cctx, raw, packed.data(), bound, level);
+  if (size < raw.size()) return {std::span<const std::byte>(packed.data(), size), true};
+  return {raw, false};
+}
+
+std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
+  const std::size_t n = entries.offsets.size();
+  if (n == 0) {
+    std::vector<std::byte> frame(kFramePrefixBytes);
+    frame.reserve(kFrameOverheadBytes);
+    write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
+    append_checksum(frame);
+    return frame;
+  }
+  EncodeState& state = encode_state();
+  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+  std::array<StoredStream, wire::kPulseStreams> stored{};
+
+  // Indices. The varint gaps are compressed and compared with the raw sizes of bit-packing and
+  // Elias-Fano, whose bits zstd rarely shrinks on real traces (so they are compressed only
+  // once chosen); the fewest bytes win, ties going to the lower code. Deterministic, one zstd
+  // call in the common case: compressing all three would cost encoder throughput for almost no
+  // size.
+  if (state.gaps.size() < n) state.gaps.resize(n);
+  const std::span<const std::uint32_t> gaps(state.gaps.data(), n);
+  detail::compute_gaps(entries.offsets, state.gaps.data());
+  const detail::IndexCodingSizes sizes = detail::index_coding_sizes(gaps, entries.length);
+  const auto encode_and_store = [&](IndexCoding candidate) {
+    const std::uint64_t raw_bytes = sizes.of(candidate);
+    grow(state.index_raw, raw_bytes);
+    detail::encode_indices(candidate, entries.offsets, gaps, entries.length,
+                           state.index_raw.data());
+    return store_stream(state.cctx.get(), std::span(state.index_raw.data(), raw_bytes),
+                        state.index_packed, level);
+  };
+  IndexCoding coding = options.index_coding.value_or(IndexCoding::varint);
+  stored[wire::kIndexStream] = encode_and_store(coding);
+  if (!options.index_coding) {
+    IndexCoding best = IndexCoding::varint;
+    std::uint64_t best_bytes = stored[wire::kIndexStream].bytes.size();
+    for (const IndexCoding candidate : {IndexCoding::bitpack, IndexCoding::elias_fano}) {
+      if (sizes.of(candidate) < best_bytes) {
+        best = candidate;
+        best_bytes = sizes.of(candidate);
+      }
+    }
+    if (best != IndexCoding::varint) {
+      coding = best;
+      stored[wire::kIndexStream] = encode_and_store(coding);
+    }
+  }
+  const std::uint64_t index_raw_bytes = sizes.of(coding);
+
+  // Values: four byte planes; a plane that is mostly zero bytes goes in its sparse form.
+  grow(state.planes, 4 * n);
+  detail::split_planes(entries.values, state.planes.data());
+  std::uint8_t sparse_planes = 0;
+  std::array<std::uint64_t, 4> nonzero{};
+  for (std::size_t k = 0; k < 4; ++k) {
+    const std::byte* plane = state.planes.data() + k * n;
+    const std::size_t zeros = detail::count_zero_bytes(plane, n);
+    std::span<const std::byte> raw(plane, n);
+    if (2 * zeros > n) {
+      sparse_planes |= static_cast<std::uint8_t>(1u << k);
+      nonzero[k] = n - zeros;
+      const std::size_t bytes = detail::sparse_plane_bytes(n, nonzero[k]);
+      grow(state.sparse[k], bytes);
+      detail::encode_sparse_plane(plane, n, state.sparse[k].data());
+      raw = std::span<const std::byte>(state.sparse[k].data(), bytes);
+    }
+    stored[1 + k] = store_stream(state.cctx.get(), raw, state.plane_packed[k], level);
+  }
+
+  std::uint8_t zstd_streams = 0;
+  for (int s = 0; s < wire::kPulseStreams; ++s) {
+    if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
+  }
+  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + 4 + wire::kPulseStreams)> directory{};
+  std::byte* d = wire::put_varint(directory.data(), index_raw_bytes);
+  for (std::size_t k = 0; k < 4; ++k) {
+    if (((sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
+  }
+  for (const auto& stream : stored)
+    d = wire::put_varint(d, stream.bytes.size());
+  const auto directory_bytes = static_cast<std::size_t>(d - directory.data());
+  std::uint64_t payload = directory_bytes;
+  for (const auto& stream : stored)
+    payload += stream.bytes.size();
+
+  std::vector<std::byte> frame;
+  frame.reserve(kFrameOverheadBytes + payload);
+  frame.resize(kFramePrefixBytes);
+  write_frame_prefix(frame.data(), entries, Encoding::pulse, coding, zstd_streams, sparse_planes,
+                     payload);
+  frame.insert(frame.end(), directory.begin(), directory.begin() + directory_bytes);
+  for (const auto& stream : stored) {
+    frame.insert(frame.end(), stream.bytes.begin(), stream.bytes.end());
+  }
+  append_checksum(frame);
+  return frame;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_frame(const FrameEntries& entries, const EncodeOptions& options) {
+  validate_frame_entries(entries, options);
+  if (options.encoding == Encoding::pulse) return encode_pulse(entries, options);
+  return encode_plain(entries, options.encoding);
+}
+
+std::vector<std::byte> encode_header(const MessageHeader& header, std::uint32_t frame_count) {
+  if (!valid_encoding(static_cast<std::uint8_t>(header.encoding))) {
+    throw InvalidArgument("encode_header: unknown encoding");
+  }
+  if (header.tensor_numels.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw InvalidArgument("encode_header: more than 2^32 - 1 tensors");
+  }
+  for (std::size_t t = 0; t < header.tensor_numels.size(); ++t) {
+    if (header.tensor_numels[t] > kMaxNumel) {
+      throw InvalidArgument("encode_header: tensor " + std::to_string(t) + " has " +
+                            std::to_string(header.tensor_numels[t]) +
+                            " elements, more than 2^63 - 1");
+    }
+  }
+  std::vector<std::byte> out(kHeaderPrefixBytes);
+  out.reserve(kHeaderPrefixBytes + 8 * header.tensor_numels.size() + kChecksumBytes);
+  std::byte* p = out.data();
+  std::memcpy(p, wire::kMagic, sizeof wire::kMagic);
+  store_le<std::uint16_t>(p + kHeaderVersionAt, kFormatVersion);
+  p[kHeaderEncodingAt] = static_cast<std::byte>(header.encoding);
+  p[kHeaderFlagsAt] = std::byte{0};
+  store_le<std::uint64_t>(p + kHeaderWindowAt, header.window);
+  store_le<std::uint32_t>(p + kHeaderRankAt, header.sender_rank);
+  store_le<std::uint32_t>(p + kHeaderTensorCountAt,
+                          static_cast<std::uint32_t>(header.tensor_numels.size()));
+  store_le<std::uint32_t>(p + kHeaderFrameCountAt, frame_count);
+  store_le<std::uint32_t>(p + kHeaderReservedAt, 0);
+  for (const std::uint64_t numel : header.tensor_numels)
+    append_le<std::uint64_t>(out, numel);
+  append_checksum(out);
+  return out;
+}
+
+}  // namespace pulseloco::codec
