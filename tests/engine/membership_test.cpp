@@ -156,7 +156,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, EngineMembership,
                            return std::string(dtype_name(param_info.param));
                          });
 
-// The tag layout of collectives/detail/call.h: the call's sequence number sits in bits 8-39 and
+// The tag layout of collectives/detail/packets.h: the call's sequence number sits in bits 8-39 and
 // the phase in the low byte (2 = the completion/failure notices).
 std::uint64_t call_sequence(transport::Tag tag) {
   return (tag >> 8) & 0xFFFF'FFFFull;
