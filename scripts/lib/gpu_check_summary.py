@@ -60,9 +60,9 @@ def test_groups(out):
     return groups
 
 
-def bench_records(out):
+def bench_records(out, name="bench_kernels_cuda.jsonl"):
     records = []
-    path = os.path.join(out, "bench_kernels_cuda.jsonl")
+    path = os.path.join(out, name)
     if os.path.exists(path):
         for line in open(path):
             try:
@@ -121,11 +121,16 @@ def main():
                              f"{'identical' if r['identical'] else 'DIFFER'}")
     else:
         lines.append("benchmarks: no results")
+    sync = bench_records(out, "bench_sync.jsonl")
+    for r in sync:  # pulseloco_bench_sync, rank 0: two ranks sharing the GPU over loopback TCP
+        lines.append(f"engine window, 2 ranks, {r.get('setup', r.get('label', '?'))}: "
+                     f"{r.get('window_seconds', 0):.3f} s (exchange "
+                     f"{r.get('exchange_seconds', 0):.3f} s)")
     print("\n".join(lines))
     failed = any(s["status"] == "failed" for s in steps) or any(
         g["failed"] for g in groups.values())
     summary = {"seconds": seconds, "failed": failed, "steps": steps, "tests": groups,
-               "benchmarks": records}
+               "benchmarks": records, "sync": sync}
     with open(os.path.join(out, "gpu_check.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return 1 if failed else 0
