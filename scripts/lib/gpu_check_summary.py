@@ -78,13 +78,13 @@ def main():
     groups = test_groups(out)
     records = bench_records(out)
     lines = [f"GPU check ({seconds} s)", ""]
-    lines.append(f"{'step':<22} {'status':<8} {'s':>5}  note")
+    lines.append(f"{'step':<24} {'status':<8} {'s':>5}  note")
     for s in steps:
-        lines.append(f"{s['step']:<22} {s['status']:<8} {s['seconds']:>5}  {s['note']}")
-    lines += ["", f"{'tests (label)':<22} {'passed':>6} {'failed':>6} {'skipped':>7}"]
+        lines.append(f"{s['step']:<24} {s['status']:<8} {s['seconds']:>5}  {s['note']}")
+    lines += ["", f"{'tests (label)':<24} {'passed':>6} {'failed':>6} {'skipped':>7}"]
     for group, g in sorted(groups.items()):
         why = f"  ({', '.join(g['skip_reasons'])})" if g["skip_reasons"] else ""
-        lines.append(f"{group:<22} {g['passed']:>6} {g['failed']:>6} {g['skipped']:>7}{why}")
+        lines.append(f"{group:<24} {g['passed']:>6} {g['failed']:>6} {g['skipped']:>7}{why}")
         for name in g["failed_tests"]:
             lines.append(f"  FAILED {name}")
     if not groups:
