@@ -26,12 +26,15 @@
 #include <chrono>
 
 #include <pulseloco/transport/bootstrap.h>
+#include <pulseloco/transport/native_collectives.h>
 #include <pulseloco/transport/nccl/nccl_options.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::transport {
 
-class NcclTransport final : public Transport {
+struct NcclOp;
+
+class NcclTransport final : public Transport, public NativeCollectives {
  public:
   // Sets up the device, then calls `form_bootstrap` (the group's side channel) to carry rank 0's
   // NCCL id to every rank, and creates the communicator; the bootstrap and the creation each
@@ -46,12 +49,31 @@ class NcclTransport final : public Transport {
   [[nodiscard]] int size() const noexcept override;
   [[nodiscard]] std::string_view backend() const noexcept override { return "nccl"; }
   [[nodiscard]] Device buffer_device() const noexcept override;
+  [[nodiscard]] bool matches_by_order() const noexcept override { return true; }
 
-  // `data` must be device memory on buffer_device().
+  // `data` is memory of buffer_device() (used directly) or host memory (staged, at most 64 MiB
+  // per operation).
   [[nodiscard]] std::unique_ptr<Request> isend(int peer, Tag tag,
                                                std::span<const std::byte> data) override;
   [[nodiscard]] std::unique_ptr<Request> irecv(int peer, Tag tag,
                                                std::span<std::byte> data) override;
+
+  // Native collectives (native_collectives.h), on the same stream as the point-to-point
+  // groups and after every operation posted before them. Buffers as for isend.
+  [[nodiscard]] bool allgatherv(std::span<const std::byte> /*mine*/,
+                                std::span<const std::uint64_t> /*counts*/,
+                                std::span<std::byte> /*out*/, Deadline /*deadline*/) override {
+    return false;  // the collectives use allgather_into here
+  }
+  [[nodiscard]] bool allgather_into(std::span<const std::byte> mine,
+                                    std::span<const std::span<std::byte>> out,
+                                    Deadline deadline) override;
+  // ncclAllReduce: NCCL gives every rank of a communicator the same bytes, in its own
+  // summation order (which depends on the world size and NCCL's algorithm choice).
+  [[nodiscard]] bool allreduce_sum(std::span<const float> input, std::span<float> output,
+                                   Deadline deadline) override;
+  void broadcast(int root, std::span<std::byte> data, Deadline deadline) override;
+  void barrier(Deadline deadline) override;
   void abort(std::string_view reason) noexcept override;
   [[nodiscard]] TransportStats stats() const override;
 
@@ -61,6 +83,11 @@ class NcclTransport final : public Transport {
   struct State;
 
  private:
+  [[nodiscard]] std::unique_ptr<Request> post(int peer, Tag tag, std::span<std::byte> data,
+                                              bool is_send);
+  // Queues `op` behind everything posted so far, launches it and waits for it.
+  void run_collective(const std::shared_ptr<NcclOp>& op, Deadline deadline);
+
   std::shared_ptr<State> state_;
 };
 
