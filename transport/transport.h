@@ -64,8 +64,9 @@ class Transport {
   [[nodiscard]] virtual Device buffer_device() const noexcept { return Device{}; }
   // True when messages between two ranks match by posting order, not by tag (NCCL): the k-th
   // message a rank sends to a peer fills the k-th receive that peer posts from it, whatever the
-  // tags, and sizes must agree. Operations are launched in groups that complete as a whole, so
-  // an operation may wait on one posted later. Such a transport offers native collectives
+  // tags, and sizes must agree. Operations are launched in groups that complete as a whole, one
+  // group after the other (a send completes only once its receive is launched). Such a
+  // transport offers native collectives
   // (native_collectives.h); the collectives then post their point-to-point messages (headers
   // and the completion round) in an order both sides agree on, and move payloads through the
   // native collectives.

@@ -42,7 +42,7 @@ void check_nccl(ncclResult_t result, ncclComm_t comm, std::string_view what) {
 }
 
 // Host memory one operation may stage through the device (nccl_transport.h).
-constexpr std::size_t kMaxStagedBytes = std::size_t{64} << 20;
+constexpr std::size_t kMaxStagedBytes = std::size_t{1} << 30;
 
 // Whether `data` is memory NCCL can use directly: memory of `device` (or managed memory).
 // Memory of another device is refused; anything else is host memory, staged.
@@ -261,44 +261,53 @@ struct NcclTransport::State {
     }
     queued.clear();
     if (group->ops.empty()) return;
-    check_cuda(cudaEventCreateWithFlags(&group->event, cudaEventDisableTiming),
-               "cudaEventCreateWithFlags");
-    for (auto& op : group->ops)
-      for (const Stage& stage : op->stages)
-        if (stage.to_device)
-          check_cuda(cudaMemcpyAsync(stage.device, stage.pinned, stage.bytes,
-                                     cudaMemcpyHostToDevice, stream),
-                     "cudaMemcpyAsync to the staging buffer");
-    check_nccl(ncclGroupStart(), comm, "ncclGroupStart");
-    for (auto& op : group->ops) {
-      ncclResult_t result = ncclSuccess;
-      switch (op->kind) {
-        case NcclOp::Kind::send:
-          result = ncclSend(op->data, op->bytes, ncclUint8, op->peer, comm, stream);
-          break;
-        case NcclOp::Kind::receive:
-          result = ncclRecv(op->data, op->bytes, ncclUint8, op->peer, comm, stream);
-          break;
-        case NcclOp::Kind::collective:
-          result = op->collective(comm, stream);
-          break;
+    try {
+      check_cuda(cudaEventCreateWithFlags(&group->event, cudaEventDisableTiming),
+                 "cudaEventCreateWithFlags");
+      for (auto& op : group->ops)
+        for (const Stage& stage : op->stages)
+          if (stage.to_device)
+            check_cuda(cudaMemcpyAsync(stage.device, stage.pinned, stage.bytes,
+                                       cudaMemcpyHostToDevice, stream),
+                       "cudaMemcpyAsync to the staging buffer");
+      check_nccl(ncclGroupStart(), comm, "ncclGroupStart");
+      for (auto& op : group->ops) {
+        ncclResult_t result = ncclSuccess;
+        switch (op->kind) {
+          case NcclOp::Kind::send:
+            result = ncclSend(op->data, op->bytes, ncclUint8, op->peer, comm, stream);
+            break;
+          case NcclOp::Kind::receive:
+            result = ncclRecv(op->data, op->bytes, ncclUint8, op->peer, comm, stream);
+            break;
+          case NcclOp::Kind::collective:
+            result = op->collective(comm, stream);
+            break;
+        }
+        if (result != ncclSuccess && result != ncclInProgress) {
+          (void)ncclGroupEnd();
+          throw IoError(fmt::format("NCCL {}: {}", op->describe(), nccl_problem(result, comm)),
+                        context_for(op->peer));
+        }
       }
-      if (result != ncclSuccess && result != ncclInProgress) {
-        (void)ncclGroupEnd();
-        throw IoError(fmt::format("NCCL {}: {}", op->describe(), nccl_problem(result, comm)),
-                      context_for(op->peer));
+      const ncclResult_t ended = ncclGroupEnd();
+      check_nccl(ended, comm, "ncclGroupEnd");
+      if (ended == ncclInProgress) {
+        enqueuing = std::move(group);  // finished once NCCL has enqueued it
+        return;
       }
+      finish_launch_locked(group);
+    } catch (...) {
+      // The group's operations are in no list any more: fail them here, the rest in the caller.
+      for (auto& op : group->ops)
+        if (!op->error) op->error = std::current_exception();
+      throw;
     }
-    const ncclResult_t ended = ncclGroupEnd();
-    check_nccl(ended, comm, "ncclGroupEnd");
-    if (ended == ncclInProgress) {
-      enqueuing = std::move(group);  // finished once NCCL has enqueued it
-      return;
-    }
-    finish_launch_locked(std::move(group));
   }
 
-  void finish_launch_locked(std::shared_ptr<NcclGroup> group) {
+  // In the list first, so that a failure below fails its operations with every other.
+  void finish_launch_locked(const std::shared_ptr<NcclGroup>& group) {
+    in_flight.push_back(group);
     for (auto& op : group->ops)
       for (const Stage& stage : op->stages)
         if (stage.to_host)
@@ -306,7 +315,6 @@ struct NcclTransport::State {
                                      cudaMemcpyDeviceToHost, stream),
                      "cudaMemcpyAsync from the staging buffer");
     check_cuda(cudaEventRecord(group->event, stream), "cudaEventRecord");
-    in_flight.push_back(std::move(group));
   }
 
   // Advances everything: NCCL's asynchronous state, the launch of queued operations, and the
@@ -325,8 +333,9 @@ struct NcclTransport::State {
       if (enqueuing) {
         // While NCCL is still enqueuing a non-blocking group, no other NCCL call may be made.
         if (state == ncclInProgress) return;
-        finish_launch_locked(std::move(enqueuing));
+        const std::shared_ptr<NcclGroup> enqueued = std::move(enqueuing);
         enqueuing.reset();
+        finish_launch_locked(enqueued);
       }
       if (!queued.empty()) launch_locked();
       while (!in_flight.empty()) {
@@ -508,6 +517,7 @@ void NcclTransport::run_collective(const std::shared_ptr<NcclOp>& op, Deadline d
     // Point-to-point operations posted before go first, as a group of their own: every rank
     // issues its NCCL calls in the same order.
     state_->progress_locked();
+    if (state_->failure) std::rethrow_exception(state_->failure);
     state_->queued.push_back(op);
     state_->progress_locked();
   }
