@@ -40,8 +40,10 @@
 //   a time (different base tags do not separate concurrent calls there). No failure notice is
 //   sent (it would be taken for the next message the peer expects): every rank checks every
 //   header itself, so a disagreement names the same culprit everywhere, and otherwise each
-//   survivor throws within options.timeout of its own wait, naming the peer it waited on (a
-//   native collective's timeout names none). The caller then aborts (ncclCommAbort).
+//   survivor throws within options.timeout of its own wait, naming the peer it waited on
+//   (operations launched together complete together, so the silent rank may be another peer
+//   of that group; a native collective's timeout names none). The caller then aborts
+//   (ncclCommAbort).
 // - Buffers may be device memory when the transport's buffer_device() is a GPU (NCCL): the
 //   collectives then never read or write payload bytes on the host (the native collectives
 //   move them, the caller's own message included); headers and notices stay in host memory,

@@ -386,8 +386,21 @@ void Diagnosis::fail_without_notices(std::exception_ptr error, const CallState& 
                .kind = cause.observed->kind,
                .reporter = rank,
                .detail = cause.observed->detail};
+    if (cause.observed->timed_out) {
+      verdict.detail +=
+          "; the transport completes operations in groups, so the silent rank may be another "
+          "peer of the same group";
+    }
+  } else if (const auto broken = std::find_if(heard_.begin(), heard_.end(),
+                                              [](const Heard& h) { return h.broken.has_value(); });
+             broken != heard_.end()) {
+    // A completion notice that failed or arrived garbled (posted in the completion round only).
+    verdict = {.culprit = static_cast<int>(broken - heard_.begin()),
+               .kind = *broken->broken,
+               .reporter = rank,
+               .detail = broken->broken_detail};
   } else {
-    // A local error (a throwing callback, say), or a cause that needs notices to explain.
+    // A local error (a throwing callback, say).
     abort_transport(fmt::format("{} abandoned after a local error", call_.describe()));
     std::rethrow_exception(error);
   }

@@ -234,6 +234,34 @@ TEST(OrderedTransportFailures, ARankThatNeverCallsMakesTheOthersTimeOutNamingAPe
   }
 }
 
+TEST(OrderedTransportFailures,
+     ARankWhoseCallbackThrowsKeepsItsErrorAndTheOthersTimeOutNamingAPeer) {
+  constexpr int kWorld = 3;
+  auto group = make_ordered_group(kWorld);
+  const auto timeout = std::chrono::milliseconds(300);
+  const auto start = transport::Clock::now();
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const auto mine = pattern_bytes(100, t.rank());
+    (void)sparse_allgather(t, mine, {.timeout = timeout}, [&](int, std::span<const std::byte>) {
+      if (t.rank() == 1) throw std::runtime_error("the callback of rank 1 failed");
+    });
+  });
+  EXPECT_NE(describe(outcomes[1]).find("the callback of rank 1 failed"), std::string::npos)
+      << describe(outcomes[1]);
+  for (const int rank : {0, 2}) {
+    const auto error = caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << "rank " << rank << ": "
+                       << describe(outcomes[static_cast<std::size_t>(rank)]);
+    // The peer it waited on: rank 1, or a peer whose operations share a group with rank 1's
+    // (they complete together, so the waiting rank cannot tell them apart).
+    EXPECT_EQ(error->kind, ErrorKind::timeout) << error->what;
+    ASSERT_TRUE(error->context.peer.has_value()) << error->what;
+    EXPECT_NE(*error->context.peer, rank) << error->what;
+    EXPECT_LT(outcomes[static_cast<std::size_t>(rank)].finished - start,
+              2 * timeout + std::chrono::seconds(1));
+  }
+}
+
 // The double's own semantics.
 
 TEST(OrderedDouble, MessagesMatchByOrderNotTagAndDifferentSizesFailLoudly) {
