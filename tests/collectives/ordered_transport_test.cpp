@@ -148,10 +148,7 @@ TEST_P(OrderedTransport, AllReduceGivesEveryRankTheSameBytesFromTheNativeSum) {
       for (std::size_t e = 0; e < count; ++e)
         inputs[static_cast<std::size_t>(rank)].push_back(order_sensitive_value(rank, e));
     // The double's native sum: plain rank order.
-    std::vector<float> expected = inputs[0];
-    for (int rank = 1; rank < world; ++rank)
-      for (std::size_t e = 0; e < count; ++e)
-        expected[e] = expected[e] + inputs[static_cast<std::size_t>(rank)][e];
+    const std::vector<float> expected = pulseloco::testing::plain_rank_order_sum(inputs);
     std::vector<std::vector<float>> outputs(static_cast<std::size_t>(world));
     const auto outcomes = run_ranks(group, [&](Transport& t) {
       auto& output = outputs[static_cast<std::size_t>(t.rank())];
