@@ -447,6 +447,9 @@ NcclTransport::~NcclTransport() {
   if (clean) {
     // Let launched operations finish, then finalise; abort when that does not happen in time.
     const auto deadline = Clock::now() + kCloseTimeout;
+    // Never launched: nobody waits for them any more (their staging is freed with the state).
+    for (auto& op : s.queued)
+      s.release_stages_locked(*op, false);
     s.queued.clear();
     clean = poll_until(deadline, [&] {
       s.progress_locked();
