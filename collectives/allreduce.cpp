@@ -24,6 +24,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/collectives/detail/call.h>
+#include <pulseloco/transport/native_collectives.h>
 
 namespace pulseloco::collectives {
 
@@ -326,6 +327,21 @@ void allreduce_sum(transport::Transport& transport, std::span<const float> input
             .what = "allreduce_sum needs the same length on every rank",
             .key = [](const detail::Header& h) { return fmt::format("{} elements", h.value); }},
         Call::HeaderExchange::left_neighbour);
+    if (call.ordered()) {
+      // The transport's own all-reduce (NCCL's): the same bytes on every rank, in its
+      // summation order; buffers in device memory stay there.
+      transport::NativeCollectives& native = call.native_for_ordered();
+      bool done = false;
+      call.run_native([&](transport::Deadline deadline) {
+        done = native.allreduce_sum(input, output, deadline);
+      });
+      if (!done) {
+        throw InvalidArgument(
+            "allreduce_sum: this order-matching transport offers no identical-bytes all-reduce",
+            {.rank = call.rank()});
+      }
+      return;
+    }
     if (call.size() == 1) {
       if (!input.empty()) std::memcpy(output.data(), input.data(), input.size_bytes());
       return;

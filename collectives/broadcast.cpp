@@ -99,6 +99,12 @@ void broadcast(transport::Transport& transport, int root, std::span<std::byte> d
                              return fmt::format("root {} and {} bytes", h.root, h.value);
                            });
     if (n == 1) return;
+    if (call.ordered()) {
+      transport::NativeCollectives& native = call.native_for_ordered();
+      call.run_native(
+          [&](transport::Deadline deadline) { native.broadcast(root, data, deadline); });
+      return;
+    }
     if (auto* native = transport::native_collectives(transport);
         native != nullptr && options.algorithm == CollectiveAlgorithm::automatic) {
       call.run_native(

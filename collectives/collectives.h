@@ -28,6 +28,26 @@
 //   be cancelled safely any other way): build a new transport to continue, as with NCCL's
 //   ncclCommAbort or Gloo's context. Arguments that are invalid on the calling rank alone throw
 //   InvalidArgument before anything is sent and leave the transport usable.
+// - Order-matching transports (Transport::matches_by_order(): NCCL, and the in-process double
+//   transport/inproc/ordered.h that stands in for it in the tests). There messages between two
+//   ranks match by posting order whatever their tags, and an operation completes only with
+//   the group it was launched in. A call then posts, with every peer and in this order on
+//   both sides: the header (to and from every peer, the all-reduce too), then the payload
+//   through the transport's native collectives (native_collectives.h; options.algorithm and
+//   pipeline_chunk_bytes do not apply, they must still agree), then the completion round's
+//   "done" notices, whose receives are posted only then. This ordering is what such a
+//   transport may rely on; the collectives guarantee it. Calls on one such transport run one at
+//   a time (different base tags do not separate concurrent calls there). No failure notice is
+//   sent (it would be taken for the next message the peer expects): every rank checks every
+//   header itself, so a disagreement names the same culprit everywhere, and otherwise each
+//   survivor throws within options.timeout of its own wait, naming the peer it waited on
+//   (operations launched together complete together, so the silent rank may be another peer
+//   of that group; a native collective's timeout names none). The caller then aborts
+//   (ncclCommAbort).
+// - Buffers may be device memory when the transport's buffer_device() is a GPU (NCCL): the
+//   collectives then never read or write payload bytes on the host (the native collectives
+//   move them, the caller's own message included); headers and notices stay in host memory,
+//   which the transport stages.
 // - Edge case inherent to any protocol: if a rank fails during the final completion round,
 //   ranks that already received every completion notice return success while the others
 //   throw. The data phase had completed everywhere by then.
@@ -77,6 +97,9 @@ struct CollectiveOptions {
 // rest of the exchange. Runs on the calling thread, exactly once per rank (the caller's own
 // rank included, first), in any order. The bytes are tentative until the collective returns:
 // if it throws, callbacks may already have run for some ranks.
+// The bytes live where the caller's buffers do: device memory for a GPU transport given device
+// buffers (then only device code may read them). Over an order-matching transport every
+// callback runs after the native all-gather has returned.
 using OnMessage = std::function<void(int rank, std::span<const std::byte> message)>;
 
 // Variable-size all-gather: sizes first, then payloads. Returns every rank's message (the
@@ -90,10 +113,12 @@ using OnMessage = std::function<void(int rank, std::span<const std::byte> messag
 using MessageBuffer = std::function<std::span<std::byte>(int rank, std::size_t bytes)>;
 
 // The same exchange into storage the caller provides (a reusable arena avoids allocating and
-// first-touching fresh pages on every call). `buffer_for` is called on the calling thread once
-// per rank, as soon as that rank's size is known and before its message is received: the left
-// neighbour's (rank - 1) first, as soon as its header is in, then the others in rank order
-// once every header is; the caller's own message is copied into its buffer. On failure the
+// first-touching fresh pages on every call). Over a GPU transport `mine` and the buffers may be
+// device memory (moved device to device) or host memory (staged by the transport). `buffer_for` is
+// called on the calling thread once per rank, as soon as that rank's size is known and before its
+// message is received: the left neighbour's (rank - 1) first, as soon as its header is in, then the
+// others in rank order once every header is; over an order-matching transport, all in rank order
+// once every header is in; the caller's own message is copied into its buffer. On failure the
 // buffers hold garbage.
 void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
                            const MessageBuffer& buffer_for, const CollectiveOptions& options,
@@ -117,6 +142,10 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
 // `direct` sends every segment straight to the rank that finishes it and the finished segment
 // straight to every rank (2 hops, the same bytes per link, plus a receive buffer of (n-1)/n of
 // the vector); `automatic` picks with choose_allreduce_algorithm.
+//
+// Over an order-matching transport (NCCL) the transport's own all-reduce runs instead
+// (NativeCollectives::allreduce_sum, ncclAllReduce): every rank still gets the same bytes, but
+// in NCCL's summation order, not the one above (so a group's result depends on its backend).
 void allreduce_sum(transport::Transport& transport, std::span<const float> input,
                    std::span<float> output, const CollectiveOptions& options);
 

@@ -257,6 +257,37 @@ bool native_allgather(Call& call, transport::NativeCollectives& native,
   return true;
 }
 
+// Over an order-matching transport (NCCL) the transport's all-gather moves every message, this
+// rank's own into its slot too, so that messages in device memory are never touched on the
+// host here; the callbacks run once it has returned, this rank's own first.
+void ordered_allgather(Call& call, std::span<const std::byte> mine,
+                       const std::vector<std::uint64_t>& sizes,
+                       const std::vector<std::span<std::byte>>& buffers,
+                       const OnMessage& on_message) {
+  const int r = call.rank();
+  if (std::any_of(sizes.begin(), sizes.end(), [](std::uint64_t size) { return size > 0; })) {
+    transport::NativeCollectives& native = call.native_for_ordered();
+    bool done = false;
+    call.run_native([&](transport::Deadline deadline) {
+      done = native.allgather_into(mine, buffers, deadline);
+    });
+    if (!done) {
+      throw InvalidArgument(
+          "sparse_allgather: this order-matching transport does not offer allgather_into",
+          {.rank = r});
+    }
+  }
+  if (!on_message) return;
+  on_message(r, buffers[static_cast<std::size_t>(r)]);
+  for (int peer = 0; peer < call.size(); ++peer) {
+    if (peer != r && sizes[static_cast<std::size_t>(peer)] == 0) on_message(peer, {});
+  }
+  for (int peer = 0; peer < call.size(); ++peer) {
+    if (peer != r && sizes[static_cast<std::size_t>(peer)] > 0)
+      on_message(peer, buffers[static_cast<std::size_t>(peer)]);
+  }
+}
+
 }  // namespace
 
 void sparse_allgather_into(transport::Transport& transport, std::span<const std::byte> mine,
@@ -276,7 +307,9 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
   }
   std::vector<std::span<std::byte>> buffers(static_cast<std::size_t>(n));
   auto* const native = transport::native_collectives(transport);
-  const bool use_native = native != nullptr && options.algorithm == CollectiveAlgorithm::automatic;
+  const bool ordered = transport.matches_by_order();
+  const bool use_native =
+      !ordered && native != nullptr && options.algorithm == CollectiveAlgorithm::automatic;
   detail::run_call(transport, options, detail::Op::sparse_allgather, [&](Call& call) {
     const BufferOf buffer_of = [&](int peer, std::uint64_t size) {
       const auto index = static_cast<std::size_t>(peer);
@@ -290,7 +323,7 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
     };
     call.post_headers({.value = mine.size()});
     FirstStep first;
-    if (n > 1 && !use_native) {
+    if (n > 1 && !use_native && !ordered) {
       first.sent = send_own_to_right(call, mine);
       post_left_early(call, buffer_of, buffers, first);
     }
@@ -310,6 +343,10 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
     for (int peer = 0; peer < n; ++peer) {
       if (peer == left && first.left_posted) continue;  // asked for already
       buffer_of(peer, sizes[static_cast<std::size_t>(peer)]);
+    }
+    if (ordered) {
+      ordered_allgather(call, mine, sizes, buffers, on_message);
+      return;
     }
     // This rank's message into its slot, and the callbacks for it and for the empty messages
     // (before those of the other messages).

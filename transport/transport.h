@@ -62,6 +62,15 @@ class Transport {
   [[nodiscard]] virtual std::string_view backend() const noexcept = 0;  // "tcp", "mpi", "nccl"
   // Where message buffers must live (the CPU, or the GPU for NCCL).
   [[nodiscard]] virtual Device buffer_device() const noexcept { return Device{}; }
+  // True when messages between two ranks match by posting order, not by tag (NCCL): the k-th
+  // message a rank sends to a peer fills the k-th receive that peer posts from it, whatever the
+  // tags, and sizes must agree. Operations are launched in groups that complete as a whole, one
+  // group after the other (a send completes only once its receive is launched). Such a
+  // transport offers native collectives
+  // (native_collectives.h); the collectives then post their point-to-point messages (headers
+  // and the completion round) in an order both sides agree on, and move payloads through the
+  // native collectives.
+  [[nodiscard]] virtual bool matches_by_order() const noexcept { return false; }
 
   // Sends `data` to `peer` under `tag`. The buffer must stay valid and unchanged until done.
   [[nodiscard]] virtual std::unique_ptr<Request> isend(int peer, Tag tag,

@@ -39,7 +39,7 @@ Call::Call(transport::Transport& transport, const CollectiveOptions& options, Op
       headers_in_(static_cast<std::size_t>(context_.size)),
       diagnosis_(context_, requests_) {
   try {
-    diagnosis_.post_receives();
+    if (!context_.ordered) diagnosis_.post_receives();
   } catch (...) {
     diagnosis_.abort_transport(fmt::format("{} could not start", context_.describe()));
     throw;
@@ -48,6 +48,17 @@ Call::Call(transport::Transport& transport, const CollectiveOptions& options, Op
 
 Call::~Call() {
   if (!finished_) diagnosis_.abort_transport(fmt::format("{} was abandoned", context_.describe()));
+}
+
+transport::NativeCollectives& Call::native_for_ordered() const {
+  auto* native = transport::native_collectives(context_.transport);
+  if (native == nullptr) {
+    throw InvalidArgument(fmt::format("{}: the {} transport matches messages by order but has no "
+                                      "native collectives",
+                                      context_.describe(), context_.transport.backend()),
+                          {.rank = rank()});
+  }
+  return *native;
 }
 
 std::span<std::byte> Call::scratch(std::size_t bytes) {
@@ -153,13 +164,15 @@ void Call::post_headers(Header mine, std::optional<Agreement> agreement, HeaderE
   headers_.assign(static_cast<std::size_t>(size()), Header{});
   headers_[static_cast<std::size_t>(rank())] = mine;
   agreement_ = std::move(agreement);
-  header_exchange_ = exchange;
+  // Over an order-matching transport every rank checks every header itself: the failure path
+  // there cannot ask the others for theirs.
+  header_exchange_ = context_.ordered ? HeaderExchange::all_peers : exchange;
   headers_pending_ = true;
   header_out_ = mine.encode();
   if (size() == 1) return;
 
   header_receives_.assign(static_cast<std::size_t>(size()), nullptr);
-  if (exchange == HeaderExchange::left_neighbour) {
+  if (header_exchange_ == HeaderExchange::left_neighbour) {
     const int left = left_neighbour();
     header_receives_[static_cast<std::size_t>(left)] =
         &irecv(left, Phase::header, headers_in_[static_cast<std::size_t>(left)]);
@@ -195,7 +208,9 @@ const std::vector<Header>& Call::headers() {
   const auto left_index = static_cast<std::size_t>(left);
   wait_watching_notices(*header_receives_[left_index], left);
   headers_[left_index] = Header::decode(headers_in_[left_index], rank(), left);
-  if (!agrees_with_mine(headers_[left_index])) throw LeftDisagreement();
+  // (Over an order-matching transport every header is checked below instead: no rank could
+  // ask the others for theirs.)
+  if (!context_.ordered && !agrees_with_mine(headers_[left_index])) throw LeftDisagreement();
   if (header_exchange_ == HeaderExchange::left_neighbour) return headers_;
   for (int distance = 1; distance + 1 < size(); ++distance) {
     const int peer = (rank() + distance) % size();
@@ -254,7 +269,10 @@ void Call::finish() {
   if (size() > 1) {
     // Every receive of the call is complete: "done" says that this rank has everything, so it
     // goes out at once, without waiting for this rank's last sends (the peers' own "done"
-    // notices cannot come before those arrived anyway).
+    // notices cannot come before those arrived anyway). Over an order-matching transport the
+    // notices' receives are posted only now, after every other receive of the call, in the
+    // order in which the peers send: the header, the payload, then "done".
+    if (context_.ordered) diagnosis_.post_receives();
     diagnosis_.send_notice(NoticeType::done, ErrorKind::peer_lost, rank(), sends_);
     for (int peer = 0; peer < size(); ++peer) {
       if (peer == rank()) continue;

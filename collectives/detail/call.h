@@ -18,6 +18,7 @@
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/collectives/detail/diagnosis.h>
 #include <pulseloco/collectives/detail/packets.h>
+#include <pulseloco/transport/native_collectives.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::collectives::detail {
@@ -44,6 +45,11 @@ class Call {
   [[nodiscard]] int right_neighbour() const noexcept { return (context_.rank + 1) % context_.size; }
   [[nodiscard]] const CollectiveOptions& options() const noexcept { return context_.options; }
   [[nodiscard]] std::uint64_t sequence() const noexcept { return context_.sequence; }
+  // The transport matches messages by order (Transport::matches_by_order): payloads move
+  // through its native collectives, which it must offer (native_for_ordered()).
+  [[nodiscard]] bool ordered() const noexcept { return context_.ordered; }
+  // The native collectives of an order-matching transport (InvalidArgument when it has none).
+  [[nodiscard]] transport::NativeCollectives& native_for_ordered() const;
   [[nodiscard]] transport::Tag tag(Phase phase) const { return context_.tag(phase); }
 
   // Every rank's header in rank order (the own one with op, sequence, chunk size and algorithm

@@ -21,7 +21,8 @@ CallContext::CallContext(transport::Transport& transport_, const CollectiveOptio
       size(transport_.size()),
       sequence(transport_.next_sequence(options_.tag)),
       slice(std::clamp(options_.timeout / 16, std::chrono::milliseconds{1},
-                       std::chrono::milliseconds{25})) {}
+                       std::chrono::milliseconds{25})),
+      ordered(transport_.matches_by_order()) {}
 
 std::string CallContext::describe() const {
   return fmt::format("{} call #{} under tag {}", op_name(op), sequence, options.tag);
@@ -369,7 +370,46 @@ void Diagnosis::tell_and_abort(NoticeType type, ErrorKind kind, int subject, int
   abort_transport(reason);
 }
 
+void Diagnosis::fail_without_notices(std::exception_ptr error, const CallState& state) {
+  failing_ = true;
+  const int rank = call_.rank;
+  Cause cause = cause_of(error, rank, call_.size);
+  if (cause.local_abort) {
+    aborted_ = true;
+    std::rethrow_exception(error);
+  }
+  Verdict verdict;
+  if (cause.disagreement) {
+    verdict = std::move(*cause.disagreement);
+  } else if (cause.observed) {
+    verdict = {.culprit = cause.observed->peer,
+               .kind = cause.observed->kind,
+               .reporter = rank,
+               .detail = cause.observed->detail};
+    if (cause.observed->timed_out) {
+      verdict.detail +=
+          "; the transport completes operations in groups, so the silent rank may be another "
+          "peer of the same group";
+    }
+  } else if (const auto broken = std::find_if(heard_.begin(), heard_.end(),
+                                              [](const Heard& h) { return h.broken.has_value(); });
+             broken != heard_.end()) {
+    // A completion notice that failed or arrived garbled (posted in the completion round only).
+    verdict = {.culprit = static_cast<int>(broken - heard_.begin()),
+               .kind = *broken->broken,
+               .reporter = rank,
+               .detail = broken->broken_detail};
+  } else {
+    // A local error (a throwing callback, say).
+    abort_transport(fmt::format("{} abandoned after a local error", call_.describe()));
+    std::rethrow_exception(error);
+  }
+  abort_transport(fmt::format("{} failed: {}", call_.describe(), verdict.detail));
+  throw_verdict(evidence(), verdict, state.waiting_on, call_.describe());
+}
+
 void Diagnosis::fail(std::exception_ptr error, const CallState& state) {
+  if (call_.ordered) fail_without_notices(std::move(error), state);
   failing_ = true;
   const int rank = call_.rank;
   Cause cause = cause_of(error, rank, call_.size);

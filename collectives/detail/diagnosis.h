@@ -35,6 +35,10 @@ struct CallContext {
   int size;
   std::uint64_t sequence;
   std::chrono::milliseconds slice;  // how often a wait looks at the notices
+  // The transport matches messages by order (Transport::matches_by_order): no notice may
+  // travel out of turn, so the notice receives are posted in the completion round only and
+  // the failure path sends none.
+  bool ordered;
 
   [[nodiscard]] transport::Tag tag(Phase phase) const {
     return make_tag(options.tag, sequence, phase);
@@ -136,6 +140,11 @@ class Diagnosis {
   // the culprit, tells the other ranks, aborts the transport and throws the error to report
   // (or rethrows a local error).
   [[noreturn]] void fail(std::exception_ptr error, const CallState& state);
+  // The failure path of an order-matching transport: a notice sent now would be taken for
+  // whatever message the peer expects next, so none is sent. The culprit is the peer this
+  // rank observed (every rank has every header there, so a disagreement names the same culprit
+  // everywhere); the peers find out by their own waits, within their timeout.
+  [[noreturn]] void fail_without_notices(std::exception_ptr error, const CallState& state);
   // Aborts the transport once (the only way to withdraw operations still posted).
   void abort_transport(std::string_view reason) noexcept;
 

@@ -36,4 +36,13 @@ inline std::vector<float> reference_allreduce(const std::vector<std::vector<floa
   return out;
 }
 
+// x_0 + x_1 + ... in plain rank order: the order-matching double's native all-reduce.
+inline std::vector<float> plain_rank_order_sum(const std::vector<std::vector<float>>& inputs) {
+  std::vector<float> sum = inputs[0];
+  for (std::size_t rank = 1; rank < inputs.size(); ++rank)
+    for (std::size_t e = 0; e < sum.size(); ++e)
+      sum[e] = sum[e] + inputs[rank][e];
+  return sum;
+}
+
 }  // namespace pulseloco::testing

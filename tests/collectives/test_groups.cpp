@@ -1,5 +1,7 @@
 #include "test_groups.h"
 
+#include <pulseloco/transport/inproc/ordered.h>
+
 #include <stdexcept>
 
 #include "transport/loopback_group.h"  // tests/transport: TCP groups on loopback
@@ -10,9 +12,16 @@ std::vector<std::string> test_backends() {
   return {"inproc", "tcp"};
 }
 
+std::vector<std::string> test_backends_with_ordered() {
+  std::vector<std::string> backends = test_backends();
+  backends.emplace_back("ordered");
+  return backends;
+}
+
 std::vector<std::unique_ptr<transport::Transport>> make_test_group(std::string_view backend,
                                                                    int world_size) {
   if (backend == "inproc") return transport::inproc::make_group(world_size);
+  if (backend == "ordered") return transport::inproc::make_ordered_group(world_size);
   if (backend == "tcp") {
     auto tcp = transport::testing::make_loopback_group(world_size);
     std::vector<std::unique_ptr<transport::Transport>> group;

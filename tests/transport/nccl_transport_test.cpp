@@ -10,45 +10,15 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/group/make_transport.h>
 #include "gpu/gpu_test_util.h"
+#include "transport/device_buffer.h"
 #include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::DeviceBuffer;
 constexpr auto kTimeout = 60s;
-
-// A device buffer that frees itself.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0 && cudaMalloc(&data_, bytes_) != cudaSuccess)
-      throw std::runtime_error("cudaMalloc failed");
-  }
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  std::span<std::byte> span() { return {static_cast<std::byte*>(data_), bytes_}; }
-  void upload(const std::vector<std::byte>& host) {
-    if (bytes_ > 0) {
-      ASSERT_EQ(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-  }
-  std::vector<std::byte> download() const {
-    std::vector<std::byte> host(bytes_);
-    if (bytes_ > 0) {
-      EXPECT_EQ(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
-    }
-    return host;
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-};
 
 group::TransportOptions single_rank() {
   group::TransportOptions options;
@@ -93,11 +63,32 @@ TEST(NcclTransport, SendsToItselfMessagesOfEverySize) {
   EXPECT_EQ(stats.messages_sent, 6U);
 }
 
-TEST(NcclTransport, RefusesHostBuffers) {
+TEST(NcclTransport, StagesHostBuffersThroughTheDevice) {
   PULSELOCO_SKIP_WITHOUT_GPU();
   auto transport = group::make_transport(single_rank());
-  std::vector<std::byte> host(64);
-  EXPECT_THROW((void)transport->isend(0, 1, host), InvalidArgument);
+  EXPECT_TRUE(transport->matches_by_order());
+  for (const std::size_t bytes : {std::size_t{1}, std::size_t{4093}, std::size_t{3} << 20}) {
+    const auto message = testing::payload(bytes + 1, bytes);
+    // Host to host, then host to device and device to host.
+    std::vector<std::byte> host_in(bytes);
+    auto recv = transport->irecv(0, 1, host_in);
+    auto send = transport->isend(0, 1, message);
+    send->wait(deadline_after(kTimeout));
+    recv->wait(deadline_after(kTimeout));
+    EXPECT_EQ(host_in, message) << bytes << " bytes, host to host";
+    DeviceBuffer device_in(bytes);
+    std::vector<std::byte> back(bytes);
+    auto to_device = transport->irecv(0, 2, device_in.span());
+    auto from_host = transport->isend(0, 2, message);
+    to_device->wait(deadline_after(kTimeout));
+    from_host->wait(deadline_after(kTimeout));
+    EXPECT_EQ(device_in.download(), message) << bytes << " bytes, host to device";
+    auto to_host = transport->irecv(0, 3, back);
+    auto from_device = transport->isend(0, 3, device_in.span());
+    to_host->wait(deadline_after(kTimeout));
+    from_device->wait(deadline_after(kTimeout));
+    EXPECT_EQ(back, message) << bytes << " bytes, device to host";
+  }
 }
 
 TEST(NcclTransport, AReceiveThatNeverMatchesTimesOutAndAbortEndsIt) {
