@@ -4,6 +4,26 @@
 
 #include <pulseloco/base/errors.h>
 
+namespace pulseloco::kernels {
+
+std::string_view bf16_delta_name(Bf16Delta delta) noexcept {
+  switch (delta) {
+    case Bf16Delta::exact:
+      return "exact";
+    case Bf16Delta::authors:
+      return "authors";
+  }
+  return "unknown";
+}
+
+Bf16Delta parse_bf16_delta(std::string_view name) {
+  if (name == "exact") return Bf16Delta::exact;
+  if (name == "authors") return Bf16Delta::authors;
+  throw InvalidArgument(fmt::format("bf16_delta '{}' is not one of exact, authors", name));
+}
+
+}  // namespace pulseloco::kernels
+
 namespace pulseloco::kernels::detail {
 
 void check_count(std::uint64_t count, std::string_view kernel) {
@@ -20,6 +40,13 @@ void check_dtype(DType dtype, std::string_view kernel) {
   }
 }
 
+void check_bf16_delta(Bf16Delta bf16_delta, std::string_view kernel) {
+  if (bf16_delta != Bf16Delta::exact && bf16_delta != Bf16Delta::authors) {
+    throw InvalidArgument(
+        fmt::format("{}: unknown bf16_delta code {}", kernel, static_cast<int>(bf16_delta)));
+  }
+}
+
 void check_pointer(const void* pointer, std::uint64_t count, std::string_view kernel,
                    std::string_view what) {
   if (pointer == nullptr && count > 0) {
@@ -31,6 +58,7 @@ void check_pointer(const void* pointer, std::uint64_t count, std::string_view ke
 void check_gate_chunk(const GateChunk& chunk, std::string_view kernel) {
   check_count(chunk.count, kernel);
   check_dtype(chunk.local_dtype, kernel);
+  check_bf16_delta(chunk.bf16_delta, kernel);
   check_pointer(chunk.global, chunk.count, kernel, "global weights");
   check_pointer(chunk.local, chunk.count, kernel, "local weights");
   check_pointer(chunk.residual, chunk.count, kernel, "residual");
@@ -39,6 +67,7 @@ void check_gate_chunk(const GateChunk& chunk, std::string_view kernel) {
 void check_window_chunk(const WindowChunk& chunk, std::string_view kernel) {
   check_count(chunk.count, kernel);
   check_dtype(chunk.local_dtype, kernel);
+  check_bf16_delta(chunk.bf16_delta, kernel);
   check_pointer(chunk.global, chunk.count, kernel, "global weights");
   check_pointer(chunk.momentum, chunk.count, kernel, "momentum");
   check_pointer(chunk.residual, chunk.count, kernel, "residual");

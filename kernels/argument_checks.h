@@ -13,6 +13,7 @@ namespace pulseloco::kernels::detail {
 
 void check_count(std::uint64_t count, std::string_view kernel);
 void check_dtype(DType dtype, std::string_view kernel);
+void check_bf16_delta(Bf16Delta bf16_delta, std::string_view kernel);
 void check_pointer(const void* pointer, std::uint64_t count, std::string_view kernel,
                    std::string_view what);
 void check_gate_chunk(const GateChunk& chunk, std::string_view kernel);

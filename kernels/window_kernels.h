@@ -27,13 +27,28 @@ namespace pulseloco::kernels {
 // Offsets inside a chunk are uint32, so a chunk holds at most 2^31 elements.
 inline constexpr std::uint64_t kMaxChunkElements = std::uint64_t{1} << 31;
 
+// Step 1 for bf16 local weights (docs/algorithm.md). With fp32 local weights both choices are
+// the same arithmetic, Δ = θ_g − θ_l.
+enum class Bf16Delta : std::uint8_t {
+  // Δ = float(bf16(θ_g)) − float(θ_l): an element the local steps did not touch carries nothing,
+  // and Δ is what a reader of θ_g in bf16 sees change.
+  exact,
+  // Δ = θ_g − float(θ_l), as the PULSE authors' code computes it: every element also carries its
+  // cast residue θ_g − bf16(θ_g) into s each window; reproduces the authors' trajectories.
+  authors,
+};
+
+[[nodiscard]] std::string_view bf16_delta_name(Bf16Delta delta) noexcept;
+[[nodiscard]] Bf16Delta parse_bf16_delta(std::string_view name);  // throws InvalidArgument
+
 // The state of one chunk as the gate and the residual commit read it.
 struct GateChunk {
   const float* global = nullptr;  // θ_g, fp32
   const void* local = nullptr;    // θ_l, fp32 or bf16 (local_dtype)
   DType local_dtype = DType::float32;
-  const float* residual = nullptr;  // e, fp32
-  std::uint64_t count = 0;          // elements; at most kMaxChunkElements
+  const float* residual = nullptr;          // e, fp32
+  std::uint64_t count = 0;                  // elements; at most kMaxChunkElements
+  Bf16Delta bf16_delta = Bf16Delta::exact;  // step 1 for bf16 local weights
 };
 
 struct GateResult {
@@ -88,7 +103,8 @@ struct WindowChunk {
   float* residual = nullptr;  // e, committed
   void* local = nullptr;      // θ_l, read for the commit, then reset
   DType local_dtype = DType::float32;
-  std::uint64_t count = 0;  // at most kMaxChunkElements
+  std::uint64_t count = 0;                  // at most kMaxChunkElements
+  Bf16Delta bf16_delta = Bf16Delta::exact;  // step 1 for bf16 local weights
 };
 void commit_and_outer_step(const WindowChunk& chunk, const float* g, const OuterStepParams& params,
                            CpuIsa isa = active_cpu_isa());
@@ -97,9 +113,11 @@ void commit_and_outer_step(const WindowChunk& chunk, const float* g, const Outer
 void reset_local(const float* global, void* local, DType local_dtype, std::uint64_t count,
                  CpuIsa isa = active_cpu_isa());
 
-// Dense baselines (DiLoCo): Δ = float(cast_local(θ_g)) − float(θ_l), step 1 for every element.
-void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
-                     std::uint64_t count, CpuIsa isa = active_cpu_isa());
+// Dense baselines (DiLoCo): Δ of step 1 for every element, as `bf16_delta` defines it for bf16
+// local weights.
+void pseudo_gradient(const float* global, const void* local, DType local_dtype,
+                     Bf16Delta bf16_delta, float* delta, std::uint64_t count,
+                     CpuIsa isa = active_cpu_isa());
 
 // values[i] = values[i] / divisor, a true fp32 division (dense averages).
 void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa = active_cpu_isa());

@@ -273,6 +273,32 @@ PretrainResult load_or_pretrain(TransformerLM& model, const PretrainOptions& opt
   return result;
 }
 
+Bf16Weights::Bf16Weights(TransformerLM& model) : model_(model) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : model_.parameters())
+    tensors_.push_back(p.detach().to(torch::kBFloat16).contiguous());
+  load_into_model();
+}
+
+Bf16Weights::~Bf16Weights() = default;
+
+void Bf16Weights::load_into_model() {
+  torch::NoGradGuard no_grad;
+  std::size_t i = 0;
+  for (auto& p : model_.parameters())
+    p.detach().copy_(tensors_[i++]);  // bf16 -> fp32 is exact
+}
+
+void Bf16Weights::round_from_model() {
+  torch::NoGradGuard no_grad;
+  std::size_t i = 0;
+  for (auto& p : model_.parameters()) {
+    tensors_[i].copy_(p.detach());  // fp32 -> bf16, round to nearest even
+    p.detach().copy_(tensors_[i]);
+    ++i;
+  }
+}
+
 std::vector<std::uint16_t> bf16_snapshot(const TransformerLM& model) {
   std::vector<std::uint16_t> bits;
   bits.reserve(model.parameter_count());

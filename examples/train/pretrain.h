@@ -57,6 +57,30 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The model's weights stored in bf16, as a user of a torch bf16 model holds them (the tensors a
+// synchronizer is given). The model computes forward and backward in fp32 on exactly these
+// values; the Trainer's AdamW keeps fp32 moments and computes each update in fp32 from them; the
+// updated weight is rounded to bf16 (round to nearest even) and stored back.
+class Bf16Weights {
+ public:
+  // bf16 copies of the model's current parameters; the model is set to their values.
+  explicit Bf16Weights(TransformerLM& model);
+  ~Bf16Weights();
+  Bf16Weights(const Bf16Weights&) = delete;
+  Bf16Weights& operator=(const Bf16Weights&) = delete;
+
+  // The bf16 tensors, in TransformerLM::parameter_names() order, contiguous, on the CPU.
+  [[nodiscard]] const std::vector<at::Tensor>& tensors() const noexcept { return tensors_; }
+  // model = float(bf16 weights): before a forward pass (a window may have reset the weights).
+  void load_into_model();
+  // bf16 weights = bf16(model), and the model set to the rounded values: after an optimizer step.
+  void round_from_model();
+
+ private:
+  TransformerLM& model_;
+  std::vector<at::Tensor> tensors_;
+};
+
 // Weight files: one F32 tensor per parameter, named as TransformerLM::parameter_names().
 void save_weights(const TransformerLM& model, const std::filesystem::path& path,
                   const io::Metadata& metadata);

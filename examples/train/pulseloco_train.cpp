@@ -5,6 +5,10 @@
 //   mpirun -np 4 build/bin/pulseloco_train --mode pulse             # ranks from mpirun
 //   build/bin/pulseloco_train --local-workers 4 --mode pulse        # spawns 4 TCP workers here
 //   RANK=1 WORLD_SIZE=4 MASTER_ADDR=host MASTER_PORT=29500 build/bin/pulseloco_train ...
+//
+// --local-dtype bf16 stores the model's weights in bf16 (example::Bf16Weights), as users of
+// torch bf16 models hold them; --bf16-delta chooses the pseudo-gradient of such weights
+// (EngineOptions::bf16_delta, docs/algorithm.md).
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -42,6 +46,8 @@ using namespace pulseloco;
 
 struct Settings {
   std::string mode = "pulse";
+  std::string local_dtype = "fp32";
+  std::string bf16_delta = "exact";
   std::string transport = "auto";
   int windows = 10;
   std::uint32_t steps_per_window = 8;
@@ -158,9 +164,12 @@ struct WindowRow {
 void print_header(const Settings& settings, int world, std::uint64_t parameters) {
   fmt::print(
       "pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
-      "outer lr {:g}, outer momentum {:g}\n",
+      "outer lr {:g}, outer momentum {:g}{}\n",
       settings.mode, world, parameters, settings.steps_per_window, settings.lr, settings.outer_lr,
-      settings.outer_momentum);
+      settings.outer_momentum,
+      settings.local_dtype == "bf16"
+          ? fmt::format(", bf16 local weights (bf16 delta {})", settings.bf16_delta)
+          : std::string());
   fmt::print("{:>6} {:>10} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>9} {:>9} {:>9}\n", "window",
              "train", "eval", "density", "payload", "vs DiLoCo", "vs DDP", "received", "sync s",
              "digest", "replicas");
@@ -238,13 +247,22 @@ int run_worker(const Settings& settings) {
   options.timeout = std::chrono::milliseconds(settings.timeout_ms);
   options.pipeline_chunk_bytes = settings.pipeline_chunk_bytes;
   options.trace_dir = settings.trace_dir;
+  options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
 
+  // bf16 local weights: the synchronizer sees the bf16 tensors; the model computes on their
+  // values (loaded before each forward pass, rounded back after each optimizer step).
+  std::optional<example::Bf16Weights> bf16_weights;
+  if (settings.local_dtype == "bf16") bf16_weights.emplace(model);
+  const auto load_local_weights = [&] {
+    if (bf16_weights) bf16_weights->load_into_model();
+  };
   torch::OrderedDict<std::string, torch::Tensor> named;
   const auto names = model.parameter_names();
-  const auto parameters = model.parameters();
+  const auto parameters = bf16_weights ? bf16_weights->tensors() : model.parameters();
   for (std::size_t i = 0; i < names.size(); ++i)
     named.insert(names[i], parameters[i]);
   libtorch::Synchronizer sync(named, options, std::move(transport));
+  load_local_weights();  // start-up broadcast rank 0's weights into the synchronizer's tensors
 
   example::OptimizerSettings optimizer;
   optimizer.lr = settings.lr;
@@ -258,6 +276,7 @@ int run_worker(const Settings& settings) {
     sync.load_checkpoint(settings.resume_dir);
     trainer.load_state(fs::path(settings.resume_dir) / fmt::format("optimizer-{:05}.pt", rank));
     first_window = static_cast<int>(sync.engine().window());
+    load_local_weights();
     if (rank == 0) fmt::print("resumed at window {}\n", first_window);
   }
 
@@ -279,11 +298,14 @@ int run_worker(const Settings& settings) {
       const std::uint64_t step = static_cast<std::uint64_t>(window) * settings.steps_per_window + h;
       const example::Batch batch =
           example::make_batch(mix, settings.seed, rank, step, settings.batch_size, config.context);
+      load_local_weights();
       loss_sum += trainer.forward_backward(batch);
       sync.before_optimizer_step();
       trainer.optimizer_step();
+      if (bf16_weights) bf16_weights->round_from_model();
       report = sync.after_optimizer_step();
     }
+    load_local_weights();  // the window reset the local weights
     if (!report) throw InvalidArgument("internal: a window did not run after H steps");
     WindowRow row{*report, loss_sum / settings.steps_per_window, 0.0};
     if (rank == 0) {
@@ -327,6 +349,8 @@ int run_worker(const Settings& settings) {
       for (const auto& row : rows)
         windows.push_back(window_json(row));
       const nlohmann::json out{{"mode", settings.mode},
+                               {"local_dtype", settings.local_dtype},
+                               {"bf16_delta", settings.bf16_delta},
                                {"world_size", world},
                                {"params", sync.engine().parameter_count()},
                                {"H", settings.steps_per_window},
@@ -354,6 +378,17 @@ int main(int argc, char** argv) {
   CLI::App app{"pulseloco training demo: post-train a small transformer on several workers"};
   app.add_option("--mode", settings.mode, "pulse, diloco or ddp")
       ->check(CLI::IsMember({"pulse", "diloco", "ddp"}))
+      ->capture_default_str();
+  app.add_option("--local-dtype", settings.local_dtype,
+                 "dtype the model's weights are stored in: fp32, or bf16 (forward and backward "
+                 "on the bf16 weights, AdamW with fp32 moments, each update rounded to bf16; "
+                 "modes pulse and diloco)")
+      ->check(flags::one_of({"fp32", "bf16"}))
+      ->capture_default_str();
+  app.add_option("--bf16-delta", settings.bf16_delta,
+                 "pseudo-gradient of bf16 weights: exact (float(bf16(θ_g)) − θ_l) or authors "
+                 "(θ_g − θ_l, as the PULSE authors' code; keeps the cast residue)")
+      ->check(flags::one_of({"exact", "authors"}))
       ->capture_default_str();
   app.add_option("--transport", settings.transport, "auto (tcp), tcp or mpi")
       ->check(CLI::IsMember({"auto", "tcp", "mpi"}))
@@ -411,6 +446,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (settings.local_dtype == "bf16" && settings.mode == "ddp") {
+      // ddp averages the gradients of the synchronizer's tensors, which bf16 weights do not
+      // carry here (the model computes on fp32 copies).
+      throw InvalidArgument("--local-dtype bf16 needs --mode pulse or diloco");
+    }
     if (settings.pretrain_only) {
       torch::set_num_threads(settings.threads);
       example::TransformerLM model(example::ModelConfig{}, settings.seed);

@@ -97,11 +97,11 @@ struct GateLanes {
 };
 
 // Steps 1-4 for eight elements (see gate_lane).
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 PULSELOCO_AVX2_INLINE GateLanes gate_lanes(__m256 global, __m256 local, __m256 residual) {
   const __m256 global_bf16 = round_to_bf16_ps(global);
-  const __m256 cast_global = kLocal == DType::float32 ? global : global_bf16;
-  const __m256 delta = _mm256_sub_ps(cast_global, local);
+  const __m256 seen_global = kDeltaThroughCast<kLocal, kDelta> ? global_bf16 : global;
+  const __m256 delta = _mm256_sub_ps(seen_global, local);
   const __m256 s = _mm256_add_ps(residual, delta);
   const __m256 corrected = _mm256_sub_ps(global, s);
   // Unordered not-equal: +0 equals -0, a NaN equals nothing (as bf16_numeric_equal).
@@ -118,12 +118,12 @@ PULSELOCO_AVX2_INLINE int non_finite_mask(__m256 values) {
 // `bad` flags lanes whose s or θ_g is NaN or infinite. A non-finite θ_g always makes the
 // scalar s non-finite (its cast is NaN or infinite), and for finite θ_g and s no NaN reaches a
 // rounding, so NaN canonicalisation can be skipped: lanes not flagged equal gate_lanes'.
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 PULSELOCO_AVX2_INLINE GateLanes gate_lanes_unless_non_finite(__m256 global, __m256 local,
                                                              __m256 residual, int& bad) {
   const __m256 global_bf16 = round_to_bf16_non_nan_ps(global);
-  const __m256 cast_global = kLocal == DType::float32 ? global : global_bf16;
-  const __m256 s = _mm256_add_ps(residual, _mm256_sub_ps(cast_global, local));
+  const __m256 seen_global = kDeltaThroughCast<kLocal, kDelta> ? global_bf16 : global;
+  const __m256 s = _mm256_add_ps(residual, _mm256_sub_ps(seen_global, local));
   const __m256 corrected = _mm256_sub_ps(global, s);
   // x - x is NaN exactly when x is NaN or infinite.
   const __m256 poison = _mm256_add_ps(_mm256_sub_ps(s, s), _mm256_sub_ps(global, global));
@@ -171,7 +171,7 @@ PULSELOCO_AVX2_INLINE void prefetch_local_ahead(const void* local, std::uint64_t
   prefetch_ahead<kLocal == DType::float32 ? 4 : 2>(local, i, count);
 }
 
-template <DType kLocal, bool kPrefetch = true>
+template <DType kLocal, Bf16Delta kDelta, bool kPrefetch = true>
 PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t* out_offsets,
                                           float* out_values) {
   // Local copies: the intrinsics' stores may alias anything, including `chunk`.
@@ -190,7 +190,7 @@ PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t*
       prefetch_ahead<4>(residual, i, count);
     }
     int bad = 0;
-    const GateLanes lanes = gate_lanes_unless_non_finite<kLocal>(
+    const GateLanes lanes = gate_lanes_unless_non_finite<kLocal, kDelta>(
         _mm256_loadu_ps(global + i), load_local_ps<kLocal>(local, i), _mm256_loadu_ps(residual + i),
         bad);
     if (bad != 0) {
@@ -211,8 +211,8 @@ PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t*
     lane_offsets = _mm256_add_epi32(lane_offsets, eight);
   }
   for (; i < count; ++i) {
-    const GateLane lane =
-        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    const GateLane lane = gate_lane<kLocal, kDelta>(
+        chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
     if (!is_finite_value(lane.s)) return GateResult{.fired = 0, .non_finite_offset = i};
     out_offsets[fired] = static_cast<std::uint32_t>(i);
     out_values[fired] = lane.s;
@@ -221,7 +221,7 @@ PULSELOCO_AVX2 GateResult gate_avx2_typed(const GateChunk& chunk, std::uint32_t*
   return GateResult{.fired = fired, .non_finite_offset = std::nullopt};
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 PULSELOCO_AVX2 void commit_residual_avx2_typed(const GateChunk& chunk, float* residual_out) {
   const float* const global = chunk.global;  // (the intrinsics' stores may alias `chunk`)
   const void* const local = chunk.local;
@@ -233,13 +233,13 @@ PULSELOCO_AVX2 void commit_residual_avx2_typed(const GateChunk& chunk, float* re
     prefetch_local_ahead<kLocal>(local, i, count);
     prefetch_ahead<4>(residual, i, count);
     const GateLanes lanes =
-        gate_lanes<kLocal>(_mm256_loadu_ps(global + i), load_local_ps<kLocal>(local, i),
-                           _mm256_loadu_ps(residual + i));
+        gate_lanes<kLocal, kDelta>(_mm256_loadu_ps(global + i), load_local_ps<kLocal>(local, i),
+                                   _mm256_loadu_ps(residual + i));
     _mm256_storeu_ps(residual_out + i, _mm256_andnot_ps(lanes.fire, lanes.s));  // fire ? +0 : s
   }
   for (; i < count; ++i) {
-    const GateLane lane =
-        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    const GateLane lane = gate_lane<kLocal, kDelta>(
+        chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
     residual_out[i] = lane.fire ? 0.0f : lane.s;
   }
 }
@@ -267,7 +267,7 @@ PULSELOCO_AVX2 void outer_step_avx2_typed(float* global, float* momentum, const 
   }
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 PULSELOCO_AVX2 void commit_and_outer_step_avx2_typed(const WindowChunk& chunk, const float* g,
                                                      const OuterStepParams& params) {
   const __m256 neg_lr = _mm256_set1_ps(-params.lr);
@@ -281,8 +281,8 @@ PULSELOCO_AVX2 void commit_and_outer_step_avx2_typed(const WindowChunk& chunk, c
   std::uint64_t i = 0;
   for (; i + 8 <= count; i += 8) {
     const __m256 global = _mm256_loadu_ps(global_out + i);
-    const GateLanes lanes = gate_lanes<kLocal>(global, load_local_ps<kLocal>(local_out, i),
-                                               _mm256_loadu_ps(residual_out + i));
+    const GateLanes lanes = gate_lanes<kLocal, kDelta>(global, load_local_ps<kLocal>(local_out, i),
+                                                       _mm256_loadu_ps(residual_out + i));
     _mm256_storeu_ps(residual_out + i, _mm256_andnot_ps(lanes.fire, lanes.s));
     const __m256 old_momentum =
         first_step ? _mm256_setzero_ps() : _mm256_loadu_ps(momentum_out + i);
@@ -294,8 +294,8 @@ PULSELOCO_AVX2 void commit_and_outer_step_avx2_typed(const WindowChunk& chunk, c
                            kLocal == DType::float32 ? out.global : round_to_bf16_ps(out.global));
   }
   for (; i < count; ++i) {
-    const GateLane lane =
-        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    const GateLane lane = gate_lane<kLocal, kDelta>(
+        chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
     chunk.residual[i] = lane.fire ? 0.0f : lane.s;
     outer_lane(chunk.global[i], chunk.momentum[i], g[i], params.lr, params.momentum,
                params.first_step);
@@ -303,42 +303,41 @@ PULSELOCO_AVX2 void commit_and_outer_step_avx2_typed(const WindowChunk& chunk, c
   }
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 PULSELOCO_AVX2 void pseudo_gradient_avx2_typed(const float* global, const void* local, float* delta,
                                                std::uint64_t count) {
+  constexpr bool kThroughCast = kDeltaThroughCast<kLocal, kDelta>;
   std::uint64_t i = 0;
   for (; i + 8 <= count; i += 8) {
     const __m256 g = _mm256_loadu_ps(global + i);
-    const __m256 cast_global = kLocal == DType::float32 ? g : round_to_bf16_ps(g);
-    _mm256_storeu_ps(delta + i, _mm256_sub_ps(cast_global, load_local_ps<kLocal>(local, i)));
+    const __m256 seen_global = kThroughCast ? round_to_bf16_ps(g) : g;
+    _mm256_storeu_ps(delta + i, _mm256_sub_ps(seen_global, load_local_ps<kLocal>(local, i)));
   }
   for (; i < count; ++i) {
-    const float cast_global = kLocal == DType::float32 ? global[i] : round_to_bf16(global[i]);
-    delta[i] = cast_global - load_local<kLocal>(local, i);
+    const float seen_global = kThroughCast ? round_to_bf16(global[i]) : global[i];
+    delta[i] = seen_global - load_local<kLocal>(local, i);
   }
 }
 
 }  // namespace
 
 GateResult gate_avx2(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values) {
-  return chunk.local_dtype == DType::float32
-             ? gate_avx2_typed<DType::float32>(chunk, out_offsets, out_values)
-             : gate_avx2_typed<DType::bfloat16>(chunk, out_offsets, out_values);
+  return with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    return gate_avx2_typed<kL, kD>(chunk, out_offsets, out_values);
+  });
 }
 
 GateResult gate_avx2_without_prefetch(const GateChunk& chunk, std::uint32_t* out_offsets,
                                       float* out_values) {
-  return chunk.local_dtype == DType::float32
-             ? gate_avx2_typed<DType::float32, false>(chunk, out_offsets, out_values)
-             : gate_avx2_typed<DType::bfloat16, false>(chunk, out_offsets, out_values);
+  return with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    return gate_avx2_typed<kL, kD, false>(chunk, out_offsets, out_values);
+  });
 }
 
 void commit_residual_avx2(const GateChunk& chunk, float* residual_out) {
-  if (chunk.local_dtype == DType::float32) {
-    commit_residual_avx2_typed<DType::float32>(chunk, residual_out);
-  } else {
-    commit_residual_avx2_typed<DType::bfloat16>(chunk, residual_out);
-  }
+  with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    commit_residual_avx2_typed<kL, kD>(chunk, residual_out);
+  });
 }
 
 void outer_step_avx2(float* global, float* momentum, const float* g, void* local, DType local_dtype,
@@ -352,20 +351,16 @@ void outer_step_avx2(float* global, float* momentum, const float* g, void* local
 
 void commit_and_outer_step_avx2(const WindowChunk& chunk, const float* g,
                                 const OuterStepParams& params) {
-  if (chunk.local_dtype == DType::float32) {
-    commit_and_outer_step_avx2_typed<DType::float32>(chunk, g, params);
-  } else {
-    commit_and_outer_step_avx2_typed<DType::bfloat16>(chunk, g, params);
-  }
+  with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    commit_and_outer_step_avx2_typed<kL, kD>(chunk, g, params);
+  });
 }
 
-void pseudo_gradient_avx2(const float* global, const void* local, DType local_dtype, float* delta,
-                          std::uint64_t count) {
-  if (local_dtype == DType::float32) {
-    pseudo_gradient_avx2_typed<DType::float32>(global, local, delta, count);
-  } else {
-    pseudo_gradient_avx2_typed<DType::bfloat16>(global, local, delta, count);
-  }
+void pseudo_gradient_avx2(const float* global, const void* local, DType local_dtype,
+                          Bf16Delta bf16_delta, float* delta, std::uint64_t count) {
+  with_local_kind(local_dtype, bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    pseudo_gradient_avx2_typed<kL, kD>(global, local, delta, count);
+  });
 }
 
 PULSELOCO_AVX2 void divide_avx2(float* values, std::uint64_t count, float divisor) {
@@ -400,9 +395,9 @@ void commit_and_outer_step_avx2(const WindowChunk& chunk, const float* g,
                                 const OuterStepParams& params) {
   commit_and_outer_step_portable(chunk, g, params);
 }
-void pseudo_gradient_avx2(const float* global, const void* local, DType local_dtype, float* delta,
-                          std::uint64_t count) {
-  pseudo_gradient_portable(global, local, local_dtype, delta, count);
+void pseudo_gradient_avx2(const float* global, const void* local, DType local_dtype,
+                          Bf16Delta bf16_delta, float* delta, std::uint64_t count) {
+  pseudo_gradient_portable(global, local, local_dtype, bf16_delta, delta, count);
 }
 void divide_avx2(float* values, std::uint64_t count, float divisor) {
   divide_portable(values, count, divisor);

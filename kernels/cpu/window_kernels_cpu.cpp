@@ -19,13 +19,13 @@ namespace pulseloco::kernels {
 namespace detail {
 namespace {
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 GateResult gate_portable_typed(const GateChunk& chunk, std::uint32_t* out_offsets,
                                float* out_values) {
   std::uint64_t fired = 0;
   for (std::uint64_t i = 0; i < chunk.count; ++i) {
-    const GateLane lane =
-        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    const GateLane lane = gate_lane<kLocal, kDelta>(
+        chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
     if (!is_finite_value(lane.s)) return GateResult{.fired = 0, .non_finite_offset = i};
     // Branch-free compaction: always write, advance only when fired (fired <= i < count).
     out_offsets[fired] = static_cast<std::uint32_t>(i);
@@ -35,11 +35,11 @@ GateResult gate_portable_typed(const GateChunk& chunk, std::uint32_t* out_offset
   return GateResult{.fired = fired, .non_finite_offset = std::nullopt};
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 void commit_residual_portable_typed(const GateChunk& chunk, float* residual_out) {
   for (std::uint64_t i = 0; i < chunk.count; ++i) {
-    const GateLane lane =
-        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    const GateLane lane = gate_lane<kLocal, kDelta>(
+        chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
     residual_out[i] = lane.fire ? 0.0f : lane.s;
   }
 }
@@ -53,12 +53,12 @@ void outer_step_portable_typed(float* global, float* momentum, const float* g, v
   }
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 void commit_and_outer_step_portable_typed(const WindowChunk& chunk, const float* g,
                                           const OuterStepParams& params) {
   for (std::uint64_t i = 0; i < chunk.count; ++i) {
-    const GateLane lane =
-        gate_lane<kLocal>(chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
+    const GateLane lane = gate_lane<kLocal, kDelta>(
+        chunk.global[i], load_local<kLocal>(chunk.local, i), chunk.residual[i]);
     chunk.residual[i] = lane.fire ? 0.0f : lane.s;
     outer_lane(chunk.global[i], chunk.momentum[i], g[i], params.lr, params.momentum,
                params.first_step);
@@ -66,29 +66,28 @@ void commit_and_outer_step_portable_typed(const WindowChunk& chunk, const float*
   }
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 void pseudo_gradient_portable_typed(const float* global, const void* local, float* delta,
                                     std::uint64_t count) {
   for (std::uint64_t i = 0; i < count; ++i) {
-    const float cast_global = kLocal == DType::float32 ? global[i] : round_to_bf16(global[i]);
-    delta[i] = cast_global - load_local<kLocal>(local, i);
+    const float seen_global =
+        kDeltaThroughCast<kLocal, kDelta> ? round_to_bf16(global[i]) : global[i];
+    delta[i] = seen_global - load_local<kLocal>(local, i);
   }
 }
 
 }  // namespace
 
 GateResult gate_portable(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_values) {
-  return chunk.local_dtype == DType::float32
-             ? gate_portable_typed<DType::float32>(chunk, out_offsets, out_values)
-             : gate_portable_typed<DType::bfloat16>(chunk, out_offsets, out_values);
+  return with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    return gate_portable_typed<kL, kD>(chunk, out_offsets, out_values);
+  });
 }
 
 void commit_residual_portable(const GateChunk& chunk, float* residual_out) {
-  if (chunk.local_dtype == DType::float32) {
-    commit_residual_portable_typed<DType::float32>(chunk, residual_out);
-  } else {
-    commit_residual_portable_typed<DType::bfloat16>(chunk, residual_out);
-  }
+  with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    commit_residual_portable_typed<kL, kD>(chunk, residual_out);
+  });
 }
 
 void outer_step_portable(float* global, float* momentum, const float* g, void* local,
@@ -102,20 +101,16 @@ void outer_step_portable(float* global, float* momentum, const float* g, void* l
 
 void commit_and_outer_step_portable(const WindowChunk& chunk, const float* g,
                                     const OuterStepParams& params) {
-  if (chunk.local_dtype == DType::float32) {
-    commit_and_outer_step_portable_typed<DType::float32>(chunk, g, params);
-  } else {
-    commit_and_outer_step_portable_typed<DType::bfloat16>(chunk, g, params);
-  }
+  with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    commit_and_outer_step_portable_typed<kL, kD>(chunk, g, params);
+  });
 }
 
 void pseudo_gradient_portable(const float* global, const void* local, DType local_dtype,
-                              float* delta, std::uint64_t count) {
-  if (local_dtype == DType::float32) {
-    pseudo_gradient_portable_typed<DType::float32>(global, local, delta, count);
-  } else {
-    pseudo_gradient_portable_typed<DType::bfloat16>(global, local, delta, count);
-  }
+                              Bf16Delta bf16_delta, float* delta, std::uint64_t count) {
+  with_local_kind(local_dtype, bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    pseudo_gradient_portable_typed<kL, kD>(global, local, delta, count);
+  });
 }
 
 void divide_portable(float* values, std::uint64_t count, float divisor) {
@@ -294,18 +289,19 @@ void reset_local(const float* global, void* local, DType local_dtype, std::uint6
   }
 }
 
-void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
-                     std::uint64_t count, CpuIsa isa) {
+void pseudo_gradient(const float* global, const void* local, DType local_dtype,
+                     Bf16Delta bf16_delta, float* delta, std::uint64_t count, CpuIsa isa) {
   check_count(count, "pseudo_gradient");
   check_dtype(local_dtype, "pseudo_gradient");
+  detail::check_bf16_delta(bf16_delta, "pseudo_gradient");
   check_pointer(global, count, "pseudo_gradient", "global weights");
   check_pointer(local, count, "pseudo_gradient", "local weights");
   check_pointer(delta, count, "pseudo_gradient", "output");
   const IeeeFloatMode ieee_mode;
   if (use_avx2(isa, "pseudo_gradient")) {
-    detail::pseudo_gradient_avx2(global, local, local_dtype, delta, count);
+    detail::pseudo_gradient_avx2(global, local, local_dtype, bf16_delta, delta, count);
   } else {
-    detail::pseudo_gradient_portable(global, local, local_dtype, delta, count);
+    detail::pseudo_gradient_portable(global, local, local_dtype, bf16_delta, delta, count);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include <pulseloco/base/bf16.h>
+#include <pulseloco/kernels/local_kind.h>
 #include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::kernels::detail {
@@ -45,11 +46,12 @@ struct GateLane {
 };
 
 // Steps 1-4 for one element.
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 [[nodiscard]] inline GateLane gate_lane(float global, float local, float residual) noexcept {
   const std::uint16_t global_bf16 = float_to_bf16_bits(global);
-  const float cast_global = kLocal == DType::float32 ? global : bf16_bits_to_float(global_bf16);
-  const float delta = cast_global - local;                                      // step 1
+  const float seen_global =
+      kDeltaThroughCast<kLocal, kDelta> ? bf16_bits_to_float(global_bf16) : global;
+  const float delta = seen_global - local;                                      // step 1
   const float s = residual + delta;                                             // step 2
   const float corrected = global - s;                                           // step 3
   return {s, !bf16_numeric_equal(global_bf16, float_to_bf16_bits(corrected))};  // step 4
@@ -86,9 +88,9 @@ void commit_and_outer_step_avx2(const WindowChunk& chunk, const float* g,
                                 const OuterStepParams& params);
 
 void pseudo_gradient_portable(const float* global, const void* local, DType local_dtype,
-                              float* delta, std::uint64_t count);
-void pseudo_gradient_avx2(const float* global, const void* local, DType local_dtype, float* delta,
-                          std::uint64_t count);
+                              Bf16Delta bf16_delta, float* delta, std::uint64_t count);
+void pseudo_gradient_avx2(const float* global, const void* local, DType local_dtype,
+                          Bf16Delta bf16_delta, float* delta, std::uint64_t count);
 
 void divide_portable(float* values, std::uint64_t count, float divisor);
 void divide_avx2(float* values, std::uint64_t count, float divisor);

@@ -19,6 +19,7 @@
 #include <pulseloco/kernels/argument_checks.h>
 #include <pulseloco/kernels/cuda/cuda_internal.h>
 #include <pulseloco/kernels/cuda/window_kernels_cuda.h>
+#include <pulseloco/kernels/local_kind.h>
 
 #define PULSELOCO_CUDA_CHECK(call) \
   ::pulseloco::kernels::cuda::detail::check(static_cast<int>(call), #call)
@@ -59,11 +60,13 @@ struct GateLane {
 };
 
 // Steps 1-4 for one element (the CPU's gate_lane).
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 __device__ __forceinline__ GateLane gate_lane(float global, float local, float residual) {
   const std::uint16_t global_bf16 = float_to_bf16_bits(global);
-  const float cast_global = kLocal == DType::float32 ? global : bf16_bits_to_float(global_bf16);
-  const float delta = __fsub_rn(cast_global, local);                            // step 1
+  const float seen_global = ::pulseloco::kernels::detail::kDeltaThroughCast<kLocal, kDelta>
+                                ? bf16_bits_to_float(global_bf16)
+                                : global;
+  const float delta = __fsub_rn(seen_global, local);                            // step 1
   const float s = __fadd_rn(residual, delta);                                   // step 2
   const float corrected = __fsub_rn(global, s);                                 // step 3
   return {s, !bf16_numeric_equal(global_bf16, float_to_bf16_bits(corrected))};  // step 4
@@ -89,7 +92,7 @@ __device__ __forceinline__ std::uint64_t grid_stride() {
 
 // Item of element i: fire in bit 63, i in bits 32..62 (i < 2^31), the bits of s in 0..31.
 // A non-finite s is recorded (lowest offset wins, whatever the order) and never selected.
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 struct GateItem {
   const float* global;
   const void* local;
@@ -97,7 +100,8 @@ struct GateItem {
   unsigned long long* non_finite_min;
 
   __device__ std::uint64_t operator()(std::uint32_t i) const {
-    const GateLane lane = gate_lane<kLocal>(global[i], load_local<kLocal>(local, i), residual[i]);
+    const GateLane lane =
+        gate_lane<kLocal, kDelta>(global[i], load_local<kLocal>(local, i), residual[i]);
     if (!is_finite_value(lane.s)) {
       atomicMin(non_finite_min, static_cast<unsigned long long>(i));
       return 0;
@@ -123,14 +127,14 @@ struct WriteEntry {
 };
 
 // One call of cub::DeviceSelect::If: a size query when `temp` is null, the gate otherwise.
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 cudaError_t gate_select(void* temp, std::size_t& temp_bytes, const GateChunk& chunk,
                         std::uint32_t* out_offsets, float* out_values, DeviceCounters* counters,
                         cudaStream_t stream) {
   const auto items = thrust::make_transform_iterator(
       thrust::counting_iterator<std::uint32_t>(0),
-      GateItem<kLocal>{chunk.global, chunk.local, chunk.residual,
-                       counters == nullptr ? nullptr : &counters->non_finite_min});
+      GateItem<kLocal, kDelta>{chunk.global, chunk.local, chunk.residual,
+                               counters == nullptr ? nullptr : &counters->non_finite_min});
   const auto out = thrust::make_tabulate_output_iterator(WriteEntry{out_offsets, out_values});
   return cub::DeviceSelect::If(temp, temp_bytes, items, out,
                                counters == nullptr ? nullptr : &counters->selected,
@@ -139,12 +143,13 @@ cudaError_t gate_select(void* temp, std::size_t& temp_bytes, const GateChunk& ch
 
 // ---- element-wise kernels ------------------------------------------------------------------
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 __global__ void commit_residual_kernel(const float* global, const void* local,
                                        const float* residual, float* residual_out,
                                        std::uint64_t count) {
   for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
-    const GateLane lane = gate_lane<kLocal>(global[i], load_local<kLocal>(local, i), residual[i]);
+    const GateLane lane =
+        gate_lane<kLocal, kDelta>(global[i], load_local<kLocal>(local, i), residual[i]);
     residual_out[i] = lane.fire ? 0.0f : lane.s;
   }
 }
@@ -162,13 +167,14 @@ __global__ void outer_step_kernel(float* global, float* momentum, const float* g
   }
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 __global__ void commit_and_outer_step_kernel(float* global, float* momentum, float* residual,
                                              void* local, const float* g, std::uint64_t count,
                                              float lr, float mu, bool first_step) {
   for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
     float theta = global[i];
-    const GateLane lane = gate_lane<kLocal>(theta, load_local<kLocal>(local, i), residual[i]);
+    const GateLane lane =
+        gate_lane<kLocal, kDelta>(theta, load_local<kLocal>(local, i), residual[i]);
     residual[i] = lane.fire ? 0.0f : lane.s;
     float m = first_step ? 0.0f : momentum[i];
     outer_lane(theta, m, g[i], lr, mu, first_step);
@@ -184,12 +190,14 @@ __global__ void cast_to_bf16_kernel(const float* global, std::uint16_t* local,
     local[i] = float_to_bf16_bits(global[i]);
 }
 
-template <DType kLocal>
+template <DType kLocal, Bf16Delta kDelta>
 __global__ void pseudo_gradient_kernel(const float* global, const void* local, float* delta,
                                        std::uint64_t count) {
   for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
-    const float cast_global = kLocal == DType::float32 ? global[i] : round_to_bf16(global[i]);
-    delta[i] = __fsub_rn(cast_global, load_local<kLocal>(local, i));
+    const float seen_global = ::pulseloco::kernels::detail::kDeltaThroughCast<kLocal, kDelta>
+                                  ? round_to_bf16(global[i])
+                                  : global[i];
+    delta[i] = __fsub_rn(seen_global, load_local<kLocal>(local, i));
   }
 }
 
@@ -246,14 +254,16 @@ cudaStream_t as_stream(void* stream) {
 }  // namespace
 
 std::size_t gate_temp_bytes(std::uint64_t count) {
-  std::size_t bytes_f32 = 0, bytes_bf16 = 0;
+  std::size_t bytes_f32 = 0, bytes_bf16 = 0, bytes_bf16_authors = 0;
   GateChunk chunk;
   chunk.count = count;
-  PULSELOCO_CUDA_CHECK(
-      gate_select<DType::float32>(nullptr, bytes_f32, chunk, nullptr, nullptr, nullptr, nullptr));
-  PULSELOCO_CUDA_CHECK(
-      gate_select<DType::bfloat16>(nullptr, bytes_bf16, chunk, nullptr, nullptr, nullptr, nullptr));
-  return std::max(bytes_f32, bytes_bf16);
+  PULSELOCO_CUDA_CHECK((gate_select<DType::float32, Bf16Delta::exact>(
+      nullptr, bytes_f32, chunk, nullptr, nullptr, nullptr, nullptr)));
+  PULSELOCO_CUDA_CHECK((gate_select<DType::bfloat16, Bf16Delta::exact>(
+      nullptr, bytes_bf16, chunk, nullptr, nullptr, nullptr, nullptr)));
+  PULSELOCO_CUDA_CHECK((gate_select<DType::bfloat16, Bf16Delta::authors>(
+      nullptr, bytes_bf16_authors, chunk, nullptr, nullptr, nullptr, nullptr)));
+  return std::max({bytes_f32, bytes_bf16, bytes_bf16_authors});
 }
 
 }  // namespace detail
@@ -271,12 +281,12 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
   if (chunk.count == 0) return GateResult{};
   DeviceWorkspace::Impl& impl = workspace.impl();
   const cudaStream_t s = as_stream(stream);
-  const bool f32 = chunk.local_dtype == DType::float32;
   const auto select = [&](void* temp, std::size_t& bytes, detail::DeviceCounters* counters) {
-    return f32 ? detail::gate_select<DType::float32>(temp, bytes, chunk, out_offsets, out_values,
-                                                     counters, s)
-               : detail::gate_select<DType::bfloat16>(temp, bytes, chunk, out_offsets, out_values,
-                                                      counters, s);
+    return checks::with_local_kind(chunk.local_dtype, chunk.bf16_delta,
+                                   [&]<DType kL, Bf16Delta kD>() {
+                                     return detail::gate_select<kL, kD>(
+                                         temp, bytes, chunk, out_offsets, out_values, counters, s);
+                                   });
   };
   std::size_t needed = 0;
   PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
@@ -299,13 +309,10 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
 void commit_residual(const GateChunk& chunk, float* residual_out, void* stream) {
   checks::check_gate_chunk(chunk, "cuda::commit_residual");
   checks::check_pointer(residual_out, chunk.count, "cuda::commit_residual", "residual output");
-  if (chunk.local_dtype == DType::float32) {
-    launch("commit_residual_kernel", detail::commit_residual_kernel<DType::float32>, chunk.count,
+  checks::with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    launch("commit_residual_kernel", detail::commit_residual_kernel<kL, kD>, chunk.count,
            as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out, chunk.count);
-  } else {
-    launch("commit_residual_kernel", detail::commit_residual_kernel<DType::bfloat16>, chunk.count,
-           as_stream(stream), chunk.global, chunk.local, chunk.residual, residual_out, chunk.count);
-  }
+  });
 }
 
 void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uint64_t count,
@@ -383,15 +390,11 @@ void commit_and_outer_step(const WindowChunk& chunk, const float* g, const Outer
   checks::check_window_chunk(chunk, kName);
   checks::check_outer_params(params, kName);
   checks::check_pointer(g, chunk.count, kName, "aggregate");
-  if (chunk.local_dtype == DType::float32) {
-    launch("commit_and_outer_step_kernel", detail::commit_and_outer_step_kernel<DType::float32>,
+  checks::with_local_kind(chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    launch("commit_and_outer_step_kernel", detail::commit_and_outer_step_kernel<kL, kD>,
            chunk.count, as_stream(stream), chunk.global, chunk.momentum, chunk.residual,
            chunk.local, g, chunk.count, params.lr, params.momentum, params.first_step);
-  } else {
-    launch("commit_and_outer_step_kernel", detail::commit_and_outer_step_kernel<DType::bfloat16>,
-           chunk.count, as_stream(stream), chunk.global, chunk.momentum, chunk.residual,
-           chunk.local, g, chunk.count, params.lr, params.momentum, params.first_step);
-  }
+  });
 }
 
 void reset_local(const float* global, void* local, DType local_dtype, std::uint64_t count,
@@ -413,21 +416,19 @@ void reset_local(const float* global, void* local, DType local_dtype, std::uint6
   }
 }
 
-void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
-                     std::uint64_t count, void* stream) {
+void pseudo_gradient(const float* global, const void* local, DType local_dtype,
+                     Bf16Delta bf16_delta, float* delta, std::uint64_t count, void* stream) {
   constexpr const char* kName = "cuda::pseudo_gradient";
   checks::check_count(count, kName);
   checks::check_dtype(local_dtype, kName);
+  checks::check_bf16_delta(bf16_delta, kName);
   checks::check_pointer(global, count, kName, "global weights");
   checks::check_pointer(local, count, kName, "local weights");
   checks::check_pointer(delta, count, kName, "output");
-  if (local_dtype == DType::float32) {
-    launch("pseudo_gradient_kernel", detail::pseudo_gradient_kernel<DType::float32>, count,
+  checks::with_local_kind(local_dtype, bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+    launch("pseudo_gradient_kernel", detail::pseudo_gradient_kernel<kL, kD>, count,
            as_stream(stream), global, local, delta, count);
-  } else {
-    launch("pseudo_gradient_kernel", detail::pseudo_gradient_kernel<DType::bfloat16>, count,
-           as_stream(stream), global, local, delta, count);
-  }
+  });
 }
 
 void divide(float* values, std::uint64_t count, float divisor, void* stream) {

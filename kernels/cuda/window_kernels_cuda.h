@@ -80,9 +80,9 @@ void commit_and_outer_step(const WindowChunk& chunk, const float* g, const Outer
 void reset_local(const float* global, void* local, DType local_dtype, std::uint64_t count,
                  void* stream);
 
-// Δ = float(cast_local(θ_g)) − float(θ_l).
-void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
-                     std::uint64_t count, void* stream);
+// Δ of step 1 as `bf16_delta` defines it (see kernels::pseudo_gradient).
+void pseudo_gradient(const float* global, const void* local, DType local_dtype,
+                     Bf16Delta bf16_delta, float* delta, std::uint64_t count, void* stream);
 
 // values[i] = values[i] / divisor (a true division).
 void divide(float* values, std::uint64_t count, float divisor, void* stream);

@@ -1,15 +1,17 @@
-// Range checks for command-line flags (CLI11 validators) whose errors name the rule in words:
-// "--steps-per-window: must be at least 1, got 0". Used by the `pulseloco` tool, the examples
-// and the benchmarks, so that every numeric flag is checked the same way before anything runs.
+// Range and choice checks for command-line flags (CLI11 validators) whose errors name the rule
+// in words: "--steps-per-window: must be at least 1, got 0". Used by the `pulseloco` tool, the
+// examples and the benchmarks, so that every flag is checked the same way before anything runs.
 #pragma once
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <charconv>
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 namespace pulseloco::flags {
 
@@ -70,6 +72,19 @@ template <typename T>
                        fmt::format("in [{}, {})", lo, hi), [lo, hi](double value) {
                          return value >= static_cast<double>(lo) && value < static_cast<double>(hi);
                        });
+}
+
+// value is one of `choices` (names such as fp32, bf16)
+[[nodiscard]] inline CLI::Validator one_of(std::vector<std::string> choices) {
+  const std::string listed = fmt::format("{}", fmt::join(choices, ", "));
+  return CLI::Validator(
+      [choices, listed](std::string& text) -> std::string {
+        for (const std::string& choice : choices) {
+          if (text == choice) return {};
+        }
+        return fmt::format("must be one of {}, got {}", listed, text);
+      },
+      fmt::format("one of {}", listed));
 }
 
 }  // namespace pulseloco::flags

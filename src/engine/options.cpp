@@ -70,6 +70,9 @@ void EngineOptions::validate() const {
     throw InvalidArgument("codec level must be in [0, 22] (0 = default)");
   }
   if (timeout.count() <= 0) throw InvalidArgument("timeout must be positive");
+  if (bf16_delta != kernels::Bf16Delta::exact && bf16_delta != kernels::Bf16Delta::authors) {
+    throw InvalidArgument("bf16_delta must be exact or authors");
+  }
 }
 
 nlohmann::json to_json(const EngineOptions& options) {
@@ -89,6 +92,7 @@ nlohmann::json to_json(const EngineOptions& options) {
       {"timeout_ms", options.timeout.count()},
       {"allgather", collectives::algorithm_name(options.allgather)},
       {"pipeline_chunk_bytes", options.pipeline_chunk_bytes},
+      {"bf16_delta", kernels::bf16_delta_name(options.bf16_delta)},
       {"verify_digests", options.verify_digests},
       {"trace_dir", options.trace_dir},
   };
@@ -111,6 +115,9 @@ EngineOptions options_from_json(const nlohmann::json& json) {
     // Absent from checkpoints and traces written before the option existed: the default then.
     options.pipeline_chunk_bytes =
         json.value("pipeline_chunk_bytes", EngineOptions{}.pipeline_chunk_bytes);
+    // Absent before the option existed: those runs computed Δ as `exact` does.
+    options.bf16_delta = kernels::parse_bf16_delta(
+        json.value("bf16_delta", std::string(kernels::bf16_delta_name(kernels::Bf16Delta::exact))));
     options.verify_digests = json.at("verify_digests").get<bool>();
     options.trace_dir = json.at("trace_dir").get<std::string>();
     options.validate();

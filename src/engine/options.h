@@ -12,6 +12,7 @@
 
 #include <pulseloco/codec/message.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco {
 
@@ -44,6 +45,9 @@ struct EngineOptions {
   // exchange closer to its bandwidth bound over slow links and costs nothing on fast ones
   // (docs/benchmarks.md, "End-to-end sync").
   std::uint64_t pipeline_chunk_bytes = std::uint64_t{256} << 10;
+  // Step 1's Δ for bf16 local weights (kernels::Bf16Delta, docs/algorithm.md): `exact`, or
+  // `authors` to reproduce the PULSE authors' code. No effect with fp32 local weights.
+  kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
   bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
   std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)
 

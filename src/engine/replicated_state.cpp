@@ -10,7 +10,7 @@
 namespace pulseloco::engine_detail {
 
 ReplicatedState::ReplicatedState(std::vector<NamedTensor> parameters, const EngineOptions& options)
-    : keeps_global_state_(options.mode != Mode::ddp) {
+    : keeps_global_state_(options.mode != Mode::ddp), bf16_delta_(options.bf16_delta) {
   std::vector<TensorInfo> infos;
   infos.reserve(parameters.size());
   tensors_.resize(parameters.size());
@@ -73,6 +73,7 @@ kernels::GateChunk ReplicatedState::gate_chunk(const ChunkRef& chunk) const {
       .local_dtype = state.local.dtype,
       .residual = state.residual.data() + chunk.begin,
       .count = chunk.length,
+      .bf16_delta = bf16_delta_,
   };
 }
 
@@ -97,6 +98,7 @@ void ReplicatedState::aggregate_and_commit(const ChunkRef& chunk,
           .local = local_at(chunk),
           .local_dtype = state.local.dtype,
           .count = chunk.length,
+          .bf16_delta = bf16_delta_,
       },
       g->data(), params);
 }
@@ -104,7 +106,7 @@ void ReplicatedState::aggregate_and_commit(const ChunkRef& chunk,
 void ReplicatedState::pseudo_gradient(const ChunkRef& chunk, float* delta) const {
   const TensorState& state = tensors_[chunk.tensor];
   kernels::pseudo_gradient(state.global.data() + chunk.begin, local_at(chunk), state.local.dtype,
-                           delta, chunk.length);
+                           bf16_delta_, delta, chunk.length);
 }
 
 void ReplicatedState::hold_dense_sum(const ChunkRef& chunk, const float* sum) {

@@ -153,6 +153,7 @@ class ReplicatedState {
   Layout layout_;
   std::vector<TensorState> tensors_;
   bool keeps_global_state_ = true;
+  kernels::Bf16Delta bf16_delta_ = kernels::Bf16Delta::exact;  // step 1 for bf16 local weights
   std::uint64_t window_ = 0;
   bool momentum_initialised_ = false;
   bool has_contents_ = false;

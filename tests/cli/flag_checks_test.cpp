@@ -50,6 +50,12 @@ TEST(FlagChecks, AtLeastAndBelowExcludesTheUpperEnd) {
             "--value: must be at least 0 and below 1, got 1");
 }
 
+TEST(FlagChecks, OneOfNamesTheChoices) {
+  const auto check = one_of({"fp32", "bf16"});
+  EXPECT_EQ(parse<std::string>("bf16", check), "");
+  EXPECT_EQ(parse<std::string>("fp16", check), "--value: must be one of fp32, bf16, got fp16");
+}
+
 TEST(FlagChecks, ANonNumberIsLeftToTheConversionError) {
   const std::string error = parse<double>("abc", above(0));
   EXPECT_NE(error.find("--value"), std::string::npos) << error;

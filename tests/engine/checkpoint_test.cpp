@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -46,11 +48,13 @@ fs::path fresh_dir(const std::string& name) {
 struct TrainingRun {
   std::vector<LocalModel> models;
   std::vector<std::unique_ptr<Engine>> engines;
+  float inner_lr = 3e-5f;
 
-  TrainingRun(const EngineOptions& options, std::uint32_t seed) {
+  TrainingRun(const EngineOptions& options, std::uint32_t seed, DType dtype = DType::float32)
+      : inner_lr(dtype == DType::float32 ? 3e-5f : 3e-3f) {  // bf16 needs visible steps
     for (int r = 0; r < kWorld; ++r) {
-      models.push_back(testing::make_model(kCheckpointSizes, DType::float32,
-                                           seed + static_cast<std::uint32_t>(r)));
+      models.push_back(
+          testing::make_model(kCheckpointSizes, dtype, seed + static_cast<std::uint32_t>(r)));
     }
     auto transports = transport::inproc::make_group(kWorld);
     engines.resize(kWorld);
@@ -64,7 +68,7 @@ struct TrainingRun {
   // Local training (deterministic per window and rank) followed by a window, on every rank.
   void window(int index) {
     for (int r = 0; r < kWorld; ++r) {
-      testing::local_training(models[static_cast<std::size_t>(r)], 3e-5f, 2,
+      testing::local_training(models[static_cast<std::size_t>(r)], inner_lr, 2,
                               static_cast<std::uint32_t>(1000 * index + r));
     }
     testing::rethrow_first(testing::run_ranks(
@@ -281,6 +285,29 @@ TEST(Trace, EveryTracedWindowReplaysBitIdenticallyAndTamperingIsCaught) {
   EXPECT_EQ(tampered.differences[0].rank, 2);
   EXPECT_EQ(tampered.differences[0].tensor, "global.tensor2");
   EXPECT_EQ(tampered.differences[0].first_index, 123u);
+  fs::remove_all(dir);
+}
+
+// bf16 local weights with the authors' Δ: the trace records the choice with the options, and
+// replay reruns each window with it, bit for bit (with `exact` the windows would differ, see
+// Engine.Bf16DeltaChoicesDifferOnBf16WeightsAndCoincideOnFp32).
+TEST(Trace, Bf16WindowsWithTheAuthorsDeltaReplayBitIdentically) {
+  const fs::path dir = fresh_dir("trace_bf16_authors");
+  EngineOptions options = options_for_test();
+  options.trace_dir = dir.string();
+  options.bf16_delta = kernels::Bf16Delta::authors;
+  TrainingRun run(options, 60, DType::bfloat16);
+  for (int w = 0; w < 3; ++w)
+    run.window(w);
+  ASSERT_EQ(traced_windows(dir), (std::vector<std::uint64_t>{0, 1, 2}));
+  const io::SafetensorsReader inputs(dir / "window-000001" / "rank-00000.in.safetensors");
+  const auto recorded = nlohmann::json::parse(inputs.metadata().at("options"));
+  EXPECT_EQ(recorded.at("bf16_delta"), "authors");
+  for (std::uint64_t w : traced_windows(dir)) {
+    const ReplayResult result = replay_window(dir, w);
+    EXPECT_TRUE(result.identical()) << "window " << w;
+    EXPECT_EQ(result.tensors_compared, kWorld * kCheckpointSizes.size() * 4);
+  }
   fs::remove_all(dir);
 }
 

@@ -61,16 +61,18 @@ void expect_matches_reference(const std::vector<std::unique_ptr<Engine>>& engine
 struct PulseCase {
   int world;
   DType dtype;
+  kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
 };
 
 void PrintTo(const PulseCase& c, std::ostream* out) {
-  *out << "world " << c.world << ", " << dtype_name(c.dtype);
+  *out << "world " << c.world << ", " << dtype_name(c.dtype) << ", bf16_delta "
+       << kernels::bf16_delta_name(c.bf16_delta);
 }
 
 class EnginePulse : public ::testing::TestWithParam<PulseCase> {};
 
 TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
-  const auto [world, dtype] = GetParam();
+  const auto [world, dtype, bf16_delta] = GetParam();
   // Sizes: empty, one element, odd, several chunks, a non-multiple of the chunk size.
   const std::vector<std::uint64_t> sizes{0, 1, 37, 3000, 4097};
   const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;  // bf16 models need visible steps
@@ -78,7 +80,8 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
   for (int r = 0; r < world; ++r) {
     models.push_back(testing::make_model(sizes, dtype, r == 0 ? 7 : 1000 + r));  // rank 0 wins
   }
-  const EngineOptions options = small_options();
+  EngineOptions options = small_options();
+  options.bf16_delta = bf16_delta;
   auto engines = start_engines(models, options);
   // After start-up every replica holds rank 0's weights.
   for (int r = 1; r < world; ++r) {
@@ -100,8 +103,8 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
     testing::rethrow_first(testing::run_ranks(world, [&](int r) {
       reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
     }));
-    testing::reference_window(reference, reference_models, options.outer_lr,
-                              options.outer_momentum);
+    testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum,
+                              bf16_delta);
     expect_matches_reference(engines, reference, models, reference_models);
     for (const auto& report : reports) {
       EXPECT_EQ(report.window, static_cast<std::uint64_t>(window));
@@ -116,16 +119,66 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, EnginePulse,
-                         ::testing::Values(PulseCase{1, DType::float32},
-                                           PulseCase{2, DType::float32},
-                                           PulseCase{3, DType::bfloat16},
-                                           PulseCase{4, DType::float32},
-                                           PulseCase{5, DType::bfloat16}),
-                         [](const ::testing::TestParamInfo<PulseCase>& param_info) {
-                           return "R" + std::to_string(param_info.param.world) + "_" +
-                                  std::string(dtype_name(param_info.param.dtype));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndDtypes, EnginePulse,
+    ::testing::Values(PulseCase{1, DType::float32}, PulseCase{2, DType::float32},
+                      PulseCase{3, DType::bfloat16}, PulseCase{4, DType::float32},
+                      PulseCase{5, DType::bfloat16},
+                      PulseCase{2, DType::float32, kernels::Bf16Delta::authors},
+                      PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors},
+                      PulseCase{4, DType::bfloat16, kernels::Bf16Delta::authors}),
+    [](const ::testing::TestParamInfo<PulseCase>& param_info) {
+      const PulseCase& c = param_info.param;
+      std::string name = "R" + std::to_string(c.world) + "_" + std::string(dtype_name(c.dtype));
+      if (c.bf16_delta == kernels::Bf16Delta::authors) name += "_authors";
+      return name;
+    });
+
+// The two definitions of Δ on the same run: bf16 local weights take different trajectories from
+// the first window after θ_g left the bf16 grid (`authors` carries the cast residue); fp32 local
+// weights give the same bits with either choice.
+TEST(Engine, Bf16DeltaChoicesDifferOnBf16WeightsAndCoincideOnFp32) {
+  constexpr int kWorld = 3;
+  constexpr int kWindows = 3;
+  const std::vector<std::uint64_t> sizes{3000, 4097};
+  for (DType dtype : {DType::float32, DType::bfloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    std::vector<std::vector<float>> final_global[2];
+    std::uint64_t sent[2] = {0, 0};
+    for (int c = 0; c < 2; ++c) {
+      EngineOptions options = small_options();
+      options.bf16_delta = c == 0 ? kernels::Bf16Delta::exact : kernels::Bf16Delta::authors;
+      std::vector<LocalModel> models;
+      for (int r = 0; r < kWorld; ++r)
+        models.push_back(testing::make_model(sizes, dtype, r == 0 ? 7 : 1000 + r));
+      auto engines = start_engines(models, options);
+      const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;
+      for (int window = 0; window < kWindows; ++window) {
+        std::vector<WindowReport> reports(kWorld);
+        testing::rethrow_first(testing::run_ranks(kWorld, [&](int r) {
+          const auto index = static_cast<std::size_t>(r);
+          testing::local_training(models[index], lr, 4,
+                                  static_cast<std::uint32_t>(100 * window + r));
+          reports[index] = engines[index]->run_window();
+        }));
+        for (const WindowReport& report : reports) {
+          EXPECT_TRUE(report.replicas_identical);
+          sent[c] += report.entries_sent;
+        }
+      }
+      for (std::size_t t = 0; t < sizes.size(); ++t) {
+        const auto global = engines[0]->global_weights(t);
+        final_global[c].emplace_back(global.begin(), global.end());
+      }
+    }
+    if (dtype == DType::float32) {
+      EXPECT_EQ(final_global[0], final_global[1]);
+      EXPECT_EQ(sent[0], sent[1]);
+    } else {
+      EXPECT_NE(final_global[0], final_global[1]);
+    }
+  }
+}
 
 TEST(Engine, AfterOptimizerStepRunsAWindowEveryHSteps) {
   std::vector<LocalModel> models{testing::make_model({100}, DType::float32, 1),

@@ -149,8 +149,10 @@ inline ReferenceState reference_start(const LocalModel& rank0, int world) {
 }
 
 // One window, steps 1-9, exactly as docs/algorithm.md states them; updates `models` (θ_l).
+// `bf16_delta` chooses step 1 for bf16 local weights: exact sees θ_g through the bf16 cast, the
+// authors' code takes θ_g itself.
 inline void reference_window(ReferenceState& state, std::vector<LocalModel>& models, float lr,
-                             float mu) {
+                             float mu, kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact) {
   const std::size_t world = models.size();
   for (std::size_t t = 0; t < state.global.size(); ++t) {
     const std::size_t n = state.global[t].size();
@@ -160,8 +162,10 @@ inline void reference_window(ReferenceState& state, std::vector<LocalModel>& mod
       std::vector<float>& e = state.residual[r][t];
       for (std::size_t i = 0; i < n; ++i) {
         const float global = state.global[t][i];
-        const float cast_global = local.dtype == DType::float32 ? global : round_to_bf16(global);
-        const float delta = cast_global - local.get(i);  // step 1
+        const bool through_cast =
+            local.dtype == DType::bfloat16 && bf16_delta == kernels::Bf16Delta::exact;
+        const float seen_global = through_cast ? round_to_bf16(global) : global;
+        const float delta = seen_global - local.get(i);  // step 1
         const float s = e[i] + delta;                    // step 2
         const float corrected = global - s;              // step 3
         const bool fire = !bf16_numeric_equal(float_to_bf16_bits(global),

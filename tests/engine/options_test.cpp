@@ -59,9 +59,34 @@ TEST(EngineOptions, JsonRoundTripKeepsEveryOption) {
   options.pipeline_chunk_bytes = 262144;
   options.verify_digests = false;
   options.trace_dir = "/tmp/traces";
+  options.bf16_delta = kernels::Bf16Delta::authors;
   const EngineOptions back = options_from_json(to_json(options));
   EXPECT_EQ(to_json(back), to_json(options));
   EXPECT_EQ(back.pipeline_chunk_bytes, 262144u);
+  EXPECT_EQ(back.bf16_delta, kernels::Bf16Delta::authors);
+}
+
+TEST(EngineOptions, JsonWithoutBf16DeltaLoadsAsExact) {
+  // Checkpoints and traces written before the option existed computed Δ as `exact` does.
+  nlohmann::json older = to_json(EngineOptions{});
+  EXPECT_EQ(older.at("bf16_delta"), "exact");
+  older.erase("bf16_delta");
+  EXPECT_EQ(options_from_json(older).bf16_delta, kernels::Bf16Delta::exact);
+}
+
+TEST(EngineOptions, Bf16DeltaIsValidatedSharedAndPartOfTheState) {
+  nlohmann::json json = to_json(EngineOptions{});
+  json["bf16_delta"] = "author";
+  EXPECT_THROW((void)options_from_json(json), InvalidArgument);
+  EngineOptions invalid;
+  invalid.bf16_delta = static_cast<kernels::Bf16Delta>(9);
+  EXPECT_NE(validation_error(invalid).find("bf16_delta"), std::string::npos);
+
+  const EngineOptions exact;
+  EngineOptions authors;
+  authors.bf16_delta = kernels::Bf16Delta::authors;
+  EXPECT_NE(shared_options_digest(authors), shared_options_digest(exact));
+  EXPECT_EQ(options_that_change_the_state(exact, authors), std::vector<std::string>{"bf16_delta"});
 }
 
 TEST(EngineOptions, JsonWithoutPipelineChunkBytesLoadsWithTheDefault) {

@@ -11,8 +11,8 @@
 
 #include <pulseloco/base/digest.h>
 #include <pulseloco/base/errors.h>
-#include "io/python_check.h"
 #include <pulseloco/io/safetensors.h>
+#include "io/python_check.h"
 #include "io/test_files.h"
 #include "model.h"
 #include "pretrain.h"
@@ -256,6 +256,43 @@ TEST(ExampleModel, Bf16SparsityFollowsTheLearningRate) {
   EXPECT_LT(tiny, 1.0);
   EXPECT_LT(large, 0.5);
   EXPECT_THROW((void)bf16_unchanged_fraction(before, {}), InvalidArgument);
+}
+
+// bf16 weights: the model computes on exactly the bf16 values, and each optimizer step's result
+// is rounded to nearest even into the bf16 tensors (and the model set to the rounded values).
+TEST(ExampleModel, Bf16WeightsHoldTheModelOnTheBf16Grid) {
+  TransformerLM model(small_config(), 23);
+  const std::vector<std::uint16_t> rounded = bf16_snapshot(model);
+  Bf16Weights weights(model);
+  ASSERT_EQ(weights.tensors().size(), model.parameters().size());
+  for (const auto& t : weights.tensors())
+    EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
+  const auto on_grid = [&] {
+    std::size_t i = 0;
+    for (const auto& p : model.parameters()) {
+      const auto expected = weights.tensors()[i++].to(torch::kFloat32);
+      if (!torch::equal(p.detach(), expected)) return false;
+    }
+    return true;
+  };
+  EXPECT_TRUE(on_grid());
+  EXPECT_EQ(bf16_snapshot(model), rounded);
+
+  OptimizerSettings settings;
+  settings.lr = 1e-3;
+  Trainer trainer(model, settings);
+  (void)trainer.forward_backward(make_batch(post_training_mix(), 23, 0, 0, 2, 64));
+  trainer.optimizer_step();
+  const std::vector<std::uint16_t> stepped = bf16_snapshot(model);  // bf16(fp32 result)
+  weights.round_from_model();
+  EXPECT_TRUE(on_grid());
+  EXPECT_EQ(bf16_snapshot(model), stepped);
+  EXPECT_LT(bf16_unchanged_fraction(rounded, stepped), 1.0);
+
+  // A window resets the bf16 tensors; load_into_model makes the model compute on them again.
+  weights.tensors()[0].fill_(0.5);
+  weights.load_into_model();
+  EXPECT_TRUE(on_grid());
 }
 
 TEST(ExampleModel, WeightFilesRoundTripAndRefuseMismatches) {

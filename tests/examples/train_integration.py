@@ -16,6 +16,12 @@ the model having learnt anything.
       digests. The checkpoint and trace files are then opened with the standard `safetensors`
       package and their names, shapes, dtypes and bytes checked; `pulseloco replay` reproduces
       every traced window, and names the tensor and index of a value changed in a trace.
+  ... bf16
+      2 workers (--local-workers), weights stored in bf16 (--local-dtype bf16), 3 windows with
+      each pseudo-gradient definition (--bf16-delta exact, authors): replicas identical every
+      window and byte-identical final θ_g on both ranks; the two definitions end with different
+      weights; `pulseloco replay` reproduces every traced window of the authors' run; an
+      unknown --local-dtype is refused naming the choices.
   ... kill
       3 workers started as plain processes (environment rendezvous). Once rank 2 has logged a
       finished window, it is SIGKILLed; ranks 0 and 1 must exit non-zero within the
@@ -162,6 +168,44 @@ def test_resume(args):
     check_files_with_safetensors(full, ranks)
     check_inspect(args, full / "trace")
     check_replay(args, full / "trace")
+
+
+def test_bf16(args):
+    ranks, windows = 2, 3
+    cache = args.work / "cache"
+    base = args.work / "bf16"
+    shutil.rmtree(base, ignore_errors=True)
+    finals = {}
+    for delta in ("exact", "authors"):
+        out = base / delta
+        result = run([args.train, "--local-workers", str(ranks), "--mode", "pulse",
+                      "--local-dtype", "bf16", "--bf16-delta", delta, "--windows", str(windows),
+                      "--json", str(out / "report.json"), "--final-weights", str(out / "final"),
+                      "--trace-dir", str(out / "trace")] + common_args(args, cache),
+                     timeout=args.timeout)
+        if not check(result.returncode == 0, f"bf16 {delta}: exited {result.returncode}"):
+            continue
+        check(f"bf16 local weights (bf16 delta {delta})" in result.stdout,
+              f"bf16 {delta}: the header does not name the local dtype and delta")
+        report = check_report(out / "report.json", ranks, windows, f"bf16 {delta}")
+        if report:
+            check(report["local_dtype"] == "bf16" and report["bf16_delta"] == delta,
+                  f"bf16 {delta}: report says {report['local_dtype']} / {report['bf16_delta']}")
+        files = final_weights(out / "final", ranks)
+        if check(all(f is not None for f in files), f"bf16 {delta}: a rank wrote no weights"):
+            check(all(f == files[0] for f in files), f"bf16 {delta}: final θ_g files differ")
+            finals[delta] = files[0]
+    if len(finals) == 2:
+        check(finals["exact"] != finals["authors"],
+              "bf16: exact and authors ended with identical weights")
+    trace = base / "authors" / "trace"
+    if trace.exists():
+        result = run([args.pulseloco, "replay", str(trace)], timeout=args.timeout)
+        check(result.returncode == 0, f"pulseloco replay of the bf16 authors run exited "
+              f"{result.returncode}:\n{result.stdout}")
+    result = run([args.train, "--local-dtype", "fp16", "--windows", "0"], timeout=60)
+    check(result.returncode != 0 and "must be one of fp32, bf16, got fp16" in result.stdout,
+          f"--local-dtype fp16 was not refused by name:\n{result.stdout}")
 
 
 def check_inspect(args, trace):
@@ -369,10 +413,11 @@ def main():
     parser.add_argument("--mpirun", default="mpirun")
     parser.add_argument("--work", required=True, type=pathlib.Path)
     parser.add_argument("--timeout", type=float, default=600, help="bound of each run, seconds")
-    parser.add_argument("test", choices=["replicas", "resume", "kill"])
+    parser.add_argument("test", choices=["replicas", "resume", "kill", "bf16"])
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"replicas": test_replicas, "resume": test_resume, "kill": test_kill}[args.test](args)
+    {"replicas": test_replicas, "resume": test_resume, "kill": test_kill,
+     "bf16": test_bf16}[args.test](args)
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed", flush=True)
         return 1

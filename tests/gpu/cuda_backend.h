@@ -101,7 +101,8 @@ class CudaBackend final : public KernelBackend {
                            .local = local.get(),
                            .local_dtype = chunk.local_dtype,
                            .residual = residual.get<float>(),
-                           .count = chunk.count},
+                           .count = chunk.count,
+                           .bf16_delta = chunk.bf16_delta},
         out_offsets.get<std::uint32_t>(), out_values.get<float>(), workspace_, stream());
     offsets.assign(result.fired, 0);
     values.assign(result.fired, 0.0f);
@@ -123,7 +124,8 @@ class CudaBackend final : public KernelBackend {
                                                       .local = local.get(),
                                                       .local_dtype = chunk.local_dtype,
                                                       .residual = residual.get<float>(),
-                                                      .count = chunk.count},
+                                                      .count = chunk.count,
+                                                      .bf16_delta = chunk.bf16_delta},
                                    out.get<float>(), stream());
     out.to_host(residual_out, chunk.count * 4, stream());
   }
@@ -170,7 +172,8 @@ class CudaBackend final : public KernelBackend {
                                                               .residual = d_residual.get<float>(),
                                                               .local = d_local.get(),
                                                               .local_dtype = chunk.local_dtype,
-                                                              .count = chunk.count},
+                                                              .count = chunk.count,
+                                                              .bf16_delta = chunk.bf16_delta},
                                          d_g.get<float>(), params, stream());
     d_global.to_host(chunk.global, chunk.count * 4, stream());
     d_momentum.to_host(chunk.momentum, chunk.count * 4, stream());
@@ -186,12 +189,12 @@ class CudaBackend final : public KernelBackend {
     d_local.to_host(local, count * dtype_size(local_dtype), stream());
   }
 
-  void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
-                       std::uint64_t count) override {
+  void pseudo_gradient(const float* global, const void* local, DType local_dtype,
+                       kernels::Bf16Delta bf16_delta, float* delta, std::uint64_t count) override {
     const DeviceBytes d_global = upload(global, count * 4);
     const DeviceBytes d_local = upload(local, count * dtype_size(local_dtype));
     const DeviceBytes d_delta(count * 4);
-    kernels::cuda::pseudo_gradient(d_global.get<float>(), d_local.get(), local_dtype,
+    kernels::cuda::pseudo_gradient(d_global.get<float>(), d_local.get(), local_dtype, bf16_delta,
                                    d_delta.get<float>(), count, stream());
     d_delta.to_host(delta, count * 4, stream());
   }

@@ -1,5 +1,6 @@
 // The CUDA window kernels against the CPU kernels (which window_kernels_reference_test.cpp
-// holds to the libtorch reference bit for bit): identical bits for every kernel over the size,
+// holds to the libtorch reference bit for bit): identical bits for every kernel, for fp32 and
+// bf16 local weights with both definitions of Δ (kernels::Bf16Delta), over the size,
 // rank and edge-case matrix, several windows, a whole window chained on a device stream without
 // host round trips, non-finite reports, aggregate validation and digests. Skips without a GPU.
 #include <cuda_runtime_api.h>
@@ -13,17 +14,17 @@
 
 #include <pulseloco/base/digest.h>
 #include <pulseloco/base/errors.h>
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
+#include <pulseloco/kernels/window_kernels.h>
 #include "gpu/cuda_backend.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/backend_comparison.h"
-#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
-#include <pulseloco/kernels/window_kernels.h>
 #include "kernels/window_test_inputs.h"
 
 namespace pulseloco::testing {
 namespace {
 
-class CpuVsCuda : public ::testing::TestWithParam<DType> {
+class CpuVsCuda : public ::testing::TestWithParam<LocalKind> {
  protected:
   void SetUp() override { PULSELOCO_SKIP_WITHOUT_GPU(); }
 };
@@ -35,7 +36,8 @@ TEST_P(CpuVsCuda, SizesAndRanks) {
     for (std::size_t count :
          {0u, 1u, 7u, 8u, 9u, 31u, 33u, 255u, 256u, 257u, 1000u, 4099u, 65537u}) {
       const BackendScenario s{.count = count,
-                              .local_dtype = GetParam(),
+                              .local_dtype = GetParam().dtype,
+                              .bf16_delta = GetParam().bf16_delta,
                               .ranks = ranks,
                               .chunk = 1000,
                               .seed = 5u * count + static_cast<std::uint64_t>(ranks)};
@@ -49,7 +51,8 @@ TEST_P(CpuVsCuda, ChunkSizesAndManyWindows) {
   CudaBackend cuda;
   for (std::uint64_t chunk : {1u, 31u, 4096u, 65537u, 300000u}) {
     const BackendScenario s{.count = 200003,
-                            .local_dtype = GetParam(),
+                            .local_dtype = GetParam().dtype,
+                            .bf16_delta = GetParam().bf16_delta,
                             .ranks = 3,
                             .windows = 2,
                             .chunk = chunk,
@@ -57,7 +60,8 @@ TEST_P(CpuVsCuda, ChunkSizesAndManyWindows) {
     ASSERT_NO_FATAL_FAILURE(compare_backends(cpu, cuda, s));
   }
   const BackendScenario long_run{.count = 50001,
-                                 .local_dtype = GetParam(),
+                                 .local_dtype = GetParam().dtype,
+                                 .bf16_delta = GetParam().bf16_delta,
                                  .ranks = 4,
                                  .windows = 8,
                                  .chunk = 4099,
@@ -70,7 +74,8 @@ TEST_P(CpuVsCuda, TenMillionElements) {
   CpuBackend cpu(active_cpu_isa());
   CudaBackend cuda;
   const BackendScenario s{.count = 10'000'000,
-                          .local_dtype = GetParam(),
+                          .local_dtype = GetParam().dtype,
+                          .bf16_delta = GetParam().bf16_delta,
                           .ranks = 2,
                           .windows = 2,
                           .chunk = (1u << 22) + 5,
@@ -83,7 +88,7 @@ TEST_P(CpuVsCuda, TenMillionElements) {
 TEST_P(CpuVsCuda, ArbitraryBitPatterns) {
   CpuBackend cpu(active_cpu_isa());
   CudaBackend cuda;
-  const DType dtype = GetParam();
+  const auto [dtype, bf16_delta] = GetParam();
   for (std::size_t n : {1u, 8u, 100u, 5000u, 70001u}) {
     for (bool finite : {true, false}) {
       const std::uint64_t seed = n * 13 + (finite ? 1 : 0);
@@ -99,7 +104,8 @@ TEST_P(CpuVsCuda, ArbitraryBitPatterns) {
                                      .local = local.data(),
                                      .local_dtype = dtype,
                                      .residual = residual.data(),
-                                     .count = n};
+                                     .count = n,
+                                     .bf16_delta = bf16_delta};
       std::vector<std::uint32_t> off_cpu, off_cuda;
       std::vector<float> val_cpu, val_cuda;
       const kernels::GateResult r_cpu = cpu.gate(chunk, off_cpu, val_cpu);
@@ -113,8 +119,8 @@ TEST_P(CpuVsCuda, ArbitraryBitPatterns) {
       cuda.commit_residual(chunk, e_cuda.data());
       ASSERT_TRUE(same_floats(e_cpu, e_cuda, "committed residual"));
       std::vector<float> d_cpu(n), d_cuda(n);
-      cpu.pseudo_gradient(global.data(), local.data(), dtype, d_cpu.data(), n);
-      cuda.pseudo_gradient(global.data(), local.data(), dtype, d_cuda.data(), n);
+      cpu.pseudo_gradient(global.data(), local.data(), dtype, bf16_delta, d_cpu.data(), n);
+      cuda.pseudo_gradient(global.data(), local.data(), dtype, bf16_delta, d_cuda.data(), n);
       // NaN payloads are not specified (x86 propagates an input's payload, NVIDIA GPUs return
       // the canonical NaN, and a valid window never computes one): every NaN equals every NaN,
       // every other value must have the same bits.
@@ -132,10 +138,8 @@ TEST_P(CpuVsCuda, ArbitraryBitPatterns) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(LocalDtypes, CpuVsCuda, ::testing::Values(DType::float32, DType::bfloat16),
-                         [](const auto& param_info) {
-                           return std::string(dtype_name(param_info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(LocalKinds, CpuVsCuda, ::testing::ValuesIn(local_kinds()),
+                         [](const auto& param_info) { return local_kind_name(param_info.param); });
 
 // A whole window chained on one non-default stream, entirely on the device: the gate's device
 // outputs feed the aggregate directly, then the fused commit + outer step; only the end result
@@ -145,8 +149,9 @@ TEST(CudaWindow, ChainedOnAStreamMatchesTheCpu) {
   constexpr std::size_t n = 300007;
   constexpr std::uint64_t kChunk = 65537;
   constexpr int kRanks = 3;
-  for (DType dtype : {DType::float32, DType::bfloat16}) {
-    SCOPED_TRACE(std::string(dtype_name(dtype)));
+  for (const LocalKind& kind : local_kinds()) {
+    SCOPED_TRACE(local_kind_name(kind));
+    const auto [dtype, bf16_delta] = kind;
     CudaBackend cuda;  // for its stream and workspace
     const cudaStream_t stream = cuda.stream();
     std::vector<float> global = make_global_weights(n, 1);
@@ -188,7 +193,8 @@ TEST(CudaWindow, ChainedOnAStreamMatchesTheCpu) {
                                               .local = d_local[r].get<char>() + begin * local_size,
                                               .local_dtype = dtype,
                                               .residual = d_residual[r].get<float>() + begin,
-                                              .count = count};
+                                              .count = count,
+                                              .bf16_delta = bf16_delta};
         const kernels::GateResult result =
             kernels::cuda::gate(device_chunk, d_offsets[r].get<std::uint32_t>() + begin,
                                 d_values[r].get<float>() + begin, cuda.workspace(), stream);
@@ -203,7 +209,8 @@ TEST(CudaWindow, ChainedOnAStreamMatchesTheCpu) {
             .local = static_cast<const char*>(locals[r].data()) + begin * local_size,
             .local_dtype = dtype,
             .residual = residuals[r].data() + begin,
-            .count = count};
+            .count = count,
+            .bf16_delta = bf16_delta};
         const kernels::GateResult cpu_result =
             kernels::gate(cpu_chunk, cpu_offsets[r].data(), cpu_values[r].data());
         ASSERT_EQ(cpu_result.fired, result.fired) << "rank " << r << ", chunk at " << begin;
@@ -218,7 +225,8 @@ TEST(CudaWindow, ChainedOnAStreamMatchesTheCpu) {
                                .residual = d_residual[0].get<float>() + begin,
                                .local = d_local[0].get<char>() + begin * local_size,
                                .local_dtype = dtype,
-                               .count = count},
+                               .count = count,
+                               .bf16_delta = bf16_delta},
           d_g.get<float>() + begin, params, stream);
 
       std::vector<kernels::SparseEntries> cpu_entries;
@@ -232,7 +240,8 @@ TEST(CudaWindow, ChainedOnAStreamMatchesTheCpu) {
                                .residual = cpu_residual.data() + begin,
                                .local = static_cast<char*>(cpu_local.data()) + begin * local_size,
                                .local_dtype = dtype,
-                               .count = count},
+                               .count = count,
+                               .bf16_delta = bf16_delta},
           g.data(), params);
     }
     std::vector<float> out_global(n), out_momentum(n), out_residual(n);

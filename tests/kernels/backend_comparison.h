@@ -19,6 +19,7 @@ namespace pulseloco::testing {
 struct BackendScenario {
   std::size_t count = 0;
   DType local_dtype = DType::float32;
+  kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
   int ranks = 1;
   int windows = 3;
   std::uint64_t chunk = 1000;
@@ -27,8 +28,9 @@ struct BackendScenario {
 };
 
 inline std::string describe(const BackendScenario& s) {
-  return "count " + std::to_string(s.count) + ", " + std::string(dtype_name(s.local_dtype)) +
-         " local, R " + std::to_string(s.ranks) + ", chunk " + std::to_string(s.chunk);
+  return "count " + std::to_string(s.count) + ", " +
+         local_kind_name({s.local_dtype, s.bf16_delta}) + " local, R " + std::to_string(s.ranks) +
+         ", chunk " + std::to_string(s.chunk);
 }
 
 inline ::testing::AssertionResult same_bytes(const void* a, const void* b, std::size_t count,
@@ -135,7 +137,8 @@ inline void compare_backends(KernelBackend& expected, KernelBackend& actual,
                                  .local = local_at(replica.local, chunk.begin),
                                  .local_dtype = s.local_dtype,
                                  .residual = replica.residual.data() + chunk.begin,
-                                 .count = chunk.count},
+                                 .count = chunk.count,
+                                 .bf16_delta = s.bf16_delta},
               chunk_offsets, chunk_values);
           ASSERT_FALSE(result.non_finite_offset.has_value()) << backends[b]->name();
           ASSERT_EQ(result.fired, chunk_offsets.size());
@@ -174,7 +177,8 @@ inline void compare_backends(KernelBackend& expected, KernelBackend& actual,
                                      .residual = replica.residual.data() + chunk.begin,
                                      .local = local_at(replica.local, chunk.begin),
                                      .local_dtype = s.local_dtype,
-                                     .count = chunk.count},
+                                     .count = chunk.count,
+                                     .bf16_delta = s.bf16_delta},
                 chunk_g, params);
           } else {
             backends[b]->commit_residual(
@@ -182,7 +186,8 @@ inline void compare_backends(KernelBackend& expected, KernelBackend& actual,
                                    .local = local_at(replica.local, chunk.begin),
                                    .local_dtype = s.local_dtype,
                                    .residual = replica.residual.data() + chunk.begin,
-                                   .count = chunk.count},
+                                   .count = chunk.count,
+                                   .bf16_delta = s.bf16_delta},
                 replica.residual.data() + chunk.begin);
             backends[b]->outer_step(
                 replica.global.data() + chunk.begin, replica.momentum.data() + chunk.begin, chunk_g,
@@ -220,7 +225,8 @@ inline void compare_backends(KernelBackend& expected, KernelBackend& actual,
   apply_inner_steps(moved, lr, 8, s.seed + 77);
   for (int b = 0; b < 2; ++b) {
     delta[b].assign(n, 0.0f);
-    backends[b]->pseudo_gradient(a.global.data(), moved.data(), s.local_dtype, delta[b].data(), n);
+    backends[b]->pseudo_gradient(a.global.data(), moved.data(), s.local_dtype, s.bf16_delta,
+                                 delta[b].data(), n);
     scaled[b] = a.residual;
     backends[b]->divide(scaled[b].data(), n, static_cast<float>(s.ranks + 2));
     reset_bytes[b].assign(n * dtype_size(s.local_dtype), 0);

@@ -12,7 +12,7 @@
 namespace pulseloco::testing {
 namespace {
 
-class PortableVsAvx2 : public ::testing::TestWithParam<DType> {
+class PortableVsAvx2 : public ::testing::TestWithParam<LocalKind> {
  protected:
   void SetUp() override {
     if (!cpu_has_avx2()) GTEST_SKIP() << "this CPU has no AVX2: only the portable path exists";
@@ -25,7 +25,8 @@ TEST_P(PortableVsAvx2, SizesAndRanks) {
   for (int ranks = 1; ranks <= 8; ++ranks) {
     for (std::size_t count : {0u, 1u, 7u, 8u, 9u, 33u, 1000u, 4099u}) {
       const BackendScenario s{.count = count,
-                              .local_dtype = GetParam(),
+                              .local_dtype = GetParam().dtype,
+                              .bf16_delta = GetParam().bf16_delta,
                               .ranks = ranks,
                               .seed = 3u * count + static_cast<std::uint64_t>(ranks)};
       ASSERT_NO_FATAL_FAILURE(compare_backends(portable_, avx2_, s));
@@ -35,7 +36,8 @@ TEST_P(PortableVsAvx2, SizesAndRanks) {
 
 TEST_P(PortableVsAvx2, LargeChunks) {
   const BackendScenario s{.count = (1u << 20) + 3,
-                          .local_dtype = GetParam(),
+                          .local_dtype = GetParam().dtype,
+                          .bf16_delta = GetParam().bf16_delta,
                           .ranks = 2,
                           .windows = 2,
                           .chunk = 65537,
@@ -71,8 +73,9 @@ class OffByOneUlpOuterStep final : public KernelBackend {
   void reset_local(const float* g, void* l, DType d, std::uint64_t n) override {
     inner_.reset_local(g, l, d, n);
   }
-  void pseudo_gradient(const float* g, const void* l, DType d, float* o, std::uint64_t n) override {
-    inner_.pseudo_gradient(g, l, d, o, n);
+  void pseudo_gradient(const float* g, const void* l, DType d, kernels::Bf16Delta b, float* o,
+                       std::uint64_t n) override {
+    inner_.pseudo_gradient(g, l, d, b, o, n);
   }
   void divide(float* v, std::uint64_t n, float d) override { inner_.divide(v, n, d); }
   Digest state_digest(std::span<const float> g, std::span<const float> m) override {
@@ -100,11 +103,8 @@ TEST(BackendComparison, DetectsASingleUlp) {
       << failures.GetTestPartResult(0).message();
 }
 
-INSTANTIATE_TEST_SUITE_P(LocalDtypes, PortableVsAvx2,
-                         ::testing::Values(DType::float32, DType::bfloat16),
-                         [](const auto& param_info) {
-                           return std::string(dtype_name(param_info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(LocalKinds, PortableVsAvx2, ::testing::ValuesIn(local_kinds()),
+                         [](const auto& param_info) { return local_kind_name(param_info.param); });
 
 }  // namespace
 }  // namespace pulseloco::testing

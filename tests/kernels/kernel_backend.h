@@ -33,7 +33,8 @@ class KernelBackend {
   virtual void reset_local(const float* global, void* local, DType local_dtype,
                            std::uint64_t count) = 0;
   virtual void pseudo_gradient(const float* global, const void* local, DType local_dtype,
-                               float* delta, std::uint64_t count) = 0;
+                               kernels::Bf16Delta bf16_delta, float* delta,
+                               std::uint64_t count) = 0;
   virtual void divide(float* values, std::uint64_t count, float divisor) = 0;
   [[nodiscard]] virtual Digest state_digest(std::span<const float> global,
                                             std::span<const float> momentum) = 0;
@@ -76,9 +77,9 @@ class CpuBackend final : public KernelBackend {
                    std::uint64_t count) override {
     kernels::reset_local(global, local, local_dtype, count, isa_);
   }
-  void pseudo_gradient(const float* global, const void* local, DType local_dtype, float* delta,
-                       std::uint64_t count) override {
-    kernels::pseudo_gradient(global, local, local_dtype, delta, count, isa_);
+  void pseudo_gradient(const float* global, const void* local, DType local_dtype,
+                       kernels::Bf16Delta bf16_delta, float* delta, std::uint64_t count) override {
+    kernels::pseudo_gradient(global, local, local_dtype, bf16_delta, delta, count, isa_);
   }
   void divide(float* values, std::uint64_t count, float divisor) override {
     kernels::divide(values, count, divisor, isa_);

@@ -5,12 +5,13 @@
 namespace pulseloco::testing {
 
 ReferenceGate reference_gate(const torch::Tensor& global, const torch::Tensor& local,
-                             const torch::Tensor& residual) {
+                             const torch::Tensor& residual, kernels::Bf16Delta bf16_delta) {
   torch::NoGradGuard no_grad;
-  // Step 1. fp32 local weights: the authors' θ_g - θ_l. bf16 local weights: the cast residue
-  // of θ_g is not part of the pseudo-gradient, so θ_g is seen through the same cast.
+  // Step 1. The authors' code: global - local, which PyTorch's type promotion computes as
+  // θ_g - float(θ_l) for bf16 local weights too. `exact` leaves the cast residue of θ_g out of
+  // the pseudo-gradient by seeing θ_g through the same cast.
   const torch::Tensor delta =
-      local.scalar_type() == torch::kFloat32
+      local.scalar_type() == torch::kFloat32 || bf16_delta == kernels::Bf16Delta::authors
           ? global - local
           : global.to(torch::kBFloat16).to(torch::kFloat32) - local.to(torch::kFloat32);
   const torch::Tensor s = residual + delta;  // step 2

@@ -1,9 +1,10 @@
 // Test-only reference for the window kernels, written with libtorch tensor operations step by
 // step as the PULSE authors' Python does it (pulseloco-algorithm.md steps 1-9):
-//   Δ = θ_g - θ_l;  s = e + Δ;  w̃ = θ_g - s;  fire = w̃.bfloat16() != θ_g.bfloat16();
-//   sent = (fire.nonzero(), s[fire]);  e = where(fire, 0, s);
-//   g = zeros; g.index_add_(0, idx_r, val_r) for r = 0..R-1; g.div_(R);
-//   torch::optim::SGD(lr, momentum, nesterov=true) with g as the gradient;  θ_l = θ_g.to(dtype).
+//   Δ = θ_g - θ_l (bf16 θ_l: the authors' θ_g - float(θ_l), or the project's exact
+//   float(bf16(θ_g)) - float(θ_l));  s = e + Δ;  w̃ = θ_g - s;  fire = w̃.bfloat16() !=
+//   θ_g.bfloat16(); sent = (fire.nonzero(), s[fire]);  e = where(fire, 0, s); g = zeros;
+//   g.index_add_(0, idx_r, val_r) for r = 0..R-1; g.div_(R); torch::optim::SGD(lr, momentum,
+//   nesterov=true) with g as the gradient;  θ_l = θ_g.to(dtype).
 // Nothing here calls pulseloco's kernels: the kernel tests compare against these results.
 #pragma once
 
@@ -16,6 +17,8 @@
 #include <optional>
 #include <vector>
 
+#include <pulseloco/kernels/window_kernels.h>
+
 namespace pulseloco::testing {
 
 struct ReferenceGate {
@@ -27,9 +30,11 @@ struct ReferenceGate {
   std::optional<std::int64_t> non_finite_index;
 };
 
-// Steps 1-5. `local` is float32 or bfloat16; `global` and `residual` are float32.
+// Steps 1-5. `local` is float32 or bfloat16; `global` and `residual` are float32. `bf16_delta`
+// chooses step 1 for bfloat16 `local` (no effect on float32).
 [[nodiscard]] ReferenceGate reference_gate(const torch::Tensor& global, const torch::Tensor& local,
-                                           const torch::Tensor& residual);
+                                           const torch::Tensor& residual,
+                                           kernels::Bf16Delta bf16_delta);
 
 struct ReferenceMessage {
   torch::Tensor indices;  // int64

@@ -1,6 +1,7 @@
 // The CPU window kernels against the libtorch reference (torch_reference.h), bit for bit:
 // the fired set, the sent values, the residual, the aggregate, m, θ_g and the reset θ_l, over
-// several consecutive windows, R = 1..8 replicas, fp32 and bf16 local weights, sizes that are
+// several consecutive windows, R = 1..8 replicas, fp32 and bf16 local weights (bf16 with both
+// definitions of Δ: the project's exact one and the authors' θ_g − float(θ_l)), sizes that are
 // and are not multiples of the vector width and of the chunk size, edge-case values, and both
 // CPU ISAs.
 //
@@ -19,8 +20,8 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
-#include "kernels/torch_reference.h"
 #include <pulseloco/kernels/window_kernels.h>
+#include "kernels/torch_reference.h"
 #include "kernels/window_test_inputs.h"
 
 namespace pulseloco::testing {
@@ -106,6 +107,7 @@ std::string hex_bits(const void* element, std::size_t size) {
 struct Scenario {
   std::size_t count = 0;
   DType local_dtype = DType::float32;
+  kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
   int ranks = 1;
   int windows = 3;
   std::uint64_t chunk = 1000;  // elements per kernel call
@@ -116,9 +118,9 @@ struct Scenario {
 };
 
 std::string describe(const Scenario& s) {
-  return "count " + std::to_string(s.count) + ", " + std::string(dtype_name(s.local_dtype)) +
-         " local, R " + std::to_string(s.ranks) + ", chunk " + std::to_string(s.chunk) + ", " +
-         std::string(cpu_isa_name(s.isa));
+  return "count " + std::to_string(s.count) + ", " +
+         local_kind_name({s.local_dtype, s.bf16_delta}) + " local, R " + std::to_string(s.ranks) +
+         ", chunk " + std::to_string(s.chunk) + ", " + std::string(cpu_isa_name(s.isa));
 }
 
 // One worker replica: its copy of θ_g and m, its θ_l and e.
@@ -190,8 +192,8 @@ void run_scenario(const Scenario& s) {
     std::vector<ReferenceMessage> reference_messages;
     for (std::size_t r = 0; r < ranks; ++r) {
       const Replica& replica = replicas[r];
-      const ReferenceGate reference =
-          reference_gate(reference_outer.global(), reference_local[r], reference_residual[r]);
+      const ReferenceGate reference = reference_gate(reference_outer.global(), reference_local[r],
+                                                     reference_residual[r], s.bf16_delta);
       ASSERT_FALSE(reference.non_finite_index.has_value());
       std::vector<float> sent_values;
       std::vector<std::int64_t> sent_indices;
@@ -203,7 +205,8 @@ void run_scenario(const Scenario& s) {
                                             chunk.begin * dtype_size(s.local_dtype),
                                    .local_dtype = s.local_dtype,
                                    .residual = replica.residual.data() + chunk.begin,
-                                   .count = chunk.count};
+                                   .count = chunk.count,
+                                   .bf16_delta = s.bf16_delta};
         const GateResult result =
             kernels::gate(gate_chunk, chunk_offsets.data(), chunk_values.data(), s.isa);
         ASSERT_FALSE(result.non_finite_offset.has_value());
@@ -257,14 +260,16 @@ void run_scenario(const Scenario& s) {
                                                   .residual = replica.residual.data() + chunk.begin,
                                                   .local = chunk_local,
                                                   .local_dtype = s.local_dtype,
-                                                  .count = chunk.count};
+                                                  .count = chunk.count,
+                                                  .bf16_delta = s.bf16_delta};
           kernels::commit_and_outer_step(window_chunk, chunk_g, params, s.isa);
         } else {
           const GateChunk gate_chunk{.global = replica.global.data() + chunk.begin,
                                      .local = chunk_local,
                                      .local_dtype = s.local_dtype,
                                      .residual = replica.residual.data() + chunk.begin,
-                                     .count = chunk.count};
+                                     .count = chunk.count,
+                                     .bf16_delta = s.bf16_delta};
           kernels::commit_residual(gate_chunk, replica.residual.data() + chunk.begin, s.isa);
           kernels::outer_step(replica.global.data() + chunk.begin,
                               replica.momentum.data() + chunk.begin, chunk_g, chunk_local,
@@ -324,15 +329,16 @@ TEST(TorchPremise, AddWithAlphaIsOneFusedMultiplyAdd) {
   at::set_num_threads(threads_before);
 }
 
-class KernelsVsTorch : public ::testing::TestWithParam<std::tuple<DType, CpuIsa>> {};
+class KernelsVsTorch : public ::testing::TestWithParam<std::tuple<LocalKind, CpuIsa>> {};
 
 TEST_P(KernelsVsTorch, SizesAndRanks) {
-  const auto [dtype, isa] = GetParam();
+  const auto [kind, isa] = GetParam();
   for (int ranks = 1; ranks <= 8; ++ranks) {
     for (std::size_t count :
          {0u, 1u, 2u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 33u, 127u, 1000u, 4099u}) {
       Scenario s{.count = count,
-                 .local_dtype = dtype,
+                 .local_dtype = kind.dtype,
+                 .bf16_delta = kind.bf16_delta,
                  .ranks = ranks,
                  .chunk = 1000,
                  .isa = isa,
@@ -343,10 +349,11 @@ TEST_P(KernelsVsTorch, SizesAndRanks) {
 }
 
 TEST_P(KernelsVsTorch, ChunkSizes) {
-  const auto [dtype, isa] = GetParam();
+  const auto [kind, isa] = GetParam();
   for (std::uint64_t chunk : {1u, 7u, 8u, 64u, 1021u, 8192u, 70000u}) {
     Scenario s{.count = 65537,
-               .local_dtype = dtype,
+               .local_dtype = kind.dtype,
+               .bf16_delta = kind.bf16_delta,
                .ranks = 3,
                .windows = 2,
                .chunk = chunk,
@@ -357,9 +364,10 @@ TEST_P(KernelsVsTorch, ChunkSizes) {
 }
 
 TEST_P(KernelsVsTorch, ManyWindowsWithoutEdgeCases) {
-  const auto [dtype, isa] = GetParam();
+  const auto [kind, isa] = GetParam();
   Scenario s{.count = 50001,
-             .local_dtype = dtype,
+             .local_dtype = kind.dtype,
+             .bf16_delta = kind.bf16_delta,
              .ranks = 4,
              .windows = 6,
              .chunk = 4099,
@@ -369,20 +377,21 @@ TEST_P(KernelsVsTorch, ManyWindowsWithoutEdgeCases) {
   ASSERT_NO_FATAL_FAILURE(run_scenario(s));
 }
 
-INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, KernelsVsTorch,
-                         ::testing::Combine(::testing::Values(DType::float32, DType::bfloat16),
+INSTANTIATE_TEST_SUITE_P(LocalKindsAndIsas, KernelsVsTorch,
+                         ::testing::Combine(::testing::ValuesIn(local_kinds()),
                                             ::testing::ValuesIn(isas())),
                          [](const auto& param_info) {
-                           return std::string(dtype_name(std::get<0>(param_info.param))) + "_" +
+                           return local_kind_name(std::get<0>(param_info.param)) + "_" +
                                   std::string(cpu_isa_name(std::get<1>(param_info.param)));
                          });
 
-// Once per local dtype, with the ISA the kernels use by default.
-class KernelsVsTorchLarge : public ::testing::TestWithParam<DType> {};
+// Once per local kind, with the ISA the kernels use by default.
+class KernelsVsTorchLarge : public ::testing::TestWithParam<LocalKind> {};
 
 TEST_P(KernelsVsTorchLarge, TenMillionElements) {
   Scenario s{.count = 10'000'000,
-             .local_dtype = GetParam(),
+             .local_dtype = GetParam().dtype,
+             .bf16_delta = GetParam().bf16_delta,
              .ranks = 2,
              .windows = 2,
              .chunk = (1u << 20) + 3,
@@ -391,11 +400,8 @@ TEST_P(KernelsVsTorchLarge, TenMillionElements) {
   ASSERT_NO_FATAL_FAILURE(run_scenario(s));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, KernelsVsTorchLarge,
-                         ::testing::Values(DType::float32, DType::bfloat16),
-                         [](const auto& param_info) {
-                           return std::string(dtype_name(param_info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(LocalKinds, KernelsVsTorchLarge, ::testing::ValuesIn(local_kinds()),
+                         [](const auto& param_info) { return local_kind_name(param_info.param); });
 
 // A non-finite s: the gate reports the lowest offset (as the reference finds it), sends
 // nothing and changes nothing; check_finite names the tensor, the index and the rank.
@@ -443,8 +449,8 @@ TEST_P(NonFiniteVsTorch, LowestOffsetIsReportedAndNothingChanges) {
       default:
         break;
     }
-    const ReferenceGate reference =
-        reference_gate(to_tensor(global), to_tensor(local), to_tensor(residual));
+    const ReferenceGate reference = reference_gate(to_tensor(global), to_tensor(local),
+                                                   to_tensor(residual), kernels::Bf16Delta::exact);
     ASSERT_TRUE(reference.non_finite_index.has_value());
     ASSERT_EQ(*reference.non_finite_index, static_cast<std::int64_t>(poison.index));
 

@@ -98,7 +98,7 @@ TEST(Gate, Bf16LocalWeightsIgnoreTheCastResidue) {
   const GateOutput out = run_gate(global, local, std::vector<float>(3, 0.0f));
   EXPECT_EQ(out.result.fired, 0u);
   std::vector<float> delta(3, 1.0f);
-  pseudo_gradient(global.data(), local.data(), DType::bfloat16, delta.data(), 3);
+  pseudo_gradient(global.data(), local.data(), DType::bfloat16, Bf16Delta::exact, delta.data(), 3);
   for (float d : delta)
     EXPECT_EQ(bits(d), 0u);
 }
@@ -279,7 +279,7 @@ TEST(DenseHelpers, PseudoGradientAndDivide) {
   local.set(1, 0.1f);
   local.set(2, -2.0f);
   std::vector<float> delta(3);
-  pseudo_gradient(global.data(), local.data(), DType::float32, delta.data(), 3);
+  pseudo_gradient(global.data(), local.data(), DType::float32, Bf16Delta::exact, delta.data(), 3);
   EXPECT_EQ(delta[0], 0.5f);
   EXPECT_EQ(delta[1], 0.3f - 0.1f);
   EXPECT_EQ(bits(delta[2]), 0u);
@@ -360,7 +360,8 @@ TEST(FloatingPointMode, CallerModeDoesNotChangeResultsAndIsRestored) {
                     e.data(), isa);
     outer_step(theta.data(), m.data(), g.data(), reset.data(), DType::float32, n, OuterStepParams{},
                isa);
-    pseudo_gradient(global.data(), local.data(), DType::float32, delta.data(), n, isa);
+    pseudo_gradient(global.data(), local.data(), DType::float32, Bf16Delta::exact, delta.data(), n,
+                    isa);
     for (const auto* part : {&e, &theta, &m, &delta})
       out.insert(out.end(), part->begin(), part->end());
     return out;
@@ -381,9 +382,191 @@ TEST(FloatingPointMode, CallerModeDoesNotChangeResultsAndIsRestored) {
 }
 #endif
 
+// --- Both definitions of Δ against a scalar statement of steps 1-5 ----------------------------
+
+struct ReferenceLane {
+  float s = 0.0f;
+  bool fire = false;
+};
+
+// Steps 1-5 for one element, written from docs/algorithm.md with base/bf16.h's rounding and
+// nothing of the kernels: Δ = float(bf16(θ_g)) − θ_l for bf16 local weights with `exact`,
+// Δ = θ_g − float(θ_l) otherwise; the comparison is numeric (+0 equals −0).
+ReferenceLane reference_lane(float global, float local, float residual, DType dtype,
+                             Bf16Delta bf16_delta) {
+  const bool through_cast = dtype == DType::bfloat16 && bf16_delta == Bf16Delta::exact;
+  const float delta = (through_cast ? round_to_bf16(global) : global) - local;
+  const float s = residual + delta;
+  const float corrected = global - s;
+  return {s, !(round_to_bf16(global) == round_to_bf16(corrected))};
+}
+
+class Bf16DeltaVsScalarReference : public ::testing::TestWithParam<testing::LocalKind> {};
+
+TEST_P(Bf16DeltaVsScalarReference, GateCommitAndPseudoGradientOnEveryIsa) {
+  const auto [dtype, bf16_delta] = GetParam();
+  const std::size_t n = 4099;
+  const std::vector<float> global = testing::make_global_weights(n, 21);
+  std::vector<LocalWeights> locals(1, LocalWeights(dtype, n));
+  std::vector<std::vector<float>> residuals(1, std::vector<float>(n, 0.0f));
+  testing::cast_global_into(global, locals[0]);
+  testing::apply_inner_steps(locals[0], dtype == DType::bfloat16 ? 3e-4f : 3e-6f, 8, 22);
+  std::vector<float> global_with_edges = global;
+  testing::inject_edge_cases(global_with_edges, locals, residuals);
+  const LocalWeights& local = locals[0];
+  // A residual carried from earlier windows on every other element.
+  std::vector<float> residual = residuals[0];
+  const std::vector<float> carried = testing::arbitrary_values(n, 23, true);
+  for (std::size_t i = 0; i < n; i += 2)
+    residual[i] += 1e-6f * carried[i];
+
+  std::vector<std::uint32_t> expected_offsets;
+  std::vector<float> expected_values, expected_residual(n), expected_delta(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const ReferenceLane lane =
+        reference_lane(global_with_edges[i], local.get(i), residual[i], dtype, bf16_delta);
+    if (lane.fire) {
+      expected_offsets.push_back(static_cast<std::uint32_t>(i));
+      expected_values.push_back(lane.s);
+    }
+    expected_residual[i] = lane.fire ? 0.0f : lane.s;
+    expected_delta[i] =
+        reference_lane(global_with_edges[i], local.get(i), 0.0f, dtype, bf16_delta).s;
+  }
+  ASSERT_GT(expected_offsets.size(), 0u);
+  ASSERT_LT(expected_offsets.size(), n);
+
+  std::vector<CpuIsa> isas{CpuIsa::portable};
+  if (cpu_has_avx2()) isas.push_back(CpuIsa::avx2);
+  for (CpuIsa isa : isas) {
+    SCOPED_TRACE(std::string(cpu_isa_name(isa)));
+    const GateChunk chunk{.global = global_with_edges.data(),
+                          .local = local.data(),
+                          .local_dtype = dtype,
+                          .residual = residual.data(),
+                          .count = n,
+                          .bf16_delta = bf16_delta};
+    std::vector<std::uint32_t> offsets(n);
+    std::vector<float> values(n);
+    const GateResult result = gate(chunk, offsets.data(), values.data(), isa);
+    ASSERT_FALSE(result.non_finite_offset.has_value());
+    offsets.resize(result.fired);
+    values.resize(result.fired);
+    EXPECT_EQ(offsets, expected_offsets);
+    ASSERT_EQ(values.size(), expected_values.size());
+    for (std::size_t k = 0; k < values.size(); ++k)
+      ASSERT_EQ(bits(values[k]), bits(expected_values[k])) << "sent value " << k;
+
+    std::vector<float> committed(n);
+    commit_residual(chunk, committed.data(), isa);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(bits(committed[i]), bits(expected_residual[i])) << "residual " << i;
+
+    std::vector<float> theta = global_with_edges, momentum(n, 0.0f), fused_residual = residual;
+    LocalWeights fused_local = local;
+    const std::vector<float> g(n, 0.0f);
+    commit_and_outer_step(WindowChunk{.global = theta.data(),
+                                      .momentum = momentum.data(),
+                                      .residual = fused_residual.data(),
+                                      .local = fused_local.data(),
+                                      .local_dtype = dtype,
+                                      .count = n,
+                                      .bf16_delta = bf16_delta},
+                          g.data(), OuterStepParams{.first_step = true}, isa);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(bits(fused_residual[i]), bits(expected_residual[i])) << "fused residual " << i;
+
+    std::vector<float> delta(n);
+    pseudo_gradient(global_with_edges.data(), local.data(), dtype, bf16_delta, delta.data(), n,
+                    isa);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(bits(delta[i]), bits(expected_delta[i])) << "pseudo-gradient " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LocalKinds, Bf16DeltaVsScalarReference,
+                         ::testing::ValuesIn(testing::local_kinds()), [](const auto& param_info) {
+                           return testing::local_kind_name(param_info.param);
+                         });
+
+// An untouched bf16 element (θ_l = bf16(θ_g), θ_g off the bf16 grid): `exact` carries nothing,
+// `authors` carries the cast residue θ_g − bf16(θ_g) into e. With fp32 local weights the two
+// choices give the same bits.
+TEST(Bf16Delta, ChoicesDifferOnBf16LocalWeightsAndCoincideOnFp32) {
+  const std::size_t n = 1000;
+  const std::vector<float> global = testing::make_global_weights(n, 31);
+  for (CpuIsa isa : {CpuIsa::portable, active_cpu_isa()}) {
+    LocalWeights bf16_local(DType::bfloat16, n);
+    testing::cast_global_into(global, bf16_local);
+    std::vector<float> e_exact(n, 0.0f), e_authors(n, 0.0f);
+    const auto bf16_chunk = [&](std::vector<float>& e, Bf16Delta choice) {
+      return GateChunk{.global = global.data(),
+                       .local = bf16_local.data(),
+                       .local_dtype = DType::bfloat16,
+                       .residual = e.data(),
+                       .count = n,
+                       .bf16_delta = choice};
+    };
+    commit_residual(bf16_chunk(e_exact, Bf16Delta::exact), e_exact.data(), isa);
+    commit_residual(bf16_chunk(e_authors, Bf16Delta::authors), e_authors.data(), isa);
+    std::size_t carrying = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(bits(e_exact[i]), 0u) << i;
+      const float residue = global[i] - round_to_bf16(global[i]);
+      EXPECT_EQ(bits(e_authors[i]), bits(residue)) << i;
+      carrying += residue != 0.0f ? 1 : 0;
+    }
+    EXPECT_GT(carrying, n / 2);  // nearly every fp32 value is off the bf16 grid
+
+    LocalWeights f32_local(DType::float32, n);
+    testing::cast_global_into(global, f32_local);
+    testing::apply_inner_steps(f32_local, 3e-6f, 8, 32);
+    std::vector<float> e[2], delta[2];
+    std::vector<std::uint32_t> offsets[2];
+    std::vector<float> values[2];
+    for (int c = 0; c < 2; ++c) {
+      const Bf16Delta choice = c == 0 ? Bf16Delta::exact : Bf16Delta::authors;
+      e[c].assign(n, 0.0f);
+      const GateChunk chunk{.global = global.data(),
+                            .local = f32_local.data(),
+                            .local_dtype = DType::float32,
+                            .residual = e[c].data(),
+                            .count = n,
+                            .bf16_delta = choice};
+      offsets[c].resize(n);
+      values[c].resize(n);
+      const GateResult result = gate(chunk, offsets[c].data(), values[c].data(), isa);
+      offsets[c].resize(result.fired);
+      values[c].resize(result.fired);
+      commit_residual(chunk, e[c].data(), isa);
+      delta[c].resize(n);
+      pseudo_gradient(global.data(), f32_local.data(), DType::float32, choice, delta[c].data(), n,
+                      isa);
+    }
+    EXPECT_EQ(offsets[0], offsets[1]);
+    EXPECT_EQ(std::memcmp(values[0].data(), values[1].data(), values[0].size() * 4), 0);
+    EXPECT_EQ(std::memcmp(e[0].data(), e[1].data(), n * 4), 0);
+    EXPECT_EQ(std::memcmp(delta[0].data(), delta[1].data(), n * 4), 0);
+  }
+}
+
+TEST(Bf16Delta, NamesRoundTripAndUnknownOnesAreRefused) {
+  for (Bf16Delta choice : {Bf16Delta::exact, Bf16Delta::authors})
+    EXPECT_EQ(parse_bf16_delta(bf16_delta_name(choice)), choice);
+  EXPECT_THROW((void)parse_bf16_delta("author"), InvalidArgument);
+  std::vector<float> buffer(8, 0.0f);
+  const GateChunk bad{.global = buffer.data(),
+                      .local = buffer.data(),
+                      .local_dtype = DType::float32,
+                      .residual = buffer.data(),
+                      .count = 8,
+                      .bf16_delta = static_cast<Bf16Delta>(7)};
+  EXPECT_THROW(commit_residual(bad, buffer.data()), InvalidArgument);
+}
+
 // --- Portable and AVX2 give identical bits ----------------------------------------------------
 
-class IsaIdentity : public ::testing::TestWithParam<DType> {
+class IsaIdentity : public ::testing::TestWithParam<testing::LocalKind> {
  protected:
   void SetUp() override {
     if (!cpu_has_avx2()) GTEST_SKIP() << "this CPU has no AVX2: only the portable path exists";
@@ -391,7 +574,8 @@ class IsaIdentity : public ::testing::TestWithParam<DType> {
 };
 
 TEST_P(IsaIdentity, EveryKernel) {
-  const DType dtype = GetParam();
+  const DType dtype = GetParam().dtype;
+  const Bf16Delta bf16_delta = GetParam().bf16_delta;
   std::vector<std::size_t> sizes;
   for (std::size_t n = 0; n <= 40; ++n)
     sizes.push_back(n);
@@ -417,7 +601,8 @@ TEST_P(IsaIdentity, EveryKernel) {
                               .local = local_base,
                               .local_dtype = dtype,
                               .residual = residual.data() + misalign,
-                              .count = n};
+                              .count = n,
+                              .bf16_delta = bf16_delta};
         std::vector<std::uint32_t> off_p(n + 1), off_a(n + 1);
         std::vector<float> val_p(n + 1), val_a(n + 1);
         const GateResult rp = gate(chunk, off_p.data(), val_p.data(), CpuIsa::portable);
@@ -433,8 +618,9 @@ TEST_P(IsaIdentity, EveryKernel) {
         ASSERT_EQ(std::memcmp(e_p.data(), e_a.data(), n * 4), 0);
 
         std::vector<float> d_p(n), d_a(n);
-        pseudo_gradient(chunk.global, chunk.local, dtype, d_p.data(), n, CpuIsa::portable);
-        pseudo_gradient(chunk.global, chunk.local, dtype, d_a.data(), n, CpuIsa::avx2);
+        pseudo_gradient(chunk.global, chunk.local, dtype, bf16_delta, d_p.data(), n,
+                        CpuIsa::portable);
+        pseudo_gradient(chunk.global, chunk.local, dtype, bf16_delta, d_a.data(), n, CpuIsa::avx2);
         ASSERT_EQ(std::memcmp(d_p.data(), d_a.data(), n * 4), 0);
 
         std::vector<float> q_p = residual, q_a = residual;
@@ -473,7 +659,8 @@ TEST_P(IsaIdentity, EveryKernel) {
                             .residual = e_f.data() + misalign,
                             .local = static_cast<char*>(l_f.data()) + misalign * dtype_size(dtype),
                             .local_dtype = dtype,
-                            .count = n},
+                            .count = n,
+                            .bf16_delta = bf16_delta},
                 g.data() + misalign, params, isa);
             ASSERT_EQ(std::memcmp(theta_f.data(), theta_p.data(), (n + misalign) * 4), 0);
             ASSERT_EQ(std::memcmp(m_f.data(), m_p.data(), (n + misalign) * 4), 0);
@@ -487,10 +674,9 @@ TEST_P(IsaIdentity, EveryKernel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(LocalDtypes, IsaIdentity,
-                         ::testing::Values(DType::float32, DType::bfloat16),
+INSTANTIATE_TEST_SUITE_P(LocalKinds, IsaIdentity, ::testing::ValuesIn(testing::local_kinds()),
                          [](const auto& param_info) {
-                           return std::string(dtype_name(param_info.param));
+                           return testing::local_kind_name(param_info.param);
                          });
 
 }  // namespace

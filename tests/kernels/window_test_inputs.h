@@ -7,10 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/base/tensor_view.h>
+#include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::testing {
 
@@ -242,6 +244,27 @@ inline std::vector<float> arbitrary_values(std::size_t n, std::uint64_t seed, bo
     if (finite_only && !std::isfinite(value)) value = 1.5f;
   }
   return out;
+}
+
+// What the kernels' per-element code depends on: the local dtype and, for bf16, the Δ choice.
+struct LocalKind {
+  DType dtype = DType::float32;
+  kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
+};
+
+// fp32 (one arithmetic for both Δ choices), bf16 with Δ exact, bf16 with Δ as the authors'.
+inline std::vector<LocalKind> local_kinds() {
+  return {{DType::float32, kernels::Bf16Delta::exact},
+          {DType::bfloat16, kernels::Bf16Delta::exact},
+          {DType::bfloat16, kernels::Bf16Delta::authors}};
+}
+
+// "float32", "bfloat16_exact", "bfloat16_authors" (readable test names).
+inline std::string local_kind_name(const LocalKind& kind) {
+  std::string name(dtype_name(kind.dtype));
+  if (kind.dtype == DType::bfloat16)
+    name += "_" + std::string(kernels::bf16_delta_name(kind.bf16_delta));
+  return name;
 }
 
 }  // namespace pulseloco::testing
