@@ -155,12 +155,12 @@ struct WindowRow {
   double eval_loss_bf16 = 0;  // ... with its weights rounded to bf16 (rank 0)
 };
 
-void print_header(const Settings& settings, int world, std::uint64_t parameters) {
+void print_header(const Settings& settings, int world, const Engine& engine) {
   fmt::print(
       "pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
-      "outer lr {:g}, outer momentum {:g}\n",
-      settings.mode, world, parameters, settings.steps_per_window, settings.lr, settings.outer_lr,
-      settings.outer_momentum);
+      "outer lr {:g}, outer momentum {:g}, state on {}\n",
+      settings.mode, world, engine.parameter_count(), settings.steps_per_window, settings.lr,
+      settings.outer_lr, settings.outer_momentum, engine.state_location());
   fmt::print("{:>6} {:>10} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>9} {:>9} {:>9}\n", "window",
              "train", "eval", "density", "payload", "vs DiLoCo", "vs DDP", "received", "sync s",
              "digest", "replicas");
@@ -266,7 +266,7 @@ int run_worker(const Settings& settings) {
   if (rank == 0) {
     initial_loss = model.evaluate(eval_batch);
     initial_loss_bf16 = model.evaluate_bf16_weights(eval_batch);
-    print_header(settings, world, sync.engine().parameter_count());
+    print_header(settings, world, sync.engine());
     fmt::print("{:>6} {:>10} {:>10.5f}   (held-out loss before post-training)\n", "start", "",
                initial_loss);
   }

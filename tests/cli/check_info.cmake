@@ -24,6 +24,17 @@ foreach(feature cuda nccl mpi torch)
   endif()
 endforeach()
 
+# Device state comes with CUDA (the tool links pulseloco_engine_cuda when it is built).
+string(JSON device_state GET "${out}" device_state)
+if(EXPECT_CUDA)
+  set(expected ON)
+else()
+  set(expected OFF)
+endif()
+if(NOT device_state STREQUAL expected)
+  message(FATAL_ERROR "device_state: info says ${device_state}, expected ${expected}")
+endif()
+
 if(EXPECT_TORCH)
   string(JSON torch_version GET "${out}" versions torch)
   if(NOT torch_version STREQUAL EXPECT_TORCH_VERSION)
