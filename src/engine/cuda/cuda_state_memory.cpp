@@ -31,6 +31,23 @@ T* device_alloc(std::uint64_t count, const char* what) {
   return static_cast<T*>(pointer);
 }
 
+// θ_g, m or e of one tensor: a device without room for them is told apart from other failures.
+float* state_alloc(std::uint64_t count, const char* what, const std::string& tensor) {
+  void* pointer = nullptr;
+  if (count == 0) return nullptr;
+  const cudaError_t status = cudaMalloc(&pointer, count * sizeof(float));
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clears the error, so later calls do not report it again
+    throw IoError(fmt::format("no room on the device for {} ({} bytes; θ_g, m and e take 12 bytes "
+                              "per parameter): keep the state in host memory with "
+                              "state_location=host",
+                              what, count * sizeof(float)),
+                  {.tensor = tensor});
+  }
+  check(status, "cudaMalloc (state)");
+  return static_cast<float*>(pointer);
+}
+
 }  // namespace
 
 // Makes the memory's device current on the calling thread (a pool worker, or the caller's
@@ -53,6 +70,15 @@ CudaStateMemory::CudaStateMemory(StateTensors tensors)
     : layout_(std::move(tensors.layout)),
       keeps_global_state_(tensors.keeps_global_state),
       device_(tensors.locals.empty() ? 0 : tensors.locals.front().device.index) {
+  try {
+    allocate(tensors);
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void CudaStateMemory::allocate(const StateTensors& tensors) {
   int devices = 0;
   check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
   if (device_ < 0 || device_ >= devices) {
@@ -88,18 +114,26 @@ CudaStateMemory::CudaStateMemory(StateTensors tensors)
     state.local = tensors.locals[t];
     if (!keeps_global_state_) continue;
     const std::uint64_t n = state.local.numel;
-    state.global = device_alloc<float>(n, "cudaMalloc (θ_g)");
-    state.momentum = device_alloc<float>(n, "cudaMalloc (m)");
-    state.residual = device_alloc<float>(n, "cudaMalloc (e)");
+    const std::string& name = layout_.tensors()[t].name;
+    state.global = state_alloc(n, "θ_g", name);
+    state.momentum = state_alloc(n, "m", name);
+    state.residual = state_alloc(n, "e", name);
     for (float* buffer : {state.global, state.momentum, state.residual}) {
-      if (n > 0) check(cudaMemsetAsync(buffer, 0, n * sizeof(float), as_stream(stream_)), "cudaMemsetAsync");
+      if (n > 0) {
+        check(cudaMemsetAsync(buffer, 0, n * sizeof(float), as_stream(stream_)),
+              "cudaMemsetAsync (state = 0)");
+      }
     }
   }
   synchronize("cudaStreamSynchronize (state allocation)");
 }
 
 CudaStateMemory::~CudaStateMemory() {
-  // Nothing can be reported from a destructor; the calls fail only when the context is gone.
+  release();
+}
+
+void CudaStateMemory::release() noexcept {
+  // Nothing can be reported from here; the calls fail only when the context is gone.
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(as_stream(stream_));
   for (TensorState& state : tensors_) {
@@ -118,6 +152,12 @@ CudaStateMemory::~CudaStateMemory() {
   if (caller_ready_ != nullptr) cudaEventDestroy(as_event(caller_ready_));
   if (access_done_ != nullptr) cudaEventDestroy(as_event(access_done_));
   if (stream_ != nullptr) cudaStreamDestroy(as_stream(stream_));
+  tensors_.clear();
+  rank_entries_.clear();
+  gate_offsets_ = nullptr;
+  chunk_values_ = nullptr;
+  staging_ = nullptr;
+  caller_ready_ = access_done_ = stream_ = nullptr;
 }
 
 std::string CudaStateMemory::location() const {
@@ -193,6 +233,12 @@ void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
     const kernels::SparseEntries& host = ranks_in_order[r];
     RankEntries& entries = rank_entries_[r];
     const std::uint64_t count = host.offsets.size();
+    if (count > chunk.length || host.values.size() != count) {
+      // The codec validated the entries; this guards the staging against a caller's mistake.
+      throw InvalidArgument(fmt::format("rank {} has {} entries for a chunk of {} elements", r,
+                                        count, chunk.length),
+                            {.peer = static_cast<int>(r)});
+    }
     if (entries.capacity < count) {
       // Grown to the largest chunk at once: a rank never sends more entries than that.
       synchronize("cudaStreamSynchronize (before growing entry buffers)");
@@ -203,8 +249,19 @@ void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
       entries.values = device_alloc<float>(chunk_capacity_, "cudaMalloc (entries)");
       entries.capacity = chunk_capacity_;
     }
-    to_device(entries.offsets, host.offsets.data(), count * sizeof(std::uint32_t));
-    to_device(entries.values, host.values.data(), count * sizeof(float));
+    // Offsets and values together fill at most the staging (a chunk's entries): one round trip.
+    const std::size_t offset_bytes = count * sizeof(std::uint32_t);
+    std::memcpy(staging_, host.offsets.data(), offset_bytes);
+    std::memcpy(staging_ + offset_bytes, host.values.data(), count * sizeof(float));
+    if (count > 0) {
+      check(cudaMemcpyAsync(entries.offsets, staging_, offset_bytes, cudaMemcpyHostToDevice,
+                            as_stream(stream_)),
+            "cudaMemcpyAsync (entry offsets)");
+      check(cudaMemcpyAsync(entries.values, staging_ + offset_bytes, count * sizeof(float),
+                            cudaMemcpyHostToDevice, as_stream(stream_)),
+            "cudaMemcpyAsync (entry values)");
+      synchronize("cudaStreamSynchronize (entries to the device)");  // the staging is reused
+    }
     on_device[r] = {std::span<const std::uint32_t>(entries.offsets, count),
                     std::span<const float>(entries.values, count)};
   }
@@ -400,6 +457,8 @@ void CudaStateMemory::begin_access() {
 
 void CudaStateMemory::end_access() noexcept {
   const std::scoped_lock lock(mutex_);
+  int previous = 0;
+  cudaGetDevice(&previous);
   cudaSetDevice(device_);
   cudaError_t status = cudaEventRecord(as_event(access_done_), as_stream(stream_));
   if (status == cudaSuccess) {
@@ -411,6 +470,7 @@ void CudaStateMemory::end_access() noexcept {
                   cudaGetErrorString(status));
     cudaStreamSynchronize(as_stream(stream_));
   }
+  cudaSetDevice(previous);
 }
 
 }  // namespace pulseloco::engine_detail

@@ -71,6 +71,9 @@ class CudaStateMemory final : public StateMemory {
   };
   class DeviceGuard;
 
+  void allocate(const StateTensors& tensors);
+  void release() noexcept;
+
   [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
   [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
   [[nodiscard]] std::byte* device_bytes(StateBuffer buffer, std::size_t tensor,
