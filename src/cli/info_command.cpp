@@ -64,8 +64,8 @@ void print_text(const nlohmann::json& info) {
   line("MPI", "mpi", "mpi");
   line("libtorch", "torch", "torch");
   fmt::print("  state    {}\n", info["device_state"].get<bool>()
-                                   ? "on the parameters' CUDA device, or in host memory"
-                                   : "in host memory (no device state in this build)");
+                                    ? "on the parameters' CUDA device, or in host memory"
+                                    : "in host memory (no device state in this build)");
   fmt::print("  CPU ISA  {}\n", info["cpu_isa"].get<std::string>());
   const auto& devices = info["cuda_devices"];
   if (devices.empty()) {

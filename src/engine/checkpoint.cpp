@@ -74,8 +74,9 @@ void create_directories(const std::filesystem::path& dir, std::string_view what,
 void write_buffer(io::SafetensorsWriter& writer, const ReplicatedState& state,
                   std::string_view prefix, StateBuffer buffer, std::size_t tensor) {
   const std::string key = std::string(prefix) + state.name(tensor);
-  state.read_host(buffer, tensor, state.whole(tensor),
-                  [&](std::uint64_t, std::span<const std::byte> piece) { writer.write(key, piece); });
+  state.read_host(
+      buffer, tensor, state.whole(tensor),
+      [&](std::uint64_t, std::span<const std::byte> piece) { writer.write(key, piece); });
 }
 
 void read_buffer(const io::SafetensorsReader& reader, ReplicatedState& state,
@@ -145,8 +146,9 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
     specs.push_back(
         spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t)));
     DigestStream residual;
-    state.read_host(StateBuffer::residual, t, state.whole(t),
-                    [&](std::uint64_t, std::span<const std::byte> piece) { residual.update(piece); });
+    state.read_host(
+        StateBuffer::residual, t, state.whole(t),
+        [&](std::uint64_t, std::span<const std::byte> piece) { residual.update(piece); });
     residual_digests.push_back(residual.finish());
   }
   io::Metadata metadata{

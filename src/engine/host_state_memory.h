@@ -40,8 +40,7 @@ class HostStateMemory final : public StateMemory {
                  const ReadPiece& read) override;
   void update_host(StateBuffer buffer, std::size_t tensor, Range range,
                    const WritePiece& write) override;
-  [[nodiscard]] std::span<const float> host_values(StateBuffer buffer,
-                                                   std::size_t tensor) override;
+  [[nodiscard]] std::span<const float> host_values(StateBuffer buffer, std::size_t tensor) override;
 
  private:
   struct TensorState {
@@ -52,8 +51,7 @@ class HostStateMemory final : public StateMemory {
     std::vector<float> residual;
   };
 
-  [[nodiscard]] std::span<std::byte> bytes_of(StateBuffer buffer, std::size_t tensor,
-                                              Range range);
+  [[nodiscard]] std::span<std::byte> bytes_of(StateBuffer buffer, std::size_t tensor, Range range);
   [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
   [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
 

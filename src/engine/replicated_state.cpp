@@ -8,8 +8,7 @@
 
 namespace pulseloco::engine_detail {
 
-ReplicatedState::ReplicatedState()
-    : memory_(std::make_unique<HostStateMemory>(StateTensors{})) {}
+ReplicatedState::ReplicatedState() : memory_(std::make_unique<HostStateMemory>(StateTensors{})) {}
 
 ReplicatedState::ReplicatedState(std::vector<NamedTensor> parameters, const EngineOptions& options,
                                  const MemoryFactory& memory)
@@ -69,9 +68,11 @@ std::vector<float> ReplicatedState::copy_values(StateBuffer buffer, std::size_t 
     throw InvalidArgument("mode ddp keeps no θ_g, m or e (its replicas' state is θ_l)");
   }
   std::vector<float> values(numels_.at(tensor));
-  read_host(buffer, tensor, whole(tensor), [&](std::uint64_t offset, std::span<const std::byte> piece) {
-    std::memcpy(reinterpret_cast<std::byte*>(values.data()) + offset, piece.data(), piece.size());
-  });
+  read_host(buffer, tensor, whole(tensor),
+            [&](std::uint64_t offset, std::span<const std::byte> piece) {
+              std::memcpy(reinterpret_cast<std::byte*>(values.data()) + offset, piece.data(),
+                          piece.size());
+            });
   return values;
 }
 

@@ -131,8 +131,7 @@ class ReplicatedState {
   [[nodiscard]] Range whole(std::size_t tensor) const { return {0, numels_[tensor]}; }
 
   // Calls `read` with consecutive host pieces of `range` (of any size; see StateMemory).
-  void read_host(StateBuffer buffer, std::size_t tensor, Range range,
-                 const ReadPiece& read) const {
+  void read_host(StateBuffer buffer, std::size_t tensor, Range range, const ReadPiece& read) const {
     memory_->read_host(buffer, tensor, range, read);
   }
   // Calls `write` with consecutive host pieces of `range`; what it leaves there is the buffer's

@@ -26,9 +26,10 @@ void register_device_state_memory(DeviceStateMemoryFactory factory) noexcept {
 }
 
 std::span<const float> StateMemory::host_values(StateBuffer /*buffer*/, std::size_t /*tensor*/) {
-  throw InvalidArgument(fmt::format("the state lives on {}, not in host memory: copy it "
-                                    "(Engine::copy_state)",
-                                    location()));
+  throw InvalidArgument(
+      fmt::format("the state lives on {}, not in host memory: copy it "
+                  "(Engine::copy_state)",
+                  location()));
 }
 
 std::unique_ptr<StateMemory> make_state_memory(StateTensors tensors) {

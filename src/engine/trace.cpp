@@ -46,10 +46,9 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     for (const auto& [prefix, buffer] : kTracedBuffers) {
       const std::string key = std::string(prefix) + state.name(t);
-      state.read_host(buffer, t, state.whole(t),
-                      [&](std::uint64_t, std::span<const std::byte> piece) {
-                        writer.write(key, piece);
-                      });
+      state.read_host(
+          buffer, t, state.whole(t),
+          [&](std::uint64_t, std::span<const std::byte> piece) { writer.write(key, piece); });
     }
   }
   writer.finish();

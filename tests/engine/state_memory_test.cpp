@@ -75,8 +75,9 @@ RunResult run_group(Mode mode, DType dtype, std::uint64_t piece_bytes, const fs:
     (void)engine_detail::join_group(group, state, options, pool, nullptr);
     const auto strategy = engine_detail::make_window_strategy(state, options, pool);
     for (int w = 0; w < kWindows; ++w) {
-      testing::local_training(model, 1e-3f, 4, 100 * static_cast<std::uint32_t>(w + 1) +
-                                                   static_cast<std::uint32_t>(rank));
+      testing::local_training(
+          model, 1e-3f, 4,
+          100 * static_cast<std::uint32_t>(w + 1) + static_cast<std::uint32_t>(rank));
       WindowReport report;
       strategy->run(group, report);
       state.commit_window();
@@ -121,15 +122,14 @@ TEST_P(PiecewiseHostAccess, WritesTheSameFilesAndDigestsAsWholeBuffers) {
   fs::remove_all(piece_dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModesAndDtypes, PiecewiseHostAccess,
-    ::testing::Values(PiecewiseCase{Mode::pulse, DType::float32},
-                      PiecewiseCase{Mode::pulse, DType::bfloat16},
-                      PiecewiseCase{Mode::diloco, DType::float32}),
-    [](const ::testing::TestParamInfo<PiecewiseCase>& param_info) {
-      return std::string(mode_name(param_info.param.mode)) + "_" +
-             std::string(dtype_name(param_info.param.dtype));
-    });
+INSTANTIATE_TEST_SUITE_P(ModesAndDtypes, PiecewiseHostAccess,
+                         ::testing::Values(PiecewiseCase{Mode::pulse, DType::float32},
+                                           PiecewiseCase{Mode::pulse, DType::bfloat16},
+                                           PiecewiseCase{Mode::diloco, DType::float32}),
+                         [](const ::testing::TestParamInfo<PiecewiseCase>& param_info) {
+                           return std::string(mode_name(param_info.param.mode)) + "_" +
+                                  std::string(dtype_name(param_info.param.dtype));
+                         });
 
 TEST(PiecewiseHostAccess, LoadsACheckpointAndATraceInPieces) {
   const fs::path dir = fresh_dir("state_memory_load");
@@ -196,7 +196,8 @@ TEST(StateLocation, DeviceStateForCpuTensorsIsRefusedNamingTheTensor) {
 TEST(StateLocation, ParametersOnSeveralDevicesAreRefusedNamingTheTensor) {
   std::vector<float> a(100), b(50);
   try {
-    Engine engine(tensors_on(a, b, Device{}, Device{DeviceKind::cuda, 0}), testing::small_options());
+    Engine engine(tensors_on(a, b, Device{}, Device{DeviceKind::cuda, 0}),
+                  testing::small_options());
     FAIL() << "parameters on the CPU and on cuda:0 were accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(e.context().tensor, "w2");

@@ -40,16 +40,16 @@ class DeviceModel {
 
   void upload(const LocalModel& model) {
     for (std::size_t t = 0; t < model.size(); ++t) {
-      cuda_check(cudaMemcpy(buffers_[t], host_data(model[t]), bytes_of(model[t]),
-                            cudaMemcpyHostToDevice),
-                 "cudaMemcpy (upload)");
+      cuda_check(
+          cudaMemcpy(buffers_[t], host_data(model[t]), bytes_of(model[t]), cudaMemcpyHostToDevice),
+          "cudaMemcpy (upload)");
     }
   }
   // Waits for the legacy default stream, which the engine's window is ordered before.
   void download(LocalModel& model) const {
     for (std::size_t t = 0; t < model.size(); ++t) {
-      cuda_check(cudaMemcpy(const_cast<void*>(host_data(model[t])), buffers_[t],
-                            bytes_of(model[t]), cudaMemcpyDeviceToHost),
+      cuda_check(cudaMemcpy(const_cast<void*>(host_data(model[t])), buffers_[t], bytes_of(model[t]),
+                            cudaMemcpyDeviceToHost),
                  "cudaMemcpy (download)");
     }
   }

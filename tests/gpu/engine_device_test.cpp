@@ -28,10 +28,10 @@ using testing::TestRank;
 const std::vector<std::uint64_t> kSizes{2500, 1, 3000};
 
 struct GroupRun {
-  std::vector<std::vector<Digest>> window_digests;  // per window, per rank
+  std::vector<std::vector<Digest>> window_digests;                          // per window, per rank
   std::vector<std::vector<std::vector<float>>> global, momentum, residual;  // per rank, tensor
-  std::vector<testing::LocalModel> models;                                    // θ_l at the end
-  std::vector<std::string> locations;                                         // per rank
+  std::vector<testing::LocalModel> models;                                  // θ_l at the end
+  std::vector<std::string> locations;                                       // per rank
 };
 
 // `on_device[r]`: rank r keeps its state on cuda:0. Every rank trains the same way whatever its
@@ -57,7 +57,8 @@ GroupRun run_group(Mode mode, DType dtype, const std::vector<bool>& on_device, i
     me.after_window();  // the broadcast wrote rank 0's weights
     run.locations[r] = engine.state_location();
     for (int w = 0; w < windows; ++w) {
-      me.train(1e-3f, 4, 1000 * static_cast<std::uint32_t>(w + 1) + static_cast<std::uint32_t>(rank));
+      me.train(1e-3f, 4,
+               1000 * static_cast<std::uint32_t>(w + 1) + static_cast<std::uint32_t>(rank));
       const WindowReport report = engine.run_window();
       me.after_window();
       run.window_digests[static_cast<std::size_t>(w)][r] = report.digest;
@@ -83,8 +84,10 @@ void expect_same_state(const GroupRun& a, const GroupRun& b) {
   for (std::size_t r = 0; r < a.global.size(); ++r) {
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       EXPECT_TRUE(same_bits(a.global[r][t], b.global[r][t])) << "θ_g rank " << r << " tensor " << t;
-      EXPECT_TRUE(same_bits(a.momentum[r][t], b.momentum[r][t])) << "m rank " << r << " tensor " << t;
-      EXPECT_TRUE(same_bits(a.residual[r][t], b.residual[r][t])) << "e rank " << r << " tensor " << t;
+      EXPECT_TRUE(same_bits(a.momentum[r][t], b.momentum[r][t]))
+          << "m rank " << r << " tensor " << t;
+      EXPECT_TRUE(same_bits(a.residual[r][t], b.residual[r][t]))
+          << "e rank " << r << " tensor " << t;
       const testing::LocalTensor& x = a.models[r][t];
       const testing::LocalTensor& y = b.models[r][t];
       EXPECT_TRUE(x.f32 == y.f32 && x.bf16 == y.bf16) << "θ_l rank " << r << " tensor " << t;
@@ -124,16 +127,15 @@ TEST_P(EngineDeviceState, AMixedGroupKeepsOneSetOfBits) {
   expect_same_state(host, mixed);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModesAndDtypes, EngineDeviceState,
-    ::testing::Values(DeviceCase{Mode::pulse, DType::float32},
-                      DeviceCase{Mode::pulse, DType::bfloat16},
-                      DeviceCase{Mode::diloco, DType::float32},
-                      DeviceCase{Mode::diloco, DType::bfloat16}),
-    [](const ::testing::TestParamInfo<DeviceCase>& param_info) {
-      return std::string(mode_name(param_info.param.mode)) + "_" +
-             std::string(dtype_name(param_info.param.dtype));
-    });
+INSTANTIATE_TEST_SUITE_P(ModesAndDtypes, EngineDeviceState,
+                         ::testing::Values(DeviceCase{Mode::pulse, DType::float32},
+                                           DeviceCase{Mode::pulse, DType::bfloat16},
+                                           DeviceCase{Mode::diloco, DType::float32},
+                                           DeviceCase{Mode::diloco, DType::bfloat16}),
+                         [](const ::testing::TestParamInfo<DeviceCase>& param_info) {
+                           return std::string(mode_name(param_info.param.mode)) + "_" +
+                                  std::string(dtype_name(param_info.param.dtype));
+                         });
 
 fs::path fresh_dir(const std::string& name) {
   const fs::path dir =
@@ -186,7 +188,8 @@ TEST(EngineDeviceFiles, ADeviceRankResumesFromAHostRanksCheckpoint) {
     Engine engine(me.views(), options, std::move(transports[r]));
     engine.load_checkpoint(dir / "checkpoint");
     loaded[r] = engine.state_digest();
-    EXPECT_TRUE(same_bits(engine.copy_state(Engine::StateTensor::residual, 0), host.residual[r][0]));
+    EXPECT_TRUE(
+        same_bits(engine.copy_state(Engine::StateTensor::residual, 0), host.residual[r][0]));
   }));
   EXPECT_EQ(loaded[0], host.window_digests.back()[0]);
   EXPECT_EQ(loaded[1], host.window_digests.back()[0]);

@@ -6,8 +6,8 @@
 //   window=<w> digest=<hex>
 //   done
 //   error <what>          (then exits 1)
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
@@ -40,14 +40,15 @@ int main(int argc, char** argv) {
     options.timeout = std::chrono::milliseconds(60'000);
     options.state_location = location == "device" ? StateLocation::device : StateLocation::host;
     const DType local = dtype == "bf16" ? DType::bfloat16 : DType::float32;
-    testing::TestRank me(testing::make_model({2500, 1, 3000}, local,
-                                             11 + static_cast<std::uint32_t>(rank)),
-                         location == "device");
+    testing::TestRank me(
+        testing::make_model({2500, 1, 3000}, local, 11 + static_cast<std::uint32_t>(rank)),
+        location == "device");
     Engine engine(me.views(), options, std::move(transport));
     me.after_window();
     report(fmt::format("ready location={}", engine.state_location()));
     for (int w = 0; w < windows; ++w) {
-      me.train(1e-3f, 4, 1000 * static_cast<std::uint32_t>(w + 1) + static_cast<std::uint32_t>(rank));
+      me.train(1e-3f, 4,
+               1000 * static_cast<std::uint32_t>(w + 1) + static_cast<std::uint32_t>(rank));
       const WindowReport window = engine.run_window();
       me.after_window();
       report(fmt::format("window={} digest={}", window.window, digest_hex(window.digest)));

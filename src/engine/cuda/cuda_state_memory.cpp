@@ -213,8 +213,8 @@ kernels::GateResult CudaStateMemory::gate(const ChunkRef& chunk, std::uint32_t* 
                                           float* values) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
-  const kernels::GateResult result = kernels::cuda::gate(gate_chunk(chunk), gate_offsets_,
-                                                         chunk_values_, *workspace_, stream_);
+  const kernels::GateResult result =
+      kernels::cuda::gate(gate_chunk(chunk), gate_offsets_, chunk_values_, *workspace_, stream_);
   if (result.fired > 0) {
     to_host(offsets, gate_offsets_, result.fired * sizeof(std::uint32_t));
     to_host(values, chunk_values_, result.fired * sizeof(float));
@@ -235,9 +235,9 @@ void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
     const std::uint64_t count = host.offsets.size();
     if (count > chunk.length || host.values.size() != count) {
       // The codec validated the entries; this guards the staging against a caller's mistake.
-      throw InvalidArgument(fmt::format("rank {} has {} entries for a chunk of {} elements", r,
-                                        count, chunk.length),
-                            {.peer = static_cast<int>(r)});
+      throw InvalidArgument(
+          fmt::format("rank {} has {} entries for a chunk of {} elements", r, count, chunk.length),
+          {.peer = static_cast<int>(r)});
     }
     if (entries.capacity < count) {
       // Grown to the largest chunk at once: a rank never sends more entries than that.
@@ -354,8 +354,7 @@ void CudaStateMemory::zero_residual() {
   const DeviceGuard guard(device_);
   for (TensorState& state : tensors_) {
     if (state.residual == nullptr) continue;
-    check(cudaMemsetAsync(state.residual, 0, state.local.numel * sizeof(float),
-                          as_stream(stream_)),
+    check(cudaMemsetAsync(state.residual, 0, state.local.numel * sizeof(float), as_stream(stream_)),
           "cudaMemsetAsync (e = 0)");
   }
   synchronize("cudaStreamSynchronize (e = 0)");

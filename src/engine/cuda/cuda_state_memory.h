@@ -58,8 +58,8 @@ class CudaStateMemory final : public StateMemory {
 
  private:
   struct TensorState {
-    TensorView local;          // the caller's tensor, on the device
-    float* global = nullptr;   // device
+    TensorView local;         // the caller's tensor, on the device
+    float* global = nullptr;  // device
     float* momentum = nullptr;
     float* residual = nullptr;  // pulse: e; diloco: the held sum
   };
@@ -76,8 +76,7 @@ class CudaStateMemory final : public StateMemory {
 
   [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
   [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
-  [[nodiscard]] std::byte* device_bytes(StateBuffer buffer, std::size_t tensor,
-                                        Range range) const;
+  [[nodiscard]] std::byte* device_bytes(StateBuffer buffer, std::size_t tensor, Range range) const;
   // Device <-> host copies through the pinned staging, in pieces; each returns once the copy is
   // complete. Hold mutex_.
   void to_host(void* host, const void* device, std::size_t bytes);
@@ -90,7 +89,7 @@ class CudaStateMemory final : public StateMemory {
   int device_;
   std::uint64_t chunk_capacity_;  // elements of the largest chunk
 
-  std::mutex mutex_;  // one stream and one workspace: one operation at a time
+  std::mutex mutex_;               // one stream and one workspace: one operation at a time
   void* stream_ = nullptr;         // cudaStream_t of the memory's own
   void* caller_stream_ = nullptr;  // cudaStream_t whose work the accesses are ordered with
   void* caller_ready_ = nullptr;   // cudaEvent_t recorded on caller_stream_

@@ -9,7 +9,8 @@ namespace {
 
 __global__ void widen_bf16_kernel(const std::uint16_t* local, float* global,
                                   unsigned long long count) {
-  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(blockDim.x) + threadIdx.x;
+  for (unsigned long long i =
+           blockIdx.x * static_cast<unsigned long long>(blockDim.x) + threadIdx.x;
        i < count; i += static_cast<unsigned long long>(gridDim.x) * blockDim.x) {
     global[i] = __uint_as_float(static_cast<unsigned int>(local[i]) << 16);
   }
@@ -22,8 +23,7 @@ void widen_bf16(const std::uint16_t* local, float* global, std::uint64_t count, 
   constexpr unsigned int kThreads = 256;
   const unsigned long long blocks = (count + kThreads - 1) / kThreads;
   const unsigned int grid = static_cast<unsigned int>(blocks < 65535ull ? blocks : 65535ull);
-  widen_bf16_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(local, global,
-                                                                              count);
+  widen_bf16_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(local, global, count);
   kernels::cuda::detail::check(cudaGetLastError(), "widen_bf16 launch");
 }
 
