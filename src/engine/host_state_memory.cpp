@@ -155,11 +155,9 @@ std::span<std::byte> HostStateMemory::bytes_of(StateBuffer buffer, std::size_t t
 
 void HostStateMemory::read_host(StateBuffer buffer, std::size_t tensor, Range range,
                                 const ReadPiece& read) {
-  const std::span<std::byte> bytes = bytes_of(buffer, tensor, range);
-  const std::uint64_t piece = piece_bytes_ == 0 ? bytes.size() : piece_bytes_;
-  for (std::uint64_t offset = 0; offset < bytes.size(); offset += piece) {
-    read(offset, bytes.subspan(offset, std::min<std::uint64_t>(piece, bytes.size() - offset)));
-  }
+  // The pieces are the buffer itself: reading is an update that changes nothing.
+  update_host(buffer, tensor, range,
+              [&](std::uint64_t offset, std::span<std::byte> piece) { read(offset, piece); });
 }
 
 void HostStateMemory::update_host(StateBuffer buffer, std::size_t tensor, Range range,

@@ -35,18 +35,6 @@ constexpr int kWorld = 2;
 constexpr int kWindows = 3;
 const std::vector<std::uint64_t> kSizes{2500, 1, 700};
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("pulseloco_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir;
-}
-
-std::string file_bytes(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 struct RunResult {
   std::vector<Digest> digests;  // per rank, after the last window
 };
@@ -99,9 +87,9 @@ class PiecewiseHostAccess : public ::testing::TestWithParam<PiecewiseCase> {};
 TEST_P(PiecewiseHostAccess, WritesTheSameFilesAndDigestsAsWholeBuffers) {
   const auto [mode, dtype] = GetParam();
   // Both runs write under the same path (the options in the files' metadata name it).
-  const fs::path run_dir = fresh_dir("state_memory_run");
-  const fs::path whole_dir = fresh_dir("state_memory_whole");
-  const fs::path piece_dir = fresh_dir("state_memory_pieces");
+  const fs::path run_dir = testing::fresh_test_dir("state_memory_run");
+  const fs::path whole_dir = testing::fresh_test_dir("state_memory_whole");
+  const fs::path piece_dir = testing::fresh_test_dir("state_memory_pieces");
   const RunResult whole = run_group(mode, dtype, 0, run_dir);
   fs::rename(run_dir, whole_dir);
   // 36 bytes: pieces that end inside tensors, and a bf16 θ_l split between elements' words.
@@ -116,7 +104,7 @@ TEST_P(PiecewiseHostAccess, WritesTheSameFilesAndDigestsAsWholeBuffers) {
   ASSERT_GE(files.size(), mode == Mode::pulse ? 5u : 3u);
   for (const fs::path& file : files) {
     ASSERT_TRUE(fs::exists(piece_dir / file)) << file;
-    EXPECT_EQ(file_bytes(whole_dir / file), file_bytes(piece_dir / file)) << file;
+    EXPECT_EQ(testing::file_bytes(whole_dir / file), testing::file_bytes(piece_dir / file)) << file;
   }
   fs::remove_all(whole_dir);
   fs::remove_all(piece_dir);
@@ -132,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(ModesAndDtypes, PiecewiseHostAccess,
                          });
 
 TEST(PiecewiseHostAccess, LoadsACheckpointAndATraceInPieces) {
-  const fs::path dir = fresh_dir("state_memory_load");
+  const fs::path dir = testing::fresh_test_dir("state_memory_load");
   const RunResult written = run_group(Mode::pulse, DType::float32, 0, dir);
   EngineOptions options = testing::small_options(Mode::pulse);
   auto transports = transport::inproc::make_group(kWorld);

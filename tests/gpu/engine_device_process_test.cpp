@@ -2,24 +2,18 @@
 // group of two device ranks and one host rank, keep identical digests window after window (the
 // engine also compares them every window and fails on a difference). Workers report on a pipe;
 // the test reads their lines under a deadline, never sleeps. Skips without a CUDA device.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
+#include "transport/child_process.h"
 #include "transport/loopback_group.h"
-
-extern char** environ;
 
 namespace pulseloco {
 namespace {
@@ -27,87 +21,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr const char* kWorker = PULSELOCO_ENGINE_DEVICE_WORKER;
 constexpr auto kDeadline = std::chrono::seconds(240);
-
-// A worker with its stdout on a pipe; killed if still running when destroyed.
-class Worker {
- public:
-  Worker(std::vector<std::string> args, const std::map<std::string, std::string>& env) {
-    std::vector<std::string> env_strings;
-    for (char** entry = environ; *entry != nullptr; ++entry) {
-      const std::string text = *entry;
-      if (env.count(text.substr(0, text.find('='))) == 0) env_strings.push_back(text);
-    }
-    for (const auto& [name, value] : env)
-      env_strings.push_back(name + "=" + value);
-    std::vector<char*> envp;
-    for (auto& s : env_strings)
-      envp.push_back(s.data());
-    envp.push_back(nullptr);
-    std::vector<char*> argv;
-    for (auto& s : args)
-      argv.push_back(s.data());
-    argv.push_back(nullptr);
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-    pid_ = ::fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      ::dup2(out[1], STDOUT_FILENO);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    fd_ = out[0];
-  }
-  ~Worker() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Worker(const Worker&) = delete;
-  Worker& operator=(const Worker&) = delete;
-
-  // Every line until the worker closes its stdout (exits) or the deadline; then its exit status
-  // (-1 when it had to be killed).
-  int read_all(Clock::time_point deadline) {
-    std::string buffer;
-    bool eof = false;
-    while (!eof) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) break;
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char chunk[4096];
-      const auto n = ::read(fd_, chunk, sizeof chunk);
-      if (n <= 0) {
-        eof = true;
-      } else {
-        buffer.append(chunk, static_cast<std::size_t>(n));
-      }
-    }
-    for (std::size_t start = 0; start < buffer.size();) {
-      const auto end = buffer.find('\n', start);
-      lines_.push_back(buffer.substr(start, end - start));
-      if (end == std::string::npos) break;
-      start = end + 1;
-    }
-    if (!eof) ::kill(pid_, SIGKILL);
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    reaped_ = true;
-    return eof && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-  [[nodiscard]] const std::vector<std::string>& lines() const { return lines_; }
-
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  bool reaped_ = false;
-  std::vector<std::string> lines_;
-};
 
 struct GroupResult {
   std::vector<int> status;
@@ -119,9 +32,9 @@ GroupResult run_group(const std::vector<std::string>& locations, const std::stri
                       const std::string& dtype, int windows) {
   const int world = static_cast<int>(locations.size());
   const std::uint16_t port = transport::testing::pick_free_port();
-  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::unique_ptr<testing::Child>> workers;
   for (int rank = 0; rank < world; ++rank) {
-    workers.push_back(std::make_unique<Worker>(
+    workers.push_back(std::make_unique<testing::Child>(
         std::vector<std::string>{kWorker, "--location", locations[static_cast<std::size_t>(rank)],
                                  "--mode", mode, "--dtype", dtype, "--windows",
                                  std::to_string(windows)},
@@ -133,12 +46,14 @@ GroupResult run_group(const std::vector<std::string>& locations, const std::stri
                                            {"MASTER_PORT", std::to_string(port)},
                                            {"PULSELOCO_LISTEN_ADDR", "127.0.0.1"},
                                            {"PULSELOCO_SECRET", "device process test"},
-                                           {"PULSELOCO_CONNECT_TIMEOUT_MS", "60000"}}));
+                                           {"PULSELOCO_CONNECT_TIMEOUT_MS", "60000"}},
+        /*report_to_stdout=*/true));
   }
   GroupResult result;
   const auto deadline = Clock::now() + kDeadline;
   for (auto& worker : workers) {
-    result.status.push_back(worker->read_all(deadline));
+    const int status = worker->wait_exit(deadline);  // reads every line until the exit
+    result.status.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     result.lines.push_back(worker->lines());
   }
   return result;

@@ -137,25 +137,13 @@ INSTANTIATE_TEST_SUITE_P(ModesAndDtypes, EngineDeviceState,
                                   std::string(dtype_name(param_info.param.dtype));
                          });
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("pulseloco_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir;
-}
-
-std::string file_bytes(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 TEST(EngineDeviceFiles, CheckpointsAndTracesMatchAHostRankByteForByte) {
   PULSELOCO_SKIP_WITHOUT_GPU();
   for (const DType dtype : {DType::float32, DType::bfloat16}) {
     // Both runs write under the same path (the options in the files' metadata name it).
-    const fs::path run_dir = fresh_dir("device_files_run");
-    const fs::path host_dir = fresh_dir("device_files_host");
-    const fs::path device_dir = fresh_dir("device_files_device");
+    const fs::path run_dir = testing::fresh_test_dir("device_files_run");
+    const fs::path host_dir = testing::fresh_test_dir("device_files_host");
+    const fs::path device_dir = testing::fresh_test_dir("device_files_device");
     (void)run_group(Mode::pulse, dtype, {false, false}, 3, run_dir);
     fs::rename(run_dir, host_dir);
     (void)run_group(Mode::pulse, dtype, {true, true}, 3, run_dir);
@@ -165,7 +153,8 @@ TEST(EngineDeviceFiles, CheckpointsAndTracesMatchAHostRankByteForByte) {
       if (!entry.is_regular_file()) continue;
       const fs::path relative = fs::relative(entry.path(), host_dir);
       ASSERT_TRUE(fs::exists(device_dir / relative)) << relative;
-      EXPECT_EQ(file_bytes(entry.path()), file_bytes(device_dir / relative)) << relative;
+      EXPECT_EQ(testing::file_bytes(entry.path()), testing::file_bytes(device_dir / relative))
+          << relative;
       ++compared;
     }
     // global + 2 rank files, and per window 2 ranks x (in, out, message).
@@ -177,7 +166,7 @@ TEST(EngineDeviceFiles, CheckpointsAndTracesMatchAHostRankByteForByte) {
 
 TEST(EngineDeviceFiles, ADeviceRankResumesFromAHostRanksCheckpoint) {
   PULSELOCO_SKIP_WITHOUT_GPU();
-  const fs::path dir = fresh_dir("device_resume");
+  const fs::path dir = testing::fresh_test_dir("device_resume");
   const GroupRun host = run_group(Mode::pulse, DType::float32, {false, false}, 2, dir);
   auto transports = transport::inproc::make_group(2);
   std::vector<Digest> loaded(2);

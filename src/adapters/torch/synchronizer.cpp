@@ -3,9 +3,10 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
-// The current CUDA stream comes from c10/cuda, which only a CUDA build of libtorch has. Without
-// it the adapter stages CUDA parameters through host memory and refuses device state.
-#if __has_include(<c10/cuda/CUDAStream.h>)
+// The current CUDA stream comes from c10/cuda, which only a CUDA build of libtorch has whole
+// (a CPU build may ship its headers without the generated cuda_cmake_macros.h). Without it the
+// adapter stages CUDA parameters through host memory and refuses device state.
+#if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
 #include <c10/cuda/CUDAStream.h>
 #define PULSELOCO_TORCH_HAS_CUDA 1
 #else

@@ -405,35 +405,31 @@ std::size_t element_bytes(StateBuffer buffer, DType local_dtype) {
 
 void CudaStateMemory::read_host(StateBuffer buffer, std::size_t tensor, Range range,
                                 const ReadPiece& read) {
-  const std::scoped_lock lock(mutex_);
-  const DeviceGuard guard(device_);
-  const std::byte* source = device_bytes(buffer, tensor, range);
-  const std::size_t bytes = range.count * element_bytes(buffer, tensors_[tensor].local.dtype);
-  for (std::size_t offset = 0; offset < bytes; offset += staging_bytes_) {
-    const std::size_t piece = std::min(staging_bytes_, bytes - offset);
-    check(cudaMemcpyAsync(staging_, source + offset, piece, cudaMemcpyDeviceToHost,
-                          as_stream(stream_)),
-          "cudaMemcpyAsync (state to host)");
-    synchronize("cudaStreamSynchronize (state to host)");
-    read(offset, std::span<const std::byte>(staging_, piece));
-  }
+  transfer(buffer, tensor, range, /*write_back=*/false,
+           [&](std::uint64_t offset, std::span<std::byte> piece) { read(offset, piece); });
 }
 
 void CudaStateMemory::update_host(StateBuffer buffer, std::size_t tensor, Range range,
                                   const WritePiece& write) {
+  transfer(buffer, tensor, range, /*write_back=*/true, write);
+}
+
+void CudaStateMemory::transfer(StateBuffer buffer, std::size_t tensor, Range range, bool write_back,
+                               const WritePiece& visit) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
-  std::byte* destination = device_bytes(buffer, tensor, range);
+  std::byte* device = device_bytes(buffer, tensor, range);
   const std::size_t bytes = range.count * element_bytes(buffer, tensors_[tensor].local.dtype);
   for (std::size_t offset = 0; offset < bytes; offset += staging_bytes_) {
     const std::size_t piece = std::min(staging_bytes_, bytes - offset);
-    // The piece starts as the buffer's content: `write` may leave parts of it as they are.
-    check(cudaMemcpyAsync(staging_, destination + offset, piece, cudaMemcpyDeviceToHost,
+    // The piece starts as the buffer's content (`visit` may leave parts of it as they are).
+    check(cudaMemcpyAsync(staging_, device + offset, piece, cudaMemcpyDeviceToHost,
                           as_stream(stream_)),
           "cudaMemcpyAsync (state to host)");
     synchronize("cudaStreamSynchronize (state to host)");
-    write(offset, std::span<std::byte>(staging_, piece));
-    check(cudaMemcpyAsync(destination + offset, staging_, piece, cudaMemcpyHostToDevice,
+    visit(offset, std::span<std::byte>(staging_, piece));
+    if (!write_back) continue;
+    check(cudaMemcpyAsync(device + offset, staging_, piece, cudaMemcpyHostToDevice,
                           as_stream(stream_)),
           "cudaMemcpyAsync (host to state)");
     synchronize("cudaStreamSynchronize (host to state)");

@@ -82,6 +82,10 @@ class CudaStateMemory final : public StateMemory {
   void to_host(void* host, const void* device, std::size_t bytes);
   void to_device(void* device, const void* host, std::size_t bytes);
   void synchronize(const char* what);
+  // read_host and update_host: `visit` sees each piece in the staging; with `write_back` the
+  // piece then goes back to the device.
+  void transfer(StateBuffer buffer, std::size_t tensor, Range range, bool write_back,
+                const WritePiece& visit);
 
   Layout layout_;
   std::vector<TensorState> tensors_;
