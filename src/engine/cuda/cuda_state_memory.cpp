@@ -158,6 +158,7 @@ void CudaStateMemory::release() noexcept {
   chunk_values_ = nullptr;
   staging_ = nullptr;
   caller_ready_ = access_done_ = stream_ = nullptr;
+  cudaGetLastError();  // a failure here must not surface in a later, unrelated launch check
 }
 
 std::string CudaStateMemory::location() const {
