@@ -60,6 +60,7 @@ struct Settings {
   int checkpoint_every = 0;
   std::string resume_dir;
   std::string trace_dir;
+  std::string state_location = "automatic";
   std::string final_weights_dir;
   bool pretrain_only = false;
   example::PretrainOptions pretrain;
@@ -238,6 +239,7 @@ int run_worker(const Settings& settings) {
   options.timeout = std::chrono::milliseconds(settings.timeout_ms);
   options.pipeline_chunk_bytes = settings.pipeline_chunk_bytes;
   options.trace_dir = settings.trace_dir;
+  options.state_location = parse_state_location(settings.state_location);
 
   torch::OrderedDict<std::string, torch::Tensor> named;
   const auto names = model.parameter_names();
@@ -399,6 +401,9 @@ int main(int argc, char** argv) {
       ->check(flags::at_least(0));
   app.add_option("--resume", settings.resume_dir, "resume from this checkpoint directory");
   app.add_option("--trace-dir", settings.trace_dir, "write window traces here");
+  app.add_option("--state-location", settings.state_location,
+                 "where θ_g, m and e live: automatic, device or host (docs/operations.md)")
+      ->capture_default_str();
   app.add_option("--final-weights", settings.final_weights_dir,
                  "every rank writes its final θ_g here (global-rank-NNNNN.safetensors)");
   app.add_option("--cache-dir", settings.pretrain.cache_dir, "pretrained-state cache")
