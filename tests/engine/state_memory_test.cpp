@@ -4,6 +4,7 @@
 // digests; the choice of memory refuses what it cannot hold, naming the tensor.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -167,6 +168,15 @@ TEST(StateLocation, HostTensorsKeepTheirStateInHostMemory) {
   Engine engine(tensors_on(a, b, Device{}, Device{}), testing::small_options());
   EXPECT_EQ(engine.state_location(), "host");
   EXPECT_EQ(engine.copy_state(Engine::StateTensor::global_weights, 0).size(), 100u);
+}
+
+TEST(StateLocation, WindowReportsAndTheirJsonNameIt) {
+  testing::LocalModel model = testing::make_model({3000}, DType::float32, 5);
+  Engine engine(testing::views_of(model), testing::small_options(),
+                std::move(transport::inproc::make_group(1)[0]));
+  const WindowReport report = engine.run_window();
+  EXPECT_EQ(report.state_location, "host");
+  EXPECT_EQ(to_json(report).at("state_location"), "host");
 }
 
 TEST(StateLocation, DeviceStateForCpuTensorsIsRefusedNamingTheTensor) {
