@@ -10,6 +10,7 @@ namespace pulseloco::engine_detail {
 
 HostStateMemory::HostStateMemory(StateTensors tensors, std::uint64_t piece_bytes)
     : layout_(std::move(tensors.layout)),
+      options_(tensors.options != nullptr ? *tensors.options : EngineOptions{}),
       keeps_global_state_(tensors.keeps_global_state),
       piece_bytes_(piece_bytes) {
   tensors_.resize(tensors.locals.size());

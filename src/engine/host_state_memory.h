@@ -56,6 +56,8 @@ class HostStateMemory final : public StateMemory {
   [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
 
   Layout layout_;
+  // The options the kernels' calls are built from (one place to read them, for every call).
+  EngineOptions options_;
   std::vector<TensorState> tensors_;
   bool keeps_global_state_;
   std::uint64_t piece_bytes_;

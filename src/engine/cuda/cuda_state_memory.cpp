@@ -68,6 +68,7 @@ class CudaStateMemory::DeviceGuard {
 
 CudaStateMemory::CudaStateMemory(StateTensors tensors)
     : layout_(std::move(tensors.layout)),
+      options_(tensors.options != nullptr ? *tensors.options : EngineOptions{}),
       keeps_global_state_(tensors.keeps_global_state),
       device_(tensors.locals.empty() ? 0 : tensors.locals.front().device.index) {
   try {

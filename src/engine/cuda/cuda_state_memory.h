@@ -88,6 +88,8 @@ class CudaStateMemory final : public StateMemory {
                 const WritePiece& visit);
 
   Layout layout_;
+  // The options the kernels' calls are built from (one place to read them, for every call).
+  EngineOptions options_;
   std::vector<TensorState> tensors_;
   bool keeps_global_state_;
   int device_;
