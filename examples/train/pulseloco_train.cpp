@@ -66,6 +66,7 @@ struct Settings {
   int checkpoint_every = 0;
   std::string resume_dir;
   std::string trace_dir;
+  std::string state_location = "automatic";
   std::string final_weights_dir;
   bool pretrain_only = false;
   example::PretrainOptions pretrain;
@@ -161,12 +162,12 @@ struct WindowRow {
   double eval_loss_bf16 = 0;  // ... with its weights rounded to bf16 (rank 0)
 };
 
-void print_header(const Settings& settings, int world, std::uint64_t parameters) {
+void print_header(const Settings& settings, int world, const Engine& engine) {
   fmt::print(
       "pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
-      "outer lr {:g}, outer momentum {:g}{}\n",
-      settings.mode, world, parameters, settings.steps_per_window, settings.lr, settings.outer_lr,
-      settings.outer_momentum,
+      "outer lr {:g}, outer momentum {:g}, state on {}{}\n",
+      settings.mode, world, engine.parameter_count(), settings.steps_per_window, settings.lr,
+      settings.outer_lr, settings.outer_momentum, engine.state_location(),
       settings.local_dtype == "bf16"
           ? fmt::format(", bf16 local weights (bf16 delta {})", settings.bf16_delta)
           : std::string());
@@ -248,6 +249,7 @@ int run_worker(const Settings& settings) {
   options.pipeline_chunk_bytes = settings.pipeline_chunk_bytes;
   options.trace_dir = settings.trace_dir;
   options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
+  options.state_location = parse_state_location(settings.state_location);
 
   // bf16 local weights: the synchronizer sees the bf16 tensors; the model computes on their
   // values (loaded before each forward pass, rounded back after each optimizer step).
@@ -285,7 +287,7 @@ int run_worker(const Settings& settings) {
   if (rank == 0) {
     initial_loss = model.evaluate(eval_batch);
     initial_loss_bf16 = model.evaluate_bf16_weights(eval_batch);
-    print_header(settings, world, sync.engine().parameter_count());
+    print_header(settings, world, sync.engine());
     fmt::print("{:>6} {:>10} {:>10.5f}   (held-out loss before post-training)\n", "start", "",
                initial_loss);
   }
@@ -434,6 +436,9 @@ int main(int argc, char** argv) {
       ->check(flags::at_least(0));
   app.add_option("--resume", settings.resume_dir, "resume from this checkpoint directory");
   app.add_option("--trace-dir", settings.trace_dir, "write window traces here");
+  app.add_option("--state-location", settings.state_location,
+                 "where θ_g, m and e live: automatic, device or host (docs/operations.md)")
+      ->capture_default_str();
   app.add_option("--final-weights", settings.final_weights_dir,
                  "every rank writes its final θ_g here (global-rank-NNNNN.safetensors)");
   app.add_option("--cache-dir", settings.pretrain.cache_dir, "pretrained-state cache")

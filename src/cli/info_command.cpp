@@ -8,6 +8,7 @@
 #include <pulseloco/base/cpu_features.h>
 #include <pulseloco/build_config.h>
 #include <pulseloco/cli/commands.h>
+#include <pulseloco/engine/options.h>
 #if PULSELOCO_HAS_CUDA
 #include <pulseloco/kernels/gpu_runtime.h>
 #endif
@@ -26,6 +27,8 @@ nlohmann::json build_info() {
       {"mpi", PULSELOCO_HAS_MPI == 1},
       {"torch", PULSELOCO_HAS_TORCH == 1},
   };
+  // Whether an engine in this program can keep θ_g, m and e on a CUDA device.
+  info["device_state"] = device_state_available();
   nlohmann::json versions = nlohmann::json::object();
   info["cuda_devices"] = nlohmann::json::array();
 #if PULSELOCO_HAS_CUDA
@@ -60,6 +63,9 @@ void print_text(const nlohmann::json& info) {
   line("NCCL", "nccl", "nccl");
   line("MPI", "mpi", "mpi");
   line("libtorch", "torch", "torch");
+  fmt::print("  state    {}\n", info["device_state"].get<bool>()
+                                    ? "on the parameters' CUDA device, or in host memory"
+                                    : "in host memory (no device state in this build)");
   fmt::print("  CPU ISA  {}\n", info["cpu_isa"].get<std::string>());
   const auto& devices = info["cuda_devices"];
   if (devices.empty()) {

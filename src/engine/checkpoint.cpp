@@ -73,16 +73,19 @@ void create_directories(const std::filesystem::path& dir, std::string_view what,
 // Writes one tensor's `buffer` as the file's tensor `prefix` + its name.
 void write_buffer(io::SafetensorsWriter& writer, const ReplicatedState& state,
                   std::string_view prefix, StateBuffer buffer, std::size_t tensor) {
-  state.read_host(buffer, tensor, state.whole(tensor), [&](std::span<const std::byte> bytes) {
-    writer.write(std::string(prefix) + state.name(tensor), bytes);
-  });
+  const std::string key = std::string(prefix) + state.name(tensor);
+  state.read_host(
+      buffer, tensor, state.whole(tensor),
+      [&](std::uint64_t, std::span<const std::byte> piece) { writer.write(key, piece); });
 }
 
 void read_buffer(const io::SafetensorsReader& reader, ReplicatedState& state,
                  std::string_view prefix, StateBuffer buffer, std::size_t tensor) {
-  state.update_host(buffer, tensor, state.whole(tensor), [&](std::span<std::byte> bytes) {
-    reader.read(std::string(prefix) + state.name(tensor), bytes);
-  });
+  const std::string key = std::string(prefix) + state.name(tensor);
+  state.update_host(buffer, tensor, state.whole(tensor),
+                    [&](std::uint64_t offset, std::span<std::byte> piece) {
+                      reader.read_range(key, offset, piece);
+                    });
 }
 
 // The checkpoint global file's tensors: θ_g and m (mode ddp: θ_l).
@@ -142,9 +145,11 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
   for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
     specs.push_back(
         spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t)));
+    DigestStream residual;
     state.read_host(
         StateBuffer::residual, t, state.whole(t),
-        [&](std::span<const std::byte> bytes) { residual_digests.push_back(digest_bytes(bytes)); });
+        [&](std::uint64_t, std::span<const std::byte> piece) { residual.update(piece); });
+    residual_digests.push_back(residual.finish());
   }
   io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointRankFormat)},

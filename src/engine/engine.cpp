@@ -53,15 +53,17 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
   group = std::move(info);
   committed_report.reset();
   strategy = engine_detail::make_window_strategy(state, options, pool);
+  const engine_detail::StateAccess access(state);
   if (engine_detail::join_group(attached_group(), state, options, pool, setup_error)) {
     steps_in_window = 0;
   }
   stats_at_window_start = transport->stats();
   logger().info(
       "engine ready: rank {}/{} (group generation {}), mode {}, window {}, {} tensors, "
-      "{} parameters, H={}, {} chunks",
+      "{} parameters, H={}, {} chunks, state on {}",
       rank, world, group.generation, mode_name(options.mode), state.window(), state.tensor_count(),
-      state.layout().parameters(), options.steps_per_window, state.layout().chunks().size());
+      state.layout().parameters(), options.steps_per_window, state.layout().chunks().size(),
+      state.location());
 }
 
 void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) const {
@@ -110,6 +112,8 @@ WindowReport Engine::Impl::run_window() {
   report.steps_per_window = options.steps_per_window;
   report.diloco_bytes = report.parameters * sizeof(float);
   report.ddp_bytes = options.steps_per_window * report.parameters * sizeof(float);
+  report.state_location = state.location();
+  const engine_detail::StateAccess access(state);
 
   const bool tracing = !options.trace_dir.empty();
   if (tracing) engine_detail::write_trace_inputs(state, options, attached);
@@ -166,21 +170,25 @@ bool Engine::next_step_runs_window() const noexcept {
 }
 
 void Engine::save_checkpoint(const std::filesystem::path& dir) {
+  const engine_detail::StateAccess access(impl_->state);
   engine_detail::save_checkpoint(impl_->state, impl_->options, impl_->attached_group(), impl_->pool,
                                  dir);
 }
 
 void Engine::load_checkpoint(const std::filesystem::path& dir) {
+  const engine_detail::StateAccess access(impl_->state);
   engine_detail::load_checkpoint(impl_->state, impl_->options, impl_->attached_group(), impl_->pool,
                                  dir);
   impl_->steps_in_window = 0;
 }
 
 void Engine::save_global_weights(const std::filesystem::path& file) const {
+  const engine_detail::StateAccess access(impl_->state);
   engine_detail::save_global_weights(impl_->state, impl_->options, impl_->rank, impl_->pool, file);
 }
 
 void Engine::load_trace_inputs(const std::filesystem::path& file) {
+  const engine_detail::StateAccess access(impl_->state);
   engine_detail::load_trace_inputs(impl_->state, impl_->rank, impl_->world, file);
   impl_->steps_in_window = 0;
 }
@@ -230,8 +238,22 @@ std::span<const float> Engine::momentum(std::size_t tensor) const {
 std::span<const float> Engine::residual(std::size_t tensor) const {
   return impl_->state.host_values(StateBuffer::residual, tensor);
 }
+std::vector<float> Engine::copy_state(StateTensor which, std::size_t tensor) const {
+  const StateBuffer buffer = which == StateTensor::global_weights ? StateBuffer::global
+                             : which == StateTensor::momentum     ? StateBuffer::momentum
+                                                                  : StateBuffer::residual;
+  const engine_detail::StateAccess access(impl_->state);
+  return impl_->state.copy_values(buffer, tensor);
+}
 Digest Engine::state_digest() const {
+  const engine_detail::StateAccess access(impl_->state);
   return impl_->state.digest(impl_->pool);
+}
+std::string Engine::state_location() const {
+  return impl_->state.location();
+}
+void Engine::set_cuda_stream(void* stream) {
+  impl_->state.memory().set_caller_stream(stream);
 }
 
 }  // namespace pulseloco

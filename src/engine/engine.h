@@ -118,11 +118,24 @@ class Engine {
   [[nodiscard]] transport::Transport& transport();  // InvalidArgument when detached
   [[nodiscard]] const GroupInfo& group() const noexcept;
 
-  // Read access to the replicated state, for tests and tools (CPU state only).
+  // Read access to the replicated state, for tests and tools: views of host state (state on a
+  // device: InvalidArgument; use copy_state).
   [[nodiscard]] std::span<const float> global_weights(std::size_t tensor) const;
   [[nodiscard]] std::span<const float> momentum(std::size_t tensor) const;
   [[nodiscard]] std::span<const float> residual(std::size_t tensor) const;
+  // A host copy of one tensor's θ_g, m or e, wherever the state lives.
+  enum class StateTensor : std::uint8_t { global_weights, momentum, residual };
+  [[nodiscard]] std::vector<float> copy_state(StateTensor which, std::size_t tensor) const;
   [[nodiscard]] Digest state_digest() const;  // combined digest of θ_g and m
+  // Where this rank keeps θ_g, m and e: "host" or "cuda:<ordinal>".
+  [[nodiscard]] std::string state_location() const;
+
+  // The CUDA stream (a cudaStream_t of the parameters' device; nullptr: the legacy default
+  // stream) whose work the engine's device work must follow, and which must follow it: each
+  // window, attach and file operation waits for the work `stream` holds when it starts, and
+  // work enqueued on `stream` afterwards waits for it (events; no device-wide synchronisation).
+  // Ignored when the state is in host memory.
+  void set_cuda_stream(void* stream);
 
   // The implementation (src/engine/engine_impl.h); internal to the engine's sources.
   struct Impl;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <initializer_list>
 #include <optional>
 #include <vector>
@@ -87,18 +88,33 @@ void check_agreement(const AttachedGroup& group, std::uint64_t mine, const char*
 }
 
 // Sends `buffers` of every tensor from `source` to every rank, tensor by tensor, in pieces of at
-// most one bucket (collective).
+// most one bucket (collective). The bucket is staged in host memory: how the state's memory
+// splits a range differs between ranks (host or device), the broadcast's pieces must not.
 void broadcast_buffers(const AttachedGroup& group, ReplicatedState& state,
                        std::initializer_list<StateBuffer> buffers, int source,
                        std::uint64_t bucket_elements) {
+  std::vector<std::byte> bucket;
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     const std::uint64_t numel = state.whole(t).count;
+    const std::size_t element = dtype_size(state.local_dtype(t));
     for (const StateBuffer buffer : buffers) {
+      const std::size_t size = buffer == StateBuffer::local ? element : sizeof(float);
       for (std::uint64_t begin = 0; begin < numel; begin += bucket_elements) {
         const std::uint64_t count = std::min(bucket_elements, numel - begin);
-        state.update_host(buffer, t, {begin, count}, [&](std::span<std::byte> bytes) {
-          collectives::broadcast(group.transport(), source, bytes, group.collective());
-        });
+        bucket.resize(count * size);
+        if (group.rank() == source) {
+          state.read_host(buffer, t, {begin, count},
+                          [&](std::uint64_t offset, std::span<const std::byte> piece) {
+                            std::memcpy(bucket.data() + offset, piece.data(), piece.size());
+                          });
+        }
+        collectives::broadcast(group.transport(), source, bucket, group.collective());
+        if (group.rank() != source) {
+          state.update_host(buffer, t, {begin, count},
+                            [&](std::uint64_t offset, std::span<std::byte> piece) {
+                              std::memcpy(piece.data(), bucket.data() + offset, piece.size());
+                            });
+        }
       }
     }
   }

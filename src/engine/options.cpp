@@ -29,6 +29,26 @@ Mode parse_mode(std::string_view name) {
   throw InvalidArgument("mode '" + std::string(name) + "' is not one of pulse, diloco, ddp");
 }
 
+std::string_view state_location_name(StateLocation location) noexcept {
+  switch (location) {
+    case StateLocation::automatic:
+      return "automatic";
+    case StateLocation::device:
+      return "device";
+    case StateLocation::host:
+      return "host";
+  }
+  return "unknown";
+}
+
+StateLocation parse_state_location(std::string_view name) {
+  if (name == "auto" || name == "automatic") return StateLocation::automatic;
+  if (name == "device") return StateLocation::device;
+  if (name == "host") return StateLocation::host;
+  throw InvalidArgument("state location '" + std::string(name) +
+                        "' is not one of automatic, device, host");
+}
+
 namespace {
 
 collectives::CollectiveAlgorithm parse_algorithm(std::string_view name) {

@@ -25,6 +25,22 @@ enum class Mode : std::uint8_t {
 [[nodiscard]] std::string_view mode_name(Mode mode) noexcept;
 [[nodiscard]] Mode parse_mode(std::string_view name);  // throws InvalidArgument
 
+// Where a rank keeps θ_g, m and e (docs/operations.md, "Where the state lives").
+enum class StateLocation : std::uint8_t {
+  automatic,  // on the parameters' device when they are CUDA tensors, in host memory otherwise
+  device,     // on the parameters' CUDA device (12 bytes per parameter there)
+  host,       // in host memory (CUDA parameters must then be staged by the caller, as the
+              // libtorch adapter does)
+};
+
+[[nodiscard]] std::string_view state_location_name(StateLocation location) noexcept;
+// "automatic" (or "auto"), "device", "host"; throws InvalidArgument.
+[[nodiscard]] StateLocation parse_state_location(std::string_view name);
+
+// True when this program can keep the state on a CUDA device: it links pulseloco_engine_cuda
+// (package component `cuda`). Says nothing about whether a device is present.
+[[nodiscard]] bool device_state_available() noexcept;
+
 struct EngineOptions {
   Mode mode = Mode::pulse;
   std::uint32_t steps_per_window = 8;  // H: inner optimizer steps between windows (>= 1)
@@ -50,6 +66,9 @@ struct EngineOptions {
   kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
   bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
   std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)
+  // Where this rank keeps its state. Local to the rank (a GPU rank and a CPU rank share a group
+  // with identical bits) and not part of files or the shared options digest.
+  StateLocation state_location = StateLocation::automatic;
 
   // Throws InvalidArgument naming the first option that is out of range.
   void validate() const;

@@ -5,13 +5,14 @@
 //
 // Every computation on the buffers goes through this class: the window's steps chunk by chunk
 // (the window strategies call them, in parallel across chunks), the whole-state operations of
-// start-up and resume, the digest, and host access for files and state transfer. The buffers
-// live in host memory and the kernels are kernels/window_kernels.h; state kept on a device
-// would change this class alone (its strategies, files and transfers see only these calls).
+// start-up and resume, the digest, and host access for files and state transfer. Where the
+// buffers live and which kernels run there is its StateMemory's business (state_memory.h: host
+// memory, or a CUDA device); the strategies, files and transfers see only these calls.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -24,22 +25,23 @@
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/layout.h>
 #include <pulseloco/engine/options.h>
-#include <pulseloco/engine/scratch_pool.h>
+#include <pulseloco/engine/state_memory.h>
 #include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::engine_detail {
 
-// A tensor's buffers: θ_g, m and e are fp32; θ_l is in the model's dtype.
-enum class StateBuffer : std::uint8_t { global, momentum, residual, local };
-
 class ReplicatedState {
  public:
+  using MemoryFactory = std::function<std::unique_ptr<StateMemory>(StateTensors)>;
+
   // No tensors: the state of an engine whose parameters were refused.
-  ReplicatedState() = default;
+  ReplicatedState();
   // Validates the parameter table (dtype, device, data, shape, unique names) and lays it out;
-  // allocates θ_g, m and e as zeros (mode ddp keeps none: its replicas' state is θ_l itself).
-  // Throws InvalidArgument naming the tensor.
-  ReplicatedState(std::vector<NamedTensor> parameters, const EngineOptions& options);
+  // allocates θ_g, m and e as zeros (mode ddp keeps none: its replicas' state is θ_l itself)
+  // where options.state_location says (make_state_memory), or in the memory `memory` makes
+  // (tests). Throws InvalidArgument naming the tensor.
+  ReplicatedState(std::vector<NamedTensor> parameters, const EngineOptions& options,
+                  const MemoryFactory& memory = make_state_memory);
 
   [[nodiscard]] const Layout& layout() const noexcept { return layout_; }
   [[nodiscard]] std::size_t tensor_count() const noexcept { return tensors_.size(); }
@@ -50,9 +52,13 @@ class ReplicatedState {
   [[nodiscard]] const std::vector<std::uint64_t>& shape(std::size_t tensor) const {
     return tensors_[tensor].shape;
   }
-  [[nodiscard]] DType local_dtype(std::size_t tensor) const { return tensors_[tensor].local.dtype; }
+  [[nodiscard]] DType local_dtype(std::size_t tensor) const { return tensors_[tensor].local_dtype; }
   // False in mode ddp: no θ_g, m or e.
   [[nodiscard]] bool keeps_global_state() const noexcept { return keeps_global_state_; }
+  // Where θ_g, m and e live: "host" or "cuda:<ordinal>".
+  [[nodiscard]] std::string location() const { return memory_->location(); }
+  // The memory itself, for the calls that bracket the engine's work (begin_access, ...).
+  [[nodiscard]] StateMemory& memory() const noexcept { return *memory_; }
 
   // --- where this rank stands --------------------------------------------------------------
 
@@ -82,85 +88,94 @@ class ReplicatedState {
   // Steps 1-5 without the state change: writes the fired (offset, s) entries into host buffers
   // with room for chunk.length entries.
   [[nodiscard]] kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,
-                                         float* values) const;
+                                         float* values) const {
+    return memory_->gate(chunk, offsets, values);
+  }
   // Steps 7 (the ranks' entries added in rank order, divided by their count), 5's state change,
   // 8 and 9: commits the window on this chunk.
   void aggregate_and_commit(const ChunkRef& chunk,
                             std::span<const kernels::SparseEntries> ranks_in_order,
-                            const kernels::OuterStepParams& params);
+                            const kernels::OuterStepParams& params) {
+    memory_->aggregate_and_commit(chunk, ranks_in_order, params);
+  }
   // Dense modes: Δ of step 1 for every element, into a host buffer of chunk.length.
-  void pseudo_gradient(const ChunkRef& chunk, float* delta) const;
+  void pseudo_gradient(const ChunkRef& chunk, float* delta) const {
+    memory_->pseudo_gradient(chunk, delta);
+  }
   // Mode diloco: keeps the ranks' summed Δ of this chunk until the window commits (in e's
   // storage, which diloco does not otherwise use).
-  void hold_dense_sum(const ChunkRef& chunk, const float* sum);
+  void hold_dense_sum(const ChunkRef& chunk, const float* sum) {
+    memory_->hold_dense_sum(chunk, sum);
+  }
   // Mode diloco: g = held sum / divisor, then steps 8 and 9; the held sum is cleared.
   void apply_dense_average(const ChunkRef& chunk, float divisor,
-                           const kernels::OuterStepParams& params);
+                           const kernels::OuterStepParams& params) {
+    memory_->apply_dense_average(chunk, divisor, params);
+  }
 
   // --- the whole state ----------------------------------------------------------------------
 
   // θ_g = float(θ_l) (rank 0's weights after the initial broadcast).
-  void global_from_local(ThreadPool& pool);
+  void global_from_local(ThreadPool& pool) { memory_->global_from_local(pool); }
   // θ_l = cast_local(θ_g) (after the state was received or loaded).
-  void reset_local(ThreadPool& pool);
+  void reset_local(ThreadPool& pool) { memory_->reset_local(pool); }
   // Step 5's state change alone: the residual of the window this rank accepted (θ_l must not
   // have been reset since).
-  void commit_residual(ThreadPool& pool);
-  void zero_residual();
+  void commit_residual(ThreadPool& pool) { memory_->commit_residual(pool); }
+  void zero_residual() { memory_->zero_residual(); }
   // Step 10's digest: every tensor's θ_g and m (mode ddp: θ_l).
-  [[nodiscard]] Digest digest(ThreadPool& pool) const;
+  [[nodiscard]] Digest digest(ThreadPool& pool) const { return memory_->digest(pool); }
 
   // --- host access (files, state transfer, tests) --------------------------------------------
 
-  // Elements of one tensor's buffer.
-  struct Range {
-    std::uint64_t begin = 0;
-    std::uint64_t count = 0;
-  };
-  [[nodiscard]] Range whole(std::size_t tensor) const { return {0, tensors_[tensor].local.numel}; }
+  [[nodiscard]] Range whole(std::size_t tensor) const { return {0, numels_[tensor]}; }
 
-  // Calls fn(std::span<const std::byte>) with the bytes of `range` in host memory.
-  template <typename Fn>
-  void read_host(StateBuffer buffer, std::size_t tensor, Range range, Fn&& fn) const {
-    fn(host_bytes(buffer, tensor, range));
+  // Calls `read` with consecutive host pieces of `range` (of any size; see StateMemory).
+  void read_host(StateBuffer buffer, std::size_t tensor, Range range, const ReadPiece& read) const {
+    memory_->read_host(buffer, tensor, range, read);
   }
-  // Calls fn(std::span<std::byte>) with the bytes of `range` in host memory; what fn leaves
-  // there is the buffer's new content.
-  template <typename Fn>
-  void update_host(StateBuffer buffer, std::size_t tensor, Range range, Fn&& fn) {
-    fn(host_bytes(buffer, tensor, range));
+  // Calls `write` with consecutive host pieces of `range`; what it leaves there is the buffer's
+  // new content.
+  void update_host(StateBuffer buffer, std::size_t tensor, Range range, const WritePiece& write) {
+    memory_->update_host(buffer, tensor, range, write);
   }
   // The fp32 buffer itself, for Engine's read accessors (host state only).
-  [[nodiscard]] std::span<const float> host_values(StateBuffer buffer, std::size_t tensor) const;
+  [[nodiscard]] std::span<const float> host_values(StateBuffer buffer, std::size_t tensor) const {
+    return memory_->host_values(buffer, tensor);
+  }
+  // A copy of one tensor's fp32 buffer (θ_g, m or e), wherever it lives (tests and tools).
+  [[nodiscard]] std::vector<float> copy_values(StateBuffer buffer, std::size_t tensor) const;
 
  private:
-  struct TensorState {
-    TensorView local;
+  struct TensorFacts {
+    DType local_dtype = DType::float32;
     std::vector<std::uint64_t> shape;
-    std::vector<float> global;
-    std::vector<float> momentum;
-    // pulse: the residual e. diloco: the window's summed pseudo-gradient until it commits.
-    std::vector<float> residual;
   };
 
-  [[nodiscard]] std::span<const std::byte> host_bytes(StateBuffer buffer, std::size_t tensor,
-                                                      Range range) const;
-  [[nodiscard]] std::span<std::byte> host_bytes(StateBuffer buffer, std::size_t tensor,
-                                                Range range);
-  [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
-  [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
-
   Layout layout_;
-  std::vector<TensorState> tensors_;
+  std::vector<TensorFacts> tensors_;
+  std::vector<std::uint64_t> numels_;
   bool keeps_global_state_ = true;
-  kernels::Bf16Delta bf16_delta_ = kernels::Bf16Delta::exact;  // step 1 for bf16 local weights
   std::uint64_t window_ = 0;
   bool momentum_initialised_ = false;
   bool has_contents_ = false;
   std::optional<std::uint64_t> accepted_window_;
-  // The aggregate g of one chunk, per chunk in flight.
-  std::unique_ptr<ScratchPool<std::vector<float>>> aggregate_scratch_ =
-      std::make_unique<ScratchPool<std::vector<float>>>();
+  std::unique_ptr<StateMemory> memory_;
+};
+
+// Brackets the engine's work on the state (a window, an attach, a file): a device memory orders
+// it after the caller's stream and the caller's later work after it (StateMemory).
+class StateAccess {
+ public:
+  explicit StateAccess(const ReplicatedState& state) : memory_(&state.memory()) {
+    memory_->begin_access();
+  }
+  ~StateAccess() { memory_->end_access(); }
+  StateAccess(const StateAccess&) = delete;
+  StateAccess& operator=(const StateAccess&) = delete;
+
+ private:
+  StateMemory* memory_;
 };
 
 }  // namespace pulseloco::engine_detail

@@ -19,6 +19,7 @@ nlohmann::json to_json(const WindowReport& report) {
       {"members", report.members},
       {"parameters", report.parameters},
       {"steps_per_window", report.steps_per_window},
+      {"state_location", report.state_location},
       {"entries", report.entries_sent},
       {"density", report.density},
       {"payload_bytes", report.payload_bytes},

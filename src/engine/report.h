@@ -30,6 +30,7 @@ struct WindowReport {
   std::vector<std::string> members;    // worker ids in rank order (elastic runs; else empty)
   std::uint64_t parameters = 0;        // elements in the model
   std::uint64_t steps_per_window = 0;  // H
+  std::string state_location;          // where this rank keeps θ_g, m, e: "host", "cuda:0"
 
   std::uint64_t entries_sent = 0;         // elements this rank sent (pulse), parameters otherwise
   double density = 0;                     // entries_sent / parameters

@@ -45,9 +45,10 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
   io::SafetensorsWriter writer(path, metadata, specs);
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     for (const auto& [prefix, buffer] : kTracedBuffers) {
-      state.read_host(buffer, t, state.whole(t), [&](std::span<const std::byte> bytes) {
-        writer.write(std::string(prefix) + state.name(t), bytes);
-      });
+      const std::string key = std::string(prefix) + state.name(t);
+      state.read_host(
+          buffer, t, state.whole(t),
+          [&](std::uint64_t, std::span<const std::byte> piece) { writer.write(key, piece); });
     }
   }
   writer.finish();
@@ -149,9 +150,11 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
   }
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     for (const auto& [prefix, buffer] : kTracedBuffers) {
-      state.update_host(buffer, t, state.whole(t), [&](std::span<std::byte> bytes) {
-        reader.read(std::string(prefix) + state.name(t), bytes);
-      });
+      const std::string key = std::string(prefix) + state.name(t);
+      state.update_host(buffer, t, state.whole(t),
+                        [&](std::uint64_t offset, std::span<std::byte> piece) {
+                          reader.read_range(key, offset, piece);
+                        });
     }
   }
   state.set_progress(traced_window, initialised == "true");

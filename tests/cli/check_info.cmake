@@ -22,6 +22,13 @@ foreach(feature cuda nccl mpi torch)
   if(NOT reported STREQUAL expected)
     message(FATAL_ERROR "feature ${feature}: info says ${reported}, configure found ${expected}")
   endif()
+  # Device state comes with CUDA (the tool links pulseloco_engine_cuda when it is built).
+  if(feature STREQUAL "cuda")
+    string(JSON device_state GET "${out}" device_state)
+    if(NOT device_state STREQUAL expected)
+      message(FATAL_ERROR "device_state: info says ${device_state}, expected ${expected}")
+    endif()
+  endif()
 endforeach()
 
 if(EXPECT_TORCH)

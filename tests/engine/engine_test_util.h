@@ -6,13 +6,18 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <ostream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/engine/engine.h>
@@ -215,6 +220,20 @@ inline std::vector<std::exception_ptr> run_ranks(int world, const std::function<
   for (auto& thread : threads)
     thread.join();
   return errors;
+}
+
+// An empty directory for this test process: temp/pulseloco_<name>_<pid> (removed first).
+inline std::filesystem::path fresh_test_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("pulseloco_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+// A file's bytes (byte-for-byte comparisons of checkpoints and traces).
+inline std::string file_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 inline void rethrow_first(const std::vector<std::exception_ptr>& errors) {

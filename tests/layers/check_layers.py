@@ -59,6 +59,8 @@ RULES = (
     Rule("pulseloco_engine", "src/engine",
          ("base", "kernels", "codec", "io", "transport", "collectives", "nlohmann-json"),
          "group, elastic, libtorch"),
+    Rule("pulseloco_engine_cuda", "src/engine/cuda", ("base", "kernels", "engine", "CUDA"),
+         "group, elastic, libtorch"),
     Rule("pulseloco_elastic", "src/elastic",
          ("base", "transport", "group", "collectives", "engine", "Boost.Asio", "OpenSSL",
           "nlohmann-json"), "libtorch"),

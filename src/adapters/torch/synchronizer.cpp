@@ -3,7 +3,18 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+// The current CUDA stream comes from c10/cuda, which only a CUDA build of libtorch has whole
+// (a CPU build may ship its headers without the generated cuda_cmake_macros.h). Without it the
+// adapter stages CUDA parameters through host memory and refuses device state.
+#if __has_include(<c10/cuda/CUDAStream.h>) && __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDAStream.h>
+#define PULSELOCO_TORCH_HAS_CUDA 1
+#else
+#define PULSELOCO_TORCH_HAS_CUDA 0
+#endif
+
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 
 namespace pulseloco::libtorch {
 namespace {
@@ -21,11 +32,33 @@ TensorView view_of(const torch::Tensor& tensor, const std::string& name) {
   if (!tensor.is_contiguous()) {
     throw InvalidArgument("parameter is not contiguous", {.tensor = name});
   }
-  if (!tensor.device().is_cpu()) {
-    throw InvalidArgument("internal: engine views must be host tensors", {.tensor = name});
+  Device device;
+  if (tensor.device().is_cuda()) {
+    device = Device{DeviceKind::cuda, tensor.device().index()};
+  } else if (!tensor.device().is_cpu()) {
+    throw InvalidArgument("parameters must be CPU or CUDA tensors", {.tensor = name});
   }
   return TensorView{tensor.data_ptr(), static_cast<std::uint64_t>(tensor.numel()),
-                    to_dtype(tensor, name), Device{}};
+                    to_dtype(tensor, name), device};
+}
+
+// Whether CUDA parameters keep their state on the device (else they are staged through host
+// memory); throws InvalidArgument when device state is asked for but cannot be had.
+bool keeps_device_state(StateLocation location, const std::string& first_tensor) {
+  if (location == StateLocation::host) return false;
+  if (location == StateLocation::automatic && !device_state_available()) {
+    logger().info(
+        "CUDA parameters: this program does not link pulseloco_engine_cuda, so θ_g, m and e live "
+        "in host memory and the parameters are staged through it at each window");
+    return false;
+  }
+  if (!PULSELOCO_TORCH_HAS_CUDA) {
+    throw InvalidArgument(
+        "state_location=device needs the libtorch adapter built against a CUDA libtorch "
+        "(c10/cuda headers); this one was not: use state_location=host",
+        {.tensor = first_tensor});
+  }
+  return true;  // the engine names what to link when pulseloco_engine_cuda is missing
 }
 
 }  // namespace
@@ -46,7 +79,13 @@ std::vector<NamedTensor> Synchronizer::prepare(
     names_.push_back(item.key());
     parameters_.push_back(p);
   }
-  staged_ = device.has_value() && !device->is_cpu();
+  const bool cuda = device.has_value() && device->is_cuda();
+  if (device.has_value() && !cuda && !device->is_cpu()) {
+    throw InvalidArgument("parameters must be CPU or CUDA tensors", {.tensor = names_.front()});
+  }
+  device_state_ = cuda && keeps_device_state(options_location_, names_.front());
+  staged_ = cuda && !device_state_;
+  device_index_ = cuda ? device->index() : 0;
   for (const auto& p : parameters_) {
     host_.push_back(
         staged_ ? torch::empty_like(p, torch::TensorOptions().device(torch::kCPU)).pin_memory()
@@ -58,11 +97,17 @@ std::vector<NamedTensor> Synchronizer::prepare(
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     views.push_back({names_[i], view_of(host_[i], names_[i])});
   }
+#if PULSELOCO_TORCH_HAS_CUDA
+  // The first attach reads the parameters on the engine's stream before any stream can be
+  // handed over: the user's pending writes to them must be complete (once, at start-up).
+  if (device_state_) c10::cuda::getCurrentCUDAStream(device_index_).synchronize();
+#endif
   return views;
 }
 
 Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-                           EngineOptions options, std::unique_ptr<transport::Transport> transport) {
+                           EngineOptions options, std::unique_ptr<transport::Transport> transport)
+    : options_location_(options.state_location) {
   std::vector<NamedTensor> views = prepare(named_parameters);
   torch::NoGradGuard no_grad;
   engine_ = std::make_unique<Engine>(std::move(views), std::move(options), std::move(transport));
@@ -70,7 +115,8 @@ Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>&
 }
 
 Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-                           EngineOptions options, ElasticOptions elastic) {
+                           EngineOptions options, ElasticOptions elastic)
+    : options_location_(options.state_location) {
   std::vector<NamedTensor> views = prepare(named_parameters);
   torch::NoGradGuard no_grad;
   elastic_ =
@@ -92,6 +138,13 @@ void Synchronizer::stage_from_host() {
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < parameters_.size(); ++i)
     parameters_[i].copy_(host_[i]);
+}
+
+void Synchronizer::order_with_current_stream() {
+#if PULSELOCO_TORCH_HAS_CUDA
+  if (!device_state_) return;
+  engine().set_cuda_stream(c10::cuda::getCurrentCUDAStream(device_index_).stream());
+#endif
 }
 
 void Synchronizer::before_optimizer_step() {
@@ -120,17 +173,20 @@ std::optional<WindowReport> Synchronizer::after_optimizer_step() {
   torch::NoGradGuard no_grad;
   // Windows read θ_l and write it back; staging is only needed on the steps that run one.
   if (engine().next_step_runs_window()) stage_to_host();
+  order_with_current_stream();
   auto report = elastic_ ? elastic_->after_optimizer_step() : engine_->after_optimizer_step();
   if (report) stage_from_host();
   return report;
 }
 
 void Synchronizer::save_checkpoint(const std::filesystem::path& dir) {
+  order_with_current_stream();
   engine().save_checkpoint(dir);
 }
 
 void Synchronizer::load_checkpoint(const std::filesystem::path& dir) {
   stage_to_host();
+  order_with_current_stream();
   engine().load_checkpoint(dir);
   stage_from_host();
 }

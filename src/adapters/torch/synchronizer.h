@@ -27,8 +27,13 @@ namespace pulseloco::libtorch {
 class Synchronizer {
  public:
   // Collective. Parameters must be contiguous fp32 or bf16 tensors, all on the CPU or all on
-  // one CUDA device (CUDA parameters are staged through pinned host buffers at each window).
-  // Rank 0's values are broadcast into every replica.
+  // one CUDA device. For CUDA parameters options.state_location chooses where θ_g, m and e live
+  // (docs/operations.md): `device` keeps them next to the parameters and hands the engine device
+  // pointers (the program links pulseloco_engine_cuda and the adapter was built against a CUDA
+  // libtorch); `host` stages the parameters through pinned host buffers at each window;
+  // `automatic` is `device` when the program links pulseloco_engine_cuda, `host` otherwise.
+  // The device work is ordered after the current CUDA stream of the parameters' device and that
+  // stream's later work after it, with events. Rank 0's values are broadcast into every replica.
   Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
                EngineOptions options, std::unique_ptr<transport::Transport> transport);
   // An elastic run (docs/elastic.md): registers with the coordinator, waits to be admitted and
@@ -58,11 +63,17 @@ class Synchronizer {
       const torch::OrderedDict<std::string, torch::Tensor>& named_parameters);
   void stage_to_host();
   void stage_from_host();
+  // Device state: the engine's work follows the user's current stream (and precedes its later
+  // work). Nothing otherwise.
+  void order_with_current_stream();
 
   std::vector<std::string> names_;
   std::vector<torch::Tensor> parameters_;  // the user's tensors
   std::vector<torch::Tensor> host_;        // what the engine sees (== parameters_ on the CPU)
+  StateLocation options_location_ = StateLocation::automatic;
   bool staged_ = false;
+  bool device_state_ = false;  // the engine holds device pointers to parameters_
+  int device_index_ = 0;
   std::unique_ptr<Engine> engine_;          // a fixed group
   std::unique_ptr<ElasticEngine> elastic_;  // or an elastic run
 };

@@ -22,7 +22,12 @@ int main() {
   } catch (const pulseloco::Error& error) {
     if (error.kind() != pulseloco::ErrorKind::invalid_argument) return 1;
   }
-  std::printf("consumer ok: pulseloco %s, digest %s\n", PULSELOCO_VERSION_STRING,
-              pulseloco::digest_hex(digest).c_str());
+#if PULSELOCO_HAS_CUDA
+  // The cuda component registers the device state memory in every program that links it.
+  if (!pulseloco::device_state_available()) return 4;
+#endif
+  std::printf("consumer ok: pulseloco %s, digest %s, device state %s\n", PULSELOCO_VERSION_STRING,
+              pulseloco::digest_hex(digest).c_str(),
+              pulseloco::device_state_available() ? "available" : "not built");
   return 0;
 }

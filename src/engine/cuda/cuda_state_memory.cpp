@@ -1,0 +1,475 @@
+#include <pulseloco/engine/cuda/cuda_state_memory.h>
+
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
+#include <pulseloco/kernels/cuda/cuda_internal.h>
+
+namespace pulseloco::engine_detail {
+
+using kernels::cuda::detail::check;
+
+namespace {
+
+cudaStream_t as_stream(void* stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+cudaEvent_t as_event(void* event) {
+  return static_cast<cudaEvent_t>(event);
+}
+
+template <typename T>
+T* device_alloc(std::uint64_t count, const char* what) {
+  void* pointer = nullptr;
+  if (count > 0) check(cudaMalloc(&pointer, count * sizeof(T)), what);
+  return static_cast<T*>(pointer);
+}
+
+// θ_g, m or e of one tensor: a device without room for them is told apart from other failures.
+float* state_alloc(std::uint64_t count, const char* what, const std::string& tensor) {
+  void* pointer = nullptr;
+  if (count == 0) return nullptr;
+  const cudaError_t status = cudaMalloc(&pointer, count * sizeof(float));
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clears the error, so later calls do not report it again
+    throw IoError(fmt::format("no room on the device for {} ({} bytes; θ_g, m and e take 12 bytes "
+                              "per parameter): keep the state in host memory with "
+                              "state_location=host",
+                              what, count * sizeof(float)),
+                  {.tensor = tensor});
+  }
+  check(status, "cudaMalloc (state)");
+  return static_cast<float*>(pointer);
+}
+
+}  // namespace
+
+// Makes the memory's device current on the calling thread (a pool worker, or the caller's
+// thread whose current device may be another) and restores the previous one.
+class CudaStateMemory::DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+CudaStateMemory::CudaStateMemory(StateTensors tensors)
+    : layout_(std::move(tensors.layout)),
+      options_(tensors.options != nullptr ? *tensors.options : EngineOptions{}),
+      keeps_global_state_(tensors.keeps_global_state),
+      device_(tensors.locals.empty() ? 0 : tensors.locals.front().device.index) {
+  try {
+    allocate(tensors);
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+void CudaStateMemory::allocate(const StateTensors& tensors) {
+  int devices = 0;
+  check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  if (device_ < 0 || device_ >= devices) {
+    throw InvalidArgument(fmt::format("the parameters are on cuda:{}, but this process sees {} "
+                                      "CUDA device(s)",
+                                      device_, devices),
+                          {.tensor = layout_.tensors().front().name});
+  }
+  const DeviceGuard guard(device_);
+  chunk_capacity_ = 0;
+  for (const ChunkRef& chunk : layout_.chunks())
+    chunk_capacity_ = std::max(chunk_capacity_, chunk.length);
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  stream_ = stream;
+  for (void** event : {&caller_ready_, &access_done_}) {
+    cudaEvent_t created = nullptr;
+    check(cudaEventCreateWithFlags(&created, cudaEventDisableTiming), "cudaEventCreate");
+    *event = created;
+  }
+  workspace_ = std::make_unique<kernels::cuda::DeviceWorkspace>(chunk_capacity_);
+  gate_offsets_ = device_alloc<std::uint32_t>(chunk_capacity_, "cudaMalloc (gate offsets)");
+  chunk_values_ = device_alloc<float>(chunk_capacity_, "cudaMalloc (chunk values)");
+  // One chunk's entries (offsets and values), or one chunk of fp32 values twice over.
+  staging_bytes_ = std::max<std::size_t>(chunk_capacity_ * 8, 4096);
+  void* staging = nullptr;
+  check(cudaMallocHost(&staging, staging_bytes_), "cudaMallocHost (state staging)");
+  staging_ = static_cast<std::byte*>(staging);
+
+  tensors_.resize(tensors.locals.size());
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    TensorState& state = tensors_[t];
+    state.local = tensors.locals[t];
+    if (!keeps_global_state_) continue;
+    const std::uint64_t n = state.local.numel;
+    const std::string& name = layout_.tensors()[t].name;
+    state.global = state_alloc(n, "θ_g", name);
+    state.momentum = state_alloc(n, "m", name);
+    state.residual = state_alloc(n, "e", name);
+    for (float* buffer : {state.global, state.momentum, state.residual}) {
+      if (n > 0) {
+        check(cudaMemsetAsync(buffer, 0, n * sizeof(float), as_stream(stream_)),
+              "cudaMemsetAsync (state = 0)");
+      }
+    }
+  }
+  synchronize("cudaStreamSynchronize (state allocation)");
+}
+
+CudaStateMemory::~CudaStateMemory() {
+  release();
+}
+
+void CudaStateMemory::release() noexcept {
+  // Nothing can be reported from here; the calls fail only when the context is gone.
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(as_stream(stream_));
+  for (TensorState& state : tensors_) {
+    cudaFree(state.global);
+    cudaFree(state.momentum);
+    cudaFree(state.residual);
+  }
+  for (RankEntries& entries : rank_entries_) {
+    cudaFree(entries.offsets);
+    cudaFree(entries.values);
+  }
+  cudaFree(gate_offsets_);
+  cudaFree(chunk_values_);
+  cudaFreeHost(staging_);
+  workspace_.reset();
+  if (caller_ready_ != nullptr) cudaEventDestroy(as_event(caller_ready_));
+  if (access_done_ != nullptr) cudaEventDestroy(as_event(access_done_));
+  if (stream_ != nullptr) cudaStreamDestroy(as_stream(stream_));
+  tensors_.clear();
+  rank_entries_.clear();
+  gate_offsets_ = nullptr;
+  chunk_values_ = nullptr;
+  staging_ = nullptr;
+  caller_ready_ = access_done_ = stream_ = nullptr;
+  cudaGetLastError();  // a failure here must not surface in a later, unrelated launch check
+}
+
+std::string CudaStateMemory::location() const {
+  return fmt::format("cuda:{}", device_);
+}
+
+void CudaStateMemory::synchronize(const char* what) {
+  check(cudaStreamSynchronize(as_stream(stream_)), what);
+}
+
+void CudaStateMemory::to_host(void* host, const void* device, std::size_t bytes) {
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t piece = std::min(staging_bytes_, bytes - done);
+    check(cudaMemcpyAsync(staging_, static_cast<const std::byte*>(device) + done, piece,
+                          cudaMemcpyDeviceToHost, as_stream(stream_)),
+          "cudaMemcpyAsync (device to host)");
+    synchronize("cudaStreamSynchronize (device to host)");
+    std::memcpy(static_cast<std::byte*>(host) + done, staging_, piece);
+    done += piece;
+  }
+}
+
+void CudaStateMemory::to_device(void* device, const void* host, std::size_t bytes) {
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t piece = std::min(staging_bytes_, bytes - done);
+    std::memcpy(staging_, static_cast<const std::byte*>(host) + done, piece);
+    check(cudaMemcpyAsync(static_cast<std::byte*>(device) + done, staging_, piece,
+                          cudaMemcpyHostToDevice, as_stream(stream_)),
+          "cudaMemcpyAsync (host to device)");
+    // The staging is reused by the next piece (and the next call).
+    synchronize("cudaStreamSynchronize (host to device)");
+    done += piece;
+  }
+}
+
+std::byte* CudaStateMemory::local_at(const ChunkRef& chunk) const {
+  const TensorView& local = tensors_[chunk.tensor].local;
+  return static_cast<std::byte*>(local.data) + chunk.begin * dtype_size(local.dtype);
+}
+
+kernels::GateChunk CudaStateMemory::gate_chunk(const ChunkRef& chunk) const {
+  const TensorState& state = tensors_[chunk.tensor];
+  return kernels::GateChunk{
+      .global = state.global + chunk.begin,
+      .local = local_at(chunk),
+      .local_dtype = state.local.dtype,
+      .residual = state.residual + chunk.begin,
+      .count = chunk.length,
+      .bf16_delta = options_.bf16_delta,
+  };
+}
+
+kernels::GateResult CudaStateMemory::gate(const ChunkRef& chunk, std::uint32_t* offsets,
+                                          float* values) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  const kernels::GateResult result =
+      kernels::cuda::gate(gate_chunk(chunk), gate_offsets_, chunk_values_, *workspace_, stream_);
+  if (result.fired > 0) {
+    to_host(offsets, gate_offsets_, result.fired * sizeof(std::uint32_t));
+    to_host(values, chunk_values_, result.fired * sizeof(float));
+  }
+  return result;
+}
+
+void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
+                                           std::span<const kernels::SparseEntries> ranks_in_order,
+                                           const kernels::OuterStepParams& params) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  if (rank_entries_.size() < ranks_in_order.size()) rank_entries_.resize(ranks_in_order.size());
+  std::vector<kernels::SparseEntries> on_device(ranks_in_order.size());
+  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
+    const kernels::SparseEntries& host = ranks_in_order[r];
+    RankEntries& entries = rank_entries_[r];
+    const std::uint64_t count = host.offsets.size();
+    if (count > chunk.length || host.values.size() != count) {
+      // The codec validated the entries; this guards the staging against a caller's mistake.
+      throw InvalidArgument(
+          fmt::format("rank {} has {} entries for a chunk of {} elements", r, count, chunk.length),
+          {.peer = static_cast<int>(r)});
+    }
+    if (entries.capacity < count) {
+      // Grown to the largest chunk at once: a rank never sends more entries than that.
+      synchronize("cudaStreamSynchronize (before growing entry buffers)");
+      cudaFree(entries.offsets);
+      cudaFree(entries.values);
+      entries = {};
+      entries.offsets = device_alloc<std::uint32_t>(chunk_capacity_, "cudaMalloc (entries)");
+      entries.values = device_alloc<float>(chunk_capacity_, "cudaMalloc (entries)");
+      entries.capacity = chunk_capacity_;
+    }
+    // Offsets and values together fill at most the staging (a chunk's entries): one round trip.
+    const std::size_t offset_bytes = count * sizeof(std::uint32_t);
+    std::memcpy(staging_, host.offsets.data(), offset_bytes);
+    std::memcpy(staging_ + offset_bytes, host.values.data(), count * sizeof(float));
+    if (count > 0) {
+      check(cudaMemcpyAsync(entries.offsets, staging_, offset_bytes, cudaMemcpyHostToDevice,
+                            as_stream(stream_)),
+            "cudaMemcpyAsync (entry offsets)");
+      check(cudaMemcpyAsync(entries.values, staging_ + offset_bytes, count * sizeof(float),
+                            cudaMemcpyHostToDevice, as_stream(stream_)),
+            "cudaMemcpyAsync (entry values)");
+      synchronize("cudaStreamSynchronize (entries to the device)");  // the staging is reused
+    }
+    on_device[r] = {std::span<const std::uint32_t>(entries.offsets, count),
+                    std::span<const float>(entries.values, count)};
+  }
+  float* g = chunk_values_;
+  kernels::cuda::aggregate(on_device, g, chunk.length, *workspace_, stream_);
+  TensorState& state = tensors_[chunk.tensor];
+  kernels::cuda::commit_and_outer_step(
+      kernels::WindowChunk{
+          .global = state.global + chunk.begin,
+          .momentum = state.momentum + chunk.begin,
+          .residual = state.residual + chunk.begin,
+          .local = local_at(chunk),
+          .local_dtype = state.local.dtype,
+          .count = chunk.length,
+          .bf16_delta = options_.bf16_delta,
+      },
+      g, params, stream_);
+}
+
+void CudaStateMemory::pseudo_gradient(const ChunkRef& chunk, float* delta) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  const TensorState& state = tensors_[chunk.tensor];
+  kernels::cuda::pseudo_gradient(state.global + chunk.begin, local_at(chunk), state.local.dtype,
+                                 options_.bf16_delta, chunk_values_, chunk.length, stream_);
+  to_host(delta, chunk_values_, chunk.length * sizeof(float));
+}
+
+void CudaStateMemory::hold_dense_sum(const ChunkRef& chunk, const float* sum) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  to_device(tensors_[chunk.tensor].residual + chunk.begin, sum, chunk.length * sizeof(float));
+}
+
+void CudaStateMemory::apply_dense_average(const ChunkRef& chunk, float divisor,
+                                          const kernels::OuterStepParams& params) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  TensorState& state = tensors_[chunk.tensor];
+  float* g = state.residual + chunk.begin;
+  kernels::cuda::divide(g, chunk.length, divisor, stream_);
+  kernels::cuda::outer_step(state.global + chunk.begin, state.momentum + chunk.begin, g,
+                            local_at(chunk), state.local.dtype, chunk.length, params, stream_);
+  check(cudaMemsetAsync(g, 0, chunk.length * sizeof(float), as_stream(stream_)),
+        "cudaMemsetAsync (held sum)");
+}
+
+// The whole-state operations enqueue chunk by chunk on the one stream (the pool would only
+// contend for it) and return once the device is done.
+void CudaStateMemory::global_from_local(ThreadPool& /*pool*/) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  for (const ChunkRef& chunk : layout_.chunks()) {
+    TensorState& state = tensors_[chunk.tensor];
+    float* global = state.global + chunk.begin;
+    if (state.local.dtype == DType::float32) {
+      check(cudaMemcpyAsync(global, local_at(chunk), chunk.length * sizeof(float),
+                            cudaMemcpyDeviceToDevice, as_stream(stream_)),
+            "cudaMemcpyAsync (θ_g = θ_l)");
+    } else {
+      widen_bf16(reinterpret_cast<const std::uint16_t*>(local_at(chunk)), global, chunk.length,
+                 stream_);
+    }
+  }
+  synchronize("cudaStreamSynchronize (θ_g = θ_l)");
+}
+
+void CudaStateMemory::reset_local(ThreadPool& /*pool*/) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  for (const ChunkRef& chunk : layout_.chunks()) {
+    const TensorState& state = tensors_[chunk.tensor];
+    kernels::cuda::reset_local(state.global + chunk.begin, local_at(chunk), state.local.dtype,
+                               chunk.length, stream_);
+  }
+  synchronize("cudaStreamSynchronize (reset)");
+}
+
+void CudaStateMemory::commit_residual(ThreadPool& /*pool*/) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  for (const ChunkRef& chunk : layout_.chunks()) {
+    kernels::cuda::commit_residual(gate_chunk(chunk), tensors_[chunk.tensor].residual + chunk.begin,
+                                   stream_);
+  }
+  synchronize("cudaStreamSynchronize (residual commit)");
+}
+
+void CudaStateMemory::zero_residual() {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  for (TensorState& state : tensors_) {
+    if (state.residual == nullptr) continue;
+    check(cudaMemsetAsync(state.residual, 0, state.local.numel * sizeof(float), as_stream(stream_)),
+          "cudaMemsetAsync (e = 0)");
+  }
+  synchronize("cudaStreamSynchronize (e = 0)");
+}
+
+Digest CudaStateMemory::digest(ThreadPool& /*pool*/) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  // The same parts, combined the same way, as HostStateMemory::digest: the bytes are the same.
+  std::vector<Digest> parts(tensors_.size() * 2);
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    const TensorState& state = tensors_[t];
+    DigestStream first;
+    if (!keeps_global_state_) {
+      kernels::cuda::update_digest(first, state.local.data, state.local.bytes(), *workspace_,
+                                   stream_);
+      parts[2 * t] = first.finish();
+      parts[2 * t + 1] = 0;
+      continue;
+    }
+    DigestStream second;
+    const std::size_t bytes = state.local.numel * sizeof(float);
+    kernels::cuda::update_digest(first, state.global, bytes, *workspace_, stream_);
+    kernels::cuda::update_digest(second, state.momentum, bytes, *workspace_, stream_);
+    parts[2 * t] = first.finish();
+    parts[2 * t + 1] = second.finish();
+  }
+  return combine_digests(parts);
+}
+
+std::byte* CudaStateMemory::device_bytes(StateBuffer buffer, std::size_t tensor,
+                                         Range range) const {
+  const TensorState& state = tensors_[tensor];
+  if (buffer == StateBuffer::local) {
+    return static_cast<std::byte*>(state.local.data) + range.begin * dtype_size(state.local.dtype);
+  }
+  float* values = buffer == StateBuffer::global     ? state.global
+                  : buffer == StateBuffer::momentum ? state.momentum
+                                                    : state.residual;
+  return reinterpret_cast<std::byte*>(values + range.begin);
+}
+
+namespace {
+std::size_t element_bytes(StateBuffer buffer, DType local_dtype) {
+  return buffer == StateBuffer::local ? dtype_size(local_dtype) : sizeof(float);
+}
+}  // namespace
+
+void CudaStateMemory::read_host(StateBuffer buffer, std::size_t tensor, Range range,
+                                const ReadPiece& read) {
+  transfer(buffer, tensor, range, /*write_back=*/false,
+           [&](std::uint64_t offset, std::span<std::byte> piece) { read(offset, piece); });
+}
+
+void CudaStateMemory::update_host(StateBuffer buffer, std::size_t tensor, Range range,
+                                  const WritePiece& write) {
+  transfer(buffer, tensor, range, /*write_back=*/true, write);
+}
+
+void CudaStateMemory::transfer(StateBuffer buffer, std::size_t tensor, Range range, bool write_back,
+                               const WritePiece& visit) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  std::byte* device = device_bytes(buffer, tensor, range);
+  const std::size_t bytes = range.count * element_bytes(buffer, tensors_[tensor].local.dtype);
+  for (std::size_t offset = 0; offset < bytes; offset += staging_bytes_) {
+    const std::size_t piece = std::min(staging_bytes_, bytes - offset);
+    // The piece starts as the buffer's content (`visit` may leave parts of it as they are).
+    check(cudaMemcpyAsync(staging_, device + offset, piece, cudaMemcpyDeviceToHost,
+                          as_stream(stream_)),
+          "cudaMemcpyAsync (state to host)");
+    synchronize("cudaStreamSynchronize (state to host)");
+    visit(offset, std::span<std::byte>(staging_, piece));
+    if (!write_back) continue;
+    check(cudaMemcpyAsync(device + offset, staging_, piece, cudaMemcpyHostToDevice,
+                          as_stream(stream_)),
+          "cudaMemcpyAsync (host to state)");
+    synchronize("cudaStreamSynchronize (host to state)");
+  }
+}
+
+void CudaStateMemory::set_caller_stream(void* stream) {
+  const std::scoped_lock lock(mutex_);
+  caller_stream_ = stream;
+}
+
+void CudaStateMemory::begin_access() {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  check(cudaEventRecord(as_event(caller_ready_), as_stream(caller_stream_)),
+        "cudaEventRecord (caller's stream)");
+  check(cudaStreamWaitEvent(as_stream(stream_), as_event(caller_ready_), 0),
+        "cudaStreamWaitEvent (engine after caller)");
+}
+
+void CudaStateMemory::end_access() noexcept {
+  const std::scoped_lock lock(mutex_);
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_);
+  cudaError_t status = cudaEventRecord(as_event(access_done_), as_stream(stream_));
+  if (status == cudaSuccess) {
+    status = cudaStreamWaitEvent(as_stream(caller_stream_), as_event(access_done_), 0);
+  }
+  if (status != cudaSuccess) {
+    // The caller's next kernels may then start before the window's last ones: wait here.
+    logger().warn("cannot order the caller's stream after the engine's ({}); synchronising",
+                  cudaGetErrorString(status));
+    cudaStreamSynchronize(as_stream(stream_));
+  }
+  cudaSetDevice(previous);
+}
+
+}  // namespace pulseloco::engine_detail

@@ -1,0 +1,114 @@
+// Internal: the state on the parameters' CUDA device (state_memory.h). θ_g, m and e are
+// cudaMalloc'd next to θ_l; every step runs the CUDA kernels (kernels/cuda/window_kernels_cuda.h)
+// on a stream of the memory's own, so a device rank holds the same bits as a host rank. Only the
+// fired entries, the decoded entries of the other ranks, dense buckets (diloco) and file or
+// transfer pieces cross to the host, through one pinned buffer of a chunk's entries; no
+// model-sized host buffer exists.
+//
+// The engine's thread pool calls the per-chunk operations in parallel: they are serialised here
+// (one stream, one workspace), and the device is set for the calling thread on each call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <pulseloco/engine/state_memory.h>
+#include <pulseloco/kernels/cuda/window_kernels_cuda.h>
+
+namespace pulseloco::engine_detail {
+
+class CudaStateMemory final : public StateMemory {
+ public:
+  // Every θ_l is on CUDA device `tensors.locals[0].device.index` (make_state_memory checked).
+  explicit CudaStateMemory(StateTensors tensors);
+  ~CudaStateMemory() override;
+  CudaStateMemory(const CudaStateMemory&) = delete;
+  CudaStateMemory& operator=(const CudaStateMemory&) = delete;
+
+  [[nodiscard]] std::string location() const override;
+
+  [[nodiscard]] kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,
+                                         float* values) override;
+  void aggregate_and_commit(const ChunkRef& chunk,
+                            std::span<const kernels::SparseEntries> ranks_in_order,
+                            const kernels::OuterStepParams& params) override;
+  void pseudo_gradient(const ChunkRef& chunk, float* delta) override;
+  void hold_dense_sum(const ChunkRef& chunk, const float* sum) override;
+  void apply_dense_average(const ChunkRef& chunk, float divisor,
+                           const kernels::OuterStepParams& params) override;
+
+  void global_from_local(ThreadPool& pool) override;
+  void reset_local(ThreadPool& pool) override;
+  void commit_residual(ThreadPool& pool) override;
+  void zero_residual() override;
+  [[nodiscard]] Digest digest(ThreadPool& pool) override;
+
+  void read_host(StateBuffer buffer, std::size_t tensor, Range range,
+                 const ReadPiece& read) override;
+  void update_host(StateBuffer buffer, std::size_t tensor, Range range,
+                   const WritePiece& write) override;
+
+  void set_caller_stream(void* stream) override;
+  void begin_access() override;
+  void end_access() noexcept override;
+
+ private:
+  struct TensorState {
+    TensorView local;         // the caller's tensor, on the device
+    float* global = nullptr;  // device
+    float* momentum = nullptr;
+    float* residual = nullptr;  // pulse: e; diloco: the held sum
+  };
+  // Device buffers for one rank's entries of a chunk (aggregate).
+  struct RankEntries {
+    std::uint32_t* offsets = nullptr;
+    float* values = nullptr;
+    std::uint64_t capacity = 0;
+  };
+  class DeviceGuard;
+
+  void allocate(const StateTensors& tensors);
+  void release() noexcept;
+
+  [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
+  [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
+  [[nodiscard]] std::byte* device_bytes(StateBuffer buffer, std::size_t tensor, Range range) const;
+  // Device <-> host copies through the pinned staging, in pieces; each returns once the copy is
+  // complete. Hold mutex_.
+  void to_host(void* host, const void* device, std::size_t bytes);
+  void to_device(void* device, const void* host, std::size_t bytes);
+  void synchronize(const char* what);
+  // read_host and update_host: `visit` sees each piece in the staging; with `write_back` the
+  // piece then goes back to the device.
+  void transfer(StateBuffer buffer, std::size_t tensor, Range range, bool write_back,
+                const WritePiece& visit);
+
+  Layout layout_;
+  // The options the kernels' calls are built from (one place to read them, for every call).
+  EngineOptions options_;
+  std::vector<TensorState> tensors_;
+  bool keeps_global_state_;
+  int device_;
+  std::uint64_t chunk_capacity_;  // elements of the largest chunk
+
+  std::mutex mutex_;               // one stream and one workspace: one operation at a time
+  void* stream_ = nullptr;         // cudaStream_t of the memory's own
+  void* caller_stream_ = nullptr;  // cudaStream_t whose work the accesses are ordered with
+  void* caller_ready_ = nullptr;   // cudaEvent_t recorded on caller_stream_
+  void* access_done_ = nullptr;    // cudaEvent_t recorded on stream_
+  std::unique_ptr<kernels::cuda::DeviceWorkspace> workspace_;
+  std::uint32_t* gate_offsets_ = nullptr;  // device, chunk_capacity_
+  float* chunk_values_ = nullptr;          // device, chunk_capacity_: gate values, g, Δ
+  std::vector<RankEntries> rank_entries_;
+  std::byte* staging_ = nullptr;  // pinned host memory
+  std::size_t staging_bytes_ = 0;
+};
+
+// Widens bf16 θ_l to fp32 θ_g on the device (float bits = bf16 bits << 16, as base/bf16.h).
+void widen_bf16(const std::uint16_t* local, float* global, std::uint64_t count, void* stream);
+
+}  // namespace pulseloco::engine_detail

@@ -1,0 +1,181 @@
+#include <pulseloco/engine/host_state_memory.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <pulseloco/base/bf16.h>
+
+namespace pulseloco::engine_detail {
+
+HostStateMemory::HostStateMemory(StateTensors tensors, std::uint64_t piece_bytes)
+    : layout_(std::move(tensors.layout)),
+      options_(tensors.options != nullptr ? *tensors.options : EngineOptions{}),
+      keeps_global_state_(tensors.keeps_global_state),
+      piece_bytes_(piece_bytes) {
+  tensors_.resize(tensors.locals.size());
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    TensorState& state = tensors_[t];
+    state.local = tensors.locals[t];
+    if (!keeps_global_state_) continue;
+    state.global.assign(state.local.numel, 0.0f);
+    state.momentum.assign(state.local.numel, 0.0f);
+    state.residual.assign(state.local.numel, 0.0f);
+  }
+}
+
+std::byte* HostStateMemory::local_at(const ChunkRef& chunk) const {
+  const TensorView& local = tensors_[chunk.tensor].local;
+  return static_cast<std::byte*>(local.data) + chunk.begin * dtype_size(local.dtype);
+}
+
+kernels::GateChunk HostStateMemory::gate_chunk(const ChunkRef& chunk) const {
+  const TensorState& state = tensors_[chunk.tensor];
+  return kernels::GateChunk{
+      .global = state.global.data() + chunk.begin,
+      .local = local_at(chunk),
+      .local_dtype = state.local.dtype,
+      .residual = state.residual.data() + chunk.begin,
+      .count = chunk.length,
+      .bf16_delta = options_.bf16_delta,
+  };
+}
+
+kernels::GateResult HostStateMemory::gate(const ChunkRef& chunk, std::uint32_t* offsets,
+                                          float* values) {
+  return kernels::gate(gate_chunk(chunk), offsets, values);
+}
+
+void HostStateMemory::aggregate_and_commit(const ChunkRef& chunk,
+                                           std::span<const kernels::SparseEntries> ranks_in_order,
+                                           const kernels::OuterStepParams& params) {
+  auto g = aggregate_scratch_.acquire();
+  g->resize(chunk.length);
+  kernels::aggregate(ranks_in_order, g->data(), chunk.length);
+  // Step 5's state change (e), then steps 8 and 9, in one pass over the chunk.
+  TensorState& state = tensors_[chunk.tensor];
+  kernels::commit_and_outer_step(
+      kernels::WindowChunk{
+          .global = state.global.data() + chunk.begin,
+          .momentum = state.momentum.data() + chunk.begin,
+          .residual = state.residual.data() + chunk.begin,
+          .local = local_at(chunk),
+          .local_dtype = state.local.dtype,
+          .count = chunk.length,
+          .bf16_delta = options_.bf16_delta,
+      },
+      g->data(), params);
+}
+
+void HostStateMemory::pseudo_gradient(const ChunkRef& chunk, float* delta) {
+  const TensorState& state = tensors_[chunk.tensor];
+  kernels::pseudo_gradient(state.global.data() + chunk.begin, local_at(chunk), state.local.dtype,
+                           options_.bf16_delta, delta, chunk.length);
+}
+
+void HostStateMemory::hold_dense_sum(const ChunkRef& chunk, const float* sum) {
+  std::memcpy(tensors_[chunk.tensor].residual.data() + chunk.begin, sum,
+              chunk.length * sizeof(float));
+}
+
+void HostStateMemory::apply_dense_average(const ChunkRef& chunk, float divisor,
+                                          const kernels::OuterStepParams& params) {
+  TensorState& state = tensors_[chunk.tensor];
+  float* g = state.residual.data() + chunk.begin;
+  kernels::divide(g, chunk.length, divisor);
+  kernels::outer_step(state.global.data() + chunk.begin, state.momentum.data() + chunk.begin, g,
+                      local_at(chunk), state.local.dtype, chunk.length, params);
+  std::fill_n(g, chunk.length, 0.0f);
+}
+
+void HostStateMemory::global_from_local(ThreadPool& pool) {
+  pool.parallel_for(layout_.chunks().size(), [&](std::size_t c) {
+    const ChunkRef& chunk = layout_.chunks()[c];
+    TensorState& state = tensors_[chunk.tensor];
+    float* global = state.global.data() + chunk.begin;
+    if (state.local.dtype == DType::float32) {
+      std::memcpy(global, local_at(chunk), chunk.length * sizeof(float));
+    } else {
+      bf16_to_float(std::span(static_cast<const std::uint16_t*>(state.local.data) + chunk.begin,
+                              chunk.length),
+                    std::span(global, chunk.length));
+    }
+  });
+}
+
+void HostStateMemory::reset_local(ThreadPool& pool) {
+  pool.parallel_for(layout_.chunks().size(), [&](std::size_t c) {
+    const ChunkRef& chunk = layout_.chunks()[c];
+    TensorState& state = tensors_[chunk.tensor];
+    kernels::reset_local(state.global.data() + chunk.begin, local_at(chunk), state.local.dtype,
+                         chunk.length);
+  });
+}
+
+void HostStateMemory::commit_residual(ThreadPool& pool) {
+  pool.parallel_for(layout_.chunks().size(), [&](std::size_t c) {
+    const ChunkRef& chunk = layout_.chunks()[c];
+    kernels::commit_residual(gate_chunk(chunk),
+                             tensors_[chunk.tensor].residual.data() + chunk.begin);
+  });
+}
+
+void HostStateMemory::zero_residual() {
+  for (TensorState& state : tensors_)
+    std::fill(state.residual.begin(), state.residual.end(), 0.0f);
+}
+
+Digest HostStateMemory::digest(ThreadPool& pool) {
+  std::vector<Digest> parts(tensors_.size() * 2);
+  pool.parallel_for(tensors_.size(), [&](std::size_t t) {
+    const TensorState& state = tensors_[t];
+    if (!keeps_global_state_) {
+      // No global state in ddp: the replicas' weights themselves must agree.
+      parts[2 * t] = digest_bytes(
+          std::span(static_cast<const std::byte*>(state.local.data), state.local.bytes()));
+      parts[2 * t + 1] = 0;
+    } else {
+      parts[2 * t] = digest_of<float>(state.global);
+      parts[2 * t + 1] = digest_of<float>(state.momentum);
+    }
+  });
+  return combine_digests(parts);
+}
+
+std::span<std::byte> HostStateMemory::bytes_of(StateBuffer buffer, std::size_t tensor,
+                                               Range range) {
+  TensorState& state = tensors_[tensor];
+  if (buffer == StateBuffer::local) {
+    const std::size_t element = dtype_size(state.local.dtype);
+    return std::span(static_cast<std::byte*>(state.local.data) + range.begin * element,
+                     range.count * element);
+  }
+  std::vector<float>& values = buffer == StateBuffer::global     ? state.global
+                               : buffer == StateBuffer::momentum ? state.momentum
+                                                                 : state.residual;
+  return std::as_writable_bytes(std::span(values).subspan(range.begin, range.count));
+}
+
+void HostStateMemory::read_host(StateBuffer buffer, std::size_t tensor, Range range,
+                                const ReadPiece& read) {
+  // The pieces are the buffer itself: reading is an update that changes nothing.
+  update_host(buffer, tensor, range,
+              [&](std::uint64_t offset, std::span<std::byte> piece) { read(offset, piece); });
+}
+
+void HostStateMemory::update_host(StateBuffer buffer, std::size_t tensor, Range range,
+                                  const WritePiece& write) {
+  const std::span<std::byte> bytes = bytes_of(buffer, tensor, range);
+  const std::uint64_t piece = piece_bytes_ == 0 ? bytes.size() : piece_bytes_;
+  for (std::uint64_t offset = 0; offset < bytes.size(); offset += piece) {
+    write(offset, bytes.subspan(offset, std::min<std::uint64_t>(piece, bytes.size() - offset)));
+  }
+}
+
+std::span<const float> HostStateMemory::host_values(StateBuffer buffer, std::size_t tensor) {
+  if (buffer == StateBuffer::local) return StateMemory::host_values(buffer, tensor);
+  const std::span<std::byte> bytes = bytes_of(buffer, tensor, {0, tensors_.at(tensor).local.numel});
+  return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};
+}
+
+}  // namespace pulseloco::engine_detail

@@ -1,0 +1,127 @@
+// Internal: where θ_g, m and e live and the kernels that run there. ReplicatedState keeps the
+// bookkeeping (layout, window counter, commit protocol) and calls one StateMemory for every
+// computation on the buffers, so the window strategies, files and state transfer have one code
+// path whatever the memory:
+//
+//   HostStateMemory  (host_state_memory.h)       std::vector buffers, kernels/window_kernels.h
+//   CudaStateMemory  (cuda/cuda_state_memory.h)  device buffers on the parameters' device, on a
+//                                                stream of its own, kernels/cuda; registered by
+//                                                pulseloco_engine_cuda when a program links it
+//
+// Every memory takes and gives host buffers at its interface (the codec and the collectives
+// work on host bytes) and computes with the same kernels' contract, so a host rank and a
+// device rank hold identical bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <pulseloco/base/digest.h>
+#include <pulseloco/base/tensor_view.h>
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/engine/layout.h>
+#include <pulseloco/engine/options.h>
+#include <pulseloco/kernels/window_kernels.h>
+
+namespace pulseloco::engine_detail {
+
+// A tensor's buffers: θ_g, m and e are fp32; θ_l is in the model's dtype.
+enum class StateBuffer : std::uint8_t { global, momentum, residual, local };
+
+// Elements of one tensor's buffer.
+struct Range {
+  std::uint64_t begin = 0;
+  std::uint64_t count = 0;
+};
+
+// What a memory is created for: the layout, θ_l (the user's tensors, all on the memory's
+// device) and whether θ_g, m and e exist (not in mode ddp).
+struct StateTensors {
+  Layout layout;
+  std::vector<TensorView> locals;
+  bool keeps_global_state = true;
+  const EngineOptions* options = nullptr;
+};
+
+// Receives consecutive pieces of a range in host memory: `offset` is the piece's first byte
+// within the range. Pieces cover the range in order.
+using ReadPiece = std::function<void(std::uint64_t offset, std::span<const std::byte> piece)>;
+// Fills consecutive pieces of a range in host memory; what it leaves there becomes the buffer's
+// content.
+using WritePiece = std::function<void(std::uint64_t offset, std::span<std::byte> piece)>;
+
+class StateMemory {
+ public:
+  virtual ~StateMemory() = default;
+
+  // "host", or "cuda:<ordinal>".
+  [[nodiscard]] virtual std::string location() const = 0;
+
+  // --- one window, chunk by chunk (docs/algorithm.md); callers may run chunks in parallel ----
+
+  // Steps 1-5 without the state change: the fired (offset, s) entries into host buffers with
+  // room for chunk.length entries.
+  [[nodiscard]] virtual kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,
+                                                 float* values) = 0;
+  // Step 7 from the ranks' decoded entries (host memory, validated), then step 5's state
+  // change, 8 and 9.
+  virtual void aggregate_and_commit(const ChunkRef& chunk,
+                                    std::span<const kernels::SparseEntries> ranks_in_order,
+                                    const kernels::OuterStepParams& params) = 0;
+  // Dense modes: Δ of every element into a host buffer of chunk.length.
+  virtual void pseudo_gradient(const ChunkRef& chunk, float* delta) = 0;
+  // Mode diloco: keeps the ranks' summed Δ (host) until the window commits, in e's storage.
+  virtual void hold_dense_sum(const ChunkRef& chunk, const float* sum) = 0;
+  // Mode diloco: g = held sum / divisor, steps 8 and 9; the held sum is cleared.
+  virtual void apply_dense_average(const ChunkRef& chunk, float divisor,
+                                   const kernels::OuterStepParams& params) = 0;
+
+  // --- the whole state ------------------------------------------------------------------------
+
+  virtual void global_from_local(ThreadPool& pool) = 0;  // θ_g = float(θ_l)
+  virtual void reset_local(ThreadPool& pool) = 0;        // θ_l = cast_local(θ_g)
+  virtual void commit_residual(ThreadPool& pool) = 0;    // step 5's state change alone
+  virtual void zero_residual() = 0;
+  // Step 10: combine_digests over every tensor's {θ_g, m} digests (mode ddp: {θ_l, 0}).
+  [[nodiscard]] virtual Digest digest(ThreadPool& pool) = 0;
+
+  // --- host access (files, state transfer, tools) ---------------------------------------------
+  // Pieces are bounded by the memory (a device memory stages through a pinned buffer of a
+  // chunk's size); callers must accept any split.
+
+  virtual void read_host(StateBuffer buffer, std::size_t tensor, Range range,
+                         const ReadPiece& read) = 0;
+  virtual void update_host(StateBuffer buffer, std::size_t tensor, Range range,
+                           const WritePiece& write) = 0;
+
+  // The fp32 buffer (θ_g, m or e) itself, when it is in host memory; a device memory throws
+  // InvalidArgument (copy it with read_host).
+  [[nodiscard]] virtual std::span<const float> host_values(StateBuffer buffer, std::size_t tensor);
+
+  // --- ordering with the caller's own device work (device memories only) -----------------------
+
+  // The window's device work runs after what `stream` (a cudaStream_t of the parameters'
+  // device; nullptr: the legacy default stream) holds when it starts, and `stream`'s later work
+  // after the window. Host memories ignore it.
+  virtual void set_caller_stream(void* /*stream*/) {}
+  // Called before and after the engine touches the state (a window, an attach, a file).
+  virtual void begin_access() {}
+  virtual void end_access() noexcept {}
+};
+
+// The memory for `tensors` in the location `options.state_location` selects (automatic: the
+// device memory for CUDA tensors, the host memory otherwise). Throws InvalidArgument naming the
+// tensor when the tensors are on several devices, when CUDA tensors reach a program without
+// pulseloco_engine_cuda, or when state_location=device gets CPU tensors.
+[[nodiscard]] std::unique_ptr<StateMemory> make_state_memory(StateTensors tensors);
+
+// How pulseloco_engine_cuda makes its memory (registered before main()).
+using DeviceStateMemoryFactory = std::unique_ptr<StateMemory> (*)(StateTensors tensors);
+void register_device_state_memory(DeviceStateMemoryFactory factory) noexcept;
+
+}  // namespace pulseloco::engine_detail
