@@ -19,6 +19,7 @@
 #include <pulseloco/transport/native_collectives.h>
 #include "gpu/device_model.h"
 #include "gpu/gpu_test_util.h"
+#include "transport/forwarding_transport.h"
 
 namespace pulseloco {
 namespace {
@@ -41,29 +42,14 @@ bool is_device_memory(const void* pointer) {
 }
 
 // Forwards everything to the NCCL transport and records where the all-reduce's buffers live.
-class RecordingTransport final : public Transport, public transport::NativeCollectives {
+class RecordingTransport final : public transport::testing::ForwardingTransport,
+                                 public transport::NativeCollectives {
  public:
   explicit RecordingTransport(std::unique_ptr<Transport> inner)
-      : inner_(std::move(inner)), native_(transport::native_collectives(*inner_)) {}
+      : ForwardingTransport(std::move(inner)),
+        native_(transport::native_collectives(this->inner())) {}
 
-  [[nodiscard]] int rank() const noexcept override { return inner_->rank(); }
-  [[nodiscard]] int size() const noexcept override { return inner_->size(); }
-  [[nodiscard]] std::string_view backend() const noexcept override { return inner_->backend(); }
-  [[nodiscard]] Device buffer_device() const noexcept override { return inner_->buffer_device(); }
-  [[nodiscard]] bool matches_by_order() const noexcept override {
-    return inner_->matches_by_order();
-  }
-  [[nodiscard]] std::unique_ptr<transport::Request> isend(
-      int peer, transport::Tag tag, std::span<const std::byte> data) override {
-    return inner_->isend(peer, tag, data);
-  }
-  [[nodiscard]] std::unique_ptr<transport::Request> irecv(int peer, transport::Tag tag,
-                                                          std::span<std::byte> data) override {
-    return inner_->irecv(peer, tag, data);
-  }
-  void retire_tag(transport::Tag tag) noexcept override { inner_->retire_tag(tag); }
-  void abort(std::string_view reason) noexcept override { inner_->abort(reason); }
-  [[nodiscard]] transport::TransportStats stats() const override { return inner_->stats(); }
+  void retire_tag(transport::Tag tag) noexcept override { inner().retire_tag(tag); }
 
   bool allgatherv(std::span<const std::byte> mine, std::span<const std::uint64_t> counts,
                   std::span<std::byte> out, Deadline deadline) override {
@@ -88,7 +74,6 @@ class RecordingTransport final : public Transport, public transport::NativeColle
   int host_allreduces = 0;  // calls with a buffer outside device memory (staged by NCCL)
 
  private:
-  std::unique_ptr<Transport> inner_;
   transport::NativeCollectives* native_;
 };
 
