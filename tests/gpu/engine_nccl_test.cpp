@@ -1,10 +1,11 @@
 // The engine over a one-rank NCCL transport, with its state on the device and in host memory,
 // against the same engine over the in-process transport: every mode (pulse, diloco, ddp) gives
 // the same digests, θ_g, m and θ_l bit for bit (one rank's all-reduce is its own Δ, whatever
-// the backend's summation order). With the state on the transport's device the dense buckets
-// handed to the all-reduce are device memory (nothing for the transport to stage); with the state
-// in host memory they are host memory. Skips without a CUDA device; NCCL cannot give two ranks
-// of one communicator the same GPU, so one GPU runs world size 1.
+// the backend's summation order), and with state on the device the same digests and averaged
+// gradients as with state in host memory. With the state on the transport's device the dense
+// buckets handed to the all-reduce are device memory (nothing for the transport to stage); with the
+// state in host memory they are host memory. Skips without a CUDA device; NCCL cannot give two
+// ranks of one communicator the same GPU, so one GPU runs world size 1.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -212,6 +213,14 @@ TEST_P(EngineOverNccl, MatchesTheInProcessTransportBitForBit) {
   ASSERT_EQ(nccl.averaged.size(), inproc.averaged.size());
   for (std::size_t t = 0; t < nccl.averaged.size(); ++t) {
     EXPECT_TRUE(same_bits(nccl.averaged[t], inproc.averaged[t])) << "gradient tensor " << t;
+  }
+  if (!on_device) return;
+  // The device's bucket operations (ddp's gradients in and out included) against the host's.
+  const EngineRun host = run_engine(mode, dtype, /*on_device=*/false, /*over_nccl=*/false);
+  EXPECT_EQ(nccl.digests, host.digests);
+  ASSERT_EQ(nccl.averaged.size(), host.averaged.size());
+  for (std::size_t t = 0; t < nccl.averaged.size(); ++t) {
+    EXPECT_TRUE(same_bits(nccl.averaged[t], host.averaged[t])) << "gradient tensor " << t;
   }
 }
 
