@@ -206,6 +206,13 @@ __global__ void divide_kernel(float* values, std::uint64_t count, float divisor)
     values[i] = __fdiv_rn(values[i], divisor);
 }
 
+__global__ void first_non_finite_kernel(const float* values, std::uint64_t count,
+                                        unsigned long long* non_finite_min) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride()) {
+    if (!isfinite(values[i])) atomicMin(non_finite_min, static_cast<unsigned long long>(i));
+  }
+}
+
 // Flags the first entry (lowest rank, then lowest index) whose offset is not strictly above
 // its predecessor's or not below `count`.
 __global__ void validate_entries_kernel(const std::uint32_t* offsets, std::uint64_t entries,
@@ -435,6 +442,27 @@ void divide(float* values, std::uint64_t count, float divisor, void* stream) {
   checks::check_count(count, "cuda::divide");
   checks::check_pointer(values, count, "cuda::divide", "values");
   launch("divide_kernel", detail::divide_kernel, count, as_stream(stream), values, count, divisor);
+}
+
+std::optional<std::uint64_t> first_non_finite(const float* values, std::uint64_t count,
+                                              DeviceWorkspace& workspace, void* stream) {
+  checks::check_count(count, "cuda::first_non_finite");
+  checks::check_pointer(values, count, "cuda::first_non_finite", "values");
+  detail::check_current_device(workspace, "cuda::first_non_finite");
+  if (count == 0) return std::nullopt;
+  DeviceWorkspace::Impl& impl = workspace.impl();
+  const cudaStream_t s = as_stream(stream);
+  PULSELOCO_CUDA_CHECK(
+      cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF, sizeof(unsigned long long), s));
+  launch("first_non_finite_kernel", detail::first_non_finite_kernel, count, s, values, count,
+         &impl.device_counters->non_finite_min);
+  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(&impl.host_counters->non_finite_min,
+                                       &impl.device_counters->non_finite_min,
+                                       sizeof(unsigned long long), cudaMemcpyDeviceToHost, s));
+  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(s));
+  const unsigned long long lowest = impl.host_counters->non_finite_min;
+  if (lowest == detail::kNoOffset) return std::nullopt;
+  return static_cast<std::uint64_t>(lowest);
 }
 
 }  // namespace pulseloco::kernels::cuda

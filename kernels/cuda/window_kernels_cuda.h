@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include <pulseloco/base/digest.h>
@@ -86,6 +87,13 @@ void pseudo_gradient(const float* global, const void* local, DType local_dtype,
 
 // values[i] = values[i] / divisor (a true division).
 void divide(float* values, std::uint64_t count, float divisor, void* stream);
+
+// The lowest index of a non-finite value among `count` device floats (nullopt when all are
+// finite), after the work already enqueued on `stream`. Synchronises `stream`.
+[[nodiscard]] std::optional<std::uint64_t> first_non_finite(const float* values,
+                                                            std::uint64_t count,
+                                                            DeviceWorkspace& workspace,
+                                                            void* stream);
 
 // Appends `bytes` bytes of device memory to `digest`, copying them to the host through the
 // workspace's pinned staging in bounded pieces (no model-sized host buffer). Synchronises

@@ -2,9 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstring>
-
-#include <pulseloco/base/bf16.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
 
@@ -27,10 +24,13 @@ void DdpSync::average_gradients(const AttachedGroup& group, std::span<const Tens
         fmt::format("{} gradients given for {} parameters", gradients.size(), tensors));
   }
   const Layout& layout = state_.layout();
+  StateMemory& memory = state_.memory();
+  const Device home = memory.device();
   for (std::size_t t = 0; t < tensors; ++t) {
     const TensorView& g = gradients[t];
     if (g.numel != layout.tensors()[t].numel || g.dtype != state_.local_dtype(t) ||
-        !g.device.is_cpu() || (g.numel > 0 && g.data == nullptr)) {
+        (home.is_cpu() ? !g.device.is_cpu() : g.device != home) ||
+        (g.numel > 0 && g.data == nullptr)) {
       throw InvalidArgument("gradient does not match its parameter (size, dtype, device)",
                             {.tensor = state_.name(t)});
     }
@@ -39,37 +39,21 @@ void DdpSync::average_gradients(const AttachedGroup& group, std::span<const Tens
   const auto& chunks = layout.chunks();
   const auto divisor = static_cast<float>(group.world());
   for (const BucketRef& bucket : layout.buckets()) {
-    auto scratch = bucket_scratch_.acquire();
-    scratch->input.resize(bucket.elements);
-    scratch->output.resize(bucket.elements);
+    buckets_.prepare(memory, group.transport(), bucket.elements);
+    const BucketMemory where = buckets_.where();
     std::uint64_t at = 0;
     for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
       const ChunkRef& chunk = chunks[bucket.first_chunk + i];
-      const TensorView& g = gradients[chunk.tensor];
-      if (g.dtype == DType::float32) {
-        std::memcpy(scratch->input.data() + at, static_cast<const float*>(g.data) + chunk.begin,
-                    chunk.length * sizeof(float));
-      } else {
-        bf16_to_float(
-            std::span(static_cast<const std::uint16_t*>(g.data) + chunk.begin, chunk.length),
-            std::span(scratch->input.data() + at, chunk.length));
-      }
+      memory.load_gradient(chunk, gradients[chunk.tensor], buckets_.input() + at, where);
       at += chunk.length;
     }
-    collectives::allreduce_sum(group.transport(), scratch->input, scratch->output,
-                               group.collective());
-    kernels::divide(scratch->output.data(), bucket.elements, divisor);
+    collectives::allreduce_sum(
+        group.transport(), std::span<const float>(buckets_.input(), bucket.elements),
+        std::span<float>(buckets_.output(), bucket.elements), group.collective());
     at = 0;
     for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
       const ChunkRef& chunk = chunks[bucket.first_chunk + i];
-      const TensorView& g = gradients[chunk.tensor];
-      if (g.dtype == DType::float32) {
-        std::memcpy(static_cast<float*>(g.data) + chunk.begin, scratch->output.data() + at,
-                    chunk.length * sizeof(float));
-      } else {
-        float_to_bf16(std::span(scratch->output.data() + at, chunk.length),
-                      std::span(static_cast<std::uint16_t*>(g.data) + chunk.begin, chunk.length));
-      }
+      memory.store_average(chunk, buckets_.output() + at, divisor, gradients[chunk.tensor], where);
       at += chunk.length;
     }
   }

@@ -6,7 +6,6 @@
 
 #include <cstdint>
 
-#include <pulseloco/engine/scratch_pool.h>
 #include <pulseloco/engine/window_strategy.h>
 
 namespace pulseloco::engine_detail {
@@ -17,14 +16,15 @@ class DdpSync final : public WindowStrategy {
 
   [[nodiscard]] Mode mode() const noexcept override { return Mode::ddp; }
   void run(const AttachedGroup& group, WindowReport& report) override;
-  // Gradients match the parameters' sizes and dtypes and are on the CPU (InvalidArgument).
+  // Gradients match the parameters' sizes and dtypes and are on the parameters' device
+  // (InvalidArgument).
   void average_gradients(const AttachedGroup& group,
                          std::span<const TensorView> gradients) override;
   [[nodiscard]] bool exchanges_during_steps() const noexcept override { return true; }
 
  private:
   const ReplicatedState& state_;
-  ScratchPool<BucketScratch> bucket_scratch_;
+  DenseBuckets buckets_;
   // What the gradient all-reduces of the current window moved, and how long they took.
   std::uint64_t payload_bytes_ = 0;
   double exchange_seconds_ = 0;

@@ -1,6 +1,7 @@
 #include <pulseloco/engine/diloco_window.h>
 
-#include <cmath>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include <pulseloco/collectives/collectives.h>
@@ -31,30 +32,29 @@ void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
 
 double DilocoWindow::exchange(const AttachedGroup& group) {
   const auto& chunks = state_.layout().chunks();
+  StateMemory& memory = state_.memory();
   double seconds = 0;
   for (const BucketRef& bucket : state_.layout().buckets()) {
-    auto scratch = bucket_scratch_.acquire();
-    scratch->input.resize(bucket.elements);
-    scratch->output.resize(bucket.elements);
+    buckets_.prepare(memory, group.transport(), bucket.elements);
+    const BucketMemory where = buckets_.where();
     std::vector<std::uint64_t> offsets(bucket.chunk_count);
     for (std::size_t i = 1; i < bucket.chunk_count; ++i) {
       offsets[i] = offsets[i - 1] + chunks[bucket.first_chunk + i - 1].length;
     }
     pool_.parallel_for(bucket.chunk_count, [&](std::size_t i) {
       const ChunkRef& chunk = chunks[bucket.first_chunk + i];
-      float* delta = scratch->input.data() + offsets[i];
-      state_.pseudo_gradient(chunk, delta);
-      for (std::uint64_t k = 0; k < chunk.length; ++k) {
-        if (!std::isfinite(delta[k])) throw_non_finite(state_, group.rank(), chunk, k);
-      }
+      const std::optional<std::uint64_t> non_finite =
+          memory.pseudo_gradient(chunk, buckets_.input() + offsets[i], where);
+      if (non_finite) throw_non_finite(state_, group.rank(), chunk, *non_finite);
     });
     const auto start = SteadyClock::now();
-    collectives::allreduce_sum(group.transport(), scratch->input, scratch->output,
-                               group.collective());
+    collectives::allreduce_sum(
+        group.transport(), std::span<const float>(buckets_.input(), bucket.elements),
+        std::span<float>(buckets_.output(), bucket.elements), group.collective());
     seconds += seconds_since(start);
     group.reached(WindowPhase::exchange, state_.window());
     for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
-      state_.hold_dense_sum(chunks[bucket.first_chunk + i], scratch->output.data() + offsets[i]);
+      memory.hold_dense_sum(chunks[bucket.first_chunk + i], buckets_.output() + offsets[i], where);
     }
   }
   return seconds;

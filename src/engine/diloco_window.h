@@ -5,7 +5,6 @@
 #pragma once
 
 #include <pulseloco/base/thread_pool.h>
-#include <pulseloco/engine/scratch_pool.h>
 #include <pulseloco/engine/window_strategy.h>
 
 namespace pulseloco::engine_detail {
@@ -27,7 +26,7 @@ class DilocoWindow final : public WindowStrategy {
   ReplicatedState& state_;
   const EngineOptions& options_;
   ThreadPool& pool_;
-  ScratchPool<BucketScratch> bucket_scratch_;
+  DenseBuckets buckets_;
 };
 
 }  // namespace pulseloco::engine_detail

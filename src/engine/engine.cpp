@@ -204,6 +204,7 @@ WindowReport Engine::run_window() {
 
 void Engine::average_gradients(std::span<const TensorView> gradients) {
   const AttachedGroup group = impl_->attached_group();
+  const engine_detail::StateAccess access(impl_->state);  // device state: after the caller's stream
   impl_->strategy->average_gradients(group, gradients);
 }
 

@@ -92,7 +92,9 @@ class Engine {
   [[nodiscard]] WindowReport run_window();
 
   // ddp mode: replaces every gradient by its average over the ranks (collective; call after
-  // backward, before the optimizer step). Gradients match the parameters' shapes and dtypes.
+  // backward, before the optimizer step). Gradients match the parameters' shapes and dtypes and
+  // are where the state is: host memory, or the parameters' CUDA device with state on the device
+  // (ordered after the stream set_cuda_stream gave).
   void average_gradients(std::span<const TensorView> gradients);
 
   // Checkpoint (collective): rank 0 writes `dir/global.safetensors` (θ_g, m, window counter,

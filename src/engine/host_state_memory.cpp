@@ -1,6 +1,7 @@
 #include <pulseloco/engine/host_state_memory.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -67,15 +68,51 @@ void HostStateMemory::aggregate_and_commit(const ChunkRef& chunk,
       g->data(), params);
 }
 
-void HostStateMemory::pseudo_gradient(const ChunkRef& chunk, float* delta) {
+// Host memory has one place for buckets: `where` makes no difference here.
+Bucket HostStateMemory::allocate_bucket(std::uint64_t elements) {
+  return host_bucket(elements);
+}
+
+std::optional<std::uint64_t> HostStateMemory::pseudo_gradient(const ChunkRef& chunk, float* delta,
+                                                              BucketMemory /*where*/) {
   const TensorState& state = tensors_[chunk.tensor];
   kernels::pseudo_gradient(state.global.data() + chunk.begin, local_at(chunk), state.local.dtype,
                            options_.bf16_delta, delta, chunk.length);
+  for (std::uint64_t k = 0; k < chunk.length; ++k) {
+    if (!std::isfinite(delta[k])) return k;
+  }
+  return std::nullopt;
 }
 
-void HostStateMemory::hold_dense_sum(const ChunkRef& chunk, const float* sum) {
+void HostStateMemory::hold_dense_sum(const ChunkRef& chunk, const float* sum,
+                                     BucketMemory /*where*/) {
   std::memcpy(tensors_[chunk.tensor].residual.data() + chunk.begin, sum,
               chunk.length * sizeof(float));
+}
+
+void HostStateMemory::load_gradient(const ChunkRef& chunk, const TensorView& gradient,
+                                    float* bucket, BucketMemory /*where*/) {
+  if (gradient.dtype == DType::float32) {
+    std::memcpy(bucket, static_cast<const float*>(gradient.data) + chunk.begin,
+                chunk.length * sizeof(float));
+  } else {
+    bf16_to_float(
+        std::span(static_cast<const std::uint16_t*>(gradient.data) + chunk.begin, chunk.length),
+        std::span(bucket, chunk.length));
+  }
+}
+
+void HostStateMemory::store_average(const ChunkRef& chunk, float* sum, float divisor,
+                                    const TensorView& gradient, BucketMemory /*where*/) {
+  kernels::divide(sum, chunk.length, divisor);
+  if (gradient.dtype == DType::float32) {
+    std::memcpy(static_cast<float*>(gradient.data) + chunk.begin, sum,
+                chunk.length * sizeof(float));
+  } else {
+    float_to_bf16(
+        std::span<const float>(sum, chunk.length),
+        std::span(static_cast<std::uint16_t*>(gradient.data) + chunk.begin, chunk.length));
+  }
 }
 
 void HostStateMemory::apply_dense_average(const ChunkRef& chunk, float divisor,

@@ -7,7 +7,8 @@
 // (the window strategies call them, in parallel across chunks), the whole-state operations of
 // start-up and resume, the digest, and host access for files and state transfer. Where the
 // buffers live and which kernels run there is its StateMemory's business (state_memory.h: host
-// memory, or a CUDA device); the strategies, files and transfers see only these calls.
+// memory, or a CUDA device); the strategies, files and transfers see only these calls, except
+// the dense modes' bucket operations, which the strategies call on memory() (DenseBuckets).
 #pragma once
 
 #include <cstddef>
@@ -97,15 +98,6 @@ class ReplicatedState {
                             std::span<const kernels::SparseEntries> ranks_in_order,
                             const kernels::OuterStepParams& params) {
     memory_->aggregate_and_commit(chunk, ranks_in_order, params);
-  }
-  // Dense modes: Δ of step 1 for every element, into a host buffer of chunk.length.
-  void pseudo_gradient(const ChunkRef& chunk, float* delta) const {
-    memory_->pseudo_gradient(chunk, delta);
-  }
-  // Mode diloco: keeps the ranks' summed Δ of this chunk until the window commits (in e's
-  // storage, which diloco does not otherwise use).
-  void hold_dense_sum(const ChunkRef& chunk, const float* sum) {
-    memory_->hold_dense_sum(chunk, sum);
   }
   // Mode diloco: g = held sum / divisor, then steps 8 and 9; the held sum is cleared.
   void apply_dense_average(const ChunkRef& chunk, float divisor,

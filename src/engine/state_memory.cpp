@@ -25,6 +25,15 @@ void register_device_state_memory(DeviceStateMemoryFactory factory) noexcept {
   device_factory.store(factory);
 }
 
+Bucket host_bucket(std::uint64_t elements) {
+  Bucket bucket;
+  bucket.values = {elements > 0 ? new float[elements] : nullptr,
+                   [](float* values) { delete[] values; }};
+  bucket.capacity = elements;
+  bucket.where = BucketMemory::host;
+  return bucket;
+}
+
 std::span<const float> StateMemory::host_values(StateBuffer /*buffer*/, std::size_t /*tensor*/) {
   throw InvalidArgument(
       fmt::format("the state lives on {}, not in host memory: copy it "

@@ -9,14 +9,17 @@
 //                                                pulseloco_engine_cuda when a program links it
 //
 // Every memory takes and gives host buffers at its interface (the codec and the collectives
-// work on host bytes) and computes with the same kernels' contract, so a host rank and a
-// device rank hold identical bits.
+// work on host bytes), except the dense modes' buckets, which may live in the memory's own
+// storage (a Bucket) when the transport takes buffers there (NCCL on the state's device): the
+// dense all-reduce then moves the payload without a host round trip. Every memory computes with
+// the same kernels' contract, so a host rank and a device rank hold identical bits.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,12 +58,29 @@ using ReadPiece = std::function<void(std::uint64_t offset, std::span<const std::
 // content.
 using WritePiece = std::function<void(std::uint64_t offset, std::span<std::byte> piece)>;
 
+// Where a dense bucket lives: host memory, or the state memory's own storage (its device for a
+// CUDA memory; host memory for the host memory).
+enum class BucketMemory : std::uint8_t { host, state };
+
+// A dense exchange bucket: `capacity` floats in `where`'s memory.
+struct Bucket {
+  std::unique_ptr<float, void (*)(float*)> values{nullptr, nullptr};
+  std::uint64_t capacity = 0;
+  BucketMemory where = BucketMemory::host;
+};
+
+// `elements` floats of host memory.
+[[nodiscard]] Bucket host_bucket(std::uint64_t elements);
+
 class StateMemory {
  public:
   virtual ~StateMemory() = default;
 
   // "host", or "cuda:<ordinal>".
   [[nodiscard]] virtual std::string location() const = 0;
+  // Where the buffers live (the CPU for host memory): a transport whose buffer_device() is this
+  // device takes the memory's buckets as they are.
+  [[nodiscard]] virtual Device device() const noexcept = 0;
 
   // --- one window, chunk by chunk (docs/algorithm.md); callers may run chunks in parallel ----
 
@@ -73,10 +93,26 @@ class StateMemory {
   virtual void aggregate_and_commit(const ChunkRef& chunk,
                                     std::span<const kernels::SparseEntries> ranks_in_order,
                                     const kernels::OuterStepParams& params) = 0;
-  // Dense modes: Δ of every element into a host buffer of chunk.length.
-  virtual void pseudo_gradient(const ChunkRef& chunk, float* delta) = 0;
-  // Mode diloco: keeps the ranks' summed Δ (host) until the window commits, in e's storage.
-  virtual void hold_dense_sum(const ChunkRef& chunk, const float* sum) = 0;
+  // --- dense modes: buckets of chunk.length floats in `where` (host, or allocate_bucket's) ------
+
+  // `elements` floats in the memory's own storage (BucketMemory::state).
+  [[nodiscard]] virtual Bucket allocate_bucket(std::uint64_t elements) = 0;
+  // Δ of every element into `delta`; returns the lowest index of a non-finite Δ, if any. A
+  // bucket in the memory's storage is complete when this returns.
+  [[nodiscard]] virtual std::optional<std::uint64_t> pseudo_gradient(const ChunkRef& chunk,
+                                                                     float* delta,
+                                                                     BucketMemory where) = 0;
+  // Mode diloco: keeps the ranks' summed Δ until the window commits, in e's storage; `sum` may
+  // be reused when this returns.
+  virtual void hold_dense_sum(const ChunkRef& chunk, const float* sum, BucketMemory where) = 0;
+  // Mode ddp: the chunk of `gradient` (a tensor like θ_l, in the memory's location) as fp32
+  // into `bucket`, complete when this returns.
+  virtual void load_gradient(const ChunkRef& chunk, const TensorView& gradient, float* bucket,
+                             BucketMemory where) = 0;
+  // Mode ddp: gradient = sum / divisor (true division, then cast to the gradient's dtype);
+  // `sum` may be overwritten, and reused when this returns.
+  virtual void store_average(const ChunkRef& chunk, float* sum, float divisor,
+                             const TensorView& gradient, BucketMemory where) = 0;
   // Mode diloco: g = held sum / divisor, steps 8 and 9; the held sum is cleared.
   virtual void apply_dense_average(const ChunkRef& chunk, float divisor,
                                    const kernels::OuterStepParams& params) = 0;

@@ -61,4 +61,18 @@ double density_of(const WindowReport& report) {
              : 0.0;
 }
 
+void DenseBuckets::prepare(StateMemory& memory, const transport::Transport& transport,
+                           std::uint64_t elements) {
+  const BucketMemory where =
+      transport.buffer_device() == memory.device() ? BucketMemory::state : BucketMemory::host;
+  if (input_.values != nullptr && input_.where == where && input_.capacity >= elements) return;
+  input_ = {};  // freed before the next allocation, so two pairs never coexist
+  output_ = {};
+  const auto allocate = [&] {
+    return where == BucketMemory::state ? memory.allocate_bucket(elements) : host_bucket(elements);
+  };
+  input_ = allocate();
+  output_ = allocate();
+}
+
 }  // namespace pulseloco::engine_detail

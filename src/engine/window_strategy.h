@@ -67,10 +67,22 @@ using SteadyClock = std::chrono::steady_clock;
 [[noreturn]] void throw_non_finite(const ReplicatedState& state, int rank, const ChunkRef& chunk,
                                    std::uint64_t offset);
 
-// Dense all-reduce staging for one bucket (diloco, ddp).
-struct BucketScratch {
-  std::vector<float> input;
-  std::vector<float> output;
+// The dense modes' all-reduce buffers (diloco, ddp), kept between buckets and windows, where
+// the transport takes them: in the state memory's own storage when the transport's
+// buffer_device() is the state's device (NCCL on the state's GPU: the payload never crosses to
+// the host), in host memory otherwise (the transport stages what it must). One code path for
+// every memory: only the buffers' location changes.
+class DenseBuckets {
+ public:
+  // Input and output of at least `elements` floats, placed for `transport`.
+  void prepare(StateMemory& memory, const transport::Transport& transport, std::uint64_t elements);
+  [[nodiscard]] BucketMemory where() const noexcept { return input_.where; }
+  [[nodiscard]] float* input() const noexcept { return input_.values.get(); }
+  [[nodiscard]] float* output() const noexcept { return output_.values.get(); }
+
+ private:
+  Bucket input_;
+  Bucket output_;
 };
 
 // The commit vote: every rank says whether it accepted every message of the window; the window

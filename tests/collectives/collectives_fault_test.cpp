@@ -14,9 +14,10 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
-#include "rank_harness.h"
 #include <pulseloco/transport/inproc/inproc.h>
 #include <pulseloco/transport/native_collectives.h>
+#include "rank_harness.h"
+#include "transport/forwarding_transport.h"
 
 namespace pulseloco::collectives {
 namespace {
@@ -358,23 +359,12 @@ TEST(AfterFailure, InputsAreUnchangedAndTheTransportIsAborted) {
 
 // An in-process transport that also offers a native all-gather (plain sends and receives under
 // a tag of its own), failing at its deadline without naming a peer, as MPI's does.
-class NativeInproc final : public Transport, public transport::NativeCollectives {
+class NativeInproc final : public transport::testing::ForwardingTransport,
+                           public transport::NativeCollectives {
  public:
   static constexpr transport::Tag kTag = 77;
-  explicit NativeInproc(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
-  [[nodiscard]] int rank() const noexcept override { return inner_->rank(); }
-  [[nodiscard]] int size() const noexcept override { return inner_->size(); }
+  explicit NativeInproc(std::unique_ptr<Transport> inner) : ForwardingTransport(std::move(inner)) {}
   [[nodiscard]] std::string_view backend() const noexcept override { return "native-inproc"; }
-  [[nodiscard]] std::unique_ptr<transport::Request> isend(
-      int peer, transport::Tag tag, std::span<const std::byte> data) override {
-    return inner_->isend(peer, tag, data);
-  }
-  [[nodiscard]] std::unique_ptr<transport::Request> irecv(int peer, transport::Tag tag,
-                                                          std::span<std::byte> data) override {
-    return inner_->irecv(peer, tag, data);
-  }
-  void abort(std::string_view reason) noexcept override { inner_->abort(reason); }
-  [[nodiscard]] transport::TransportStats stats() const override { return inner_->stats(); }
 
   bool allgatherv(std::span<const std::byte> mine, std::span<const std::uint64_t> counts,
                   std::span<std::byte> out, transport::Deadline deadline) override {
@@ -386,8 +376,8 @@ class NativeInproc final : public Transport, public transport::NativeCollectives
       if (peer == rank()) {
         std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(offset));
       } else {
-        requests.push_back(inner_->irecv(peer, kTag, out.subspan(offset, count)));
-        requests.push_back(inner_->isend(peer, kTag, mine));
+        requests.push_back(inner().irecv(peer, kTag, out.subspan(offset, count)));
+        requests.push_back(inner().isend(peer, kTag, mine));
       }
       offset += count;
     }
@@ -406,9 +396,6 @@ class NativeInproc final : public Transport, public transport::NativeCollectives
   void barrier(transport::Deadline) override { throw std::logic_error("not used"); }
 
   int native_calls = 0;
-
- private:
-  std::unique_ptr<Transport> inner_;
 };
 
 std::vector<std::unique_ptr<Transport>> native_group(int world,

@@ -315,6 +315,26 @@ TEST(CudaDigest, MatchesTheHostDigestOfTheSameBytes) {
   }
 }
 
+TEST(CudaFirstNonFinite, FindsTheLowestNonFiniteIndex) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  CudaBackend cuda;
+  const std::size_t n = (std::size_t{1} << 20) + 3;  // more than one grid-stride pass per lane
+  std::vector<float> host(n, 1.0f);
+  const auto lowest = [&] {
+    const DeviceBytes device =
+        DeviceBytes::from_host(host.data(), n * sizeof(float), cuda.stream());
+    return kernels::cuda::first_non_finite(device.get<float>(), n, cuda.workspace(), cuda.stream());
+  };
+  EXPECT_EQ(lowest(), std::nullopt);
+  host[n - 1] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(lowest(), n - 1);
+  host[700'001] = std::numeric_limits<float>::quiet_NaN();
+  host[12] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(lowest(), 12u);
+  EXPECT_EQ(kernels::cuda::first_non_finite(nullptr, 0, cuda.workspace(), cuda.stream()),
+            std::nullopt);
+}
+
 TEST(CudaArguments, AreChecked) {
   PULSELOCO_SKIP_WITHOUT_GPU();
   kernels::cuda::DeviceWorkspace workspace;

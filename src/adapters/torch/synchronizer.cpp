@@ -159,9 +159,16 @@ void Synchronizer::before_optimizer_step() {
       throw InvalidArgument("parameter has no gradient (call backward first)",
                             {.tensor = names_[i]});
     }
-    grads.push_back(g.device().is_cpu() && g.is_contiguous() ? g : g.to(torch::kCPU).contiguous());
+    // Device state averages the gradients where they are; host state needs them in host memory.
+    if (device_state_) {
+      grads.push_back(g.contiguous());
+    } else {
+      grads.push_back(g.device().is_cpu() && g.is_contiguous() ? g
+                                                               : g.to(torch::kCPU).contiguous());
+    }
     views.push_back(view_of(grads.back(), names_[i]));
   }
+  order_with_current_stream();
   engine().average_gradients(views);
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     torch::Tensor g = parameters_[i].grad();

@@ -284,19 +284,89 @@ void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
       g, params, stream_);
 }
 
-void CudaStateMemory::pseudo_gradient(const ChunkRef& chunk, float* delta) {
+Bucket CudaStateMemory::allocate_bucket(std::uint64_t elements) {
+  const DeviceGuard guard(device_);
+  Bucket bucket;
+  bucket.values = {device_alloc<float>(elements, "cudaMalloc (dense bucket)"),
+                   [](float* values) { cudaFree(values); }};
+  bucket.capacity = elements;
+  bucket.where = BucketMemory::state;
+  return bucket;
+}
+
+// Dense buckets in host memory cross through the staging; buckets on the device are written
+// and read by the kernels directly. A call on a device bucket returns once its work is complete,
+// since the transport reads and writes the buckets on a stream of its own.
+std::optional<std::uint64_t> CudaStateMemory::pseudo_gradient(const ChunkRef& chunk, float* delta,
+                                                              BucketMemory where) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
   const TensorState& state = tensors_[chunk.tensor];
+  float* out = where == BucketMemory::state ? delta : chunk_values_;
   kernels::cuda::pseudo_gradient(state.global + chunk.begin, local_at(chunk), state.local.dtype,
-                                 options_.bf16_delta, chunk_values_, chunk.length, stream_);
-  to_host(delta, chunk_values_, chunk.length * sizeof(float));
+                                 options_.bf16_delta, out, chunk.length, stream_);
+  const std::optional<std::uint64_t> non_finite =
+      kernels::cuda::first_non_finite(out, chunk.length, *workspace_, stream_);
+  if (where == BucketMemory::host && !non_finite) {
+    to_host(delta, chunk_values_, chunk.length * sizeof(float));
+  }
+  return non_finite;
 }
 
-void CudaStateMemory::hold_dense_sum(const ChunkRef& chunk, const float* sum) {
+void CudaStateMemory::hold_dense_sum(const ChunkRef& chunk, const float* sum, BucketMemory where) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
-  to_device(tensors_[chunk.tensor].residual + chunk.begin, sum, chunk.length * sizeof(float));
+  float* held = tensors_[chunk.tensor].residual + chunk.begin;
+  const std::size_t bytes = chunk.length * sizeof(float);
+  if (where == BucketMemory::host) {
+    to_device(held, sum, bytes);
+    return;
+  }
+  if (bytes > 0) {
+    check(cudaMemcpyAsync(held, sum, bytes, cudaMemcpyDeviceToDevice, as_stream(stream_)),
+          "cudaMemcpyAsync (held sum)");
+  }
+  synchronize("cudaStreamSynchronize (held sum)");
+}
+
+void CudaStateMemory::load_gradient(const ChunkRef& chunk, const TensorView& gradient,
+                                    float* bucket, BucketMemory where) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  float* out = where == BucketMemory::state ? bucket : chunk_values_;
+  const std::byte* in =
+      static_cast<const std::byte*>(gradient.data) + chunk.begin * dtype_size(gradient.dtype);
+  if (gradient.dtype == DType::float32) {
+    if (chunk.length > 0) {
+      check(cudaMemcpyAsync(out, in, chunk.length * sizeof(float), cudaMemcpyDeviceToDevice,
+                            as_stream(stream_)),
+            "cudaMemcpyAsync (gradient to bucket)");
+    }
+  } else {
+    widen_bf16(reinterpret_cast<const std::uint16_t*>(in), out, chunk.length, stream_);
+  }
+  if (where == BucketMemory::host) {
+    to_host(bucket, chunk_values_, chunk.length * sizeof(float));
+  } else {
+    synchronize("cudaStreamSynchronize (gradient to bucket)");
+  }
+}
+
+void CudaStateMemory::store_average(const ChunkRef& chunk, float* sum, float divisor,
+                                    const TensorView& gradient, BucketMemory where) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  float* average = sum;
+  if (where == BucketMemory::host) {
+    to_device(chunk_values_, sum, chunk.length * sizeof(float));
+    average = chunk_values_;
+  }
+  kernels::cuda::divide(average, chunk.length, divisor, stream_);
+  // cast_local of the average: a copy for fp32, round-to-nearest-even to bf16 (as float_to_bf16).
+  std::byte* out =
+      static_cast<std::byte*>(gradient.data) + chunk.begin * dtype_size(gradient.dtype);
+  kernels::cuda::reset_local(average, out, gradient.dtype, chunk.length, stream_);
+  synchronize("cudaStreamSynchronize (averaged gradient)");
 }
 
 void CudaStateMemory::apply_dense_average(const ChunkRef& chunk, float divisor,

@@ -30,14 +30,23 @@ class CudaStateMemory final : public StateMemory {
   CudaStateMemory& operator=(const CudaStateMemory&) = delete;
 
   [[nodiscard]] std::string location() const override;
+  [[nodiscard]] Device device() const noexcept override {
+    return Device{DeviceKind::cuda, device_};
+  }
 
   [[nodiscard]] kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,
                                          float* values) override;
   void aggregate_and_commit(const ChunkRef& chunk,
                             std::span<const kernels::SparseEntries> ranks_in_order,
                             const kernels::OuterStepParams& params) override;
-  void pseudo_gradient(const ChunkRef& chunk, float* delta) override;
-  void hold_dense_sum(const ChunkRef& chunk, const float* sum) override;
+  [[nodiscard]] Bucket allocate_bucket(std::uint64_t elements) override;
+  [[nodiscard]] std::optional<std::uint64_t> pseudo_gradient(const ChunkRef& chunk, float* delta,
+                                                             BucketMemory where) override;
+  void hold_dense_sum(const ChunkRef& chunk, const float* sum, BucketMemory where) override;
+  void load_gradient(const ChunkRef& chunk, const TensorView& gradient, float* bucket,
+                     BucketMemory where) override;
+  void store_average(const ChunkRef& chunk, float* sum, float divisor, const TensorView& gradient,
+                     BucketMemory where) override;
   void apply_dense_average(const ChunkRef& chunk, float divisor,
                            const kernels::OuterStepParams& params) override;
 
