@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include <pulseloco/base/digest.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/codec/message.h>
 #include <pulseloco/engine/engine.h>
@@ -220,6 +221,64 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank-00001"), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// Rewrites a checkpoint file as builds before the piece digest wrote it: no "digest" key, and
+// `digest_key` = the digests over each tensor's whole bytes, combined in file order (returned);
+// `state_hex`, when given, replaces the recorded state digest.
+std::string rewrite_with_whole_buffer_digests(const fs::path& file, const std::string& digest_key,
+                                              const std::string& state_hex = {}) {
+  std::vector<io::TensorSpec> specs;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<Digest> parts;
+  io::Metadata metadata;
+  {
+    const io::SafetensorsReader reader(file);
+    metadata = reader.metadata();
+    for (const io::TensorInfo& info : reader.tensors()) {
+      specs.push_back(info.spec);
+      data.emplace_back(info.data_end - info.data_begin);
+      reader.read_range(info.spec.name, 0, data.back());
+      parts.push_back(digest_bytes(data.back()));
+    }
+  }
+  EXPECT_EQ(metadata.at("digest"), kBufferDigestName);
+  metadata.erase("digest");
+  const std::string combined = digest_hex(combine_digests(parts));
+  metadata[digest_key] = combined;
+  if (!state_hex.empty()) metadata["state_digest"] = state_hex;
+  io::SafetensorsWriter writer(file, metadata, specs);
+  for (std::size_t t = 0; t < specs.size(); ++t)
+    writer.write(specs[t].name, std::span<const std::byte>(data[t]));
+  writer.finish();
+  return combined;
+}
+
+// Checkpoints written before the piece digest record whole-buffer digests and no "digest" key:
+// they still verify and load, and the job continues bit-identically.
+TEST(Checkpoint, FilesWithWholeBufferDigestsStillLoad) {
+  const fs::path dir = fresh_dir("whole_buffer_digests");
+  const EngineOptions options = options_for_test();
+  TrainingRun uninterrupted(options, 30);
+  for (int w = 0; w < 3; ++w)
+    uninterrupted.window(w);
+
+  TrainingRun first(options, 30);
+  first.window(0);
+  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  const std::string state_hex =
+      rewrite_with_whole_buffer_digests(dir / "global.safetensors", "state_digest");
+  for (int r = 0; r < kWorld; ++r) {
+    (void)rewrite_with_whole_buffer_digests(dir / fmt::format("rank-{:05}.safetensors", r),
+                                            "residual_digest", state_hex);
+  }
+
+  TrainingRun resumed(options, 30 + 767);
+  resumed.on_all([&](Engine& e) { e.load_checkpoint(dir); });
+  for (int w = 1; w < 3; ++w)
+    resumed.window(w);
+  expect_same_state(uninterrupted, resumed);
   fs::remove_all(dir);
 }
 
