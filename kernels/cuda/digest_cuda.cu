@@ -3,9 +3,9 @@
 //
 // Two kernels per batch of pieces: block_contributions_kernel reads the data once, a warp per
 // 1 KiB block, and writes each block's contribution to the 8 lanes into the workspace's
-// scratch; finish_pieces_kernel runs, a thread per piece, the per-lane scramble chain over
-// those contributions and the tail (xxh3's last partial block, last stripe and merge; the
-// short-input paths for pieces of at most 240 bytes), and writes the piece's digest.
+// scratch; finish_pieces_kernel runs each lane's scramble chain over those contributions (a
+// thread per piece and lane), then the tail (xxh3's last partial block, last stripe and merge;
+// the short-input paths for pieces of at most 240 bytes), and writes the piece's digest.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kContributionThreads = 256;  // 8 warps, a block each
-constexpr int kFinishThreads = 64;         // a piece each
+constexpr int kFinishThreads = 64;         // 8 pieces, a lane each
 constexpr std::uint64_t kPieceBytes = kBufferDigestPieceBytes;
 static_assert(kPieceBytes % xxh3::kBlockBytes == 0);
 // Each thread of a warp reads words t, t + 32, t + 64 and t + 96 of its block: all of one lane.
@@ -38,9 +38,10 @@ __device__ __forceinline__ std::uint64_t piece_length(std::uint64_t size, std::u
   return size - begin < kPieceBytes ? size - begin : kPieceBytes;
 }
 
-// Scratch slot of (piece of the batch, block): kLanes words.
-__device__ __forceinline__ std::uint64_t slot(std::uint64_t batch_piece, std::uint64_t block) {
-  return (batch_piece * kDigestBlocksPerPiece + block) * xxh3::kLanes;
+// Where one lane's contributions of one piece of the batch start: kDigestBlocksPerPiece words,
+// a word per block, so that the lane's chain reads them in order.
+__device__ __forceinline__ std::uint64_t lane_slot(std::uint64_t batch_piece, unsigned lane) {
+  return (batch_piece * xxh3::kLanes + lane) * kDigestBlocksPerPiece;
 }
 
 template <bool kAligned>
@@ -80,39 +81,62 @@ __global__ void block_contributions_kernel(const std::uint8_t* bytes, std::uint6
   }
   // A stripe's data word of lane i goes to lane i ^ 1.
   const unsigned long long swapped = __shfl_xor_sync(0xffffffffu, data, 1);
-  if (t < xxh3::kLanes) scratch[slot(batch_piece, block) + t] = product + swapped;
+  if (t < xxh3::kLanes) scratch[lane_slot(batch_piece, t) + block] = product + swapped;
 }
 
+// A thread per (piece, lane): the lane's scramble chain, its contributions loaded kPrefetch at a
+// time (independent loads ahead of the dependent chain); then the piece's first thread runs the
+// tail with all 8 lanes, or the short path.
 __global__ void finish_pieces_kernel(const std::uint8_t* bytes, std::uint64_t size,
                                      std::uint64_t first_piece, std::uint64_t pieces,
                                      xxh3::Secret secret, const std::uint64_t* scratch,
                                      std::uint64_t* piece_digests) {
+  constexpr std::uint64_t kPrefetch = 32;
   __shared__ std::uint8_t shared_secret[xxh3::kSecretBytes];
+  __shared__ std::uint64_t lanes[kFinishThreads];
   load_secret(secret, shared_secret);
   const std::uint64_t batch_piece =
-      static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (batch_piece >= pieces) return;
+      (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / xxh3::kLanes;
+  const unsigned lane = threadIdx.x % xxh3::kLanes;
+  const bool active = batch_piece < pieces;
   const std::uint64_t piece = first_piece + batch_piece;
-  const std::uint64_t length = piece_length(size, piece);
+  const std::uint64_t length = active ? piece_length(size, piece) : 0;
+  std::uint64_t initial[xxh3::kLanes];
+  xxh3::init_lanes(initial);
+  std::uint64_t acc = 0;
+#pragma unroll
+  for (unsigned i = 0; i < xxh3::kLanes; ++i)
+    if (i == lane) acc = initial[i];
+  if (length > xxh3::kMidsizeMax) {
+    const std::uint64_t key = xxh3::scramble_key(shared_secret, lane);
+    const std::uint64_t* contributions = scratch + lane_slot(batch_piece, lane);
+    const std::uint64_t blocks = xxh3::full_blocks(length);
+    std::uint64_t b = 0;
+    for (; b + kPrefetch <= blocks; b += kPrefetch) {
+      std::uint64_t ahead[kPrefetch];
+#pragma unroll
+      for (std::uint64_t k = 0; k < kPrefetch; ++k)
+        ahead[k] = contributions[b + k];
+#pragma unroll
+      for (std::uint64_t k = 0; k < kPrefetch; ++k)
+        acc = xxh3::chain_lane(acc, ahead[k], key);
+    }
+    for (; b < blocks; ++b)
+      acc = xxh3::chain_lane(acc, contributions[b], key);
+  }
+  lanes[threadIdx.x] = acc;
+  __syncthreads();
+  if (!active || lane != 0) return;
   const std::uint8_t* input = bytes + piece * kPieceBytes;
   if (length <= xxh3::kMidsizeMax) {
     piece_digests[piece] = xxh3::hash_short(input, length, shared_secret);
     return;
   }
-  std::uint64_t acc[xxh3::kLanes];
-  std::uint64_t keys[xxh3::kLanes];
-  xxh3::init_lanes(acc);
+  std::uint64_t all[xxh3::kLanes];
 #pragma unroll
-  for (std::size_t i = 0; i < xxh3::kLanes; ++i)
-    keys[i] = xxh3::scramble_key(shared_secret, i);
-  const std::uint64_t blocks = xxh3::full_blocks(length);
-  for (std::uint64_t b = 0; b < blocks; ++b) {
-    const std::uint64_t* contribution = scratch + slot(batch_piece, b);
-#pragma unroll
-    for (std::size_t i = 0; i < xxh3::kLanes; ++i)
-      acc[i] = xxh3::chain_lane(acc[i], contribution[i], keys[i]);
-  }
-  piece_digests[piece] = xxh3::finish_long(acc, input, length, shared_secret);
+  for (unsigned i = 0; i < xxh3::kLanes; ++i)
+    all[i] = lanes[threadIdx.x + i];
+  piece_digests[piece] = xxh3::finish_long(all, input, length, shared_secret);
 }
 
 }  // namespace
@@ -142,7 +166,8 @@ void enqueue_piece_digests(const void* device_bytes, std::uint64_t size, std::ui
             bytes, size, first_piece, pieces, xxh3::kDefaultSecret, scratch);
   }
   check(static_cast<int>(cudaGetLastError()), "block_contributions_kernel");
-  const auto finish_blocks = static_cast<unsigned>((pieces + kFinishThreads - 1) / kFinishThreads);
+  const auto finish_blocks =
+      static_cast<unsigned>((pieces * xxh3::kLanes + kFinishThreads - 1) / kFinishThreads);
   finish_pieces_kernel<<<finish_blocks, kFinishThreads, 0, cuda_stream>>>(
       bytes, size, first_piece, pieces, xxh3::kDefaultSecret, scratch, piece_digests);
   check(static_cast<int>(cudaGetLastError()), "finish_pieces_kernel");
