@@ -103,7 +103,8 @@ Digest direct_buffer_digest(std::span<const std::byte> bytes) {
 std::vector<std::byte> random_bytes(std::size_t count) {
   std::mt19937_64 random(count);
   std::vector<std::byte> bytes(count);
-  for (std::byte& b : bytes) b = static_cast<std::byte>(random());
+  for (std::byte& b : bytes)
+    b = static_cast<std::byte>(random());
   return bytes;
 }
 
