@@ -10,8 +10,9 @@
 //   gate 8 + L + 8d;  aggregate 12 + 16dR;  commit + outer step + reset 32 + 2L;  digests 8.
 // "of copy" is the phase's bytes/s over the device-to-device copy's (bytes read + written);
 // "x bound" is its time over the time its bytes take at the copy bandwidth. "window" is the four
-// phases; "window_without_digests" leaves out the digests, which are hashed on the host from
-// pieces copied over PCIe (kernels/cuda/window_kernels_cuda.h) and so are bound by PCIe.
+// phases; "window_without_digests" leaves out the digests, which are hashed on the device
+// (xxh3-64 of every 4 MiB piece in parallel, kernels/cuda/digest_cuda.cu; only the pieces'
+// digests cross to the host).
 // Host mode: the same window with the state in host memory, as the host-staging engine runs it:
 // θ_l copied to pinned host memory, the CPU kernels over chunks on all cores, θ_l copied back.
 // Both modes end with the same θ_g and m (their digests are compared).

@@ -122,7 +122,7 @@ void pseudo_gradient(const float* global, const void* local, DType local_dtype,
 // values[i] = values[i] / divisor, a true fp32 division (dense averages).
 void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa = active_cpu_isa());
 
-// Step 10 for one tensor: combine_digests({xxh3-64 of θ_g's bytes, xxh3-64 of m's bytes}).
+// Step 10 for one tensor: combine_digests({buffer_digest of θ_g's bytes, of m's bytes}).
 // `momentum` is empty before the first outer step. The CUDA build computes the same value from
 // device buffers (kernels/cuda/window_kernels_cuda.h), so CPU and GPU replicas compare digests.
 [[nodiscard]] Digest state_digest(std::span<const float> global, std::span<const float> momentum);

@@ -317,7 +317,8 @@ void divide(float* values, std::uint64_t count, float divisor, CpuIsa isa) {
 }
 
 Digest state_digest(std::span<const float> global, std::span<const float> momentum) {
-  const Digest parts[2] = {digest_of(global), digest_of(momentum)};
+  const Digest parts[2] = {buffer_digest(std::as_bytes(global)),
+                           buffer_digest(std::as_bytes(momentum))};
   return combine_digests(parts);
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <pulseloco/kernels/cuda/window_kernels_cuda.h>
+#include <pulseloco/kernels/xxh3_blocks.h>
 
 namespace pulseloco::kernels::cuda::detail {
 
@@ -28,6 +29,20 @@ struct DeviceCounters {
 };
 inline constexpr unsigned long long kNoOffset = ~0ull;
 
+// Buffer digests on the device (digest_cuda.cu). A batch of pieces needs, per piece, a slot of
+// xxh3::kLanes words for each of its 1 KiB blocks; batches are at most kDigestBatchPieces pieces
+// (a bounded scratch: 256 KiB a piece).
+inline constexpr std::uint64_t kDigestBlocksPerPiece = kBufferDigestPieceBytes / xxh3::kBlockBytes;
+inline constexpr std::uint64_t kDigestScratchWordsPerPiece = kDigestBlocksPerPiece * xxh3::kLanes;
+inline constexpr std::uint64_t kDigestBatchPieces = 256;
+
+// Enqueues on `stream` the xxh3-64 digests of pieces [first_piece, first_piece + pieces) of the
+// `size` bytes at `device_bytes` into piece_digests[first_piece...] (device memory), with
+// `scratch` holding pieces * kDigestScratchWordsPerPiece words.
+void enqueue_piece_digests(const void* device_bytes, std::uint64_t size, std::uint64_t first_piece,
+                           std::uint64_t pieces, std::uint64_t* scratch,
+                           std::uint64_t* piece_digests, void* stream);
+
 }  // namespace pulseloco::kernels::cuda::detail
 
 namespace pulseloco::kernels::cuda {
@@ -41,17 +56,20 @@ struct DeviceWorkspace::Impl {
   // Makes the CUB temporary storage at least `bytes` (a synchronous cudaMalloc when it grows;
   // the old storage is freed after the device is idle, so no enqueued work still uses it).
   void reserve_temp(std::size_t bytes);
-  // The pinned staging buffers for digests, allocated on first use.
-  void ensure_staging();
+  // Device scratch, device piece digests and their pinned host mirror for a buffer digest of
+  // `pieces` pieces (grown like the CUB storage).
+  void reserve_digest(std::uint64_t pieces);
 
   int device = 0;
   void* temp = nullptr;
   std::size_t temp_bytes = 0;
   detail::DeviceCounters* device_counters = nullptr;
-  detail::DeviceCounters* host_counters = nullptr;                    // pinned
-  static constexpr std::size_t kStagingBytes = std::size_t{8} << 20;  // per buffer, two buffers
-  void* staging[2] = {nullptr, nullptr};
-  void* staging_ready[2] = {nullptr, nullptr};  // cudaEvent_t of the copy into each buffer
+  detail::DeviceCounters* host_counters = nullptr;  // pinned
+  std::uint64_t* digest_scratch = nullptr;
+  std::uint64_t digest_scratch_pieces = 0;
+  std::uint64_t* piece_digests = nullptr;
+  std::uint64_t* host_piece_digests = nullptr;  // pinned
+  std::uint64_t piece_digest_capacity = 0;
 };
 
 }  // namespace pulseloco::kernels::cuda

@@ -1,5 +1,6 @@
-// Host side of the CUDA kernels: the workspace, CUDA error reporting and digests of device
-// memory. Compiled by the C++ compiler against the CUDA runtime API.
+// Host side of the CUDA kernels: the workspace, CUDA error reporting and the orchestration of
+// buffer digests of device memory (kernels in digest_cuda.cu). Compiled by the C++ compiler against
+// the CUDA runtime API.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -42,10 +43,9 @@ DeviceWorkspace::Impl::~Impl() {
   cudaFree(temp);
   cudaFree(device_counters);
   cudaFreeHost(host_counters);
-  for (int b = 0; b < 2; ++b) {
-    cudaFreeHost(staging[b]);
-    if (staging_ready[b] != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(staging_ready[b]));
-  }
+  cudaFree(digest_scratch);
+  cudaFree(piece_digests);
+  cudaFreeHost(host_piece_digests);
 }
 
 void DeviceWorkspace::Impl::reserve_temp(std::size_t bytes) {
@@ -58,15 +58,30 @@ void DeviceWorkspace::Impl::reserve_temp(std::size_t bytes) {
   temp_bytes = bytes;
 }
 
-void DeviceWorkspace::Impl::ensure_staging() {
-  for (int b = 0; b < 2; ++b) {
-    if (staging[b] == nullptr)
-      check(cudaMallocHost(&staging[b], kStagingBytes), "cudaMallocHost (digest staging)");
-    if (staging_ready[b] == nullptr) {
-      cudaEvent_t event = nullptr;
-      check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-      staging_ready[b] = event;
-    }
+void DeviceWorkspace::Impl::reserve_digest(std::uint64_t pieces) {
+  const std::uint64_t batch = std::min(pieces, detail::kDigestBatchPieces);
+  if (batch > digest_scratch_pieces) {
+    // cudaFree waits for the device to be idle, so no enqueued kernel still uses the old scratch.
+    check(cudaFree(digest_scratch), "cudaFree (digest scratch)");
+    digest_scratch = nullptr;
+    digest_scratch_pieces = 0;
+    check(cudaMalloc(reinterpret_cast<void**>(&digest_scratch),
+                     batch * detail::kDigestScratchWordsPerPiece * sizeof(std::uint64_t)),
+          "cudaMalloc (digest scratch)");
+    digest_scratch_pieces = batch;
+  }
+  if (pieces > piece_digest_capacity) {
+    check(cudaFree(piece_digests), "cudaFree (piece digests)");
+    piece_digests = nullptr;
+    check(cudaFreeHost(host_piece_digests), "cudaFreeHost (piece digests)");
+    host_piece_digests = nullptr;
+    piece_digest_capacity = 0;
+    check(cudaMalloc(reinterpret_cast<void**>(&piece_digests), pieces * sizeof(std::uint64_t)),
+          "cudaMalloc (piece digests)");
+    check(cudaMallocHost(reinterpret_cast<void**>(&host_piece_digests),
+                         pieces * sizeof(std::uint64_t)),
+          "cudaMallocHost (piece digests)");
+    piece_digest_capacity = pieces;
   }
 }
 
@@ -95,43 +110,32 @@ int DeviceWorkspace::device() const noexcept {
   return impl_->device;
 }
 
-void update_digest(DigestStream& digest, const void* device_bytes, std::size_t bytes,
-                   DeviceWorkspace& workspace, void* stream) {
-  detail::check_current_device(workspace, "update_digest");
-  if (bytes == 0) return;
-  if (device_bytes == nullptr) throw InvalidArgument("update_digest: null device pointer");
+Digest buffer_digest(const void* device_bytes, std::size_t bytes, DeviceWorkspace& workspace,
+                     void* stream) {
+  detail::check_current_device(workspace, "buffer_digest");
+  if (bytes == 0) return combine_piece_digests({});
+  if (device_bytes == nullptr) throw InvalidArgument("buffer_digest: null device pointer");
   DeviceWorkspace::Impl& impl = workspace.impl();
-  impl.ensure_staging();
-  const auto cuda_stream = static_cast<cudaStream_t>(stream);
-  const auto* source = static_cast<const std::byte*>(device_bytes);
-  constexpr std::size_t kPiece = DeviceWorkspace::Impl::kStagingBytes;
-  const std::size_t pieces = (bytes + kPiece - 1) / kPiece;
-  const auto piece_bytes = [&](std::size_t k) { return std::min(kPiece, bytes - k * kPiece); };
-  const auto enqueue = [&](std::size_t k) {
-    check(cudaMemcpyAsync(impl.staging[k % 2], source + k * kPiece, piece_bytes(k),
-                          cudaMemcpyDeviceToHost, cuda_stream),
-          "cudaMemcpyAsync (digest staging)");
-    check(cudaEventRecord(static_cast<cudaEvent_t>(impl.staging_ready[k % 2]), cuda_stream),
-          "cudaEventRecord");
-  };
-  // Double buffering: the copy of piece k + 1 overlaps the hashing of piece k. The buffer it
-  // fills held piece k - 1, which was hashed in the previous iteration.
-  enqueue(0);
-  for (std::size_t k = 0; k < pieces; ++k) {
-    if (k + 1 < pieces) enqueue(k + 1);
-    check(cudaEventSynchronize(static_cast<cudaEvent_t>(impl.staging_ready[k % 2])),
-          "cudaEventSynchronize (digest staging)");
-    digest.update(std::span<const std::byte>(static_cast<const std::byte*>(impl.staging[k % 2]),
-                                             piece_bytes(k)));
+  const std::uint64_t pieces = (bytes + kBufferDigestPieceBytes - 1) / kBufferDigestPieceBytes;
+  impl.reserve_digest(pieces);
+  for (std::uint64_t first = 0; first < pieces; first += detail::kDigestBatchPieces) {
+    detail::enqueue_piece_digests(device_bytes, bytes, first,
+                                  std::min(detail::kDigestBatchPieces, pieces - first),
+                                  impl.digest_scratch, impl.piece_digests, stream);
   }
+  const auto cuda_stream = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(impl.host_piece_digests, impl.piece_digests, pieces * sizeof(std::uint64_t),
+                        cudaMemcpyDeviceToHost, cuda_stream),
+        "cudaMemcpyAsync (piece digests)");
+  check(cudaStreamSynchronize(cuda_stream), "cudaStreamSynchronize (buffer digest)");
+  return combine_piece_digests(std::span<const Digest>(impl.host_piece_digests, pieces));
 }
 
 Digest state_digest(std::span<const float> global, std::span<const float> momentum,
                     DeviceWorkspace& workspace, void* stream) {
-  DigestStream global_digest, momentum_digest;
-  update_digest(global_digest, global.data(), global.size_bytes(), workspace, stream);
-  update_digest(momentum_digest, momentum.data(), momentum.size_bytes(), workspace, stream);
-  const Digest parts[2] = {global_digest.finish(), momentum_digest.finish()};
+  const Digest parts[2] = {
+      buffer_digest(global.data(), global.size_bytes(), workspace, stream),
+      buffer_digest(momentum.data(), momentum.size_bytes(), workspace, stream)};
   return combine_digests(parts);
 }
 

@@ -31,9 +31,9 @@
 namespace pulseloco::kernels::cuda {
 
 // Scratch for the CUDA kernels on one device, to be used by one stream at a time: CUB temporary
-// storage for the gate (grown on demand), device counters with their pinned host mirror, and a
-// bounded pinned staging area for digests. Created on the current device; every call that takes
-// it must run with that device current.
+// storage for the gate (grown on demand), device counters with their pinned host mirror, and
+// the scratch of buffer digests (bounded, grown on demand). Created on the current device; every
+// call that takes it must run with that device current.
 class DeviceWorkspace {
  public:
   // Reserves CUB storage for chunks of up to `expected_chunk_elements` (more is allocated when a
@@ -95,11 +95,12 @@ void divide(float* values, std::uint64_t count, float divisor, void* stream);
                                                             DeviceWorkspace& workspace,
                                                             void* stream);
 
-// Appends `bytes` bytes of device memory to `digest`, copying them to the host through the
-// workspace's pinned staging in bounded pieces (no model-sized host buffer). Synchronises
-// `stream` (after the work already enqueued on it).
-void update_digest(DigestStream& digest, const void* device_bytes, std::size_t bytes,
-                   DeviceWorkspace& workspace, void* stream);
+// buffer_digest (base/digest.h) of `bytes` bytes of device memory: the same value as the CPU's
+// for the same bytes. The pieces are hashed on the device; only their digests (8 bytes per
+// 4 MiB) cross to the host, where they are combined. Synchronises `stream` (after the work
+// already enqueued on it).
+[[nodiscard]] Digest buffer_digest(const void* device_bytes, std::size_t bytes,
+                                   DeviceWorkspace& workspace, void* stream);
 
 // kernels::state_digest of device buffers: the same value as the CPU's for the same bytes.
 [[nodiscard]] Digest state_digest(std::span<const float> global, std::span<const float> momentum,

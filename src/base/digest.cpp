@@ -4,9 +4,11 @@
 
 #include <pulseloco/base/cpu_features.h>
 #include <pulseloco/base/digest_dispatch.h>
+#include <pulseloco/base/thread_pool.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <vector>
 
@@ -100,6 +102,80 @@ void DigestStream::reset() noexcept {
 
 Digest combine_digests(std::span<const Digest> digests) noexcept {
   return digest_bytes(std::as_bytes(digests));
+}
+
+namespace {
+
+std::size_t piece_count(std::size_t bytes) {
+  return (bytes + kBufferDigestPieceBytes - 1) / kBufferDigestPieceBytes;
+}
+
+Digest piece_digest(std::span<const std::byte> bytes, std::size_t piece) noexcept {
+  const std::size_t begin = piece * kBufferDigestPieceBytes;
+  return digest_bytes(
+      bytes.subspan(begin, std::min(kBufferDigestPieceBytes, bytes.size() - begin)));
+}
+
+}  // namespace
+
+Digest combine_piece_digests(std::span<const Digest> pieces) noexcept {
+  return digest_bytes(std::as_bytes(pieces));
+}
+
+Digest buffer_digest(std::span<const std::byte> bytes) {
+  if (bytes.size() <= kBufferDigestPieceBytes) {
+    const Digest piece[1] = {digest_bytes(bytes)};
+    return combine_piece_digests(std::span(piece, bytes.empty() ? 0 : 1));
+  }
+  std::vector<Digest> pieces(piece_count(bytes.size()));
+  for (std::size_t p = 0; p < pieces.size(); ++p)
+    pieces[p] = piece_digest(bytes, p);
+  return combine_piece_digests(pieces);
+}
+
+Digest buffer_digest(std::span<const std::byte> bytes, ThreadPool& pool) {
+  std::vector<Digest> pieces(piece_count(bytes.size()));
+  pool.parallel_for(pieces.size(), [&](std::size_t p) { pieces[p] = piece_digest(bytes, p); });
+  return combine_piece_digests(pieces);
+}
+
+BufferDigestStream::BufferDigestStream(ThreadPool* pool) : pool_(pool) {}
+
+void BufferDigestStream::hash_pieces(std::span<const std::byte> whole_pieces) {
+  const std::size_t first = pieces_.size();
+  pieces_.resize(first + whole_pieces.size() / kBufferDigestPieceBytes);
+  const auto hash = [&](std::size_t p) { pieces_[first + p] = piece_digest(whole_pieces, p); };
+  if (pool_ != nullptr) {
+    pool_->parallel_for(pieces_.size() - first, hash);
+  } else {
+    for (std::size_t p = 0; p < pieces_.size() - first; ++p)
+      hash(p);
+  }
+}
+
+void BufferDigestStream::update(std::span<const std::byte> bytes) {
+  if (!partial_.empty()) {
+    const std::size_t take = std::min(kBufferDigestPieceBytes - partial_.size(), bytes.size());
+    partial_.insert(partial_.end(), bytes.begin(),
+                    bytes.begin() + static_cast<std::ptrdiff_t>(take));
+    bytes = bytes.subspan(take);
+    if (partial_.size() < kBufferDigestPieceBytes) return;
+    hash_pieces(partial_);
+    partial_.clear();
+  }
+  const std::size_t whole = bytes.size() - bytes.size() % kBufferDigestPieceBytes;
+  hash_pieces(bytes.first(whole));
+  partial_.assign(bytes.begin() + static_cast<std::ptrdiff_t>(whole), bytes.end());
+}
+
+Digest BufferDigestStream::finish() {
+  if (!partial_.empty()) {
+    pieces_.push_back(digest_bytes(partial_));
+    partial_.clear();
+  }
+  const Digest digest = combine_piece_digests(pieces_);
+  pieces_.clear();
+  return digest;
 }
 
 std::string digest_hex(Digest digest) {

@@ -14,6 +14,7 @@
 namespace pulseloco::engine_detail {
 namespace {
 
+using state_files::DigestDefinition;
 using state_files::require;
 using state_files::require_u64;
 
@@ -24,18 +25,26 @@ io::TensorSpec spec_of(std::string_view prefix, const std::string& name, io::Ten
   return io::TensorSpec{std::string(prefix) + name, dtype, shape};
 }
 
-// The xxh3-64 of a tensor's bytes in a file, read in bounded pieces.
+// The digest of a tensor's bytes in a file, as the file's definition computes it, read in
+// bounded parts (a multiple of the digest's pieces, so that whole pieces are hashed in place).
 Digest file_tensor_digest(const io::SafetensorsReader& reader, const std::string& name,
+                          DigestDefinition definition, ThreadPool& pool,
                           std::vector<std::byte>& buffer) {
+  static_assert(kIoChunkBytes % kBufferDigestPieceBytes == 0);
   const io::TensorInfo& info = reader.tensor(name);
-  DigestStream stream;
+  DigestStream whole;
+  BufferDigestStream pieces(&pool);
   for (std::uint64_t at = 0; at < info.byte_size(); at += kIoChunkBytes) {
     const std::uint64_t n = std::min(kIoChunkBytes, info.byte_size() - at);
     buffer.resize(n);
     reader.read_range(name, at, buffer);
-    stream.update(buffer);
+    if (definition == DigestDefinition::whole_buffer) {
+      whole.update(buffer);
+    } else {
+      pieces.update(buffer);
+    }
   }
-  return stream.finish();
+  return definition == DigestDefinition::whole_buffer ? whole.finish() : pieces.finish();
 }
 
 void check_tensor(const io::SafetensorsReader& reader, const io::TensorSpec& expected) {
@@ -125,6 +134,7 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
         {"momentum_initialised", state.momentum_initialised() ? "true" : "false"},
         {"options", to_json(options).dump()},
         {"table_digest", table_hex},
+        {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
         {"state_digest", state_hex},
     };
     io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata,
@@ -145,7 +155,7 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
   for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
     specs.push_back(
         spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t)));
-    DigestStream residual;
+    BufferDigestStream residual(&pool);
     state.read_host(
         StateBuffer::residual, t, state.whole(t),
         [&](std::uint64_t, std::span<const std::byte> piece) { residual.update(piece); });
@@ -158,6 +168,7 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
       {"rank", std::to_string(rank)},
       {"world_size", std::to_string(group.world())},
       {"table_digest", table_hex},
+      {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
       {"state_digest", state_hex},
       {"residual_digest", digest_hex(combine_digests(residual_digests))},
   };
@@ -182,6 +193,7 @@ void save_global_weights(const ReplicatedState& state, const EngineOptions& opti
       {"format", "pulseloco-global-weights"},
       {"format_version", std::string(state_files::kFormatVersion)},
       {"window", std::to_string(state.window())},
+      {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
       {"state_digest", digest_hex(state.digest(pool))},
   };
   std::vector<io::TensorSpec> specs;
@@ -240,12 +252,13 @@ void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
     }
     loaded_momentum_initialised = initialised == "true";
     const std::string& state_hex = require(meta, "state_digest", global_path);
+    const DigestDefinition global_definition = state_files::digest_definition(meta, global_path);
 
     std::vector<std::byte> buffer;
     std::vector<Digest> parts;
     for (const io::TensorSpec& spec : global_file_specs(state)) {
       check_tensor(*global_file, spec);
-      parts.push_back(file_tensor_digest(*global_file, spec.name, buffer));
+      parts.push_back(file_tensor_digest(*global_file, spec.name, global_definition, pool, buffer));
       if (!state.keeps_global_state()) parts.push_back(0);
     }
     loaded_digest = combine_digests(parts);
@@ -262,12 +275,14 @@ void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
     check_equal(rank_meta, "world_size", std::to_string(world), rank_path);
     check_equal(rank_meta, "window", std::to_string(loaded_window), rank_path);
     check_equal(rank_meta, "state_digest", state_hex, rank_path);
+    const DigestDefinition rank_definition = state_files::digest_definition(rank_meta, rank_path);
     std::vector<Digest> residual_parts;
     for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
       const auto spec =
           spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t));
       check_tensor(*rank_file, spec);
-      residual_parts.push_back(file_tensor_digest(*rank_file, spec.name, buffer));
+      residual_parts.push_back(
+          file_tensor_digest(*rank_file, spec.name, rank_definition, pool, buffer));
     }
     check_equal(rank_meta, "residual_digest", digest_hex(combine_digests(residual_parts)),
                 rank_path);

@@ -168,12 +168,12 @@ Digest HostStateMemory::digest(ThreadPool& pool) {
     const TensorState& state = tensors_[t];
     if (!keeps_global_state_) {
       // No global state in ddp: the replicas' weights themselves must agree.
-      parts[2 * t] = digest_bytes(
-          std::span(static_cast<const std::byte*>(state.local.data), state.local.bytes()));
+      parts[2 * t] = buffer_digest(
+          std::span(static_cast<const std::byte*>(state.local.data), state.local.bytes()), pool);
       parts[2 * t + 1] = 0;
     } else {
-      parts[2 * t] = digest_of<float>(state.global);
-      parts[2 * t + 1] = digest_of<float>(state.momentum);
+      parts[2 * t] = buffer_digest(std::as_bytes(std::span(state.global)), pool);
+      parts[2 * t + 1] = buffer_digest(std::as_bytes(std::span(state.momentum)), pool);
     }
   });
   return combine_digests(parts);

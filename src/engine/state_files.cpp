@@ -4,6 +4,7 @@
 
 #include <charconv>
 
+#include <pulseloco/base/digest.h>
 #include <pulseloco/base/errors.h>
 
 namespace pulseloco::state_files {
@@ -38,6 +39,15 @@ const std::string& require(const io::Metadata& metadata, const std::string& key,
     throw ProtocolError(fmt::format("{}: metadata has no '{}'", file.string(), key));
   }
   return it->second;
+}
+
+DigestDefinition digest_definition(const io::Metadata& metadata,
+                                   const std::filesystem::path& file) {
+  const auto found = metadata.find(std::string(kDigestKey));
+  if (found == metadata.end()) return DigestDefinition::whole_buffer;
+  if (found->second == kBufferDigestName) return DigestDefinition::pieces;
+  throw ProtocolError(fmt::format("{}: metadata '{}' = '{}' is not a digest this build knows ({})",
+                                  file.string(), kDigestKey, found->second, kBufferDigestName));
 }
 
 std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,

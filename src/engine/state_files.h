@@ -33,6 +33,14 @@ inline constexpr std::string_view kLocal = "local.";        // θ_l, the model's
 [[nodiscard]] std::filesystem::path trace_message_file(const std::filesystem::path& dir,
                                                        std::uint64_t window, int rank);
 
+// How a file's recorded digests were computed: the metadata key kDigestKey names the definition
+// (kBufferDigestName, base/digest.h); files written without it used xxh3-64 of each tensor's
+// whole bytes, and still verify that way.
+inline constexpr std::string_view kDigestKey = "digest";
+enum class DigestDefinition { whole_buffer, pieces };
+[[nodiscard]] DigestDefinition digest_definition(const io::Metadata& metadata,
+                                                 const std::filesystem::path& file);
+
 // Metadata helpers: every value is a string in safetensors.
 [[nodiscard]] const std::string& require(const io::Metadata& metadata, const std::string& key,
                                          const std::filesystem::path& file);

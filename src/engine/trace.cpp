@@ -112,6 +112,7 @@ void write_trace_outputs(const ReplicatedState& state, const EngineOptions& opti
                          const AttachedGroup& group, const WindowReport& report) {
   io::Metadata metadata = trace_metadata(state, options, group, "outputs");
   metadata["window"] = std::to_string(report.window);
+  metadata[std::string(state_files::kDigestKey)] = std::string(kBufferDigestName);
   metadata["state_digest"] = digest_hex(report.digest);
   metadata["report"] = to_json(report).dump();
   write_state_file(state, group.rank(),

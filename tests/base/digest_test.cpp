@@ -1,12 +1,15 @@
 #include <pulseloco/base/digest.h>
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <random>
 
 #include <pulseloco/base/cpu_features.h>
 #include <pulseloco/base/digest_dispatch.h>
+#include <pulseloco/base/thread_pool.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <numeric>
@@ -84,6 +87,64 @@ TEST(Digest, CombinationDependsOnOrder) {
   const std::array<Digest, 2> ba{2, 1};
   EXPECT_NE(combine_digests(ab), combine_digests(ba));
   EXPECT_EQ(combine_digests(ab), digest_bytes(std::as_bytes(std::span(ab))));
+}
+
+// The buffer digest's definition computed directly with libxxhash: xxh3-64 of the
+// little-endian piece digests of every 4 MiB piece.
+Digest direct_buffer_digest(std::span<const std::byte> bytes) {
+  std::vector<std::uint64_t> pieces;
+  for (std::size_t at = 0; at < bytes.size(); at += kBufferDigestPieceBytes) {
+    const std::size_t n = std::min(kBufferDigestPieceBytes, bytes.size() - at);
+    pieces.push_back(XXH3_64bits(bytes.data() + at, n));
+  }
+  return XXH3_64bits(pieces.data(), pieces.size() * sizeof(std::uint64_t));
+}
+
+std::vector<std::byte> random_bytes(std::size_t count) {
+  std::mt19937_64 random(count);
+  std::vector<std::byte> bytes(count);
+  for (std::byte& b : bytes)
+    b = static_cast<std::byte>(random());
+  return bytes;
+}
+
+const std::size_t kBufferSizes[] = {0,
+                                    1,
+                                    1000,
+                                    kBufferDigestPieceBytes - 1,
+                                    kBufferDigestPieceBytes,
+                                    kBufferDigestPieceBytes + 1,
+                                    3 * kBufferDigestPieceBytes + 1031};
+
+TEST(BufferDigest, MatchesItsDefinition) {
+  EXPECT_EQ(kBufferDigestName, "xxh3-64-pieces-4MiB");
+  EXPECT_EQ(kBufferDigestPieceBytes, std::size_t{4} << 20);
+  ThreadPool pool(3);
+  for (const std::size_t size : kBufferSizes) {
+    const std::vector<std::byte> bytes = random_bytes(size);
+    const Digest expected = direct_buffer_digest(bytes);
+    EXPECT_EQ(buffer_digest(bytes), expected) << size;
+    EXPECT_EQ(buffer_digest(bytes, pool), expected) << size;
+  }
+  // No pieces: the digest of no bytes.
+  EXPECT_EQ(buffer_digest({}), digest_bytes({}));
+}
+
+TEST(BufferDigest, StreamingEqualsOneShotWhateverTheParts) {
+  ThreadPool pool(2);
+  for (const std::size_t size : kBufferSizes) {
+    const std::vector<std::byte> bytes = random_bytes(size);
+    const std::span<const std::byte> all(bytes);
+    for (const std::size_t part : {std::size_t{1} << 20, kBufferDigestPieceBytes,
+                                   std::size_t{16} << 20, kBufferDigestPieceBytes + 3}) {
+      for (ThreadPool* used : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        BufferDigestStream stream(used);
+        for (std::size_t at = 0; at < size; at += part)
+          stream.update(all.subspan(at, std::min(part, size - at)));
+        EXPECT_EQ(stream.finish(), buffer_digest(bytes)) << size << " in parts of " << part;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <span>
 #include <vector>
 
+#include <pulseloco/base/digest.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/codec/message.h>
 #include <pulseloco/engine/engine.h>
@@ -219,6 +221,101 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
     std::rethrow_exception(errors[1]);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank-00001"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// Rewrites a checkpoint file as builds before the piece digest wrote it: no "digest" key, and
+// `digest_key` = the digests over each tensor's whole bytes, combined in file order (returned);
+// `state_hex`, when given, replaces the recorded state digest; `digest_name`, when given, is
+// recorded as the definition instead of leaving the key out.
+std::string rewrite_with_whole_buffer_digests(const fs::path& file, const std::string& digest_key,
+                                              const std::string& state_hex = {},
+                                              const std::optional<std::string>& digest_name = {}) {
+  std::vector<io::TensorSpec> specs;
+  std::vector<std::vector<std::byte>> data;
+  std::vector<Digest> parts;
+  io::Metadata metadata;
+  {
+    const io::SafetensorsReader reader(file);
+    metadata = reader.metadata();
+    for (const io::TensorInfo& info : reader.tensors()) {
+      specs.push_back(info.spec);
+      data.emplace_back(info.data_end - info.data_begin);
+      reader.read_range(info.spec.name, 0, data.back());
+      parts.push_back(digest_bytes(data.back()));
+    }
+  }
+  EXPECT_EQ(metadata.at("digest"), kBufferDigestName);
+  metadata.erase("digest");
+  if (digest_name) metadata["digest"] = *digest_name;
+  const std::string combined = digest_hex(combine_digests(parts));
+  metadata[digest_key] = combined;
+  if (!state_hex.empty()) metadata["state_digest"] = state_hex;
+  io::SafetensorsWriter writer(file, metadata, specs);
+  for (std::size_t t = 0; t < specs.size(); ++t)
+    writer.write(specs[t].name, std::span<const std::byte>(data[t]));
+  writer.finish();
+  return combined;
+}
+
+// Checkpoints written before the piece digest record whole-buffer digests and no "digest" key:
+// they still verify and load, and the job continues bit-identically.
+TEST(Checkpoint, FilesWithWholeBufferDigestsStillLoad) {
+  const fs::path dir = fresh_dir("whole_buffer_digests");
+  const EngineOptions options = options_for_test();
+  TrainingRun uninterrupted(options, 30);
+  for (int w = 0; w < 3; ++w)
+    uninterrupted.window(w);
+
+  TrainingRun first(options, 30);
+  first.window(0);
+  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  const std::string state_hex =
+      rewrite_with_whole_buffer_digests(dir / "global.safetensors", "state_digest");
+  for (int r = 0; r < kWorld; ++r) {
+    (void)rewrite_with_whole_buffer_digests(dir / fmt::format("rank-{:05}.safetensors", r),
+                                            "residual_digest", state_hex);
+  }
+
+  TrainingRun resumed(options, 30 + 767);
+  resumed.on_all([&](Engine& e) { e.load_checkpoint(dir); });
+  for (int w = 1; w < 3; ++w)
+    resumed.window(w);
+  expect_same_state(uninterrupted, resumed);
+  fs::remove_all(dir);
+}
+
+// The "digest" key, not the digests' values, decides how a file verifies: whole-buffer digests
+// under the piece definition's name are a mismatch, and an unknown definition is refused by
+// name, on every rank and without changing the state.
+TEST(Checkpoint, TheRecordedDigestDefinitionDecidesHowFilesVerify) {
+  const fs::path dir = fresh_dir("digest_definition");
+  const EngineOptions options = options_for_test();
+  TrainingRun run(options, 40);
+  run.window(0);
+  run.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  std::vector<Digest> before;
+  for (const auto& e : run.engines)
+    before.push_back(e->state_digest());
+  for (const std::string& name :
+       {std::string(kBufferDigestName), std::string("xxh3-64-pieces-1MiB")}) {
+    run.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+    (void)rewrite_with_whole_buffer_digests(dir / "global.safetensors", "state_digest", {}, name);
+    const auto errors = testing::run_ranks(
+        kWorld, [&](int r) { run.engines[static_cast<std::size_t>(r)]->load_checkpoint(dir); });
+    for (int r = 0; r < kWorld; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      ASSERT_TRUE(errors[i]) << "rank " << r << " loaded with digest " << name;
+      EXPECT_EQ(run.engines[i]->state_digest(), before[i]);
+    }
+    try {
+      std::rethrow_exception(errors[0]);
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find(name == kBufferDigestName ? "does not match" : name),
+                std::string::npos)
+          << e.what();
+    }
   }
   fs::remove_all(dir);
 }

@@ -298,20 +298,72 @@ TEST(CudaAggregate, RejectsBadEntriesBeforeWriting) {
                InvalidArgument);
 }
 
+// Every length class of xxh3 for the single piece and for the last piece of a longer buffer
+// (short paths, within and across 1 KiB blocks), pieces in more than one device batch, and a
+// buffer that does not start on an 8-byte boundary.
 TEST(CudaDigest, MatchesTheHostDigestOfTheSameBytes) {
   PULSELOCO_SKIP_WITHOUT_GPU();
   CudaBackend cuda;
-  // Larger than two staging pieces, an odd byte count, and empty.
-  for (std::size_t bytes :
-       {std::size_t{0}, std::size_t{13}, std::size_t{1} << 20, (std::size_t{20} << 20) + 7}) {
-    std::vector<std::byte> host(bytes);
+  constexpr std::size_t kPiece = kBufferDigestPieceBytes;
+  const std::size_t batch = 256 * kPiece;  // kernels/cuda/cuda_internal.h kDigestBatchPieces
+  const std::size_t sizes[] = {0,
+                               1,
+                               3,
+                               13,
+                               16,
+                               17,
+                               128,
+                               129,
+                               240,
+                               241,
+                               1023,
+                               1024,
+                               1025,
+                               1 << 20,
+                               kPiece - 1,
+                               kPiece,
+                               kPiece + 7,
+                               kPiece + 240,
+                               kPiece + 241,
+                               kPiece + 1025,
+                               5 * kPiece + 4093,
+                               batch + kPiece + 77};
+  for (const std::size_t bytes : sizes) {
+    std::vector<std::byte> host(bytes + 3);
     FastRandom random(bytes);
     for (std::byte& b : host)
       b = static_cast<std::byte>(random.next());
-    const DeviceBytes device = DeviceBytes::from_host(host.data(), bytes, cuda.stream());
-    DigestStream streamed;
-    kernels::cuda::update_digest(streamed, device.get(), bytes, cuda.workspace(), cuda.stream());
-    EXPECT_EQ(streamed.finish(), digest_bytes(host)) << bytes;
+    const DeviceBytes device = DeviceBytes::from_host(host.data(), host.size(), cuda.stream());
+    for (const std::size_t offset : {std::size_t{0}, std::size_t{3}}) {
+      const std::span<const std::byte> expected(host.data() + offset, bytes);
+      EXPECT_EQ(kernels::cuda::buffer_digest(device.get<std::byte>() + offset, bytes,
+                                             cuda.workspace(), cuda.stream()),
+                buffer_digest(expected))
+          << bytes << " bytes at offset " << offset;
+    }
+  }
+}
+
+TEST(CudaDigest, StateDigestMatchesTheCpu) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  CudaBackend cuda;
+  for (const std::size_t count : {std::size_t{1}, std::size_t{1000}, (std::size_t{3} << 20) + 5}) {
+    std::vector<float> global(count);
+    std::vector<float> momentum(count);
+    FastRandom random(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      global[i] = static_cast<float>(random.next() % 1000) * 0.001f;
+      momentum[i] = static_cast<float>(random.next() % 1000) * -0.002f;
+    }
+    const DeviceBytes d_global =
+        DeviceBytes::from_host(global.data(), count * sizeof(float), cuda.stream());
+    const DeviceBytes d_momentum =
+        DeviceBytes::from_host(momentum.data(), count * sizeof(float), cuda.stream());
+    EXPECT_EQ(kernels::cuda::state_digest(std::span(d_global.get<const float>(), count),
+                                          std::span(d_momentum.get<const float>(), count),
+                                          cuda.workspace(), cuda.stream()),
+              kernels::state_digest(global, momentum))
+        << count;
   }
 }
 

@@ -294,8 +294,8 @@ TEST(StateDigest, CoversBothTensorsAndEveryBit) {
   std::vector<float> global = testing::make_global_weights(1000, 1);
   std::vector<float> momentum = testing::make_global_weights(1000, 2);
   const Digest base = state_digest(global, momentum);
-  const Digest parts[2] = {digest_of(std::span<const float>(global)),
-                           digest_of(std::span<const float>(momentum))};
+  const Digest parts[2] = {buffer_digest(std::as_bytes(std::span<const float>(global))),
+                           buffer_digest(std::as_bytes(std::span<const float>(momentum)))};
   EXPECT_EQ(base, combine_digests(parts));
   EXPECT_NE(base, state_digest(global, {}));
   EXPECT_NE(base, state_digest(momentum, global));  // order matters

@@ -441,20 +441,15 @@ Digest CudaStateMemory::digest(ThreadPool& /*pool*/) {
   std::vector<Digest> parts(tensors_.size() * 2);
   for (std::size_t t = 0; t < tensors_.size(); ++t) {
     const TensorState& state = tensors_[t];
-    DigestStream first;
     if (!keeps_global_state_) {
-      kernels::cuda::update_digest(first, state.local.data, state.local.bytes(), *workspace_,
-                                   stream_);
-      parts[2 * t] = first.finish();
+      parts[2 * t] =
+          kernels::cuda::buffer_digest(state.local.data, state.local.bytes(), *workspace_, stream_);
       parts[2 * t + 1] = 0;
       continue;
     }
-    DigestStream second;
     const std::size_t bytes = state.local.numel * sizeof(float);
-    kernels::cuda::update_digest(first, state.global, bytes, *workspace_, stream_);
-    kernels::cuda::update_digest(second, state.momentum, bytes, *workspace_, stream_);
-    parts[2 * t] = first.finish();
-    parts[2 * t + 1] = second.finish();
+    parts[2 * t] = kernels::cuda::buffer_digest(state.global, bytes, *workspace_, stream_);
+    parts[2 * t + 1] = kernels::cuda::buffer_digest(state.momentum, bytes, *workspace_, stream_);
   }
   return combine_digests(parts);
 }
