@@ -244,8 +244,15 @@ GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t
   try {
     table = result.get();
   } catch (const Error&) {
-    // The server's own reason (a refused member) says more than "the rendezvous is over".
-    if (server && server->failure()) std::rethrow_exception(server->failure());
+    // The server's own reason (a refused member, the ranks that did not register and what it
+    // refused meanwhile) says more than this client's view. It ends by the same deadline.
+    if (server) {
+      try {
+        server->wait();
+      } catch (const Error&) {
+        std::rethrow_exception(server->failure());
+      }
+    }
     throw;
   }
   if (server) server->wait();  // every rank has its table before rank 0 moves on

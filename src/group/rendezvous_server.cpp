@@ -26,6 +26,18 @@ namespace {
 namespace asio = boost::asio;
 namespace tcp = transport::tcp;
 
+// The failures wait() throws (made outside the coroutines: GCC 12 mishandles temporaries with
+// destructors in them).
+std::exception_ptr timed_out(const std::string& message, std::vector<int> missing) {
+  ErrorContext context;
+  context.ranks = std::move(missing);
+  return std::make_exception_ptr(TimeoutError(message, std::move(context)));
+}
+
+std::exception_ptr refused_member(const std::string& message) {
+  return std::make_exception_ptr(ProtocolError(message));
+}
+
 }  // namespace
 
 struct RendezvousServer::Impl {
@@ -59,8 +71,9 @@ struct RendezvousServer::Impl {
   const transport::Deadline deadline;
   std::vector<Member> members;  // touched only on the io thread
   int registered = 0;
-  bool finished = false;       // no more registrations (complete or failed)
-  std::string failed_because;  // set when a refused member failed the rendezvous
+  bool finished = false;                 // no more registrations (complete or failed)
+  std::string failed_because;            // why the rendezvous failed
+  std::vector<std::byte> failure_reply;  // what the ranks are told then
   tcp::RefusalRecord refusals;
   std::atomic<int> refused{0};
 
@@ -118,8 +131,8 @@ struct RendezvousServer::Impl {
             authenticated ? result.refusal : std::string("failed authentication (wrong secret)"));
         logger().warn("rendezvous server: refused {}", refusal);
         if (fatal) {
-          co_await fail_now(RendezvousFailure::refused_member,
-                            fmt::format("rendezvous: refused {}", refusal));
+          const std::string message = fmt::format("rendezvous: refused {}", refusal);
+          co_await fail_now(refused_member(message), RendezvousFailure::refused_member, message);
         } else {
           refusals.add(refusal);
         }
@@ -137,7 +150,17 @@ struct RendezvousServer::Impl {
       if (address.port == 0 || address.host.empty())
         throw ProtocolError(
             fmt::format("rank {} registered an invalid address '{}'", claimed, to_string(address)));
-      if (finished) co_return;
+      if (finished) {
+        // It passed the handshake before the rendezvous failed: it learns why, as the others.
+        if (!failure_reply.empty()) {
+          boost::system::error_code write_error;
+          co_await asio::async_write(*socket, asio::buffer(failure_reply),
+                                     asio::redirect_error(asio::use_awaitable, write_error));
+          boost::system::error_code ignored;
+          socket->shutdown(tcp::Socket::shutdown_send, ignored);
+        }
+        co_return;
+      }
       auto& member = members[static_cast<std::size_t>(claimed)];
       member.socket = socket;
       member.address = std::move(address);
@@ -199,32 +222,27 @@ struct RendezvousServer::Impl {
     const std::string message =
         fmt::format("rendezvous: ranks {} did not register in time ({} of {} registered){}",
                     fmt::join(missing, ", "), registered, world_size, refusals.summary());
-    ErrorContext context;
-    context.ranks = missing;
-    co_await fail_now(RendezvousFailure::timed_out, message, std::move(context));
+    co_await fail_now(timed_out(message, missing), RendezvousFailure::timed_out, message);
   }
 
-  // Ends the rendezvous with `message`, telling every registered rank.
-  asio::awaitable<void> fail_now(RendezvousFailure why, std::string message,
-                                 ErrorContext context = {}) {
+  // Ends the rendezvous with `error` (what wait() throws), telling every registered rank
+  // `message` first.
+  asio::awaitable<void> fail_now(std::exception_ptr error, RendezvousFailure why,
+                                 std::string message) {
     if (finished) co_return;
     stop_accepting();
     timer.cancel();
     failed_because = message;
-    const std::vector<std::byte> reply = encode_failure(why, message);
+    failure_reply = encode_failure(why, message);
     for (auto& member : members) {
       if (!member.registered) continue;
-      boost::system::error_code error;
-      co_await asio::async_write(*member.socket, asio::buffer(reply),
-                                 asio::redirect_error(asio::use_awaitable, error));
+      boost::system::error_code write_error;
+      co_await asio::async_write(*member.socket, asio::buffer(failure_reply),
+                                 asio::redirect_error(asio::use_awaitable, write_error));
       boost::system::error_code ignored;
       member.socket->shutdown(tcp::Socket::shutdown_send, ignored);
     }
-    if (why == RendezvousFailure::timed_out) {
-      complete(std::make_exception_ptr(TimeoutError(message, std::move(context))));
-    } else {
-      complete(std::make_exception_ptr(ProtocolError(message, std::move(context))));
-    }
+    complete(std::move(error));
   }
 };
 
