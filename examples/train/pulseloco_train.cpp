@@ -100,6 +100,7 @@ std::uint16_t free_port() {
 
 int run_local_workers(int workers, int argc, char** argv) {
   const std::uint16_t port = free_port();
+  const std::string run_id = "local-" + std::to_string(::getpid()) + "-" + std::to_string(port);
   std::vector<std::string> arguments;
   for (int i = 0; i < argc; ++i) {
     const std::string argument = argv[i];
@@ -120,6 +121,10 @@ int run_local_workers(int workers, int argc, char** argv) {
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("PULSELOCO_RENDEZVOUS", "env", 1);
+      // A single-host run: nothing listens beyond loopback (no secret needed), and this run's
+      // processes never accept another local run's.
+      ::setenv("PULSELOCO_LISTEN_ADDR", "127.0.0.1", 1);
+      ::setenv("PULSELOCO_RUN_ID", run_id.c_str(), 0);
       std::vector<char*> child_argv;
       for (auto& a : arguments)
         child_argv.push_back(a.data());

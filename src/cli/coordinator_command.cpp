@@ -3,7 +3,8 @@
 // it accepts connections, and runs until the run is over: exit status 0 when every member of
 // the last generation has left, 1 (with the reason) when the run stopped because the group fell
 // below the minimum or every worker was lost. The shared secret comes from PULSELOCO_SECRET or
-// PULSELOCO_SECRET_FILE, as for the transports.
+// PULSELOCO_SECRET_FILE and the run id from PULSELOCO_RUN_ID, as for the workers; without a
+// secret it listens only on loopback, unless --insecure (or PULSELOCO_ALLOW_INSECURE=1).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -55,10 +56,16 @@ void add_coordinator_command(CLI::App& app) {
                    "exceed twice the workers' collective timeout and their connect timeout)")
       ->check(flags::at_least(1))
       ->capture_default_str();
+  command->add_flag("--insecure", options->allow_insecure,
+                    "Listen beyond loopback without a shared secret (a trusted network only: "
+                    "anyone who reaches the port can join); also PULSELOCO_ALLOW_INSECURE=1");
   command->callback([options, regroup_timeout_ms] {
     elastic::CoordinatorOptions run = *options;
     run.regroup_timeout = std::chrono::milliseconds(*regroup_timeout_ms);
-    run.secret = group::from_environment().tcp.secret;
+    const group::TransportOptions environment = group::from_environment();
+    run.secret = environment.tcp.secret;
+    run.run_id = environment.run_id;
+    run.allow_insecure = run.allow_insecure || environment.tcp.allow_insecure;
     elastic::Coordinator coordinator(run);
     // Scripts and tests wait for this line before starting workers.
     fmt::print("coordinator listening on {}:{}\n", run.host, coordinator.port());

@@ -66,7 +66,9 @@
 #include <pulseloco/base/log.h>
 #include <pulseloco/base/thread_name.h>
 #include <pulseloco/elastic/membership_messages.h>
+#include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/listener.h>
 #include <pulseloco/transport/tcp/server_outcome.h>
 
@@ -130,9 +132,13 @@ struct Coordinator::Impl {
   using ConnectionPtr = std::shared_ptr<Connection>;
 
   explicit Impl(CoordinatorOptions coordinator_options)
-      : options(std::move(coordinator_options)), regroup_timer(io), shutdown_timer(io) {}
+      : options(std::move(coordinator_options)),
+        job(transport::derive_job_id(options.secret, options.run_id)),
+        regroup_timer(io),
+        shutdown_timer(io) {}
 
   const CoordinatorOptions options;
+  const transport::JobId job;
   asio::io_context io;
   std::optional<tcp::Listener> listener;
   asio::steady_timer regroup_timer;
@@ -285,11 +291,12 @@ struct Coordinator::Impl {
     std::string refusal;
     try {
       const auto result = co_await tcp::server_handshake(
-          *connection->socket, options.secret, [](const tcp::Hello& hello) -> std::string {
+          *connection->socket, options.secret, [this](const tcp::Hello& hello) -> std::string {
             if (hello.purpose != tcp::Purpose::membership)
               return "this is a membership coordinator, not a rendezvous server or a data "
                      "listener";
-            return {};
+            return transport::group_mismatch(hello.group_id, transport::job_only_group_id(job),
+                                             /*check_group=*/false);
           });
       if (!result.accepted) {
         refuse(connection, result.refusal);
@@ -713,10 +720,8 @@ Coordinator::Coordinator(CoordinatorOptions options) {
   if (options.regroup_timeout.count() <= 0)
     throw InvalidArgument(fmt::format("coordinator: regroup_timeout is {} ms; it must be positive",
                                       options.regroup_timeout.count()));
-  if (options.secret.empty())
-    logger().warn(
-        "membership coordinator: no shared secret (PULSELOCO_SECRET): connections are not "
-        "authenticated");
+  tcp::require_secret_beyond_loopback("membership coordinator", options.host, options.secret,
+                                      options.allow_insecure);
   impl_ = std::make_unique<Impl>(std::move(options));
   auto& impl = *impl_;
   const std::string& host = impl.options.host;

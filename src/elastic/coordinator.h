@@ -52,7 +52,13 @@ struct CoordinatorOptions {
   // the workers' connect timeout (the time a member of a new generation waits for a peer it
   // cannot reach). The default suits the workers' defaults: 60 s for both.
   std::chrono::milliseconds regroup_timeout{150'000};
-  std::string secret;  // shared secret (PULSELOCO_SECRET); empty = unauthenticated, warned
+  // Shared secret (PULSELOCO_SECRET). Empty: connections are not authenticated, which is
+  // refused (InvalidArgument) unless `host` is loopback or allow_insecure is set.
+  std::string secret;
+  // The job's run id (PULSELOCO_RUN_ID; transport/tcp/job_id.h): a worker of another job is
+  // refused, naming both jobs. The workers must use the same one.
+  std::string run_id;
+  bool allow_insecure = false;  // listen beyond loopback without a secret (warned)
 };
 
 // Runs the coordinator on a background thread until destroyed.
@@ -69,7 +75,8 @@ class Coordinator {
   // Blocks until the run is over: every member of the current generation has left (returns),
   // or the run stopped below min_workers (throws MembershipError with the reason).
   void wait();
-  // Connections refused so far (wrong secret, malformed registration, duplicate worker id).
+  // Connections refused so far (wrong secret, another job, malformed registration, duplicate
+  // worker id).
   [[nodiscard]] int refused_connections() const noexcept;
   // Workers waiting to be placed in a group (not members of the current generation).
   [[nodiscard]] int waiting_workers() const noexcept;

@@ -163,6 +163,7 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
       .worker_id = worker_id_,
       .data_address = data,
       .secret = elastic_.transport.tcp.secret,
+      .run_id = elastic_.transport.run_id,
       .connect_timeout = elastic_.transport.connect_timeout,
   });
   logger().info("worker {} registered with the coordinator at {} (data plane {})", worker_id_,

@@ -11,6 +11,7 @@
 #include <pulseloco/base/log.h>
 #include <pulseloco/elastic/membership_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::elastic {
@@ -269,6 +270,8 @@ struct MembershipClient::Impl {
       });
       tcp::Hello hello;
       hello.purpose = tcp::Purpose::membership;
+      hello.group_id =
+          transport::job_only_group_id(transport::derive_job_id(options.secret, options.run_id));
       (void)co_await tcp::client_handshake(socket, hello, options.secret);
     };
     auto outcome = asio::co_spawn(io, run(), asio::use_future);

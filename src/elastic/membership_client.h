@@ -35,7 +35,8 @@ struct MembershipClientOptions {
   // Where this worker's data listener will listen. An empty or wildcard host (0.0.0.0, ::) is
   // replaced by the address the coordinator sees this worker's connection come from.
   transport::PeerAddress data_address;
-  std::string secret;                                 // shared secret
+  std::string secret;  // shared secret
+  std::string run_id;  // the job's run id; the coordinator's must be the same (job_id.h)
   std::chrono::milliseconds connect_timeout{60'000};  // connecting and registering
 };
 

@@ -8,7 +8,11 @@
 #include <cstring>
 #include <initializer_list>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
@@ -62,9 +66,10 @@ struct MemberStatus {
 };
 
 // Every rank's `mine` must equal rank 0's; 0 means "this rank failed locally" (then its own
-// error is thrown, after the others have learnt of it).
-void check_agreement(const AttachedGroup& group, std::uint64_t mine, const char* what,
-                     const std::exception_ptr& local_error) {
+// error is thrown, after the others have learnt of it). Returns the ranks whose value differs
+// from rank 0's (the same on every rank).
+std::vector<int> disagreeing_ranks(const AttachedGroup& group, std::uint64_t mine,
+                                   const std::exception_ptr& local_error) {
   const auto all = collectives::allgather_u64(group.transport(), mine, group.collective());
   if (local_error) std::rethrow_exception(local_error);
   std::vector<int> failed;
@@ -81,10 +86,70 @@ void check_agreement(const AttachedGroup& group, std::uint64_t mine, const char*
     throw InvalidArgument("these ranks could not start (invalid parameters; see their logs)",
                           {.rank = group.rank(), .ranks = failed});
   }
-  if (!differing.empty()) {
-    throw InvalidArgument(fmt::format("{} differ from rank 0's on these ranks", what),
-                          {.rank = group.rank(), .ranks = differing});
+  return differing;
+}
+
+// "1 rank" / "ranks 2, 3".
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+// Collective, once the options' digests differ: every rank's shared options, and per option that
+// differs, every value and the ranks that hold it ("steps_per_window: rank 0 has 8, ranks 2, 3
+// have 16").
+std::string describe_option_differences(const AttachedGroup& group, const EngineOptions& options) {
+  const std::string mine = shared_options(options).dump();
+  // The algorithm and chunk may be among the options that differ: fixed ones here, so that
+  // every rank moves these bytes the same way.
+  collectives::CollectiveOptions exchange = group.collective();
+  exchange.algorithm = collectives::CollectiveAlgorithm::ring;
+  exchange.pipeline_chunk_bytes = collectives::CollectiveOptions{}.pipeline_chunk_bytes;
+  exchange.max_message_bytes = std::uint64_t{1} << 16;  // the options are a few hundred bytes
+  const auto texts =
+      collectives::sparse_allgather(group.transport(), std::as_bytes(std::span(mine)), exchange);
+  std::vector<nlohmann::json> all;
+  for (int r = 0; r < group.world(); ++r) {
+    const auto& bytes = texts[static_cast<std::size_t>(r)];
+    all.push_back(nlohmann::json::parse(
+        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), nullptr,
+        /*allow_exceptions=*/false));
+    if (!all.back().is_object())
+      throw ProtocolError("rank's shared options are not a JSON object",
+                          {.rank = group.rank(), .peer = r});
   }
+  std::vector<std::string> lines;
+  for (const auto& [key, ours] : all[0].items()) {
+    // A float is sent twice (decimal and raw bits): name it once, by its decimal key.
+    if (key.ends_with("_bits") && all[0].contains(key.substr(0, key.size() - 5))) continue;
+    const std::string bits = key + "_bits";
+    const auto value_of = [&](const nlohmann::json& theirs) {
+      return theirs.contains(key) ? theirs.at(key) : nlohmann::json("<absent>");
+    };
+    const auto same = [&](const nlohmann::json& a, const nlohmann::json& b) {
+      return value_of(a) == value_of(b) &&
+             a.value(bits, nlohmann::json()) == b.value(bits, nlohmann::json());
+    };
+    // Groups of ranks holding the same value, in order of their first rank.
+    std::vector<std::vector<int>> holders;
+    for (int r = 0; r < group.world(); ++r) {
+      auto found = std::find_if(holders.begin(), holders.end(), [&](const auto& ranks) {
+        return same(all[static_cast<std::size_t>(ranks.front())], all[static_cast<std::size_t>(r)]);
+      });
+      if (found == holders.end()) {
+        holders.push_back({r});
+      } else {
+        found->push_back(r);
+      }
+    }
+    if (holders.size() == 1) continue;
+    std::vector<std::string> values;
+    for (const auto& ranks : holders)
+      values.push_back(fmt::format("{} {} {}", rank_list(ranks), ranks.size() == 1 ? "has" : "have",
+                                   value_of(all[static_cast<std::size_t>(ranks.front())]).dump()));
+    lines.push_back(fmt::format("{}: {}", key, fmt::join(values, ", ")));
+  }
+  if (lines.empty()) return "the options differ from rank 0's (in an option this build omits)";
+  return fmt::format("options differ across ranks: {}", fmt::join(lines, "; "));
 }
 
 // Sends `buffers` of every tensor from `source` to every rank, tensor by tensor, in pieces of at
@@ -216,10 +281,16 @@ bool join_group(const AttachedGroup& group, ReplicatedState& state, const Engine
                 ThreadPool& pool, const std::exception_ptr& setup_error) {
   // A rank with invalid parameters still takes part in the agreement rounds, so that every rank
   // fails at once instead of waiting for it until the timeout.
-  check_agreement(group, setup_error ? 0 : shared_options_digest(options) | 1u,
-                  "options (mode, H, outer lr/momentum, chunking, codec)", setup_error);
-  check_agreement(group, state.layout().table_digest() | 1u,
-                  "parameter tables (names, sizes, dtypes)", nullptr);
+  if (auto differing = disagreeing_ranks(
+          group, setup_error ? 0 : shared_options_digest(options) | 1u, setup_error);
+      !differing.empty())
+    throw InvalidArgument(describe_option_differences(group, options),
+                          {.rank = group.rank(), .ranks = differing});
+  if (auto differing = disagreeing_ranks(group, state.layout().table_digest() | 1u, nullptr);
+      !differing.empty())
+    throw InvalidArgument(
+        "parameter tables (names, sizes, dtypes) differ from rank 0's on these ranks",
+        {.rank = group.rank(), .ranks = differing});
 
   MemberStatus mine;
   mine.has_state = state.has_contents();

@@ -170,12 +170,16 @@ std::vector<std::string> options_that_change_the_state(const EngineOptions& save
   return differing;
 }
 
-std::uint64_t shared_options_digest(const EngineOptions& options) {
+nlohmann::json shared_options(const EngineOptions& options) {
   nlohmann::json shared = to_json(options);
   shared.erase("threads");
   shared.erase("trace_dir");
   shared.erase("timeout_ms");
-  const std::string text = shared.dump();
+  return shared;
+}
+
+std::uint64_t shared_options_digest(const EngineOptions& options) {
+  const std::string text = shared_options(options).dump();
   return digest_bytes(std::as_bytes(std::span(text.data(), text.size())));
 }
 

@@ -79,7 +79,9 @@ struct EngineOptions {
 [[nodiscard]] EngineOptions options_from_json(
     const nlohmann::json& json);  // throws InvalidArgument
 
-// The options that must agree on every rank (everything but local paths and thread counts).
+// The options that must agree on every rank (everything but local paths and thread counts), as
+// canonical JSON, and its digest.
+[[nodiscard]] nlohmann::json shared_options(const EngineOptions& options);
 [[nodiscard]] std::uint64_t shared_options_digest(const EngineOptions& options);
 
 // The options a resumed run must share with its checkpoint: those the state's evolution

@@ -141,6 +141,7 @@ TransportOptions from_environment(TransportOptions options) {
     options.external_rendezvous_server = parse_bool(*env);
   if (auto env = first_env({"PULSELOCO_PEERS"})) options.peers = split_list(env->value);
   if (auto env = first_env({"PULSELOCO_GROUP_KEY"})) options.group_key = env->value;
+  if (auto env = first_env({"PULSELOCO_RUN_ID"})) options.run_id = env->value;
   if (auto env = first_env({"PULSELOCO_LISTEN_ADDR"})) options.tcp.listen_addr = env->value;
   if (auto env = first_env({"PULSELOCO_LISTEN_PORT"}))
     options.tcp.listen_port = static_cast<std::uint16_t>(parse_integer(*env, 0, 65535));
@@ -194,6 +195,8 @@ TransportOptions from_environment(TransportOptions options) {
           fmt::format("{}='{}': the first line (the secret) is empty", file->name, file->value));
     options.tcp.secret = line;
   }
+  if (auto env = first_env({"PULSELOCO_ALLOW_INSECURE"}))
+    options.tcp.allow_insecure = parse_bool(*env);
   if (auto env = first_env({"PULSELOCO_MPI_PART_BYTES"})) options.mpi.part_bytes = parse_size(*env);
   if (auto env = first_env({"PULSELOCO_CUDA_DEVICE"}))
     options.nccl.cuda_device = static_cast<int>(parse_integer(*env, 0, 1023));

@@ -9,6 +9,7 @@
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/group/test_hooks.h>
 #include <pulseloco/transport/bootstrap.h>
+#include <pulseloco/transport/tcp/exposure.h>
 
 namespace pulseloco::group {
 
@@ -41,10 +42,35 @@ const transport::NcclBackend& require_nccl_backend(std::string_view purpose) {
 
 namespace {
 
+// Where the data listener listens when the options do not say: on loopback when the group
+// evidently lives on this host (its own peer-list entry, or the master address, is loopback), so
+// that a single-host run is not reachable from elsewhere; else on every interface.
+std::string default_listen_addr(const TransportOptions& options, RendezvousMethod method) {
+  const auto own_peer_host = [&]() -> std::string {
+    if (options.rank < 0 || options.rank >= static_cast<int>(options.peers.size())) return {};
+    return transport::parse_peer_address(options.peers[static_cast<std::size_t>(options.rank)],
+                                         "PULSELOCO_PEERS")
+        .host;
+  };
+  std::string host;
+  if (method == RendezvousMethod::peer_list) {
+    host = own_peer_host();
+  } else if (method == RendezvousMethod::environment && options.advertise_addr.empty() &&
+             options.socket_ifname.empty()) {
+    host = options.master_addr;
+  }
+  if (!transport::tcp::is_loopback_host(host)) return {};
+  return host == "localhost" ? "127.0.0.1" : host;
+}
+
 // The TCP group of `options` (validated), found by its rendezvous.
-std::unique_ptr<TcpTransport> form_tcp_group(const TransportOptions& options) {
+std::unique_ptr<TcpTransport> form_tcp_group(const TransportOptions& given) {
+  const RendezvousMethod method = resolve_rendezvous(given);
+  TransportOptions options = given;
+  if (options.tcp.listen_addr.empty())
+    options.tcp.listen_addr = default_listen_addr(options, method);
   std::unique_ptr<TcpTransport> made;
-  switch (resolve_rendezvous(options)) {
+  switch (method) {
     case RendezvousMethod::peer_list:
       made = std::make_unique<TcpTransport>(options.tcp, peer_list_rendezvous(options),
                                             options.connect_timeout);

@@ -52,6 +52,10 @@ struct TransportOptions {
   // peer_list rendezvous: mixed into the group id, so that two groups with the same peer list
   // (successive generations of an elastic run) never accept each other.
   std::string group_key;
+  // Names this job (with the secret: transport/tcp/job_id.h), so that two jobs sharing
+  // addresses and a secret never accept each other's connections. Empty: the environment and
+  // MPI rendezvous generate a job id; a peer list then derives it from the secret alone.
+  std::string run_id;
   std::string advertise_addr;  // address peers connect to; "" = found automatically
   std::string socket_ifname;   // advertise this interface's IPv4 address (e.g. "eth0")
   // Forming the group: rendezvous, connecting (retried until then) and authenticating; for
@@ -76,6 +80,7 @@ struct TransportOptions {
 //   PULSELOCO_RENDEZVOUS_EXTERNAL  1: the rendezvous server runs outside rank 0
 //   PULSELOCO_PEERS                host:port,host:port,...
 //   PULSELOCO_GROUP_KEY            (peer_list) distinguishes groups with equal peer lists
+//   PULSELOCO_RUN_ID               names the job (distinct per job sharing a secret)
 //   PULSELOCO_ADVERTISE_ADDR, PULSELOCO_SOCKET_IFNAME
 //   PULSELOCO_CONNECT_TIMEOUT_MS
 //   PULSELOCO_LISTEN_ADDR, PULSELOCO_LISTEN_PORT                          (tcp)
@@ -86,6 +91,7 @@ struct TransportOptions {
 //   PULSELOCO_TCP_MAX_UNEXPECTED, PULSELOCO_TCP_CHECKSUMS, PULSELOCO_TCP_IO_THREADS,
 //   PULSELOCO_TCP_BUSY_POLL_US
 //   PULSELOCO_SECRET, PULSELOCO_SECRET_FILE (the secret is the file's first line)
+//   PULSELOCO_ALLOW_INSECURE       1: listen beyond loopback without a secret
 //   PULSELOCO_MPI_PART_BYTES                                               (mpi)
 //   PULSELOCO_CUDA_DEVICE, PULSELOCO_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK (nccl)
 //   PULSELOCO_NCCL_BOOTSTRAP       auto | mpi | tcp

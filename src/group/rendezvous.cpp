@@ -19,7 +19,9 @@
 #include <pulseloco/group/linked_backends.h>
 #include <pulseloco/group/rendezvous_messages.h>
 #include <pulseloco/group/rendezvous_server.h>
+#include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::group {
@@ -37,7 +39,10 @@ long long elapsed_ms(std::chrono::milliseconds timeout) {
   return static_cast<long long>(timeout.count());
 }
 
-std::string wildcard_for(const std::string& host) {
+// Where rank 0 hosts the rendezvous server: on the master address itself when it is loopback
+// (a single-host run), else on every interface of its family.
+std::string server_host_for(const std::string& host) {
+  if (tcp::is_loopback_host(host)) return host == "localhost" ? "127.0.0.1" : host;
   boost::system::error_code error;
   const auto address = asio::ip::make_address(host, error);
   return (!error && address.is_v6()) ? "::" : "0.0.0.0";
@@ -94,6 +99,8 @@ void require_rank_and_size(const TransportOptions& options, std::string_view met
 GroupTable table_from_reply(std::span<const std::byte> reply, const TransportOptions& options,
                             const PeerAddress& mine, const ErrorContext& context) {
   TableReply decoded = decode_table_reply(reply, context);
+  if (!decoded.ok && decoded.why == RendezvousFailure::refused_member)
+    throw ProtocolError(decoded.failure, context);
   if (!decoded.ok) throw TimeoutError(decoded.failure, context);
   if (decoded.peers.size() != static_cast<std::size_t>(options.world_size))
     throw ProtocolError(fmt::format("rendezvous: the table has {} ranks, expected {}",
@@ -158,6 +165,8 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
     hello.purpose = tcp::Purpose::rendezvous;
     hello.src_rank = static_cast<std::uint32_t>(options.rank);
     hello.world_size = static_cast<std::uint32_t>(options.world_size);
+    hello.group_id =
+        transport::job_only_group_id(transport::derive_job_id(options.tcp.secret, options.run_id));
     try {
       (void)co_await tcp::client_handshake(*socket, hello, options.tcp.secret);
       const std::vector<std::byte> registration = encode_registration(mine);
@@ -222,14 +231,30 @@ GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t
   const Deadline deadline = transport::deadline_after(options.connect_timeout);
   std::unique_ptr<RendezvousServer> server;
   if (options.rank == 0 && !options.external_rendezvous_server)
-    server =
-        std::make_unique<RendezvousServer>(wildcard_for(options.master_addr), options.master_port,
-                                           options.world_size, options.tcp.secret, deadline);
+    server = std::make_unique<RendezvousServer>(
+        server_host_for(options.master_addr), options.master_port, options.world_size,
+        options.tcp.secret, deadline,
+        RendezvousServerOptions{.run_id = options.run_id,
+                                .allow_insecure = options.tcp.allow_insecure});
   asio::io_context io;
   auto result = asio::co_spawn(io, register_with_server(io, options, listen_port, deadline),
                                asio::use_future);
   io.run();
-  GroupTable table = result.get();
+  GroupTable table;
+  try {
+    table = result.get();
+  } catch (const Error&) {
+    // The server's own reason (a refused member, the ranks that did not register and what it
+    // refused meanwhile) says more than this client's view. It ends by the same deadline.
+    if (server) {
+      try {
+        server->wait();
+      } catch (const Error&) {
+        std::rethrow_exception(server->failure());
+      }
+    }
+    throw;
+  }
   if (server) server->wait();  // every rank has its table before rank 0 moves on
   return table;
 }
@@ -255,7 +280,8 @@ GroupTable peer_list_rendezvous(const TransportOptions& options) {
   }
   std::array<unsigned char, SHA256_DIGEST_LENGTH> digest{};
   SHA256(reinterpret_cast<const unsigned char*>(joined.data()), joined.size(), digest.data());
-  std::copy_n(digest.begin(), table.group_id.size(), table.group_id.begin());
+  table.group_id = transport::make_group_id(
+      transport::derive_job_id(options.tcp.secret, options.run_id), std::span(digest).first<8>());
   return table;
 }
 
@@ -279,8 +305,14 @@ GroupTable mpi_rendezvous(const TransportOptions& options, std::uint16_t listen_
                 external.empty() ? hostname.c_str() : external.c_str());
   std::snprintf(mine.hostname, sizeof mine.hostname, "%s", hostname.c_str());
   mine.port = listen_port;
-  if (RAND_bytes(mine.group_id.data(), static_cast<int>(mine.group_id.size())) != 1)
+  // Rank 0's is the group's: a random job id unless the run id names the job.
+  std::array<std::uint8_t, 8> within{};
+  if (RAND_bytes(within.data(), static_cast<int>(within.size())) != 1)
     throw IoError("OpenSSL RAND_bytes failed to produce a group id");
+  mine.group_id = transport::make_group_id(
+      options.run_id.empty() ? transport::random_job_id()
+                             : transport::derive_job_id(options.tcp.secret, options.run_id),
+      within);
 
   const int rank = world->rank();
   const int size = world->size();

@@ -1,12 +1,13 @@
 #include <pulseloco/group/rendezvous_messages.h>
 
+#include <fmt/format.h>
+
 #include <pulseloco/base/byte_io.h>
 
 namespace pulseloco::group {
 namespace {
 
 constexpr std::uint8_t kTableOk = 0;
-constexpr std::uint8_t kTableFailure = 1;
 constexpr std::size_t kMaxFailureBytes = 60000;
 
 constexpr std::size_t address_bytes(const transport::PeerAddress& address) {
@@ -55,11 +56,11 @@ std::vector<std::byte> encode_table(const transport::GroupId& group_id,
   return out;
 }
 
-std::vector<std::byte> encode_failure(std::string_view message) {
+std::vector<std::byte> encode_failure(RendezvousFailure why, std::string_view message) {
   const std::string_view text = message.substr(0, kMaxFailureBytes);
-  std::vector<std::byte> out(sizeof(kTableFailure) + sizeof(std::uint16_t) + text.size());
+  std::vector<std::byte> out(sizeof(why) + sizeof(std::uint16_t) + text.size());
   ByteWriter(out)
-      .put(kTableFailure)
+      .put(why)
       .put(static_cast<std::uint16_t>(text.size()))
       .put_bytes(std::as_bytes(std::span(text)));
   return out;
@@ -68,11 +69,16 @@ std::vector<std::byte> encode_failure(std::string_view message) {
 TableReply decode_table_reply(std::span<const std::byte> bytes, ErrorContext context) {
   ByteReader in(bytes, std::move(context));
   TableReply reply;
-  if (in.get<std::uint8_t>("rendezvous reply status") == kTableFailure) {
+  const auto status = in.get<std::uint8_t>("rendezvous reply status");
+  if (status == static_cast<std::uint8_t>(RendezvousFailure::timed_out) ||
+      status == static_cast<std::uint8_t>(RendezvousFailure::refused_member)) {
+    reply.why = static_cast<RendezvousFailure>(status);
     reply.failure =
         read_text(in, in.get<std::uint16_t>("rendezvous failure length"), "rendezvous failure");
     return reply;
   }
+  if (status != kTableOk)
+    throw ProtocolError(fmt::format("unknown rendezvous reply status {}", status), in.context());
   reply.ok = true;
   in.get_bytes(reply.group_id, "group id");
   const auto count = in.get<std::uint32_t>("rendezvous table ranks");

@@ -7,7 +7,7 @@
 //                    u8 0, 16-byte group id, u32 ranks, then per rank: u16 port, u8 host length,
 //                    host
 //                    or, when the rendezvous failed:
-//                    u8 1, u16 length, message
+//                    u8 1 (it timed out) or 2 (it refused a member), u16 length, message
 #pragma once
 
 #include <cstddef>
@@ -36,14 +36,21 @@ struct RegistrationHead {
 
 [[nodiscard]] std::vector<std::byte> encode_table(const transport::GroupId& group_id,
                                                   const std::vector<transport::PeerAddress>& peers);
+// Why a rendezvous failed.
+enum class RendezvousFailure : std::uint8_t {
+  timed_out = 1,       // not every rank registered in time (TimeoutError)
+  refused_member = 2,  // a process of another job or world size, or a second claim of a rank
+};
 // The failure reply; the message is cut to what a u16 length can carry.
-[[nodiscard]] std::vector<std::byte> encode_failure(std::string_view message);
+[[nodiscard]] std::vector<std::byte> encode_failure(RendezvousFailure why,
+                                                    std::string_view message);
 
 // A reply as the rank reads it: the table, or the server's failure message.
 struct TableReply {
   bool ok = false;
   transport::GroupId group_id{};
   std::vector<transport::PeerAddress> peers;
+  RendezvousFailure why = RendezvousFailure::timed_out;
   std::string failure;
 };
 // Throws ProtocolError (with `context`) when the reply is truncated.

@@ -13,8 +13,11 @@
 #include <pulseloco/base/thread_name.h>
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/group/rendezvous_messages.h>
+#include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/listener.h>
+#include <pulseloco/transport/tcp/refusals.h>
 #include <pulseloco/transport/tcp/server_outcome.h>
 
 namespace pulseloco::group {
@@ -23,22 +26,37 @@ namespace {
 namespace asio = boost::asio;
 namespace tcp = transport::tcp;
 
+// The failures wait() throws (made outside the coroutines: GCC 12 mishandles temporaries with
+// destructors in them).
+std::exception_ptr timed_out(const std::string& message, std::vector<int> missing) {
+  ErrorContext context;
+  context.ranks = std::move(missing);
+  return std::make_exception_ptr(TimeoutError(message, std::move(context)));
+}
+
+std::exception_ptr refused_member(const std::string& message) {
+  return std::make_exception_ptr(ProtocolError(message));
+}
+
 }  // namespace
 
 struct RendezvousServer::Impl {
   struct Member {
     std::shared_ptr<tcp::Socket> socket;
     transport::PeerAddress address;
+    std::string from;  // where its registration came from
     bool claimed = false;
     bool registered = false;
   };
 
   Impl(const std::string& host, std::uint16_t port, int world, std::string key,
-       transport::Deadline until)
+       transport::Deadline until, const RendezvousServerOptions& options)
       : listener(io, io.get_executor(), "rendezvous server", host, port),
         timer(io),
         world_size(world),
         secret(std::move(key)),
+        job(transport::derive_job_id(secret, options.run_id)),
+        table_job(options.run_id.empty() ? transport::random_job_id() : job),
         deadline(until) {
     members.resize(static_cast<std::size_t>(world));
   }
@@ -48,10 +66,15 @@ struct RendezvousServer::Impl {
   asio::steady_timer timer;
   const int world_size;
   const std::string secret;
+  const transport::JobId job;        // what registering ranks present
+  const transport::JobId table_job;  // the job half of the group id the table carries
   const transport::Deadline deadline;
   std::vector<Member> members;  // touched only on the io thread
   int registered = 0;
-  bool finished = false;  // no more registrations (complete or failed)
+  bool finished = false;                 // no more registrations (complete or failed)
+  std::string failed_because;            // why the rendezvous failed
+  std::vector<std::byte> failure_reply;  // what the ranks are told then
+  tcp::RefusalRecord refusals;
   std::atomic<int> refused{0};
 
   tcp::ServerOutcome outcome;
@@ -59,32 +82,60 @@ struct RendezvousServer::Impl {
 
   void complete(std::exception_ptr error) { outcome.complete(std::move(error)); }
 
+  // Decides on an authenticated hello: "" admits it (claiming its rank), else the reason. Sets
+  // `fatal` when the refusal must end the rendezvous: the process holds the secret but belongs
+  // to another job or world size, or claims a rank that is taken; going on would let two jobs
+  // mix, or leave one of the two claimants out with a misleading error later.
+  std::string admit(const tcp::Hello& hello, const std::string& from, int& claimed, bool& fatal) {
+    if (hello.purpose != tcp::Purpose::rendezvous)
+      return "this is a rendezvous server, not a data listener";
+    if (finished)
+      return failed_because.empty() ? std::string("the rendezvous is already over")
+                                    : fmt::format("the rendezvous failed: {}", failed_because);
+    fatal = true;
+    if (auto mismatch = transport::group_mismatch(hello.group_id, transport::job_only_group_id(job),
+                                                  /*check_group=*/false);
+        !mismatch.empty())
+      return mismatch;
+    if (hello.world_size != static_cast<std::uint32_t>(world_size))
+      return fmt::format("its world size {} differs from this rendezvous's {}", hello.world_size,
+                         world_size);
+    if (hello.src_rank >= hello.world_size)
+      return fmt::format("rank {} is out of range", hello.src_rank);
+    auto& member = members[hello.src_rank];
+    if (member.claimed)
+      return fmt::format("rank {} is taken: {} registered it first", hello.src_rank, member.from);
+    fatal = false;
+    member.claimed = true;
+    member.from = from;
+    claimed = static_cast<int>(hello.src_rank);
+    return {};
+  }
+
   asio::awaitable<void> serve(tcp::PendingConnection connection) {
     const std::shared_ptr<tcp::Socket> socket = connection.socket();
     const std::string from = tcp::remote_description(*socket);
     int claimed = -1;
+    bool authenticated = false;
+    bool fatal = false;
     try {
       const auto result = co_await tcp::server_handshake(
           *socket, secret, [&](const tcp::Hello& hello) -> std::string {
-            if (hello.purpose != tcp::Purpose::rendezvous)
-              return "this is a rendezvous server, not a data listener";
-            if (hello.world_size != static_cast<std::uint32_t>(world_size))
-              return fmt::format("world size {} differs from this rendezvous's {}",
-                                 hello.world_size, world_size);
-            if (hello.src_rank >= hello.world_size)
-              return fmt::format("rank {} is out of range", hello.src_rank);
-            if (finished) return "the rendezvous is already over";
-            auto& member = members[hello.src_rank];
-            if (member.claimed)
-              return fmt::format("rank {} has already registered", hello.src_rank);
-            member.claimed = true;
-            claimed = static_cast<int>(hello.src_rank);
-            return {};
+            authenticated = true;  // admit runs only once the client proved the secret
+            return admit(hello, from, claimed, fatal);
           });
       if (!result.accepted) {
         refused.fetch_add(1);
-        logger().warn("rendezvous server: refused a connection from {} claiming rank {}: {}", from,
-                      result.hello.src_rank, result.refusal);
+        const std::string refusal = fmt::format(
+            "{} claiming rank {}: {}", from, result.hello.src_rank,
+            authenticated ? result.refusal : std::string("failed authentication (wrong secret)"));
+        logger().warn("rendezvous server: refused {}", refusal);
+        if (fatal) {
+          const std::string message = fmt::format("rendezvous: refused {}", refusal);
+          co_await fail_now(refused_member(message), RendezvousFailure::refused_member, message);
+        } else {
+          refusals.add(refusal);
+        }
         co_return;
       }
       std::array<std::byte, kRegistrationHeadBytes> head_bytes{};
@@ -99,7 +150,17 @@ struct RendezvousServer::Impl {
       if (address.port == 0 || address.host.empty())
         throw ProtocolError(
             fmt::format("rank {} registered an invalid address '{}'", claimed, to_string(address)));
-      if (finished) co_return;
+      if (finished) {
+        // It passed the handshake before the rendezvous failed: it learns why, as the others.
+        if (!failure_reply.empty()) {
+          boost::system::error_code write_error;
+          co_await asio::async_write(*socket, asio::buffer(failure_reply),
+                                     asio::redirect_error(asio::use_awaitable, write_error));
+          boost::system::error_code ignored;
+          socket->shutdown(tcp::Socket::shutdown_send, ignored);
+        }
+        co_return;
+      }
       auto& member = members[static_cast<std::size_t>(claimed)];
       member.socket = socket;
       member.address = std::move(address);
@@ -111,6 +172,7 @@ struct RendezvousServer::Impl {
     } catch (const std::exception& error) {
       if (claimed >= 0 && !members[static_cast<std::size_t>(claimed)].registered)
         members[static_cast<std::size_t>(claimed)].claimed = false;  // it may retry
+      refusals.add(fmt::format("{} dropped: {}", from, error.what()));
       logger().warn("rendezvous server: connection from {} failed: {}", from, error.what());
     }
   }
@@ -125,9 +187,12 @@ struct RendezvousServer::Impl {
     timer.cancel();
     std::vector<std::byte> table;
     try {
-      transport::GroupId group_id{};
-      if (RAND_bytes(group_id.data(), static_cast<int>(group_id.size())) != 1)
+      // The group part is fresh for every rendezvous, so that a process of an earlier one is
+      // never taken for a member of this one.
+      std::array<std::uint8_t, 8> within{};
+      if (RAND_bytes(within.data(), static_cast<int>(within.size())) != 1)
         throw IoError("OpenSSL RAND_bytes failed to produce a group id");
+      const transport::GroupId group_id = transport::make_group_id(table_job, within);
       std::vector<transport::PeerAddress> peers;
       for (const auto& member : members)
         peers.push_back(member.address);
@@ -151,33 +216,43 @@ struct RendezvousServer::Impl {
   }
 
   asio::awaitable<void> fail_at_deadline() {
-    stop_accepting();
     std::vector<int> missing;
     for (std::size_t rank = 0; rank < members.size(); ++rank)
       if (!members[rank].registered) missing.push_back(static_cast<int>(rank));
     const std::string message =
-        fmt::format("rendezvous: ranks {} did not register in time ({} of {} registered)",
-                    fmt::join(missing, ", "), registered, world_size);
-    const std::vector<std::byte> reply = encode_failure(message);
+        fmt::format("rendezvous: ranks {} did not register in time ({} of {} registered){}",
+                    fmt::join(missing, ", "), registered, world_size, refusals.summary());
+    co_await fail_now(timed_out(message, missing), RendezvousFailure::timed_out, message);
+  }
+
+  // Ends the rendezvous with `error` (what wait() throws), telling every registered rank
+  // `message` first.
+  asio::awaitable<void> fail_now(std::exception_ptr error, RendezvousFailure why,
+                                 std::string message) {
+    if (finished) co_return;
+    stop_accepting();
+    timer.cancel();
+    failed_because = message;
+    failure_reply = encode_failure(why, message);
     for (auto& member : members) {
       if (!member.registered) continue;
-      boost::system::error_code error;
-      co_await asio::async_write(*member.socket, asio::buffer(reply),
-                                 asio::redirect_error(asio::use_awaitable, error));
+      boost::system::error_code write_error;
+      co_await asio::async_write(*member.socket, asio::buffer(failure_reply),
+                                 asio::redirect_error(asio::use_awaitable, write_error));
       boost::system::error_code ignored;
       member.socket->shutdown(tcp::Socket::shutdown_send, ignored);
     }
-    ErrorContext context;
-    context.ranks = missing;
-    complete(std::make_exception_ptr(TimeoutError(message, std::move(context))));
+    complete(std::move(error));
   }
 };
 
 RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, int world_size,
-                                   std::string secret, transport::Deadline deadline) {
+                                   std::string secret, transport::Deadline deadline,
+                                   RendezvousServerOptions options) {
   if (world_size < 1)
     throw InvalidArgument(fmt::format("rendezvous server: world size {} < 1", world_size));
-  impl_ = std::make_unique<Impl>(host, port, world_size, std::move(secret), deadline);
+  tcp::require_secret_beyond_loopback("rendezvous server", host, secret, options.allow_insecure);
+  impl_ = std::make_unique<Impl>(host, port, world_size, std::move(secret), deadline, options);
   auto& impl = *impl_;
   impl.listener.start(
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });
@@ -203,6 +278,10 @@ std::uint16_t RendezvousServer::port() const noexcept {
 
 void RendezvousServer::wait() {
   impl_->outcome.wait();
+}
+
+std::exception_ptr RendezvousServer::failure() const {
+  return impl_->outcome.failure();
 }
 
 int RendezvousServer::refused_connections() const noexcept {

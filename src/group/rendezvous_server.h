@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -10,15 +11,29 @@
 
 namespace pulseloco::group {
 
+// What a rendezvous server admits beyond the secret.
+struct RendezvousServerOptions {
+  // The run id of the job (PULSELOCO_RUN_ID; transport/tcp/job_id.h): a rank of another job is
+  // refused. Empty: the server generates the job's id and carries it to the ranks in the table.
+  std::string run_id;
+  // Listen beyond loopback without a secret (TcpOptions::allow_insecure).
+  bool allow_insecure = false;
+};
+
 // Serves one rendezvous of `world_size` ranks on a background thread: accepts connections,
 // authenticates each (HMAC-SHA256 with `secret`), records each rank's address, and once all
-// ranks have registered sends them the table and finishes. Connections that fail
-// authentication or claim an invalid or taken rank are refused and logged; they do not disturb
-// the rendezvous. Gives up at `deadline`, telling the registered ranks which ranks are missing.
+// ranks have registered sends them the table and finishes. A connection that fails
+// authentication is refused and logged, and does not disturb the rendezvous (anyone who reaches
+// the port could otherwise end it); the timeout error names it. An authenticated process whose
+// world size or job differs, or that claims a rank already registered, is refused with the
+// reason, and the rendezvous fails at once with it (ProtocolError to every registered rank and
+// from wait()): two jobs sharing a port and secret never train together. Gives up at `deadline`,
+// telling the registered ranks which ranks are missing. Refuses to listen beyond loopback
+// without a secret unless options.allow_insecure (InvalidArgument).
 class RendezvousServer {
  public:
   RendezvousServer(const std::string& host, std::uint16_t port, int world_size, std::string secret,
-                   transport::Deadline deadline);
+                   transport::Deadline deadline, RendezvousServerOptions options = {});
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;
@@ -26,8 +41,11 @@ class RendezvousServer {
   // The port it listens on (useful when constructed with port 0).
   [[nodiscard]] std::uint16_t port() const noexcept;
   // Blocks until the rendezvous is complete (every rank received the table) or has failed;
-  // throws the failure (TimeoutError naming the missing ranks).
+  // throws the failure (TimeoutError naming the missing ranks, ProtocolError naming a refused
+  // member).
   void wait();
+  // The failure, once the rendezvous has failed; null while it runs or after it completed.
+  [[nodiscard]] std::exception_ptr failure() const;
   // Connections refused so far (failed authentication, invalid or duplicate rank).
   [[nodiscard]] int refused_connections() const noexcept;
 

@@ -4,6 +4,8 @@
 // strangers, wrong secrets, taken ids and garbage never disturb the others. Every wait is bounded
 // by a deadline and synchronised on replies or on the coordinator's counters, never on sleeps.
 #include <gtest/gtest.h>
+
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -23,6 +25,7 @@
 #include <pulseloco/elastic/membership_client.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/job_id.h>
 
 namespace pulseloco::elastic {
 namespace {
@@ -121,6 +124,7 @@ class RawConnection {
     socket_.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
     tcp::Hello hello;
     hello.purpose = purpose;
+    hello.group_id = transport::job_only_group_id(transport::derive_job_id(secret, ""));
     auto outcome =
         asio::co_spawn(io_, tcp::client_handshake(socket_, hello, secret), asio::use_future);
     io_.run();
@@ -387,6 +391,51 @@ TEST(Membership, FallingBelowTheMinimumStopsTheRun) {
   EXPECT_THROW((void)a->next_group("again", deadline_after(kTimeout)), MembershipError);
   auto late = connect(coordinator, "late");
   EXPECT_THROW((void)late->next_group("join", deadline_after(kTimeout)), MembershipError);
+}
+
+TEST(Membership, ACoordinatorBeyondLoopbackWithoutASecretIsRefusedUnlessInsecureIsAsked) {
+  CoordinatorOptions options = coordinator_options(1);
+  options.host = "0.0.0.0";
+  options.secret.clear();
+  try {
+    Coordinator refused(options);
+    FAIL() << "the coordinator listened on every interface without a secret";
+  } catch (const InvalidArgument& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("membership coordinator: refusing to listen on 0.0.0.0"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("PULSELOCO_SECRET"), std::string::npos) << what;
+    EXPECT_NE(what.find("--insecure"), std::string::npos) << what;
+  }
+  options.allow_insecure = true;
+  Coordinator insecure(options);
+  EXPECT_NE(insecure.port(), 0);
+}
+
+TEST(Membership, AWorkerOfAnotherJobIsRefusedNamingBothJobs) {
+  CoordinatorOptions options = coordinator_options(1);
+  options.run_id = "job-a";
+  Coordinator coordinator(options);
+  MembershipClientOptions worker;
+  worker.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
+  worker.worker_id = "of-job-b";
+  worker.data_address = PeerAddress{"127.0.0.1", 20999};
+  worker.secret = kSecret;
+  worker.run_id = "job-b";
+  worker.connect_timeout = kTimeout;
+  try {
+    MembershipClient client(worker);
+    FAIL() << "a worker of another job registered";
+  } catch (const ProtocolError& error) {
+    const std::string both =
+        fmt::format("it belongs to job {}, this is job {}",
+                    transport::to_string(transport::derive_job_id(kSecret, "job-b")),
+                    transport::to_string(transport::derive_job_id(kSecret, "job-a")));
+    EXPECT_NE(std::string(error.what()).find(both), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(eventually([&] { return coordinator.refused_connections() == 1; }));
+  worker.run_id = "job-a";
+  MembershipClient same_job(worker);
 }
 
 TEST(Membership, WrongSecretsAndStrangersAreRefusedWithoutDisturbingTheRun) {

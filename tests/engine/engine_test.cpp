@@ -219,6 +219,36 @@ TEST(Engine, MismatchedOptionsAreRejectedNamingTheRanks) {
   }
 }
 
+TEST(Engine, AnOptionMismatchNamesEachDifferingOptionWithEveryValueAndItsRanks) {
+  std::vector<LocalModel> models;
+  for (int r = 0; r < 4; ++r)
+    models.push_back(testing::make_model({10}, DType::float32, static_cast<std::uint32_t>(r + 1)));
+  auto transports = transport::inproc::make_group(4);
+  const auto errors = testing::run_ranks(4, [&](int r) {
+    auto options = small_options();
+    options.steps_per_window = r >= 2 ? 16 : 8;
+    if (r == 3) options.allgather = collectives::CollectiveAlgorithm::direct;
+    Engine engine(testing::views_of(models[static_cast<std::size_t>(r)]), options,
+                  std::move(transports[static_cast<std::size_t>(r)]));
+  });
+  for (const auto& error : errors) {
+    ASSERT_TRUE(error);
+    try {
+      std::rethrow_exception(error);
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.context().ranks, (std::vector<int>{2, 3})) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find("steps_per_window: ranks 0, 1 have 8, ranks 2, 3 have 16"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("allgather: ranks 0, 1, 2 have \"automatic\", rank 3 has \"direct\""),
+                std::string::npos)
+          << what;
+      EXPECT_EQ(what.find("outer_lr"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(Engine, MismatchedTensorTablesAreRejected) {
   std::vector<LocalModel> models{testing::make_model({10, 5}, DType::float32, 1),
                                  testing::make_model({10, 6}, DType::float32, 2)};

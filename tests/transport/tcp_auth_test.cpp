@@ -161,8 +161,8 @@ TEST(TcpAuth, AuthenticatedButUnwantedConnectionsAreRefusedWithAReason) {
   hello.group_id = group[1]->group_id();
   EXPECT_NE(intrude(group[1]->listen_port(), hello, kSecret).find("already exists"),
             std::string::npos);
-  // Another group (e.g. a process left over from an earlier run with the same secret).
-  hello.group_id[0] ^= 1;
+  // Another group of this job (e.g. a process left over from an earlier rendezvous).
+  hello.group_id.back() ^= 1;
   EXPECT_NE(intrude(group[1]->listen_port(), hello, kSecret).find("another group"),
             std::string::npos);
   EXPECT_EQ(group[1]->refused_connections(), 2);

@@ -7,11 +7,15 @@
 
 #include <pulseloco/base/log.h>
 #include <pulseloco/transport/tcp/core.h>
+#include <pulseloco/transport/tcp/exposure.h>
+#include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::transport::tcp {
 
 std::uint16_t Mesh::listen(const std::string& host, std::uint16_t port) {
+  require_secret_beyond_loopback("tcp transport", host, core_.options_.secret,
+                                 core_.options_.allow_insecure);
   listener_.emplace(core_.io_, core_.control_, "tcp transport", host, port, core_.options_);
   return listener_->port();
 }
@@ -49,9 +53,9 @@ void Mesh::wait(Deadline deadline) {
   context.ranks = missing;
   throw TimeoutError(
       fmt::format("tcp transport: could not connect to peers {} within {} ms ({} of {} "
-                  "connections missing)",
+                  "connections missing){}",
                   fmt::join(missing, ", "), to_ms(core_.connect_timeout_), lanes_missing_,
-                  (core_.size_ - 1) * lanes),
+                  (core_.size_ - 1) * lanes, refusals_.summary()),
       std::move(context));
 }
 
@@ -77,8 +81,8 @@ std::string Mesh::admit(const Hello& hello, int& claimed_lane) {
   const int size = core_.size_;
   const int lanes = core_.lanes_per_peer_;
   if (hello.purpose != Purpose::data) return "this is a data listener, not a rendezvous";
-  if (hello.group_id != core_.group_id_)
-    return "it belongs to another group (the group id differs)";
+  if (auto mismatch = group_mismatch(hello.group_id, core_.group_id_); !mismatch.empty())
+    return mismatch;
   if (hello.world_size != static_cast<std::uint32_t>(size))
     return fmt::format("its world size {} differs from ours ({})", hello.world_size, size);
   if (hello.dst_rank != static_cast<std::uint32_t>(rank))
@@ -103,21 +107,40 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
   const std::string from = remote_description(*socket);
   apply_socket_options(*socket, core_.options_);
   int claimed_lane = -1;
+  bool authenticated = false;
   try {
     const ServerHandshake result =
-        co_await server_handshake(*socket, core_.options_.secret,
-                                  [&](const Hello& hello) { return admit(hello, claimed_lane); });
+        co_await server_handshake(*socket, core_.options_.secret, [&](const Hello& hello) {
+          authenticated = true;  // admit runs only once the client proved the secret
+          return admit(hello, claimed_lane);
+        });
     connection.handshake_done();
     count_handshake(result.traffic);
     if (!result.accepted) {
       refused_.fetch_add(1);
-      logger().warn("tcp transport: rank {} refused a connection from {} claiming rank {}: {}",
-                    core_.rank_, from, result.hello.src_rank, result.refusal);
+      const std::string refusal = fmt::format(
+          "{} claiming rank {}: {}", from, result.hello.src_rank,
+          authenticated ? result.refusal : std::string("failed authentication (wrong secret)"));
+      logger().warn("tcp transport: rank {} refused {}", core_.rank_, refusal);
+      // A process that holds the secret but belongs to another job shares this job's addresses:
+      // the group must not form beside it (an older group of this job is only turned away).
+      if (authenticated && job_of(result.hello.group_id) != job_of(core_.group_id_)) {
+        failed(std::make_exception_ptr(
+            ProtocolError(fmt::format("tcp transport: rank {} refused {}", core_.rank_, refusal),
+                          core_.context_for(static_cast<int>(result.hello.src_rank)))));
+      } else {
+        const std::lock_guard lock(core_.mutex_);
+        refusals_.add(refusal);
+      }
       co_return;
     }
     install_lane(static_cast<int>(result.hello.src_rank), claimed_lane, socket);
   } catch (const std::exception& error) {
     refused_.fetch_add(1);
+    {
+      const std::lock_guard lock(core_.mutex_);
+      refusals_.add(fmt::format("{} dropped during the handshake: {}", from, error.what()));
+    }
     logger().warn("tcp transport: rank {} dropped a connection from {} during the handshake: {}",
                   core_.rank_, from, error.what());
   }

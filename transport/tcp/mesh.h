@@ -3,7 +3,9 @@
 // connect deadline; every connection passes the HMAC-SHA256 challenge-response
 // (tcp/handshake.h) and the listener's checks of its claims (group id, ranks, connection
 // index) before it becomes one of the peer's lanes. The listener keeps refusing (and logging)
-// strangers for the transport's whole life without disturbing the group.
+// strangers for the transport's whole life without disturbing the group; the formation's
+// timeout error names those it refused meanwhile. An authenticated process of another job
+// (tcp/job_id.h) ends the formation at once: two jobs share this job's addresses and secret.
 #pragma once
 
 #include <atomic>
@@ -16,6 +18,7 @@
 
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/listener.h>
+#include <pulseloco/transport/tcp/refusals.h>
 
 namespace pulseloco::transport::tcp {
 
@@ -55,6 +58,7 @@ class Mesh {
   // Under the core's lock:
   std::vector<std::vector<bool>> lane_claimed_;  // [peer][lane]: connected or being connected
   int lanes_missing_ = 0;
+  RefusalRecord refusals_;  // named by the formation's timeout error
   std::atomic<int> refused_{0};
 };
 

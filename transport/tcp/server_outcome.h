@@ -21,6 +21,12 @@ class ServerOutcome {
     changed_.notify_all();
   }
 
+  // The failure once complete() has been called with one; null otherwise. Does not block.
+  [[nodiscard]] std::exception_ptr failure() {
+    const std::lock_guard lock(mutex_);
+    return failure_;
+  }
+
   // Blocks until complete(); rethrows its failure.
   void wait() {
     std::unique_lock lock(mutex_);

@@ -48,8 +48,11 @@ struct TcpOptions {
   std::chrono::microseconds busy_poll{100};
   // Shared secret for the HMAC-SHA256 challenge-response of every TCP connection (data plane
   // and rendezvous). Empty: connections are still checked (with an empty key) but not
-  // authenticated; a warning is logged.
+  // authenticated, so an empty secret is refused (InvalidArgument) unless every listener of the
+  // process is on loopback or allow_insecure is set.
   std::string secret;
+  // Listen beyond loopback without a secret anyway (a trusted network); a warning is logged.
+  bool allow_insecure = false;
 };
 
 // Checks every field; throws InvalidArgument naming the field and the value.
