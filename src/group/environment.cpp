@@ -222,6 +222,14 @@ bool launched_by_mpi() noexcept {
   return first_env({"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"}).has_value();
 }
 
+bool mpi_launcher_reports_one_host() noexcept {
+  // OpenMPI, MPICH (Hydra) and PMIx launchers say how many ranks share this node.
+  const auto local =
+      first_env({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE"});
+  const auto world = first_env({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"});
+  return local && world && !local->value.empty() && local->value == world->value;
+}
+
 std::optional<transport::CorruptFrame> corrupt_frame_from_environment() {
   auto env = first_env({"PULSELOCO_TEST_CORRUPT_FRAME"});
   if (!env) return std::nullopt;

@@ -43,8 +43,9 @@ const transport::NcclBackend& require_nccl_backend(std::string_view purpose) {
 namespace {
 
 // Where the data listener listens when the options do not say: on loopback when the group
-// evidently lives on this host (its own peer-list entry, or the master address, is loopback), so
-// that a single-host run is not reachable from elsewhere; else on every interface.
+// evidently lives on this host (its own peer-list entry or the master address is loopback, or the
+// MPI launcher put every rank on this node), so that a single-host run is not reachable from
+// elsewhere; else on every interface.
 std::string default_listen_addr(const TransportOptions& options, RendezvousMethod method) {
   const auto own_peer_host = [&]() -> std::string {
     if (options.rank < 0 || options.rank >= static_cast<int>(options.peers.size())) return {};
@@ -58,6 +59,9 @@ std::string default_listen_addr(const TransportOptions& options, RendezvousMetho
   } else if (method == RendezvousMethod::environment && options.advertise_addr.empty() &&
              options.socket_ifname.empty()) {
     host = options.master_addr;
+  } else if (method == RendezvousMethod::mpi && options.advertise_addr.empty() &&
+             options.socket_ifname.empty() && mpi_launcher_reports_one_host()) {
+    host = "127.0.0.1";  // the MPI rendezvous advertises 127.0.0.1 when all ranks share a host
   }
   if (!transport::tcp::is_loopback_host(host)) return {};
   return host == "localhost" ? "127.0.0.1" : host;

@@ -42,6 +42,10 @@ namespace pulseloco::group {
 // True when this process was started by mpirun/mpiexec (OpenMPI, MPICH/PMI or PMIx variables).
 [[nodiscard]] bool launched_by_mpi() noexcept;
 
+// True when the MPI launcher's variables say every rank runs on this node (local size equals
+// world size).
+[[nodiscard]] bool mpi_launcher_reports_one_host() noexcept;
+
 // IPv4 address of a network interface ("eth0"); throws InvalidArgument when it has none.
 [[nodiscard]] std::string interface_address(const std::string& ifname);
 
