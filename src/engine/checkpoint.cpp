@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <nlohmann/json.hpp>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
@@ -142,10 +142,10 @@ void check_save_arguments(const CheckpointSave& save) {
       return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '_' || c == '-';
     });
     if (file.name.empty() || !plain || file.name == "safetensors") {
-      throw InvalidArgument(fmt::format(
-          "checkpoint file name '{}' must be letters, digits, '.', '_' and '-' (not "
-          "'safetensors')",
-          file.name));
+      throw InvalidArgument(
+          fmt::format("checkpoint file name '{}' must be letters, digits, '.', '_' and '-' (not "
+                      "'safetensors')",
+                      file.name));
     }
     if (!names.insert(file.name).second) {
       throw InvalidArgument(fmt::format("checkpoint file name '{}' is given twice", file.name));
@@ -247,8 +247,8 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
   } catch (...) {
     error = std::current_exception();
   }
-  const auto names = agree(group, error, created ? created->path().filename().string() : "",
-                           what, unchanged);
+  const auto names =
+      agree(group, error, created ? created->path().filename().string() : "", what, unchanged);
   const std::filesystem::path dir = root / names[0].get<std::string>();
 
   // 2. Every rank writes its files (temporary names, fsync, rename).
@@ -260,9 +260,8 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
     for (const CheckpointFile& file : save.files) {
       const auto path = state_files::checkpoint_user_file(dir, rank, file.name);
       const Digest xxh3 = io::write_file_atomically(path, file.bytes);
-      written.push_back(
-          to_json({path.filename().string(), rank, static_cast<std::uint64_t>(file.bytes.size()),
-                   xxh3}));
+      written.push_back(to_json(
+          {path.filename().string(), rank, static_cast<std::uint64_t>(file.bytes.size()), xxh3}));
     }
   } catch (...) {
     error = std::current_exception();
@@ -426,9 +425,9 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   // Phase 2: every rank must have validated the same checkpoint.
   const std::string token = fmt::format("{} {} {}", loaded.dir.filename().string(), loaded_window,
                                         digest_hex(loaded_digest));
-  const auto tokens = agree(group, local_error, token,
-                            fmt::format("checkpoint {} was not loaded", path.string()),
-                            "; nothing changed");
+  const auto tokens =
+      agree(group, local_error, token, fmt::format("checkpoint {} was not loaded", path.string()),
+            "; nothing changed");
   std::vector<int> disagreeing;
   for (int r = 0; r < world; ++r) {
     if (tokens[static_cast<std::size_t>(r)] != token) disagreeing.push_back(r);

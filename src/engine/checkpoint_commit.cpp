@@ -80,8 +80,8 @@ std::vector<FoundDir> checkpoint_dirs(const fs::path& root) {
     found.push_back({*name, it->path(), has_manifest(it->path())});
   }
   if (error) {
-    throw IoError(fmt::format("cannot list checkpoint root '{}': {}", root.string(),
-                              error.message()));
+    throw IoError(
+        fmt::format("cannot list checkpoint root '{}': {}", root.string(), error.message()));
   }
   std::sort(found.begin(), found.end(),
             [](const FoundDir& a, const FoundDir& b) { return a.name < b.name; });
@@ -153,9 +153,8 @@ CheckpointFileRecord file_record_from_json(const Json& json, std::string_view so
     }
     record.xxh3 = value;
     if (!plain_file_name(record.name) || record.rank < 0) {
-      throw ProtocolError(
-          fmt::format("{}: file '{}' of rank {} is not a plain file name and rank", source,
-                      record.name, record.rank));
+      throw ProtocolError(fmt::format("{}: file '{}' of rank {} is not a plain file name and rank",
+                                      source, record.name, record.rank));
     }
     return record;
   } catch (const Json::exception& error) {
@@ -167,8 +166,8 @@ fs::path create_checkpoint_dir(const fs::path& root, std::uint64_t window) {
   std::error_code error;
   fs::create_directories(root, error);
   if (error) {
-    throw IoError(fmt::format("cannot create checkpoint root '{}': {}", root.string(),
-                              error.message()));
+    throw IoError(
+        fmt::format("cannot create checkpoint root '{}': {}", root.string(), error.message()));
   }
   for (DirName name{window, 0};; ++name.suffix) {
     const fs::path dir = root / dir_name(name);
@@ -187,12 +186,12 @@ fs::path resolve_checkpoint_dir(const fs::path& path) {
   if (has_manifest(path)) return path;
   std::error_code error;
   if (!fs::is_directory(path, error)) {
-    throw IoError(fmt::format("checkpoint '{}' does not exist or is not a directory",
-                              path.string()));
+    throw IoError(
+        fmt::format("checkpoint '{}' does not exist or is not a directory", path.string()));
   }
   const std::vector<FoundDir> found = checkpoint_dirs(path);
-  const auto newest = std::find_if(found.rbegin(), found.rend(),
-                                   [](const FoundDir& dir) { return dir.committed; });
+  const auto newest =
+      std::find_if(found.rbegin(), found.rend(), [](const FoundDir& dir) { return dir.committed; });
   if (newest == found.rend()) {
     throw IoError(fmt::format(
         "'{}' holds no committed checkpoint (a window-NNNNNN directory with {}; {} without one)",
@@ -205,9 +204,9 @@ void write_manifest(const fs::path& dir, const Manifest& manifest) {
   Json files = Json::array();
   for (const CheckpointFileRecord& record : manifest.files)
     files.push_back(to_json(record));
-  const Json json{{"format", kManifestFormat},       {"format_version", kManifestVersion},
-                  {"window", manifest.window},       {"world_size", manifest.world_size},
-                  {"checksum", kChecksumName},       {"files", std::move(files)}};
+  const Json json{{"format", kManifestFormat}, {"format_version", kManifestVersion},
+                  {"window", manifest.window}, {"world_size", manifest.world_size},
+                  {"checksum", kChecksumName}, {"files", std::move(files)}};
   const std::string text = json.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
   (void)io::write_file_atomically(dir / kManifestFile,
                                   std::as_bytes(std::span(text.data(), text.size())));
@@ -222,8 +221,8 @@ Manifest read_manifest(const fs::path& dir) {
     const Json json = Json::parse(text);
     if (json.at("format") != kManifestFormat || json.at("format_version") != kManifestVersion ||
         json.at("checksum") != kChecksumName) {
-      throw ProtocolError(fmt::format("{}: not a manifest of format {} version {} with {}",
-                                      source, kManifestFormat, kManifestVersion, kChecksumName));
+      throw ProtocolError(fmt::format("{}: not a manifest of format {} version {} with {}", source,
+                                      kManifestFormat, kManifestVersion, kChecksumName));
     }
     Manifest manifest;
     manifest.window = json.at("window").get<std::uint64_t>();
@@ -244,9 +243,9 @@ namespace {
     throw ProtocolError(fmt::format("{}: the file is damaged: {} bytes, the manifest records {}",
                                     file.string(), found.size, record.size));
   }
-  throw ProtocolError(fmt::format(
-      "{}: the file is damaged: its xxh3-64 is {}, the manifest records {}", file.string(),
-      digest_hex(found.digest), digest_hex(record.xxh3)));
+  throw ProtocolError(
+      fmt::format("{}: the file is damaged: its xxh3-64 is {}, the manifest records {}",
+                  file.string(), digest_hex(found.digest), digest_hex(record.xxh3)));
 }
 
 }  // namespace
@@ -312,9 +311,9 @@ std::vector<Json> agree(const AttachedGroup& group, const std::exception_ptr& er
   std::optional<ErrorKind> kind;
   for (int r = 0; r < group.world(); ++r) {
     const auto& bytes = records[static_cast<std::size_t>(r)];
-    const Json record = Json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()),
-                                                     bytes.size()),
-                                    nullptr, /*allow_exceptions=*/false);
+    const Json record =
+        Json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                    nullptr, /*allow_exceptions=*/false);
     if (record.is_object() && record.value("ok", false) && record.contains("payload")) {
       payloads.push_back(record["payload"]);
       continue;

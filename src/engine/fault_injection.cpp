@@ -6,9 +6,9 @@
 
 #include <array>
 #include <cerrno>
-#include <cstring>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <pulseloco/base/errors.h>
@@ -77,18 +77,16 @@ FaultPlan parse_fault_plan(std::string_view text) {
       plan.window = parse_number(key, value);
       have_window = true;
     } else if (key == "phase") {
-      plan.phase = parse_named(
-          key, value,
-          std::array{WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate,
-                     WindowPhase::checkpoint},
-          window_phase_name);
+      plan.phase = parse_named(key, value,
+                               std::array{WindowPhase::gate, WindowPhase::exchange,
+                                          WindowPhase::aggregate, WindowPhase::checkpoint},
+                               window_phase_name);
       have_phase = true;
     } else if (key == "action") {
-      plan.action = parse_named(
-          key, value,
-          std::array{FaultAction::kill, FaultAction::stall, FaultAction::disconnect,
-                     FaultAction::enospc},
-          fault_action_name);
+      plan.action = parse_named(key, value,
+                                std::array{FaultAction::kill, FaultAction::stall,
+                                           FaultAction::disconnect, FaultAction::enospc},
+                                fault_action_name);
       have_action = true;
     } else if (key == "rank") {
       plan.rank = static_cast<int>(parse_number(key, value));
@@ -144,9 +142,9 @@ void FaultInjector::at(const PhasePoint& point) {
       point.transport.abort("fault injection: this worker disconnected");
       break;
     case FaultAction::enospc:
-      throw IoError(fmt::format("fault injection: a checkpoint write failed: {}",
-                                std::strerror(ENOSPC)),
-                    {.rank = point.rank});
+      throw IoError(
+          fmt::format("fault injection: a checkpoint write failed: {}", std::strerror(ENOSPC)),
+          {.rank = point.rank});
   }
 }
 

@@ -78,9 +78,9 @@ void AtomicFile::write(std::span<const std::byte> bytes) {
     const ssize_t written = ::write(fd_, bytes.data() + done, bytes.size() - done);
     if (written < 0) {
       if (errno == EINTR) continue;
-      throw IoError(fmt::format("write to '{}' failed: {}", temporary_path_.string(),
-                                std::strerror(errno)),
-                    {.byte_offset = size_ + done});
+      throw IoError(
+          fmt::format("write to '{}' failed: {}", temporary_path_.string(), std::strerror(errno)),
+          {.byte_offset = size_ + done});
     }
     done += static_cast<std::size_t>(written);
   }

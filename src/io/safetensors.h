@@ -120,8 +120,9 @@ inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 //   writer.finish();                                         // fsync + rename: now durable
 //
 // The data goes to "<path>.tmp.<pid>.<n>" (an AtomicFile, io/atomic_file.h) until finish()
-// fsyncs it, renames it to `path` and fsyncs the directory. If the writer is destroyed before finish() (an exception, a caller
-// that gives up), the temporary file is removed and `path` is left as it was.
+// fsyncs it, renames it to `path` and fsyncs the directory. If the writer is destroyed before
+// finish() (an exception, a caller that gives up), the temporary file is removed and `path` is left
+// as it was.
 class SafetensorsWriter {
  public:
   // Validates the declaration (non-empty unique names other than "__metadata__", valid UTF-8,
