@@ -148,7 +148,7 @@ def test_resume(args):
     result = run([args.train, "--windows", "2", "--checkpoint-dir", str(part / "checkpoint"),
                   "--checkpoint-every", "1"] + common, timeout=args.timeout, env=full_disk)
     reports = [line for line in result.stdout.splitlines()
-               if line.startswith("pulseloco_train: io: the checkpoint of window 2")
+               if line.startswith("pulseloco_train: I/O error: the checkpoint of window 2")
                and "rank 1: " in line and "No space left on device" in line]
     check(result.returncode == 1 and len(reports) == ranks,
           f"a full disk on rank 1: exit {result.returncode}, {len(reports)} workers reported it")
