@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/optim/adamw.h>
-#include <torch/serialize.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 // Not self-contained: needs torch/types.h before it.
@@ -92,26 +91,8 @@ void Trainer::set_lr(double lr) {
   }
 }
 
-void Trainer::save_state(const std::filesystem::path& path) const {
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  try {
-    torch::save(impl_->optimizer, path.string());
-  } catch (const c10::Error& e) {
-    throw IoError(fmt::format("cannot write optimizer state {}: {}", path.string(),
-                              e.what_without_backtrace()));
-  }
-}
-
-void Trainer::load_state(const std::filesystem::path& path) {
-  if (!std::filesystem::exists(path)) {
-    throw IoError(fmt::format("optimizer state {} does not exist", path.string()));
-  }
-  try {
-    torch::load(impl_->optimizer, path.string());
-  } catch (const c10::Error& e) {
-    throw IoError(fmt::format("cannot read optimizer state {}: {}", path.string(),
-                              e.what_without_backtrace()));
-  }
+torch::optim::Optimizer& Trainer::optimizer() noexcept {
+  return impl_->optimizer;
 }
 
 void save_weights(const TransformerLM& model, const std::filesystem::path& path,

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/optim/optimizer.h>
+
 #include <pulseloco/io/safetensors.h>
 #include "model.h"
 #include "task.h"
@@ -42,11 +44,9 @@ class Trainer {
 
   void set_lr(double lr);
 
-  // The optimizer's state (AdamW moments and step counts), for checkpoints: restoring it makes
-  // a resumed run continue bit-identically. load_state() throws IoError when the file is
-  // missing or unreadable.
-  void save_state(const std::filesystem::path& path) const;
-  void load_state(const std::filesystem::path& path);
+  // The AdamW optimizer, whose state (moments and step counts) checkpoints save: restoring it
+  // makes a resumed run continue bit-identically (libtorch::optimizer_file).
+  [[nodiscard]] torch::optim::Optimizer& optimizer() noexcept;
   [[nodiscard]] const OptimizerSettings& settings() const noexcept { return settings_; }
   [[nodiscard]] TransformerLM& model() noexcept { return model_; }
 

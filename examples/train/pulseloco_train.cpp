@@ -64,6 +64,7 @@ struct Settings {
   std::string json_path;
   std::string checkpoint_dir;
   int checkpoint_every = 0;
+  std::uint32_t checkpoint_keep = CheckpointSave{}.keep;
   std::string resume_dir;
   std::string trace_dir;
   std::string state_location = "automatic";
@@ -280,11 +281,11 @@ int run_worker(const Settings& settings) {
 
   int first_window = 0;
   if (!settings.resume_dir.empty()) {
-    sync.load_checkpoint(settings.resume_dir);
-    trainer.load_state(fs::path(settings.resume_dir) / fmt::format("optimizer-{:05}.pt", rank));
-    first_window = static_cast<int>(sync.engine().window());
+    const LoadedCheckpoint loaded = sync.load_checkpoint(settings.resume_dir);
+    libtorch::load_optimizer(trainer.optimizer(), loaded);
+    first_window = static_cast<int>(loaded.window);
     load_local_weights();
-    if (rank == 0) fmt::print("resumed at window {}\n", first_window);
+    if (rank == 0) fmt::print("resumed at window {} from {}\n", first_window, loaded.dir.string());
   }
 
   double initial_loss = 0;
@@ -324,9 +325,10 @@ int run_worker(const Settings& settings) {
     rows.push_back(row);
     if (!settings.checkpoint_dir.empty() && settings.checkpoint_every > 0 &&
         (window + 1) % settings.checkpoint_every == 0) {
-      sync.save_checkpoint(settings.checkpoint_dir);
-      trainer.save_state(fs::path(settings.checkpoint_dir) /
-                         fmt::format("optimizer-{:05}.pt", rank));
+      // The optimizer's state is one more file of the checkpoint, committed and verified with it.
+      (void)sync.save_checkpoint(settings.checkpoint_dir,
+                                 {.keep = settings.checkpoint_keep,
+                                  .files = {libtorch::optimizer_file(trainer.optimizer())}});
     }
   }
   if (!settings.final_weights_dir.empty()) {
@@ -436,10 +438,17 @@ int main(int argc, char** argv) {
                  "spawn this many workers on this machine over TCP (no mpirun needed)")
       ->check(flags::at_least(0));
   app.add_option("--json", settings.json_path, "rank 0 writes the run's report here");
-  app.add_option("--checkpoint-dir", settings.checkpoint_dir, "where checkpoints go");
+  app.add_option("--checkpoint-dir", settings.checkpoint_dir,
+                 "checkpoint root: each checkpoint is a window-NNNNNN directory in it");
   app.add_option("--checkpoint-every", settings.checkpoint_every, "windows between checkpoints")
       ->check(flags::at_least(0));
-  app.add_option("--resume", settings.resume_dir, "resume from this checkpoint directory");
+  app.add_option("--checkpoint-keep", settings.checkpoint_keep,
+                 "committed checkpoints kept in the checkpoint root")
+      ->check(flags::at_least(std::uint32_t{1}))
+      ->capture_default_str();
+  app.add_option("--resume", settings.resume_dir,
+                 "resume from this checkpoint root's newest committed checkpoint, or from one "
+                 "checkpoint directory");
   app.add_option("--trace-dir", settings.trace_dir, "write window traces here");
   app.add_option("--state-location", settings.state_location,
                  "where θ_g, m and e live: automatic, device or host (docs/operations.md)")
@@ -476,6 +485,9 @@ int main(int argc, char** argv) {
     return run_worker(settings);
   } catch (const pulseloco::Error& e) {
     std::fprintf(stderr, "pulseloco_train: %s\n", e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "pulseloco_train: libtorch: %s\n", e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pulseloco_train: error: %s\n", e.what());

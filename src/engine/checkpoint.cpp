@@ -4,12 +4,16 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
-#include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/checkpoint_commit.h>
 #include <pulseloco/engine/state_files.h>
+#include <pulseloco/io/atomic_file.h>
 
 namespace pulseloco::engine_detail {
 namespace {
@@ -113,43 +117,81 @@ std::vector<io::TensorSpec> global_file_specs(const ReplicatedState& state) {
   return specs;
 }
 
-}  // namespace
-
-void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
-                     const AttachedGroup& group, ThreadPool& pool,
-                     const std::filesystem::path& dir) {
-  const int rank = group.rank();
-  create_directories(dir, "checkpoint directory ", rank);
-  const std::string state_hex = digest_hex(state.digest(pool));
-  const std::string table_hex = digest_hex(state.layout().table_digest());
-  const bool pulse = options.mode == Mode::pulse;
-
-  if (rank == 0) {
-    io::Metadata metadata{
-        {"format", std::string(state_files::kCheckpointFormat)},
-        {"format_version", std::string(state_files::kFormatVersion)},
-        {"window", std::to_string(state.window())},
-        {"world_size", std::to_string(group.world())},
-        {"mode", std::string(mode_name(options.mode))},
-        {"momentum_initialised", state.momentum_initialised() ? "true" : "false"},
-        {"options", to_json(options).dump()},
-        {"table_digest", table_hex},
-        {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
-        {"state_digest", state_hex},
-    };
-    io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata,
-                                 global_file_specs(state));
-    for (std::size_t t = 0; t < state.tensor_count(); ++t) {
-      if (!state.keeps_global_state()) {
-        write_buffer(writer, state, state_files::kLocal, StateBuffer::local, t);
-      } else {
-        write_buffer(writer, state, state_files::kGlobal, StateBuffer::global, t);
-        write_buffer(writer, state, state_files::kMomentum, StateBuffer::momentum, t);
-      }
-    }
-    writer.finish();
+// The directory of a save that has not committed: removed when it goes out of scope, unless
+// released (committed).
+class UncommittedDir {
+ public:
+  explicit UncommittedDir(std::filesystem::path path) : path_(std::move(path)) {}
+  ~UncommittedDir() {
+    if (!path_.empty()) remove_uncommitted(path_);
   }
+  UncommittedDir(const UncommittedDir&) = delete;
+  UncommittedDir& operator=(const UncommittedDir&) = delete;
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  void release() noexcept { path_.clear(); }
 
+ private:
+  std::filesystem::path path_;
+};
+
+void check_save_arguments(const CheckpointSave& save) {
+  if (save.keep < 1) throw InvalidArgument("CheckpointSave::keep must be at least 1");
+  std::set<std::string_view> names;
+  for (const CheckpointFile& file : save.files) {
+    const bool plain = std::all_of(file.name.begin(), file.name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '.' || c == '_' || c == '-';
+    });
+    if (file.name.empty() || !plain || file.name == "safetensors") {
+      throw InvalidArgument(
+          fmt::format("checkpoint file name '{}' must be letters, digits, '.', '_' and '-' (not "
+                      "'safetensors')",
+                      file.name));
+    }
+    if (!names.insert(file.name).second) {
+      throw InvalidArgument(fmt::format("checkpoint file name '{}' is given twice", file.name));
+    }
+  }
+}
+
+CheckpointFileRecord record_of(const io::SafetensorsWriter& writer, int rank) {
+  return {writer.path().filename().string(), rank, writer.file_size(), writer.file_digest()};
+}
+
+// Rank 0's file: θ_g and m (mode ddp: θ_l), the window counter and the options.
+CheckpointFileRecord write_global_file(const ReplicatedState& state, const EngineOptions& options,
+                                       const AttachedGroup& group, ThreadPool& pool,
+                                       const std::filesystem::path& dir) {
+  io::Metadata metadata{
+      {"format", std::string(state_files::kCheckpointFormat)},
+      {"format_version", std::string(state_files::kFormatVersion)},
+      {"window", std::to_string(state.window())},
+      {"world_size", std::to_string(group.world())},
+      {"mode", std::string(mode_name(options.mode))},
+      {"momentum_initialised", state.momentum_initialised() ? "true" : "false"},
+      {"options", to_json(options).dump()},
+      {"table_digest", digest_hex(state.layout().table_digest())},
+      {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
+      {"state_digest", digest_hex(state.digest(pool))},
+  };
+  io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata,
+                               global_file_specs(state));
+  for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+    if (!state.keeps_global_state()) {
+      write_buffer(writer, state, state_files::kLocal, StateBuffer::local, t);
+    } else {
+      write_buffer(writer, state, state_files::kGlobal, StateBuffer::global, t);
+      write_buffer(writer, state, state_files::kMomentum, StateBuffer::momentum, t);
+    }
+  }
+  writer.finish();
+  return record_of(writer, group.rank());
+}
+
+// Every rank's file: its residual e (mode pulse; otherwise no tensors).
+CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineOptions& options,
+                                     const AttachedGroup& group, ThreadPool& pool,
+                                     const std::filesystem::path& dir) {
+  const bool pulse = options.mode == Mode::pulse;
   std::vector<Digest> residual_digests;
   std::vector<io::TensorSpec> specs;
   for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
@@ -161,26 +203,90 @@ void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
         [&](std::uint64_t, std::span<const std::byte> piece) { residual.update(piece); });
     residual_digests.push_back(residual.finish());
   }
-  io::Metadata metadata{
+  const io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointRankFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
       {"window", std::to_string(state.window())},
-      {"rank", std::to_string(rank)},
+      {"rank", std::to_string(group.rank())},
       {"world_size", std::to_string(group.world())},
-      {"table_digest", table_hex},
+      {"table_digest", digest_hex(state.layout().table_digest())},
       {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
-      {"state_digest", state_hex},
+      {"state_digest", digest_hex(state.digest(pool))},
       {"residual_digest", digest_hex(combine_digests(residual_digests))},
   };
-  io::SafetensorsWriter writer(state_files::checkpoint_rank_file(dir, rank), metadata, specs);
+  io::SafetensorsWriter writer(state_files::checkpoint_rank_file(dir, group.rank()), metadata,
+                               specs);
+  // Fault injection (PULSELOCO_FAULT phase=checkpoint): the temporary file exists, nothing of
+  // this rank's files is renamed yet.
+  group.reached(WindowPhase::checkpoint, state.window());
   for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
     write_buffer(writer, state, state_files::kResidual, StateBuffer::residual, t);
   }
   writer.finish();
-  // Every file exists once any rank returns.
-  collectives::barrier(group.transport(), group.collective());
-  logger().info("checkpoint of window {} written to {} (state digest {})", state.window(),
-                dir.string(), state_hex);
+  return record_of(writer, group.rank());
+}
+
+}  // namespace
+
+std::filesystem::path save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
+                                      const AttachedGroup& group, ThreadPool& pool,
+                                      const std::filesystem::path& root,
+                                      const CheckpointSave& save) {
+  const int rank = group.rank();
+  const std::uint64_t window = state.window();
+  const std::string what =
+      fmt::format("the checkpoint of window {} under {} was not saved", window, root.string());
+  constexpr std::string_view unchanged = "; the committed checkpoints are unchanged";
+
+  // 1. Rank 0 creates the new directory; every rank checks its arguments.
+  std::exception_ptr error;
+  std::optional<UncommittedDir> created;  // rank 0: removed unless it commits
+  try {
+    check_save_arguments(save);
+    if (rank == 0) created.emplace(create_checkpoint_dir(root, window));
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const auto names =
+      agree(group, error, created ? created->path().filename().string() : "", what, unchanged);
+  const std::filesystem::path dir = root / names[0].get<std::string>();
+
+  // 2. Every rank writes its files (temporary names, fsync, rename).
+  nlohmann::json written = nlohmann::json::array();
+  try {
+    create_directories(dir, "checkpoint directory ", rank);  // a root that is not shared
+    if (rank == 0) written.push_back(to_json(write_global_file(state, options, group, pool, dir)));
+    written.push_back(to_json(write_rank_file(state, options, group, pool, dir)));
+    for (const CheckpointFile& file : save.files) {
+      const auto path = state_files::checkpoint_user_file(dir, rank, file.name);
+      const Digest xxh3 = io::write_file_atomically(path, file.bytes);
+      written.push_back(to_json(
+          {path.filename().string(), rank, static_cast<std::uint64_t>(file.bytes.size()), xxh3}));
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const auto reports = agree(group, error, written, what, unchanged);
+
+  // 3. Every rank succeeded: rank 0 commits the directory with its manifest.
+  try {
+    if (rank == 0) {
+      Manifest manifest{window, group.world(), {}};
+      for (int r = 0; r < group.world(); ++r) {
+        for (const auto& record : reports[static_cast<std::size_t>(r)])
+          manifest.files.push_back(file_record_from_json(record, fmt::format("rank {}", r)));
+      }
+      write_manifest(dir, manifest);
+      created->release();
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  (void)agree(group, error, nullptr, what, unchanged);
+  if (rank == 0) remove_old_checkpoints(root, dir, save.keep);
+  logger().info("checkpoint of window {} committed in {} (state digest {})", window, dir.string(),
+                digest_hex(state.digest(pool)));
+  return dir;
 }
 
 void save_global_weights(const ReplicatedState& state, const EngineOptions& options, int rank,
@@ -208,14 +314,13 @@ void save_global_weights(const ReplicatedState& state, const EngineOptions& opti
   writer.finish();
 }
 
-void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
-                     const AttachedGroup& group, ThreadPool& pool,
-                     const std::filesystem::path& dir) {
+LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& options,
+                                 const AttachedGroup& group, ThreadPool& pool,
+                                 const std::filesystem::path& path) {
   const int rank = group.rank();
   const int world = group.world();
   const bool pulse = options.mode == Mode::pulse;
-  const auto global_path = state_files::checkpoint_global_file(dir);
-  const auto rank_path = state_files::checkpoint_rank_file(dir, rank);
+  LoadedCheckpoint loaded;
 
   // Phase 1: validate everything this rank will read, without touching the state.
   std::exception_ptr local_error;
@@ -224,7 +329,30 @@ void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
   bool loaded_momentum_initialised = false;
   std::optional<io::SafetensorsReader> global_file;
   std::optional<io::SafetensorsReader> rank_file;
+  std::filesystem::path global_path;
+  std::filesystem::path rank_path;
   try {
+    loaded.dir = resolve_checkpoint_dir(path);
+    global_path = state_files::checkpoint_global_file(loaded.dir);
+    rank_path = state_files::checkpoint_rank_file(loaded.dir, rank);
+    const Manifest manifest = read_manifest(loaded.dir);
+    if (manifest.world_size != world) {
+      throw InvalidArgument(fmt::format("{} was written by {} ranks; this group has {}",
+                                        loaded.dir.string(), manifest.world_size, world));
+    }
+    // Every file this rank reads is checked against the manifest first.
+    for (const auto& file : {global_path, rank_path})
+      verify_file(loaded.dir, manifest.file(loaded.dir, file.filename().string()));
+    const std::string own_prefix = state_files::checkpoint_user_file({}, rank, "").string();
+    for (const CheckpointFileRecord& record : manifest.files) {
+      if (record.rank != rank || !record.name.starts_with(own_prefix) ||
+          record.name == rank_path.filename().string()) {
+        continue;
+      }
+      loaded.files.push_back(
+          {record.name.substr(own_prefix.size()), read_verified_file(loaded.dir, record)});
+    }
+
     global_file.emplace(global_path);
     const io::Metadata& meta = global_file->metadata();
     check_equal(meta, "format", std::string(state_files::kCheckpointFormat), global_path);
@@ -246,6 +374,10 @@ void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
           global_path.string(), fmt::join(described, ", ")));
     }
     loaded_window = require_u64(meta, "window", global_path);
+    if (loaded_window != manifest.window) {
+      throw ProtocolError(fmt::format("{}: window {}, the manifest's is {}", global_path.string(),
+                                      loaded_window, manifest.window));
+    }
     const std::string& initialised = require(meta, "momentum_initialised", global_path);
     if (initialised != "true" && initialised != "false") {
       throw ProtocolError(global_path.string() + ": momentum_initialised is not true/false");
@@ -291,18 +423,20 @@ void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
   }
 
   // Phase 2: every rank must have validated the same checkpoint.
-  const std::uint64_t token =
-      local_error ? 0 : combine_digests(std::array<Digest, 2>{loaded_window, loaded_digest}) | 1u;
-  const auto tokens = collectives::allgather_u64(group.transport(), token, group.collective());
-  if (local_error) std::rethrow_exception(local_error);
+  const std::string token = fmt::format("{} {} {}", loaded.dir.filename().string(), loaded_window,
+                                        digest_hex(loaded_digest));
+  const auto tokens =
+      agree(group, local_error, token, fmt::format("checkpoint {} was not loaded", path.string()),
+            "; nothing changed");
   std::vector<int> disagreeing;
   for (int r = 0; r < world; ++r) {
     if (tokens[static_cast<std::size_t>(r)] != token) disagreeing.push_back(r);
   }
   if (!disagreeing.empty()) {
     throw InvalidArgument(fmt::format("checkpoint {} could not be loaded consistently: these "
-                                      "ranks failed or read a different state; nothing changed",
-                                      dir.string()),
+                                      "ranks read a different checkpoint or state; nothing "
+                                      "changed",
+                                      path.string()),
                           {.rank = rank, .ranks = disagreeing});
   }
 
@@ -319,8 +453,10 @@ void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
   if (!pulse) state.zero_residual();
   if (state.keeps_global_state()) state.reset_local(pool);
   state.set_progress(loaded_window, loaded_momentum_initialised);
-  logger().info("resumed from {} at window {} (state digest {})", dir.string(), state.window(),
-                digest_hex(loaded_digest));
+  logger().info("resumed from {} at window {} (state digest {})", loaded.dir.string(),
+                state.window(), digest_hex(loaded_digest));
+  loaded.window = loaded_window;
+  return loaded;
 }
 
 }  // namespace pulseloco::engine_detail

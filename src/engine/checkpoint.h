@@ -1,8 +1,9 @@
 // Internal: checkpoints and the global weights file, written from and read into the replicated
-// state. Rank 0 writes the replicated state (θ_g, m, window counter, options) to
-// `global.safetensors`; every rank writes its own residual e to `rank-NNNNN.safetensors`
-// (mode ddp: θ_l in place of θ_g and m, no residual). The layout is in state_files.h and
-// docs/operations.md.
+// state. In a checkpoint's directory rank 0 writes the replicated state (θ_g, m, window counter,
+// options) to `global.safetensors`; every rank writes its own residual e to
+// `rank-NNNNN.safetensors` (mode ddp: θ_l in place of θ_g and m, no residual) and its own
+// files. How the directory commits as a whole is checkpoint_commit.h; the layout is in
+// state_files.h and docs/operations.md.
 #pragma once
 
 #include <filesystem>
@@ -14,16 +15,18 @@
 
 namespace pulseloco::engine_detail {
 
-// Collective: every file exists once any rank returns.
-void save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
-                     const AttachedGroup& group, ThreadPool& pool,
-                     const std::filesystem::path& dir);
+// Collective (Engine::save_checkpoint): the new checkpoint's directory once it has committed.
+std::filesystem::path save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
+                                      const AttachedGroup& group, ThreadPool& pool,
+                                      const std::filesystem::path& root,
+                                      const CheckpointSave& save = {});
 
-// Collective. Validates every file completely (metadata, tensor table, data digests) and all
-// ranks agree before any state changes; then θ_l is reset to cast(θ_g).
-void load_checkpoint(ReplicatedState& state, const EngineOptions& options,
-                     const AttachedGroup& group, ThreadPool& pool,
-                     const std::filesystem::path& dir);
+// Collective (Engine::load_checkpoint). Verifies the files against the manifest and validates
+// every file completely (metadata, tensor table, data digests), and all ranks agree, before any
+// state changes; then θ_l is reset to cast(θ_g).
+LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& options,
+                                 const AttachedGroup& group, ThreadPool& pool,
+                                 const std::filesystem::path& path);
 
 // θ_g in one file (not collective); the metadata holds only the window and the digest, so
 // bit-identical replicas write byte-identical files.

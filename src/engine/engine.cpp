@@ -169,17 +169,19 @@ bool Engine::next_step_runs_window() const noexcept {
   return impl_->steps_in_window + 1 >= impl_->options.steps_per_window;
 }
 
-void Engine::save_checkpoint(const std::filesystem::path& dir) {
+std::filesystem::path Engine::save_checkpoint(const std::filesystem::path& root,
+                                              const CheckpointSave& save) {
   const engine_detail::StateAccess access(impl_->state);
-  engine_detail::save_checkpoint(impl_->state, impl_->options, impl_->attached_group(), impl_->pool,
-                                 dir);
+  return engine_detail::save_checkpoint(impl_->state, impl_->options, impl_->attached_group(),
+                                        impl_->pool, root, save);
 }
 
-void Engine::load_checkpoint(const std::filesystem::path& dir) {
+LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
   const engine_detail::StateAccess access(impl_->state);
-  engine_detail::load_checkpoint(impl_->state, impl_->options, impl_->attached_group(), impl_->pool,
-                                 dir);
+  LoadedCheckpoint loaded = engine_detail::load_checkpoint(
+      impl_->state, impl_->options, impl_->attached_group(), impl_->pool, path);
   impl_->steps_in_window = 0;
+  return loaded;
 }
 
 void Engine::save_global_weights(const std::filesystem::path& file) const {

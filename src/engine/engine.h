@@ -9,6 +9,7 @@
 // be retried. Modes diloco and ddp run the dense baselines with the same bookkeeping.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -31,6 +32,24 @@ struct NamedTensor {
   std::string name;
   TensorView view;
   std::vector<std::uint64_t> shape;  // optional, for checkpoint files; empty means {numel}
+};
+
+// A file of the embedding program's own state for this rank (such as its inner optimizer's,
+// serialised), saved with a checkpoint as `rank-NNNNN.<name>` and verified when loaded.
+struct CheckpointFile {
+  std::string name;  // letters, digits, '.', '_' and '-'; unique among this rank's files
+  std::vector<std::byte> bytes;
+};
+
+struct CheckpointSave {
+  std::uint32_t keep = 2;             // committed checkpoints kept under the root (at least 1)
+  std::vector<CheckpointFile> files;  // this rank's own files
+};
+
+struct LoadedCheckpoint {
+  std::filesystem::path dir;          // the checkpoint directory loaded
+  std::uint64_t window = 0;           // its window counter
+  std::vector<CheckpointFile> files;  // this rank's own files, verified
 };
 
 // Which group an engine belongs to (attach()): for reports, logs and traces.
@@ -97,12 +116,24 @@ class Engine {
   // (ordered after the stream set_cuda_stream gave).
   void average_gradients(std::span<const TensorView> gradients);
 
-  // Checkpoint (collective): rank 0 writes `dir/global.safetensors` (θ_g, m, window counter,
-  // options); every rank writes `dir/rank-<r>.safetensors` (its residual e).
-  void save_checkpoint(const std::filesystem::path& dir);
+  // Checkpoint (collective): writes a new directory under the checkpoint root `root`,
+  // `window-NNNNNN` (docs/operations.md, "Checkpoints"): rank 0's `global.safetensors` (θ_g, m,
+  // window counter, options), every rank's `rank-NNNNN.safetensors` (its residual e) and its
+  // own files (`save.files`), then `manifest.json`, which rank 0 writes once every rank has
+  // written its files and which lists every file with its xxh3-64. Only then is it a checkpoint;
+  // rank 0 then removes the committed checkpoints beyond the newest `save.keep` (its value
+  // counts) and directories without a manifest. Returns the new directory. A failure on any
+  // rank (a full disk) throws the same error on every rank, naming each failing rank and its
+  // error (kind io for the OS's errors), and leaves the committed checkpoints as they were.
+  std::filesystem::path save_checkpoint(const std::filesystem::path& root,
+                                        const CheckpointSave& save = {});
   // Restores a checkpoint written by a run with the same tensor table, options and world size
-  // (collective). Validates everything before changing any state; θ_l is reset to cast(θ_g).
-  void load_checkpoint(const std::filesystem::path& dir);
+  // (collective): `path` is a checkpoint directory, or a root whose newest committed checkpoint
+  // is loaded (IoError when it has none). Verifies every file this rank reads against the
+  // manifest and validates everything, and all ranks agree, before changing any state; a
+  // damaged file is an error on every rank naming it. θ_l is reset to cast(θ_g). Returns the
+  // directory, its window and this rank's own files.
+  LoadedCheckpoint load_checkpoint(const std::filesystem::path& path);
 
   // Writes this rank's θ_g to one safetensors file (not collective). Replicas that are
   // bit-identical write byte-identical files: the metadata holds only the window and digest.

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <pulseloco/base/errors.h>
@@ -75,14 +77,16 @@ FaultPlan parse_fault_plan(std::string_view text) {
       plan.window = parse_number(key, value);
       have_window = true;
     } else if (key == "phase") {
-      plan.phase = parse_named(
-          key, value, std::array{WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate},
-          window_phase_name);
+      plan.phase = parse_named(key, value,
+                               std::array{WindowPhase::gate, WindowPhase::exchange,
+                                          WindowPhase::aggregate, WindowPhase::checkpoint},
+                               window_phase_name);
       have_phase = true;
     } else if (key == "action") {
-      plan.action = parse_named(
-          key, value, std::array{FaultAction::kill, FaultAction::stall, FaultAction::disconnect},
-          fault_action_name);
+      plan.action = parse_named(key, value,
+                                std::array{FaultAction::kill, FaultAction::stall,
+                                           FaultAction::disconnect, FaultAction::enospc},
+                                fault_action_name);
       have_action = true;
     } else if (key == "rank") {
       plan.rank = static_cast<int>(parse_number(key, value));
@@ -95,6 +99,9 @@ FaultPlan parse_fault_plan(std::string_view text) {
   }
   if (!have_window || !have_phase || !have_action) {
     throw InvalidArgument("PULSELOCO_FAULT needs window=, phase= and action=");
+  }
+  if (plan.action == FaultAction::enospc && plan.phase != WindowPhase::checkpoint) {
+    throw InvalidArgument("PULSELOCO_FAULT: action=enospc needs phase=checkpoint");
   }
   return plan;
 }
@@ -113,6 +120,8 @@ std::string_view fault_action_name(FaultAction action) noexcept {
       return "stall";
     case FaultAction::disconnect:
       return "disconnect";
+    case FaultAction::enospc:
+      return "enospc";
   }
   return "?";
 }
@@ -132,6 +141,10 @@ void FaultInjector::at(const PhasePoint& point) {
     case FaultAction::disconnect:
       point.transport.abort("fault injection: this worker disconnected");
       break;
+    case FaultAction::enospc:
+      throw IoError(
+          fmt::format("fault injection: a checkpoint write failed: {}", std::strerror(ENOSPC)),
+          {.rank = point.rank});
   }
 }
 

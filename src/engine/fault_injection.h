@@ -5,17 +5,22 @@
 //   PULSELOCO_FAULT="window=3,phase=exchange,action=kill"          (this process)
 //   PULSELOCO_FAULT="window=3,phase=gate,action=stall,rank=2"      (only while at rank 2)
 //   PULSELOCO_FAULT="window=1,phase=aggregate,action=disconnect,worker=w2"
+//   PULSELOCO_FAULT="window=2,phase=checkpoint,action=enospc,rank=1"  (a full disk on rank 1)
 //
 // phase:  gate       before the gate (pulse) or the pseudo-gradient (diloco): nothing sent yet
 //         exchange   in the middle of the exchange: pulse, once the first other rank's message
 //                    has arrived (this rank's own message is on its way); diloco, after the first
 //                    all-reduce bucket
 //         aggregate  after every rank voted to commit, before this rank applies the window
+//         checkpoint while this rank writes the checkpoint of that window, before any of its
+//                    files is renamed into place
 // action: kill       SIGKILL to itself (a crash: its connections close)
 //         stall      SIGSTOP to itself (a hung process: its connections stay open); it resumes
 //                    on SIGCONT
 //         disconnect aborts its transport (a network partition of this worker's data links);
 //                    the process carries on and finds its window failed
+//         enospc     (phase checkpoint only) this rank's checkpoint write fails as on a full
+//                    disk: IoError "No space left on device"
 // The fault fires once, on the first attempt of that window. Not for production use: a process
 // with PULSELOCO_FAULT set logs a warning at start-up.
 #pragma once
@@ -30,7 +35,7 @@
 
 namespace pulseloco {
 
-enum class FaultAction : std::uint8_t { kill, stall, disconnect };
+enum class FaultAction : std::uint8_t { kill, stall, disconnect, enospc };
 
 struct FaultPlan {
   std::uint64_t window = 0;

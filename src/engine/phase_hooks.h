@@ -15,8 +15,10 @@ namespace pulseloco {
 //   exchange   during the exchange: pulse, whenever another rank's message has arrived (this
 //              rank's own message is on its way); diloco, after each all-reduce bucket
 //   aggregate  after every rank voted to commit, before this rank applies the window
-// Mode ddp has none.
-enum class WindowPhase : std::uint8_t { gate, exchange, aggregate };
+// Mode ddp has none. Outside windows:
+//   checkpoint while this rank writes a checkpoint: its residual file's temporary file exists,
+//              none of its files is renamed yet (the window is the checkpoint's)
+enum class WindowPhase : std::uint8_t { gate, exchange, aggregate, checkpoint };
 
 [[nodiscard]] constexpr std::string_view window_phase_name(WindowPhase phase) noexcept {
   switch (phase) {
@@ -26,6 +28,8 @@ enum class WindowPhase : std::uint8_t { gate, exchange, aggregate };
       return "exchange";
     case WindowPhase::aggregate:
       return "aggregate";
+    case WindowPhase::checkpoint:
+      return "checkpoint";
   }
   return "?";
 }

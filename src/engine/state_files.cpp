@@ -17,6 +17,11 @@ std::filesystem::path checkpoint_rank_file(const std::filesystem::path& dir, int
   return dir / fmt::format("rank-{:05}.safetensors", rank);
 }
 
+std::filesystem::path checkpoint_user_file(const std::filesystem::path& dir, int rank,
+                                           std::string_view name) {
+  return dir / fmt::format("rank-{:05}.{}", rank, name);
+}
+
 std::filesystem::path trace_window_dir(const std::filesystem::path& dir, std::uint64_t window) {
   return dir / fmt::format("window-{:06}", window);
 }

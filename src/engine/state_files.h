@@ -25,6 +25,9 @@ inline constexpr std::string_view kLocal = "local.";        // θ_l, the model's
 [[nodiscard]] std::filesystem::path checkpoint_global_file(const std::filesystem::path& dir);
 [[nodiscard]] std::filesystem::path checkpoint_rank_file(const std::filesystem::path& dir,
                                                          int rank);
+// The embedding program's own file `name` of `rank` (CheckpointFile).
+[[nodiscard]] std::filesystem::path checkpoint_user_file(const std::filesystem::path& dir, int rank,
+                                                         std::string_view name);
 [[nodiscard]] std::filesystem::path trace_window_dir(const std::filesystem::path& dir,
                                                      std::uint64_t window);
 [[nodiscard]] std::filesystem::path trace_file(const std::filesystem::path& dir,

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -18,6 +17,7 @@
 #include <utility>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/io/atomic_file.h>
 
 namespace pulseloco::io {
 namespace {
@@ -60,29 +60,6 @@ constexpr std::size_t kWriteBufferBytes = std::size_t{1} << 20;
 
 std::string errno_text(int error) {
   return std::strerror(error);
-}
-
-// Durable rename needs the directory entry on disk too.
-void fsync_directory(const std::filesystem::path& directory) {
-  const std::string name = directory.empty() ? std::string(".") : directory.string();
-  const int fd = ::open(name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    throw IoError(
-        fmt::format("cannot open directory '{}' to fsync it: {}", name, errno_text(errno)));
-  }
-  const int result = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  // Some filesystems do not support fsync on directories; the rename itself already happened.
-  if (result != 0 && error != EINVAL && error != EROFS) {
-    throw IoError(fmt::format("fsync of directory '{}' failed: {}", name, errno_text(error)));
-  }
-}
-
-std::filesystem::path temporary_path_for(const std::filesystem::path& path) {
-  static std::atomic<std::uint64_t> counter{0};
-  return std::filesystem::path(
-      fmt::format("{}.tmp.{}.{}", path.string(), ::getpid(), counter.fetch_add(1)));
 }
 
 std::uint64_t checked_numel(const std::vector<std::uint64_t>& shape, bool* overflow) {
@@ -212,34 +189,19 @@ SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, const Metadata&
   const std::uint64_t header_size = header_text.size();
   file_size_ = 8 + header_size + offset;
 
-  temporary_path_ = temporary_path_for(path_);
-  fd_ = ::open(temporary_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    throw IoError(
-        fmt::format("cannot create '{}': {}", temporary_path_.string(), errno_text(errno)));
-  }
+  file_ = std::make_unique<AtomicFile>(path_);
   buffer_.reserve(kWriteBufferBytes);
-  try {
-    std::array<std::byte, 8> length{};
-    for (std::size_t i = 0; i < 8; ++i)
-      length[i] = std::byte((header_size >> (8 * i)) & 0xFFu);
-    write_all(length);
-    write_all(std::as_bytes(std::span(header_text.data(), header_text.size())));
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    ::unlink(temporary_path_.c_str());
-    throw;
-  }
+  std::array<std::byte, 8> length{};
+  for (std::size_t i = 0; i < 8; ++i)
+    length[i] = std::byte((header_size >> (8 * i)) & 0xFFu);
+  write_all(length);
+  write_all(std::as_bytes(std::span(header_text.data(), header_text.size())));
   // Skip leading zero-byte tensors so write() always addresses a tensor that still needs bytes.
   while (current_ < tensors_.size() && byte_sizes_[current_] == 0)
     ++current_;
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!finished_ && !temporary_path_.empty()) ::unlink(temporary_path_.c_str());
-}
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 void SafetensorsWriter::fail_if_broken() const {
   if (broken_) {
@@ -260,28 +222,21 @@ void SafetensorsWriter::write_all(std::span<const std::byte> bytes) {
     file_offset_ += bytes.size();
     return;
   }
-  write_to_file(bytes, file_offset_);
+  write_to_file(bytes);
   file_offset_ += bytes.size();
 }
 
 void SafetensorsWriter::flush_buffer() {
-  write_to_file(buffer_, file_offset_ - buffer_.size());
+  write_to_file(buffer_);
   buffer_.clear();
 }
 
-void SafetensorsWriter::write_to_file(std::span<const std::byte> bytes, std::uint64_t offset) {
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t written = ::write(fd_, bytes.data() + done, bytes.size() - done);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      const int error = errno;
-      broken_ = true;
-      throw IoError(
-          fmt::format("write to '{}' failed: {}", temporary_path_.string(), errno_text(error)),
-          {.byte_offset = offset + done});
-    }
-    done += static_cast<std::size_t>(written);
+void SafetensorsWriter::write_to_file(std::span<const std::byte> bytes) {
+  try {
+    file_->write(bytes);
+  } catch (...) {
+    broken_ = true;
+    throw;
   }
 }
 
@@ -331,27 +286,18 @@ void SafetensorsWriter::finish() {
   }
   flush_buffer();
   PULSELOCO_CHECK(file_offset_ == file_size_, "safetensors writer size bookkeeping");
-  if (::fsync(fd_) != 0) {
-    const int error = errno;
+  try {
+    file_->commit();
+  } catch (...) {
     broken_ = true;
-    throw IoError(
-        fmt::format("fsync of '{}' failed: {}", temporary_path_.string(), errno_text(error)));
-  }
-  const int fd = std::exchange(fd_, -1);
-  if (::close(fd) != 0) {
-    const int error = errno;
-    broken_ = true;
-    throw IoError(
-        fmt::format("close of '{}' failed: {}", temporary_path_.string(), errno_text(error)));
-  }
-  if (::rename(temporary_path_.c_str(), path_.c_str()) != 0) {
-    const int error = errno;
-    broken_ = true;
-    throw IoError(fmt::format("cannot rename '{}' to '{}': {}", temporary_path_.string(),
-                              path_.string(), errno_text(error)));
+    throw;
   }
   finished_ = true;
-  fsync_directory(path_.parent_path());
+}
+
+Digest SafetensorsWriter::file_digest() const {
+  PULSELOCO_CHECK(finished_, "file_digest() before finish()");
+  return file_->digest();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,9 +29,12 @@
 #include <type_traits>
 #include <vector>
 
+#include <pulseloco/base/digest.h>
 #include <pulseloco/base/tensor_view.h>
 
 namespace pulseloco::io {
+
+class AtomicFile;
 
 // The element types of the safetensors format, with their names in the header.
 enum class TensorDType : std::uint8_t {
@@ -115,9 +119,10 @@ inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 //   writer.write("w", std::as_bytes(std::span(values)));   // possibly in several chunks
 //   writer.finish();                                         // fsync + rename: now durable
 //
-// The data goes to "<path>.tmp.<pid>.<n>" until finish() fsyncs it, renames it to `path` and
-// fsyncs the directory. If the writer is destroyed before finish() (an exception, a caller
-// that gives up), the temporary file is removed and `path` is left as it was.
+// The data goes to "<path>.tmp.<pid>.<n>" (an AtomicFile, io/atomic_file.h) until finish()
+// fsyncs it, renames it to `path` and fsyncs the directory. If the writer is destroyed before
+// finish() (an exception, a caller that gives up), the temporary file is removed and `path` is left
+// as it was.
 class SafetensorsWriter {
  public:
   // Validates the declaration (non-empty unique names other than "__metadata__", valid UTF-8,
@@ -148,16 +153,17 @@ class SafetensorsWriter {
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
   // Bytes of the complete file (8 + header + data).
   [[nodiscard]] std::uint64_t file_size() const noexcept { return file_size_; }
+  // xxh3-64 of the complete file's bytes (after finish()), for manifests that list files.
+  [[nodiscard]] Digest file_digest() const;
 
  private:
   void flush_buffer();
   void write_all(std::span<const std::byte> bytes);
-  // write(2) until every byte is written; `offset` (in the file) names a failure's position.
-  void write_to_file(std::span<const std::byte> bytes, std::uint64_t offset);
+  void write_to_file(std::span<const std::byte> bytes);
   void fail_if_broken() const;
 
   std::filesystem::path path_;
-  std::filesystem::path temporary_path_;
+  std::unique_ptr<AtomicFile> file_;
   std::vector<TensorSpec> tensors_;
   std::vector<std::uint64_t> byte_sizes_;
   std::size_t current_ = 0;            // index of the tensor being written
@@ -165,7 +171,6 @@ class SafetensorsWriter {
   std::uint64_t file_size_ = 0;
   std::uint64_t file_offset_ = 0;  // bytes handed to the OS or buffered so far
   std::vector<std::byte> buffer_;  // coalesces small chunks
-  int fd_ = -1;
   bool broken_ = false;
   bool finished_ = false;
 };

@@ -19,7 +19,7 @@
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/replay.h>
 #include <pulseloco/io/safetensors.h>
-#include "engine/engine_test_util.h"
+#include "engine/training_run.h"
 
 namespace pulseloco {
 namespace {
@@ -27,61 +27,11 @@ namespace {
 namespace fs = std::filesystem;
 using testing::LocalModel;
 
-constexpr int kWorld = 3;
-const std::vector<std::uint64_t> kCheckpointSizes{2500, 1, 700};
-
-EngineOptions options_for_test() {
-  EngineOptions options;
-  options.steps_per_window = 2;
-  options.chunk_elements = 1024;
-  options.threads = 2;
-  options.timeout = std::chrono::milliseconds(20'000);
-  return options;
-}
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("pulseloco_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-struct TrainingRun {
-  std::vector<LocalModel> models;
-  std::vector<std::unique_ptr<Engine>> engines;
-  float inner_lr = 3e-5f;
-
-  TrainingRun(const EngineOptions& options, std::uint32_t seed, DType dtype = DType::float32)
-      : inner_lr(dtype == DType::float32 ? 3e-5f : 3e-3f) {  // bf16 needs visible steps
-    for (int r = 0; r < kWorld; ++r) {
-      models.push_back(
-          testing::make_model(kCheckpointSizes, dtype, seed + static_cast<std::uint32_t>(r)));
-    }
-    auto transports = transport::inproc::make_group(kWorld);
-    engines.resize(kWorld);
-    testing::rethrow_first(testing::run_ranks(kWorld, [&](int r) {
-      const auto i = static_cast<std::size_t>(r);
-      engines[i] =
-          std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
-    }));
-  }
-
-  // Local training (deterministic per window and rank) followed by a window, on every rank.
-  void window(int index) {
-    for (int r = 0; r < kWorld; ++r) {
-      testing::local_training(models[static_cast<std::size_t>(r)], inner_lr, 2,
-                              static_cast<std::uint32_t>(1000 * index + r));
-    }
-    testing::rethrow_first(testing::run_ranks(
-        kWorld, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); }));
-  }
-
-  void on_all(const std::function<void(Engine&)>& fn) {
-    testing::rethrow_first(
-        testing::run_ranks(kWorld, [&](int r) { fn(*engines[static_cast<std::size_t>(r)]); }));
-  }
-};
+using testing::fresh_dir;
+using testing::kCheckpointSizes;
+using testing::kWorld;
+using testing::options_for_test;
+using testing::TrainingRun;
 
 void expect_same_state(const TrainingRun& a, const TrainingRun& b) {
   for (int r = 0; r < kWorld; ++r) {
@@ -113,10 +63,12 @@ void expect_resume_continues_bit_identically(const std::string& name, const Engi
   TrainingRun first(options, seed);
   for (int w = 0; w < saved_after; ++w)
     first.window(w);
-  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
-  EXPECT_TRUE(fs::exists(dir / "global.safetensors"));
+  const fs::path saved = first.save(dir);
+  EXPECT_EQ(saved, dir / fmt::format("window-{:06}", saved_after));
+  EXPECT_TRUE(fs::exists(saved / "manifest.json"));
+  EXPECT_TRUE(fs::exists(saved / "global.safetensors"));
   for (int r = 0; r < kWorld; ++r) {
-    EXPECT_TRUE(fs::exists(dir / ("rank-0000" + std::to_string(r) + ".safetensors")));
+    EXPECT_TRUE(fs::exists(saved / fmt::format("rank-{:05}.safetensors", r)));
   }
 
   TrainingRun resumed(resumed_options, seed + 767);
@@ -154,7 +106,7 @@ TEST(Checkpoint, ResumingWithAnotherOuterLearningRateIsRefusedNamingIt) {
   const EngineOptions options = options_for_test();
   TrainingRun first(options, 50);
   first.window(0);
-  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  (void)first.save(dir);
 
   EngineOptions other = options;
   other.outer_lr = 0.5f;
@@ -188,14 +140,14 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
   const EngineOptions options = options_for_test();
   TrainingRun run(options, 20);
   run.window(0);
-  run.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  const fs::path saved = run.save(dir);
   run.window(1);
   std::vector<Digest> before;
   for (const auto& e : run.engines)
     before.push_back(e->state_digest());
 
-  // Flip one byte of rank 1's residual data: only rank 1 can notice, but every rank refuses.
-  const fs::path victim = dir / "rank-00001.safetensors";
+  // Flip one byte of rank 1's residual data: only rank 1 reads it, but every rank refuses.
+  const fs::path victim = saved / "rank-00001.safetensors";
   {
     const io::SafetensorsReader reader(victim);
     const auto& info = reader.tensor("residual.tensor0");
@@ -217,10 +169,15 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
               before[static_cast<std::size_t>(r)]);
     EXPECT_EQ(run.engines[static_cast<std::size_t>(r)]->window(), 2u);
   }
-  try {
-    std::rethrow_exception(errors[1]);
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rank-00001"), std::string::npos) << e.what();
+  for (const auto& error : errors) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank-00001.safetensors: the file is damaged"),
+                std::string::npos)
+          << e.what();
+      EXPECT_EQ(e.context().ranks, std::vector<int>{1});
+    }
   }
   fs::remove_all(dir);
 }
@@ -256,6 +213,7 @@ std::string rewrite_with_whole_buffer_digests(const fs::path& file, const std::s
   for (std::size_t t = 0; t < specs.size(); ++t)
     writer.write(specs[t].name, std::span<const std::byte>(data[t]));
   writer.finish();
+  testing::record_in_manifest(file);
   return combined;
 }
 
@@ -270,11 +228,11 @@ TEST(Checkpoint, FilesWithWholeBufferDigestsStillLoad) {
 
   TrainingRun first(options, 30);
   first.window(0);
-  first.on_all([&](Engine& e) { e.save_checkpoint(dir); });
+  const fs::path saved = first.save(dir);
   const std::string state_hex =
-      rewrite_with_whole_buffer_digests(dir / "global.safetensors", "state_digest");
+      rewrite_with_whole_buffer_digests(saved / "global.safetensors", "state_digest");
   for (int r = 0; r < kWorld; ++r) {
-    (void)rewrite_with_whole_buffer_digests(dir / fmt::format("rank-{:05}.safetensors", r),
+    (void)rewrite_with_whole_buffer_digests(saved / fmt::format("rank-{:05}.safetensors", r),
                                             "residual_digest", state_hex);
   }
 
@@ -294,14 +252,11 @@ TEST(Checkpoint, TheRecordedDigestDefinitionDecidesHowFilesVerify) {
   const EngineOptions options = options_for_test();
   TrainingRun run(options, 40);
   run.window(0);
-  run.on_all([&](Engine& e) { e.save_checkpoint(dir); });
-  std::vector<Digest> before;
-  for (const auto& e : run.engines)
-    before.push_back(e->state_digest());
+  const std::vector<Digest> before = run.digests();
   for (const std::string& name :
        {std::string(kBufferDigestName), std::string("xxh3-64-pieces-1MiB")}) {
-    run.on_all([&](Engine& e) { e.save_checkpoint(dir); });
-    (void)rewrite_with_whole_buffer_digests(dir / "global.safetensors", "state_digest", {}, name);
+    const fs::path saved = run.save(dir);
+    (void)rewrite_with_whole_buffer_digests(saved / "global.safetensors", "state_digest", {}, name);
     const auto errors = testing::run_ranks(
         kWorld, [&](int r) { run.engines[static_cast<std::size_t>(r)]->load_checkpoint(dir); });
     for (int r = 0; r < kWorld; ++r) {

@@ -40,14 +40,14 @@ TEST(FaultPlan, ParsesEveryField) {
 }
 
 TEST(FaultPlan, EveryNameParsesBackToItsValue) {
-  for (const WindowPhase phase :
-       {WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate}) {
+  for (const WindowPhase phase : {WindowPhase::gate, WindowPhase::exchange, WindowPhase::aggregate,
+                                  WindowPhase::checkpoint}) {
     const auto text = "window=0,action=kill,phase=" + std::string(window_phase_name(phase));
     EXPECT_EQ(parse_fault_plan(text).phase, phase) << text;
   }
   for (const FaultAction action :
-       {FaultAction::kill, FaultAction::stall, FaultAction::disconnect}) {
-    const auto text = "window=0,phase=gate,action=" + std::string(fault_action_name(action));
+       {FaultAction::kill, FaultAction::stall, FaultAction::disconnect, FaultAction::enospc}) {
+    const auto text = "window=0,phase=checkpoint,action=" + std::string(fault_action_name(action));
     EXPECT_EQ(parse_fault_plan(text).action, action) << text;
   }
 }
@@ -55,10 +55,14 @@ TEST(FaultPlan, EveryNameParsesBackToItsValue) {
 TEST(FaultPlan, BadInputIsRefusedNamingWhatWasWrong) {
   EXPECT_EQ(
       error_of("window=1,phase=apply,action=kill"),
-      "invalid argument: PULSELOCO_FAULT: phase 'apply' is not one of gate, exchange, aggregate");
+      "invalid argument: PULSELOCO_FAULT: phase 'apply' is not one of gate, exchange, aggregate, "
+      "checkpoint");
   EXPECT_EQ(
       error_of("window=1,phase=gate,action=crash"),
-      "invalid argument: PULSELOCO_FAULT: action 'crash' is not one of kill, stall, disconnect");
+      "invalid argument: PULSELOCO_FAULT: action 'crash' is not one of kill, stall, disconnect, "
+      "enospc");
+  EXPECT_EQ(error_of("window=1,phase=gate,action=enospc"),
+            "invalid argument: PULSELOCO_FAULT: action=enospc needs phase=checkpoint");
   EXPECT_NE(error_of("window=-1,phase=gate,action=kill").find("window='-1'"), std::string::npos);
   EXPECT_NE(error_of("window=1,phase=gate,action=kill,color=red").find("unknown key 'color'"),
             std::string::npos);
@@ -67,17 +71,7 @@ TEST(FaultPlan, BadInputIsRefusedNamingWhatWasWrong) {
             std::string::npos);
 }
 
-// Sets an environment variable for the guard's lifetime.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  ~ScopedVariable() { ::unsetenv(name_); }
-  ScopedVariable(const ScopedVariable&) = delete;
-  ScopedVariable& operator=(const ScopedVariable&) = delete;
-
- private:
-  const char* name_;
-};
+using testing::ScopedVariable;
 
 TEST(FaultInjection, ADisconnectInTheExchangeFailsTheWindowEverywhereAndARetryMatchesTheReference) {
   // Rank 1 aborts its transport once another rank's message of window 1 has arrived: no rank

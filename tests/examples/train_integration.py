@@ -12,7 +12,10 @@ the model having learnt anything.
       and the TCP and MPI runs end with byte-identical weights.
   ... resume
       2 workers (environment rendezvous via --local-workers): 4 windows uninterrupted, against
-      2 windows + checkpoint + resume to 4: identical final weights and identical per-window
+      a run that checkpoints every window and whose second checkpoint fails on rank 1 as on a
+      full disk (PULSELOCO_FAULT): both workers report it and exit 1, the first checkpoint stays
+      committed, a copy with one flipped bit in rank 1's optimizer state is refused naming the
+      file, and resuming from the intact one to 4 gives identical final weights and per-window
       digests. The checkpoint and trace files are then opened with the standard `safetensors`
       package and their names, shapes, dtypes and bytes checked; `pulseloco replay` reproduces
       every traced window, and names the tensor and index of a value changed in a trace.
@@ -138,10 +141,34 @@ def test_resume(args):
                   "--checkpoint-dir", str(full / "checkpoint"), "--checkpoint-every", "2"]
                  + common, timeout=args.timeout)
     check(result.returncode == 0, f"uninterrupted run exited {result.returncode}")
-    result = run([args.train, "--windows", "2", "--json", str(part / "first.json"),
-                  "--checkpoint-dir", str(part / "checkpoint"), "--checkpoint-every", "2"]
-                 + common, timeout=args.timeout)
-    check(result.returncode == 0, f"run to window 2 exited {result.returncode}")
+    # The run to window 2 checkpoints every window; rank 1's write of the second checkpoint
+    # fails as on a full disk: every worker reports it and exits 1 (no abort), and the first
+    # checkpoint stays committed.
+    full_disk = dict(os.environ, PULSELOCO_FAULT="window=2,phase=checkpoint,action=enospc,rank=1")
+    result = run([args.train, "--windows", "2", "--checkpoint-dir", str(part / "checkpoint"),
+                  "--checkpoint-every", "1"] + common, timeout=args.timeout, env=full_disk)
+    reports = [line for line in result.stdout.splitlines()
+               if line.startswith("pulseloco_train: I/O error: the checkpoint of window 2")
+               and "rank 1: " in line and "No space left on device" in line]
+    check(result.returncode == 1 and len(reports) == ranks,
+          f"a full disk on rank 1: exit {result.returncode}, {len(reports)} workers reported it")
+    committed = sorted(p.name for p in (part / "checkpoint").iterdir())
+    check(committed == ["window-000001"], f"after the failed save the root holds {committed}")
+
+    # One flipped bit in rank 1's optimizer state: resuming fails on every worker naming it.
+    damaged = part / "damaged"
+    shutil.copytree(part / "checkpoint", damaged)
+    victim = damaged / "window-000001" / "rank-00001.optimizer.pt"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x08
+    victim.write_bytes(bytes(data))
+    result = run([args.train, "--windows", "4", "--resume", str(damaged)] + common,
+                 timeout=args.timeout)
+    named = [line for line in result.stdout.splitlines()
+             if line.startswith("pulseloco_train:") and f"{victim}: the file is damaged" in line]
+    check(result.returncode == 1 and len(named) == ranks,
+          f"a flipped bit in {victim.name}: exit {result.returncode}, {len(named)} workers named it")
+
     result = run([args.train, "--windows", "4", "--json", str(part / "second.json"),
                   "--resume", str(part / "checkpoint"), "--final-weights", str(part / "final")]
                  + common, timeout=args.timeout)
@@ -149,20 +176,19 @@ def test_resume(args):
     if FAILURES:
         return
 
-    check("resumed at window 2" in result.stdout, "the resumed run did not say it resumed")
+    check("resumed at window 1 from " in result.stdout, "the resumed run did not say it resumed")
     a = final_weights(full / "final", ranks)
     b = final_weights(part / "final", ranks)
     check(a[0] is not None and a == b,
           "the resumed run's final weights differ from the uninterrupted run's")
     full_report = check_report(full / "report.json", ranks, 4, "uninterrupted")
-    first = check_report(part / "first.json", ranks, 2, "first half")
-    second = check_report(part / "second.json", ranks, 2, "resumed half")
-    if full_report and first and second:
-        resumed = [w["digests"][0] for w in first["windows"] + second["windows"]]
-        uninterrupted = [w["digests"][0] for w in full_report["windows"]]
+    second = check_report(part / "second.json", ranks, 3, "resumed part")
+    if full_report and second:
+        resumed = [w["digests"][0] for w in second["windows"]]
+        uninterrupted = [w["digests"][0] for w in full_report["windows"][1:]]
         check(resumed == uninterrupted,
               f"per-window digests differ: {resumed} vs uninterrupted {uninterrupted}")
-        check([w["window"] for w in second["windows"]] == [2, 3],
+        check([w["window"] for w in second["windows"]] == [1, 2, 3],
               f"the resumed run reports windows {[w['window'] for w in second['windows']]}")
 
     check_files_with_safetensors(full, ranks)
@@ -262,8 +288,21 @@ def check_files_with_safetensors(run_dir, ranks):
     check(total == 5_003_776, f"the final weights hold {total} parameters, expected 5,003,776")
     check(all(t.dtype == np.float32 for t in final.values()), "final weights are not all F32")
 
-    # The checkpoint written after window 4: θ_g and m in the shared file, e in each rank's.
-    meta, shared = tensors(run_dir / "checkpoint" / "global.safetensors")
+    # The checkpoints after windows 2 and 4 (the newest two are kept). The one of window 4: θ_g
+    # and m in the shared file, e and the AdamW state in each rank's; the manifest lists them.
+    root = run_dir / "checkpoint"
+    kept = sorted(p.name for p in root.iterdir())
+    check(kept == ["window-000002", "window-000004"], f"the checkpoint root holds {kept}")
+    checkpoint = root / "window-000004"
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    listed = {f["name"]: f["size"] for f in manifest["files"]}
+    expected = ["global.safetensors"] + [f"rank-{r:05}.{kind}" for r in range(ranks)
+                                         for kind in ("safetensors", "optimizer.pt")]
+    check(sorted(listed) == sorted(expected) and manifest["window"] == 4,
+          f"the manifest lists {sorted(listed)} at window {manifest['window']}")
+    for name, size in listed.items():
+        check((checkpoint / name).stat().st_size == size, f"{name}: size differs from the manifest")
+    meta, shared = tensors(checkpoint / "global.safetensors")
     check(meta.get("format") == "pulseloco-checkpoint" and meta.get("window") == "4"
           and meta.get("world_size") == str(ranks),
           f"checkpoint metadata: {dict((k, meta.get(k)) for k in ('format', 'window', 'world_size'))}")
@@ -281,7 +320,7 @@ def check_files_with_safetensors(run_dir, ranks):
     any_momentum = any(np.any(shared[f"momentum.{n}"] != 0) for n in names)
     check(any_momentum, "the checkpoint's momentum is all zeros after 4 windows")
     for rank in range(ranks):
-        rank_meta, rank_tensors = tensors(run_dir / "checkpoint" / f"rank-{rank:05}.safetensors")
+        rank_meta, rank_tensors = tensors(checkpoint / f"rank-{rank:05}.safetensors")
         check(rank_meta.get("rank") == str(rank), f"rank file {rank} says rank {rank_meta.get('rank')}")
         check(sorted(rank_tensors) == sorted(f"residual.{n}" for n in names),
               f"rank file {rank} does not hold exactly residual.* per tensor")

@@ -1,5 +1,7 @@
 #include <pulseloco/adapters/torch/synchronizer.h>
 
+#include <fmt/format.h>
+#include <torch/serialize.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -12,6 +14,10 @@
 #else
 #define PULSELOCO_TORCH_HAS_CUDA 0
 #endif
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
@@ -186,16 +192,48 @@ std::optional<WindowReport> Synchronizer::after_optimizer_step() {
   return report;
 }
 
-void Synchronizer::save_checkpoint(const std::filesystem::path& dir) {
+std::filesystem::path Synchronizer::save_checkpoint(const std::filesystem::path& root,
+                                                    const CheckpointSave& save) {
   order_with_current_stream();
-  engine().save_checkpoint(dir);
+  return engine().save_checkpoint(root, save);
 }
 
-void Synchronizer::load_checkpoint(const std::filesystem::path& dir) {
+LoadedCheckpoint Synchronizer::load_checkpoint(const std::filesystem::path& path) {
   stage_to_host();
   order_with_current_stream();
-  engine().load_checkpoint(dir);
+  LoadedCheckpoint loaded = engine().load_checkpoint(path);
   stage_from_host();
+  return loaded;
+}
+
+CheckpointFile optimizer_file(const torch::optim::Optimizer& optimizer, std::string name) {
+  std::ostringstream stream;
+  try {
+    torch::save(optimizer, stream);
+  } catch (const c10::Error& error) {
+    throw InvalidArgument(
+        fmt::format("cannot serialise the optimizer's state: {}", error.what_without_backtrace()));
+  }
+  const std::string bytes = std::move(stream).str();
+  CheckpointFile file{std::move(name), std::vector<std::byte>(bytes.size())};
+  std::memcpy(file.bytes.data(), bytes.data(), bytes.size());
+  return file;
+}
+
+void load_optimizer(torch::optim::Optimizer& optimizer, const LoadedCheckpoint& loaded,
+                    std::string_view name) {
+  const auto file = std::find_if(loaded.files.begin(), loaded.files.end(),
+                                 [&](const CheckpointFile& f) { return f.name == name; });
+  if (file == loaded.files.end()) {
+    throw InvalidArgument(
+        fmt::format("checkpoint {} holds no file '{}' of this rank", loaded.dir.string(), name));
+  }
+  try {
+    torch::load(optimizer, reinterpret_cast<const char*>(file->bytes.data()), file->bytes.size());
+  } catch (const c10::Error& error) {
+    throw ProtocolError(fmt::format("checkpoint {}: libtorch cannot read this rank's '{}': {}",
+                                    loaded.dir.string(), name, error.what_without_backtrace()));
+  }
 }
 
 }  // namespace pulseloco::libtorch

@@ -12,17 +12,30 @@
 
 #include <torch/types.h>
 // Not self-contained: needs torch/types.h (TORCH_CHECK) before it.
+#include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <pulseloco/elastic/elastic_engine.h>
 #include <pulseloco/engine/engine.h>
 
 namespace pulseloco::libtorch {
+
+// The optimizer's state (torch::save into memory) as the checkpoint file `name`, for
+// CheckpointSave::files. Throws InvalidArgument when libtorch cannot serialise it.
+[[nodiscard]] CheckpointFile optimizer_file(const torch::optim::Optimizer& optimizer,
+                                            std::string name = "optimizer.pt");
+// Restores the optimizer from the file `name` of a loaded checkpoint (verified by
+// load_checkpoint). Throws InvalidArgument when the checkpoint holds no such file of this
+// rank, ProtocolError naming the file when libtorch cannot read it.
+void load_optimizer(torch::optim::Optimizer& optimizer, const LoadedCheckpoint& loaded,
+                    std::string_view name = "optimizer.pt");
 
 class Synchronizer {
  public:
@@ -50,8 +63,13 @@ class Synchronizer {
   // Counts the step; every H-th call runs a window (collective) and returns its report.
   [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
 
-  void save_checkpoint(const std::filesystem::path& dir);
-  void load_checkpoint(const std::filesystem::path& dir);
+  // Engine::save_checkpoint and load_checkpoint (collective; docs/operations.md,
+  // "Checkpoints"): a new directory under `root` that commits as a whole, with this rank's own
+  // files (optimizer_file() below) listed in its manifest with their checksums; loading verifies
+  // them and returns them.
+  std::filesystem::path save_checkpoint(const std::filesystem::path& root,
+                                        const CheckpointSave& save = {});
+  LoadedCheckpoint load_checkpoint(const std::filesystem::path& path);
 
   [[nodiscard]] Engine& engine() noexcept { return elastic_ ? elastic_->engine() : *engine_; }
   // The elastic driver, when constructed for an elastic run (else null).

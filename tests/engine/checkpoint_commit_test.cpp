@@ -1,0 +1,315 @@
+// Checkpoints commit as a whole: a write that fails on one rank (a full disk, injected or real)
+// is the same io error on every rank and leaves the last committed checkpoint loadable; resume
+// takes the newest committed checkpoint and verifies every file against the manifest; the
+// newest K are kept and leftovers of failed saves are ignored, then removed.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/engine/engine.h>
+#include "engine/training_run.h"
+
+namespace pulseloco {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::kWorld;
+using testing::ScopedVariable;
+using testing::TrainingRun;
+
+// The entries of a checkpoint root, by name.
+std::set<std::string> entries(const fs::path& root) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(root))
+    names.insert(entry.path().filename().string());
+  return names;
+}
+
+// Every file under `root`, recursively (temporary files included).
+std::vector<std::string> all_files(const fs::path& root) {
+  std::vector<std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(root))
+    files.push_back(fs::relative(entry.path(), root).string());
+  return files;
+}
+
+// This rank's own file (an inner optimizer's state, say), different on every rank and window.
+CheckpointFile optimizer_file(int rank, std::uint64_t window) {
+  CheckpointFile file{"optimizer.pt", {}};
+  for (int i = 0; i < 3000; ++i)
+    file.bytes.push_back(static_cast<std::byte>((i * 7 + rank * 31 + window) & 0xFF));
+  return file;
+}
+
+std::function<CheckpointSave(int)> with_optimizer(const TrainingRun& run) {
+  return [&run](int r) {
+    return CheckpointSave{
+        .files = {optimizer_file(r, run.engines[static_cast<std::size_t>(r)]->window())}};
+  };
+}
+
+// Every rank failed with an error of `kind` whose text holds each of `parts`.
+void expect_error_everywhere(const std::vector<std::exception_ptr>& errors, ErrorKind kind,
+                             const std::vector<std::string>& parts) {
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " succeeded";
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), kind) << "rank " << r << ": " << e.what();
+      for (const std::string& part : parts)
+        EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+            << "rank " << r << ": " << e.what();
+    }
+  }
+}
+
+// Loads `path` on every rank and returns each rank's result.
+std::vector<LoadedCheckpoint> load_all(TrainingRun& run, const fs::path& path) {
+  std::vector<LoadedCheckpoint> loaded(kWorld);
+  testing::rethrow_first(testing::run_ranks(kWorld, [&](int r) {
+    loaded[static_cast<std::size_t>(r)] =
+        run.engines[static_cast<std::size_t>(r)]->load_checkpoint(path);
+  }));
+  return loaded;
+}
+
+std::vector<std::exception_ptr> try_load(TrainingRun& run, const fs::path& path) {
+  return testing::run_ranks(kWorld, [&](int r) {
+    (void)run.engines[static_cast<std::size_t>(r)]->load_checkpoint(path);
+  });
+}
+
+std::vector<std::exception_ptr> try_save(TrainingRun& run, const fs::path& root) {
+  const auto save_of = with_optimizer(run);
+  return testing::run_ranks(kWorld, [&](int r) {
+    (void)run.engines[static_cast<std::size_t>(r)]->save_checkpoint(root, save_of(r));
+  });
+}
+
+// A full disk while rank 1 writes its files: every rank reports it, nothing of the new
+// checkpoint stays, and the previous checkpoint loads with the state of its window.
+TEST(CheckpointCommit, AFullDiskOnOneRankIsAnIoErrorOnEveryRankAndThePreviousCheckpointLoads) {
+  const fs::path root = testing::fresh_dir("commit_enospc");
+  std::optional<TrainingRun> run_holder;
+  {
+    const ScopedVariable fault("PULSELOCO_FAULT", "window=2,phase=checkpoint,action=enospc,rank=1");
+    run_holder.emplace(testing::options_for_test(), 70);
+  }
+  TrainingRun& run = *run_holder;
+  run.window(0);
+  const fs::path first = run.save(root, with_optimizer(run));
+  const std::vector<Digest> at_window_1 = run.digests();
+  run.window(1);
+  const std::vector<Digest> at_window_2 = run.digests();
+
+  expect_error_everywhere(try_save(run, root), ErrorKind::io,
+                          {"the checkpoint of window 2", "rank 1: ", "No space left on device",
+                           "the committed checkpoints are unchanged"});
+  EXPECT_EQ(run.digests(), at_window_2);
+  for (const auto& engine : run.engines)
+    EXPECT_EQ(engine->window(), 2u);
+  EXPECT_EQ(entries(root), std::set<std::string>{"window-000001"});
+  for (const std::string& file : all_files(root))
+    EXPECT_EQ(file.find(".tmp."), std::string::npos) << file;
+
+  const std::vector<LoadedCheckpoint> loaded = load_all(run, root);
+  EXPECT_EQ(run.digests(), at_window_1);
+  for (int r = 0; r < kWorld; ++r) {
+    const auto& mine = loaded[static_cast<std::size_t>(r)];
+    EXPECT_EQ(mine.dir, first);
+    EXPECT_EQ(mine.window, 1u);
+    ASSERT_EQ(mine.files.size(), 1u);
+    EXPECT_EQ(mine.files[0].name, "optimizer.pt");
+    EXPECT_EQ(mine.files[0].bytes, optimizer_file(r, 1).bytes);
+  }
+  // The fault fired once: the next save commits.
+  run.window(1);
+  EXPECT_EQ(run.save(root, with_optimizer(run)), root / "window-000002");
+  fs::remove_all(root);
+}
+
+// Resume takes the newest committed checkpoint; a directory without a manifest (a save that
+// was interrupted) is no checkpoint, and the next successful save removes it.
+TEST(CheckpointCommit, ResumeTakesTheNewestCommittedCheckpointAndLeftoversAreIgnored) {
+  const fs::path root = testing::fresh_dir("commit_newest");
+  TrainingRun run(testing::options_for_test(), 80);
+  run.window(0);
+  (void)run.save(root);
+  run.window(1);
+  const fs::path newest = run.save(root);
+  const std::vector<Digest> at_window_2 = run.digests();
+  // An interrupted save of window 3: some files, no manifest.
+  fs::create_directories(root / "window-000003");
+  fs::copy_file(newest / "global.safetensors", root / "window-000003" / "global.safetensors");
+  std::ofstream(root / "window-000003" / "rank-00000.safetensors.tmp.1.0") << "partial";
+  fs::create_directories(root / "unrelated");  // not ours: never touched
+
+  run.window(2);
+  for (const LoadedCheckpoint& loaded : load_all(run, root)) {
+    EXPECT_EQ(loaded.dir, newest);
+    EXPECT_EQ(loaded.window, 2u);
+  }
+  EXPECT_EQ(run.digests(), at_window_2);
+
+  // The next save of window 3 takes another name, commits and removes the leftover.
+  run.window(2);
+  EXPECT_EQ(run.save(root), root / "window-000003.1");
+  EXPECT_EQ(entries(root),
+            (std::set<std::string>{"unrelated", "window-000002", "window-000003.1"}));
+  EXPECT_EQ(load_all(run, root)[0].dir, root / "window-000003.1");
+  fs::remove_all(root);
+}
+
+TEST(CheckpointCommit, TheNewestKCommittedCheckpointsAreKept) {
+  const fs::path root = testing::fresh_dir("commit_keep");
+  TrainingRun run(testing::options_for_test(), 90);
+  const auto keep = [](std::uint32_t k) { return [k](int) { return CheckpointSave{.keep = k}; }; };
+  for (int w = 0; w < 3; ++w) {
+    run.window(w);
+    (void)run.save(root);  // the default keeps 2
+  }
+  EXPECT_EQ(entries(root), (std::set<std::string>{"window-000002", "window-000003"}));
+  run.window(3);
+  (void)run.save(root, keep(3));
+  EXPECT_EQ(entries(root),
+            (std::set<std::string>{"window-000002", "window-000003", "window-000004"}));
+  run.window(4);
+  (void)run.save(root, keep(1));
+  EXPECT_EQ(entries(root), std::set<std::string>{"window-000005"});
+  for (const LoadedCheckpoint& loaded : load_all(run, root))
+    EXPECT_EQ(loaded.window, 5u);
+
+  expect_error_everywhere(
+      testing::run_ranks(kWorld,
+                         [&](int r) {
+                           (void)run.engines[static_cast<std::size_t>(r)]->save_checkpoint(
+                               root, {.keep = 0});
+                         }),
+      ErrorKind::invalid_argument, {"keep must be at least 1"});
+  EXPECT_EQ(entries(root), std::set<std::string>{"window-000005"});
+  fs::remove_all(root);
+}
+
+// One flipped bit in any file of the checkpoint, the engine's or a rank's own, is an error on
+// every rank that names the file, and nothing changes.
+TEST(CheckpointCommit, AFlippedBitInAnyFileIsAnErrorNamingItOnEveryRank) {
+  const fs::path root = testing::fresh_dir("commit_flipped");
+  TrainingRun run(testing::options_for_test(), 100);
+  run.window(0);
+  const fs::path dir = run.save(root, with_optimizer(run));
+  run.window(1);
+  const std::vector<Digest> before = run.digests();
+  for (const std::string name : {"global.safetensors", "rank-00002.safetensors",
+                                 "rank-00001.optimizer.pt", "manifest.json"}) {
+    const fs::path file = dir / name;
+    const std::string original = testing::file_bytes(file);
+    std::string flipped = original;
+    flipped[flipped.size() / 2] = static_cast<char>(flipped[flipped.size() / 2] ^ 0x04);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << flipped;
+    // The manifest itself: a flipped bit in its JSON text is caught by its parser or by the
+    // checksums it then no longer matches.
+    const std::string named = name == "manifest.json" ? dir.string() : file.string();
+    const auto errors = try_load(run, root);
+    for (int r = 0; r < kWorld; ++r)
+      ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << name;
+    try {
+      std::rethrow_exception(errors[0]);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+    if (name != "manifest.json") {
+      expect_error_everywhere(errors, ErrorKind::protocol,
+                              {file.string() + ": the file is damaged"});
+    }
+    EXPECT_EQ(run.digests(), before) << name;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << original;
+  }
+  (void)load_all(run, root);
+  fs::remove_all(root);
+}
+
+TEST(CheckpointCommit, ARootWithoutACommittedCheckpointIsAClearError) {
+  const fs::path root = testing::fresh_dir("commit_empty");
+  fs::create_directories(root / "window-000004");  // uncommitted: no manifest
+  TrainingRun run(testing::options_for_test(), 110);
+  const std::vector<Digest> before = run.digests();
+  expect_error_everywhere(try_load(run, root), ErrorKind::io,
+                          {root.string() + "' holds no committed checkpoint"});
+  expect_error_everywhere(try_load(run, root / "missing"), ErrorKind::io,
+                          {"does not exist or is not a directory"});
+  EXPECT_EQ(run.digests(), before);
+  fs::remove_all(root);
+}
+
+// A small tmpfs mounted for the test (root only), unmounted when it goes out of scope.
+class SmallTmpfs {
+ public:
+  SmallTmpfs(const fs::path& dir, std::uint64_t bytes) : dir_(dir) {
+    fs::create_directories(dir_);
+    const std::string options = fmt::format("size={}", bytes);
+    mounted_ = ::geteuid() == 0 && ::mount("tmpfs", dir_.c_str(), "tmpfs", 0, options.c_str()) == 0;
+  }
+  ~SmallTmpfs() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+    std::error_code error;
+    fs::remove_all(dir_, error);
+  }
+  SmallTmpfs(const SmallTmpfs&) = delete;
+  SmallTmpfs& operator=(const SmallTmpfs&) = delete;
+  [[nodiscard]] bool mounted() const noexcept { return mounted_; }
+
+  // Bytes still free.
+  [[nodiscard]] std::uint64_t available() const {
+    struct statvfs stats {};
+    if (::statvfs(dir_.c_str(), &stats) != 0) return 0;
+    return static_cast<std::uint64_t>(stats.f_bavail) * stats.f_frsize;
+  }
+
+ private:
+  fs::path dir_;
+  bool mounted_ = false;
+};
+
+// The same on a real full disk: a tmpfs that a filler leaves too little room for the next
+// checkpoint. Which rank runs out first is not fixed; every rank reports the failure.
+TEST(CheckpointCommit, ARealFullDiskLeavesTheLastCommittedCheckpointLoadable) {
+  const fs::path mount_dir = testing::fresh_test_dir("commit_tmpfs");
+  const SmallTmpfs tmpfs(mount_dir, std::uint64_t{1} << 20);
+  if (!tmpfs.mounted()) GTEST_SKIP() << "needs root and mount -t tmpfs";
+  const fs::path root = mount_dir / "checkpoints";
+  TrainingRun run(testing::options_for_test(), 120);
+  run.window(0);
+  (void)run.save(root, with_optimizer(run));
+  const std::vector<Digest> at_window_1 = run.digests();
+  run.window(1);
+  const std::vector<Digest> at_window_2 = run.digests();
+  {
+    // Leave 16 KiB: less than the new checkpoint's global file alone.
+    const std::uint64_t filler = tmpfs.available() - 16 * 1024;
+    std::ofstream(mount_dir / "filler", std::ios::binary) << std::string(filler, 'x');
+  }
+  expect_error_everywhere(try_save(run, root), ErrorKind::io,
+                          {"the checkpoint of window 2", "No space left on device"});
+  EXPECT_EQ(run.digests(), at_window_2);
+  EXPECT_EQ(entries(root), std::set<std::string>{"window-000001"});
+
+  (void)load_all(run, root);
+  EXPECT_EQ(run.digests(), at_window_1);
+  fs::remove(mount_dir / "filler");
+  run.window(1);
+  EXPECT_EQ(run.save(root, with_optimizer(run)), root / "window-000002");
+}
+
+}  // namespace
+}  // namespace pulseloco
