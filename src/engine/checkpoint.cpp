@@ -335,22 +335,32 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
     loaded.dir = resolve_checkpoint_dir(path);
     global_path = state_files::checkpoint_global_file(loaded.dir);
     rank_path = state_files::checkpoint_rank_file(loaded.dir, rank);
-    const Manifest manifest = read_manifest(loaded.dir);
-    if (manifest.world_size != world) {
-      throw InvalidArgument(fmt::format("{} was written by {} ranks; this group has {}",
-                                        loaded.dir.string(), manifest.world_size, world));
-    }
-    // Every file this rank reads is checked against the manifest first.
-    for (const auto& file : {global_path, rank_path})
-      verify_file(loaded.dir, manifest.file(loaded.dir, file.filename().string()));
-    const std::string own_prefix = state_files::checkpoint_user_file({}, rank, "").string();
-    for (const CheckpointFileRecord& record : manifest.files) {
-      if (record.rank != rank || !record.name.starts_with(own_prefix) ||
-          record.name == rank_path.filename().string()) {
-        continue;
+    std::optional<Manifest> manifest;
+    if (is_flat_checkpoint(loaded.dir)) {
+      if (rank == 0) {
+        logger().warn(
+            "{} is a checkpoint of the flat layout (no {}): its files are verified by "
+            "the digests they record",
+            loaded.dir.string(), kManifestFile);
       }
-      loaded.files.push_back(
-          {record.name.substr(own_prefix.size()), read_verified_file(loaded.dir, record)});
+    } else {
+      manifest = read_manifest(loaded.dir);
+      if (manifest->world_size != world) {
+        throw InvalidArgument(fmt::format("{} was written by {} ranks; this group has {}",
+                                          loaded.dir.string(), manifest->world_size, world));
+      }
+      // Every file this rank reads is checked against the manifest first.
+      for (const auto& file : {global_path, rank_path})
+        verify_file(loaded.dir, manifest->file(loaded.dir, file.filename().string()));
+      const std::string own_prefix = state_files::checkpoint_user_file({}, rank, "").string();
+      for (const CheckpointFileRecord& record : manifest->files) {
+        if (record.rank != rank || !record.name.starts_with(own_prefix) ||
+            record.name == rank_path.filename().string()) {
+          continue;
+        }
+        loaded.files.push_back(
+            {record.name.substr(own_prefix.size()), read_verified_file(loaded.dir, record)});
+      }
     }
 
     global_file.emplace(global_path);
@@ -374,9 +384,9 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
           global_path.string(), fmt::join(described, ", ")));
     }
     loaded_window = require_u64(meta, "window", global_path);
-    if (loaded_window != manifest.window) {
+    if (manifest && loaded_window != manifest->window) {
       throw ProtocolError(fmt::format("{}: window {}, the manifest's is {}", global_path.string(),
-                                      loaded_window, manifest.window));
+                                      loaded_window, manifest->window));
     }
     const std::string& initialised = require(meta, "momentum_initialised", global_path);
     if (initialised != "true" && initialised != "false") {

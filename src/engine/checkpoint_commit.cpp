@@ -58,11 +58,6 @@ std::string dir_name(const DirName& name) {
                           : fmt::format("window-{:06}.{}", name.window, name.suffix);
 }
 
-bool has_manifest(const fs::path& dir) {
-  std::error_code error;
-  return fs::is_regular_file(dir / kManifestFile, error);
-}
-
 struct FoundDir {
   DirName name;
   fs::path path;
@@ -182,8 +177,18 @@ fs::path create_checkpoint_dir(const fs::path& root, std::uint64_t window) {
   }
 }
 
+bool has_manifest(const fs::path& dir) {
+  std::error_code error;
+  return fs::is_regular_file(dir / kManifestFile, error);
+}
+
+bool is_flat_checkpoint(const fs::path& dir) {
+  std::error_code error;
+  return !has_manifest(dir) && fs::is_regular_file(state_files::checkpoint_global_file(dir), error);
+}
+
 fs::path resolve_checkpoint_dir(const fs::path& path) {
-  if (has_manifest(path)) return path;
+  if (has_manifest(path) || is_flat_checkpoint(path)) return path;
   std::error_code error;
   if (!fs::is_directory(path, error)) {
     throw IoError(

@@ -51,9 +51,15 @@ struct Manifest {
 [[nodiscard]] std::filesystem::path create_checkpoint_dir(const std::filesystem::path& root,
                                                           std::uint64_t window);
 
-// `path` itself when it holds a manifest; otherwise the newest committed checkpoint under `path`
-// (highest window, then highest suffix). IoError naming `path` when it holds none.
+// `path` itself when it holds a manifest (or is a flat checkpoint, below); otherwise the newest
+// committed checkpoint under `path` (highest window, then highest suffix). IoError naming `path`
+// when it holds none.
 [[nodiscard]] std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& path);
+
+// A checkpoint of the flat layout that predates manifests: global.safetensors directly in `dir`
+// and no manifest. It loads, its files verified by the digests they record.
+[[nodiscard]] bool is_flat_checkpoint(const std::filesystem::path& dir);
+[[nodiscard]] bool has_manifest(const std::filesystem::path& dir);
 
 // Written under a temporary name, fsynced, renamed and the directory fsynced: the directory
 // becomes a committed checkpoint in one step.

@@ -171,6 +171,44 @@ TEST(CheckpointCommit, ResumeTakesTheNewestCommittedCheckpointAndLeftoversAreIgn
   fs::remove_all(root);
 }
 
+// A checkpoint of the flat layout (files directly in the directory, no manifest) still loads,
+// its files verified by the digests they record; a damaged one is refused naming the file.
+TEST(CheckpointCommit, AFlatCheckpointWithoutAManifestLoadsVerifiedByItsOwnDigests) {
+  const fs::path root = testing::fresh_dir("commit_flat");
+  TrainingRun run(testing::options_for_test(), 85);
+  run.window(0);
+  const fs::path committed = run.save(root);
+  const std::vector<Digest> at_window_1 = run.digests();
+  const fs::path flat = root / "flat";
+  fs::create_directories(flat);
+  fs::copy_file(committed / "global.safetensors", flat / "global.safetensors");
+  for (int r = 0; r < kWorld; ++r) {
+    const std::string name = fmt::format("rank-{:05}.safetensors", r);
+    fs::copy_file(committed / name, flat / name);
+  }
+  run.window(1);
+  for (const LoadedCheckpoint& loaded : load_all(run, flat)) {
+    EXPECT_EQ(loaded.dir, flat);
+    EXPECT_EQ(loaded.window, 1u);
+    EXPECT_TRUE(loaded.files.empty());
+  }
+  EXPECT_EQ(run.digests(), at_window_1);
+
+  // One flipped byte in the last tensor's data: the recorded digest catches it.
+  const fs::path damaged = flat / "global.safetensors";
+  std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(damaged)));
+  std::ifstream(damaged, std::ios::binary)
+      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  bytes[bytes.size() - 3] ^= 0x10;
+  std::ofstream(damaged, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  run.window(1);
+  const std::vector<Digest> before = run.digests();
+  expect_error_everywhere(try_load(run, flat), ErrorKind::protocol, {"global.safetensors"});
+  EXPECT_EQ(run.digests(), before);
+  fs::remove_all(root);
+}
+
 TEST(CheckpointCommit, TheNewestKCommittedCheckpointsAreKept) {
   const fs::path root = testing::fresh_dir("commit_keep");
   TrainingRun run(testing::options_for_test(), 90);
