@@ -90,6 +90,9 @@ bool equal_macs(const Mac& a, const Mac& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hello,
+                                                  std::string_view secret);
+
 }  // namespace
 
 Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message) {
@@ -105,8 +108,25 @@ Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message) {
   return out;
 }
 
-asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
+asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hello,
                                                    std::string_view secret) {
+  try {
+    co_await stream.secure(asio::ssl::stream_base::client);
+    co_return co_await client_exchange(stream, hello, secret);
+  } catch (const boost::system::system_error& error) {
+    // Under TLS 1.3 the server checks our certificate after our side of the handshake is
+    // done: its refusal arrives as an alert on the first read of the exchange.
+    if (!is_tls_refusal(error.code())) throw;
+    throw HandshakeRefused(fmt::format(
+        "TLS refused the connection: {} (the shared secrets or the certificates differ)",
+        error.code().message()));
+  }
+}
+
+namespace {
+
+asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hello,
+                                                  std::string_view secret) {
   HandshakeTraffic traffic;
   hello.nonce = random_nonce();
   const HelloBytes hello_bytes = encode_hello(hello);
@@ -157,9 +177,12 @@ asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
   throw ProtocolError(fmt::format("unknown handshake verdict {}", status));
 }
 
+}  // namespace
+
 asio::awaitable<ServerHandshake> server_handshake(
-    Socket& socket, std::string_view secret,
+    LinkStream& socket, std::string_view secret,
     const std::function<std::string(const Hello&)>& admit) {
+  co_await socket.secure(asio::ssl::stream_base::server);
   ServerHandshake result;
   HelloBytes hello_bytes{};
   result.traffic.bytes_received +=

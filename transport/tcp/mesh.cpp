@@ -104,8 +104,9 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
   apply_socket_options(*socket, core_.options_);
   int claimed_lane = -1;
   try {
+    LinkStream link(socket, core_.tls_);
     const ServerHandshake result =
-        co_await server_handshake(*socket, core_.options_.secret,
+        co_await server_handshake(link, core_.options_.secret,
                                   [&](const Hello& hello) { return admit(hello, claimed_lane); });
     connection.handshake_done();
     count_handshake(result.traffic);
@@ -115,7 +116,7 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
                     core_.rank_, from, result.hello.src_rank, result.refusal);
       co_return;
     }
-    install_lane(static_cast<int>(result.hello.src_rank), claimed_lane, socket);
+    install_lane(static_cast<int>(result.hello.src_rank), claimed_lane, std::move(link));
   } catch (const std::exception& error) {
     refused_.fetch_add(1);
     logger().warn("tcp transport: rank {} dropped a connection from {} during the handshake: {}",
@@ -166,8 +167,9 @@ asio::awaitable<void> Mesh::connect_lane(int peer, int lane, Deadline deadline) 
           boost::system::error_code ignored;
           socket->close(ignored);
         });
-        count_handshake(co_await client_handshake(*socket, hello, core_.options_.secret));
-        install_lane(peer, lane, std::move(socket));
+        LinkStream link(socket, core_.tls_);
+        count_handshake(co_await client_handshake(link, hello, core_.options_.secret));
+        install_lane(peer, lane, std::move(link));
         co_return;
       } catch (const HandshakeRefused& refused) {
         refusal = std::make_exception_ptr(
@@ -192,23 +194,23 @@ asio::awaitable<void> Mesh::connect_lane(int peer, int lane, Deadline deadline) 
   }
 }
 
-void Mesh::install_lane(int peer_rank, int lane_index, std::shared_ptr<Socket> socket) {
+void Mesh::install_lane(int peer_rank, int lane_index, LinkStream link) {
   Peer& peer = *core_.peers_[static_cast<std::size_t>(peer_rank)];
-  asio::post(peer.strand, [this, &peer, peer_rank, lane_index, socket = std::move(socket)] {
+  asio::post(peer.strand, [this, &peer, peer_rank, lane_index,
+                           link = std::make_shared<LinkStream>(std::move(link))] {
     Lane& lane = *peer.lanes[static_cast<std::size_t>(lane_index)];
     {
       const std::lock_guard lock(core_.mutex_);
-      lane.socket = std::move(*socket);
+      lane.link = std::move(*link);
       if (core_.closing_ || core_.aborted_ || peer.failure) {
-        boost::system::error_code ignored;
-        lane.socket.close(ignored);
+        lane.link.close();
         lane.closed = true;
         return;
       }
       lane.connected = true;
       // Synchronous reads (the receiver's inline direct reads) must never block the strand.
       boost::system::error_code ignored;
-      lane.socket.non_blocking(true, ignored);
+      lane.link.socket().non_blocking(true, ignored);
       lane_claimed_[static_cast<std::size_t>(peer_rank)][static_cast<std::size_t>(lane_index)] =
           true;
       --lanes_missing_;
