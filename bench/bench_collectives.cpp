@@ -323,7 +323,7 @@ class Harness {
     int port = 0;
     if (rank == 0) {
       server = std::make_unique<group::RendezvousServer>(
-          "127.0.0.1", 0, size, options.tcp.secret,
+          "127.0.0.1", 0, size, options.tcp,
           transport::deadline_after(options.connect_timeout));
       port = server->port();
     }

@@ -58,7 +58,10 @@ void add_coordinator_command(CLI::App& app) {
   command->callback([options, regroup_timeout_ms] {
     elastic::CoordinatorOptions run = *options;
     run.regroup_timeout = std::chrono::milliseconds(*regroup_timeout_ms);
-    run.secret = group::from_environment().tcp.secret;
+    const transport::TcpOptions link = group::from_environment().tcp;
+    run.secret = link.secret;
+    run.link_security = link.link_security;
+    run.tls_files = link.tls_files;
     elastic::Coordinator coordinator(run);
     // Scripts and tests wait for this line before starting workers.
     fmt::print("coordinator listening on {}:{}\n", run.host, coordinator.port());

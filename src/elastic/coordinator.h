@@ -36,6 +36,8 @@
 #include <memory>
 #include <string>
 
+#include <pulseloco/transport/tcp/tcp_options.h>
+
 namespace pulseloco::elastic {
 
 struct CoordinatorOptions {
@@ -53,6 +55,10 @@ struct CoordinatorOptions {
   // cannot reach). The default suits the workers' defaults: 60 s for both.
   std::chrono::milliseconds regroup_timeout{150'000};
   std::string secret;  // shared secret (PULSELOCO_SECRET); empty = unauthenticated, warned
+  // Encryption of the workers' connections (PULSELOCO_LINK_SECURITY, PULSELOCO_TLS_*), as
+  // transport::TcpOptions.
+  transport::LinkSecurity link_security = transport::LinkSecurity::automatic;
+  transport::TlsFiles tls_files;
 };
 
 // Runs the coordinator on a background thread until destroyed.

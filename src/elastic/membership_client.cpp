@@ -11,6 +11,7 @@
 #include <pulseloco/base/log.h>
 #include <pulseloco/elastic/membership_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 #include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::elastic {
@@ -37,12 +38,19 @@ struct MembershipClient::Impl {
   enum class Request : std::uint8_t { none, next_group, boundary };
 
   explicit Impl(MembershipClientOptions client_options)
-      : options(std::move(client_options)), socket(io) {}
+      : options(std::move(client_options)),
+        tls(tcp::TlsContext::make(options.link_security, options.secret, options.tls_files)),
+        owned_socket(std::make_shared<Socket>(io)),
+        socket(*owned_socket),
+        link(owned_socket, nullptr) {}
 
   const MembershipClientOptions options;
+  const std::shared_ptr<tcp::TlsContext> tls;  // null: plain links
   PeerAddress coordinator;
   asio::io_context io;
-  Socket socket;
+  const std::shared_ptr<Socket> owned_socket;
+  Socket& socket;
+  tcp::LinkStream link;  // over `socket`, new for each connection
   std::string inbox;                    // received bytes not yet taken as messages
   std::mutex mutex;                     // one call at a time
   Request outstanding = Request::none;  // sent, reply not yet received (after a timeout)
@@ -91,7 +99,7 @@ struct MembershipClient::Impl {
     const std::string frame = encode_message(message);
     bool done = false;
     boost::system::error_code error;
-    asio::async_write(socket, asio::buffer(frame),
+    asio::async_write(link, asio::buffer(frame),
                       [&](const boost::system::error_code& result, std::size_t) {
                         error = result;
                         done = true;
@@ -138,7 +146,7 @@ struct MembershipClient::Impl {
       bool done = false;
       boost::system::error_code error;
       std::size_t received = 0;
-      socket.async_read_some(asio::buffer(chunk),
+      link.async_read_some(asio::buffer(chunk),
                              [&](const boost::system::error_code& result, std::size_t n) {
                                error = result;
                                received = n;
@@ -227,6 +235,7 @@ struct MembershipClient::Impl {
       }
       if (!error) {
         tcp::apply_socket_options(socket, transport::TcpOptions{});
+        link = tcp::LinkStream(owned_socket, tls);
         error = handshake(deadline);
         if (!error) break;
       }
@@ -269,7 +278,7 @@ struct MembershipClient::Impl {
       });
       tcp::Hello hello;
       hello.purpose = tcp::Purpose::membership;
-      (void)co_await tcp::client_handshake(socket, hello, options.secret);
+      (void)co_await tcp::client_handshake(link, hello, options.secret);
     };
     auto outcome = asio::co_spawn(io, run(), asio::use_future);
     io.restart();

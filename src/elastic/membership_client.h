@@ -12,6 +12,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/tcp/group_table.h>
+#include <pulseloco/transport/tcp/tcp_options.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::elastic {
@@ -36,6 +37,9 @@ struct MembershipClientOptions {
   // replaced by the address the coordinator sees this worker's connection come from.
   transport::PeerAddress data_address;
   std::string secret;                                 // shared secret
+  // Encryption of the connection, as transport::TcpOptions (and the coordinator's).
+  transport::LinkSecurity link_security = transport::LinkSecurity::automatic;
+  transport::TlsFiles tls_files;
   std::chrono::milliseconds connect_timeout{60'000};  // connecting and registering
 };
 

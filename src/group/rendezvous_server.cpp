@@ -15,6 +15,7 @@
 #include <pulseloco/group/rendezvous_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/listener.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 #include <pulseloco/transport/tcp/server_outcome.h>
 
 namespace pulseloco::group {
@@ -27,18 +28,19 @@ namespace tcp = transport::tcp;
 
 struct RendezvousServer::Impl {
   struct Member {
-    std::shared_ptr<tcp::Socket> socket;
+    std::shared_ptr<tcp::LinkStream> link;
     transport::PeerAddress address;
     bool claimed = false;
     bool registered = false;
   };
 
-  Impl(const std::string& host, std::uint16_t port, int world, std::string key,
+  Impl(const std::string& host, std::uint16_t port, int world, const transport::TcpOptions& link,
        transport::Deadline until)
       : listener(io, io.get_executor(), "rendezvous server", host, port),
         timer(io),
         world_size(world),
-        secret(std::move(key)),
+        secret(link.secret),
+        tls(tcp::TlsContext::make(link)),
         deadline(until) {
     members.resize(static_cast<std::size_t>(world));
   }
@@ -48,6 +50,7 @@ struct RendezvousServer::Impl {
   asio::steady_timer timer;
   const int world_size;
   const std::string secret;
+  const std::shared_ptr<tcp::TlsContext> tls;  // null: plain links
   const transport::Deadline deadline;
   std::vector<Member> members;  // touched only on the io thread
   int registered = 0;
@@ -60,12 +63,12 @@ struct RendezvousServer::Impl {
   void complete(std::exception_ptr error) { outcome.complete(std::move(error)); }
 
   asio::awaitable<void> serve(tcp::PendingConnection connection) {
-    const std::shared_ptr<tcp::Socket> socket = connection.socket();
-    const std::string from = tcp::remote_description(*socket);
+    const auto link = std::make_shared<tcp::LinkStream>(connection.socket(), tls);
+    const std::string from = tcp::remote_description(link->socket());
     int claimed = -1;
     try {
       const auto result = co_await tcp::server_handshake(
-          *socket, secret, [&](const tcp::Hello& hello) -> std::string {
+          *link, secret, [&](const tcp::Hello& hello) -> std::string {
             if (hello.purpose != tcp::Purpose::rendezvous)
               return "this is a rendezvous server, not a data listener";
             if (hello.world_size != static_cast<std::uint32_t>(world_size))
@@ -88,20 +91,20 @@ struct RendezvousServer::Impl {
         co_return;
       }
       std::array<std::byte, kRegistrationHeadBytes> head_bytes{};
-      co_await asio::async_read(*socket, asio::buffer(head_bytes), asio::use_awaitable);
+      co_await asio::async_read(*link, asio::buffer(head_bytes), asio::use_awaitable);
       const RegistrationHead head = decode_registration_head(head_bytes);
       transport::PeerAddress address;
       address.port = head.port;
       address.host.resize(head.host_bytes);
       if (!address.host.empty())
-        co_await asio::async_read(*socket, asio::buffer(address.host), asio::use_awaitable);
+        co_await asio::async_read(*link, asio::buffer(address.host), asio::use_awaitable);
       connection.handshake_done();
       if (address.port == 0 || address.host.empty())
         throw ProtocolError(
             fmt::format("rank {} registered an invalid address '{}'", claimed, to_string(address)));
       if (finished) co_return;
       auto& member = members[static_cast<std::size_t>(claimed)];
-      member.socket = socket;
+      member.link = link;
       member.address = std::move(address);
       member.registered = true;
       ++registered;
@@ -109,6 +112,7 @@ struct RendezvousServer::Impl {
                      to_string(member.address), registered, world_size);
       if (registered == world_size) co_await send_table();
     } catch (const std::exception& error) {
+      if (dynamic_cast<const tcp::HandshakeRefused*>(&error) != nullptr) refused.fetch_add(1);
       if (claimed >= 0 && !members[static_cast<std::size_t>(claimed)].registered)
         members[static_cast<std::size_t>(claimed)].claimed = false;  // it may retry
       logger().warn("rendezvous server: connection from {} failed: {}", from, error.what());
@@ -138,13 +142,13 @@ struct RendezvousServer::Impl {
     }
     for (std::size_t rank = 0; rank < members.size(); ++rank) {
       boost::system::error_code error;
-      co_await asio::async_write(*members[rank].socket, asio::buffer(table),
+      co_await asio::async_write(*members[rank].link, asio::buffer(table),
                                  asio::redirect_error(asio::use_awaitable, error));
       if (error)
         logger().warn("rendezvous server: could not send the table to rank {}: {}", rank,
                       error.message());
       boost::system::error_code ignored;
-      members[rank].socket->shutdown(tcp::Socket::shutdown_send, ignored);
+      members[rank].link->socket().shutdown(tcp::Socket::shutdown_send, ignored);
     }
     logger().debug("rendezvous server: sent the table of {} ranks", world_size);
     complete(nullptr);
@@ -162,10 +166,10 @@ struct RendezvousServer::Impl {
     for (auto& member : members) {
       if (!member.registered) continue;
       boost::system::error_code error;
-      co_await asio::async_write(*member.socket, asio::buffer(reply),
+      co_await asio::async_write(*member.link, asio::buffer(reply),
                                  asio::redirect_error(asio::use_awaitable, error));
       boost::system::error_code ignored;
-      member.socket->shutdown(tcp::Socket::shutdown_send, ignored);
+      member.link->socket().shutdown(tcp::Socket::shutdown_send, ignored);
     }
     ErrorContext context;
     context.ranks = missing;
@@ -174,10 +178,11 @@ struct RendezvousServer::Impl {
 };
 
 RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, int world_size,
-                                   std::string secret, transport::Deadline deadline) {
+                                   const transport::TcpOptions& link,
+                                   transport::Deadline deadline) {
   if (world_size < 1)
     throw InvalidArgument(fmt::format("rendezvous server: world size {} < 1", world_size));
-  impl_ = std::make_unique<Impl>(host, port, world_size, std::move(secret), deadline);
+  impl_ = std::make_unique<Impl>(host, port, world_size, link, deadline);
   auto& impl = *impl_;
   impl.listener.start(
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });

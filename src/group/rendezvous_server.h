@@ -6,19 +6,21 @@
 #include <memory>
 #include <string>
 
+#include <pulseloco/transport/tcp/tcp_options.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::group {
 
 // Serves one rendezvous of `world_size` ranks on a background thread: accepts connections,
-// authenticates each (HMAC-SHA256 with `secret`), records each rank's address, and once all
+// authenticates each (HMAC-SHA256 with link.secret, inside TLS as effective_link_security(link)
+// says; the other fields of `link` are unused), records each rank's address, and once all
 // ranks have registered sends them the table and finishes. Connections that fail
 // authentication or claim an invalid or taken rank are refused and logged; they do not disturb
 // the rendezvous. Gives up at `deadline`, telling the registered ranks which ranks are missing.
 class RendezvousServer {
  public:
-  RendezvousServer(const std::string& host, std::uint16_t port, int world_size, std::string secret,
-                   transport::Deadline deadline);
+  RendezvousServer(const std::string& host, std::uint16_t port, int world_size,
+                   const transport::TcpOptions& link, transport::Deadline deadline);
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;

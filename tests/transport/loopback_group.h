@@ -64,7 +64,7 @@ inline group::TransportOptions loopback_options(group::TransportOptions base, in
 // `world_size` connected TCP transports, index = rank.
 inline std::vector<std::unique_ptr<TcpTransport>> make_loopback_group(
     int world_size, const group::TransportOptions& base = {}) {
-  group::RendezvousServer server("127.0.0.1", 0, world_size, base.tcp.secret,
+  group::RendezvousServer server("127.0.0.1", 0, world_size, base.tcp,
                                  deadline_after(base.connect_timeout));
   std::vector<std::unique_ptr<TcpTransport>> ranks(static_cast<std::size_t>(world_size));
   run_parallel(world_size, [&](int rank) {

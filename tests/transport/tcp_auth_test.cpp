@@ -14,6 +14,7 @@
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 #include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
@@ -41,11 +42,14 @@ void expect_group_works(std::vector<std::unique_ptr<TcpTransport>>& group) {
 // Connects to 127.0.0.1:port and runs the client side of the handshake; returns the error
 // message it failed with ("" on success). Afterwards waits until the server has closed the
 // connection, so that the server has finished its bookkeeping.
-std::string intrude(std::uint16_t port, tcp::Hello hello, const std::string& secret) {
+// The link is secured as a group with this secret secures its own (security).
+std::string intrude(std::uint16_t port, tcp::Hello hello, const std::string& secret,
+                    LinkSecurity security = LinkSecurity::automatic) {
   asio::io_context io;
-  tcp::Socket socket(io);
-  socket.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
-  auto outcome = asio::co_spawn(io, tcp::client_handshake(socket, hello, secret), asio::use_future);
+  auto socket = std::make_shared<tcp::Socket>(io);
+  socket->connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
+  tcp::LinkStream link(socket, tcp::TlsContext::make(security, secret, {}));
+  auto outcome = asio::co_spawn(io, tcp::client_handshake(link, hello, secret), asio::use_future);
   io.run();
   std::string problem;
   try {
@@ -56,7 +60,7 @@ std::string intrude(std::uint16_t port, tcp::Hello hello, const std::string& sec
   std::array<char, 256> sink{};
   boost::system::error_code error;
   while (!error)
-    (void)socket.read_some(asio::buffer(sink), error);
+    (void)socket->read_some(asio::buffer(sink), error);
   return problem;
 }
 
@@ -187,7 +191,7 @@ TEST(TcpAuth, GarbageIsDroppedWithoutDisturbingTheGroup) {
 }
 
 TEST(TcpAuth, TheRendezvousServerRefusesAWrongSecretAndCarriesOn) {
-  group::RendezvousServer server("127.0.0.1", 0, 2, kSecret, deadline_after(kTimeout));
+  group::RendezvousServer server("127.0.0.1", 0, 2, TcpOptions{.secret = kSecret}, deadline_after(kTimeout));
   TransportOptions intruder = testing::loopback_options({}, 0, 2, server.port());
   intruder.tcp.secret = "guessed";
   intruder.connect_timeout = 10s;

@@ -93,6 +93,24 @@ bool equal_macs(const Mac& a, const Mac& b) {
 asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hello,
                                                   std::string_view secret);
 
+// TLS refused the peer, or the peer refused us: what that means for this link's keying. A
+// server cannot tell a peer with another key or CA from one that does not speak TLS at all.
+[[noreturn]] void tls_refused(const LinkStream& link, const boost::system::system_error& error,
+                              bool server) {
+  std::string_view meaning;
+  if (server) {
+    meaning = link.uses_certificates()
+                  ? "the client has no certificate signed by our CA, or does not speak TLS"
+                  : "the client does not hold our shared secret, or does not speak TLS";
+  } else {
+    meaning = link.uses_certificates()
+                  ? "the peer's certificate is not signed by our CA, or ours is not by its"
+                  : "the shared secrets differ";
+  }
+  throw HandshakeRefused(fmt::format("authentication failed: TLS refused the connection ({}): {}",
+                                     error.code().message(), meaning));
+}
+
 }  // namespace
 
 Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message) {
@@ -117,9 +135,7 @@ asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hel
     // Under TLS 1.3 the server checks our certificate after our side of the handshake is
     // done: its refusal arrives as an alert on the first read of the exchange.
     if (!is_tls_refusal(error.code())) throw;
-    throw HandshakeRefused(fmt::format(
-        "TLS refused the connection: {} (the shared secrets or the certificates differ)",
-        error.code().message()));
+    tls_refused(stream, error, false);
   }
 }
 
@@ -182,7 +198,12 @@ asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hell
 asio::awaitable<ServerHandshake> server_handshake(
     LinkStream& socket, std::string_view secret,
     const std::function<std::string(const Hello&)>& admit) {
-  co_await socket.secure(asio::ssl::stream_base::server);
+  try {
+    co_await socket.secure(asio::ssl::stream_base::server);
+  } catch (const boost::system::system_error& error) {
+    if (!is_tls_refusal(error.code())) throw;
+    tls_refused(socket, error, true);
+  }
   ServerHandshake result;
   HelloBytes hello_bytes{};
   result.traffic.bytes_received +=

@@ -51,6 +51,9 @@ class LinkStream {
   [[nodiscard]] Socket& socket() noexcept { return *socket_; }
   [[nodiscard]] const std::shared_ptr<Socket>& shared_socket() const noexcept { return socket_; }
   [[nodiscard]] bool encrypted() const noexcept { return tls_stream_ != nullptr; }
+  [[nodiscard]] bool uses_certificates() const noexcept {
+    return tls_ && tls_->uses_certificates();
+  }
   [[nodiscard]] executor_type get_executor() noexcept { return socket_->get_executor(); }
 
   // The TLS handshake as client or server (nothing for a plain stream). Throws
