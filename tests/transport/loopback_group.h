@@ -61,6 +61,24 @@ inline group::TransportOptions loopback_options(group::TransportOptions base, in
   return base;
 }
 
+// The link securities the conformance tests run under: plaintext without a secret, and TLS
+// keyed from a secret (the default whenever a secret is set).
+inline std::vector<LinkSecurity> conformance_link_securities() {
+  return {LinkSecurity::none, LinkSecurity::tls};
+}
+
+// `base` with links secured by `security` (none, hmac or tls from a secret).
+inline group::TransportOptions secured(LinkSecurity security, group::TransportOptions base = {}) {
+  base.tcp.link_security = security == LinkSecurity::none ? LinkSecurity::automatic : security;
+  base.tcp.secret = security == LinkSecurity::none ? "" : "the loopback group's secret";
+  return base;
+}
+
+// gtest's name for a test instantiated with `security`.
+inline std::string link_name(LinkSecurity security) {
+  return security == LinkSecurity::none ? "Plain" : security == LinkSecurity::hmac ? "Hmac" : "Tls";
+}
+
 // `world_size` connected TCP transports, index = rank.
 inline std::vector<std::unique_ptr<TcpTransport>> make_loopback_group(
     int world_size, const group::TransportOptions& base = {}) {
