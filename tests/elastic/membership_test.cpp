@@ -4,10 +4,9 @@
 // strangers, wrong secrets, taken ids and garbage never disturb the others. Every wait is bounded
 // by a deadline and synchronised on replies or on the coordinator's counters, never on sleeps.
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -23,6 +22,7 @@
 #include <pulseloco/elastic/membership_client.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 
 namespace pulseloco::elastic {
 namespace {
@@ -112,17 +112,18 @@ std::string id_of(const GroupAssignment& group) {
   return group.worker_ids.at(static_cast<std::size_t>(group.rank));
 }
 
-// A connection to the coordinator driven byte by byte, for the misbehaving-peer tests.
+// A connection to the coordinator driven byte by byte, for the misbehaving-peer tests; secured
+// as a worker with `secret` secures its own.
 class RawConnection {
  public:
   RawConnection(std::uint16_t port, const std::string& secret,
                 tcp::Purpose purpose = tcp::Purpose::membership)
-      : socket_(io_) {
-    socket_.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
+      : socket_(connected(io_, port)),
+        link_(socket_, tcp::TlsContext::make(transport::LinkSecurity::automatic, secret, {})) {
     tcp::Hello hello;
     hello.purpose = purpose;
     auto outcome =
-        asio::co_spawn(io_, tcp::client_handshake(socket_, hello, secret), asio::use_future);
+        asio::co_spawn(io_, tcp::client_handshake(link_, hello, secret), asio::use_future);
     io_.run();
     try {
       (void)outcome.get();
@@ -130,16 +131,16 @@ class RawConnection {
       handshake_problem_ = error.what();
     }
   }
-  // Connects without a handshake.
-  explicit RawConnection(std::uint16_t port) : socket_(io_) {
-    socket_.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
-  }
+  // Connects without TLS or a handshake.
+  explicit RawConnection(std::uint16_t port)
+      : socket_(connected(io_, port)), link_(socket_, nullptr) {}
 
   [[nodiscard]] const std::string& handshake_problem() const { return handshake_problem_; }
 
   void send_bytes(const std::string& bytes) {
-    boost::system::error_code error;
-    asio::write(socket_, asio::buffer(bytes), error);
+    asio::async_write(link_, asio::buffer(bytes), [](const boost::system::error_code&, std::size_t) {});
+    io_.restart();
+    io_.run();
   }
   void send_frame(const std::string& body) {
     std::string frame(4, '\0');
@@ -168,6 +169,12 @@ class RawConnection {
   }
 
  private:
+  static std::shared_ptr<tcp::Socket> connected(asio::io_context& io, std::uint16_t port) {
+    auto socket = std::make_shared<tcp::Socket>(io);
+    socket->connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
+    return socket;
+  }
+
   std::size_t length() const {
     std::uint32_t n = 0;
     for (int i = 3; i >= 0; --i)
@@ -176,21 +183,36 @@ class RawConnection {
   }
   // Reads what arrives (bounded by the test timeout); false at end of stream or deadline.
   bool fill() {
-    pollfd p{socket_.native_handle(), POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kTimeout).count())) <= 0)
+    std::array<char, 4096> chunk{};
+    bool done = false;
+    boost::system::error_code error;
+    std::size_t n = 0;
+    link_.async_read_some(asio::buffer(chunk),
+                          [&](const boost::system::error_code& result, std::size_t received) {
+                            error = result;
+                            n = received;
+                            done = true;
+                          });
+    io_.restart();
+    io_.run_for(kTimeout);
+    if (!done) {
+      boost::system::error_code ignored;
+      socket_->cancel(ignored);
+      io_.restart();
+      io_.run();
       return false;
-    char chunk[4096];
-    const auto n = ::recv(socket_.native_handle(), chunk, sizeof chunk, 0);
-    if (n <= 0) {
+    }
+    if (error || n == 0) {
       eof_ = true;
       return false;
     }
-    buffer_.append(chunk, static_cast<std::size_t>(n));
+    buffer_.append(chunk.data(), n);
     return true;
   }
 
   asio::io_context io_;
-  tcp::Socket socket_;
+  std::shared_ptr<tcp::Socket> socket_;
+  tcp::LinkStream link_;
   std::string handshake_problem_;
   std::string buffer_;
   bool eof_ = false;
