@@ -68,8 +68,8 @@
 #include <pulseloco/elastic/membership_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/listener.h>
-#include <pulseloco/transport/tcp/tls_context.h>
 #include <pulseloco/transport/tcp/server_outcome.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 
 namespace pulseloco::elastic {
 namespace {
@@ -114,7 +114,7 @@ struct Coordinator::Impl {
         : socket(accepted), link(std::move(accepted), std::move(tls)) {}
     const std::shared_ptr<tcp::Socket> socket;
     tcp::LinkStream link;  // over `socket`
-    std::string from;  // remote address, for the log
+    std::string from;      // remote address, for the log
     std::string worker_id;
     transport::PeerAddress data_address;
     bool registered = false;
@@ -721,7 +721,7 @@ Coordinator::Coordinator(CoordinatorOptions options) {
     throw InvalidArgument(fmt::format("coordinator: regroup_timeout is {} ms; it must be positive",
                                       options.regroup_timeout.count()));
   if (transport::effective_link_security(options.link_security, options.secret,
-                                        options.tls_files) == transport::LinkSecurity::none)
+                                         options.tls_files) == transport::LinkSecurity::none)
     logger().warn(
         "membership coordinator: no shared secret (PULSELOCO_SECRET): connections are not "
         "authenticated");

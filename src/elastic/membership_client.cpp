@@ -50,7 +50,7 @@ struct MembershipClient::Impl {
   asio::io_context io;
   const std::shared_ptr<Socket> owned_socket;
   Socket& socket;
-  tcp::LinkStream link;  // over `socket`, new for each connection
+  tcp::LinkStream link;                 // over `socket`, new for each connection
   std::string inbox;                    // received bytes not yet taken as messages
   std::mutex mutex;                     // one call at a time
   Request outstanding = Request::none;  // sent, reply not yet received (after a timeout)
@@ -147,11 +147,11 @@ struct MembershipClient::Impl {
       boost::system::error_code error;
       std::size_t received = 0;
       link.async_read_some(asio::buffer(chunk),
-                             [&](const boost::system::error_code& result, std::size_t n) {
-                               error = result;
-                               received = n;
-                               done = true;
-                             });
+                           [&](const boost::system::error_code& result, std::size_t n) {
+                             error = result;
+                             received = n;
+                             done = true;
+                           });
       const bool in_time = run_until(done, deadline, [&] {
         boost::system::error_code ignored;
         socket.cancel(ignored);

@@ -36,7 +36,7 @@ struct MembershipClientOptions {
   // Where this worker's data listener will listen. An empty or wildcard host (0.0.0.0, ::) is
   // replaced by the address the coordinator sees this worker's connection come from.
   transport::PeerAddress data_address;
-  std::string secret;                                 // shared secret
+  std::string secret;  // shared secret
   // Encryption of the connection, as transport::TcpOptions (and the coordinator's).
   transport::LinkSecurity link_security = transport::LinkSecurity::automatic;
   transport::TlsFiles tls_files;

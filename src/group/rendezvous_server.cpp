@@ -15,8 +15,8 @@
 #include <pulseloco/group/rendezvous_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/listener.h>
-#include <pulseloco/transport/tcp/tls_context.h>
 #include <pulseloco/transport/tcp/server_outcome.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 
 namespace pulseloco::group {
 namespace {

@@ -138,7 +138,8 @@ class RawConnection {
   [[nodiscard]] const std::string& handshake_problem() const { return handshake_problem_; }
 
   void send_bytes(const std::string& bytes) {
-    asio::async_write(link_, asio::buffer(bytes), [](const boost::system::error_code&, std::size_t) {});
+    asio::async_write(link_, asio::buffer(bytes),
+                      [](const boost::system::error_code&, std::size_t) {});
     io_.restart();
     io_.run();
   }

@@ -191,7 +191,8 @@ TEST(TcpAuth, GarbageIsDroppedWithoutDisturbingTheGroup) {
 }
 
 TEST(TcpAuth, TheRendezvousServerRefusesAWrongSecretAndCarriesOn) {
-  group::RendezvousServer server("127.0.0.1", 0, 2, TcpOptions{.secret = kSecret}, deadline_after(kTimeout));
+  group::RendezvousServer server("127.0.0.1", 0, 2, TcpOptions{.secret = kSecret},
+                                 deadline_after(kTimeout));
   TransportOptions intruder = testing::loopback_options({}, 0, 2, server.port());
   intruder.tcp.secret = "guessed";
   intruder.connect_timeout = 10s;
@@ -213,7 +214,16 @@ TEST(TcpAuth, TheRendezvousServerRefusesAWrongSecretAndCarriesOn) {
   expect_group_works(ranks);
 }
 
-TEST(TcpAuth, RanksWithDifferentSecretsDoNotConnect) {
+// With the HMAC handshake alone, and with TLS keyed from the secrets.
+class DifferentSecrets : public ::testing::TestWithParam<LinkSecurity> {};
+
+INSTANTIATE_TEST_SUITE_P(TcpAuth, DifferentSecrets,
+                         ::testing::Values(LinkSecurity::hmac, LinkSecurity::tls),
+                         [](const auto& param_info) {
+                           return testing::link_name(param_info.param);
+                         });
+
+TEST_P(DifferentSecrets, RanksDoNotConnectAndNameEachOther) {
   for (int attempt = 0;; ++attempt) {
     const std::vector<std::string> peers = testing::free_peer_list(2);
     std::array<std::string, 2> failures;
@@ -221,8 +231,9 @@ TEST(TcpAuth, RanksWithDifferentSecretsDoNotConnect) {
     bool port_taken = false;
     run_parallel(2, [&](int rank) {
       try {
-        const auto transport = group::make_tcp_transport(
-            testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s));
+        auto options = testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s);
+        options.tcp.link_security = GetParam();
+        const auto transport = group::make_tcp_transport(options);
       } catch (const IoError&) {
         port_taken = true;  // the free port was taken meanwhile: try again
       } catch (const Error& error) {

@@ -76,12 +76,13 @@ struct ServerHandshake {
   HandshakeTraffic traffic;
 };
 
-// Server side, after the TLS handshake of an encrypted stream. `admit` is called once the client has proved knowledge of the secret; it returns
-// an empty string to accept (and may claim resources then) or the reason for refusing. Throws
-// HandshakeRefused when TLS refused the client (wrong key or certificate), ProtocolError on a
-// malformed hello, boost::system::system_error on I/O failure.
+// Server side, after the TLS handshake of an encrypted stream. `admit` is called once the client
+// has proved knowledge of the secret; it returns an empty string to accept (and may claim resources
+// then) or the reason for refusing. Throws HandshakeRefused when TLS refused the client (wrong key
+// or certificate), ProtocolError on a malformed hello, boost::system::system_error on I/O failure.
 [[nodiscard]] asio::awaitable<ServerHandshake> server_handshake(
-    LinkStream& socket, std::string_view secret, const std::function<std::string(const Hello&)>& admit);
+    LinkStream& socket, std::string_view secret,
+    const std::function<std::string(const Hello&)>& admit);
 
 // HMAC-SHA256 (exposed for tests).
 [[nodiscard]] Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message);

@@ -71,11 +71,11 @@ class LinkStream {
           }
           const auto executor = asio::get_associated_executor(handler, socket_->get_executor());
           tls_stream_->async_read_some(
-              into, asio::bind_executor(executor, [handler = std::move(handler)](
-                                                      boost::system::error_code error,
-                                                      std::size_t n) mutable {
-                std::move(handler)(end_of_stream_as_eof(error), n);
-              }));
+              into, asio::bind_executor(
+                        executor, [handler = std::move(handler)](boost::system::error_code error,
+                                                                 std::size_t n) mutable {
+                          std::move(handler)(end_of_stream_as_eof(error), n);
+                        }));
         },
         token, buffers);
   }

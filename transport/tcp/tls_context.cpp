@@ -4,6 +4,7 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
+#include <openssl/pem.h>
 #include <openssl/ssl.h>
 
 #include <fstream>
@@ -101,8 +102,7 @@ struct TlsCallbacks {
   static int find_session(SSL* ssl, const unsigned char* identity, std::size_t identity_length,
                           SSL_SESSION** session) {
     *session = nullptr;
-    if (std::string_view(reinterpret_cast<const char*>(identity), identity_length) !=
-        kPskIdentity)
+    if (std::string_view(reinterpret_cast<const char*>(identity), identity_length) != kPskIdentity)
       return 1;
     *session = psk_session(ssl);
     return *session != nullptr ? 1 : 0;
@@ -140,10 +140,18 @@ std::shared_ptr<TlsContext> TlsContext::make(LinkSecurity requested, const std::
     if (SSL_CTX_use_certificate_chain_file(ctx, tls_files.cert.c_str()) != 1)
       bad_file("PULSELOCO_TLS_CERT", tls_files.cert, "not a PEM certificate chain",
                openssl_reason());
-    if (SSL_CTX_use_PrivateKey_file(ctx, tls_files.key.c_str(), SSL_FILETYPE_PEM) != 1)
+    EVP_PKEY* key = nullptr;
+    if (BIO* file = BIO_new_file(tls_files.key.c_str(), "r"); file != nullptr) {
+      key = PEM_read_bio_PrivateKey(file, nullptr, nullptr, nullptr);
+      BIO_free(file);
+    }
+    if (key == nullptr)
       bad_file("PULSELOCO_TLS_KEY", tls_files.key, "not an unencrypted PEM private key",
                openssl_reason());
-    if (SSL_CTX_check_private_key(ctx) != 1)
+    const bool matches =
+        SSL_CTX_use_PrivateKey(ctx, key) == 1 && SSL_CTX_check_private_key(ctx) == 1;
+    EVP_PKEY_free(key);
+    if (!matches)
       bad_file("PULSELOCO_TLS_KEY", tls_files.key,
                fmt::format("not the key of the certificate in '{}'", tls_files.cert),
                openssl_reason());
