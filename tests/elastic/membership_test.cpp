@@ -23,6 +23,7 @@
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/tls_context.h>
+#include "transport/test_pki.h"
 
 namespace pulseloco::elastic {
 namespace {
@@ -439,6 +440,35 @@ TEST(Membership, WrongSecretsAndStrangersAreRefusedWithoutDisturbingTheRun) {
   auto b = connect(coordinator, "b");
   EXPECT_EQ(expect_consistent(next_generation({a.get(), b.get()}, "join")).size(), 2u);
   EXPECT_EQ(coordinator.refused_connections(), 3);
+}
+
+TEST(Membership, CertificatesAuthenticateTheWorkersAndTheCoordinator) {
+  const transport::testing::TestPki pki;
+  CoordinatorOptions options = coordinator_options(2);
+  options.secret.clear();
+  options.tls_files = pki.files("server");
+  Coordinator coordinator(options);
+  const auto connect_with = [&](const std::string& id, const std::string& certificate) {
+    MembershipClientOptions client;
+    client.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
+    client.worker_id = id;
+    client.data_address = PeerAddress{"127.0.0.1", 9};
+    client.tls_files = pki.files(certificate);
+    client.connect_timeout = kTimeout;
+    return std::make_unique<MembershipClient>(client);
+  };
+  try {
+    (void)connect_with("stranger", "stranger");  // signed by another CA
+    FAIL() << "a worker with a certificate from another CA registered";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find("authentication failed"), std::string::npos)
+        << error.what();
+  }
+  ASSERT_TRUE(eventually([&] { return coordinator.refused_connections() == 1; }));
+  auto a = connect_with("a", "rank0");
+  auto b = connect_with("b", "rank1");
+  EXPECT_EQ(expect_consistent(next_generation({a.get(), b.get()}, "join")).size(), 2u);
+  EXPECT_EQ(coordinator.refused_connections(), 1);
 }
 
 TEST(Membership, ATakenWorkerIdIsRefused) {
