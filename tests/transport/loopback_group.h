@@ -3,12 +3,14 @@
 // Usable by any test that needs real TCP transports (the collectives' tests too).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -20,6 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <pulseloco/base/errors.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous_server.h>
 #include <pulseloco/transport/tcp/tcp_transport.h>
@@ -130,6 +133,36 @@ inline group::TransportOptions peer_list_options(const std::vector<std::string>&
   options.tcp.secret = std::move(secret);
   options.connect_timeout = connect_timeout;
   return options;
+}
+
+// How each rank of a 2-rank peer-list group that must not form failed: the message and the peer
+// its error names.
+struct FormationFailures {
+  std::array<std::string, 2> what;
+  std::array<std::optional<int>, 2> blamed;
+};
+
+// Forms a 2-rank group by peer list, rank r with options_of(peers, r), and returns how each rank
+// failed ("" where it did not). Retries (up to 3 times) when a free port was taken meanwhile.
+inline FormationFailures failed_formation(
+    const std::function<group::TransportOptions(const std::vector<std::string>&, int)>&
+        options_of) {
+  for (int attempt = 0;; ++attempt) {
+    const std::vector<std::string> peers = free_peer_list(2);
+    FormationFailures failures;
+    bool port_taken = false;
+    run_parallel(2, [&](int rank) {
+      try {
+        (void)group::make_tcp_transport(options_of(peers, rank));
+      } catch (const IoError&) {
+        port_taken = true;
+      } catch (const Error& error) {
+        failures.what[static_cast<std::size_t>(rank)] = error.what();
+        failures.blamed[static_cast<std::size_t>(rank)] = error.context().peer;
+      }
+    });
+    if (!port_taken || attempt >= 3) return failures;
+  }
 }
 
 // Deterministic bytes: payload(seed, n) differs for different seeds.

@@ -224,32 +224,18 @@ INSTANTIATE_TEST_SUITE_P(TcpAuth, DifferentSecrets,
                          });
 
 TEST_P(DifferentSecrets, RanksDoNotConnectAndNameEachOther) {
-  for (int attempt = 0;; ++attempt) {
-    const std::vector<std::string> peers = testing::free_peer_list(2);
-    std::array<std::string, 2> failures;
-    std::array<std::optional<int>, 2> blamed;
-    bool port_taken = false;
-    run_parallel(2, [&](int rank) {
-      try {
-        auto options = testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s);
-        options.tcp.link_security = GetParam();
-        const auto transport = group::make_tcp_transport(options);
-      } catch (const IoError&) {
-        port_taken = true;  // the free port was taken meanwhile: try again
-      } catch (const Error& error) {
-        failures[static_cast<std::size_t>(rank)] = error.what();
-        blamed[static_cast<std::size_t>(rank)] = error.context().peer;
-      }
-    });
-    if (port_taken && attempt < 3) continue;
-    // Rank 0 connects and finds rank 1's proof wrong; rank 1 refuses rank 0 and gives up
-    // waiting for it. Each names the other.
-    EXPECT_NE(failures[0].find("authentication failed"), std::string::npos) << failures[0];
-    EXPECT_NE(failures[1].find("could not connect to peers 0"), std::string::npos) << failures[1];
-    EXPECT_EQ(blamed[0], 1);
-    EXPECT_EQ(blamed[1], 0);
-    break;
-  }
+  const auto failures = testing::failed_formation([&](const auto& peers, int rank) {
+    auto options = testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s);
+    options.tcp.link_security = GetParam();
+    return options;
+  });
+  // Rank 0 connects and finds rank 1's proof wrong; rank 1 refuses rank 0 and gives up
+  // waiting for it. Each names the other.
+  EXPECT_NE(failures.what[0].find("authentication failed"), std::string::npos) << failures.what[0];
+  EXPECT_NE(failures.what[1].find("could not connect to peers 0"), std::string::npos)
+      << failures.what[1];
+  EXPECT_EQ(failures.blamed[0], 1);
+  EXPECT_EQ(failures.blamed[1], 0);
 }
 
 }  // namespace

@@ -81,36 +81,22 @@ INSTANTIATE_TEST_SUITE_P(Tls, ForeignCertificate, ::testing::Values(0, 1),
 TEST_P(ForeignCertificate, IsRefusedAndTheRefusalNamesThePeer) {
   const TestPki pki;
   const int stranger = GetParam();
-  for (int attempt = 0;; ++attempt) {
-    const std::vector<std::string> peers = testing::free_peer_list(2);
-    std::array<std::string, 2> failures;
-    std::array<std::optional<int>, 2> blamed;
-    bool port_taken = false;
-    run_parallel(2, [&](int rank) {
-      try {
-        auto options = testing::peer_list_options(peers, rank, "", 3s);
-        // The stranger trusts the real CA: only its own certificate is wrong.
-        options.tcp.tls_files =
-            pki.files(rank == stranger ? "stranger" : "rank" + std::to_string(rank));
-        const auto transport = group::make_tcp_transport(options);
-      } catch (const IoError&) {
-        port_taken = true;  // the free port was taken meanwhile: try again
-      } catch (const Error& error) {
-        failures[static_cast<std::size_t>(rank)] = error.what();
-        blamed[static_cast<std::size_t>(rank)] = error.context().peer;
-      }
-    });
-    if (port_taken && attempt < 3) continue;
-    // Rank 0 connects: TLS refuses the link, naming peer 1; rank 1 gives up waiting for rank 0.
-    EXPECT_NE(failures[0].find("authentication failed: TLS refused the connection"),
-              std::string::npos)
-        << failures[0];
-    EXPECT_NE(failures[0].find("certificate"), std::string::npos) << failures[0];
-    EXPECT_NE(failures[0].find("peer 1"), std::string::npos) << failures[0];
-    EXPECT_EQ(blamed[0], 1);
-    EXPECT_NE(failures[1].find("could not connect to peers 0"), std::string::npos) << failures[1];
-    break;
-  }
+  const auto failures = testing::failed_formation([&](const auto& peers, int rank) {
+    auto options = testing::peer_list_options(peers, rank, "", 3s);
+    // The stranger trusts the real CA: only its own certificate is wrong.
+    options.tcp.tls_files =
+        pki.files(rank == stranger ? "stranger" : "rank" + std::to_string(rank));
+    return options;
+  });
+  // Rank 0 connects: TLS refuses the link, naming peer 1; rank 1 gives up waiting for rank 0.
+  const std::string& refused = failures.what[0];
+  EXPECT_NE(refused.find("authentication failed: TLS refused the connection"), std::string::npos)
+      << refused;
+  EXPECT_NE(refused.find("certificate"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("peer 1"), std::string::npos) << refused;
+  EXPECT_EQ(failures.blamed[0], 1);
+  EXPECT_NE(failures.what[1].find("could not connect to peers 0"), std::string::npos)
+      << failures.what[1];
 }
 
 // The message of the InvalidArgument that making a TLS context with these settings throws.
