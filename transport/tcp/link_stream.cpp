@@ -11,6 +11,7 @@ LinkStream::LinkStream(std::shared_ptr<Socket> socket, std::shared_ptr<TlsContex
   if (!tls_) return;
   tls_stream_ = std::make_unique<TlsStream>(*socket_, tls_->context());
   record_ = std::make_unique<std::byte[]>(kRecordBytes);
+  plaintext_ = std::make_shared<Plaintext>();
 }
 
 LinkStream::LinkStream(LinkStream&&) noexcept = default;
@@ -36,6 +37,7 @@ std::size_t LinkStream::write_some(std::span<const asio::const_buffer> buffers,
 }
 
 void LinkStream::close() noexcept {
+  if (plaintext_) plaintext_->closed = true;
   boost::system::error_code ignored;
   socket_->close(ignored);
 }

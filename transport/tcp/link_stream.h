@@ -13,6 +13,10 @@
 //    close_notify: the links end with an application-level goodbye (or fail), and a transport
 //    that was not told goodbye treats eof as a lost peer, so a forged FIN can make a link fail
 //    but never end it cleanly.
+//  - A read decrypts into memory of the stream's own and copies into the caller's buffer only
+//    if the stream has not been closed meanwhile: Asio may decrypt a record that arrived before
+//    close() after it, when the caller's buffer may already be gone (a plain socket's read
+//    never writes after close()).
 //  - One read and one write may be in flight at once (from the same strand). A read never
 //    writes: TLS 1.3 writes during a read only for post-handshake messages, and there are none
 //    (no session tickets, no key update requests from pulseloco).
@@ -26,7 +30,9 @@
 
 #include <boost/asio/ssl/stream.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 
 #include <pulseloco/transport/tcp/tls_context.h>
@@ -70,12 +76,21 @@ class LinkStream {
             return;
           }
           const auto executor = asio::get_associated_executor(handler, socket_->get_executor());
+          const asio::mutable_buffer destination = first_buffer(into);
+          const std::shared_ptr<Plaintext> plaintext = plaintext_;
           tls_stream_->async_read_some(
-              into, asio::bind_executor(
-                        executor, [handler = std::move(handler)](boost::system::error_code error,
-                                                                 std::size_t n) mutable {
-                          std::move(handler)(end_of_stream_as_eof(error), n);
-                        }));
+              asio::buffer(plaintext->bytes.get(), std::min(destination.size(), kRecordBytes)),
+              asio::bind_executor(executor,
+                                  [handler = std::move(handler), plaintext, destination](
+                                      boost::system::error_code error, std::size_t n) mutable {
+                                    if (plaintext->closed) {
+                                      error = asio::error::operation_aborted;
+                                      n = 0;
+                                    }
+                                    if (n > 0)
+                                      std::memcpy(destination.data(), plaintext->bytes.get(), n);
+                                    std::move(handler)(end_of_stream_as_eof(error), n);
+                                  }));
         },
         token, buffers);
   }
@@ -107,6 +122,20 @@ class LinkStream {
  private:
   using TlsStream = asio::ssl::stream<Socket&>;
 
+  // What a TLS read decrypts into, and whether close() has run (on the socket's strand).
+  struct Plaintext {
+    std::unique_ptr<std::byte[]> bytes = std::make_unique<std::byte[]>(kRecordBytes);
+    bool closed = false;
+  };
+
+  template <typename MutableBuffers>
+  static asio::mutable_buffer first_buffer(const MutableBuffers& buffers) {
+    for (auto it = asio::buffer_sequence_begin(buffers); it != asio::buffer_sequence_end(buffers);
+         ++it)
+      if (asio::mutable_buffer(*it).size() > 0) return *it;
+    return {};
+  }
+
   [[nodiscard]] static boost::system::error_code end_of_stream_as_eof(
       const boost::system::error_code& error) noexcept;
 
@@ -130,7 +159,8 @@ class LinkStream {
   std::shared_ptr<Socket> socket_;
   std::shared_ptr<TlsContext> tls_;
   std::unique_ptr<TlsStream> tls_stream_;
-  std::unique_ptr<std::byte[]> record_;  // gathered plaintext of the record being written
+  std::unique_ptr<std::byte[]> record_;   // gathered plaintext of the record being written
+  std::shared_ptr<Plaintext> plaintext_;  // of the record being read
 };
 
 // Whether `error` (from secure() or a read or write after it) means TLS refused the peer (a
