@@ -84,6 +84,9 @@ struct Settings {
   // collectives (not timed).
   double idle_ms = 0;
   std::string label;  // extra "setup" field of every record
+  // "none", "hmac" or "tls" (with a fixed secret unless PULSELOCO_SECRET sets one); "": as the
+  // environment says.
+  std::string link_security;
   int timeout_ms = 300'000;
 };
 
@@ -96,6 +99,19 @@ std::size_t parse_size(const std::string& text) {
   if (suffix == "M" || suffix == "MiB") return value << 20;
   if (suffix == "G" || suffix == "GiB") return value << 30;
   throw std::invalid_argument("size " + text + ": use a number with K, M or G");
+}
+
+// The --link-security switch: encryption on (tls) or off (hmac: the same secret, plaintext).
+void apply_link_security(const Settings& settings, group::TransportOptions& options) {
+  if (settings.link_security.empty()) return;
+  if (settings.link_security == "none") {
+    options.tcp.secret.clear();
+    options.tcp.link_security = transport::LinkSecurity::automatic;
+    return;
+  }
+  if (options.tcp.secret.empty()) options.tcp.secret = "pulseloco benchmark secret";
+  options.tcp.link_security = settings.link_security == "tls" ? transport::LinkSecurity::tls
+                                                              : transport::LinkSecurity::hmac;
 }
 
 collectives::CollectiveAlgorithm parse_algorithm(const std::string& name) {
@@ -165,6 +181,7 @@ class Harness {
     if (!transport_) {
       group::TransportOptions options = group::from_environment();
       if (settings.connections > 0) options.tcp.connections_per_peer = settings.connections;
+      apply_link_security(settings, options);
       transport_ = group::make_transport(options);
     }
     options_.timeout = std::chrono::milliseconds(settings.timeout_ms);
@@ -319,11 +336,12 @@ class Harness {
     options.tcp.listen_addr = "127.0.0.1";
     options.external_rendezvous_server = true;
     if (settings_.connections > 0) options.tcp.connections_per_peer = settings_.connections;
+    apply_link_security(settings_, options);
     std::unique_ptr<group::RendezvousServer> server;
     int port = 0;
     if (rank == 0) {
       server = std::make_unique<group::RendezvousServer>(
-          "127.0.0.1", 0, size, options.tcp.secret,
+          "127.0.0.1", 0, size, options.tcp,
           transport::deadline_after(options.connect_timeout));
       port = server->port();
     }
@@ -395,6 +413,7 @@ class Reporter {
         j["payload_copied_bytes_per_call"] = *timing.copied_bytes_per_call;
       if (settings_.idle_ms > 0) j["idle_ms"] = settings_.idle_ms;
       if (!settings_.label.empty()) j["setup"] = settings_.label;
+      if (!settings_.link_security.empty()) j["link_security"] = settings_.link_security;
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("{:<18} {:<16} {:<10} {:>12} {:>12.6f} {:>12.6f} {:>10.2f} {:>8.3f}", operation,
@@ -557,6 +576,10 @@ int main(int argc, char** argv) {
                  "idle time after the barrier before every timed call (not timed)")
       ->check(flags::at_least(0));
   app.add_option("--label", settings.label, "a 'setup' field for every record");
+  app.add_option("--link-security", settings.link_security,
+                 "links: tls (encrypted), hmac (plaintext, authenticated) or none; default: "
+                 "PULSELOCO_LINK_SECURITY and PULSELOCO_SECRET")
+      ->check(CLI::IsMember({"none", "hmac", "tls"}));
   app.add_option("--timeout-ms", settings.timeout_ms, "collective timeout");
   CLI11_PARSE(app, argc, argv);
   try {

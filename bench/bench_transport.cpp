@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
     }
     if (options.backend != Backend::tcp)
       throw InvalidArgument("without mpirun or a rendezvous only --backend tcp can run here");
-    RendezvousServer server("127.0.0.1", 0, 2, options.tcp.secret,
+    RendezvousServer server("127.0.0.1", 0, 2, options.tcp,
                             deadline_after(options.connect_timeout));
     std::vector<std::unique_ptr<TcpTransport>> group(2);
     std::vector<Result> results;

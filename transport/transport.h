@@ -31,7 +31,8 @@ using Tag = std::uint64_t;
 }
 
 // Bytes this transport moved since it was created. "payload" counts what callers handed to
-// isend/received through irecv; "wire" adds every framing, header and handshake byte.
+// isend/received through irecv; "wire" adds every framing, header and handshake byte (over TLS:
+// the bytes through the TLS stream, without TLS's own records and handshake).
 struct TransportStats {
   std::uint64_t payload_bytes_sent = 0;
   std::uint64_t payload_bytes_received = 0;

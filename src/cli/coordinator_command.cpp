@@ -66,6 +66,8 @@ void add_coordinator_command(CLI::App& app) {
     run.secret = environment.tcp.secret;
     run.run_id = environment.run_id;
     run.allow_insecure = run.allow_insecure || environment.tcp.allow_insecure;
+    run.link_security = environment.tcp.link_security;
+    run.tls_files = environment.tcp.tls_files;
     elastic::Coordinator coordinator(run);
     // Scripts and tests wait for this line before starting workers.
     fmt::print("coordinator listening on {}:{}\n", run.host, coordinator.port());

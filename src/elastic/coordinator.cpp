@@ -71,6 +71,7 @@
 #include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/listener.h>
 #include <pulseloco/transport/tcp/server_outcome.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 
 namespace pulseloco::elastic {
 namespace {
@@ -111,9 +112,11 @@ struct Coordinator::Impl {
   enum class Standing : std::uint8_t { idle, waiting, member, asked, left, lost, removed };
 
   struct Connection {
-    explicit Connection(std::shared_ptr<tcp::Socket> accepted) : socket(std::move(accepted)) {}
+    Connection(std::shared_ptr<tcp::Socket> accepted, std::shared_ptr<tcp::TlsContext> tls)
+        : socket(accepted), link(std::move(accepted), std::move(tls)) {}
     const std::shared_ptr<tcp::Socket> socket;
-    std::string from;  // remote address, for the log
+    tcp::LinkStream link;  // over `socket`
+    std::string from;      // remote address, for the log
     std::string worker_id;
     transport::PeerAddress data_address;
     bool registered = false;
@@ -134,11 +137,13 @@ struct Coordinator::Impl {
   explicit Impl(CoordinatorOptions coordinator_options)
       : options(std::move(coordinator_options)),
         job(transport::derive_job_id(options.secret, options.run_id)),
+        tls(tcp::TlsContext::make(options.link_security, options.secret, options.tls_files)),
         regroup_timer(io),
         shutdown_timer(io) {}
 
   const CoordinatorOptions options;
   const transport::JobId job;
+  const std::shared_ptr<tcp::TlsContext> tls;  // null: plain links
   asio::io_context io;
   std::optional<tcp::Listener> listener;
   asio::steady_timer regroup_timer;
@@ -198,7 +203,7 @@ struct Coordinator::Impl {
       {
         tcp::Watchdog watchdog(io.get_executor(), transport::Clock::now() + kWriteTimeout,
                                [connection] { close_socket(*connection); });
-        co_await asio::async_write(*connection->socket, asio::buffer(frame),
+        co_await asio::async_write(connection->link, asio::buffer(frame),
                                    asio::redirect_error(asio::use_awaitable, error));
       }
       if (error) {
@@ -218,10 +223,10 @@ struct Coordinator::Impl {
 
   asio::awaitable<Json> read_message(Connection& connection) {
     std::array<std::byte, kLengthBytes> head{};
-    co_await asio::async_read(*connection.socket, asio::buffer(head), asio::use_awaitable);
+    co_await asio::async_read(connection.link, asio::buffer(head), asio::use_awaitable);
     const std::uint32_t length = decode_length(head);
     std::string body(length, '\0');
-    co_await asio::async_read(*connection.socket, asio::buffer(body), asio::use_awaitable);
+    co_await asio::async_read(connection.link, asio::buffer(body), asio::use_awaitable);
     co_return parse_message(body);
   }
 
@@ -242,7 +247,7 @@ struct Coordinator::Impl {
   // it closes.
   asio::awaitable<void> serve(tcp::PendingConnection pending) {
     if (shutting_down) co_return;
-    const auto connection = std::make_shared<Connection>(pending.socket());
+    const auto connection = std::make_shared<Connection>(pending.socket(), tls);
     connection->from = tcp::remote_description(*connection->socket);
     tcp::apply_socket_options(*connection->socket, transport::TcpOptions{});
     connections.insert(connection);
@@ -291,7 +296,7 @@ struct Coordinator::Impl {
     std::string refusal;
     try {
       const auto result = co_await tcp::server_handshake(
-          *connection->socket, options.secret, [this](const tcp::Hello& hello) -> std::string {
+          connection->link, options.secret, [this](const tcp::Hello& hello) -> std::string {
             if (hello.purpose != tcp::Purpose::membership)
               return "this is a membership coordinator, not a rendezvous server or a data "
                      "listener";
@@ -720,8 +725,10 @@ Coordinator::Coordinator(CoordinatorOptions options) {
   if (options.regroup_timeout.count() <= 0)
     throw InvalidArgument(fmt::format("coordinator: regroup_timeout is {} ms; it must be positive",
                                       options.regroup_timeout.count()));
-  tcp::require_secret_beyond_loopback("membership coordinator", options.host, options.secret,
-                                      options.allow_insecure);
+  tcp::require_authentication_beyond_loopback(
+      "membership coordinator", options.host,
+      transport::effective_link_security(options.link_security, options.secret, options.tls_files),
+      options.allow_insecure);
   impl_ = std::make_unique<Impl>(std::move(options));
   auto& impl = *impl_;
   const std::string& host = impl.options.host;

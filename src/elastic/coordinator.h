@@ -36,6 +36,8 @@
 #include <memory>
 #include <string>
 
+#include <pulseloco/transport/tcp/tcp_options.h>
+
 namespace pulseloco::elastic {
 
 struct CoordinatorOptions {
@@ -59,6 +61,10 @@ struct CoordinatorOptions {
   // refused, naming both jobs. The workers must use the same one.
   std::string run_id;
   bool allow_insecure = false;  // listen beyond loopback without a secret (warned)
+  // Encryption of the workers' connections (PULSELOCO_LINK_SECURITY, PULSELOCO_TLS_*), as
+  // transport::TcpOptions.
+  transport::LinkSecurity link_security = transport::LinkSecurity::automatic;
+  transport::TlsFiles tls_files;
 };
 
 // Runs the coordinator on a background thread until destroyed.

@@ -164,6 +164,8 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
       .data_address = data,
       .secret = elastic_.transport.tcp.secret,
       .run_id = elastic_.transport.run_id,
+      .link_security = elastic_.transport.tcp.link_security,
+      .tls_files = elastic_.transport.tcp.tls_files,
       .connect_timeout = elastic_.transport.connect_timeout,
   });
   logger().info("worker {} registered with the coordinator at {} (data plane {})", worker_id_,

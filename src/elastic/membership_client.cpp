@@ -12,6 +12,7 @@
 #include <pulseloco/elastic/membership_messages.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 #include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::elastic {
@@ -38,12 +39,19 @@ struct MembershipClient::Impl {
   enum class Request : std::uint8_t { none, next_group, boundary };
 
   explicit Impl(MembershipClientOptions client_options)
-      : options(std::move(client_options)), socket(io) {}
+      : options(std::move(client_options)),
+        tls(tcp::TlsContext::make(options.link_security, options.secret, options.tls_files)),
+        owned_socket(std::make_shared<Socket>(io)),
+        socket(*owned_socket),
+        link(owned_socket, nullptr) {}
 
   const MembershipClientOptions options;
+  const std::shared_ptr<tcp::TlsContext> tls;  // null: plain links
   PeerAddress coordinator;
   asio::io_context io;
-  Socket socket;
+  const std::shared_ptr<Socket> owned_socket;
+  Socket& socket;
+  tcp::LinkStream link;                 // over `socket`, new for each connection
   std::string inbox;                    // received bytes not yet taken as messages
   std::mutex mutex;                     // one call at a time
   Request outstanding = Request::none;  // sent, reply not yet received (after a timeout)
@@ -92,7 +100,7 @@ struct MembershipClient::Impl {
     const std::string frame = encode_message(message);
     bool done = false;
     boost::system::error_code error;
-    asio::async_write(socket, asio::buffer(frame),
+    asio::async_write(link, asio::buffer(frame),
                       [&](const boost::system::error_code& result, std::size_t) {
                         error = result;
                         done = true;
@@ -139,12 +147,12 @@ struct MembershipClient::Impl {
       bool done = false;
       boost::system::error_code error;
       std::size_t received = 0;
-      socket.async_read_some(asio::buffer(chunk),
-                             [&](const boost::system::error_code& result, std::size_t n) {
-                               error = result;
-                               received = n;
-                               done = true;
-                             });
+      link.async_read_some(asio::buffer(chunk),
+                           [&](const boost::system::error_code& result, std::size_t n) {
+                             error = result;
+                             received = n;
+                             done = true;
+                           });
       const bool in_time = run_until(done, deadline, [&] {
         boost::system::error_code ignored;
         socket.cancel(ignored);
@@ -228,6 +236,7 @@ struct MembershipClient::Impl {
       }
       if (!error) {
         tcp::apply_socket_options(socket, transport::TcpOptions{});
+        link = tcp::LinkStream(owned_socket, tls);
         error = handshake(deadline);
         if (!error) break;
       }
@@ -272,7 +281,7 @@ struct MembershipClient::Impl {
       hello.purpose = tcp::Purpose::membership;
       hello.group_id =
           transport::job_only_group_id(transport::derive_job_id(options.secret, options.run_id));
-      (void)co_await tcp::client_handshake(socket, hello, options.secret);
+      (void)co_await tcp::client_handshake(link, hello, options.secret);
     };
     auto outcome = asio::co_spawn(io, run(), asio::use_future);
     io.restart();

@@ -12,6 +12,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/tcp/group_table.h>
+#include <pulseloco/transport/tcp/tcp_options.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::elastic {
@@ -37,6 +38,9 @@ struct MembershipClientOptions {
   transport::PeerAddress data_address;
   std::string secret;  // shared secret
   std::string run_id;  // the job's run id; the coordinator's must be the same (job_id.h)
+  // Encryption of the connection, as transport::TcpOptions (and the coordinator's).
+  transport::LinkSecurity link_security = transport::LinkSecurity::automatic;
+  transport::TlsFiles tls_files;
   std::chrono::milliseconds connect_timeout{60'000};  // connecting and registering
 };
 

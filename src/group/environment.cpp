@@ -197,6 +197,20 @@ TransportOptions from_environment(TransportOptions options) {
   }
   if (auto env = first_env({"PULSELOCO_ALLOW_INSECURE"}))
     options.tcp.allow_insecure = parse_bool(*env);
+  if (auto env = first_env({"PULSELOCO_LINK_SECURITY"})) {
+    const std::string value = lower(env->value);
+    if (value == "tls") {
+      options.tcp.link_security = transport::LinkSecurity::tls;
+    } else if (value == "hmac") {
+      options.tcp.link_security = transport::LinkSecurity::hmac;
+    } else {
+      throw InvalidArgument(
+          fmt::format("{}='{}' is not a link security (tls or hmac)", env->name, env->value));
+    }
+  }
+  if (auto env = first_env({"PULSELOCO_TLS_CERT"})) options.tcp.tls_files.cert = env->value;
+  if (auto env = first_env({"PULSELOCO_TLS_KEY"})) options.tcp.tls_files.key = env->value;
+  if (auto env = first_env({"PULSELOCO_TLS_CA"})) options.tcp.tls_files.ca = env->value;
   if (auto env = first_env({"PULSELOCO_MPI_PART_BYTES"})) options.mpi.part_bytes = parse_size(*env);
   if (auto env = first_env({"PULSELOCO_CUDA_DEVICE"}))
     options.nccl.cuda_device = static_cast<int>(parse_integer(*env, 0, 1023));

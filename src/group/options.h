@@ -92,6 +92,8 @@ struct TransportOptions {
 //   PULSELOCO_TCP_BUSY_POLL_US
 //   PULSELOCO_SECRET, PULSELOCO_SECRET_FILE (the secret is the file's first line)
 //   PULSELOCO_ALLOW_INSECURE       1: listen beyond loopback without a secret
+//   PULSELOCO_LINK_SECURITY        tls | hmac (default: tls with a secret or certificates)
+//   PULSELOCO_TLS_CERT, PULSELOCO_TLS_KEY, PULSELOCO_TLS_CA (PEM files, all three or none)
 //   PULSELOCO_MPI_PART_BYTES                                               (mpi)
 //   PULSELOCO_CUDA_DEVICE, PULSELOCO_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK (nccl)
 //   PULSELOCO_NCCL_BOOTSTRAP       auto | mpi | tcp

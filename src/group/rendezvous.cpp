@@ -22,6 +22,7 @@
 #include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 #include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::group {
@@ -124,6 +125,7 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
                                                  std::uint16_t listen_port, Deadline deadline) {
   const std::string server = to_string(PeerAddress{options.master_addr, options.master_port});
   const ErrorContext context{.rank = options.rank};
+  const auto tls = tcp::TlsContext::make(options.tcp);
   auto backoff = std::chrono::milliseconds(20);
   std::string last_problem = "no attempt";
   for (;;) {
@@ -168,15 +170,16 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
     hello.group_id =
         transport::job_only_group_id(transport::derive_job_id(options.tcp.secret, options.run_id));
     try {
-      (void)co_await tcp::client_handshake(*socket, hello, options.tcp.secret);
+      tcp::LinkStream link(socket, tls);
+      (void)co_await tcp::client_handshake(link, hello, options.tcp.secret);
       const std::vector<std::byte> registration = encode_registration(mine);
-      co_await asio::async_write(*socket, asio::buffer(registration), asio::use_awaitable);
+      co_await asio::async_write(link, asio::buffer(registration), asio::use_awaitable);
 
       std::vector<std::byte> reply;
       boost::system::error_code read_error;
       // The table is a few bytes per rank; anything near this bound is not a table.
       constexpr std::size_t kMaxReplyBytes = std::size_t{64} << 20;
-      co_await asio::async_read(*socket, asio::dynamic_buffer(reply, kMaxReplyBytes),
+      co_await asio::async_read(link, asio::dynamic_buffer(reply, kMaxReplyBytes),
                                 asio::redirect_error(asio::use_awaitable, read_error));
       if (read_error != asio::error::eof) throw boost::system::system_error(read_error);
       co_return table_from_reply(reply, options, mine, context);
@@ -231,11 +234,9 @@ GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t
   const Deadline deadline = transport::deadline_after(options.connect_timeout);
   std::unique_ptr<RendezvousServer> server;
   if (options.rank == 0 && !options.external_rendezvous_server)
-    server = std::make_unique<RendezvousServer>(
-        server_host_for(options.master_addr), options.master_port, options.world_size,
-        options.tcp.secret, deadline,
-        RendezvousServerOptions{.run_id = options.run_id,
-                                .allow_insecure = options.tcp.allow_insecure});
+    server = std::make_unique<RendezvousServer>(server_host_for(options.master_addr),
+                                                options.master_port, options.world_size,
+                                                options.tcp, deadline, options.run_id);
   asio::io_context io;
   auto result = asio::co_spawn(io, register_with_server(io, options, listen_port, deadline),
                                asio::use_future);

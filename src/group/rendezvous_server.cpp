@@ -19,6 +19,7 @@
 #include <pulseloco/transport/tcp/listener.h>
 #include <pulseloco/transport/tcp/refusals.h>
 #include <pulseloco/transport/tcp/server_outcome.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 
 namespace pulseloco::group {
 namespace {
@@ -42,21 +43,22 @@ std::exception_ptr refused_member(const std::string& message) {
 
 struct RendezvousServer::Impl {
   struct Member {
-    std::shared_ptr<tcp::Socket> socket;
+    std::shared_ptr<tcp::LinkStream> link;
     transport::PeerAddress address;
     std::string from;  // where its registration came from
     bool claimed = false;
     bool registered = false;
   };
 
-  Impl(const std::string& host, std::uint16_t port, int world, std::string key,
-       transport::Deadline until, const RendezvousServerOptions& options)
+  Impl(const std::string& host, std::uint16_t port, int world, const transport::TcpOptions& link,
+       transport::Deadline until, const std::string& run_id)
       : listener(io, io.get_executor(), "rendezvous server", host, port),
         timer(io),
         world_size(world),
-        secret(std::move(key)),
-        job(transport::derive_job_id(secret, options.run_id)),
-        table_job(options.run_id.empty() ? transport::random_job_id() : job),
+        secret(link.secret),
+        job(transport::derive_job_id(secret, run_id)),
+        table_job(run_id.empty() ? transport::random_job_id() : job),
+        tls(tcp::TlsContext::make(link)),
         deadline(until) {
     members.resize(static_cast<std::size_t>(world));
   }
@@ -66,8 +68,9 @@ struct RendezvousServer::Impl {
   asio::steady_timer timer;
   const int world_size;
   const std::string secret;
-  const transport::JobId job;        // what registering ranks present
-  const transport::JobId table_job;  // the job half of the group id the table carries
+  const transport::JobId job;                  // what registering ranks present
+  const transport::JobId table_job;            // the job half of the group id the table carries
+  const std::shared_ptr<tcp::TlsContext> tls;  // null: plain links
   const transport::Deadline deadline;
   std::vector<Member> members;  // touched only on the io thread
   int registered = 0;
@@ -113,14 +116,14 @@ struct RendezvousServer::Impl {
   }
 
   asio::awaitable<void> serve(tcp::PendingConnection connection) {
-    const std::shared_ptr<tcp::Socket> socket = connection.socket();
-    const std::string from = tcp::remote_description(*socket);
+    const auto link = std::make_shared<tcp::LinkStream>(connection.socket(), tls);
+    const std::string from = tcp::remote_description(link->socket());
     int claimed = -1;
     bool authenticated = false;
     bool fatal = false;
     try {
       const auto result = co_await tcp::server_handshake(
-          *socket, secret, [&](const tcp::Hello& hello) -> std::string {
+          *link, secret, [&](const tcp::Hello& hello) -> std::string {
             authenticated = true;  // admit runs only once the client proved the secret
             return admit(hello, from, claimed, fatal);
           });
@@ -139,13 +142,13 @@ struct RendezvousServer::Impl {
         co_return;
       }
       std::array<std::byte, kRegistrationHeadBytes> head_bytes{};
-      co_await asio::async_read(*socket, asio::buffer(head_bytes), asio::use_awaitable);
+      co_await asio::async_read(*link, asio::buffer(head_bytes), asio::use_awaitable);
       const RegistrationHead head = decode_registration_head(head_bytes);
       transport::PeerAddress address;
       address.port = head.port;
       address.host.resize(head.host_bytes);
       if (!address.host.empty())
-        co_await asio::async_read(*socket, asio::buffer(address.host), asio::use_awaitable);
+        co_await asio::async_read(*link, asio::buffer(address.host), asio::use_awaitable);
       connection.handshake_done();
       if (address.port == 0 || address.host.empty())
         throw ProtocolError(
@@ -154,15 +157,15 @@ struct RendezvousServer::Impl {
         // It passed the handshake before the rendezvous failed: it learns why, as the others.
         if (!failure_reply.empty()) {
           boost::system::error_code write_error;
-          co_await asio::async_write(*socket, asio::buffer(failure_reply),
+          co_await asio::async_write(*link, asio::buffer(failure_reply),
                                      asio::redirect_error(asio::use_awaitable, write_error));
           boost::system::error_code ignored;
-          socket->shutdown(tcp::Socket::shutdown_send, ignored);
+          link->socket().shutdown(tcp::Socket::shutdown_send, ignored);
         }
         co_return;
       }
       auto& member = members[static_cast<std::size_t>(claimed)];
-      member.socket = socket;
+      member.link = link;
       member.address = std::move(address);
       member.registered = true;
       ++registered;
@@ -170,9 +173,13 @@ struct RendezvousServer::Impl {
                      to_string(member.address), registered, world_size);
       if (registered == world_size) co_await send_table();
     } catch (const std::exception& error) {
+      // TLS refuses a wrong key before any hello: the peer failed authentication.
+      const bool refused_by_tls = dynamic_cast<const tcp::HandshakeRefused*>(&error) != nullptr;
+      if (refused_by_tls) refused.fetch_add(1);
       if (claimed >= 0 && !members[static_cast<std::size_t>(claimed)].registered)
         members[static_cast<std::size_t>(claimed)].claimed = false;  // it may retry
-      refusals.add(fmt::format("{} dropped: {}", from, error.what()));
+      refusals.add(refused_by_tls ? fmt::format("{} failed authentication ({})", from, error.what())
+                                  : fmt::format("{} dropped: {}", from, error.what()));
       logger().warn("rendezvous server: connection from {} failed: {}", from, error.what());
     }
   }
@@ -203,13 +210,13 @@ struct RendezvousServer::Impl {
     }
     for (std::size_t rank = 0; rank < members.size(); ++rank) {
       boost::system::error_code error;
-      co_await asio::async_write(*members[rank].socket, asio::buffer(table),
+      co_await asio::async_write(*members[rank].link, asio::buffer(table),
                                  asio::redirect_error(asio::use_awaitable, error));
       if (error)
         logger().warn("rendezvous server: could not send the table to rank {}: {}", rank,
                       error.message());
       boost::system::error_code ignored;
-      members[rank].socket->shutdown(tcp::Socket::shutdown_send, ignored);
+      members[rank].link->socket().shutdown(tcp::Socket::shutdown_send, ignored);
     }
     logger().debug("rendezvous server: sent the table of {} ranks", world_size);
     complete(nullptr);
@@ -237,22 +244,23 @@ struct RendezvousServer::Impl {
     for (auto& member : members) {
       if (!member.registered) continue;
       boost::system::error_code write_error;
-      co_await asio::async_write(*member.socket, asio::buffer(failure_reply),
+      co_await asio::async_write(*member.link, asio::buffer(failure_reply),
                                  asio::redirect_error(asio::use_awaitable, write_error));
       boost::system::error_code ignored;
-      member.socket->shutdown(tcp::Socket::shutdown_send, ignored);
+      member.link->socket().shutdown(tcp::Socket::shutdown_send, ignored);
     }
     complete(std::move(error));
   }
 };
 
 RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, int world_size,
-                                   std::string secret, transport::Deadline deadline,
-                                   RendezvousServerOptions options) {
+                                   const transport::TcpOptions& link, transport::Deadline deadline,
+                                   const std::string& run_id) {
   if (world_size < 1)
     throw InvalidArgument(fmt::format("rendezvous server: world size {} < 1", world_size));
-  tcp::require_secret_beyond_loopback("rendezvous server", host, secret, options.allow_insecure);
-  impl_ = std::make_unique<Impl>(host, port, world_size, std::move(secret), deadline, options);
+  tcp::require_authentication_beyond_loopback(
+      "rendezvous server", host, transport::effective_link_security(link), link.allow_insecure);
+  impl_ = std::make_unique<Impl>(host, port, world_size, link, deadline, run_id);
   auto& impl = *impl_;
   impl.listener.start(
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });

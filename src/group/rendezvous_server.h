@@ -7,33 +7,29 @@
 #include <memory>
 #include <string>
 
+#include <pulseloco/transport/tcp/tcp_options.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::group {
 
-// What a rendezvous server admits beyond the secret.
-struct RendezvousServerOptions {
-  // The run id of the job (PULSELOCO_RUN_ID; transport/tcp/job_id.h): a rank of another job is
-  // refused. Empty: the server generates the job's id and carries it to the ranks in the table.
-  std::string run_id;
-  // Listen beyond loopback without a secret (TcpOptions::allow_insecure).
-  bool allow_insecure = false;
-};
-
 // Serves one rendezvous of `world_size` ranks on a background thread: accepts connections,
-// authenticates each (HMAC-SHA256 with `secret`), records each rank's address, and once all
-// ranks have registered sends them the table and finishes. A connection that fails
-// authentication is refused and logged, and does not disturb the rendezvous (anyone who reaches
-// the port could otherwise end it); the timeout error names it. An authenticated process whose
-// world size or job differs, or that claims a rank already registered, is refused with the
-// reason, and the rendezvous fails at once with it (ProtocolError to every registered rank and
-// from wait()): two jobs sharing a port and secret never train together. Gives up at `deadline`,
-// telling the registered ranks which ranks are missing. Refuses to listen beyond loopback
-// without a secret unless options.allow_insecure (InvalidArgument).
+// authenticates each (HMAC-SHA256 with link.secret, inside TLS as effective_link_security(link)
+// says), records each rank's address, and once all ranks have registered sends them the table
+// and finishes. A connection that fails authentication is refused and logged, and does not
+// disturb the rendezvous (anyone who reaches the port could otherwise end it); the timeout error
+// names it. An authenticated process whose world size or job differs, or that claims a rank
+// already registered, is refused with the reason, and the rendezvous fails at once with it
+// (ProtocolError to every registered rank and from wait()): two jobs sharing a port and secret
+// never train together. `run_id` is the job's run id (PULSELOCO_RUN_ID; transport/tcp/job_id.h):
+// a rank of another job is refused; empty: the server generates the job's id and carries it to
+// the ranks in the table. Gives up at `deadline`, telling the registered ranks which ranks are
+// missing. Refuses to listen beyond loopback without a secret or certificates unless
+// link.allow_insecure (InvalidArgument).
 class RendezvousServer {
  public:
-  RendezvousServer(const std::string& host, std::uint16_t port, int world_size, std::string secret,
-                   transport::Deadline deadline, RendezvousServerOptions options = {});
+  RendezvousServer(const std::string& host, std::uint16_t port, int world_size,
+                   const transport::TcpOptions& link, transport::Deadline deadline,
+                   const std::string& run_id = {});
   ~RendezvousServer();
   RendezvousServer(const RendezvousServer&) = delete;
   RendezvousServer& operator=(const RendezvousServer&) = delete;

@@ -166,7 +166,7 @@ class ProcessGroup {
  public:
   ProcessGroup(int world, const std::vector<std::string>& args, int victim = -1,
                const std::map<std::string, std::string>& victim_env = {})
-      : server_("127.0.0.1", 0, world, "", transport::deadline_after(60s)),
+      : server_("127.0.0.1", 0, world, transport::TcpOptions{}, transport::deadline_after(60s)),
         event_(make_pipe()),
         block_(make_pipe()) {
     for (int rank = 0; rank < world; ++rank) {

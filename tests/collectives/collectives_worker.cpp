@@ -286,7 +286,7 @@ std::unique_ptr<transport::Transport> connect_through_mpi(const std::string& bac
   int port = 0;
   if (rank == 0) {
     server = std::make_unique<group::RendezvousServer>(
-        "127.0.0.1", 0, size, "", transport::deadline_after(options.connect_timeout));
+        "127.0.0.1", 0, size, transport::TcpOptions{}, transport::deadline_after(options.connect_timeout));
     port = server->port();
   }
   MPI_Bcast(&port, 1, MPI_INT, 0, MPI_COMM_WORLD);

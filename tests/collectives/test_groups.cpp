@@ -9,7 +9,7 @@
 namespace pulseloco::testing {
 
 std::vector<std::string> test_backends() {
-  return {"inproc", "tcp"};
+  return {"inproc", "tcp", "tcp_tls"};
 }
 
 std::vector<std::string> test_backends_with_ordered() {
@@ -22,8 +22,11 @@ std::vector<std::unique_ptr<transport::Transport>> make_test_group(std::string_v
                                                                    int world_size) {
   if (backend == "inproc") return transport::inproc::make_group(world_size);
   if (backend == "ordered") return transport::inproc::make_ordered_group(world_size);
-  if (backend == "tcp") {
-    auto tcp = transport::testing::make_loopback_group(world_size);
+  if (backend == "tcp" || backend == "tcp_tls") {
+    const auto security =
+        backend == "tcp" ? transport::LinkSecurity::none : transport::LinkSecurity::tls;
+    auto tcp =
+        transport::testing::make_loopback_group(world_size, transport::testing::secured(security));
     std::vector<std::unique_ptr<transport::Transport>> group;
     for (auto& t : tcp)
       group.push_back(std::move(t));

@@ -1,6 +1,6 @@
 // Groups of in-process ranks for the collectives' tests, by backend name: "inproc" (threads
 // exchanging through shared queues) and, when the TCP transport is built, "tcp" (threads
-// connected over loopback sockets); and "ordered", the double with NCCL's matching semantics
+// connected over loopback sockets) and "tcp_tls" (the same over TLS keyed from a secret); and "ordered", the double with NCCL's matching semantics
 // (transport/inproc/ordered.h), where payloads move through native collectives.
 #pragma once
 

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -26,6 +27,8 @@
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
+#include <pulseloco/transport/tcp/tls_context.h>
+#include "transport/test_pki.h"
 
 namespace pulseloco::elastic {
 namespace {
@@ -115,18 +118,19 @@ std::string id_of(const GroupAssignment& group) {
   return group.worker_ids.at(static_cast<std::size_t>(group.rank));
 }
 
-// A connection to the coordinator driven byte by byte, for the misbehaving-peer tests.
+// A connection to the coordinator driven byte by byte, for the misbehaving-peer tests; secured
+// as a worker with `secret` secures its own.
 class RawConnection {
  public:
   RawConnection(std::uint16_t port, const std::string& secret,
                 tcp::Purpose purpose = tcp::Purpose::membership)
-      : socket_(io_) {
-    socket_.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
+      : socket_(connected(io_, port)),
+        link_(socket_, tcp::TlsContext::make(transport::LinkSecurity::automatic, secret, {})) {
     tcp::Hello hello;
     hello.purpose = purpose;
     hello.group_id = transport::job_only_group_id(transport::derive_job_id(secret, ""));
     auto outcome =
-        asio::co_spawn(io_, tcp::client_handshake(socket_, hello, secret), asio::use_future);
+        asio::co_spawn(io_, tcp::client_handshake(link_, hello, secret), asio::use_future);
     io_.run();
     try {
       (void)outcome.get();
@@ -134,16 +138,17 @@ class RawConnection {
       handshake_problem_ = error.what();
     }
   }
-  // Connects without a handshake.
-  explicit RawConnection(std::uint16_t port) : socket_(io_) {
-    socket_.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
-  }
+  // Connects without TLS or a handshake.
+  explicit RawConnection(std::uint16_t port)
+      : socket_(connected(io_, port)), link_(socket_, nullptr) {}
 
   [[nodiscard]] const std::string& handshake_problem() const { return handshake_problem_; }
 
   void send_bytes(const std::string& bytes) {
-    boost::system::error_code error;
-    asio::write(socket_, asio::buffer(bytes), error);
+    asio::async_write(link_, asio::buffer(bytes),
+                      [](const boost::system::error_code&, std::size_t) {});
+    io_.restart();
+    io_.run();
   }
   void send_frame(const std::string& body) {
     std::string frame(4, '\0');
@@ -172,6 +177,12 @@ class RawConnection {
   }
 
  private:
+  static std::shared_ptr<tcp::Socket> connected(asio::io_context& io, std::uint16_t port) {
+    auto socket = std::make_shared<tcp::Socket>(io);
+    socket->connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
+    return socket;
+  }
+
   std::size_t length() const {
     std::uint32_t n = 0;
     for (int i = 3; i >= 0; --i)
@@ -180,21 +191,36 @@ class RawConnection {
   }
   // Reads what arrives (bounded by the test timeout); false at end of stream or deadline.
   bool fill() {
-    pollfd p{socket_.native_handle(), POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kTimeout).count())) <= 0)
+    std::array<char, 4096> chunk{};
+    bool done = false;
+    boost::system::error_code error;
+    std::size_t n = 0;
+    link_.async_read_some(asio::buffer(chunk),
+                          [&](const boost::system::error_code& result, std::size_t received) {
+                            error = result;
+                            n = received;
+                            done = true;
+                          });
+    io_.restart();
+    io_.run_for(kTimeout);
+    if (!done) {
+      boost::system::error_code ignored;
+      socket_->cancel(ignored);
+      io_.restart();
+      io_.run();
       return false;
-    char chunk[4096];
-    const auto n = ::recv(socket_.native_handle(), chunk, sizeof chunk, 0);
-    if (n <= 0) {
+    }
+    if (error || n == 0) {
       eof_ = true;
       return false;
     }
-    buffer_.append(chunk, static_cast<std::size_t>(n));
+    buffer_.append(chunk.data(), n);
     return true;
   }
 
   asio::io_context io_;
-  tcp::Socket socket_;
+  std::shared_ptr<tcp::Socket> socket_;
+  tcp::LinkStream link_;
   std::string handshake_problem_;
   std::string buffer_;
   bool eof_ = false;
@@ -465,6 +491,35 @@ TEST(Membership, WrongSecretsAndStrangersAreRefusedWithoutDisturbingTheRun) {
   auto b = connect(coordinator, "b");
   EXPECT_EQ(expect_consistent(next_generation({a.get(), b.get()}, "join")).size(), 2u);
   EXPECT_EQ(coordinator.refused_connections(), 3);
+}
+
+TEST(Membership, CertificatesAuthenticateTheWorkersAndTheCoordinator) {
+  const transport::testing::TestPki pki;
+  CoordinatorOptions options = coordinator_options(2);
+  options.secret.clear();
+  options.tls_files = pki.files("server");
+  Coordinator coordinator(options);
+  const auto connect_with = [&](const std::string& id, const std::string& certificate) {
+    MembershipClientOptions client;
+    client.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
+    client.worker_id = id;
+    client.data_address = PeerAddress{"127.0.0.1", 9};
+    client.tls_files = pki.files(certificate);
+    client.connect_timeout = kTimeout;
+    return std::make_unique<MembershipClient>(client);
+  };
+  try {
+    (void)connect_with("stranger", "stranger");  // signed by another CA
+    FAIL() << "a worker with a certificate from another CA registered";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find("authentication failed"), std::string::npos)
+        << error.what();
+  }
+  ASSERT_TRUE(eventually([&] { return coordinator.refused_connections() == 1; }));
+  auto a = connect_with("a", "rank0");
+  auto b = connect_with("b", "rank1");
+  EXPECT_EQ(expect_consistent(next_generation({a.get(), b.get()}, "join")).size(), 2u);
+  EXPECT_EQ(coordinator.refused_connections(), 1);
 }
 
 TEST(Membership, ATakenWorkerIdIsRefused) {

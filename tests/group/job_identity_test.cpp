@@ -20,7 +20,9 @@
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
+#include <pulseloco/transport/tcp/link_stream.h>
 #include "transport/loopback_group.h"
+#include "transport/test_pki.h"
 
 namespace pulseloco::group {
 namespace {
@@ -59,6 +61,15 @@ std::string job(const std::string& run_id) {
   return transport::to_string(derive_job_id(kSecret, run_id));
 }
 
+// The link options of a rendezvous server: `secret`, and whether to listen beyond loopback
+// without one.
+transport::TcpOptions link(const std::string& secret, bool allow_insecure = false) {
+  transport::TcpOptions options;
+  options.secret = secret;
+  options.allow_insecure = allow_insecure;
+  return options;
+}
+
 TEST(SecureByDefault, ADataListenerBeyondLoopbackWithoutASecretIsRefusedSayingHowToSetOne) {
   TransportOptions options = transport::testing::peer_list_options(
       transport::testing::free_peer_list(2), 0, /*secret=*/"", kTimeout);
@@ -72,14 +83,23 @@ TEST(SecureByDefault, ADataListenerBeyondLoopbackWithoutASecretIsRefusedSayingHo
 
 TEST(SecureByDefault, ARendezvousServerBeyondLoopbackWithoutASecretIsRefused) {
   const Failure failure = failure_of(
-      [] { RendezvousServer server("0.0.0.0", 0, 2, /*secret=*/"", deadline_after(kTimeout)); });
+      [] { RendezvousServer server("0.0.0.0", 0, 2, link(""), deadline_after(kTimeout)); });
   EXPECT_EQ(failure.kind, ErrorKind::invalid_argument);
   EXPECT_TRUE(contains(failure.what, "rendezvous server: refusing to listen on 0.0.0.0"))
       << failure.what;
   // The explicit opt-in lets it listen (with a warning).
-  RendezvousServer insecure("0.0.0.0", 0, 1, "", deadline_after(kTimeout),
-                            {.allow_insecure = true});
+  RendezvousServer insecure("0.0.0.0", 0, 1, link("", /*allow_insecure=*/true),
+                            deadline_after(kTimeout));
   EXPECT_NE(insecure.port(), 0);
+}
+
+// Certificates authenticate the links as a secret does: listening beyond loopback is allowed.
+TEST(SecureByDefault, CertificatesWithoutASecretMayListenBeyondLoopback) {
+  const transport::testing::TestPki pki;
+  transport::TcpOptions options = link("");
+  options.tls_files = pki.files("server");
+  RendezvousServer server("0.0.0.0", 0, 1, options, deadline_after(kTimeout));
+  EXPECT_NE(server.port(), 0);
 }
 
 TEST(SecureByDefault, ASingleHostGroupWithoutASecretListensOnLoopbackAndForms) {
@@ -131,8 +151,7 @@ TEST(JobIdentity, TwoJobsOnOnePeerListFailNamingBothJobsInsteadOfTrainingTogethe
 // Fault: two jobs with the same secret and master port. Job b's rank 1 registers with job a's
 // rendezvous: it is refused naming both jobs, and job a's rank 0 fails with the same reason.
 TEST(JobIdentity, TwoJobsOnOneRendezvousFailNamingBothJobsInsteadOfTrainingTogether) {
-  RendezvousServer server("127.0.0.1", 0, 2, kSecret, deadline_after(kTimeout),
-                          {.run_id = "job-a"});
+  RendezvousServer server("127.0.0.1", 0, 2, link(kSecret), deadline_after(kTimeout), "job-a");
   auto options_for = [&](int rank, const std::string& run_id) {
     TransportOptions options = transport::testing::loopback_options({}, rank, 2, server.port());
     options.tcp.secret = kSecret;
@@ -161,11 +180,12 @@ TEST(JobIdentity, TwoJobsOnOneRendezvousFailNamingBothJobsInsteadOfTrainingToget
 // Fault: a client registering first took rank 1 (no secret: a single-host run on loopback), and
 // the real rank 1 later failed with "Connection refused". Now it is told at once who holds it.
 TEST(JobIdentity, ARankWhoseSlotIsTakenIsToldWhichAddressHoldsIt) {
-  RendezvousServer server("127.0.0.1", 0, 2, /*secret=*/"", deadline_after(kTimeout));
+  RendezvousServer server("127.0.0.1", 0, 2, link(""), deadline_after(kTimeout));
   // The stranger: a handshake claiming rank 1 and a registration, then it waits for the table.
   asio::io_context io;
-  tcp::Socket stranger(io);
-  stranger.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), server.port()));
+  auto socket = std::make_shared<tcp::Socket>(io);
+  socket->connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), server.port()));
+  tcp::LinkStream stranger(socket, nullptr);  // no secret: a plain link
   tcp::Hello hello;
   hello.purpose = tcp::Purpose::rendezvous;
   hello.src_rank = 1;
@@ -174,8 +194,8 @@ TEST(JobIdentity, ARankWhoseSlotIsTakenIsToldWhichAddressHoldsIt) {
   auto handshake = asio::co_spawn(io, tcp::client_handshake(stranger, hello, ""), asio::use_future);
   io.run();
   (void)handshake.get();  // accepted: rank 1 is now claimed by the stranger
-  asio::write(stranger, asio::buffer(encode_registration({"127.0.0.1", 4999})));
-  const std::string holder = fmt::format("127.0.0.1:{}", stranger.local_endpoint().port());
+  asio::write(*socket, asio::buffer(encode_registration({"127.0.0.1", 4999})));
+  const std::string holder = fmt::format("127.0.0.1:{}", socket->local_endpoint().port());
 
   TransportOptions real = transport::testing::loopback_options({}, 1, 2, server.port());
   real.connect_timeout = kTimeout;
@@ -232,8 +252,8 @@ TEST(RendezvousFailures, AWrongSecretCannotEndRankZerosRendezvousButItsTimeoutNa
   EXPECT_EQ(failure.kind, ErrorKind::timeout) << failure.what;
   EXPECT_TRUE(contains(failure.what, "ranks 1 did not register")) << failure.what;
   EXPECT_TRUE(contains(failure.what, "refused in the meantime: 127.0.0.1:")) << failure.what;
-  EXPECT_TRUE(contains(failure.what, "claiming rank 1: failed authentication (wrong secret)"))
-      << failure.what;
+  // Under TLS the wrong key is refused before the hello names a rank.
+  EXPECT_TRUE(contains(failure.what, "failed authentication")) << failure.what;
 }
 
 }  // namespace

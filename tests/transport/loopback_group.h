@@ -3,12 +3,14 @@
 // Usable by any test that needs real TCP transports (the collectives' tests too).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -20,6 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <pulseloco/base/errors.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous_server.h>
 #include <pulseloco/transport/tcp/tcp_transport.h>
@@ -61,10 +64,28 @@ inline group::TransportOptions loopback_options(group::TransportOptions base, in
   return base;
 }
 
+// The link securities the conformance tests run under: plaintext without a secret, and TLS
+// keyed from a secret (the default whenever a secret is set).
+inline std::vector<LinkSecurity> conformance_link_securities() {
+  return {LinkSecurity::none, LinkSecurity::tls};
+}
+
+// `base` with links secured by `security` (none, hmac or tls from a secret).
+inline group::TransportOptions secured(LinkSecurity security, group::TransportOptions base = {}) {
+  base.tcp.link_security = security == LinkSecurity::none ? LinkSecurity::automatic : security;
+  base.tcp.secret = security == LinkSecurity::none ? "" : "the loopback group's secret";
+  return base;
+}
+
+// gtest's name for a test instantiated with `security`.
+inline std::string link_name(LinkSecurity security) {
+  return security == LinkSecurity::none ? "Plain" : security == LinkSecurity::hmac ? "Hmac" : "Tls";
+}
+
 // `world_size` connected TCP transports, index = rank.
 inline std::vector<std::unique_ptr<TcpTransport>> make_loopback_group(
     int world_size, const group::TransportOptions& base = {}) {
-  group::RendezvousServer server("127.0.0.1", 0, world_size, base.tcp.secret,
+  group::RendezvousServer server("127.0.0.1", 0, world_size, base.tcp,
                                  deadline_after(base.connect_timeout));
   std::vector<std::unique_ptr<TcpTransport>> ranks(static_cast<std::size_t>(world_size));
   run_parallel(world_size, [&](int rank) {
@@ -112,6 +133,36 @@ inline group::TransportOptions peer_list_options(const std::vector<std::string>&
   options.tcp.secret = std::move(secret);
   options.connect_timeout = connect_timeout;
   return options;
+}
+
+// How each rank of a 2-rank peer-list group that must not form failed: the message and the peer
+// its error names.
+struct FormationFailures {
+  std::array<std::string, 2> what;
+  std::array<std::optional<int>, 2> blamed;
+};
+
+// Forms a 2-rank group by peer list, rank r with options_of(peers, r), and returns how each rank
+// failed ("" where it did not). Retries (up to 3 times) when a free port was taken meanwhile.
+inline FormationFailures failed_formation(
+    const std::function<group::TransportOptions(const std::vector<std::string>&, int)>&
+        options_of) {
+  for (int attempt = 0;; ++attempt) {
+    const std::vector<std::string> peers = free_peer_list(2);
+    FormationFailures failures;
+    bool port_taken = false;
+    run_parallel(2, [&](int rank) {
+      try {
+        (void)group::make_tcp_transport(options_of(peers, rank));
+      } catch (const IoError&) {
+        port_taken = true;
+      } catch (const Error& error) {
+        failures.what[static_cast<std::size_t>(rank)] = error.what();
+        failures.blamed[static_cast<std::size_t>(rank)] = error.context().peer;
+      }
+    });
+    if (!port_taken || attempt >= 3) return failures;
+  }
 }
 
 // Deterministic bytes: payload(seed, n) differs for different seeds.

@@ -111,7 +111,8 @@ TEST(NcclTransport, AReceiveThatNeverMatchesTimesOutAndAbortEndsIt) {
 TEST(NcclTransport, TwoRanksOnTwoDevicesExchange) {
   PULSELOCO_SKIP_WITHOUT_GPU();
   if (kernels::cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  group::RendezvousServer server("127.0.0.1", 0, 2, "", deadline_after(kTimeout));
+  group::RendezvousServer server("127.0.0.1", 0, 2, transport::TcpOptions{},
+                                 deadline_after(kTimeout));
   testing::run_parallel(2, [&](int rank) {
     auto options = testing::loopback_options(single_rank(), rank, 2, server.port());
     options.backend = Backend::nccl;

@@ -14,6 +14,7 @@
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/tls_context.h>
 #include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
@@ -41,11 +42,14 @@ void expect_group_works(std::vector<std::unique_ptr<TcpTransport>>& group) {
 // Connects to 127.0.0.1:port and runs the client side of the handshake; returns the error
 // message it failed with ("" on success). Afterwards waits until the server has closed the
 // connection, so that the server has finished its bookkeeping.
-std::string intrude(std::uint16_t port, tcp::Hello hello, const std::string& secret) {
+// The link is secured as a group with this secret secures its own (security).
+std::string intrude(std::uint16_t port, tcp::Hello hello, const std::string& secret,
+                    LinkSecurity security = LinkSecurity::automatic) {
   asio::io_context io;
-  tcp::Socket socket(io);
-  socket.connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
-  auto outcome = asio::co_spawn(io, tcp::client_handshake(socket, hello, secret), asio::use_future);
+  auto socket = std::make_shared<tcp::Socket>(io);
+  socket->connect(tcp::Endpoint(asio::ip::make_address("127.0.0.1"), port));
+  tcp::LinkStream link(socket, tcp::TlsContext::make(security, secret, {}));
+  auto outcome = asio::co_spawn(io, tcp::client_handshake(link, hello, secret), asio::use_future);
   io.run();
   std::string problem;
   try {
@@ -56,7 +60,7 @@ std::string intrude(std::uint16_t port, tcp::Hello hello, const std::string& sec
   std::array<char, 256> sink{};
   boost::system::error_code error;
   while (!error)
-    (void)socket.read_some(asio::buffer(sink), error);
+    (void)socket->read_some(asio::buffer(sink), error);
   return problem;
 }
 
@@ -187,7 +191,8 @@ TEST(TcpAuth, GarbageIsDroppedWithoutDisturbingTheGroup) {
 }
 
 TEST(TcpAuth, TheRendezvousServerRefusesAWrongSecretAndCarriesOn) {
-  group::RendezvousServer server("127.0.0.1", 0, 2, kSecret, deadline_after(kTimeout));
+  group::RendezvousServer server("127.0.0.1", 0, 2, TcpOptions{.secret = kSecret},
+                                 deadline_after(kTimeout));
   TransportOptions intruder = testing::loopback_options({}, 0, 2, server.port());
   intruder.tcp.secret = "guessed";
   intruder.connect_timeout = 10s;
@@ -209,32 +214,28 @@ TEST(TcpAuth, TheRendezvousServerRefusesAWrongSecretAndCarriesOn) {
   expect_group_works(ranks);
 }
 
-TEST(TcpAuth, RanksWithDifferentSecretsDoNotConnect) {
-  for (int attempt = 0;; ++attempt) {
-    const std::vector<std::string> peers = testing::free_peer_list(2);
-    std::array<std::string, 2> failures;
-    std::array<std::optional<int>, 2> blamed;
-    bool port_taken = false;
-    run_parallel(2, [&](int rank) {
-      try {
-        const auto transport = group::make_tcp_transport(
-            testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s));
-      } catch (const IoError&) {
-        port_taken = true;  // the free port was taken meanwhile: try again
-      } catch (const Error& error) {
-        failures[static_cast<std::size_t>(rank)] = error.what();
-        blamed[static_cast<std::size_t>(rank)] = error.context().peer;
-      }
-    });
-    if (port_taken && attempt < 3) continue;
-    // Rank 0 connects and finds rank 1's proof wrong; rank 1 refuses rank 0 and gives up
-    // waiting for it. Each names the other.
-    EXPECT_NE(failures[0].find("authentication failed"), std::string::npos) << failures[0];
-    EXPECT_NE(failures[1].find("could not connect to peers 0"), std::string::npos) << failures[1];
-    EXPECT_EQ(blamed[0], 1);
-    EXPECT_EQ(blamed[1], 0);
-    break;
-  }
+// With the HMAC handshake alone, and with TLS keyed from the secrets.
+class DifferentSecrets : public ::testing::TestWithParam<LinkSecurity> {};
+
+INSTANTIATE_TEST_SUITE_P(TcpAuth, DifferentSecrets,
+                         ::testing::Values(LinkSecurity::hmac, LinkSecurity::tls),
+                         [](const auto& param_info) {
+                           return testing::link_name(param_info.param);
+                         });
+
+TEST_P(DifferentSecrets, RanksDoNotConnectAndNameEachOther) {
+  const auto failures = testing::failed_formation([&](const auto& peers, int rank) {
+    auto options = testing::peer_list_options(peers, rank, rank == 0 ? "alpha" : "beta", 3s);
+    options.tcp.link_security = GetParam();
+    return options;
+  });
+  // Rank 0 connects and finds rank 1's proof wrong; rank 1 refuses rank 0 and gives up
+  // waiting for it. Each names the other.
+  EXPECT_NE(failures.what[0].find("authentication failed"), std::string::npos) << failures.what[0];
+  EXPECT_NE(failures.what[1].find("could not connect to peers 0"), std::string::npos)
+      << failures.what[1];
+  EXPECT_EQ(failures.blamed[0], 1);
+  EXPECT_EQ(failures.blamed[1], 0);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/tcp/frame.h>
@@ -22,9 +23,12 @@ namespace {
 
 using namespace std::chrono_literals;
 using group::TransportOptions;
+using testing::conformance_link_securities;
+using testing::link_name;
 using testing::make_loopback_group;
 using testing::payload;
 using testing::run_parallel;
+using testing::secured;
 
 constexpr auto kTimeout = 60s;
 
@@ -69,20 +73,35 @@ void exchange_all_pairs(std::vector<std::unique_ptr<TcpTransport>>& group, int r
   });
 }
 
-class WorldSize : public ::testing::TestWithParam<int> {};
+// World size and link security.
+class WorldSize : public ::testing::TestWithParam<std::tuple<int, LinkSecurity>> {};
 
 TEST_P(WorldSize, EveryPairExchangesDistinctMessagesOfEverySize) {
-  auto group = make_loopback_group(GetParam());
-  for (int rank = 0; rank < GetParam(); ++rank) {
+  const auto [size, security] = GetParam();
+  auto group = make_loopback_group(size, secured(security));
+  for (int rank = 0; rank < size; ++rank) {
     EXPECT_EQ(group[static_cast<std::size_t>(rank)]->rank(), rank);
-    EXPECT_EQ(group[static_cast<std::size_t>(rank)]->size(), GetParam());
+    EXPECT_EQ(group[static_cast<std::size_t>(rank)]->size(), size);
     EXPECT_EQ(group[static_cast<std::size_t>(rank)]->backend(), "tcp");
   }
   exchange_all_pairs(group, 3);
 }
 
-INSTANTIATE_TEST_SUITE_P(Loopback, WorldSize, ::testing::Values(1, 2, 3, 4, 7),
-                         [](const auto& param_info) { return std::to_string(param_info.param); });
+INSTANTIATE_TEST_SUITE_P(Loopback, WorldSize,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4, 7),
+                                            ::testing::ValuesIn(conformance_link_securities())),
+                         [](const auto& param_info) {
+                           return std::to_string(std::get<0>(param_info.param)) +
+                                  link_name(std::get<1>(param_info.param));
+                         });
+
+// The tests that exercise what encryption could disturb (large striped messages, paused
+// connections, goodbye and abort frames, byte accounting) run over every link security.
+class OverLinks : public ::testing::TestWithParam<LinkSecurity> {};
+
+INSTANTIATE_TEST_SUITE_P(TcpTransport, OverLinks,
+                         ::testing::ValuesIn(conformance_link_securities()),
+                         [](const auto& param_info) { return link_name(param_info.param); });
 
 // The default polls before sleeping (busy_poll); without it every wait sleeps at once. Both must
 // deliver the same.
@@ -134,8 +153,8 @@ TEST(TcpTransport, GroupOfOneWithoutRendezvous) {
   EXPECT_EQ(received, message);
 }
 
-TEST(TcpTransport, SixtyFourMebibytesStripedOverFourConnections) {
-  TransportOptions options;
+TEST_P(OverLinks, SixtyFourMebibytesStripedOverFourConnections) {
+  TransportOptions options = secured(GetParam());
   options.tcp.connections_per_peer = 4;
   auto group = make_loopback_group(3, options);
   constexpr std::size_t kBytes = std::size_t{64} << 20;
@@ -301,8 +320,8 @@ TEST(TcpTransport, AReceivePostedWhileAOneFrameMessageArrivesTakesTheRestOfTheFr
   receive_while_arriving(1, 64U << 20, TcpOptions{}.stripe_chunk_bytes, (16U << 20) + 3, 10);
 }
 
-TEST(TcpTransport, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
-  TransportOptions options;
+TEST_P(OverLinks, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
+  TransportOptions options = secured(GetParam());
   options.tcp.connections_per_peer = 1;
   options.tcp.max_unexpected_bytes = std::size_t{4} << 20;
   options.tcp.socket_send_buffer_bytes = 64 * 1024;
@@ -375,8 +394,8 @@ TEST(TcpTransport, ReceiveTimesOutAtItsDeadlineNamingThePeer) {
   EXPECT_FALSE(request->test());
 }
 
-TEST(TcpTransport, AbortFailsPendingAndFutureOperationsAndTellsThePeers) {
-  auto group = make_loopback_group(3);
+TEST_P(OverLinks, AbortFailsPendingAndFutureOperationsAndTellsThePeers) {
+  auto group = make_loopback_group(3, secured(GetParam()));
   std::vector<std::byte> buffer(16);
   auto pending = group[0]->irecv(1, 1, buffer);
   auto remote_pending = group[2]->irecv(0, 1, buffer);
@@ -405,8 +424,8 @@ TEST(TcpTransport, AbortFailsPendingAndFutureOperationsAndTellsThePeers) {
   EXPECT_EQ(got, message);
 }
 
-TEST(TcpTransport, APeerThatClosesLeavesItsSentMessagesReceivable) {
-  auto group = make_loopback_group(2);
+TEST_P(OverLinks, APeerThatClosesLeavesItsSentMessagesReceivable) {
+  auto group = make_loopback_group(2, secured(GetParam()));
   const auto last_words = payload(8, 3'000'000);
   group[1]->send(0, 9, last_words, deadline_after(kTimeout));
   group[1].reset();  // says goodbye, waits until rank 0 has read everything
@@ -622,8 +641,10 @@ TEST(TcpTransport, SendingTheSameBytesAgainSharesTheChecksumsOfTheEarlierSend) {
   EXPECT_EQ(rejection.peer, 0);
 }
 
-TEST(TcpTransport, StatsCountPayloadAndWireBytesExactly) {
-  TransportOptions options;
+// Wire bytes are the bytes through the link: frames and handshake messages, without TLS's own
+// records and handshake (TransportStats).
+TEST_P(OverLinks, StatsCountPayloadAndWireBytesExactly) {
+  TransportOptions options = secured(GetParam());
   options.tcp.connections_per_peer = 3;
   options.tcp.stripe_threshold_bytes = 1 << 16;
   options.tcp.stripe_chunk_bytes = 1 << 16;

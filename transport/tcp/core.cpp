@@ -12,6 +12,7 @@ namespace pulseloco::transport::tcp {
 
 Core::Core(const TcpOptions& options)
     : options_(options),
+      tls_(TlsContext::make(options)),
       lanes_per_peer_(options.connections_per_peer),
       work_(asio::make_work_guard(io_)),
       progress_(io_, options.busy_poll),
@@ -33,7 +34,7 @@ void Core::form(GroupTable table, Deadline deadline) {
     for (int index = 0; index < lanes_per_peer_; ++index)
       peers_.back()->lanes.push_back(std::make_unique<Lane>(io_, index));
   }
-  if (options_.secret.empty() && size_ > 1 && rank_ == 0)
+  if (effective_link_security(options_) == LinkSecurity::none && size_ > 1 && rank_ == 0)
     logger().warn(
         "tcp transport: no shared secret (PULSELOCO_SECRET): connections are not authenticated");
   if (size_ > 1) mesh_.start(deadline);

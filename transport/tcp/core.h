@@ -107,6 +107,7 @@ class Core {
 
   // --- State -----------------------------------------------------------------------------------
   const TcpOptions options_;
+  const std::shared_ptr<TlsContext> tls_;  // null: plain links
   const int lanes_per_peer_;
   std::chrono::milliseconds connect_timeout_{0};  // the formation's budget, for its errors
   int rank_ = 0;

@@ -90,6 +90,27 @@ bool equal_macs(const Mac& a, const Mac& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hello,
+                                                  std::string_view secret);
+
+// TLS refused the peer, or the peer refused us: what that means for this link's keying. A
+// server cannot tell a peer with another key or CA from one that does not speak TLS at all.
+[[noreturn]] void tls_refused(const LinkStream& link, const boost::system::system_error& error,
+                              bool server) {
+  std::string_view meaning;
+  if (server) {
+    meaning = link.uses_certificates()
+                  ? "the client has no certificate signed by our CA, or does not speak TLS"
+                  : "the client does not hold our shared secret, or does not speak TLS";
+  } else {
+    meaning = link.uses_certificates()
+                  ? "the peer's certificate is not signed by our CA, or ours is not by its"
+                  : "the shared secrets differ";
+  }
+  throw HandshakeRefused(fmt::format("authentication failed: TLS refused the connection ({}): {}",
+                                     error.code().message(), meaning));
+}
+
 }  // namespace
 
 Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message) {
@@ -105,8 +126,23 @@ Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message) {
   return out;
 }
 
-asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
+asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hello,
                                                    std::string_view secret) {
+  try {
+    co_await stream.secure(asio::ssl::stream_base::client);
+    co_return co_await client_exchange(stream, hello, secret);
+  } catch (const boost::system::system_error& error) {
+    // Under TLS 1.3 the server checks our certificate after our side of the handshake is
+    // done: its refusal arrives as an alert on the first read of the exchange.
+    if (!is_tls_refusal(error.code())) throw;
+    tls_refused(stream, error, false);
+  }
+}
+
+namespace {
+
+asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hello,
+                                                  std::string_view secret) {
   HandshakeTraffic traffic;
   hello.nonce = random_nonce();
   const HelloBytes hello_bytes = encode_hello(hello);
@@ -157,9 +193,17 @@ asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
   throw ProtocolError(fmt::format("unknown handshake verdict {}", status));
 }
 
+}  // namespace
+
 asio::awaitable<ServerHandshake> server_handshake(
-    Socket& socket, std::string_view secret,
+    LinkStream& socket, std::string_view secret,
     const std::function<std::string(const Hello&)>& admit) {
+  try {
+    co_await socket.secure(asio::ssl::stream_base::server);
+  } catch (const boost::system::system_error& error) {
+    if (!is_tls_refusal(error.code())) throw;
+    tls_refused(socket, error, true);
+  }
   ServerHandshake result;
   HelloBytes hello_bytes{};
   result.traffic.bytes_received +=

@@ -11,7 +11,8 @@
 // Each side proves knowledge of K over a nonce the other side chose, so neither proof can be
 // replayed. The server decides on the hello's claims (rank, lane, group) only after the client
 // proved itself. This authenticates peers; it does not encrypt or sign the data that follows
-// (frame checksums detect corruption, not tampering).
+// (frame checksums detect corruption, not tampering): with TLS (link_stream.h) the handshake
+// runs inside the encrypted stream, after TLS has authenticated the peer in its own way.
 #pragma once
 
 #include <array>
@@ -23,6 +24,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/group_table.h>
+#include <pulseloco/transport/tcp/link_stream.h>
 
 namespace pulseloco::transport::tcp {
 
@@ -60,10 +62,11 @@ struct HandshakeRefused : ProtocolError {
   using ProtocolError::ProtocolError;
 };
 
-// Client side. Fills hello.nonce. Throws ProtocolError when the server's proof is wrong (the
-// secrets differ) or the server refused us (with its reason), boost::system::system_error on
-// I/O failure.
-[[nodiscard]] asio::awaitable<HandshakeTraffic> client_handshake(Socket& socket, Hello hello,
+// Client side, after the TLS handshake of an encrypted stream. Fills hello.nonce. Throws
+// HandshakeRefused when TLS refused the server or us (wrong key or certificate), the server's
+// proof is wrong (the secrets differ) or the server refused us (with its reason),
+// boost::system::system_error on I/O failure.
+[[nodiscard]] asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hello,
                                                                  std::string_view secret);
 
 struct ServerHandshake {
@@ -73,11 +76,13 @@ struct ServerHandshake {
   HandshakeTraffic traffic;
 };
 
-// Server side. `admit` is called once the client has proved knowledge of the secret; it returns
-// an empty string to accept (and may claim resources then) or the reason for refusing. Throws
-// ProtocolError on a malformed hello, boost::system::system_error on I/O failure.
+// Server side, after the TLS handshake of an encrypted stream. `admit` is called once the client
+// has proved knowledge of the secret; it returns an empty string to accept (and may claim resources
+// then) or the reason for refusing. Throws HandshakeRefused when TLS refused the client (wrong key
+// or certificate), ProtocolError on a malformed hello, boost::system::system_error on I/O failure.
 [[nodiscard]] asio::awaitable<ServerHandshake> server_handshake(
-    Socket& socket, std::string_view secret, const std::function<std::string(const Hello&)>& admit);
+    LinkStream& socket, std::string_view secret,
+    const std::function<std::string(const Hello&)>& admit);
 
 // HMAC-SHA256 (exposed for tests).
 [[nodiscard]] Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message);

@@ -9,7 +9,7 @@ namespace pulseloco::transport::tcp {
 
 Lane::Lane(asio::io_context& io, int lane_index)
     : index(lane_index),
-      socket(io),
+      link(io),
       staging_(std::make_unique_for_overwrite<std::byte[]>(kStagingBytes)) {}
 
 void Lane::prepare_batch_write(int peer) {

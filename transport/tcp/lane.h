@@ -5,7 +5,7 @@
 // read and write (the transport's sending and receiving units) and what a failure means (the
 // transport's front) are decided elsewhere.
 //
-// Threading: the socket and the reading and writing state belong to the peer's strand; the
+// Threading: the link and the reading and writing state belong to the peer's strand; the
 // flags marked "lock" are read by other threads under the transport's lock.
 #pragma once
 
@@ -22,6 +22,7 @@
 #include <pulseloco/base/digest.h>
 #include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/frame.h>
+#include <pulseloco/transport/tcp/link_stream.h>
 #include <pulseloco/transport/tcp/operation.h>
 #include <pulseloco/transport/tcp/test_hooks.h>
 
@@ -53,7 +54,7 @@ class Lane {
   Lane(asio::io_context& io, int index);
 
   const int index;  // which of the connections to its peer
-  Socket socket;
+  LinkStream link;  // the connection (TLS or plain)
 
   // --- State (lock) ----------------------------------------------------------------------------
   bool connected = false;

@@ -14,8 +14,9 @@
 namespace pulseloco::transport::tcp {
 
 std::uint16_t Mesh::listen(const std::string& host, std::uint16_t port) {
-  require_secret_beyond_loopback("tcp transport", host, core_.options_.secret,
-                                 core_.options_.allow_insecure);
+  require_authentication_beyond_loopback("tcp transport", host,
+                                         effective_link_security(core_.options_),
+                                         core_.options_.allow_insecure);
   listener_.emplace(core_.io_, core_.control_, "tcp transport", host, port, core_.options_);
   return listener_->port();
 }
@@ -109,8 +110,9 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
   int claimed_lane = -1;
   bool authenticated = false;
   try {
+    LinkStream link(socket, core_.tls_);
     const ServerHandshake result =
-        co_await server_handshake(*socket, core_.options_.secret, [&](const Hello& hello) {
+        co_await server_handshake(link, core_.options_.secret, [&](const Hello& hello) {
           authenticated = true;  // admit runs only once the client proved the secret
           return admit(hello, claimed_lane);
         });
@@ -134,12 +136,16 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
       }
       co_return;
     }
-    install_lane(static_cast<int>(result.hello.src_rank), claimed_lane, socket);
+    install_lane(static_cast<int>(result.hello.src_rank), claimed_lane, std::move(link));
   } catch (const std::exception& error) {
     refused_.fetch_add(1);
     {
       const std::lock_guard lock(core_.mutex_);
-      refusals_.add(fmt::format("{} dropped during the handshake: {}", from, error.what()));
+      // TLS refuses a wrong key before any hello: the peer failed authentication.
+      const bool refused_by_tls = dynamic_cast<const HandshakeRefused*>(&error) != nullptr;
+      refusals_.add(refused_by_tls
+                        ? fmt::format("{} failed authentication ({})", from, error.what())
+                        : fmt::format("{} dropped during the handshake: {}", from, error.what()));
     }
     logger().warn("tcp transport: rank {} dropped a connection from {} during the handshake: {}",
                   core_.rank_, from, error.what());
@@ -189,8 +195,9 @@ asio::awaitable<void> Mesh::connect_lane(int peer, int lane, Deadline deadline) 
           boost::system::error_code ignored;
           socket->close(ignored);
         });
-        count_handshake(co_await client_handshake(*socket, hello, core_.options_.secret));
-        install_lane(peer, lane, std::move(socket));
+        LinkStream link(socket, core_.tls_);
+        count_handshake(co_await client_handshake(link, hello, core_.options_.secret));
+        install_lane(peer, lane, std::move(link));
         co_return;
       } catch (const HandshakeRefused& refused) {
         refusal = std::make_exception_ptr(
@@ -215,23 +222,23 @@ asio::awaitable<void> Mesh::connect_lane(int peer, int lane, Deadline deadline) 
   }
 }
 
-void Mesh::install_lane(int peer_rank, int lane_index, std::shared_ptr<Socket> socket) {
+void Mesh::install_lane(int peer_rank, int lane_index, LinkStream link) {
   Peer& peer = *core_.peers_[static_cast<std::size_t>(peer_rank)];
-  asio::post(peer.strand, [this, &peer, peer_rank, lane_index, socket = std::move(socket)] {
+  asio::post(peer.strand, [this, &peer, peer_rank, lane_index,
+                           link = std::make_shared<LinkStream>(std::move(link))] {
     Lane& lane = *peer.lanes[static_cast<std::size_t>(lane_index)];
     {
       const std::lock_guard lock(core_.mutex_);
-      lane.socket = std::move(*socket);
+      lane.link = std::move(*link);
       if (core_.closing_ || core_.aborted_ || peer.failure) {
-        boost::system::error_code ignored;
-        lane.socket.close(ignored);
+        lane.link.close();
         lane.closed = true;
         return;
       }
       lane.connected = true;
       // Synchronous reads (the receiver's inline direct reads) must never block the strand.
       boost::system::error_code ignored;
-      lane.socket.non_blocking(true, ignored);
+      lane.link.socket().non_blocking(true, ignored);
       lane_claimed_[static_cast<std::size_t>(peer_rank)][static_cast<std::size_t>(lane_index)] =
           true;
       --lanes_missing_;

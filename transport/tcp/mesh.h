@@ -48,7 +48,7 @@ class Mesh {
   std::string admit(const Hello& hello, int& claimed_lane);
   asio::awaitable<void> connect_lane(int peer, int lane, Deadline deadline);
   // Makes an authenticated connection lane `lane` of `peer`, on the peer's strand.
-  void install_lane(int peer, int lane, std::shared_ptr<Socket> socket);
+  void install_lane(int peer, int lane, LinkStream link);
   // Ends the formation with `error` (a refusal that retrying cannot fix).
   void failed(std::exception_ptr error);
   void count_handshake(const HandshakeTraffic& traffic) noexcept;

@@ -38,7 +38,7 @@ void Receiver::read_more(Peer& peer, Lane& lane) {
     if (lane.inline_reads < kInlineDirectReads) {
       // What is waiting already is read now, so that its hash finds it in the cache.
       boost::system::error_code error;
-      const std::size_t n = lane.socket.read_some(destination, error);
+      const std::size_t n = lane.link.read_some(destination, error);
       if (error != asio::error::would_block && error != asio::error::try_again) {
         ++lane.inline_reads;
         on_read(peer, lane, error, n, true);
@@ -47,7 +47,7 @@ void Receiver::read_more(Peer& peer, Lane& lane) {
       }
     }
     // Straight into the destination (the caller's buffer when its irecv is posted).
-    lane.socket.async_read_some(
+    lane.link.async_read_some(
         destination, asio::bind_executor(
                          peer.strand, [this, &peer, &lane](const boost::system::error_code& error,
                                                            std::size_t n) {
@@ -55,7 +55,7 @@ void Receiver::read_more(Peer& peer, Lane& lane) {
                          }));
     return;
   }
-  lane.socket.async_read_some(
+  lane.link.async_read_some(
       lane.staging_read_buffer(),
       asio::bind_executor(
           peer.strand, [this, &peer, &lane](const boost::system::error_code& error, std::size_t n) {

@@ -154,7 +154,7 @@ void Sender::start_write(Peer& peer, Lane& lane) {
 }
 
 void Sender::continue_write(Peer& peer, Lane& lane) {
-  lane.socket.async_write_some(
+  lane.link.async_write_some(
       lane.unwritten(),
       asio::bind_executor(peer.strand, [this, &peer, &lane](const boost::system::error_code& error,
                                                             std::size_t written) {
@@ -200,7 +200,7 @@ void Sender::write_goodbye(Peer& peer, Lane& lane) {
     lane.goodbye_wanted = false;
   }
   asio::async_write(
-      lane.socket, lane.goodbye_frame(),
+      lane.link, lane.goodbye_frame(),
       asio::bind_executor(peer.strand, [this, &peer, &lane](const boost::system::error_code& error,
                                                             std::size_t written) {
         core_.wire_sent_ += written;
@@ -218,7 +218,7 @@ void Sender::write_goodbye(Peer& peer, Lane& lane) {
 
 void Sender::shut_write_side(Lane& lane) {
   boost::system::error_code ignored;
-  lane.socket.shutdown(Socket::shutdown_send, ignored);
+  lane.link.socket().shutdown(Socket::shutdown_send, ignored);
   bool close_now = false;
   {
     const std::lock_guard lock(core_.mutex_);
@@ -226,7 +226,7 @@ void Sender::shut_write_side(Lane& lane) {
     close_now = lane.eof;
     if (close_now) lane.closed = true;
   }
-  if (close_now) lane.socket.close(ignored);
+  if (close_now) lane.link.close();
   core_.notify_waiters();
 }
 

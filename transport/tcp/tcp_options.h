@@ -10,6 +10,34 @@
 
 namespace pulseloco::transport {
 
+// How a TCP link (data plane, rendezvous, membership coordinator) is protected
+// (docs/operations.md, "Encrypted links").
+enum class LinkSecurity : std::uint8_t {
+  automatic,  // tls when a secret or certificates are set, none otherwise
+  none,       // plaintext and unauthenticated: no secret and no certificates
+  hmac,       // plaintext; peers prove knowledge of the secret (HMAC challenge-response)
+  tls,        // TLS 1.3 keyed from the secret (external PSK) or the certificates, with the
+              // HMAC challenge-response inside it
+};
+
+// PEM files for TLS with certificates (all three or none): this process's certificate chain,
+// its private key, and the CA that every peer's certificate must chain to. Without them TLS is
+// keyed from the shared secret.
+struct TlsFiles {
+  std::string cert;  // PULSELOCO_TLS_CERT
+  std::string key;   // PULSELOCO_TLS_KEY
+  std::string ca;    // PULSELOCO_TLS_CA
+  [[nodiscard]] bool empty() const noexcept { return cert.empty() && key.empty() && ca.empty(); }
+};
+
+// What `requested` means with this secret and these files: automatic resolves to tls or none,
+// hmac without a secret is none. Never returns automatic.
+[[nodiscard]] LinkSecurity effective_link_security(LinkSecurity requested,
+                                                   const std::string& secret,
+                                                   const TlsFiles& tls_files) noexcept;
+// "automatic", "none", "hmac", "tls".
+[[nodiscard]] const char* to_string(LinkSecurity security) noexcept;
+
 struct TcpOptions {
   std::string listen_addr;        // data listener address; "" = all interfaces
   std::uint16_t listen_port = 0;  // data listener port; 0 = any free port
@@ -53,9 +81,17 @@ struct TcpOptions {
   std::string secret;
   // Listen beyond loopback without a secret anyway (a trusted network); a warning is logged.
   bool allow_insecure = false;
+  // Encryption of every TCP link (PULSELOCO_LINK_SECURITY) and the certificates for it.
+  LinkSecurity link_security = LinkSecurity::automatic;
+  TlsFiles tls_files;
 };
+
+[[nodiscard]] LinkSecurity effective_link_security(const TcpOptions& options) noexcept;
 
 // Checks every field; throws InvalidArgument naming the field and the value.
 void validate(const TcpOptions& options);
+// The link security fields alone (also for the elastic coordinator and membership client).
+void validate_link_security(LinkSecurity requested, const std::string& secret,
+                            const TlsFiles& tls_files);
 
 }  // namespace pulseloco::transport

@@ -92,8 +92,7 @@ void Core::on_lane_error(Peer& peer, Lane& lane, const boost::system::error_code
     }
     if (orderly) {
       if (close_now) {
-        boost::system::error_code ignored;
-        lane.socket.close(ignored);
+        lane.link.close();
       }
       notify_waiters();
       return;
@@ -127,8 +126,7 @@ void Core::end_lane_after_abort(Peer& peer, Lane& lane) {
       all_ended = all_ended && (other->closed || other->abort_received || other->eof ||
                                 other->paused || !other->connected);
   }
-  boost::system::error_code ignored;
-  lane.socket.close(ignored);
+  lane.link.close();
   if (all_ended)
     fail_peer_on_strand(peer, peer_lost(peer.rank, fmt::format("peer {} aborted: {}", peer.rank,
                                                                peer.abort_reason)));
@@ -168,8 +166,7 @@ void Core::fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool lo
 
 void Core::close_lanes_on_strand(Peer& peer, const std::exception_ptr& orphan_error) {
   for (auto& lane : peer.lanes) {
-    boost::system::error_code ignored;
-    lane->socket.close(ignored);
+    lane->link.close();
   }
   {
     const std::lock_guard lock(mutex_);
@@ -192,8 +189,7 @@ void Core::fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool
   // Close first: once the operations fail their buffers may be reused, and nothing may be read
   // into them any more.
   for (auto& lane : peer.lanes) {
-    boost::system::error_code ignored;
-    lane->socket.close(ignored);
+    lane->link.close();
   }
   {
     const std::lock_guard lock(mutex_);
@@ -234,8 +230,8 @@ void Core::tell_peer_why(Peer& peer, std::string_view reason) {
       if (!lane->idle_writer()) continue;
     }
     boost::system::error_code ignored;
-    lane->socket.non_blocking(true, ignored);
-    wire_sent_ += lane->socket.send(frame, 0, ignored);
+    lane->link.socket().non_blocking(true, ignored);
+    wire_sent_ += lane->link.write_some(frame, ignored);
   }
 }
 
