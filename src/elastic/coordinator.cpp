@@ -237,10 +237,11 @@ struct Coordinator::Impl {
     if (shutting_down && connections.empty()) shutdown_timer.cancel();
   }
 
-  void refuse(const ConnectionPtr& connection, std::string_view reason) {
+  void refuse(const ConnectionPtr& connection, const tcp::PendingConnection& pending,
+              std::string_view reason) {
     refused.fetch_add(1);
-    logger().warn("membership coordinator: refused a connection from {}: {}", connection->from,
-                  reason);
+    pending.warn(fmt::format("membership coordinator: refused a connection from {}: {}",
+                             connection->from, reason));
   }
 
   // A connection the listener accepted: its handshake and registration, then its requests until
@@ -304,7 +305,7 @@ struct Coordinator::Impl {
                                              /*check_group=*/false);
           });
       if (!result.accepted) {
-        refuse(connection, result.refusal);
+        refuse(connection, pending, result.refusal);
         co_return false;
       }
       const Json message = co_await read_message(*connection);
@@ -313,9 +314,8 @@ struct Coordinator::Impl {
       if (refusal.empty()) co_return true;
     } catch (const std::exception& error) {
       if (shutting_down) co_return false;
-      if (pending.timed_out()) {
-        refusal = fmt::format("did not authenticate and register within {} s",
-                              tcp::kHandshakeTimeout.count());
+      if (pending.timed_out() || pending.dropped_for_room()) {
+        refusal = pending.failure(error);
       } else if (const auto* io_error = dynamic_cast<const boost::system::system_error*>(&error)) {
         refusal = fmt::format("connection failed during the handshake: {}",
                               io_error->code() == asio::error::eof ? std::string("closed")
@@ -323,10 +323,10 @@ struct Coordinator::Impl {
       } else {
         refusal = error.what();
       }
-      refuse(connection, refusal);
+      refuse(connection, pending, refusal);
       co_return false;
     }
-    refuse(connection, refusal);
+    refuse(connection, pending, refusal);
     send(connection, Json{{"type", "refused"}, {"reason", refusal}});
     co_return false;
   }

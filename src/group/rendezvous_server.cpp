@@ -132,7 +132,7 @@ struct RendezvousServer::Impl {
         const std::string refusal = fmt::format(
             "{} claiming rank {}: {}", from, result.hello.src_rank,
             authenticated ? result.refusal : std::string("failed authentication (wrong secret)"));
-        logger().warn("rendezvous server: refused {}", refusal);
+        connection.warn(fmt::format("rendezvous server: refused {}", refusal));
         if (fatal) {
           const std::string message = fmt::format("rendezvous: refused {}", refusal);
           co_await fail_now(refused_member(message), RendezvousFailure::refused_member, message);
@@ -178,9 +178,10 @@ struct RendezvousServer::Impl {
       if (refused_by_tls) refused.fetch_add(1);
       if (claimed >= 0 && !members[static_cast<std::size_t>(claimed)].registered)
         members[static_cast<std::size_t>(claimed)].claimed = false;  // it may retry
-      refusals.add(refused_by_tls ? fmt::format("{} failed authentication ({})", from, error.what())
-                                  : fmt::format("{} dropped: {}", from, error.what()));
-      logger().warn("rendezvous server: connection from {} failed: {}", from, error.what());
+      const std::string why = connection.failure(error);
+      refusals.add(refused_by_tls ? fmt::format("{} failed authentication ({})", from, why)
+                                  : fmt::format("{} dropped: {}", from, why));
+      connection.warn(fmt::format("rendezvous server: connection from {} failed: {}", from, why));
     }
   }
 

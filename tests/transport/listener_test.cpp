@@ -1,6 +1,8 @@
 // The Listener every TCP server of pulseloco accepts through: an accept error makes it pause
-// rather than spin, and connections still in their handshake are capped. Both tests run the
-// io_context on the test thread, so that they can look at the listener between handlers.
+// (longer each time) rather than spin and is logged once per interval, connections still in their
+// handshake are capped with the oldest dropped for a new one, and descriptors near the limit are
+// kept free. The tests run the io_context on the test thread, so that they can look at the
+// listener between handlers.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -8,6 +10,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <memory>
 #include <sstream>
@@ -41,39 +45,74 @@ bool run_until(asio::io_context& io, Done done) {
   return done();
 }
 
-// Takes every file descriptor below the soft limit, which it lowers to just above the highest
-// one in use; gives them back (and the limit) when destroyed.
-class NoFreeDescriptors {
+// Lowers the soft descriptor limit to `limit` and holds every descriptor below `keep_free`
+// under it (all of them when 0); gives them back, and the limit, when destroyed.
+class ScarceDescriptors {
  public:
-  NoFreeDescriptors() {
+  ScarceDescriptors(std::size_t limit, std::size_t keep_free) {
     ::getrlimit(RLIMIT_NOFILE, &saved_);
-    const int probe = ::open("/dev/null", O_RDONLY);
-    ::close(probe);
     rlimit lowered = saved_;
-    lowered.rlim_cur = static_cast<rlim_t>(probe) + 4;
+    lowered.rlim_cur = static_cast<rlim_t>(limit);
     ::setrlimit(RLIMIT_NOFILE, &lowered);
     for (;;) {
       const int fd = ::open("/dev/null", O_RDONLY);
       if (fd < 0) break;
+      if (static_cast<std::size_t>(fd) + keep_free >= limit) {
+        ::close(fd);
+        break;
+      }
       taken_.push_back(fd);
     }
   }
-  ~NoFreeDescriptors() {
+  ~ScarceDescriptors() {
     for (const int fd : taken_)
       ::close(fd);
     ::setrlimit(RLIMIT_NOFILE, &saved_);
   }
-  NoFreeDescriptors(const NoFreeDescriptors&) = delete;
-  NoFreeDescriptors& operator=(const NoFreeDescriptors&) = delete;
+  ScarceDescriptors(const ScarceDescriptors&) = delete;
+  ScarceDescriptors& operator=(const ScarceDescriptors&) = delete;
 
  private:
   rlimit saved_{};
   std::vector<int> taken_;
 };
 
-TEST(Listener, AnAcceptErrorPausesTheLoopInsteadOfSpinning) {
-  std::ostringstream lines;
-  logger().sinks().push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(lines));
+// The lowest free descriptor now.
+std::size_t lowest_free_descriptor() {
+  const int probe = ::open("/dev/null", O_RDONLY);
+  ::close(probe);
+  return static_cast<std::size_t>(probe);
+}
+
+// Captures the log lines while it lives.
+class LogCapture {
+ public:
+  LogCapture() {
+    logger().sinks().push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(lines_));
+  }
+  ~LogCapture() { logger().sinks().pop_back(); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  [[nodiscard]] std::string text() const { return lines_.str(); }
+
+ private:
+  std::ostringstream lines_;
+};
+
+Endpoint loopback(std::uint16_t port) {
+  return Endpoint(asio::ip::make_address("127.0.0.1"), port);
+}
+
+// Whether the server closed `client` (a read sees the end of the stream or a reset).
+bool closed_by_server(Socket& client) {
+  std::array<char, 1> byte{};
+  boost::system::error_code error;
+  client.read_some(asio::buffer(byte), error);
+  return error == asio::error::eof || error == asio::error::connection_reset;
+}
+
+TEST(Listener, AnAcceptErrorPausesTheLoopLongerEachTimeAndIsLoggedOncePerInterval) {
+  const LogCapture log;
   asio::io_context io;
   Listener listener(io, io.get_executor(), "test listener", "127.0.0.1", 0);
   int served = 0;
@@ -84,46 +123,107 @@ TEST(Listener, AnAcceptErrorPausesTheLoopInsteadOfSpinning) {
   });
   // A connection waits in the backlog; accepting it fails while no descriptor is free.
   Socket client(io);
-  client.connect(Endpoint(asio::ip::make_address("127.0.0.1"), listener.port()));
-  constexpr auto kRun = 550ms;
+  client.connect(loopback(listener.port()));
+  constexpr auto kRun = 630ms;
   {
-    const NoFreeDescriptors exhausted;
+    const ScarceDescriptors exhausted(lowest_free_descriptor() + 4, 0);
     io.run_for(kRun);
   }
-  const int failures = count_lines(lines.str(), "test listener: accept failed");
-  EXPECT_GE(failures, 1) << lines.str();
-  // Every failed accept is followed by a pause: at most one try per pause (a loop that spins
-  // on EMFILE makes thousands in this time).
-  EXPECT_LE(failures, static_cast<int>(kRun / kAcceptErrorPause) + 1) << lines.str();
+  // The pauses double from kFirstAcceptPause: tries at 0, 10, 30, 70, 150, 310 and 630 ms at
+  // the most (a loop that spins on EMFILE makes thousands in this time).
+  const std::size_t failures = listener.accept_failures();
+  EXPECT_GE(failures, 1u);
+  EXPECT_LE(failures, 7u);
+  // One line per interval of the throttle (kRun is shorter than one).
+  EXPECT_EQ(count_lines(log.text(), "test listener: accept failed"), 1) << log.text();
   EXPECT_EQ(served, 0);
   // Once descriptors are free again, the waiting connection is accepted.
   EXPECT_TRUE(run_until(io, [&] { return served == 1; }));
   listener.close();
-  logger().sinks().pop_back();
 }
 
-TEST(Listener, ConnectionsInTheirHandshakeAreCapped) {
+TEST(Listener, TheOldestConnectionInItsHandshakeIsDroppedWhenEveryPlaceIsTaken) {
+  // A limit of 64 descriptors gives 16 places (one of them for the accept under way).
+  const ScarceDescriptors limited(64, 64);
+  const DescriptorBudget budget = descriptor_budget();
+  ASSERT_EQ(budget.max_pending, 16u);
   asio::io_context io;
   Listener listener(io, io.get_executor(), "test listener", "127.0.0.1", 0);
-  std::vector<PendingConnection> pending;  // served, their handshake not done
-  listener.start([&pending](PendingConnection connection) -> asio::awaitable<void> {
-    pending.push_back(std::move(connection));
+  // Each connection is authenticated by sending one byte; strangers send nothing.
+  int authenticated = 0;
+  int dropped_for_room = 0;
+  std::size_t most_pending = 0;
+  listener.start([&](PendingConnection connection) -> asio::awaitable<void> {
+    most_pending = std::max(most_pending, pending_connections());
+    std::array<char, 1> byte{};
+    boost::system::error_code error;
+    co_await asio::async_read(*connection.socket(), asio::buffer(byte),
+                              asio::redirect_error(asio::use_awaitable, error));
+    if (!error) {
+      connection.handshake_done();
+      ++authenticated;
+    } else if (connection.dropped_for_room()) {
+      ++dropped_for_room;
+    }
+  });
+  constexpr std::size_t kStrangers = 20;
+  std::vector<std::unique_ptr<Socket>> strangers;
+  for (std::size_t i = 0; i < kStrangers; ++i) {
+    strangers.push_back(std::make_unique<Socket>(io));
+    strangers.back()->connect(loopback(listener.port()));
+  }
+  // The strangers take every place; the oldest ones are dropped as newer ones arrive.
+  ASSERT_TRUE(run_until(io, [&] {
+    return dropped_for_room == static_cast<int>(kStrangers - (budget.max_pending - 1));
+  }));
+  // A real peer arriving now still gets in: the oldest stranger left makes room for it.
+  Socket peer(io);
+  peer.connect(loopback(listener.port()));
+  asio::write(peer, asio::buffer("x", 1));
+  EXPECT_TRUE(run_until(io, [&] { return authenticated == 1; }));
+  EXPECT_LE(most_pending, budget.max_pending);
+  EXPECT_LE(pending_connections(), budget.max_pending);
+  // The first stranger was among the dropped ones; the newest is still waiting.
+  EXPECT_TRUE(closed_by_server(*strangers.front()));
+  strangers.back()->non_blocking(true);
+  std::array<char, 1> byte{};
+  boost::system::error_code still_open;
+  strangers.back()->read_some(asio::buffer(byte), still_open);
+  EXPECT_EQ(still_open, asio::error::would_block);
+  listener.close();
+  strangers.clear();
+  EXPECT_TRUE(run_until(io, [&] { return pending_connections() == 0; }));
+}
+
+TEST(Listener, AConnectionThatWouldUseTheReservedDescriptorsIsClosedAtOnce) {
+  const LogCapture log;
+  asio::io_context io;
+  Listener listener(io, io.get_executor(), "test listener", "127.0.0.1", 0);
+  int served = 0;
+  listener.start([&served](PendingConnection connection) -> asio::awaitable<void> {
+    connection.handshake_done();
+    ++served;
     co_return;
   });
-  // One connection more than the cap, all in the backlog before the listener runs.
-  std::vector<std::unique_ptr<Socket>> clients;
-  for (std::size_t i = 0; i <= kMaxPendingConnections; ++i) {
-    clients.push_back(std::make_unique<Socket>(io));
-    clients.back()->connect(Endpoint(asio::ip::make_address("127.0.0.1"), listener.port()));
+  Socket client(io);
+  client.connect(loopback(listener.port()));
+  {
+    // 256 descriptors, all taken but the top 20: the accepted socket would leave fewer than
+    // 256 / 8 free.
+    const ScarceDescriptors scarce(256, 20);
+    ASSERT_TRUE(run_until(io, [&] { return listener.accept_failures() >= 1; }));
+    EXPECT_TRUE(closed_by_server(client));
+    // The descriptors the listener left free are there for files.
+    const int file = ::open("/dev/null", O_RDONLY);
+    EXPECT_GE(file, 0);
+    ::close(file);
   }
-  ASSERT_TRUE(run_until(io, [&] { return pending.size() == kMaxPendingConnections; }));
-  // Every handler that is ready has run: the last connection waits for a place.
-  io.restart();
-  while (io.poll() > 0) {
-  }
-  EXPECT_EQ(pending.size(), kMaxPendingConnections);
-  pending.front().handshake_done();
-  EXPECT_TRUE(run_until(io, [&] { return pending.size() == kMaxPendingConnections + 1; }));
+  EXPECT_EQ(served, 0);
+  EXPECT_NE(log.text().find("file descriptors are free"), std::string::npos) << log.text();
+  // With descriptors free again, a new connection is served.
+  Socket again(io);
+  again.connect(loopback(listener.port()));
+  EXPECT_TRUE(run_until(io, [&] { return served == 1; }));
   listener.close();
 }
 

@@ -123,7 +123,7 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
       const std::string refusal = fmt::format(
           "{} claiming rank {}: {}", from, result.hello.src_rank,
           authenticated ? result.refusal : std::string("failed authentication (wrong secret)"));
-      logger().warn("tcp transport: rank {} refused {}", core_.rank_, refusal);
+      connection.warn(fmt::format("tcp transport: rank {} refused {}", core_.rank_, refusal));
       // A process that holds the secret but belongs to another job shares this job's addresses:
       // the group must not form beside it (an older group of this job is only turned away).
       if (authenticated && job_of(result.hello.group_id) != job_of(core_.group_id_)) {
@@ -139,16 +139,17 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
     install_lane(static_cast<int>(result.hello.src_rank), claimed_lane, std::move(link));
   } catch (const std::exception& error) {
     refused_.fetch_add(1);
+    const std::string why = connection.failure(error);
     {
       const std::lock_guard lock(core_.mutex_);
       // TLS refuses a wrong key before any hello: the peer failed authentication.
       const bool refused_by_tls = dynamic_cast<const HandshakeRefused*>(&error) != nullptr;
-      refusals_.add(refused_by_tls
-                        ? fmt::format("{} failed authentication ({})", from, error.what())
-                        : fmt::format("{} dropped during the handshake: {}", from, error.what()));
+      refusals_.add(refused_by_tls ? fmt::format("{} failed authentication ({})", from, why)
+                                   : fmt::format("{} dropped during the handshake: {}", from, why));
     }
-    logger().warn("tcp transport: rank {} dropped a connection from {} during the handshake: {}",
-                  core_.rank_, from, error.what());
+    connection.warn(
+        fmt::format("tcp transport: rank {} dropped a connection from {} during the handshake: {}",
+                    core_.rank_, from, why));
   }
 }
 
