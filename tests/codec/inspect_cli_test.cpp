@@ -243,8 +243,8 @@ TEST_F(InspectCli, ADirectoryOrAFifoIsNamedAndRefusedAtOnce) {
       << run.output;
 }
 
-// replay reads safetensors files from a trace directory: a FIFO where a trace file should be
-// is named and refused at once too.
+// replay reads safetensors files from a trace directory: a FIFO where a trace file or the
+// directory should be is named and refused at once too.
 TEST_F(InspectCli, ReplayNamesAFifoInATraceAndRefusesIt) {
   const auto window_dir = dir_ / "trace" / "window-000001";
   std::filesystem::create_directories(window_dir);
@@ -255,6 +255,12 @@ TEST_F(InspectCli, ReplayNamesAFifoInATraceAndRefusesIt) {
   EXPECT_NE(run.output.find("'" + fifo.string() + "' is a FIFO, not a safetensors file"),
             std::string::npos)
       << run.output;
+  // A FIFO given as the trace directory.
+  const CliRun not_a_dir = run_cli("replay " + fifo.string());
+  EXPECT_NE(not_a_dir.status, 0) << not_a_dir.output;
+  EXPECT_NE(not_a_dir.output.find("'" + fifo.string() + "' is a FIFO, not a trace directory"),
+            std::string::npos)
+      << not_a_dir.output;
 }
 
 }  // namespace
