@@ -95,8 +95,8 @@ struct FrameEntries {
 
 // Entries every frame may announce, whatever its size, under max_entries_per_frame_byte.
 inline constexpr std::uint64_t kFreeFrameEntries = std::uint64_t{1} << 16;
-// max_entries_per_frame_byte for messages read from files: one bit per entry, a sixteenth of
-// what real messages come to (docs/wire-format.md, "Decoding limits").
+// max_entries_per_frame_byte for messages read from files: one bit per entry, far below the
+// bytes per entry of real messages (docs/wire-format.md, "Decoding limits").
 inline constexpr std::uint64_t kFileEntriesPerFrameByte = 8;
 
 // Caps the decoder enforces before trusting any size field: the one set of limits of every
