@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -15,8 +14,8 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/commands.h>
-#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/codec/message.h>
+#include <pulseloco/io/input_file.h>
 
 namespace pulseloco::cli {
 namespace {
@@ -25,21 +24,7 @@ struct InspectOptions {
   std::string path;
   bool json = false;
   bool frames = true;
-  std::uint64_t max_frame_elements = std::uint64_t{1} << 28;
 };
-
-std::vector<std::byte> read_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary | std::ios::ate);
-  if (!file) throw IoError("cannot open '" + path + "'");
-  const std::streamoff size = file.tellg();
-  if (size < 0) throw IoError("cannot size '" + path + "'");
-  std::vector<std::byte> bytes(static_cast<std::size_t>(size));
-  file.seekg(0);
-  if (!file.read(reinterpret_cast<char*>(bytes.data()), size)) {
-    throw IoError("cannot read '" + path + "'");
-  }
-  return bytes;
-}
 
 double per_entry(std::uint64_t bytes, std::uint64_t entries) {
   return entries == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(entries);
@@ -59,12 +44,13 @@ struct TensorReport {
 };
 
 void inspect(const InspectOptions& options) {
-  const std::vector<std::byte> bytes = read_file(options.path);
-  codec::DecodeLimits limits;
-  limits.max_frame_elements = options.max_frame_elements;
-  limits.max_message_bytes = std::max<std::uint64_t>(limits.max_message_bytes, bytes.size());
+  // A directory, FIFO or device is refused before anything is read; a regular file of n bytes
+  // is read whole, and the limits for a message without a model bound what decoding its
+  // frames allocates by a multiple of n (docs/wire-format.md, "Decoding limits").
+  const std::vector<std::byte> bytes =
+      io::InputFile(options.path, "a window message file").read_all();
   // Structural errors (header, frame table) make the whole file unreadable: they throw.
-  const codec::MessageView view = codec::MessageView::parse(bytes, limits);
+  const codec::MessageView view = codec::MessageView::parse(bytes, codec::DecodeLimits::for_file());
   const codec::MessageHeader& header = view.header();
 
   // Verify every frame by decoding it; a bad frame is reported and the others still checked.
@@ -220,11 +206,6 @@ void add_inspect_command(CLI::App& app) {
   command->add_flag("--json", options->json, "Print machine-readable JSON");
   command->add_flag("--frames,!--no-frames", options->frames,
                     "List every frame (default) or only the header and tensors");
-  command
-      ->add_option("--max-frame-elements", options->max_frame_elements,
-                   "Reject frames covering more elements (bounds the decode buffers)")
-      ->check(flags::at_least(1))
-      ->capture_default_str();
   command->callback([options] { inspect(*options); });
 }
 

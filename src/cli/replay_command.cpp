@@ -6,6 +6,10 @@
 // bit-identical, 2 when one differs, 1 on an error (missing or malformed trace files).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdint>
 #include <iostream>
@@ -17,6 +21,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/commands.h>
 #include <pulseloco/engine/replay.h>
+#include <pulseloco/io/input_file.h>
 
 namespace pulseloco::cli {
 namespace {
@@ -92,7 +97,19 @@ void add_replay_command(CLI::App& app) {
       "replay", "re-run traced windows offline and check that they reproduce bit for bit");
   command->add_option("trace_dir", options->trace_dir, "a directory written with trace_dir set")
       ->required()
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::Validator(
+          [](const std::string& path) -> std::string {
+            struct stat status {};
+            if (::stat(path.c_str(), &status) != 0) {
+              return fmt::format("cannot examine '{}': {}", path, std::strerror(errno));
+            }
+            if (!S_ISDIR(status.st_mode)) {
+              return fmt::format("'{}' is {}, not a trace directory", path,
+                                 io::file_type_name(status.st_mode));
+            }
+            return {};
+          },
+          "DIR"));
   command->add_option("--window", options->window, "replay only this window (default: all)");
   command->add_flag("--json", options->json, "print one JSON record per window");
   command->callback([options] { replay(*options); });

@@ -212,6 +212,15 @@ FrameParse parse_frame(std::span<const std::byte> available, std::uint64_t frame
          frame_offset + kFramePayloadBytesAt);
   }
   info.byte_size = kFrameOverheadBytes + payload_bytes;
+  if (const std::uint64_t per_byte = limits.max_entries_per_frame_byte;
+      per_byte != 0 && info.entries > kFreeFrameEntries &&
+      (info.entries - kFreeFrameEntries - 1) / per_byte >= info.byte_size) {
+    fail(where + ": " + std::to_string(info.entries) + " entries in a frame of " +
+             std::to_string(info.byte_size) + " bytes exceed the limit of " +
+             std::to_string(kFreeFrameEntries) + " + " + std::to_string(per_byte) +
+             " per frame byte for a message without a model to check it against",
+         frame_offset + kFrameEntriesAt);
+  }
   if (available.size() < info.byte_size) {
     result.needed = frame_offset + info.byte_size;
     return result;
@@ -336,6 +345,12 @@ DecodeScratch& DecodeScratch::operator=(DecodeScratch&&) noexcept = default;
 
 std::uint64_t message_header_size(std::span<const std::byte> prefix, const DecodeLimits& limits) {
   return parse_header_prefix(prefix, limits).header_bytes;
+}
+
+DecodeLimits DecodeLimits::for_file() {
+  DecodeLimits limits;
+  limits.max_entries_per_frame_byte = kFileEntriesPerFrameByte;
+  return limits;
 }
 
 MessageView MessageView::parse(std::span<const std::byte> message, const DecodeLimits& limits) {
@@ -491,6 +506,18 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
   const PulseLayout layout =
       parse_pulse_layout(payload, payload_offset, info, zstd_streams, sparse_planes, frame_index);
   const std::string where = frame_text(frame_index);
+  const auto stream_name = [&](int s) {
+    return s == wire::kIndexStream ? where + " index stream"
+                                   : where + " value plane " + std::to_string(s - 1);
+  };
+  // Every compressed stream must be able to hold what it declares before anything is allocated
+  // for it (the sizes in the directory are the sender's word; the zstd headers can be checked).
+  for (int s = 0; s < wire::kPulseStreams; ++s) {
+    if (layout.compressed[s]) {
+      detail::check_zstd_frame(layout.stored[s], layout.decoded[s], layout.offset[s],
+                               stream_name(s));
+    }
+  }
 
   // Indices: stage the raw stream with zero padding (the bit-level decoders read whole words).
   const auto raw_bytes = static_cast<std::size_t>(layout.index_raw_bytes);
@@ -499,7 +526,8 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
   const auto& index_stored = layout.stored[wire::kIndexStream];
   if (layout.compressed[wire::kIndexStream]) {
     detail::zstd_decompress_exact(scratch.dctx.get(), index_stored, index_raw,
-                                  layout.offset[wire::kIndexStream], where + " index stream");
+                                  layout.offset[wire::kIndexStream],
+                                  stream_name(wire::kIndexStream));
   } else {
     std::memcpy(index_raw.data(), index_stored.data(), raw_bytes);
   }
@@ -518,7 +546,7 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
   detail::PlanePointers planes;
   for (std::size_t k = 0; k < 4; ++k) {
     const std::size_t s = 1 + k;
-    const std::string what = where + " value plane " + std::to_string(k);
+    const std::string what = stream_name(static_cast<int>(s));
     std::span<const std::byte> raw = layout.stored[s];
     if (layout.compressed[s]) {
       const auto decoded = static_cast<std::size_t>(layout.decoded[s]);

@@ -83,16 +83,38 @@ struct FrameEntries {
 [[nodiscard]] std::vector<std::byte> encode_frame(const FrameEntries& entries,
                                                   const EncodeOptions& options);
 
+// The most bytes encode_frame() writes for a chunk of `length` elements, in any encoding and
+// index coding, and the most encode_header() writes for `tensors` tensors: a receiver that knows
+// its model holds a peer's announced message size to their sum.
+[[nodiscard]] std::uint64_t max_encoded_frame_bytes(std::uint64_t length) noexcept;
+[[nodiscard]] std::uint64_t max_encoded_header_bytes(std::uint64_t tensors) noexcept;
+
 // The message header announcing `frame_count` frames.
 [[nodiscard]] std::vector<std::byte> encode_header(const MessageHeader& header,
                                                    std::uint32_t frame_count);
 
-// Caps the decoder enforces before trusting any size field.
+// Entries every frame may announce, whatever its size, under max_entries_per_frame_byte.
+inline constexpr std::uint64_t kFreeFrameEntries = std::uint64_t{1} << 16;
+// max_entries_per_frame_byte for messages read from files: one bit per entry, far below the
+// bytes per entry of real messages (docs/wire-format.md, "Decoding limits").
+inline constexpr std::uint64_t kFileEntriesPerFrameByte = 8;
+
+// Caps the decoder enforces before trusting any size field: the one set of limits of every
+// reader (docs/wire-format.md, "Decoding limits"). A reader with a model sets the sizes to its
+// model's (the engine: its chunks and tensors); a reader without one uses for_file().
 struct DecodeLimits {
   std::uint64_t max_message_bytes = std::uint64_t{1} << 36;
   std::uint32_t max_tensors = 1u << 20;
   std::uint32_t max_frames = 1u << 24;
   std::uint64_t max_frame_elements = std::uint64_t{1} << 31;  // chunk length cap
+  // A frame of b bytes may announce at most kFreeFrameEntries + max_entries_per_frame_byte * b
+  // entries, so that decoding it allocates at most a multiple of the input's size; 0: no such
+  // bound (a reader that checks every frame against its own chunks, whose buffers it holds).
+  std::uint64_t max_entries_per_frame_byte = 0;
+
+  // A message read from a file, with no model to check it against: the defaults and
+  // max_entries_per_frame_byte = kFileEntriesPerFrameByte.
+  [[nodiscard]] static DecodeLimits for_file();
 };
 
 struct FrameInfo {

@@ -279,6 +279,20 @@ std::vector<std::byte> encode_frame(const FrameEntries& entries, const EncodeOpt
   return encode_plain(entries, options.encoding);
 }
 
+std::uint64_t max_encoded_frame_bytes(std::uint64_t length) noexcept {
+  // Plain frames take 12 (or 8) bytes per entry. A pulse frame stores each stream raw or
+  // compressed only when smaller (store_stream), so its payload is at most the raw sizes: an
+  // index stream of at most 5 bytes per entry + 2 (every index coding), four planes of at most
+  // one byte per entry (a plane goes sparse only when most of its bytes are zero, and is then
+  // smaller), and a directory of at most ten varints.
+  constexpr std::uint64_t kDirectoryBytes = wire::kMaxVarint64Bytes * (1 + 4 + wire::kPulseStreams);
+  return kFrameOverheadBytes + kDirectoryBytes + 2 + 12 * length;
+}
+
+std::uint64_t max_encoded_header_bytes(std::uint64_t tensors) noexcept {
+  return kHeaderPrefixBytes + 8 * tensors + kChecksumBytes;
+}
+
 std::vector<std::byte> encode_header(const MessageHeader& header, std::uint32_t frame_count) {
   if (!valid_encoding(static_cast<std::uint8_t>(header.encoding))) {
     throw InvalidArgument("encode_header: unknown encoding");

@@ -40,18 +40,21 @@ std::size_t zstd_compress(ZSTD_CCtx* context, std::span<const std::byte> src, st
   return result;
 }
 
-void zstd_decompress_exact(ZSTD_DCtx* context, std::span<const std::byte> frame,
-                           std::span<std::byte> dst, std::uint64_t byte_offset,
-                           std::string_view what) {
+void check_zstd_frame(std::span<const std::byte> frame, std::uint64_t expected,
+                      std::uint64_t byte_offset, std::string_view what) {
   const auto fail = [&](const std::string& reason) {
     wire::fail(std::string(what) + ": " + reason, byte_offset);
   };
   const unsigned long long declared = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (declared == ZSTD_CONTENTSIZE_ERROR) fail("not a zstd frame");
   if (declared == ZSTD_CONTENTSIZE_UNKNOWN) fail("zstd frame does not declare its content size");
-  if (declared != dst.size()) {
+  if (declared != expected) {
     fail("zstd frame declares " + std::to_string(declared) + " bytes, expected " +
-         std::to_string(dst.size()));
+         std::to_string(expected));
+  }
+  if (expected / kZstdMaxExpansion >= frame.size()) {
+    fail("a zstd frame of " + std::to_string(frame.size()) + " bytes cannot hold " +
+         std::to_string(expected) + " bytes");
   }
   const std::size_t frame_size = ZSTD_findFrameCompressedSize(frame.data(), frame.size());
   if (ZSTD_isError(frame_size)) {
@@ -61,6 +64,15 @@ void zstd_decompress_exact(ZSTD_DCtx* context, std::span<const std::byte> frame,
     fail("zstd frame is " + std::to_string(frame_size) + " bytes, the stream " +
          std::to_string(frame.size()));
   }
+}
+
+void zstd_decompress_exact(ZSTD_DCtx* context, std::span<const std::byte> frame,
+                           std::span<std::byte> dst, std::uint64_t byte_offset,
+                           std::string_view what) {
+  const auto fail = [&](const std::string& reason) {
+    wire::fail(std::string(what) + ": " + reason, byte_offset);
+  };
+  check_zstd_frame(frame, dst.size(), byte_offset, what);
   const std::size_t produced =
       ZSTD_decompressDCtx(context, dst.data(), dst.size(), frame.data(), frame.size());
   if (ZSTD_isError(produced)) {

@@ -31,8 +31,20 @@ inline constexpr int kZstdMinMatch = 7;
 [[nodiscard]] std::size_t zstd_compress(ZSTD_CCtx* context, std::span<const std::byte> src,
                                         std::byte* dst, std::size_t capacity, int level);
 
-// Decompresses `frame`, which must be one zstd frame of exactly frame.size() bytes declaring
-// content size dst.size(), into dst. Throws ProtocolError at `byte_offset` naming `what`.
+// A zstd block holds at most 128 KiB of content and takes at least 4 bytes (its 3-byte header
+// and one byte of an RLE block), so no frame, valid or not, decodes to more than this many
+// bytes per byte it stores (RFC 8878, "Blocks").
+inline constexpr std::uint64_t kZstdMaxExpansion = (std::uint64_t{128} << 10) / 4;
+
+// Checks what can be checked of `frame` without decoding it, before anything is allocated for
+// its content: one zstd frame of exactly frame.size() bytes that declares content size
+// `expected`, no more than kZstdMaxExpansion times its size. Throws ProtocolError at
+// `byte_offset` naming `what`.
+void check_zstd_frame(std::span<const std::byte> frame, std::uint64_t expected,
+                      std::uint64_t byte_offset, std::string_view what);
+
+// Decompresses `frame`, which must pass check_zstd_frame with content size dst.size(), into
+// dst. Throws ProtocolError at `byte_offset` naming `what`.
 void zstd_decompress_exact(ZSTD_DCtx* context, std::span<const std::byte> frame,
                            std::span<std::byte> dst, std::uint64_t byte_offset,
                            std::string_view what);

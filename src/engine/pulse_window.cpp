@@ -14,6 +14,17 @@
 #include <pulseloco/engine/trace.h>
 
 namespace pulseloco::engine_detail {
+namespace {
+
+// The largest message any rank of this model can send: the bound on a peer's announced size.
+std::uint64_t largest_message_bytes(const Layout& layout) {
+  std::uint64_t bytes = codec::max_encoded_header_bytes(layout.tensors().size());
+  for (const ChunkRef& chunk : layout.chunks())
+    bytes += codec::max_encoded_frame_bytes(chunk.length);
+  return bytes;
+}
+
+}  // namespace
 
 void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   group.reached(WindowPhase::gate, state_.window());
@@ -101,9 +112,12 @@ ReceivedMessages PulseWindow::exchange(const AttachedGroup& group, const Outgoin
   ReceivedMessages received;
   received.window = mine.window;
   try {
+    // A peer's message is never larger than this model's largest encoding: a larger size is
+    // refused before anything is allocated for it (docs/wire-format.md, "Decoding limits").
+    collectives::CollectiveOptions exchange = group.collective();
+    exchange.max_message_bytes = largest_message_bytes(state_.layout());
     received.bytes = collectives::sparse_allgather(
-        group.transport(), mine.bytes, group.collective(),
-        [&](int sender, std::span<const std::byte> bytes) {
+        group.transport(), mine.bytes, exchange, [&](int sender, std::span<const std::byte> bytes) {
           if (sender != rank) group.reached(WindowPhase::exchange, mine.window);
           auto validation = std::make_shared<Validation>();
           validation->data = bytes.data();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/io/input_file.h>
 
 namespace pulseloco::io {
 namespace {
@@ -120,18 +121,11 @@ namespace {
 // Reads a regular file in parts of at most kReadChunkBytes, handing each to `consume`.
 template <typename Consume>
 void read_chunks(const std::filesystem::path& path, Consume&& consume) {
-  const ReadDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) {
-    throw IoError(fmt::format("cannot open '{}': {}", path.string(), std::strerror(errno)));
-  }
-  struct stat status {};
-  if (::fstat(fd.get(), &status) != 0 || !S_ISREG(status.st_mode)) {
-    throw IoError(fmt::format("'{}' is not a regular file", path.string()));
-  }
+  const InputFile file(path, "a regular file");
   std::vector<std::byte> buffer(kReadChunkBytes);
   std::uint64_t offset = 0;
   for (;;) {
-    const ssize_t got = ::read(fd.get(), buffer.data(), buffer.size());
+    const ssize_t got = ::read(file.fd(), buffer.data(), buffer.size());
     if (got < 0) {
       if (errno == EINTR) continue;
       throw IoError(fmt::format("read of '{}' failed: {}", path.string(), std::strerror(errno)),

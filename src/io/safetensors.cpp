@@ -1,7 +1,5 @@
 #include <pulseloco/io/safetensors.h>
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -18,6 +16,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/io/atomic_file.h>
+#include <pulseloco/io/input_file.h>
 
 namespace pulseloco::io {
 namespace {
@@ -57,10 +56,6 @@ const DTypeEntry& dtype_entry(TensorDType dtype) noexcept {
 
 constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr std::size_t kWriteBufferBytes = std::size_t{1} << 20;
-
-std::string errno_text(int error) {
-  return std::strerror(error);
-}
 
 std::uint64_t checked_numel(const std::vector<std::uint64_t>& shape, bool* overflow) {
   std::uint64_t numel = 1;
@@ -489,19 +484,12 @@ class HeaderParser {
 }  // namespace
 
 SafetensorsReader::SafetensorsReader(std::filesystem::path path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) {
-    throw IoError(fmt::format("cannot open '{}': {}", path_.string(), errno_text(errno)));
+  {
+    InputFile file(path_, "a safetensors file");
+    file_size_ = file.size();
+    fd_ = file.release();
   }
   try {
-    struct stat status {};
-    if (::fstat(fd_, &status) != 0) {
-      throw IoError(fmt::format("cannot stat '{}': {}", path_.string(), errno_text(errno)));
-    }
-    if (!S_ISREG(status.st_mode)) {
-      throw IoError(fmt::format("'{}' is not a regular file", path_.string()));
-    }
-    file_size_ = static_cast<std::uint64_t>(status.st_size);
     if (file_size_ < 8) {
       throw ProtocolError(
           fmt::format("'{}' is not a valid safetensors file: it has {} bytes, fewer than the "
@@ -641,22 +629,7 @@ void SafetensorsReader::check_element_type(std::string_view name, TensorDType ex
 
 void SafetensorsReader::pread_exact(std::uint64_t file_offset, std::span<std::byte> destination,
                                     std::string_view tensor_name) const {
-  std::size_t done = 0;
-  while (done < destination.size()) {
-    const ssize_t got = ::pread(fd_, destination.data() + done, destination.size() - done,
-                                static_cast<off_t>(file_offset + done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw IoError(fmt::format("read of '{}' failed: {}", path_.string(), errno_text(errno)),
-                    {.tensor = std::string(tensor_name), .byte_offset = file_offset + done});
-    }
-    if (got == 0) {
-      throw IoError(
-          fmt::format("'{}' ended early (was it truncated after it was opened?)", path_.string()),
-          {.tensor = std::string(tensor_name), .byte_offset = file_offset + done});
-    }
-    done += static_cast<std::size_t>(got);
-  }
+  read_exactly(fd_, path_, file_offset, destination, tensor_name);
 }
 
 }  // namespace pulseloco::io

@@ -179,8 +179,9 @@ class SafetensorsWriter {
 // Holds the file open; reads use pread, so concurrent reads from several threads are safe.
 class SafetensorsReader {
  public:
-  // Throws IoError when the file cannot be opened or read, ProtocolError (naming the file, the
-  // tensor and the byte offset in the file) when it is not a valid safetensors file.
+  // Throws IoError when the file cannot be opened or read, InvalidArgument when it is not a
+  // regular file (input_file.h), ProtocolError (naming the file, the tensor and the byte offset
+  // in the file) when it is not a valid safetensors file.
   explicit SafetensorsReader(std::filesystem::path path);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;

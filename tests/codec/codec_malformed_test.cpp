@@ -7,6 +7,7 @@
 
 #include <zstd.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -18,8 +19,8 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
-#include "codec/codec_test_util.h"
 #include <pulseloco/codec/message.h>
+#include "codec/codec_test_util.h"
 
 namespace pulseloco::codec {
 namespace {
@@ -808,6 +809,44 @@ TEST(CodecMalformed, HostileZstdStreams) {
                                           f.payload = payload;
                                         })),
                   "is not below length 1000");
+}
+
+// A pulse frame of `n` consecutive entries (chunk and tensor of n elements), every value 1.0f,
+// every stream compressed as RLE blocks; `plane3` replaces the stored value plane 3.
+Bytes dense_rle_message(std::uint32_t n, std::optional<Bytes> plane3 = std::nullopt) {
+  // Varint gaps of consecutive offsets are zero bytes; 1.0f is the bytes 00 00 80 3F.
+  const std::array<std::uint8_t, 5> fill = {0x00, 0x00, 0x00, 0x80, 0x3F};
+  std::array<Bytes, 5> stored;
+  for (std::size_t s = 0; s < stored.size(); ++s)
+    stored[s] = testing::rle_zstd_frame(fill[s], n, n);
+  if (plane3) stored[4] = *plane3;
+  testing::RawFrame frame{.encoding = 0, .zstd_streams = 0x1F, .length = n, .entries = n};
+  testing::put_leb128(frame.payload, n);  // the raw index stream: n varint bytes
+  for (const Bytes& stream : stored)
+    testing::put_leb128(frame.payload, stream.size());
+  for (const Bytes& stream : stored)
+    testing::append(frame.payload, stream);
+  return one_frame(testing::make_frame(frame), Encoding::pulse, {n});
+}
+
+TEST(CodecMalformed, AFrameMayAnnounceOnlyWhatItsBytesCanHold) {
+  constexpr std::uint32_t n = 1u << 20;
+  // Valid: five zstd frames of 46 bytes each decode to 2^20 entries. A reader that checks
+  // frames against its own chunks (the engine) decodes it...
+  const Bytes valid = dense_rle_message(n);
+  ASSERT_LT(valid.size(), 400u);
+  const Decoded decoded = decode_everything(valid);
+  EXPECT_EQ(decoded.outcome, Outcome::accepted) << decoded.error;
+  // ...a reader without a model (a file given to inspect) refuses it before decoding: 2^20
+  // entries are more than 2^16 + 8 per byte of its frame.
+  expect_rejected(valid, "per frame byte", DecodeLimits::for_file());
+  // A zstd frame that declares more than 32 KiB per byte it stores is refused before anything
+  // is allocated for its content, by every reader.
+  expect_rejected(dense_rle_message(n, testing::rle_zstd_frame(0x3F, 5, n)), "bytes cannot hold");
+  // Frames within the bound decode under the file limits: the same frame of 2^16 entries.
+  const Bytes small = dense_rle_message(1u << 16);
+  const Decoded small_decoded = decode_everything(small, DecodeLimits::for_file());
+  EXPECT_EQ(small_decoded.outcome, Outcome::accepted) << small_decoded.error;
 }
 
 TEST(CodecMalformed, OutputTooSmallIsACallerErrorAndWritesNothing) {

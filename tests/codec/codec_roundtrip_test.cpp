@@ -13,8 +13,8 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
-#include "codec/codec_test_util.h"
 #include <pulseloco/codec/message.h>
+#include "codec/codec_test_util.h"
 
 namespace pulseloco::codec {
 namespace {
@@ -300,6 +300,41 @@ TEST(CodecEncode, PicksTheSmallestIndexCoding) {
     chose_other_than_varint += automatic.index_coding != IndexCoding::varint ? 1 : 0;
   }
   EXPECT_GT(chose_other_than_varint, 0) << "some density should favour another coding";
+}
+
+TEST(CodecEncode, NoFrameExceedsTheLargestEncodingOfItsChunk) {
+  // Incompressible values (random bits), every density, every encoding and index coding: the
+  // bound receivers hold message sizes to is never exceeded.
+  std::mt19937_64 rng(23);
+  for (const std::uint64_t length : {1u, 2u, 3u, 9u, 130u, 1000u, 70000u}) {
+    for (const double density : {1.0, 0.5, 0.01, 0.0}) {
+      std::vector<std::uint32_t> offsets = testing::random_offsets(rng, length, density);
+      if (offsets.empty()) offsets.push_back(static_cast<std::uint32_t>(length - 1));
+      std::vector<float> values;
+      for (std::size_t i = 0; i < offsets.size(); ++i) {
+        std::uint32_t bits = static_cast<std::uint32_t>(rng()) & 0xBF7FFFFFu;  // finite
+        if (i % 3 == 0) bits &= 0xFFFF0000u;  // some mostly-zero planes: the sparse form
+        float value = 0;
+        std::memcpy(&value, &bits, sizeof value);
+        values.push_back(value);
+      }
+      const FrameEntries entries{.length = length, .offsets = offsets, .values = values};
+      for (const Encoding encoding :
+           {Encoding::pulse, Encoding::plain_i64_f32, Encoding::plain_i32_f32}) {
+        for (const auto coding :
+             {std::optional<IndexCoding>{}, std::optional(IndexCoding::varint),
+              std::optional(IndexCoding::bitpack), std::optional(IndexCoding::elias_fano)}) {
+          if (encoding != Encoding::pulse && coding) continue;
+          const auto frame = encode_frame(entries, {.encoding = encoding, .index_coding = coding});
+          EXPECT_LE(frame.size(), max_encoded_frame_bytes(length))
+              << "length " << length << ", " << offsets.size() << " entries, "
+              << encoding_name(encoding);
+        }
+      }
+    }
+  }
+  const MessageHeader header{.tensor_numels = {1, 2, 3}};
+  EXPECT_EQ(encode_header(header, 3).size(), max_encoded_header_bytes(3));
 }
 
 TEST(CodecEncode, RejectsInvalidEntries) {

@@ -147,6 +147,27 @@ struct RawFrame {
 }
 
 // A pulse payload with every stream stored raw (no zstd): directory then streams.
+// A zstd frame of RLE blocks (RFC 8878): `size` copies of `value` in blocks of 128 KiB, four
+// bytes each (the most content a zstd frame holds per byte it stores), declaring `declared`.
+[[nodiscard]] inline Bytes rle_zstd_frame(std::uint8_t value, std::uint64_t size,
+                                          std::uint64_t declared) {
+  Bytes out;
+  put<std::uint32_t>(out, 0xFD2FB528u);  // magic
+  put<std::uint8_t>(out, 0xC0);          // an 8-byte content size and a window descriptor
+  put<std::uint8_t>(out, 7u << 3);       // a 128 KiB window
+  put<std::uint64_t>(out, declared);
+  for (std::uint64_t left = size; left > 0;) {
+    const std::uint64_t block = std::min<std::uint64_t>(left, std::uint64_t{128} << 10);
+    left -= block;
+    const auto header =
+        static_cast<std::uint32_t>((left == 0 ? 1u : 0u) | (1u << 1) | (block << 3));
+    for (int b = 0; b < 3; ++b)
+      out.push_back(static_cast<std::byte>((header >> (8 * b)) & 0xFFu));
+    out.push_back(static_cast<std::byte>(value));
+  }
+  return out;
+}
+
 struct RawPulseStreams {
   Bytes index;                         // the index coding's bytes
   std::vector<Bytes> planes{4};        // each dense (n bytes) or sparse (bitmap + non-zero)

@@ -1,9 +1,10 @@
 // `pulseloco inspect FILE`: the report for valid messages and a non-zero exit that names the
 // reason for corrupt, truncated, foreign and missing files. Runs the real CLI binary.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <sys/wait.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec_test_util.h"
 #include <pulseloco/codec/message.h>
+#include "codec/codec_test_util.h"
 
 namespace pulseloco::codec {
 namespace {
@@ -25,8 +26,11 @@ struct CliRun {
   std::string output;  // stdout and stderr
 };
 
-CliRun run_cli(const std::string& arguments) {
-  const std::string command = std::string(PULSELOCO_CLI) + " " + arguments + " 2>&1";
+// Runs the CLI; `shell_prefix` runs first in the same shell (a resource limit, say). `timeout`
+// ends a CLI that blocks (on a FIFO, say): the test then fails on its status instead of hanging.
+CliRun run_cli(const std::string& arguments, const std::string& shell_prefix = "") {
+  const std::string command =
+      shell_prefix + "exec timeout 120 " + std::string(PULSELOCO_CLI) + " " + arguments + " 2>&1";
   CliRun run;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
@@ -178,6 +182,85 @@ TEST_F(InspectCli, TruncatedForeignAndMissingFilesFail) {
 
   run = run_cli("inspect");
   EXPECT_NE(run.status, 0) << run.output;
+}
+
+// Address space for the CLI in the tests below: room for the program and a few MiB of
+// decoding, far less than the gigabytes the crafted file announces.
+const std::string kAddressSpaceLimit = "ulimit -v 1048576; ";  // 1 GiB
+
+TEST_F(InspectCli, AFileThatAnnouncesHugeFramesIsRefusedWithoutAllocatingThem) {
+  // A few hundred bytes that announce a frame of 2^28 entries; its streams claim to decompress
+  // to 2^28 bytes each. Decoding it would take gigabytes: inspect refuses it from its sizes.
+  constexpr std::uint32_t n = 1u << 28;
+  testing::RawFrame frame{.encoding = 0, .zstd_streams = 0x1F, .length = n, .entries = n};
+  testing::put_leb128(frame.payload, n);  // the raw varint index stream: n bytes
+  const Bytes stream = testing::rle_zstd_frame(0, 1, n);
+  for (int s = 0; s < 5; ++s)
+    testing::put_leb128(frame.payload, stream.size());
+  for (int s = 0; s < 5; ++s)
+    testing::append(frame.payload, stream);
+  MessageHeader header{.tensor_numels = {n}};
+  Bytes bytes = encode_header(header, 1);
+  testing::append(bytes, testing::make_frame(frame));
+  ASSERT_LT(bytes.size(), 512u);
+  const std::string path = write("huge.msg", bytes);
+  const CliRun run = run_cli("inspect " + path, kAddressSpaceLimit);
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("frame 0: 268435456 entries in a frame of"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("per frame byte"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("bad_alloc"), std::string::npos) << run.output;
+
+  // A real message of the same order of entries per byte as training produces still verifies
+  // under the same limit, frames of more than 2^16 entries included.
+  std::mt19937_64 rng(5);
+  testing::Chunk chunk{.tensor = 0, .begin = 0, .length = 1u << 22};
+  chunk.offsets = testing::random_offsets(rng, chunk.length, 0.05);
+  for (std::size_t i = 0; i < chunk.offsets.size(); ++i)
+    chunk.values.push_back(testing::random_value(rng));
+  ASSERT_GT(chunk.offsets.size(), std::size_t{1} << 16);
+  MessageHeader real_header{.tensor_numels = {chunk.length}};
+  Bytes real = encode_header(real_header, 1);
+  testing::append(real, encode_frame(chunk.entries(), {}));
+  const CliRun verified = run_cli("inspect " + write("real.msg", real), kAddressSpaceLimit);
+  EXPECT_EQ(verified.status, 0) << verified.output;
+  EXPECT_NE(verified.output.find("verified: all 1 frames decode"), std::string::npos)
+      << verified.output;
+}
+
+TEST_F(InspectCli, ADirectoryOrAFifoIsNamedAndRefusedAtOnce) {
+  const auto fifo = dir_ / "message.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  CliRun run = run_cli("inspect " + dir_.string());
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("'" + dir_.string() + "' is a directory, not a window message file"),
+            std::string::npos)
+      << run.output;
+  run = run_cli("inspect " + fifo.string());
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("'" + fifo.string() + "' is a FIFO, not a window message file"),
+            std::string::npos)
+      << run.output;
+}
+
+// replay reads safetensors files from a trace directory: a FIFO where a trace file or the
+// directory should be is named and refused at once too.
+TEST_F(InspectCli, ReplayNamesAFifoInATraceAndRefusesIt) {
+  const auto window_dir = dir_ / "trace" / "window-000001";
+  std::filesystem::create_directories(window_dir);
+  const auto fifo = window_dir / "rank-00000.out.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const CliRun run = run_cli("replay " + (dir_ / "trace").string() + " --window 1");
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find("'" + fifo.string() + "' is a FIFO, not a safetensors file"),
+            std::string::npos)
+      << run.output;
+  // A FIFO given as the trace directory.
+  const CliRun not_a_dir = run_cli("replay " + fifo.string());
+  EXPECT_NE(not_a_dir.status, 0) << not_a_dir.output;
+  EXPECT_NE(not_a_dir.output.find("'" + fifo.string() + "' is a FIFO, not a trace directory"),
+            std::string::npos)
+      << not_a_dir.output;
 }
 
 }  // namespace

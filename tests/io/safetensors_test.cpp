@@ -2,6 +2,7 @@
 #include <pulseloco/io/safetensors.h>
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -488,7 +489,18 @@ TEST(Safetensors, HugeDeclaredSizesDoNotAllocate) {
 TEST(Safetensors, MissingFileAndTypedReadChecks) {
   TempDir dir;
   EXPECT_THROW(SafetensorsReader(dir.path() / "absent.safetensors"), IoError);
-  EXPECT_THROW(SafetensorsReader(dir.path()), IoError);  // a directory
+  EXPECT_THROW(SafetensorsReader(dir.path()), InvalidArgument);  // a directory
+  // A FIFO is refused without waiting for a writer (opening it for reading would block).
+  const auto fifo = dir.path() / "fifo.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    (void)SafetensorsReader(fifo);
+    ADD_FAILURE() << "a FIFO was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("is a FIFO, not a safetensors file"),
+              std::string::npos)
+        << error.what();
+  }
   const auto path = dir.path() / "t.safetensors";
   const std::vector<float> values(3, 1.0f);
   {
