@@ -241,9 +241,14 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
   // 1. Rank 0 creates the new directory; every rank checks its arguments.
   std::exception_ptr error;
   std::optional<UncommittedDir> created;  // rank 0: removed unless it commits
+  std::uint64_t sequence = 0;             // rank 0: its manifest's
   try {
     check_save_arguments(save);
-    if (rank == 0) created.emplace(create_checkpoint_dir(root, window));
+    if (rank == 0) {
+      NewCheckpointDir new_dir = create_checkpoint_dir(root, window);
+      sequence = new_dir.sequence;
+      created.emplace(std::move(new_dir.path));
+    }
   } catch (...) {
     error = std::current_exception();
   }
@@ -271,7 +276,7 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
   // 3. Every rank succeeded: rank 0 commits the directory with its manifest.
   try {
     if (rank == 0) {
-      Manifest manifest{window, group.world(), {}};
+      Manifest manifest{sequence, window, group.world(), {}};
       for (int r = 0; r < group.world(); ++r) {
         for (const auto& record : reports[static_cast<std::size_t>(r)])
           manifest.files.push_back(file_record_from_json(record, fmt::format("rank {}", r)));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <optional>
+#include <tuple>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
@@ -19,8 +20,12 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 constexpr std::string_view kManifestFormat = "pulseloco-checkpoint-manifest";
-constexpr std::string_view kManifestVersion = "1";
+constexpr std::string_view kManifestVersion = "2";
+// Version 1 manifests carry no sequence (read as 0: older than every version 2 checkpoint) and no
+// checksum of their own.
+constexpr std::string_view kFirstManifestVersion = "1";
 constexpr std::string_view kChecksumName = "xxh3-64";
+constexpr std::string_view kSelfChecksumKey = "manifest_xxh3-64";
 // A manifest lists a few files per rank; a larger file is not one.
 constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{64} << 20;
 
@@ -62,9 +67,14 @@ struct FoundDir {
   DirName name;
   fs::path path;
   bool committed = false;
+  std::uint64_t sequence = 0;           // committed: its manifest's
+  std::optional<ErrorKind> unreadable;  // committed, but its manifest cannot be read:
+  std::string why;                      // the error's kind and text
+  auto order() const { return std::tie(sequence, name); }
 };
 
-// The checkpoint directories under `root`, oldest first; other entries are not ours.
+// The checkpoint directories under `root`, oldest first (by commit sequence, then name); other
+// entries are not ours.
 std::vector<FoundDir> checkpoint_dirs(const fs::path& root) {
   std::vector<FoundDir> found;
   std::error_code error;
@@ -72,15 +82,28 @@ std::vector<FoundDir> checkpoint_dirs(const fs::path& root) {
     const auto name = parse_dir_name(it->path().filename().string());
     std::error_code type_error;
     if (!name || !it->is_directory(type_error)) continue;
-    found.push_back({*name, it->path(), has_manifest(it->path())});
+    FoundDir dir{*name, it->path(), has_manifest(it->path())};
+    try {
+      if (dir.committed) dir.sequence = read_manifest(dir.path).sequence;
+    } catch (const Error& e) {
+      dir.unreadable = e.kind();
+      dir.why = e.what();
+    }
+    found.push_back(std::move(dir));
   }
   if (error) {
     throw IoError(
         fmt::format("cannot list checkpoint root '{}': {}", root.string(), error.message()));
   }
   std::sort(found.begin(), found.end(),
-            [](const FoundDir& a, const FoundDir& b) { return a.name < b.name; });
+            [](const FoundDir& a, const FoundDir& b) { return a.order() < b.order(); });
   return found;
+}
+
+// The manifest's own checksum: xxh3-64 of its JSON without that key, dumped compactly.
+Digest manifest_checksum(const Json& json) {
+  const std::string text = json.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return digest_bytes(std::as_bytes(std::span(text.data(), text.size())));
 }
 
 // A file name the manifest may list: one plain entry of the checkpoint directory.
@@ -157,18 +180,23 @@ CheckpointFileRecord file_record_from_json(const Json& json, std::string_view so
   }
 }
 
-fs::path create_checkpoint_dir(const fs::path& root, std::uint64_t window) {
+NewCheckpointDir create_checkpoint_dir(const fs::path& root, std::uint64_t window) {
   std::error_code error;
   fs::create_directories(root, error);
   if (error) {
     throw IoError(
         fmt::format("cannot create checkpoint root '{}': {}", root.string(), error.message()));
   }
+  std::uint64_t sequence = 1;
+  for (const FoundDir& found : checkpoint_dirs(root)) {
+    if (found.unreadable) logger().warn("checkpoint ordering ignores {}", found.why);
+    sequence = std::max(sequence, found.sequence + 1);
+  }
   for (DirName name{window, 0};; ++name.suffix) {
     const fs::path dir = root / dir_name(name);
     if (fs::create_directory(dir, error)) {
       io::fsync_directory(root);
-      return dir;
+      return {dir, sequence};
     }
     if (error) {
       throw IoError(fmt::format("cannot create checkpoint directory '{}': {}", dir.string(),
@@ -195,8 +223,21 @@ fs::path resolve_checkpoint_dir(const fs::path& path) {
         fmt::format("checkpoint '{}' does not exist or is not a directory", path.string()));
   }
   const std::vector<FoundDir> found = checkpoint_dirs(path);
+  for (const FoundDir& dir : found) {
+    if (dir.unreadable) {
+      throw_of_kind(*dir.unreadable,
+                    fmt::format("cannot tell which checkpoint under '{}' is the newest: {}; load "
+                                "a checkpoint directory by its name, or remove that one",
+                                path.string(), dir.why),
+                    {});
+    }
+  }
   const auto newest =
       std::find_if(found.rbegin(), found.rend(), [](const FoundDir& dir) { return dir.committed; });
+  if (newest == found.rend() && found.empty() && parse_dir_name(path.filename().string())) {
+    throw IoError(fmt::format("'{}' holds no {}: its save did not commit, it is no checkpoint",
+                              path.string(), kManifestFile));
+  }
   if (newest == found.rend()) {
     throw IoError(fmt::format(
         "'{}' holds no committed checkpoint (a window-NNNNNN directory with {}; {} without one)",
@@ -209,9 +250,11 @@ void write_manifest(const fs::path& dir, const Manifest& manifest) {
   Json files = Json::array();
   for (const CheckpointFileRecord& record : manifest.files)
     files.push_back(to_json(record));
-  const Json json{{"format", kManifestFormat}, {"format_version", kManifestVersion},
-                  {"window", manifest.window}, {"world_size", manifest.world_size},
-                  {"checksum", kChecksumName}, {"files", std::move(files)}};
+  Json json{{"format", kManifestFormat},         {"format_version", kManifestVersion},
+            {"sequence", manifest.sequence},     {"window", manifest.window},
+            {"world_size", manifest.world_size}, {"checksum", kChecksumName},
+            {"files", std::move(files)}};
+  json[std::string(kSelfChecksumKey)] = digest_hex(manifest_checksum(json));
   const std::string text = json.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
   (void)io::write_file_atomically(dir / kManifestFile,
                                   std::as_bytes(std::span(text.data(), text.size())));
@@ -223,13 +266,25 @@ Manifest read_manifest(const fs::path& dir) {
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   const std::string source = file.string();
   try {
-    const Json json = Json::parse(text);
-    if (json.at("format") != kManifestFormat || json.at("format_version") != kManifestVersion ||
+    Json json = Json::parse(text);
+    const bool current = json.at("format_version") == kManifestVersion;
+    if (json.at("format") != kManifestFormat ||
+        (!current && json.at("format_version") != kFirstManifestVersion) ||
         json.at("checksum") != kChecksumName) {
       throw ProtocolError(fmt::format("{}: not a manifest of format {} version {} with {}", source,
                                       kManifestFormat, kManifestVersion, kChecksumName));
     }
     Manifest manifest;
+    if (current) {
+      const std::string recorded = json.at(std::string(kSelfChecksumKey)).get<std::string>();
+      json.erase(std::string(kSelfChecksumKey));
+      if (const std::string found = digest_hex(manifest_checksum(json)); found != recorded) {
+        throw ProtocolError(
+            fmt::format("{}: the manifest is damaged: its content's xxh3-64 is {}, it records {}",
+                        source, found, recorded));
+      }
+      manifest.sequence = json.at("sequence").get<std::uint64_t>();
+    }
     manifest.window = json.at("window").get<std::uint64_t>();
     manifest.world_size = json.at("world_size").get<int>();
     for (const Json& record : json.at("files"))
@@ -289,6 +344,10 @@ void remove_old_checkpoints(const fs::path& root, const fs::path& committed,
     std::uint32_t kept = 1;  // `committed` itself
     for (auto it = found.rbegin(); it != found.rend(); ++it) {
       if (it->path == committed) continue;
+      if (it->unreadable) {
+        logger().warn("kept checkpoint {}: {}", it->path.string(), it->why);
+        continue;
+      }
       if (it->committed && kept < keep) {
         ++kept;
         continue;

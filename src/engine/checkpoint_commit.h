@@ -2,10 +2,12 @@
 // writes a new directory under the checkpoint root, `window-NNNNNN` (`window-NNNNNN.K` when that
 // name is taken). Its files are written under temporary names and renamed, and the directory
 // becomes a checkpoint only when rank 0 writes `manifest.json` there, after every rank reported
-// its files written; the manifest lists every file with its size and xxh3-64. A directory
-// without a manifest is no checkpoint: loading ignores it and the next successful save removes
-// it. The ranks agree on every step's outcome (agree()), so a failure on one rank is the same
-// error on every rank.
+// its files written; the manifest lists every file with its size and xxh3-64, and carries the
+// xxh3-64 of its own content. A directory without a manifest is no checkpoint: loading ignores
+// it and the next successful save removes it. Committed checkpoints are ordered by the commit
+// sequence their manifests record, not by window: after resuming from an older checkpoint, the
+// next save is the newest although its window is lower. The ranks agree on every step's outcome
+// (agree()), so a failure on one rank is the same error on every rank.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,7 @@ struct CheckpointFileRecord {
 };
 
 struct Manifest {
+  std::uint64_t sequence = 0;  // 1 + the highest under the root when it committed
   std::uint64_t window = 0;
   int world_size = 0;
   std::vector<CheckpointFileRecord> files;
@@ -46,14 +49,22 @@ struct Manifest {
 [[nodiscard]] CheckpointFileRecord file_record_from_json(const nlohmann::json& json,
                                                          std::string_view source);
 
+struct NewCheckpointDir {
+  std::filesystem::path path;
+  std::uint64_t sequence = 0;  // its manifest's, when it commits
+};
+
 // Creates the directory of a new checkpoint of `window` under `root` (which is created when
-// missing): the first of window-NNNNNN, window-NNNNNN.1, ... that does not exist.
-[[nodiscard]] std::filesystem::path create_checkpoint_dir(const std::filesystem::path& root,
-                                                          std::uint64_t window);
+// missing): the first of window-NNNNNN, window-NNNNNN.1, ... that does not exist, with the
+// sequence after every committed checkpoint's under `root` (a warning names a manifest that
+// cannot be read).
+[[nodiscard]] NewCheckpointDir create_checkpoint_dir(const std::filesystem::path& root,
+                                                     std::uint64_t window);
 
 // `path` itself when it holds a manifest (or is a flat checkpoint, below); otherwise the newest
-// committed checkpoint under `path` (highest window, then highest suffix). IoError naming `path`
-// when it holds none.
+// committed checkpoint under `path` (highest sequence). IoError naming `path` when it holds
+// none; the error of a committed checkpoint's manifest that cannot be read (which might be the
+// newest), naming it.
 [[nodiscard]] std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& path);
 
 // A checkpoint of the flat layout that predates manifests: global.safetensors directly in `dir`
@@ -76,7 +87,8 @@ void verify_file(const std::filesystem::path& dir, const CheckpointFileRecord& r
 
 // After `committed` committed under `root`: removes the committed checkpoints older than the
 // newest `keep`, and every directory that holds no manifest (leftovers of failed or interrupted
-// saves). Nothing it cannot remove is an error: it logs a warning.
+// saves). A checkpoint whose manifest cannot be read is left alone. Nothing it cannot remove is
+// an error: it logs a warning.
 void remove_old_checkpoints(const std::filesystem::path& root,
                             const std::filesystem::path& committed, std::uint32_t keep) noexcept;
 // Removes the directory of a save that did not commit (a warning when it cannot).

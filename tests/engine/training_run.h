@@ -10,8 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
-
+#include <pulseloco/engine/checkpoint_commit.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/io/atomic_file.h>
 #include "engine/engine_test_util.h"
@@ -40,16 +39,14 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
 // After a test rewrote `file` of a checkpoint: its manifest records the new size and xxh3-64, as
 // if the file had been saved so (tests of what the files' own digests catch).
 inline void record_in_manifest(const std::filesystem::path& file) {
-  const std::filesystem::path manifest_path = file.parent_path() / "manifest.json";
-  nlohmann::json manifest = nlohmann::json::parse(file_bytes(manifest_path));
+  engine_detail::Manifest manifest = engine_detail::read_manifest(file.parent_path());
   const io::FileChecksum checksum = io::file_checksum(file);
-  for (auto& record : manifest.at("files")) {
-    if (record.at("name") != file.filename().string()) continue;
-    record["size"] = checksum.size;
-    record["xxh3-64"] = digest_hex(checksum.digest);
+  for (auto& record : manifest.files) {
+    if (record.name != file.filename().string()) continue;
+    record.size = checksum.size;
+    record.xxh3 = checksum.digest;
   }
-  const std::string text = manifest.dump(2);
-  (void)io::write_file_atomically(manifest_path, std::as_bytes(std::span(text)));
+  engine_detail::write_manifest(file.parent_path(), manifest);
 }
 
 struct TrainingRun {
