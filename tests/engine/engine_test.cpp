@@ -197,16 +197,25 @@ TEST(Engine, AfterOptimizerStepRunsAWindowEveryHSteps) {
   }));
 }
 
-TEST(Engine, MismatchedOptionsAreRejectedNamingTheRanks) {
-  std::vector<LocalModel> models{testing::make_model({10}, DType::float32, 1),
-                                 testing::make_model({10}, DType::float32, 2),
-                                 testing::make_model({10}, DType::float32, 3)};
-  auto transports = transport::inproc::make_group(3);
-  const auto errors = testing::run_ranks(3, [&](int r) {
+// Builds an engine on each of `world` ranks of one in-process group (a 10-element model each),
+// with small_options() as `adjust(rank, options)` changes them; returns each rank's error.
+std::vector<std::exception_ptr> construction_errors(
+    int world, const std::function<void(int, EngineOptions&)>& adjust) {
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({10}, DType::float32, static_cast<std::uint32_t>(r + 1)));
+  auto transports = transport::inproc::make_group(world);
+  return testing::run_ranks(world, [&](int r) {
     auto options = small_options();
-    if (r == 2) options.outer_lr = 0.5f;
+    adjust(r, options);
     Engine engine(testing::views_of(models[static_cast<std::size_t>(r)]), options,
                   std::move(transports[static_cast<std::size_t>(r)]));
+  });
+}
+
+TEST(Engine, MismatchedOptionsAreRejectedNamingTheRanks) {
+  const auto errors = construction_errors(3, [](int r, EngineOptions& options) {
+    if (r == 2) options.outer_lr = 0.5f;
   });
   for (const auto& error : errors) {
     ASSERT_TRUE(error);
@@ -220,16 +229,9 @@ TEST(Engine, MismatchedOptionsAreRejectedNamingTheRanks) {
 }
 
 TEST(Engine, AnOptionMismatchNamesEachDifferingOptionWithEveryValueAndItsRanks) {
-  std::vector<LocalModel> models;
-  for (int r = 0; r < 4; ++r)
-    models.push_back(testing::make_model({10}, DType::float32, static_cast<std::uint32_t>(r + 1)));
-  auto transports = transport::inproc::make_group(4);
-  const auto errors = testing::run_ranks(4, [&](int r) {
-    auto options = small_options();
+  const auto errors = construction_errors(4, [](int r, EngineOptions& options) {
     options.steps_per_window = r >= 2 ? 16 : 8;
     if (r == 3) options.allgather = collectives::CollectiveAlgorithm::direct;
-    Engine engine(testing::views_of(models[static_cast<std::size_t>(r)]), options,
-                  std::move(transports[static_cast<std::size_t>(r)]));
   });
   for (const auto& error : errors) {
     ASSERT_TRUE(error);

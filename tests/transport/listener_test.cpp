@@ -103,6 +103,15 @@ Endpoint loopback(std::uint16_t port) {
   return Endpoint(asio::ip::make_address("127.0.0.1"), port);
 }
 
+// A server that passes every connection at once and counts it in `served`.
+Listener::Serve count_into(int& served) {
+  return [&served](PendingConnection connection) -> asio::awaitable<void> {
+    connection.handshake_done();
+    ++served;
+    co_return;
+  };
+}
+
 // Whether the server closed `client` (a read sees the end of the stream or a reset).
 bool closed_by_server(Socket& client) {
   std::array<char, 1> byte{};
@@ -116,11 +125,7 @@ TEST(Listener, AnAcceptErrorPausesTheLoopLongerEachTimeAndIsLoggedOncePerInterva
   asio::io_context io;
   Listener listener(io, io.get_executor(), "test listener", "127.0.0.1", 0);
   int served = 0;
-  listener.start([&served](PendingConnection connection) -> asio::awaitable<void> {
-    connection.handshake_done();
-    ++served;
-    co_return;
-  });
+  listener.start(count_into(served));
   // A connection waits in the backlog; accepting it fails while no descriptor is free.
   Socket client(io);
   client.connect(loopback(listener.port()));
@@ -200,11 +205,7 @@ TEST(Listener, AConnectionThatWouldUseTheReservedDescriptorsIsClosedAtOnce) {
   asio::io_context io;
   Listener listener(io, io.get_executor(), "test listener", "127.0.0.1", 0);
   int served = 0;
-  listener.start([&served](PendingConnection connection) -> asio::awaitable<void> {
-    connection.handshake_done();
-    ++served;
-    co_return;
-  });
+  listener.start(count_into(served));
   Socket client(io);
   client.connect(loopback(listener.port()));
   {
