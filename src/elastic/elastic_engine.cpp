@@ -14,6 +14,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/base/unique_fd.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous.h>
 
@@ -35,21 +36,6 @@ namespace {
   }
 }
 
-// Closes a file descriptor when it goes out of scope.
-class Descriptor {
- public:
-  explicit Descriptor(int fd) : fd_(fd) {}
-  ~Descriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  [[nodiscard]] int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
-
 std::string default_worker_id() {
   std::array<char, 256> host{};
   if (::gethostname(host.data(), host.size() - 1) != 0) host[0] = '\0';
@@ -59,7 +45,7 @@ std::string default_worker_id() {
 // A free TCP port on `address` ("" = every interface): bound once and released, so that every
 // generation's data listener can bind it (Asio's acceptor sets SO_REUSEADDR).
 std::uint16_t free_port(const std::string& address) {
-  const Descriptor socket(::socket(AF_INET, SOCK_STREAM, 0));
+  const UniqueFd socket(::socket(AF_INET, SOCK_STREAM, 0));
   if (socket.get() < 0) throw IoError("cannot create a socket to find a free data port");
   const int one = 1;
   (void)::setsockopt(socket.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -93,7 +79,7 @@ std::string local_address_towards(const std::string& host) {
     throw InvalidArgument(fmt::format("cannot resolve the coordinator host '{}'", host));
   }
   const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owner(found, &::freeaddrinfo);
-  const Descriptor socket(::socket(AF_INET, SOCK_DGRAM, 0));
+  const UniqueFd socket(::socket(AF_INET, SOCK_DGRAM, 0));
   if (socket.get() < 0 || ::connect(socket.get(), found->ai_addr, found->ai_addrlen) != 0) {
     throw IoError(fmt::format("no route to the coordinator host '{}'", host));
   }

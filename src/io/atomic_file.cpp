@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/unique_fd.h>
 #include <pulseloco/io/input_file.h>
 
 namespace pulseloco::io {
@@ -26,26 +27,11 @@ std::filesystem::path temporary_path_for(const std::filesystem::path& path) {
       fmt::format("{}.tmp.{}.{}", path.string(), ::getpid(), counter.fetch_add(1)));
 }
 
-// Closes a descriptor when it goes out of scope.
-class ReadDescriptor {
- public:
-  explicit ReadDescriptor(int fd) : fd_(fd) {}
-  ~ReadDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ReadDescriptor(const ReadDescriptor&) = delete;
-  ReadDescriptor& operator=(const ReadDescriptor&) = delete;
-  [[nodiscard]] int get() const noexcept { return fd_; }
-
- private:
-  int fd_;
-};
-
 }  // namespace
 
 void fsync_directory(const std::filesystem::path& directory) {
   const std::string name = directory.empty() ? std::string(".") : directory.string();
-  const ReadDescriptor fd(::open(name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const UniqueFd fd(::open(name.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw IoError(
         fmt::format("cannot open directory '{}' to fsync it: {}", name, std::strerror(errno)));
