@@ -1,0 +1,82 @@
+"""One rank of the Python tests' training runs: a small torch model trained with AdamW on data of
+its own (a function of the rank and the step), synchronised by pulseloco.Synchronizer.
+
+Prints one JSON line per event on stdout ({"event": "window", "digest": ...}, {"event": "done",
+...}); the tests compare them across ranks. The group forms from the environment.
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+
+import pulseloco
+
+
+def emit(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def batch(rank, step, dtype):
+    generator = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randn(16, 8, generator=generator)
+    y = x.sum(dim=1, keepdim=True).sin()
+    return x.to(dtype), y.to(dtype)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", default="pulse")
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--inner-steps", type=int, default=4)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--save", help="checkpoint root: save after --save-after windows")
+    parser.add_argument("--save-after", type=int, default=0)
+    parser.add_argument("--resume", help="checkpoint to load before training")
+    args = parser.parse_args()
+
+    torch.manual_seed(7)
+    torch.set_num_threads(1)
+    dtype = getattr(torch, args.dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 1)).to(dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sync = pulseloco.Synchronizer(model.named_parameters(), mode=args.mode,
+                                  inner_steps=args.inner_steps, threads=1,
+                                  timeout=args.timeout)
+    rank = sync.rank
+    pointers = [info.data_ptr for info in sync.tensor_table()]
+    emit(event="ready", rank=rank, world_size=sync.world_size,
+         zero_copy=pointers == [p.data_ptr() for p in model.parameters()])
+    step = 0
+    if args.resume:
+        loaded = sync.load_checkpoint(args.resume, optimizer=optimizer)
+        step = loaded.window * args.inner_steps
+        emit(event="loaded", rank=rank, window=loaded.window)
+    while sync.window < args.windows:
+        x, y = batch(rank, step, dtype)
+        loss = ((model(x) - y) ** 2).mean()  # mse_loss has no bf16 kernel on the CPU in torch 1.13
+        loss.backward()
+        sync.before_optimizer_step()
+        optimizer.step()
+        optimizer.zero_grad()
+        step += 1
+        report = sync.after_optimizer_step()
+        if report is None:
+            continue
+        emit(event="window", rank=rank, window=report.window, mode=report.mode,
+             digest=report.digest, replicas_identical=report.replicas_identical,
+             payload_bytes=report.payload_bytes, loss=float(loss))
+        if args.save and sync.window == args.save_after:
+            path = sync.save_checkpoint(args.save, optimizer=optimizer)
+            emit(event="saved", rank=rank, path=str(path))
+    emit(event="done", rank=rank, window=sync.window, digest=sync.digest,
+         weights=[p.detach().float().sum().item() for p in model.parameters()])
+    sync.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
