@@ -8,6 +8,7 @@ Prints one JSON line per event on stdout ({"event": "window", "digest": ...}, {"
 import argparse
 import json
 import sys
+import time
 
 import torch
 
@@ -16,6 +17,21 @@ import pulseloco
 
 def emit(**fields):
     print(json.dumps(fields), flush=True)
+
+
+def emit_error(error, **fields):
+    emit(event="error", type=type(error).__name__, kind=getattr(error, "kind", None),
+         rank_context=getattr(error, "rank", None), peer=getattr(error, "peer", None),
+         tensor=getattr(error, "tensor", None), index=getattr(error, "index", None),
+         ranks=list(getattr(error, "ranks", [])), message=str(error), **fields)
+
+
+def rank_and_window(text):
+    """"R:W" -> (R, W); None -> (None, None)."""
+    if text is None:
+        return None, None
+    rank, window = text.split(":")
+    return int(rank), int(window)
 
 
 def batch(rank, step, dtype):
@@ -35,6 +51,12 @@ def main():
     parser.add_argument("--save", help="checkpoint root: save after --save-after windows")
     parser.add_argument("--save-after", type=int, default=0)
     parser.add_argument("--resume", help="checkpoint to load before training")
+    parser.add_argument("--announce", action="store_true",
+                        help="print an 'entering' event before each window")
+    parser.add_argument("--perturb", metavar="R:W",
+                        help="rank R adds 1 to a weight before window W (replicas diverge)")
+    parser.add_argument("--infinity", metavar="R:W",
+                        help="rank R sets weight [0] index 5 to infinity before window W")
     args = parser.parse_args()
 
     torch.manual_seed(7)
@@ -55,6 +77,30 @@ def main():
         loaded = sync.load_checkpoint(args.resume, optimizer=optimizer)
         step = loaded.window * args.inner_steps
         emit(event="loaded", rank=rank, window=loaded.window)
+    try:
+        train(args, sync, model, optimizer, dtype, step)
+    except KeyboardInterrupt:
+        emit(event="interrupted", rank=rank)
+        try:
+            sync.run_window()
+        except pulseloco.Error as error:  # the group is gone: AbortedError
+            emit_error(error, after="interrupt")
+        return 4
+    except pulseloco.Error as error:
+        emit_error(error, elapsed=time.monotonic() - train.window_start)
+        return 3
+    emit(event="done", rank=rank, window=sync.window, digest=sync.digest,
+         weights=[p.detach().float().sum().item() for p in model.parameters()])
+    sync.close()
+    return 0
+
+
+def train(args, sync, model, optimizer, dtype, step):
+    rank = sync.rank
+    perturb_rank, perturb_window = rank_and_window(args.perturb)
+    infinity_rank, infinity_window = rank_and_window(args.infinity)
+    train.window_start = time.monotonic()
+    first = next(model.parameters())
     while sync.window < args.windows:
         x, y = batch(rank, step, dtype)
         loss = ((model(x) - y) ** 2).mean()  # mse_loss has no bf16 kernel on the CPU in torch 1.13
@@ -63,6 +109,15 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
         step += 1
+        if sync.next_step_runs_window:
+            with torch.no_grad():
+                if (rank, sync.window) == (perturb_rank, perturb_window):
+                    first.view(-1)[0] += 1.0
+                if (rank, sync.window) == (infinity_rank, infinity_window):
+                    first.view(-1)[5] = float("inf")
+            if args.announce:
+                emit(event="entering", rank=rank, window=sync.window)
+            train.window_start = time.monotonic()
         report = sync.after_optimizer_step()
         if report is None:
             continue
@@ -72,10 +127,6 @@ def main():
         if args.save and sync.window == args.save_after:
             path = sync.save_checkpoint(args.save, optimizer=optimizer)
             emit(event="saved", rank=rank, path=str(path))
-    emit(event="done", rank=rank, window=sync.window, digest=sync.digest,
-         weights=[p.detach().float().sum().item() for p in model.parameters()])
-    sync.close()
-    return 0
 
 
 if __name__ == "__main__":

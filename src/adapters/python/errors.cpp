@@ -14,6 +14,10 @@ namespace {
 constexpr std::size_t kKinds = static_cast<std::size_t>(ErrorKind::aborted) + 1;
 // Owned references, kept for the life of the process (the module keeps them too).
 std::array<PyObject*, kKinds> g_classes{};
+// Error.kind: the C++ enumerator's name, an identifier code can compare with.
+constexpr std::array<const char*, kKinds> kKindNames{"invalid_argument", "io",         "timeout",
+                                                     "peer_lost",        "protocol",   "divergence",
+                                                     "non_finite",       "membership", "aborted"};
 
 PyObject* new_class(nb::module_& module, const char* name, PyObject* bases, const char* doc) {
   const std::string qualified = std::string("pulseloco.") + name;
@@ -32,7 +36,7 @@ void raise(const Error& error) {
   nb::object exception = nb::steal(PyObject_CallOneArg(cls, nb::str(error.what()).ptr()));
   if (!exception.is_valid()) return;  // the call failed and set its own Python error
   const ErrorContext& context = error.context();
-  exception.attr("kind") = nb::str(std::string(error_kind_name(error.kind())).c_str());
+  exception.attr("kind") = nb::str(kKindNames[static_cast<std::size_t>(error.kind())]);
   exception.attr("rank") = optional_int(context.rank);
   exception.attr("peer") = optional_int(context.peer);
   exception.attr("tensor") =
@@ -52,7 +56,8 @@ void bind_errors(nb::module_& module) {
   PyObject* base = new_class(
       module, "Error", PyExc_Exception,
       "Base of every pulseloco error. str(e) is the C++ message with its context; the context is "
-      "also in attributes: kind (str), rank, peer, tensor, index, byte_offset (None when unset) "
+      "also in attributes: kind (the C++ ErrorKind's name: 'invalid_argument', 'io', 'timeout', "
+      "'peer_lost', ...), rank, peer, tensor, index, byte_offset (None when unset) "
       "and ranks (list).");
   for (const char* attribute : {"kind", "rank", "peer", "tensor", "index", "byte_offset"}) {
     PyObject_SetAttrString(base, attribute, Py_None);
