@@ -236,6 +236,8 @@ class Synchronizer:
         return self._engine.residual(i)
 
     def __repr__(self) -> str:
+        if getattr(self, "_engine", None) is None:  # the constructor raised
+            return "Synchronizer(<not constructed>)"
         return (f"Synchronizer(mode={self._engine.mode!r}, rank={self.rank}, "
                 f"world_size={self.world_size}, window={self.window}, "
                 f"parameters={self.parameter_count})")

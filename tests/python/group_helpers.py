@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import queue
+import selectors
 import socket
 import subprocess
 import sys
@@ -37,10 +38,13 @@ class Process:
 
     def _read_stdout(self):
         for line in self.popen.stdout:
-            if line.startswith("{"):
+            try:
                 event = json.loads(line)
-                self.events.append(event)
-                self._queue.put(event)
+            except json.JSONDecodeError:  # not an event (mpirun may interleave ranks' lines)
+                self.stderr.append(line)
+                continue
+            self.events.append(event)
+            self._queue.put(event)
         self._queue.put(None)  # end of output
 
     def _read_stderr(self):
@@ -82,15 +86,29 @@ class Process:
                 + "".join(self.stderr[-30:]))
 
 
-def environment(rank, world_size, port, extra=None):
-    env = dict(os.environ)
-    for name in list(env):
-        if name.startswith(("PULSELOCO_", "OMPI_", "PMIX_")):
-            del env[name]
-    env.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(port), PULSELOCO_LOG_LEVEL="warn", OMP_NUM_THREADS="1")
+GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def clean_environment(extra=None):
+    """This environment without any launcher's or pulseloco's variables, plus extra."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in GROUP_VARIABLES and not name.startswith(("PULSELOCO_", "OMPI_", "PMIX_"))}
+    env.update(PULSELOCO_LOG_LEVEL="warn", OMP_NUM_THREADS="1")
     env.update(extra or {})
     return env
+
+
+def environment(rank, world_size, port, extra=None):
+    """A rank's environment as torchrun would set it (loopback), plus extra."""
+    env = clean_environment(dict(RANK=str(rank), WORLD_SIZE=str(world_size),
+                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    env.update(extra or {})
+    return env
+
+
+def spawn_worker(args, extra_env=None):
+    """One worker outside any fixed group (an elastic worker)."""
+    return Process([sys.executable, str(WORKER), *args], clean_environment(extra_env))
 
 
 def spawn_group(world_size, args, rank_env=None, script=WORKER):
@@ -121,3 +139,28 @@ def run_group(world_size, args, timeout, rank_env=None):
     processes = spawn_group(world_size, args, rank_env)
     finish_all(processes, timeout)
     return processes
+
+
+def pulseloco_cli():
+    """The `pulseloco` program (PULSELOCO_CLI, set by ctest; else the build tree's)."""
+    path = pathlib.Path(os.environ.get("PULSELOCO_CLI", HERE.parents[1] / "build/bin/pulseloco"))
+    return path if path.exists() else None
+
+
+def start_coordinator(cli, initial_workers, min_workers=1, timeout=30):
+    """A `pulseloco coordinator` on loopback; returns (process, "host:port")."""
+    process = subprocess.Popen(
+        [str(cli), "coordinator", "--host", "127.0.0.1", "--port", "0", "--initial-workers",
+         str(initial_workers), "--min-workers", str(min_workers), "--regroup-timeout-ms",
+         "30000"],
+        stdout=subprocess.PIPE, text=True, env=clean_environment())
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            process.kill()
+            raise AssertionError(f"the coordinator printed nothing within {timeout} s")
+    line = process.stdout.readline()
+    if "listening on" not in line:
+        process.kill()
+        raise AssertionError(f"the coordinator did not start: {line!r}")
+    return process, line.strip().rsplit(" ", 1)[-1]

@@ -51,6 +51,8 @@ def main():
     parser.add_argument("--save", help="checkpoint root: save after --save-after windows")
     parser.add_argument("--save-after", type=int, default=0)
     parser.add_argument("--resume", help="checkpoint to load before training")
+    parser.add_argument("--coordinator", help="an elastic worker of this coordinator")
+    parser.add_argument("--worker-id", default="")
     parser.add_argument("--announce", action="store_true",
                         help="print an 'entering' event before each window")
     parser.add_argument("--perturb", metavar="R:W",
@@ -65,9 +67,13 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
                                 torch.nn.Linear(16, 1)).to(dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    elastic = None
+    if args.coordinator:
+        elastic = {"coordinator": args.coordinator, "worker_id": args.worker_id,
+                   "admission_timeout": 60.0}
     sync = pulseloco.Synchronizer(model.named_parameters(), mode=args.mode,
                                   inner_steps=args.inner_steps, threads=1,
-                                  timeout=args.timeout)
+                                  timeout=args.timeout, elastic=elastic)
     rank = sync.rank
     pointers = [info.data_ptr for info in sync.tensor_table()]
     emit(event="ready", rank=rank, world_size=sync.world_size,
@@ -123,7 +129,8 @@ def train(args, sync, model, optimizer, dtype, step):
             continue
         emit(event="window", rank=rank, window=report.window, mode=report.mode,
              digest=report.digest, replicas_identical=report.replicas_identical,
-             payload_bytes=report.payload_bytes, loss=float(loss))
+             payload_bytes=report.payload_bytes, loss=float(loss),
+             generation=report.generation, members=report.members)
         if args.save and sync.window == args.save_after:
             path = sync.save_checkpoint(args.save, optimizer=optimizer)
             emit(event="saved", rank=rank, path=str(path))

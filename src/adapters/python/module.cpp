@@ -18,8 +18,10 @@ namespace {
 
 #if PULSELOCO_PYTHON_WITH_MPI
 // Python loads extensions with RTLD_LOCAL, so the libmpi this extension pulled in is invisible
-// to the plugins OpenMPI dlopens during MPI_Init, which then fail to resolve its symbols. Making
-// the loaded library global (as mpi4py does) before anything calls MPI_Init fixes that.
+// to the plugins OpenMPI dlopens during MPI_Init; in OpenMPI builds whose plugins do not link
+// libmpi themselves they then fail to resolve its symbols (Debian's link them and work either
+// way). Making the loaded library global before anything calls MPI_Init, as mpi4py does,
+// covers those builds.
 void make_mpi_global() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&MPI_Init), &info) == 0 || info.dli_fname == nullptr) return;
