@@ -7,7 +7,7 @@ import io
 import json
 import os
 import pathlib
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _pulseloco
 from ._pulseloco import InvalidArgument, TensorInfo, WindowReport

@@ -4,7 +4,6 @@ data plane, and the MPI transport itself) and trains with identical digests."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
