@@ -6,7 +6,8 @@
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 (default: a free port), PULSELOCO_SECRET and PULSELOCO_RUN_ID (fresh and random unless already
-set) and PYTHONUNBUFFERED=1 (unless set), so that `pulseloco.Synchronizer(...)` forms its group
+set), PYTHONUNBUFFERED=1 (unless set) and, when the master address is a loopback address,
+PULSELOCO_LISTEN_ADDR (unless set) to it, so that `pulseloco.Synchronizer(...)` forms its group
 from the environment. Every line a process writes to stdout or stderr is copied to the
 launcher's stdout or stderr with the prefix "[rank N] ".
 
@@ -22,6 +23,7 @@ Standard library only: it runs before the extension is built.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import secrets
 import selectors
@@ -90,11 +92,21 @@ def _free_port(address: str) -> int:
                          f"port: {error}") from None
 
 
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
 def _rank_environment(options: argparse.Namespace, port: int) -> list[dict[str, str]]:
     shared = dict(os.environ)
     shared.setdefault("PULSELOCO_SECRET", secrets.token_hex(16))
     shared.setdefault("PULSELOCO_RUN_ID", "launch-" + secrets.token_hex(8))
     shared.setdefault("PYTHONUNBUFFERED", "1")
+    if _is_loopback(options.master_addr):
+        # Every rank is on this host: nothing needs to listen beyond loopback.
+        shared.setdefault("PULSELOCO_LISTEN_ADDR", options.master_addr)
     world = str(options.nproc_per_node)
     shared.update(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, MASTER_ADDR=options.master_addr,
                   MASTER_PORT=str(port))

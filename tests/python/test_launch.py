@@ -87,7 +87,8 @@ def pids_in(output: str, marker: str) -> list[int]:
 ENVIRONMENT_SCRIPT = """
     import json, os
     names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-             "MASTER_PORT", "PULSELOCO_SECRET", "PULSELOCO_RUN_ID", "PYTHONUNBUFFERED"]
+             "MASTER_PORT", "PULSELOCO_SECRET", "PULSELOCO_RUN_ID", "PYTHONUNBUFFERED",
+             "PULSELOCO_LISTEN_ADDR"]
     print("env " + json.dumps({name: os.environ.get(name) for name in names}))
 """
 
@@ -104,7 +105,7 @@ def environments(output: str) -> dict[int, dict[str, str]]:
 def test_every_rank_gets_torchrun_variables_and_a_shared_fresh_secret(tmp_path):
     script = write_script(tmp_path, "env.py", ENVIRONMENT_SCRIPT)
     clean = {k: v for k, v in os.environ.items()
-             if k not in ("PULSELOCO_SECRET", "PULSELOCO_RUN_ID")}
+             if k not in ("PULSELOCO_SECRET", "PULSELOCO_RUN_ID", "PULSELOCO_LISTEN_ADDR")}
     first = launch(["--nproc-per-node", "3", str(script)], env=clean)
     assert first.returncode == 0, first.stderr
     ranks = environments(first.stdout)
@@ -114,6 +115,7 @@ def test_every_rank_gets_torchrun_variables_and_a_shared_fresh_secret(tmp_path):
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "3"
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["PYTHONUNBUFFERED"] == "1"
+        assert env["PULSELOCO_LISTEN_ADDR"] == "127.0.0.1"  # all ranks are local
         for shared in ("MASTER_PORT", "PULSELOCO_SECRET", "PULSELOCO_RUN_ID"):
             assert env[shared] == ranks[0][shared], shared
     assert 0 < int(ranks[0]["MASTER_PORT"]) < 65536
@@ -126,7 +128,8 @@ def test_every_rank_gets_torchrun_variables_and_a_shared_fresh_secret(tmp_path):
 
 def test_explicit_address_port_secret_and_run_id_are_kept(tmp_path):
     script = write_script(tmp_path, "env.py", ENVIRONMENT_SCRIPT)
-    env = dict(os.environ, PULSELOCO_SECRET="the-users-secret", PULSELOCO_RUN_ID="run-7")
+    env = {k: v for k, v in os.environ.items() if k != "PULSELOCO_LISTEN_ADDR"}
+    env.update(PULSELOCO_SECRET="the-users-secret", PULSELOCO_RUN_ID="run-7")
     result = launch(["--nproc_per_node", "2", "--master-addr", "127.0.0.2",
                      "--master_port", "29123", str(script)], env=env)
     assert result.returncode == 0, result.stderr
@@ -135,6 +138,16 @@ def test_explicit_address_port_secret_and_run_id_are_kept(tmp_path):
         assert env["MASTER_PORT"] == "29123"
         assert env["PULSELOCO_SECRET"] == "the-users-secret"
         assert env["PULSELOCO_RUN_ID"] == "run-7"
+        assert env["PULSELOCO_LISTEN_ADDR"] == "127.0.0.2"
+
+
+def test_no_listen_address_is_chosen_for_a_master_beyond_loopback(tmp_path):
+    script = write_script(tmp_path, "env.py", ENVIRONMENT_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PULSELOCO_LISTEN_ADDR"}
+    result = launch(["--nproc-per-node", "1", "--master-addr", "192.0.2.1", "--master-port",
+                     "29500", str(script)], env=env)
+    assert result.returncode == 0, result.stderr
+    assert environments(result.stdout)[0]["PULSELOCO_LISTEN_ADDR"] is None
 
 
 def test_output_lines_are_prefixed_with_the_rank(tmp_path):
