@@ -17,10 +17,6 @@ endif()
 
 if(PULSELOCO_BUILD_TESTS)
   find_package(GTest REQUIRED)           # googletest / libgtest-dev
-  # The interpreter of the venv ./scripts/deps creates (PyPI safetensors + numpy), for the tests
-  # that open our files with the standard safetensors package.
-  set(PULSELOCO_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python" CACHE FILEPATH
-    "Python with the safetensors and numpy packages, for the interoperability tests")
 endif()
 if(PULSELOCO_BUILD_BENCHMARKS)
   find_package(benchmark REQUIRED)       # libbenchmark-dev

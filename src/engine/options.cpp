@@ -49,9 +49,7 @@ StateLocation parse_state_location(std::string_view name) {
                         "' is not one of automatic, device, host");
 }
 
-namespace {
-
-collectives::CollectiveAlgorithm parse_algorithm(std::string_view name) {
+collectives::CollectiveAlgorithm parse_allgather(std::string_view name) {
   if (name == "auto" || name == "automatic") return collectives::CollectiveAlgorithm::automatic;
   if (name == "ring") return collectives::CollectiveAlgorithm::ring;
   if (name == "direct") return collectives::CollectiveAlgorithm::direct;
@@ -66,8 +64,6 @@ codec::Encoding parse_encoding(std::string_view name) {
   }
   throw InvalidArgument("encoding '" + std::string(name) + "' is unknown");
 }
-
-}  // namespace
 
 void EngineOptions::validate() const {
   if (steps_per_window < 1) throw InvalidArgument("steps_per_window (H) must be at least 1");
@@ -131,7 +127,7 @@ EngineOptions options_from_json(const nlohmann::json& json) {
     options.codec.encoding = parse_encoding(json.at("encoding").get<std::string>());
     options.codec.zstd_level = json.at("codec_level").get<int>();
     options.timeout = std::chrono::milliseconds(json.at("timeout_ms").get<std::int64_t>());
-    options.allgather = parse_algorithm(json.at("allgather").get<std::string>());
+    options.allgather = parse_allgather(json.at("allgather").get<std::string>());
     // Absent from checkpoints and traces written before the option existed: the default then.
     options.pipeline_chunk_bytes =
         json.value("pipeline_chunk_bytes", EngineOptions{}.pipeline_chunk_bytes);

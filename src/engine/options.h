@@ -37,6 +37,11 @@ enum class StateLocation : std::uint8_t {
 // "automatic" (or "auto"), "device", "host"; throws InvalidArgument.
 [[nodiscard]] StateLocation parse_state_location(std::string_view name);
 
+// "auto" (or "automatic"), "ring", "direct"; throws InvalidArgument.
+[[nodiscard]] collectives::CollectiveAlgorithm parse_allgather(std::string_view name);
+// A name codec::encoding_name gives; throws InvalidArgument.
+[[nodiscard]] codec::Encoding parse_encoding(std::string_view name);
+
 // True when this program can keep the state on a CUDA device: it links pulseloco_engine_cuda
 // (package component `cuda`). Says nothing about whether a device is present.
 [[nodiscard]] bool device_state_available() noexcept;

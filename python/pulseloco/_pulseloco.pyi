@@ -1,0 +1,267 @@
+"""The C++ core of pulseloco (import pulseloco instead)."""
+
+import numpy
+from numpy.typing import NDArray
+
+import builtins
+
+__version__: str
+
+class Error(builtins.Exception):
+    """Base of every pulseloco error. str(e) is the C++ message with its context; the context is also in attributes: kind (the C++ ErrorKind's name: 'invalid_argument', 'io', 'timeout', 'peer_lost', ...), rank, peer, tensor, index, byte_offset (None when unset) and ranks (list)."""
+
+    kind: str | None
+    rank: int | None
+    peer: int | None
+    tensor: str | None
+    index: int | None
+    byte_offset: int | None
+    ranks: list[int]
+
+class InvalidArgument(Error, builtins.ValueError):
+    """A caller, an option or a file asked for something impossible (also a ValueError)."""
+
+class IoError(Error, builtins.OSError):
+    """The operating system or a file failed (also an OSError)."""
+
+class TimeoutError(Error, builtins.TimeoutError):
+    """A deadline passed (also the builtin TimeoutError)."""
+
+class PeerLostError(Error):
+    """A peer closed, crashed or became unreachable; `peer` names it when known."""
+
+class ProtocolError(Error):
+    """Bytes from a peer or a file violate the wire or file format."""
+
+class DivergenceError(Error):
+    """Replicas that must be bit-identical are not; `ranks` names them."""
+
+class NonFiniteError(Error):
+    """NaN or infinity where the algorithm forbids it; `tensor` and `index` name it."""
+
+class MembershipError(Error):
+    """This worker is not (or no longer) in the run's group, or the run stopped."""
+
+class AbortedError(PeerLostError):
+    """This rank gave up its group (an interrupt, an earlier failure): also a PeerLostError."""
+
+
+def features() -> dict:
+    """
+    What this build offers: version, linked transports, whether the state can live on a CUDA device, TLS, elastic runs; libtorch is never linked.
+    """
+
+class PhaseSeconds:
+    """Seconds one window spent in each phase."""
+
+    @property
+    def gate(self) -> float:
+        """gate + encode (pulse) or pseudo-gradient (diloco)"""
+
+    @property
+    def exchange(self) -> float:
+        """the collectives"""
+
+    @property
+    def apply(self) -> float:
+        """decode, aggregate, residual, outer step, reset"""
+
+    @property
+    def verify(self) -> float:
+        """digests of the state and their all-gather"""
+
+    @property
+    def total(self) -> float: ...
+
+    def to_dict(self) -> dict: ...
+
+    def __repr__(self) -> str: ...
+
+class WindowReport:
+    """
+    What one window did on this rank (returned by after_optimizer_step() and run_window()). Attributes have the C++ WindowReport's names.
+    """
+
+    @property
+    def window(self) -> int:
+        """index of the window that just committed (0-based)"""
+
+    @property
+    def mode(self) -> str:
+        """'pulse', 'diloco' or 'ddp'"""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def generation(self) -> int:
+        """the group's generation (elastic runs; 0 otherwise)"""
+
+    @property
+    def members(self) -> list[str]:
+        """worker ids in rank order (elastic runs; else empty)"""
+
+    @property
+    def parameters(self) -> int:
+        """elements in the model"""
+
+    @property
+    def steps_per_window(self) -> int:
+        """H"""
+
+    @property
+    def state_location(self) -> str:
+        """'host' or 'cuda:N'"""
+
+    @property
+    def entries_sent(self) -> int: ...
+
+    @property
+    def density(self) -> float:
+        """entries_sent / parameters"""
+
+    @property
+    def payload_bytes(self) -> int:
+        """this rank's encoded contribution"""
+
+    @property
+    def received_bytes(self) -> int: ...
+
+    @property
+    def wire_bytes_sent(self) -> int: ...
+
+    @property
+    def wire_bytes_received(self) -> int: ...
+
+    @property
+    def diloco_bytes(self) -> int:
+        """dense DiLoCo payload: 4 B x parameters"""
+
+    @property
+    def ddp_bytes(self) -> int:
+        """dense DDP payload: H x 4 B x parameters"""
+
+    @property
+    def seconds(self) -> PhaseSeconds: ...
+
+    @property
+    def digest(self) -> int:
+        """combined digest of the global weights and momentum"""
+
+    @property
+    def rank_digests(self) -> list[int]:
+        """every rank's digest (empty if not verified)"""
+
+    @property
+    def replicas_identical(self) -> bool: ...
+
+    def to_dict(self) -> dict:
+        """The attributes as a dict (seconds as a nested dict)."""
+
+    def summary(self) -> str:
+        """The one-line summary the C++ library logs."""
+
+    def __repr__(self) -> str: ...
+
+class TensorInfo:
+    """
+    What the engine sees of one parameter tensor: data_ptr is the address it reads and writes (the tensor's own memory).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def data_ptr(self) -> int: ...
+
+    @property
+    def numel(self) -> int: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+class _Synchronizer:
+    """
+    The engine behind pulseloco.Synchronizer (use that class: it accepts named_parameters() and optimizers).
+    """
+
+    def __init__(self, parameters: list, mode: str, inner_steps: int, outer_lr: float, outer_momentum: float, options: dict, group: object | None, elastic: object | None) -> None:
+        """parameters: list of (name, tensor). Forms the group (collective)."""
+
+    def after_optimizer_step(self) -> WindowReport | None:
+        """
+        Counts the step; every inner_steps-th call runs a window and returns its report.
+        """
+
+    def run_window(self) -> WindowReport:
+        """Runs a window now (collective)."""
+
+    def average_gradients(self, gradients: list) -> None:
+        """
+        ddp: replaces every gradient by its average over the ranks (collective).
+        """
+
+    def save_checkpoint(self, root: str, keep: int, files: dict) -> str:
+        """Writes a checkpoint under root (collective); returns its directory."""
+
+    def load_checkpoint(self, path: str) -> tuple:
+        """Loads a checkpoint (collective); returns (directory, window, files)."""
+
+    def save_global_weights(self, file: str) -> None:
+        """Writes this rank's global weights to a safetensors file."""
+
+    def close(self) -> None:
+        """Leaves an elastic run, or releases the group's transport."""
+
+    def tensor_table(self) -> list[TensorInfo]:
+        """The engine's view of every parameter."""
+
+    def global_weights(self, tensor: int) -> NDArray[numpy.float32]:
+        """A float32 copy of tensor i's global weights."""
+
+    def momentum(self, tensor: int) -> NDArray[numpy.float32]:
+        """A float32 copy of tensor i's outer momentum."""
+
+    def residual(self, tensor: int) -> NDArray[numpy.float32]:
+        """A float32 copy of tensor i's residual (this rank's)."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def window(self) -> int: ...
+
+    @property
+    def parameter_count(self) -> int: ...
+
+    @property
+    def state_location(self) -> str: ...
+
+    @property
+    def digest(self) -> int: ...
+
+    @property
+    def next_step_runs_window(self) -> bool: ...
+
+    @property
+    def options_json(self) -> str: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def members(self) -> list: ...

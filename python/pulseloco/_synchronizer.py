@@ -1,0 +1,243 @@
+"""pulseloco.Synchronizer: the engine over a model's parameters, without copying them."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import pathlib
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+from . import _pulseloco
+from ._pulseloco import InvalidArgument, TensorInfo, WindowReport
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint that load_checkpoint() restored."""
+
+    dir: pathlib.Path
+    """The checkpoint directory loaded."""
+    window: int
+    """Its window counter."""
+    files: Dict[str, bytes]
+    """This rank's own files (save_checkpoint(files=...)), verified against the manifest."""
+
+
+def _named_tensors(parameters: Any) -> List[Tuple[str, Any]]:
+    """(name, tensor) pairs from named_parameters(), a dict, or an iterable of tensors."""
+    if isinstance(parameters, Mapping):
+        items = list(parameters.items())
+    else:
+        items = list(parameters)
+        if items and not (isinstance(items[0], tuple) and len(items[0]) == 2):
+            items = [(str(i), tensor) for i, tensor in enumerate(items)]
+    named = []
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+            raise InvalidArgument(
+                "parameters: expected (name, tensor) pairs, a dict name -> tensor or tensors; "
+                f"got a {type(item).__name__}")
+        named.append(item)
+    return named
+
+
+def _engine_view(tensor: Any) -> Any:
+    """What the engine imports: the tensor itself, detached from autograd when it is a torch
+    parameter (torch refuses to export tensors that require grad; detach() shares memory)."""
+    detach = getattr(tensor, "detach", None)
+    if detach is not None and getattr(tensor, "requires_grad", False):
+        return detach()
+    return tensor
+
+
+class Synchronizer:
+    """Synchronises a model's parameters across a group with PULSELoCo, DiLoCo or DDP.
+
+    Synchronizer(parameters, *, mode="pulse", inner_steps=8, outer_lr=0.7,
+                 outer_momentum=0.9, group=None, elastic=None, **engine_options)
+
+    parameters: model.named_parameters(), a dict name -> tensor, or an iterable of tensors
+        (named "0", "1", ...). Each is contiguous, float32 or bfloat16, and has __dlpack__
+        (torch.Tensor) or the buffer protocol (NumPy). The engine reads and writes the tensors'
+        own memory (no copy); the Synchronizer keeps them alive.
+    mode: "pulse" (sparse), "diloco" (dense outer step) or "ddp" (gradients averaged).
+    inner_steps: optimizer steps per window (H). outer_lr, outer_momentum: the outer Nesterov
+        step's learning rate and momentum.
+    group: None (the group forms from the environment: RANK, WORLD_SIZE, MASTER_ADDR,
+        MASTER_PORT as torchrun sets them, mpirun's, PULSELOCO_*), or a dict of overrides with
+        the C++ TransportOptions / TcpOptions field names: backend, rendezvous, rank,
+        world_size, master_addr, master_port, peers, run_id, connect_timeout (s), secret,
+        listen_addr, listen_port, connections_per_peer, io_timeout (s), ...
+    elastic: None, or a dict (coordinator "host:port", worker_id, admission_timeout (s),
+        max_attempts_per_window): an elastic worker whose group may lose and gain members.
+    engine_options: the C++ EngineOptions by name: chunk_elements, bucket_elements, threads,
+        timeout (s), allgather, pipeline_chunk_bytes, bf16_delta, verify_digests, trace_dir,
+        state_location, encoding, zstd_level, index_coding. Unknown names raise InvalidArgument.
+
+    Constructing it is collective: every rank constructs its Synchronizer with the same tensor
+    table and options, and rank 0's weights become everyone's. Windows, checkpoints and group
+    formation release the GIL; Ctrl-C during a window aborts the group (the other ranks raise
+    PeerLostError within their timeout) and raises KeyboardInterrupt here.
+    """
+
+    def __init__(self, parameters: Any, *, mode: str = "pulse", inner_steps: int = 8,
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 group: Optional[Dict[str, Any]] = None,
+                 elastic: Optional[Dict[str, Any]] = None, **engine_options: Any) -> None:
+        named = _named_tensors(parameters)
+        self._parameters = [tensor for _, tensor in named]
+        self._views = [(name, _engine_view(tensor)) for name, tensor in named]
+        self._engine = _pulseloco._Synchronizer(
+            self._views, mode, inner_steps, outer_lr, outer_momentum, dict(engine_options),
+            group, elastic)
+
+    # --- the training loop -------------------------------------------------------------------
+
+    def before_optimizer_step(self) -> None:
+        """Call after backward(), before optimizer.step(). ddp: averages every parameter's
+        .grad over the ranks (collective). Other modes: nothing."""
+        if self._engine.mode != "ddp":
+            return
+        self._engine.average_gradients(
+            [getattr(tensor, "grad", None) for tensor in self._parameters])
+
+    def after_optimizer_step(self) -> Optional[WindowReport]:
+        """Call after every optimizer.step(): counts the step; every inner_steps-th call runs a
+        window (collective), writes the new weights into the parameters and returns its report;
+        otherwise returns None."""
+        return self._engine.after_optimizer_step()
+
+    def run_window(self) -> WindowReport:
+        """Runs a window now (collective), whatever the step count."""
+        return self._engine.run_window()
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def save_checkpoint(self, root: PathLike, *, keep: int = 2, optimizer: Any = None,
+                        files: Optional[Dict[str, bytes]] = None) -> pathlib.Path:
+        """Writes a checkpoint directory under root (collective) and returns it. optimizer: a
+        torch optimizer whose state_dict is saved as this rank's file "optimizer.pt"; files:
+        this rank's own files (name -> bytes). The committed checkpoints beyond the newest
+        `keep` are removed."""
+        own = dict(files or {})
+        if optimizer is not None:
+            import torch  # only when an optimizer is given: pulseloco does not need torch
+
+            buffer = io.BytesIO()
+            torch.save(optimizer.state_dict(), buffer)
+            own[OPTIMIZER_FILE] = buffer.getvalue()
+        return pathlib.Path(self._engine.save_checkpoint(os.fspath(root), keep, own))
+
+    def load_checkpoint(self, path: PathLike, *, optimizer: Any = None) -> LoadedCheckpoint:
+        """Restores a checkpoint (collective): a checkpoint directory, or a root whose newest
+        committed checkpoint is loaded. The parameters are reset to the checkpoint's weights;
+        optimizer: restored from the checkpoint's "optimizer.pt"."""
+        directory, window, own = self._engine.load_checkpoint(os.fspath(path))
+        if optimizer is not None:
+            if OPTIMIZER_FILE not in own:
+                raise InvalidArgument(
+                    f"checkpoint {directory} holds no {OPTIMIZER_FILE} for this rank "
+                    "(saved without optimizer=)")
+            import torch
+
+            optimizer.load_state_dict(torch.load(io.BytesIO(own[OPTIMIZER_FILE])))
+        return LoadedCheckpoint(pathlib.Path(directory), window, own)
+
+    def save_global_weights(self, file: PathLike) -> None:
+        """Writes this rank's global weights to one safetensors file (not collective)."""
+        self._engine.save_global_weights(os.fspath(file))
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leaves an elastic run, or releases the group's connections (the state stays
+        readable)."""
+        self._engine.close()
+
+    def __enter__(self) -> "Synchronizer":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # --- state -------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the group."""
+        return self._engine.rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the group."""
+        return self._engine.world_size
+
+    @property
+    def window(self) -> int:
+        """Windows committed so far."""
+        return self._engine.window
+
+    @property
+    def parameter_count(self) -> int:
+        """Elements in the model."""
+        return self._engine.parameter_count
+
+    @property
+    def state_location(self) -> str:
+        """Where the global weights, momentum and residual live: "host" or "cuda:N"."""
+        return self._engine.state_location
+
+    @property
+    def digest(self) -> int:
+        """Combined digest of the global weights and momentum (equal on every rank)."""
+        return self._engine.digest
+
+    @property
+    def next_step_runs_window(self) -> bool:
+        """True when the next after_optimizer_step() runs a window."""
+        return self._engine.next_step_runs_window
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        """The engine's options as their canonical JSON (as checkpoints record them)."""
+        return json.loads(self._engine.options_json)
+
+    @property
+    def generation(self) -> int:
+        """The group's generation (elastic runs; 0 for a fixed group)."""
+        return self._engine.generation
+
+    @property
+    def members(self) -> List[str]:
+        """Worker ids in rank order (elastic runs; empty for a fixed group)."""
+        return self._engine.members
+
+    def tensor_table(self) -> List[TensorInfo]:
+        """The engine's view of every parameter: name, data_ptr (the address it uses: the
+        tensor's own), numel, dtype, device."""
+        return self._engine.tensor_table()
+
+    def global_weights(self, i: int) -> Any:
+        """A float32 NumPy copy of parameter i's global weights."""
+        return self._engine.global_weights(i)
+
+    def momentum(self, i: int) -> Any:
+        """A float32 NumPy copy of parameter i's outer momentum."""
+        return self._engine.momentum(i)
+
+    def residual(self, i: int) -> Any:
+        """A float32 NumPy copy of parameter i's residual (this rank's error feedback)."""
+        return self._engine.residual(i)
+
+    def __repr__(self) -> str:
+        if getattr(self, "_engine", None) is None:  # the constructor raised
+            return "Synchronizer(<not constructed>)"
+        return (f"Synchronizer(mode={self._engine.mode!r}, rank={self.rank}, "
+                f"world_size={self.world_size}, window={self.window}, "
+                f"parameters={self.parameter_count})")

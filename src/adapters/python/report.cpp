@@ -1,0 +1,107 @@
+// WindowReport and PhaseSeconds as read-only Python objects with the C++ field names.
+#include <string>
+
+#include <fmt/format.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <pulseloco/engine/report.h>
+
+#include "bindings.h"
+
+namespace pulseloco::python {
+namespace {
+
+nb::dict seconds_dict(const PhaseSeconds& s) {
+  nb::dict d;
+  d["gate"] = s.gate;
+  d["exchange"] = s.exchange;
+  d["apply"] = s.apply;
+  d["verify"] = s.verify;
+  d["total"] = s.total;
+  return d;
+}
+
+nb::dict report_dict(const WindowReport& r) {
+  nb::dict d;
+  d["window"] = r.window;
+  d["mode"] = std::string(mode_name(r.mode));
+  d["rank"] = r.rank;
+  d["world_size"] = r.world_size;
+  d["generation"] = r.generation;
+  d["members"] = r.members;
+  d["parameters"] = r.parameters;
+  d["steps_per_window"] = r.steps_per_window;
+  d["state_location"] = r.state_location;
+  d["entries_sent"] = r.entries_sent;
+  d["density"] = r.density;
+  d["payload_bytes"] = r.payload_bytes;
+  d["received_bytes"] = r.received_bytes;
+  d["wire_bytes_sent"] = r.wire_bytes_sent;
+  d["wire_bytes_received"] = r.wire_bytes_received;
+  d["diloco_bytes"] = r.diloco_bytes;
+  d["ddp_bytes"] = r.ddp_bytes;
+  d["seconds"] = seconds_dict(r.seconds);
+  d["digest"] = r.digest;
+  d["rank_digests"] = r.rank_digests;
+  d["replicas_identical"] = r.replicas_identical;
+  return d;
+}
+
+}  // namespace
+
+void bind_report(nb::module_& module) {
+  nb::class_<PhaseSeconds>(module, "PhaseSeconds", "Seconds one window spent in each phase.")
+      .def_ro("gate", &PhaseSeconds::gate, "gate + encode (pulse) or pseudo-gradient (diloco)")
+      .def_ro("exchange", &PhaseSeconds::exchange, "the collectives")
+      .def_ro("apply", &PhaseSeconds::apply, "decode, aggregate, residual, outer step, reset")
+      .def_ro("verify", &PhaseSeconds::verify, "digests of the state and their all-gather")
+      .def_ro("total", &PhaseSeconds::total)
+      .def("to_dict", &seconds_dict)
+      .def("__repr__", [](const PhaseSeconds& s) {
+        return fmt::format(
+            "PhaseSeconds(gate={:.6f}, exchange={:.6f}, apply={:.6f}, "
+            "verify={:.6f}, total={:.6f})",
+            s.gate, s.exchange, s.apply, s.verify, s.total);
+      });
+
+  using R = WindowReport;
+  nb::class_<R>(module, "WindowReport",
+                "What one window did on this rank (returned by after_optimizer_step() and "
+                "run_window()). Attributes have the C++ WindowReport's names.")
+      .def_ro("window", &R::window, "index of the window that just committed (0-based)")
+      .def_prop_ro(
+          "mode", [](const R& r) { return std::string(mode_name(r.mode)); },
+          "'pulse', 'diloco' or 'ddp'")
+      .def_ro("rank", &R::rank)
+      .def_ro("world_size", &R::world_size)
+      .def_ro("generation", &R::generation, "the group's generation (elastic runs; 0 otherwise)")
+      .def_ro("members", &R::members, "worker ids in rank order (elastic runs; else empty)")
+      .def_ro("parameters", &R::parameters, "elements in the model")
+      .def_ro("steps_per_window", &R::steps_per_window, "H")
+      .def_ro("state_location", &R::state_location, "'host' or 'cuda:N'")
+      .def_ro("entries_sent", &R::entries_sent)
+      .def_ro("density", &R::density, "entries_sent / parameters")
+      .def_ro("payload_bytes", &R::payload_bytes, "this rank's encoded contribution")
+      .def_ro("received_bytes", &R::received_bytes)
+      .def_ro("wire_bytes_sent", &R::wire_bytes_sent)
+      .def_ro("wire_bytes_received", &R::wire_bytes_received)
+      .def_ro("diloco_bytes", &R::diloco_bytes, "dense DiLoCo payload: 4 B x parameters")
+      .def_ro("ddp_bytes", &R::ddp_bytes, "dense DDP payload: H x 4 B x parameters")
+      .def_ro("seconds", &R::seconds)
+      .def_ro("digest", &R::digest, "combined digest of the global weights and momentum")
+      .def_ro("rank_digests", &R::rank_digests, "every rank's digest (empty if not verified)")
+      .def_ro("replicas_identical", &R::replicas_identical)
+      .def("to_dict", &report_dict, "The attributes as a dict (seconds as a nested dict).")
+      .def("summary", &summary_line, "The one-line summary the C++ library logs.")
+      .def("__repr__", [](const R& r) {
+        return fmt::format(
+            "WindowReport(window={}, mode='{}', rank={}, world_size={}, "
+            "density={:.6g}, payload_bytes={}, digest=0x{:016x}, "
+            "replicas_identical={})",
+            r.window, mode_name(r.mode), r.rank, r.world_size, r.density, r.payload_bytes, r.digest,
+            r.replicas_identical ? "True" : "False");
+      });
+}
+
+}  // namespace pulseloco::python

@@ -1,0 +1,247 @@
+"""The package in this process, in a group of one: module attributes, options, tensors
+(zero-copy, dtypes, NumPy), reports, errors raised by bad input, files and timeouts, stubs and
+help text."""
+
+import ast
+import io
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import pulseloco
+from group_helpers import free_port
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def group_of_one(monkeypatch):
+    """No launcher's variables: every Synchronizer here forms a group of one."""
+    for name in list(os.environ):
+        if name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK") or \
+                name.startswith(("PULSELOCO_", "OMPI_", "PMIX_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("PULSELOCO_LOG_LEVEL", "warn")
+
+
+def linear(dtype=torch.float32):
+    torch.manual_seed(3)
+    return torch.nn.Linear(6, 4).to(dtype)
+
+
+def test_version_is_the_projects_and_features_describe_the_build():
+    project = re.search(r"project\(pulseloco\s+VERSION\s+([0-9.]+)",
+                        (REPO / "CMakeLists.txt").read_text()).group(1)
+    assert pulseloco.__version__ == project
+    features = pulseloco.features()
+    assert features["version"] == project
+    assert "tcp" in features["transports"]
+    assert isinstance(features["cuda"], bool)
+    assert (features["tls"], features["elastic"], features["libtorch"]) == (True, True, False)
+
+
+def test_extension_does_not_link_libtorch():
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf is not installed")
+    output = subprocess.run([readelf, "-d", pulseloco._pulseloco.__file__], check=True,
+                            capture_output=True, text=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", output)
+    assert needed, output
+    assert not [n for n in needed if re.match(r"lib(torch|c10)", n)], needed
+
+
+def test_tensors_are_used_in_place_fp32_and_bf16():
+    model = linear()
+    half = linear(torch.bfloat16)
+    parameters = {"w": model.weight, "b": model.bias, "hw": half.weight}
+    with pulseloco.Synchronizer(parameters, inner_steps=1) as sync:
+        table = sync.tensor_table()
+        assert [t.name for t in table] == ["w", "b", "hw"]
+        assert [t.data_ptr for t in table] == [p.data_ptr() for p in parameters.values()]
+        assert [t.dtype for t in table] == ["float32", "float32", "bfloat16"]
+        assert [t.numel for t in table] == [24, 4, 24]
+        assert {t.device for t in table} == {"cpu"}
+        assert sync.parameter_count == 52
+        with torch.no_grad():
+            model.weight -= 0.25
+            half.weight += 0.5
+        report = sync.after_optimizer_step()
+        assert report is not None and report.window == 0
+        # The window wrote the new weights into the tensors themselves.
+        assert np.array_equal(model.weight.detach().numpy().ravel(), sync.global_weights(0))
+        rounded = torch.from_numpy(sync.global_weights(2)).to(torch.bfloat16)
+        assert torch.equal(half.weight.detach().ravel(), rounded)
+
+
+def test_numpy_parameters_and_tensors_without_names():
+    arrays = [np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+              np.ones(5, dtype=np.float32)]
+    with pulseloco.Synchronizer(arrays, inner_steps=2) as sync:
+        assert [t.name for t in sync.tensor_table()] == ["0", "1"]
+        assert [t.data_ptr for t in sync.tensor_table()] == [a.ctypes.data for a in arrays]
+        arrays[0] += 0.5
+        assert sync.after_optimizer_step() is None
+        assert sync.next_step_runs_window
+        report = sync.after_optimizer_step()
+        assert report.window == 0 and sync.window == 1
+        assert np.array_equal(arrays[0].ravel(), sync.global_weights(0))
+        assert sync.momentum(0).dtype == np.float32 and sync.residual(1).shape == (5,)
+
+
+def test_every_engine_option_reaches_the_engine(tmp_path):
+    options = dict(chunk_elements=4096, bucket_elements=8192, threads=1, timeout=12.5,
+                   allgather="ring", pipeline_chunk_bytes=65536, bf16_delta="authors",
+                   verify_digests=False, trace_dir=str(tmp_path), state_location="host",
+                   encoding="plain_i32_f32", zstd_level=3, index_coding="bitpack")
+    with pulseloco.Synchronizer([np.zeros(8, np.float32)], mode="diloco", inner_steps=3,
+                                outer_lr=0.5, outer_momentum=0.25, **options) as sync:
+        got = sync.options
+        assert sync.state_location == "host"
+    assert got["mode"] == "diloco" and got["steps_per_window"] == 3
+    assert (got["outer_lr"], got["outer_momentum"]) == (0.5, 0.25)
+    assert got["timeout_ms"] == 12500 and got["codec_level"] == 3
+    for key in ("chunk_elements", "bucket_elements", "threads", "allgather",
+                "pipeline_chunk_bytes", "bf16_delta", "verify_digests", "trace_dir",
+                "encoding"):
+        assert got[key] == options[key], key
+
+
+def test_every_group_option_is_accepted():
+    group = dict(backend="tcp", rendezvous="peers", rank=0, world_size=1,
+                 master_addr="127.0.0.1", master_port=1, external_rendezvous_server=False,
+                 peers=[f"127.0.0.1:{free_port()}"], group_key="g", run_id="run",
+                 advertise_addr="127.0.0.1", socket_ifname="", connect_timeout=5.0,
+                 nccl_bootstrap="tcp", listen_addr="127.0.0.1", listen_port=0,
+                 connections_per_peer=3, stripe_threshold_bytes=1 << 20,
+                 stripe_chunk_bytes=1 << 21, tcp_nodelay=False, socket_send_buffer_bytes=0,
+                 socket_receive_buffer_bytes=0, keepalive=True, keepalive_idle_s=30,
+                 keepalive_interval_s=5, keepalive_count=3, io_timeout=0.0,
+                 max_unexpected_bytes=1 << 24, payload_checksums=False, io_threads=2,
+                 busy_poll=0.0001, secret="a secret", allow_insecure=False,
+                 link_security="hmac", tls_cert="", tls_key="", tls_ca="",
+                 mpi_part_bytes=1 << 20, cuda_device=-1, local_rank=-1)
+    with pulseloco.Synchronizer([np.zeros(4, np.float32)], group=group) as sync:
+        assert (sync.rank, sync.world_size) == (0, 1)
+        assert sync.run_window().replicas_identical
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(chunk_size=5), "chunk_size"),
+    (dict(threads="two"), "threads"),
+    (dict(allgather="tree"), "tree"),
+    (dict(mode="fast"), "fast"),
+    (dict(inner_steps=0), "steps_per_window"),
+    (dict(group={"ranks": 2}), "ranks"),
+    (dict(group={"rank": "0"}), "rank"),
+    (dict(group={"backend": "carrier-pigeon"}), "carrier-pigeon"),
+    (dict(index_coding="zigzag"), "zigzag"),
+])
+def test_bad_options_raise_invalid_argument_naming_them(kwargs, needle):
+    with pytest.raises(pulseloco.InvalidArgument) as caught:
+        pulseloco.Synchronizer([np.zeros(4, np.float32)], **kwargs)
+    assert needle in str(caught.value)
+    assert isinstance(caught.value, ValueError) and caught.value.kind == "invalid_argument"
+
+
+@pytest.mark.parametrize("tensor, needle", [
+    (torch.zeros(4, 6)[:, ::2], "not contiguous"),
+    (torch.zeros(4, dtype=torch.int64), "neither float32 nor bfloat16"),
+    (np.zeros(4, np.float64), "neither float32 nor bfloat16"),
+    ("weights", "not a writable tensor"),
+])
+def test_bad_tensors_raise_invalid_argument_naming_them(tensor, needle):
+    with pytest.raises(pulseloco.InvalidArgument) as caught:
+        pulseloco.Synchronizer({"ok": torch.zeros(3), "bad": tensor})
+    assert needle in str(caught.value)
+    assert caught.value.tensor == "bad"
+
+
+def test_ddp_without_gradients_names_the_parameter():
+    model = linear()
+    with pulseloco.Synchronizer(model.named_parameters(), mode="ddp") as sync:
+        with pytest.raises(pulseloco.InvalidArgument) as caught:
+            sync.before_optimizer_step()
+        assert caught.value.tensor == "weight"
+
+
+def test_report_is_typed_and_has_a_dict_and_a_summary():
+    with pulseloco.Synchronizer([np.ones(16, np.float32)], inner_steps=1) as sync:
+        report = sync.after_optimizer_step()
+    as_dict = report.to_dict()
+    for name, value in as_dict.items():
+        if name == "seconds":
+            assert value == report.seconds.to_dict()
+        else:
+            assert getattr(report, name) == value, name
+    assert {"window", "mode", "density", "payload_bytes", "digest", "rank_digests",
+            "replicas_identical", "diloco_bytes", "ddp_bytes"} <= set(as_dict)
+    assert report.summary().startswith("window 0 pulse")
+    assert repr(report).startswith("WindowReport(window=0, mode='pulse'")
+    assert report.digest == sync.digest == report.rank_digests[0]
+
+
+def test_loading_a_missing_checkpoint_is_an_io_error(tmp_path):
+    with pulseloco.Synchronizer([np.zeros(4, np.float32)]) as sync:
+        with pytest.raises(pulseloco.IoError) as caught:
+            sync.load_checkpoint(tmp_path / "nowhere")
+    assert isinstance(caught.value, OSError) and caught.value.kind == "io"
+    assert caught.value.rank == 0
+
+
+def test_a_damaged_checkpoint_is_a_protocol_error(tmp_path):
+    weights = np.arange(64, dtype=np.float32)
+    with pulseloco.Synchronizer([weights], inner_steps=1) as sync:
+        sync.after_optimizer_step()
+        path = sync.save_checkpoint(tmp_path, files={"notes.txt": b"hello"})
+        assert path.parent == tmp_path and path.is_dir()
+        loaded = sync.load_checkpoint(tmp_path)
+        assert (loaded.dir, loaded.window, loaded.files) == (path, 1, {"notes.txt": b"hello"})
+        damaged = path / "global.safetensors"
+        data = bytearray(damaged.read_bytes())
+        data[-5] ^= 0x40
+        damaged.write_bytes(bytes(data))
+        with pytest.raises(pulseloco.ProtocolError) as caught:
+            sync.load_checkpoint(path)
+    assert "global.safetensors" in str(caught.value)
+
+
+def test_a_rank_that_never_comes_is_a_timeout():
+    group = dict(rendezvous="env", rank=0, world_size=2, master_addr="127.0.0.1",
+                 master_port=free_port(), connect_timeout=1.0)
+    with pytest.raises(pulseloco.TimeoutError) as caught:
+        pulseloco.Synchronizer([np.zeros(4, np.float32)], group=group)
+    assert isinstance(caught.value, TimeoutError) and caught.value.kind == "timeout"
+
+
+def test_help_documents_every_public_method():
+    text = io.StringIO()
+    sys.stdout, saved = text, sys.stdout
+    try:
+        help(pulseloco.Synchronizer)
+    finally:
+        sys.stdout = saved
+    assert "named_parameters()" in text.getvalue()
+    for name in dir(pulseloco.Synchronizer):
+        if not name.startswith("_"):
+            assert getattr(pulseloco.Synchronizer, name).__doc__, name
+    for name in ("WindowReport", "TensorInfo", "Error", "InvalidArgument", "features"):
+        assert getattr(pulseloco, name).__doc__, name
+
+
+def test_stubs_parse_and_match_the_extension():
+    package = pathlib.Path(pulseloco.__file__).parent
+    stubs = list(package.glob("*.pyi"))
+    assert stubs and (package / "py.typed").exists()
+    for stub in stubs:
+        ast.parse(stub.read_text(), str(stub))
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "python_stubs"), "--check"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
