@@ -5,12 +5,13 @@
     mpirun -np 4 .venv/bin/python examples/python/train.py --mode pulse
 
 The task: modular addition, (a, b) -> (a + b) mod 23, learnt by an MLP over embeddings of a and
-b. Every worker trains on batches of its own (drawn from its rank and step) with AdamW; every H
-inner steps pulseloco runs a window (PULSELoCo, DiLoCo or DDP, --mode) that leaves every
-worker with the same weights. Rank 0 prints a line per window (training loss, the loss and
-accuracy on all 529 facts, the window's payload) and a final line comparing the payload with
-what DiLoCo and DDP would send, and whether the replicas stayed identical. The exit status is 3
-when they did not.
+b. Every worker first pretrains the model alone on the facts with b < 16 (the same steps on
+every worker); then post-training, synchronised, extends it to all 529 facts: every worker
+trains on batches of its own with AdamW, and every H inner steps pulseloco runs a window
+(PULSELoCo, DiLoCo or DDP, --mode) that leaves every worker with the same weights. Rank 0
+prints a line per window (training loss, the loss and accuracy on all 529 facts, the window's
+payload) and a final line comparing the payload with what DiLoCo and DDP would send, and
+whether the replicas stayed identical. The exit status is 3 when they did not.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import nn  # noqa: E402
 import pulseloco  # noqa: E402
 
 MODULUS = 23
+PRETRAIN_MAX_B = 16  # pretraining sees the facts with b < 16; post-training all of them
 
 
 class ModularAdder(nn.Module):
@@ -43,11 +45,24 @@ class ModularAdder(nn.Module):
         return self.mlp(self.embed(pairs).flatten(1))
 
 
-def batch(seed: int, rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch worker `rank` trains on at `step`: the same on every run."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + rank * 10_007 + step)
-    pairs = torch.randint(0, MODULUS, (size, 2), generator=generator)
+def batch(generator: torch.Generator, size: int,
+          max_b: int = MODULUS) -> tuple[torch.Tensor, torch.Tensor]:
+    """`size` facts (a, b) with b < max_b, and their answers."""
+    a = torch.randint(0, MODULUS, (size,), generator=generator)
+    b = torch.randint(0, max_b, (size,), generator=generator)
+    pairs = torch.stack([a, b], dim=1)
     return pairs, pairs.sum(dim=1) % MODULUS
+
+
+def pretrain(model: nn.Module, steps: int, seed: int, size: int) -> None:
+    """Learns the facts with b < PRETRAIN_MAX_B (the same on every worker)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        pairs, answers = batch(generator, size, PRETRAIN_MAX_B)
+        optimizer.zero_grad()
+        F.cross_entropy(model(pairs), answers).backward()
+        optimizer.step()
 
 
 def every_fact() -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +94,9 @@ def main() -> int:
     parser.add_argument("--mode", choices=["pulse", "diloco", "ddp"], default="pulse")
     parser.add_argument("--windows", type=int, default=10)
     parser.add_argument("-H", "--inner-steps", type=int, default=8, help="steps per window")
-    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW's learning rate")
+    parser.add_argument("--lr", type=float, default=3e-4,
+                        help="AdamW's learning rate in post-training")
+    parser.add_argument("--pretrain-steps", type=int, default=300)
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--batch", type=int, default=64, help="pairs per step and worker")
@@ -90,6 +107,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # the same initial weights everywhere (rank 0's win anyway)
     model = ModularAdder()
+    pretrain(model, args.pretrain_steps, args.seed, args.batch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     # The group forms from the environment (the launcher's, torchrun's or mpirun's). The
     # engine's views are the parameters' own memory: a window writes the new weights into them.
@@ -97,6 +115,7 @@ def main() -> int:
                                   inner_steps=args.inner_steps, outer_lr=args.outer_lr,
                                   outer_momentum=args.outer_momentum, threads=1)
     rank = sync.rank
+    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + rank + 1)  # this worker's
     facts = every_fact()
     if rank == 0:
         loss, accuracy = evaluate(model, *facts)
@@ -109,8 +128,8 @@ def main() -> int:
     for window in range(args.windows):
         train_loss = 0.0
         report = None
-        for h in range(args.inner_steps):
-            pairs, answers = batch(args.seed, rank, window * args.inner_steps + h, args.batch)
+        for _ in range(args.inner_steps):
+            pairs, answers = batch(generator, args.batch)
             loss = F.cross_entropy(model(pairs), answers)
             optimizer.zero_grad()
             loss.backward()

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from group_helpers import environment, free_port
 
 WORKER_PY = Path(__file__).with_name("mixed_worker.py")
 WINDOWS = 4
@@ -33,20 +33,13 @@ def cpp_worker() -> str:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run_group(languages: str, mode: str) -> list[list[str]]:
     """Runs one group, rank r in languages[r] ('C' or 'P'); returns each rank's window lines."""
     common = ["--mode", mode, "--windows", str(WINDOWS), "-H", "2", "--fp32", "5000",
               "--bf16", "3001"]
-    group_env = dict(os.environ, WORLD_SIZE=str(len(languages)), MASTER_ADDR="127.0.0.1",
-                     MASTER_PORT=str(free_port()), PULSELOCO_LISTEN_ADDR="127.0.0.1",
-                     PULSELOCO_SECRET=secrets.token_hex(16),
-                     PULSELOCO_RUN_ID="mixed-" + secrets.token_hex(4))
+    port = free_port()
+    group = dict(PULSELOCO_LISTEN_ADDR="127.0.0.1", PULSELOCO_SECRET=secrets.token_hex(16),
+                 PULSELOCO_RUN_ID="mixed-" + secrets.token_hex(4))
     processes = []
     try:
         python_ranks = 0
@@ -58,7 +51,8 @@ def run_group(languages: str, mode: str) -> list[list[str]]:
                 command = [sys.executable, str(WORKER_PY), *common]
                 command += ["--numpy"] if python_ranks % 2 else []
                 python_ranks += 1
-            processes.append(subprocess.Popen(command, env=dict(group_env, RANK=str(rank)),
+            env = environment(rank, len(languages), port, group)
+            processes.append(subprocess.Popen(command, env=env,
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                               text=True))
         results = [process.communicate(timeout=BOUND_SECONDS) for process in processes]
