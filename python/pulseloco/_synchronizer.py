@@ -82,8 +82,10 @@ class Synchronizer:
 
     Constructing it is collective: every rank constructs its Synchronizer with the same tensor
     table and options, and rank 0's weights become everyone's. Windows, checkpoints and group
-    formation release the GIL; Ctrl-C during a window aborts the group (the other ranks raise
-    PeerLostError within their timeout) and raises KeyboardInterrupt here.
+    formation release the GIL. Ctrl-C during a window or a checkpoint aborts the group (the
+    other ranks raise PeerLostError within their timeout) and raises KeyboardInterrupt here once
+    the call has returned; during group formation, and in an elastic worker, it takes effect
+    when the call returns by itself.
     """
 
     def __init__(self, parameters: Any, *, mode: str = "pulse", inner_steps: int = 8,

@@ -26,7 +26,7 @@ THIRD_PARTY = {
     "openssl": "OpenSSL", "mpi.h": "MPI", "nccl.h": "NCCL", "cuda.h": "CUDA",
     "cuda_runtime.h": "CUDA", "cuda_runtime_api.h": "CUDA", "cuda_bf16.h": "CUDA",
     "cub": "CUDA", "thrust": "CUDA", "torch": "libtorch", "ATen": "libtorch", "c10": "libtorch",
-    "CLI": "CLI11",
+    "CLI": "CLI11", "nanobind": "nanobind",
 }
 
 
@@ -67,6 +67,9 @@ RULES = (
     Rule("pulseloco_torch", "src/adapters/torch",
          ("base", "transport", "engine", "elastic", "libtorch"),
          "-"),
+    Rule("_pulseloco (Python)", "src/adapters/python",
+         ("base", "transport", "group", "engine", "elastic", "nanobind", "MPI", "nlohmann-json"),
+         "libtorch"),
     Rule("pulseloco (tool)", "src/cli",
          ("base", "kernels", "codec", "io", "transport", "group", "collectives", "engine",
           "elastic", "CLI11", "nlohmann-json"), "libtorch"),

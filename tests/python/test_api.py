@@ -3,6 +3,7 @@
 help text."""
 
 import ast
+import concurrent.futures
 import io
 import os
 import pathlib
@@ -94,6 +95,26 @@ def test_numpy_parameters_and_tensors_without_names():
         assert report.window == 0 and sync.window == 1
         assert np.array_equal(arrays[0].ravel(), sync.global_weights(0))
         assert sync.momentum(0).dtype == np.float32 and sync.residual(1).shape == (5,)
+
+
+def test_windows_release_the_gil():
+    # Two ranks on two threads of this process can only form a group and run windows together
+    # when neither holds the GIL while it waits for the other.
+    port = free_port()
+    arrays = [np.full(32, r, np.float32) for r in range(2)]
+
+    def rank(r):
+        group = dict(rendezvous="env", rank=r, world_size=2, master_addr="127.0.0.1",
+                     master_port=port, connect_timeout=60.0)
+        with pulseloco.Synchronizer([arrays[r]], inner_steps=1, group=group, timeout=60.0,
+                                    threads=1) as sync:
+            arrays[r] += 0.5 * (r + 1)
+            return [sync.after_optimizer_step().digest for _ in range(3)]
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        digests = list(pool.map(rank, range(2)))
+    assert digests[0] == digests[1]
+    assert np.array_equal(arrays[0], arrays[1]), "both ranks hold the same weights"
 
 
 def test_every_engine_option_reaches_the_engine(tmp_path):
