@@ -176,7 +176,8 @@ def test_bad_options_raise_invalid_argument_naming_them(kwargs, needle):
     (torch.zeros(4, 6)[:, ::2], "not contiguous"),
     (torch.zeros(4, dtype=torch.int64), "neither float32 nor bfloat16"),
     (np.zeros(4, np.float64), "neither float32 nor bfloat16"),
-    ("weights", "not a writable tensor"),
+    ("weights", "neither a tensor with __dlpack__"),
+    (np.frombuffer(bytes(16), np.float32), "not read-only"),
 ])
 def test_bad_tensors_raise_invalid_argument_naming_them(tensor, needle):
     with pytest.raises(pulseloco.InvalidArgument) as caught:

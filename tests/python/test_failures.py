@@ -3,6 +3,7 @@ non-finite weight, each raised in Python as its pulseloco exception with its con
 
 import os
 import signal
+import time
 
 from group_helpers import finish_all, run_group, spawn_group
 
@@ -29,6 +30,18 @@ def test_killed_peer_raises_peer_lost_within_twice_the_timeout():
     assert error["elapsed"] < 2 * TIMEOUT, error
 
 
+def wait_until_main_thread_sleeps(pid, timeout=30):
+    """Until the process's main thread is blocked (state S: here, waiting for its window)."""
+    deadline = time.monotonic() + timeout
+    stat = f"/proc/{pid}/task/{pid}/stat"
+    while time.monotonic() < deadline:
+        with open(stat) as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                return
+        time.sleep(0.01)  # re-read the state, not a wait for an outcome
+    raise AssertionError(f"process {pid}'s main thread did not block within {timeout} s")
+
+
 def test_ctrl_c_in_a_window_interrupts_this_rank_and_fails_the_others():
     # Rank 0 stops itself (SIGSTOP) at the start of window 1, so rank 1 waits inside it.
     processes = spawn_group(
@@ -41,6 +54,7 @@ def test_ctrl_c_in_a_window_interrupts_this_rank_and_fails_the_others():
             pass
         _, status = os.waitpid(stalled.popen.pid, os.WUNTRACED)  # until rank 0 has stopped
         assert os.WIFSTOPPED(status)
+        wait_until_main_thread_sleeps(interrupted.popen.pid)  # in the window, not before it
         os.kill(interrupted.popen.pid, signal.SIGINT)
         interrupted.wait_for("interrupted", 30)
         os.kill(stalled.popen.pid, signal.SIGCONT)

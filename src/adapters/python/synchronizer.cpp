@@ -58,8 +58,8 @@ TensorView import_tensor(const std::string& what, const std::string& name, nb::h
   nb::ndarray<> array;
   if (!nb::try_cast(object, array, /*convert=*/false)) {
     throw InvalidArgument(
-        fmt::format("{} '{}': a {} is not a writable tensor (pulseloco takes objects with "
-                    "__dlpack__, such as torch.Tensor, or writable buffers, such as NumPy arrays)",
+        fmt::format("{} '{}' (a {}) is neither a tensor with __dlpack__ (torch.Tensor) nor a "
+                    "writable buffer (a NumPy array that is not read-only)",
                     what, name, nb::inst_name(object).c_str()),
         {.tensor = name});
   }
