@@ -1,0 +1,332 @@
+"""Start N local processes of a training script, with the variables torchrun sets.
+
+    python -m pulseloco.launch --nproc-per-node N [--master-addr 127.0.0.1]
+        [--master-port P] [--grace-period S] script.py ARGS...
+    python -m pulseloco.launch --nproc-per-node N -m package.module ARGS...
+
+Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+(default: a free port), PULSELOCO_SECRET and PULSELOCO_RUN_ID (fresh and random unless already
+set), PYTHONUNBUFFERED=1 (unless set) and, when the master address is a loopback address,
+PULSELOCO_LISTEN_ADDR (unless set) to it, so that `pulseloco.Synchronizer(...)` forms its group
+from the environment. Every line a process writes to stdout or stderr is copied to the
+launcher's stdout or stderr with the prefix "[rank N] ".
+
+SIGINT and SIGTERM sent to the launcher are forwarded to every process. When a process fails
+(a non-zero exit status or a signal), the launcher names it, ends the others (SIGTERM, then
+SIGKILL after the grace period) and exits with the failed process' status (128 + the signal's
+number for a signal). Each process runs in a process group of its own, so that what it started
+is ended with it and a Ctrl-C at the terminal reaches it once, through the launcher.
+
+Standard library only: it runs before the extension is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import BinaryIO, Optional
+
+_PREFIX = "pulseloco.launch: "
+# A line longer than this is passed on in pieces rather than held in memory until its end.
+_MAX_LINE_BYTES = 1 << 16
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _message(text: str) -> None:
+    sys.stderr.write(_PREFIX + text + "\n")
+    sys.stderr.flush()
+
+
+def _parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pulseloco.launch",
+        description="Start N local processes of a training script with the environment "
+        "torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...) plus a "
+        "fresh PULSELOCO_SECRET and PULSELOCO_RUN_ID.",
+    )
+    # torchrun spells its options both ways; so does this launcher.
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, required=True,
+                        metavar="N", help="number of processes to start (>= 1)")
+    parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
+                        help="MASTER_ADDR (default: 127.0.0.1)")
+    parser.add_argument("--master-port", "--master_port", type=int, default=None,
+                        help="MASTER_PORT (default: a free port on the master address)")
+    parser.add_argument("--grace-period", type=float, default=10.0, metavar="SECONDS",
+                        help="how long the processes get to exit after SIGTERM before SIGKILL "
+                        "(default: 10)")
+    parser.add_argument("-m", "--module", action="store_true",
+                        help="run the target as a module (python -m target)")
+    parser.add_argument("target", help="the script (or, with -m, the module) to run")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER,
+                        help="arguments passed to every process")
+    options = parser.parse_args(argv)
+    if options.nproc_per_node < 1:
+        parser.error(f"--nproc-per-node must be at least 1, not {options.nproc_per_node}")
+    if options.master_port is not None and not 0 < options.master_port < 65536:
+        parser.error(f"--master-port must be in 1..65535, not {options.master_port}")
+    if options.grace_period < 0:
+        parser.error(f"--grace-period must not be negative, not {options.grace_period}")
+    if not options.module and not os.path.isfile(options.target):
+        parser.error(f"the script '{options.target}' does not exist")
+    return options
+
+
+def _free_port(address: str) -> int:
+    """A port nothing listens on now (rank 0's rendezvous binds it shortly after)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((address, 0))
+            return probe.getsockname()[1]
+    except OSError as error:
+        raise SystemExit(f"{_PREFIX}cannot bind the master address '{address}' to find a free "
+                         f"port: {error}") from None
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _rank_environment(options: argparse.Namespace, port: int) -> list[dict[str, str]]:
+    shared = dict(os.environ)
+    shared.setdefault("PULSELOCO_SECRET", secrets.token_hex(16))
+    shared.setdefault("PULSELOCO_RUN_ID", "launch-" + secrets.token_hex(8))
+    shared.setdefault("PYTHONUNBUFFERED", "1")
+    if _is_loopback(options.master_addr):
+        # Every rank is on this host: nothing needs to listen beyond loopback.
+        shared.setdefault("PULSELOCO_LISTEN_ADDR", options.master_addr)
+    world = str(options.nproc_per_node)
+    shared.update(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, MASTER_ADDR=options.master_addr,
+                  MASTER_PORT=str(port))
+    return [dict(shared, RANK=str(rank), LOCAL_RANK=str(rank))
+            for rank in range(options.nproc_per_node)]
+
+
+def _describe(status: int) -> str:
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"was killed by {name}"
+    return f"exited with status {status}"
+
+
+def _exit_status(status: int) -> int:
+    return 128 - status if status < 0 else status
+
+
+@dataclass
+class _Stream:
+    """One process' stdout or stderr: the bytes after its last complete line."""
+
+    rank: int
+    sink: BinaryIO
+    pending: bytes = b""
+
+    def write(self, data: bytes) -> None:
+        data = self.pending + data
+        lines = data.split(b"\n")
+        self.pending = lines.pop()
+        if len(self.pending) >= _MAX_LINE_BYTES:
+            lines.append(self.pending)
+            self.pending = b""
+        self._emit(lines)
+
+    def close(self) -> None:
+        if self.pending:
+            self._emit([self.pending])
+            self.pending = b""
+
+    def _emit(self, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        prefix = f"[rank {self.rank}] ".encode()
+        try:
+            self.sink.write(b"".join(prefix + line + b"\n" for line in lines))
+            self.sink.flush()
+        except BrokenPipeError:
+            pass  # the reader went away (`| head`); the processes keep running to their end
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen
+    status: Optional[int] = None
+
+    def signal_group(self, signum: int) -> None:
+        # The process leads its own group: the signal reaches what it started too.
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@dataclass
+class _Launch:
+    ranks: list[_Rank]
+    grace_period: float
+    failure: Optional[_Rank] = None
+    interrupted: Optional[int] = None
+    kill_at: Optional[float] = None  # SIGKILL whatever still runs at this time
+    streams: dict[int, _Stream] = field(default_factory=dict)
+
+    def end_all(self, signum: int) -> None:
+        for rank in self.ranks:
+            if rank.status is None:
+                rank.signal_group(signum)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace_period
+
+    def reap(self) -> None:
+        for rank in self.ranks:
+            if rank.status is not None:
+                continue
+            status = rank.process.poll()
+            if status is None:
+                continue
+            rank.status = status
+            # Whatever the process left running in its group goes with it (and would otherwise
+            # hold its output pipes open).
+            rank.signal_group(signal.SIGKILL)
+            if status != 0 and self.failure is None and self.interrupted is None:
+                self.failure = rank
+                _message(f"rank {rank.rank} (pid {rank.process.pid}) {_describe(status)}; "
+                         f"ending the other ranks")
+                self.end_all(signal.SIGTERM)
+
+    def forward(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        _message(f"{name} received; forwarding it to every rank")
+        if self.interrupted is None:
+            self.interrupted = signum
+        self.end_all(signum)
+
+    def running(self) -> bool:
+        return any(rank.status is None for rank in self.ranks)
+
+
+def _run(options: argparse.Namespace) -> int:
+    port = options.master_port or _free_port(options.master_addr)
+    command = [sys.executable]
+    command += ["-m", options.target] if options.module else [options.target]
+    command += options.arguments
+
+    # Signals reach the loop below through a wakeup pipe: the handlers do nothing themselves,
+    # and Python writes each signal's number into the pipe. SIGCHLD says a process has ended.
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    previous_wakeup = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    handled = (*_FORWARDED_SIGNALS, signal.SIGCHLD)
+    previous_handlers = {signum: signal.signal(signum, lambda *_: None) for signum in handled}
+    selector = selectors.DefaultSelector()
+    launch = _Launch(ranks=[], grace_period=options.grace_period)
+    try:
+        selector.register(wake_read, selectors.EVENT_READ)
+        for rank, environment in enumerate(_rank_environment(options, port)):
+            process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       start_new_session=True)
+            launch.ranks.append(_Rank(rank, process))
+            for pipe, sink in ((process.stdout, sys.stdout.buffer),
+                               (process.stderr, sys.stderr.buffer)):
+                os.set_blocking(pipe.fileno(), False)
+                launch.streams[pipe.fileno()] = _Stream(rank, sink)
+                selector.register(pipe, selectors.EVENT_READ)
+        _loop(launch, selector, wake_read)
+    finally:
+        for rank in launch.ranks:
+            if rank.status is None:
+                rank.signal_group(signal.SIGKILL)
+                rank.status = rank.process.wait()
+        for stream in launch.streams.values():
+            stream.close()
+        selector.close()
+        for rank in launch.ranks:
+            for pipe in (rank.process.stdout, rank.process.stderr):
+                pipe.close()
+        signal.set_wakeup_fd(previous_wakeup)
+        for signum, handler in previous_handlers.items():
+            signal.signal(signum, handler)
+        os.close(wake_read)
+        os.close(wake_write)
+
+    if launch.failure is not None:
+        status = launch.failure.status
+        _message(f"rank {launch.failure.rank} {_describe(status)}")
+        return _exit_status(status)
+    if launch.interrupted is not None:
+        return 128 + launch.interrupted
+    return 0
+
+
+def _loop(launch: _Launch, selector: selectors.BaseSelector, wake_read: int) -> None:
+    launch.reap()  # a process may have ended before SIGCHLD was first waited for
+    # The loop ends once every process has ended and its output has been passed on. Output
+    # pipes that outlive their process (held by something that left its group) are waited for
+    # only for the grace period.
+    drain_until: Optional[float] = None
+    while True:
+        open_pipes = len(selector.get_map()) - 1
+        if not launch.running():
+            if open_pipes == 0:
+                return
+            if drain_until is None:
+                drain_until = time.monotonic() + launch.grace_period
+        deadline = drain_until if drain_until is not None else launch.kill_at
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        events = selector.select(timeout)
+        now = time.monotonic()
+        if drain_until is not None and now >= drain_until:
+            return
+        if launch.kill_at is not None and now >= launch.kill_at and launch.running():
+            _message("ranks still running after the grace period; sending SIGKILL")
+            for rank in launch.ranks:
+                if rank.status is None:
+                    rank.signal_group(signal.SIGKILL)
+            launch.kill_at = None
+        for key, _ in events:
+            if key.fd == wake_read:
+                _handle_signals(launch, wake_read)
+                continue
+            data = os.read(key.fd, 1 << 16)
+            if data:
+                launch.streams[key.fd].write(data)
+            else:
+                selector.unregister(key.fileobj)
+                launch.streams[key.fd].close()
+
+
+def _handle_signals(launch: _Launch, wake_read: int) -> None:
+    try:
+        received = os.read(wake_read, 512)
+    except BlockingIOError:
+        return
+    for signum in received:
+        if signum in _FORWARDED_SIGNALS:
+            launch.forward(signum)
+    # SIGCHLD, or a signal that arrived while a process was ending: look at every process.
+    launch.reap()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    options = _parse_arguments(sys.argv[1:] if argv is None else argv)
+    return _run(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

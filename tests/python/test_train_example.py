@@ -1,0 +1,56 @@
+"""examples/python/train.py on 2 workers, under the launcher and under mpirun: it trains, rank 0
+reports every window, and the final line gives the payload against DiLoCo and DDP and says the
+replicas stayed identical every window.
+
+PYTHONPATH must reach the built package (ctest sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pulseloco
+from group_helpers import clean_environment
+
+MPIRUN = os.environ.get("PULSELOCO_MPIEXEC") or shutil.which("mpirun")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "python" / "train.py"
+ARGUMENTS = ["--windows", "3", "-H", "4", "--pretrain-steps", "50"]
+BOUND_SECONDS = 240  # far above a run's time on two busy cores
+SUMMARY = re.compile(r"^(\[rank 0\] )?summary: 3 windows, final held-out loss [0-9.]+ .*"
+                     r"DiLoCo would send .* = [0-9.]+x, DDP .* = [0-9.]+x\), "
+                     r"replicas bit-identical every window$", re.MULTILINE)
+
+
+def check_output(result: subprocess.CompletedProcess, prefix: str) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+    for window in range(3):
+        assert f"{prefix}window {window}: train loss " in result.stdout
+    assert "[rank 1] window" not in result.stdout  # rank 0 alone reports
+    assert SUMMARY.search(result.stdout), result.stdout
+
+
+@pytest.mark.parametrize("mode", ["pulse", "diloco", "ddp"])
+def test_the_example_trains_under_the_launcher(mode):
+    result = subprocess.run([sys.executable, "-m", "pulseloco.launch", "--nproc-per-node", "2",
+                             str(EXAMPLE), "--mode", mode, *ARGUMENTS],
+                            env=clean_environment(), capture_output=True, text=True,
+                            timeout=BOUND_SECONDS)
+    check_output(result, "[rank 0] ")
+
+
+@pytest.mark.skipif(MPIRUN is None or "mpi" not in pulseloco.features()["transports"],
+                    reason="no mpirun, or the MPI backend is not linked")
+def test_the_example_trains_under_mpirun():
+    result = subprocess.run([MPIRUN, "-np", "2", "--oversubscribe", "--allow-run-as-root",
+                             "-x", "PYTHONPATH", sys.executable, str(EXAMPLE), "--mode", "pulse",
+                             *ARGUMENTS],
+                            env=clean_environment(), capture_output=True, text=True,
+                            timeout=BOUND_SECONDS)
+    check_output(result, "")
