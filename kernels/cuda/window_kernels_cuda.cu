@@ -20,15 +20,11 @@
 #include <pulseloco/kernels/cuda/cuda_internal.h>
 #include <pulseloco/kernels/cuda/window_kernels_cuda.h>
 #include <pulseloco/kernels/local_kind.h>
-
-#define PULSELOCO_CUDA_CHECK(call) \
-  ::pulseloco::kernels::cuda::detail::check(static_cast<int>(call), #call)
+#include <pulseloco/kernels/cuda/launch.cuh>
 
 namespace pulseloco::kernels::cuda {
 namespace detail {
 namespace {
-
-constexpr int kThreads = 256;
 
 // ---- per-element arithmetic (device) --------------------------------------------------------
 
@@ -79,13 +75,6 @@ __device__ __forceinline__ void outer_lane(float& global, float& momentum, float
   const float d = __fmaf_rn(mu, m, g);                                     // one rounding
   global = __fmaf_rn(-lr, d, global);                                      // one rounding
   momentum = m;
-}
-
-__device__ __forceinline__ std::uint64_t first_index() {
-  return static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::uint64_t grid_stride() {
-  return static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
 }
 
 // ---- the gate: a stable CUB DeviceSelect over computed items ---------------------------------
@@ -231,31 +220,6 @@ __global__ void scatter_add_kernel(const std::uint32_t* offsets, const float* va
     const std::uint32_t offset = offsets[k];
     g[offset] = __fadd_rn(g[offset], values[k]);
   }
-}
-
-// ---- launching ------------------------------------------------------------------------------
-
-// Enough blocks to fill the device (grid-stride loops cover the rest).
-unsigned blocks_for(std::uint64_t count) {
-  int device = 0, multiprocessors = 0;
-  PULSELOCO_CUDA_CHECK(cudaGetDevice(&device));
-  PULSELOCO_CUDA_CHECK(
-      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  const std::uint64_t needed = (count + kThreads - 1) / kThreads;
-  const std::uint64_t cap = static_cast<std::uint64_t>(std::max(multiprocessors, 1)) * 8;
-  return static_cast<unsigned>(std::max<std::uint64_t>(1, std::min(needed, cap)));
-}
-
-template <typename Kernel, typename... Args>
-void launch(const char* name, Kernel kernel, std::uint64_t count, cudaStream_t stream,
-            Args... args) {
-  if (count == 0) return;
-  kernel<<<blocks_for(count), kThreads, 0, stream>>>(args...);
-  check(static_cast<int>(cudaGetLastError()), name);
-}
-
-cudaStream_t as_stream(void* stream) {
-  return static_cast<cudaStream_t>(stream);
 }
 
 }  // namespace
