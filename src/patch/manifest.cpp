@@ -64,6 +64,19 @@ const ManifestVersion* Manifest::find(std::uint64_t version) const noexcept {
   return it != versions.end() && it->version == version ? &*it : nullptr;
 }
 
+void check_listed_file(const std::filesystem::path& directory, const ManifestFile& file) {
+  const std::filesystem::path path = directory / file.path;
+  if (!std::filesystem::is_regular_file(path))
+    throw IoError(fmt::format("'{}' is missing", path.string()));
+  const io::FileChecksum found = io::file_checksum(path);
+  if (found.size != file.bytes || found.digest != file.checksum) {
+    throw ProtocolError(fmt::format(
+        "'{}' is corrupted: {} bytes with checksum {}, the manifest records {} bytes with {}",
+        path.string(), found.size, digest_hex(found.digest), file.bytes,
+        digest_hex(file.checksum)));
+  }
+}
+
 void write_manifest(const std::filesystem::path& directory, const Manifest& manifest) {
   nlohmann::json versions = nlohmann::json::array();
   for (const ManifestVersion& entry : manifest.versions) {

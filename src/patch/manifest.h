@@ -43,4 +43,8 @@ void write_manifest(const std::filesystem::path& directory, const Manifest& mani
 // directory). IoError when it cannot be read, ProtocolError naming it when it is not valid.
 [[nodiscard]] Manifest read_manifest(const std::filesystem::path& directory);
 
+// Checks that a listed file is there with the size and checksum the manifest records: IoError
+// naming it when it is missing or unreadable, ProtocolError when it differs.
+void check_listed_file(const std::filesystem::path& directory, const ManifestFile& file);
+
 }  // namespace pulseloco::patch

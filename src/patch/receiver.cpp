@@ -6,7 +6,6 @@
 #include <numeric>
 
 #include <pulseloco/base/errors.h>
-#include <pulseloco/io/atomic_file.h>
 #include <pulseloco/patch/trl_files.h>
 
 namespace pulseloco::patch {
@@ -55,20 +54,6 @@ void roll_back(Bf16State& state, std::vector<Undo>& undo) noexcept {
       bits[it->indices[k]] = it->values[k];
   }
   undo.clear();
-}
-
-// The listed file must be there with the size and checksum the manifest records.
-void check_listed_file(const std::filesystem::path& directory, const ManifestFile& file) {
-  const std::filesystem::path path = directory / file.path;
-  if (!std::filesystem::is_regular_file(path))
-    throw IoError(fmt::format("'{}' is missing", path.string()));
-  const io::FileChecksum found = io::file_checksum(path);
-  if (found.size != file.bytes || found.digest != file.checksum) {
-    throw ProtocolError(fmt::format(
-        "'{}' is corrupted: {} bytes with checksum {}, the manifest records {} bytes with {}",
-        path.string(), found.size, digest_hex(found.digest), file.bytes,
-        digest_hex(file.checksum)));
-  }
 }
 
 // Checks a delta's place in the chain and the state it applies to, applies it and checks the
