@@ -42,7 +42,7 @@ void apply(const ApplyOptions& options) {
     nlohmann::json steps = nlohmann::json::array();
     for (const patch::UpdateStep& step : report.steps) {
       steps.push_back({{"version", step.version},
-                       {"kind", step.anchor ? "anchor" : "delta"},
+                       {"kind", patch::step_kind_name(step.kind)},
                        {"bytes", step.bytes}});
     }
     const nlohmann::json out{
@@ -58,7 +58,7 @@ void apply(const ApplyOptions& options) {
              report.from ? fmt::format("version {}", *report.from) : std::string("no state"),
              report.to, report.bytes());
   for (const patch::UpdateStep& step : report.steps) {
-    fmt::print("  {} {:>8} {:>14} bytes\n", step.anchor ? "anchor" : "delta ", step.version,
+    fmt::print("  {:<7} {:>8} {:>14} bytes\n", patch::step_kind_name(step.kind), step.version,
                step.bytes);
   }
   fmt::print("wrote {} (digest {})\n", options.out, digest_hex(receiver.state().digest()));
@@ -94,7 +94,8 @@ void inspect_patches(const InspectPatchesOptions& options) {
                        {"digest", digest_hex(entry.digest)},
                        {"changed", entry.changed},
                        {"density", density}};
-    for (const auto& [key, file] : {std::pair{"delta", entry.delta}, {"anchor", entry.anchor}}) {
+    for (const auto& [key, file] :
+         {std::pair{"delta", entry.delta}, {"compact", entry.compact}, {"anchor", entry.anchor}}) {
       if (!file) continue;
       row[key] = {{"path", file->path},
                   {"bytes", file->bytes},
@@ -110,21 +111,22 @@ void inspect_patches(const InspectPatchesOptions& options) {
   } else {
     fmt::print("{}: {} versions of {} elements\n", options.directory, manifest.versions.size(),
                manifest.total_elements);
-    fmt::print("  {:>8} {:>12} {:>9} {:>14} {:>14}  {}\n", "version", "changed", "density",
-               "delta bytes", "anchor bytes", "files");
+    fmt::print("  {:>8} {:>12} {:>9} {:>14} {:>14} {:>14}  {}\n", "version", "changed", "density",
+               "delta bytes", "compact bytes", "anchor bytes", "files");
     for (const nlohmann::json& row : versions) {
       const auto bytes = [&](const char* key) {
         return row.contains(key) ? std::to_string(row[key]["bytes"].get<std::uint64_t>())
                                  : std::string("-");
       };
       std::string status = "ok";
-      for (const char* key : {"delta", "anchor"}) {
+      for (const char* key : {"delta", "compact", "anchor"}) {
         if (row.contains(key) && row[key]["status"] != "ok")
           status = row[key]["status"].get<std::string>();
       }
-      fmt::print("  {:>8} {:>12} {:>8.4f}% {:>14} {:>14}  {}\n",
+      fmt::print("  {:>8} {:>12} {:>8.4f}% {:>14} {:>14} {:>14}  {}\n",
                  row["version"].get<std::uint64_t>(), row["changed"].get<std::uint64_t>(),
-                 100.0 * row["density"].get<double>(), bytes("delta"), bytes("anchor"), status);
+                 100.0 * row["density"].get<double>(), bytes("delta"), bytes("compact"),
+                 bytes("anchor"), status);
     }
   }
   if (first_error) {

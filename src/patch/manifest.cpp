@@ -84,6 +84,7 @@ void write_manifest(const std::filesystem::path& directory, const Manifest& mani
                         {"digest", digest_hex(entry.digest)},
                         {"changed", entry.changed},
                         {"delta", entry.delta ? file_json(*entry.delta) : nlohmann::json()},
+                        {"compact", entry.compact ? file_json(*entry.compact) : nlohmann::json()},
                         {"anchor", entry.anchor ? file_json(*entry.anchor) : nlohmann::json()}});
   }
   nlohmann::json json{{"format", kManifestFormat},
@@ -117,6 +118,7 @@ Manifest read_manifest(const std::filesystem::path& directory) {
                               .digest = parse_hex(path, entry.at("digest").get<std::string>()),
                               .changed = entry.at("changed").get<std::uint64_t>(),
                               .delta = parse_file(path, entry, "delta"),
+                              .compact = parse_file(path, entry, "compact"),
                               .anchor = parse_file(path, entry, "anchor")};
       if (!manifest.versions.empty() && version.version <= manifest.versions.back().version)
         bad_manifest(path, "its versions are not ascending");

@@ -23,9 +23,10 @@ struct ManifestFile {
 
 struct ManifestVersion {
   std::uint64_t version = 0;
-  Digest digest = 0;                  // of the bf16 state at this version
-  std::uint64_t changed = 0;          // elements changed since the previous version
-  std::optional<ManifestFile> delta;  // from the previous version (absent for the first)
+  Digest digest = 0;                    // of the bf16 state at this version
+  std::uint64_t changed = 0;            // elements changed since the previous version
+  std::optional<ManifestFile> delta;    // from the previous version (absent for the first)
+  std::optional<ManifestFile> compact;  // the same delta as a compact patch, when written
   std::optional<ManifestFile> anchor;
 };
 

@@ -8,6 +8,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/kernels/patch_kernels.h>
 #include <pulseloco/kernels/window_kernels.h>
+#include <pulseloco/patch/compact_files.h>
 
 namespace pulseloco::patch {
 
@@ -35,6 +36,7 @@ Publisher::Publisher(std::filesystem::path directory, PublisherOptions options)
   }
   std::filesystem::create_directories(directory_ / "anchors");
   std::filesystem::create_directories(directory_ / "deltas");
+  if (options_.compact) std::filesystem::create_directories(directory_ / "compact");
   if (std::filesystem::exists(directory_ / kManifestName)) {
     throw InvalidArgument(fmt::format("'{}' already holds published versions (a {})",
                                       directory_.string(), kManifestName));
@@ -150,11 +152,14 @@ PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::u
       published.changed += chunk.indices.size();
       if (chunk.indices.empty()) continue;
       const std::string& name = snapshot_.tensors()[chunk.tensor].name;
-      if (delta.tensors.empty() || delta.tensors.back().name != name)
-        delta.tensors.push_back({.name = name});
+      if (delta.tensors.empty() || delta.tensors.back().name != name) {
+        delta.tensors.push_back(
+            {.name = name, .numel = snapshot_.tensors()[chunk.tensor].bits.size()});
+      }
       TensorDelta& tensor = delta.tensors.back();
       tensor.indices.insert(tensor.indices.end(), chunk.indices.begin(), chunk.indices.end());
       tensor.values.insert(tensor.values.end(), chunk.values.begin(), chunk.values.end());
+      tensor.previous.insert(tensor.previous.end(), chunk.previous.begin(), chunk.previous.end());
     }
     entry.changed = first ? 0 : published.changed;
     published.changed = entry.changed;
@@ -163,6 +168,14 @@ PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::u
       entry.delta = ManifestFile{
           .path = delta_file_name(version).string(), .bytes = file.size, .checksum = file.digest};
       published.delta_bytes = file.size;
+      if (options_.compact) {
+        const io::FileChecksum compact =
+            write_compact_file(directory_ / compact_file_name(version), delta);
+        entry.compact = ManifestFile{.path = compact_file_name(version).string(),
+                                     .bytes = compact.size,
+                                     .checksum = compact.digest};
+        published.compact_bytes = compact.size;
+      }
     }
     if (first || anchor_due(published.delta_bytes)) {
       const io::FileChecksum file =

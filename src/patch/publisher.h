@@ -30,6 +30,7 @@ namespace pulseloco::patch {
 struct PublisherOptions {
   std::uint64_t anchor_every = 10;  // versions between anchors (>= 1)
   IndexEncoding encoding = IndexEncoding::gap_delta;
+  bool compact = true;  // also write each delta as a compact patch (compact_files.h)
   std::uint64_t chunk_elements = std::uint64_t{1} << 20;  // the kernel's unit of work
   std::size_t threads = 1;                                // ThreadPool parallelism
   // Called with "files written" once a version's files are in place and before the manifest
@@ -48,9 +49,10 @@ struct WeightsView {
 struct PublishedVersion {
   std::uint64_t version = 0;
   Digest digest = 0;
-  std::uint64_t changed = 0;       // elements whose bf16 value changed
-  std::uint64_t delta_bytes = 0;   // 0 when no delta was written (the first version)
-  std::uint64_t anchor_bytes = 0;  // 0 when no anchor was written
+  std::uint64_t changed = 0;        // elements whose bf16 value changed
+  std::uint64_t delta_bytes = 0;    // 0 when no delta was written (the first version)
+  std::uint64_t compact_bytes = 0;  // 0 when no compact patch was written
+  std::uint64_t anchor_bytes = 0;   // 0 when no anchor was written
 };
 
 class Publisher {

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/patch/compact_files.h>
 #include <pulseloco/patch/trl_files.h>
 
 namespace pulseloco::patch {
@@ -86,7 +87,30 @@ void apply_checked(Bf16State& state, std::uint64_t parent, const Delta& delta,
   }
 }
 
+// The file a version's delta step reads: the compact patch when listed and smaller.
+const ManifestFile& delta_step_file(const ManifestVersion& entry, StepKind& kind) {
+  const bool compact = entry.compact && entry.compact->bytes < entry.delta->bytes;
+  kind = compact ? StepKind::compact : StepKind::delta;
+  return compact ? *entry.compact : *entry.delta;
+}
+
+Delta read_patch_file(const std::filesystem::path& path, StepKind kind, const Bf16State& held) {
+  return kind == StepKind::compact ? read_compact_file(path, held) : read_delta_file(path, held);
+}
+
 }  // namespace
+
+std::string_view step_kind_name(StepKind kind) noexcept {
+  switch (kind) {
+    case StepKind::anchor:
+      return "anchor";
+    case StepKind::delta:
+      return "delta";
+    case StepKind::compact:
+      return "compact";
+  }
+  return "unknown";
+}
 
 std::uint64_t UpdateReport::bytes() const noexcept {
   std::uint64_t total = 0;
@@ -105,8 +129,9 @@ std::vector<UpdateStep> plan_update(const Manifest& manifest, std::optional<std:
   const auto target_index = static_cast<std::size_t>(target_entry - versions.data());
   // delta_sum[i] = bytes of the deltas of versions[1..i].
   std::vector<std::uint64_t> delta_sum(versions.size(), 0);
+  StepKind kind = StepKind::delta;
   for (std::size_t i = 1; i < versions.size(); ++i)
-    delta_sum[i] = delta_sum[i - 1] + versions[i].delta->bytes;
+    delta_sum[i] = delta_sum[i - 1] + delta_step_file(versions[i], kind).bytes;
 
   std::optional<std::size_t> start;  // index of the held version when deltas can start there
   std::optional<std::size_t> anchor;
@@ -130,7 +155,7 @@ std::vector<UpdateStep> plan_update(const Manifest& manifest, std::optional<std:
   std::size_t next = 0;
   if (anchor) {
     steps.push_back({.version = versions[*anchor].version,
-                     .anchor = true,
+                     .kind = StepKind::anchor,
                      .bytes = versions[*anchor].anchor->bytes});
     next = *anchor + 1;
   } else if (start) {
@@ -139,8 +164,10 @@ std::vector<UpdateStep> plan_update(const Manifest& manifest, std::optional<std:
     throw InvalidArgument(
         fmt::format("version {} cannot be reached: no anchor at or before it", target));
   }
-  for (std::size_t i = next; i <= target_index; ++i)
-    steps.push_back({.version = versions[i].version, .bytes = versions[i].delta->bytes});
+  for (std::size_t i = next; i <= target_index; ++i) {
+    const std::uint64_t bytes = delta_step_file(versions[i], kind).bytes;
+    steps.push_back({.version = versions[i].version, .kind = kind, .bytes = bytes});
+  }
   return steps;
 }
 
@@ -174,7 +201,7 @@ UpdateReport Receiver::update(const std::filesystem::path& directory,
     for (const UpdateStep& step : report.steps) {
       step_version = step.version;
       const ManifestVersion& entry = *manifest.find(step.version);
-      if (step.anchor) {
+      if (step.kind == StepKind::anchor) {
         check_listed_file(directory, *entry.anchor);
         Anchor anchor = read_anchor_file(directory / entry.anchor->path);
         if (anchor.version != step.version || anchor.digest != entry.digest) {
@@ -185,9 +212,11 @@ UpdateReport Receiver::update(const std::filesystem::path& directory,
         loaded = std::move(anchor.state);
         from_anchor = true;
       } else {
-        check_listed_file(directory, *entry.delta);
+        StepKind kind = StepKind::delta;
+        const ManifestFile& file = delta_step_file(entry, kind);
+        check_listed_file(directory, file);
         Bf16State& state = from_anchor ? loaded : state_;
-        const Delta delta = read_delta_file(directory / entry.delta->path, state);
+        const Delta delta = read_patch_file(directory / file.path, kind, state);
         if (delta.version != step.version || delta.digest != entry.digest) {
           throw ProtocolError(
               fmt::format("the delta file holds version {} with digest {}, the manifest lists {}",
@@ -209,9 +238,10 @@ UpdateReport Receiver::update(const std::filesystem::path& directory,
   return report;
 }
 
-void Receiver::apply_delta_file(const std::filesystem::path& path) {
+void Receiver::apply_file(const std::filesystem::path& path) {
   if (!version_) throw InvalidArgument("the receiver holds no version to patch");
-  const Delta delta = read_delta_file(path, state_);  // its errors name the file
+  const StepKind kind = path.extension() == ".plsp" ? StepKind::compact : StepKind::delta;
+  const Delta delta = read_patch_file(path, kind, state_);  // its errors name the file
   std::vector<Undo> undo;
   try {
     apply_checked(state_, *version_, delta, &undo);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include <pulseloco/patch/bf16_state.h>
@@ -17,9 +18,13 @@
 
 namespace pulseloco::patch {
 
+// What a step reads: an anchor, a TRL delta or the same delta as a compact patch.
+enum class StepKind : std::uint8_t { anchor, delta, compact };
+[[nodiscard]] std::string_view step_kind_name(StepKind kind) noexcept;
+
 struct UpdateStep {
   std::uint64_t version = 0;
-  bool anchor = false;  // an anchor loaded, or a delta applied
+  StepKind kind = StepKind::delta;
   std::uint64_t bytes = 0;
 };
 
@@ -44,9 +49,10 @@ class Receiver {
   UpdateReport update(const std::filesystem::path& directory,
                       std::optional<std::uint64_t> target = std::nullopt);
 
-  // Applies one delta file to the held state (a receiver fed file by file): its parent version
-  // and digest must be the held state's.
-  void apply_delta_file(const std::filesystem::path& path);
+  // Applies one patch file, a TRL delta or a compact patch (by its extension, .plsp), to the
+  // held state (a receiver fed file by file): its parent version and digest must be the held
+  // state's.
+  void apply_file(const std::filesystem::path& path);
 
   [[nodiscard]] const Bf16State& state() const noexcept { return state_; }
   [[nodiscard]] std::optional<std::uint64_t> version() const noexcept { return version_; }
@@ -56,7 +62,8 @@ class Receiver {
   std::optional<std::uint64_t> version_;
 };
 
-// The steps update() takes from `from` to `target`: the fewest bytes (deltas first on a tie).
+// The steps update() takes from `from` to `target`: the fewest bytes (deltas first on a tie;
+// of a version's TRL delta and compact patch, the smaller).
 // InvalidArgument when the target is not listed or cannot be reached.
 [[nodiscard]] std::vector<UpdateStep> plan_update(const Manifest& manifest,
                                                   std::optional<std::uint64_t> from,

@@ -315,7 +315,7 @@ Delta read_delta_file(const std::filesystem::path& path, const Bf16State& layout
     if (n > target->bits.size())
       bad_file(path, "it changes more elements than the tensor has", name);
 
-    TensorDelta tensor{.name = name};
+    TensorDelta tensor{.name = name, .numel = target->bits.size()};
     tensor.indices = read_indices(reader, index, delta.encoding, n, target->bits.size(), name);
     tensor.values.resize(n);
     reader.read(values.spec.name, std::as_writable_bytes(std::span(tensor.values)));

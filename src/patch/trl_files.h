@@ -38,8 +38,12 @@ enum class IndexEncoding : std::uint8_t { raw, gap_delta };
 // The changed elements of one tensor: indices strictly ascending, values their new bf16 bits.
 struct TensorDelta {
   std::string name;
+  std::uint64_t numel = 0;  // the tensor's element count
   std::vector<std::uint32_t> indices;
   std::vector<std::uint16_t> values;
+  // The bits the values replace: known to the publisher (the compact patch codes values
+  // relative to them), not carried by the TRL files; empty after reading one.
+  std::vector<std::uint16_t> previous;
 };
 
 struct Delta {

@@ -58,19 +58,21 @@ def main() -> int:
     report = json.loads(run([args.pulseloco, "patch", "apply", str(published), "--from", str(at3),
                              "--out", str(newest), "--json"]).stdout)
     assert report["from"] == 3 and report["to"] == VERSIONS, report
+    assert {step["kind"] for step in report["steps"]} == {"compact"}, report
     assert bf16_state(newest) == expected
 
     listing = json.loads(run([args.pulseloco, "patch", "inspect", str(published), "--json"]).stdout)
     assert [v["version"] for v in listing["versions"]] == list(range(1, VERSIONS + 1))
-    assert all(v[k]["status"] == "ok" for v in listing["versions"] for k in ("delta", "anchor")
-               if k in v)
+    assert all(v[k]["status"] == "ok" for v in listing["versions"]
+               for k in ("delta", "compact", "anchor") if k in v)
     assert all(0 < v["density"] < 0.2 for v in listing["versions"][1:]), listing
 
-    # A bit flipped in version 5's delta.
-    delta = published / "deltas" / "step_000005.safetensors"
-    data = bytearray(delta.read_bytes())
-    data[-3] ^= 0x04
-    delta.write_bytes(bytes(data))
+    # A bit flipped in version 5's TRL delta and in its compact patch (which apply reads).
+    for delta in (published / "deltas" / "step_000005.safetensors",
+                  published / "compact" / "step_000005.plsp"):
+        data = bytearray(delta.read_bytes())
+        data[-3] ^= 0x04
+        delta.write_bytes(bytes(data))
     failed = run([args.pulseloco, "patch", "inspect", str(published)], expect=1)
     assert "step_000005" in failed.stderr, failed.stderr
     before = newest.read_bytes()

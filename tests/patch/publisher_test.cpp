@@ -32,6 +32,18 @@ TEST(Publisher, AnchorsEveryNVersionsAndTheFirst) {
   }
 }
 
+TEST(Publisher, CompactPatchesAreAtLeast2_5TimesSmallerThanGapDeltaFiles) {
+  TempDir dir;
+  (void)publish_run(dir.path(), 6, 3, {.anchor_every = 100});
+  for (const patch::ManifestVersion& entry : patch::read_manifest(dir.path()).versions) {
+    if (!entry.delta) continue;
+    ASSERT_TRUE(entry.compact);
+    EXPECT_GE(static_cast<double>(entry.delta->bytes) / static_cast<double>(entry.compact->bytes),
+              2.5)
+        << "version " << entry.version;
+  }
+}
+
 TEST(Publisher, AnchorsWhenTheChainWouldOutgrowAnAnchor) {
   TempDir dir;
   PatchRun run(4);

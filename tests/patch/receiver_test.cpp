@@ -3,6 +3,7 @@
 // (missing, reordered, truncated, bit-flipped, foreign, wrong parent, an index out of range or
 // unsorted, a NaN value, a digest that does not match) is an error naming the version that
 // leaves the receiver's state and version exactly as they were.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/patch/compact_files.h>
 #include <pulseloco/patch/receiver.h>
 #include <pulseloco/patch/trl_files.h>
 #include "io/test_files.h"
@@ -36,19 +38,28 @@ void expect_state(const patch::Bf16State& state, const patch::Bf16State& expecte
   }
 }
 
-// A published run and a receiver at some version of it.
-class PublishedRun : public ::testing::Test {
+// A published run and receivers at its versions. The receiver reads the compact patches
+// when they are published (PublishedRun's parameter) and the TRL deltas otherwise.
+class PublishedRunBase : public ::testing::Test {
  protected:
-  void SetUp() override {
-    expected_ = publish_run(dir_.path(), kVersions, 7,
-                            {.anchor_every = 4, .chunk_elements = 4096, .threads = 2});
+  void publish(bool compact) {
+    compact_ = compact;
+    expected_ =
+        publish_run(dir_.path(), kVersions, 7,
+                    {.anchor_every = 4, .compact = compact, .chunk_elements = 4096, .threads = 2});
   }
 
   [[nodiscard]] const patch::Bf16State& expected(std::uint64_t version) const {
     return expected_.at(version - 1);
   }
+  // The file a receiver reads for a version's delta.
   [[nodiscard]] std::filesystem::path delta(std::uint64_t version) const {
-    return dir_.path() / patch::delta_file_name(version);
+    return dir_.path() /
+           (compact_ ? patch::compact_file_name(version) : patch::delta_file_name(version));
+  }
+  [[nodiscard]] patch::Delta read_delta(const std::filesystem::path& path,
+                                        const patch::Bf16State& held) const {
+    return compact_ ? patch::read_compact_file(path, held) : patch::read_delta_file(path, held);
   }
   [[nodiscard]] patch::Receiver receiver_at(std::uint64_t version) const {
     patch::Receiver receiver;
@@ -66,25 +77,34 @@ class PublishedRun : public ::testing::Test {
       ADD_FAILURE() << "no error";
     } catch (const Error& error) {
       EXPECT_EQ(error.kind(), kind) << error.what();
-      EXPECT_NE(std::string(error.what()).find("version " + std::to_string(version)),
-                std::string::npos)
-          << error.what();
+      // Named by its number, or by its file when the file cannot be read at all.
+      const std::string what = error.what();
+      EXPECT_TRUE(what.find("version " + std::to_string(version)) != std::string::npos ||
+                  what.find(fmt::format("step_{:06d}", version)) != std::string::npos)
+          << what;
     }
     ASSERT_EQ(receiver.version(), held);
     expect_state(receiver.state(), expected(held), "after the refusal");
   }
 
   TempDir dir_;
+  bool compact_ = false;
   std::vector<patch::Bf16State> expected_;
 };
 
-TEST_F(PublishedRun, EveryVersionFromEveryStartingVersion) {
+class PublishedRun : public PublishedRunBase, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override { publish(GetParam()); }
+};
+
+TEST_P(PublishedRun, EveryVersionFromEveryStartingVersion) {
   for (std::uint64_t from = 0; from <= kVersions; ++from) {
     for (std::uint64_t to = 1; to <= kVersions; ++to) {
       patch::Receiver receiver;
       if (from > 0) {
         const patch::UpdateReport first = receiver.update(dir_.path(), from);
-        ASSERT_TRUE(first.steps.front().anchor);  // a fresh receiver starts from an anchor
+        ASSERT_EQ(first.steps.front().kind,
+                  patch::StepKind::anchor);  // a fresh receiver starts from an anchor
       }
       const patch::UpdateReport report = receiver.update(dir_.path(), to);
       const std::string where = "from " + std::to_string(from) + " to " + std::to_string(to);
@@ -93,8 +113,10 @@ TEST_F(PublishedRun, EveryVersionFromEveryStartingVersion) {
       EXPECT_EQ(receiver.state().digest(), expected(to).digest()) << where;
       if (from > 0 && from <= to && to - from <= 1) {
         // One delta at most: never an anchor (an anchor is larger than a delta here).
-        for (const patch::UpdateStep& step : report.steps)
-          EXPECT_FALSE(step.anchor) << where;
+        for (const patch::UpdateStep& step : report.steps) {
+          EXPECT_EQ(step.kind, GetParam() ? patch::StepKind::compact : patch::StepKind::delta)
+              << where;
+        }
       }
     }
   }
@@ -104,28 +126,28 @@ TEST_F(PublishedRun, EveryVersionFromEveryStartingVersion) {
   expect_state(receiver.state(), expected(kVersions), "newest");
 }
 
-TEST_F(PublishedRun, ShortestPathPrefersAnAnchorOverALongerChain) {
+TEST_P(PublishedRun, ShortestPathPrefersAnAnchorOverALongerChain) {
   const patch::Manifest manifest = patch::read_manifest(dir_.path());
   // Anchors every 4 versions: 1, 5 (and maybe more when the chain grew larger than one).
   ASSERT_TRUE(manifest.find(1)->anchor);
   ASSERT_TRUE(manifest.find(5)->anchor);
   const std::vector<patch::UpdateStep> fresh = patch::plan_update(manifest, std::nullopt, 7);
   ASSERT_FALSE(fresh.empty());
-  EXPECT_TRUE(fresh.front().anchor);
+  EXPECT_EQ(fresh.front().kind, patch::StepKind::anchor);
   EXPECT_GE(fresh.front().version, 5u);
   const std::vector<patch::UpdateStep> near = patch::plan_update(manifest, 6, 7);
   ASSERT_EQ(near.size(), 1u);
-  EXPECT_FALSE(near.front().anchor);
+  EXPECT_NE(near.front().kind, patch::StepKind::anchor);
   EXPECT_EQ(near.front().version, 7u);
 }
 
-TEST_F(PublishedRun, MissingVersionIsRefused) {
+TEST_P(PublishedRun, MissingVersionIsRefused) {
   patch::Receiver receiver = receiver_at(2);
   std::filesystem::remove(delta(4));
   expect_refused(receiver, 2, ErrorKind::io, 4, [&] { (void)receiver.update(dir_.path(), 4); });
 }
 
-TEST_F(PublishedRun, ReorderedDeltasAreRefused) {
+TEST_P(PublishedRun, ReorderedDeltasAreRefused) {
   patch::Receiver receiver = receiver_at(2);
   const std::string third = read_file_bytes(delta(3));
   write_file_bytes(delta(3), read_file_bytes(delta(4)));
@@ -134,7 +156,7 @@ TEST_F(PublishedRun, ReorderedDeltasAreRefused) {
                  [&] { (void)receiver.update(dir_.path(), 4); });
 }
 
-TEST_F(PublishedRun, TruncatedFileIsRefused) {
+TEST_P(PublishedRun, TruncatedFileIsRefused) {
   patch::Receiver receiver = receiver_at(2);
   std::string bytes = read_file_bytes(delta(3));
   bytes.resize(bytes.size() - 9);
@@ -143,7 +165,7 @@ TEST_F(PublishedRun, TruncatedFileIsRefused) {
                  [&] { (void)receiver.update(dir_.path(), 4); });
   // Fed the file directly (no manifest to compare with), the file itself is invalid.
   try {
-    receiver.apply_delta_file(delta(3));
+    receiver.apply_file(delta(3));
     ADD_FAILURE() << "a truncated file was applied";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::protocol) << error.what();
@@ -151,7 +173,7 @@ TEST_F(PublishedRun, TruncatedFileIsRefused) {
   expect_state(receiver.state(), expected(2), "after a truncated file");
 }
 
-TEST_F(PublishedRun, BitFlippedFileIsRefused) {
+TEST_P(PublishedRun, BitFlippedFileIsRefused) {
   patch::Receiver receiver = receiver_at(2);
   std::string bytes = read_file_bytes(delta(3));
   bytes[bytes.size() - 2] = static_cast<char>(bytes[bytes.size() - 2] ^ 0x01);  // a value bit
@@ -160,10 +182,10 @@ TEST_F(PublishedRun, BitFlippedFileIsRefused) {
                  [&] { (void)receiver.update(dir_.path(), 4); });
   // Without the manifest, the state's digest after applying it is not the one the file names:
   // the elements it changed are put back.
-  expect_refused(receiver, 2, ErrorKind::protocol, 3, [&] { receiver.apply_delta_file(delta(3)); });
+  expect_refused(receiver, 2, ErrorKind::protocol, 3, [&] { receiver.apply_file(delta(3)); });
 }
 
-TEST_F(PublishedRun, BitFlippedAnchorIsRefused) {
+TEST_P(PublishedRun, BitFlippedAnchorIsRefused) {
   patch::Receiver receiver;
   const std::filesystem::path anchor = dir_.path() / patch::anchor_file_name(5);
   std::string bytes = read_file_bytes(anchor);
@@ -180,20 +202,22 @@ TEST_F(PublishedRun, BitFlippedAnchorIsRefused) {
   EXPECT_TRUE(receiver.state().empty());
 }
 
-TEST_F(PublishedRun, WrongParentIsRefused) {
+TEST_P(PublishedRun, WrongParentIsRefused) {
   patch::Receiver receiver = receiver_at(2);
-  expect_refused(receiver, 2, ErrorKind::protocol, 4, [&] { receiver.apply_delta_file(delta(4)); });
-  receiver.apply_delta_file(delta(3));
+  expect_refused(receiver, 2, ErrorKind::protocol, 4, [&] { receiver.apply_file(delta(4)); });
+  receiver.apply_file(delta(3));
   expect_state(receiver.state(), expected(3), "after the right parent");
 }
 
-TEST_F(PublishedRun, ForeignPatchIsRefused) {
+TEST_P(PublishedRun, ForeignPatchIsRefused) {
   TempDir other;
-  (void)publish_run(other.path(), 3, 8, {.anchor_every = 4, .chunk_elements = 4096});
+  (void)publish_run(other.path(), 3, 8,
+                    {.anchor_every = 4, .compact = compact_, .chunk_elements = 4096});
   patch::Receiver receiver = receiver_at(2);
   // Same version numbers and tensors, another run: its parent digest is not the held state's.
-  expect_refused(receiver, 2, ErrorKind::protocol, 3,
-                 [&] { receiver.apply_delta_file(other.path() / patch::delta_file_name(3)); });
+  expect_refused(receiver, 2, ErrorKind::protocol, 3, [&] {
+    receiver.apply_file(other.path() / delta(3).lexically_relative(dir_.path()));
+  });
   // A receiver holding the other run's version 2 is refused by this directory.
   patch::Receiver stranger;
   (void)stranger.update(other.path(), 2);
@@ -208,12 +232,15 @@ TEST_F(PublishedRun, ForeignPatchIsRefused) {
 }
 
 // Writes a delta for version 3 over the receiver's version 2 with one tensor's entries replaced.
-class CraftedDelta : public PublishedRun {
+class CraftedDelta : public PublishedRunBase {
  protected:
+  void SetUp() override { publish(false); }
+
   std::filesystem::path write_crafted(patch::IndexEncoding encoding,
                                       std::vector<std::uint32_t> indices,
                                       std::vector<std::uint16_t> values) {
-    patch::Delta crafted = patch::read_delta_file(delta(3), expected(2));
+    patch::Delta crafted =
+        patch::read_delta_file(dir_.path() / patch::delta_file_name(3), expected(2));
     crafted.encoding = encoding;
     crafted.tensors.front().indices = std::move(indices);
     crafted.tensors.front().values = std::move(values);
@@ -225,7 +252,7 @@ class CraftedDelta : public PublishedRun {
   void expect_bad_file(patch::Receiver& receiver, const std::filesystem::path& path,
                        std::uint64_t index) {
     try {
-      receiver.apply_delta_file(path);
+      receiver.apply_file(path);
       ADD_FAILURE() << "a bad delta was applied";
     } catch (const Error& error) {
       EXPECT_EQ(error.kind(), ErrorKind::protocol) << error.what();
@@ -260,15 +287,37 @@ TEST_F(CraftedDelta, NanValue) {
   }
 }
 
-TEST_F(PublishedRun, FailureAfterSeveralDeltasRestoresTheStartingState) {
+TEST_F(CraftedDelta, NanValueInACompactPatch) {
+  patch::Receiver receiver = receiver_at(2);
+  patch::Delta crafted =
+      patch::read_delta_file(dir_.path() / patch::delta_file_name(3), expected(2));
+  for (patch::TensorDelta& tensor : crafted.tensors) {
+    for (const std::uint32_t index : tensor.indices)
+      tensor.previous.push_back(expected(2).find(tensor.name)->bits[index]);
+  }
+  crafted.tensors.front().values[1] = 0x7FC1;
+  const std::filesystem::path path = dir_.path() / "crafted.plsp";
+  (void)patch::write_compact_file(path, crafted);
+  expect_bad_file(receiver, path, crafted.tensors.front().indices[1]);
+}
+
+TEST_P(PublishedRun, FailureAfterSeveralDeltasRestoresTheStartingState) {
   // Version 4's delta (listed with its true checksum) names a digest its result does not have:
   // versions 2 and 3 were applied first and are undone.
-  patch::Delta bad = patch::read_delta_file(delta(4), expected(3));
+  patch::Delta bad = read_delta(delta(4), expected(3));
+  for (patch::TensorDelta& tensor : bad.tensors) {
+    for (const std::uint32_t index : tensor.indices)
+      tensor.previous.push_back(expected(3).find(tensor.name)->bits[index]);
+  }
   bad.tensors.front().values.front() ^= 0x0001;
-  const io::FileChecksum file = patch::write_delta_file(delta(4), bad);
+  const io::FileChecksum file =
+      compact_ ? patch::write_compact_file(delta(4), bad) : patch::write_delta_file(delta(4), bad);
   patch::Manifest manifest = patch::read_manifest(dir_.path());
   for (patch::ManifestVersion& entry : manifest.versions) {
-    if (entry.version == 4) entry.delta->bytes = file.size, entry.delta->checksum = file.digest;
+    if (entry.version != 4) continue;
+    patch::ManifestFile& listed = compact_ ? *entry.compact : *entry.delta;
+    listed.bytes = file.size;
+    listed.checksum = file.digest;
   }
   patch::write_manifest(dir_.path(), manifest);
   patch::Receiver receiver = receiver_at(1);
@@ -276,7 +325,7 @@ TEST_F(PublishedRun, FailureAfterSeveralDeltasRestoresTheStartingState) {
                  [&] { (void)receiver.update(dir_.path(), 4); });
 }
 
-TEST_F(PublishedRun, CorruptedManifestIsRefused) {
+TEST_P(PublishedRun, CorruptedManifestIsRefused) {
   const std::filesystem::path path = dir_.path() / patch::kManifestName;
   std::string text = read_file_bytes(path);
   const auto at = text.find("\"changed\": ");
@@ -292,6 +341,11 @@ TEST_F(PublishedRun, CorruptedManifestIsRefused) {
   }
   EXPECT_FALSE(receiver.version());
 }
+
+INSTANTIATE_TEST_SUITE_P(DeltaFiles, PublishedRun, ::testing::Values(false, true),
+                         [](const auto& param_info) {
+                           return param_info.param ? std::string("compact") : std::string("trl");
+                         });
 
 }  // namespace
 }  // namespace pulseloco::testing
