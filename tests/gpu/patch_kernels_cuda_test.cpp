@@ -63,23 +63,12 @@ TEST_P(PatchCpuVsCuda, SameEntriesAndSnapshot) {
   for (std::size_t count : {0u, 1u, 10u, 255u, 256u, 257u, 65537u, 3'000'001u}) {
     PatchInputs in = make_patch_inputs(GetParam(), count, 17 + count);
     const DevicePatch gpu = extract_on_device(in);
-    std::vector<std::uint32_t> offsets(count);
-    std::vector<std::uint16_t> values(count);
-    std::vector<std::uint16_t> previous(count);
-    const kernels::PatchResult cpu = kernels::extract_patch(
-        {.snapshot = in.snapshot.data(),
-         .current = in.current(),
-         .current_dtype = in.dtype,
-         .count = count},
-        {.offsets = offsets.data(), .values = values.data(), .previous = previous.data()});
+    const ExtractedPatch cpu = extract_on_cpu(in, 0, count);
     ASSERT_FALSE(gpu.result.nan_offset);
-    ASSERT_EQ(gpu.result.changed, cpu.changed) << count;
-    offsets.resize(cpu.changed);
-    values.resize(cpu.changed);
-    previous.resize(cpu.changed);
-    EXPECT_EQ(gpu.offsets, offsets) << count;
-    EXPECT_EQ(gpu.values, values) << count;
-    EXPECT_EQ(gpu.previous, previous) << count;
+    ASSERT_EQ(gpu.result.changed, cpu.result.changed) << count;
+    EXPECT_EQ(gpu.offsets, cpu.offsets) << count;
+    EXPECT_EQ(gpu.values, cpu.values) << count;
+    EXPECT_EQ(gpu.previous, cpu.previous) << count;
     EXPECT_EQ(gpu.snapshot, in.snapshot) << count;
   }
 }

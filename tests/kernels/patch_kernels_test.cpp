@@ -20,23 +20,13 @@ TEST_P(PatchKernel, MatchesTheScalarReference) {
   for (std::size_t count : {0u, 1u, 7u, 10u, 33u, 1000u, 65537u}) {
     PatchInputs in = make_patch_inputs(GetParam(), count, 11 + count);
     const ReferencePatch expected = reference_patch(in);
-    std::vector<std::uint32_t> offsets(count);
-    std::vector<std::uint16_t> values(count);
-    std::vector<std::uint16_t> previous(count);
-    const kernels::PatchResult result = kernels::extract_patch(
-        {.snapshot = in.snapshot.data(),
-         .current = in.current(),
-         .current_dtype = in.dtype,
-         .count = count},
-        {.offsets = offsets.data(), .values = values.data(), .previous = previous.data()});
+    const ExtractedPatch patch = extract_on_cpu(in, 0, count);
+    const kernels::PatchResult& result = patch.result;
     ASSERT_FALSE(result.nan_offset);
     ASSERT_EQ(result.changed, expected.offsets.size()) << count;
-    offsets.resize(result.changed);
-    values.resize(result.changed);
-    previous.resize(result.changed);
-    EXPECT_EQ(offsets, expected.offsets);
-    EXPECT_EQ(values, expected.values);
-    EXPECT_EQ(previous, expected.previous);
+    EXPECT_EQ(patch.offsets, expected.offsets);
+    EXPECT_EQ(patch.values, expected.values);
+    EXPECT_EQ(patch.previous, expected.previous);
     EXPECT_EQ(in.snapshot, expected.snapshot_after);
     if (count > 1000) {
       // Realistic data: a few percent change, the absorbed updates do not.
@@ -48,19 +38,11 @@ TEST_P(PatchKernel, MatchesTheScalarReference) {
 
 TEST_P(PatchKernel, EdgeCasesAreComparedBitwise) {
   PatchInputs in = make_patch_inputs(GetParam(), 10, 3);
-  std::vector<std::uint32_t> offsets(10);
-  std::vector<std::uint16_t> values(10);
-  const kernels::PatchResult result =
-      kernels::extract_patch({.snapshot = in.snapshot.data(),
-                              .current = in.current(),
-                              .current_dtype = in.dtype,
-                              .count = 10},
-                             {.offsets = offsets.data(), .values = values.data()});
-  offsets.resize(result.changed);
-  values.resize(result.changed);
+  const ExtractedPatch patch = extract_on_cpu(in, 0, 10);
   // +0 -> -0, -0 -> +0, 1 -> -inf, a tie rounding up, a subnormal, an overflow to +inf.
-  EXPECT_EQ(offsets, (std::vector<std::uint32_t>{0, 1, 4, 6, 8, 9}));
-  EXPECT_EQ(values, (std::vector<std::uint16_t>{0x8000, 0x0000, 0xFF80, 0x3F82, 0x0002, 0x7F80}));
+  EXPECT_EQ(patch.offsets, (std::vector<std::uint32_t>{0, 1, 4, 6, 8, 9}));
+  EXPECT_EQ(patch.values,
+            (std::vector<std::uint16_t>{0x8000, 0x0000, 0xFF80, 0x3F82, 0x0002, 0x7F80}));
 }
 
 TEST_P(PatchKernel, ChunksGiveTheWholeResult) {
@@ -70,18 +52,8 @@ TEST_P(PatchKernel, ChunksGiveTheWholeResult) {
   std::vector<std::uint32_t> all;
   for (std::size_t begin = 0; begin < count; begin += 4099) {
     const std::size_t n = std::min<std::size_t>(4099, count - begin);
-    std::vector<std::uint32_t> offsets(n);
-    std::vector<std::uint16_t> values(n);
-    const auto* current =
-        static_cast<const std::byte*>(in.current()) + begin * dtype_size(in.dtype);
-    const kernels::PatchResult result =
-        kernels::extract_patch({.snapshot = in.snapshot.data() + begin,
-                                .current = current,
-                                .current_dtype = in.dtype,
-                                .count = n},
-                               {.offsets = offsets.data(), .values = values.data()});
-    for (std::uint64_t k = 0; k < result.changed; ++k)
-      all.push_back(static_cast<std::uint32_t>(begin + offsets[k]));
+    for (const std::uint32_t offset : extract_on_cpu(in, begin, n).offsets)
+      all.push_back(static_cast<std::uint32_t>(begin + offset));
   }
   EXPECT_EQ(all, expected.offsets);
   EXPECT_EQ(in.snapshot, expected.snapshot_after);
@@ -97,14 +69,7 @@ TEST_P(PatchKernel, NanIsReportedAtItsLowestOffsetAndTheSnapshotIsUnchanged) {
     in.current_bf16[412] = 0xFF81;  // a negative signalling-pattern NaN
   }
   const std::vector<std::uint16_t> before = in.snapshot;
-  std::vector<std::uint32_t> offsets(1000);
-  std::vector<std::uint16_t> values(1000);
-  const kernels::PatchResult result =
-      kernels::extract_patch({.snapshot = in.snapshot.data(),
-                              .current = in.current(),
-                              .current_dtype = in.dtype,
-                              .count = 1000},
-                             {.offsets = offsets.data(), .values = values.data()});
+  const kernels::PatchResult result = extract_on_cpu(in, 0, 1000).result;
   EXPECT_EQ(result.changed, 0u);
   ASSERT_TRUE(result.nan_offset);
   EXPECT_EQ(*result.nan_offset, 412u);

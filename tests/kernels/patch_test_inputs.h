@@ -10,6 +10,7 @@
 
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/base/tensor_view.h>
+#include <pulseloco/kernels/patch_kernels.h>
 #include "kernels/window_test_inputs.h"
 
 namespace pulseloco::testing {
@@ -91,6 +92,33 @@ inline ReferencePatch reference_patch(const PatchInputs& in) {
       out.snapshot_after[i] = now;
     }
   }
+  return out;
+}
+
+// The CPU kernel's entries for elements [begin, begin + count) of `in`, trimmed to their count
+// (the snapshot is updated in place).
+struct ExtractedPatch {
+  kernels::PatchResult result;
+  std::vector<std::uint32_t> offsets;
+  std::vector<std::uint16_t> values;
+  std::vector<std::uint16_t> previous;
+};
+
+inline ExtractedPatch extract_on_cpu(PatchInputs& in, std::size_t begin, std::size_t count) {
+  ExtractedPatch out{.offsets = std::vector<std::uint32_t>(count),
+                     .values = std::vector<std::uint16_t>(count),
+                     .previous = std::vector<std::uint16_t>(count)};
+  out.result = kernels::extract_patch(
+      {.snapshot = in.snapshot.data() + begin,
+       .current = static_cast<const std::byte*>(in.current()) + begin * dtype_size(in.dtype),
+       .current_dtype = in.dtype,
+       .count = count},
+      {.offsets = out.offsets.data(),
+       .values = out.values.data(),
+       .previous = out.previous.data()});
+  out.offsets.resize(out.result.changed);
+  out.values.resize(out.result.changed);
+  out.previous.resize(out.result.changed);
   return out;
 }
 
