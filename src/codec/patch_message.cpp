@@ -1,6 +1,7 @@
 #include <pulseloco/codec/patch_message.h>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <algorithm>
 
@@ -114,7 +115,7 @@ std::vector<std::byte> encode_patch_message(const PatchMessageHeader& header,
     store_le(out.data() + stored_at, index_stored);
     store_le(out.data() + stored_at + 8, values_stored);
   }
-  append_le(out, digest_bytes(out));
+  append_le<std::uint64_t>(out, XXH3_64bits(out.data(), out.size()));
   return out;
 }
 
@@ -123,7 +124,7 @@ PatchMessageView PatchMessageView::parse(std::span<const std::byte> bytes) {
   if (bytes.size() < kPatchHeaderBytes + kChecksumBytes)
     reader.fail("truncated: a compact patch has at least 56 bytes");
   const std::span<const std::byte> body = bytes.first(bytes.size() - kChecksumBytes);
-  if (digest_bytes(body) != load_le<Digest>(bytes.data() + body.size()))
+  if (XXH3_64bits(body.data(), body.size()) != load_le<std::uint64_t>(bytes.data() + body.size()))
     reader.fail_at("checksum mismatch: the patch is corrupted", body.size());
   const auto magic = reader.take(4, "magic");
   if (!std::equal(magic.begin(), magic.end(), std::begin(kPatchMagic)))
