@@ -10,6 +10,7 @@ set(PULSELOCO_HEADER_FOLDERS
   kernels=kernels
   codec=src/codec
   io=src/io
+  patch=src/patch
   transport=transport
   group=src/group
   collectives=collectives

@@ -55,6 +55,16 @@ void check_pointer(const void* pointer, std::uint64_t count, std::string_view ke
   }
 }
 
+void check_patch_arguments(const PatchChunk& chunk, const PatchOutput& out,
+                           std::string_view kernel) {
+  check_count(chunk.count, kernel);
+  check_dtype(chunk.current_dtype, kernel);
+  check_pointer(chunk.snapshot, chunk.count, kernel, "snapshot");
+  check_pointer(chunk.current, chunk.count, kernel, "current weights");
+  check_pointer(out.offsets, chunk.count, kernel, "offset output");
+  check_pointer(out.values, chunk.count, kernel, "value output");
+}
+
 void check_gate_chunk(const GateChunk& chunk, std::string_view kernel) {
   check_count(chunk.count, kernel);
   check_dtype(chunk.local_dtype, kernel);

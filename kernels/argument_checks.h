@@ -7,6 +7,7 @@
 #include <span>
 #include <string_view>
 
+#include <pulseloco/kernels/patch_kernels.h>
 #include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco::kernels::detail {
@@ -18,6 +19,8 @@ void check_pointer(const void* pointer, std::uint64_t count, std::string_view ke
                    std::string_view what);
 void check_gate_chunk(const GateChunk& chunk, std::string_view kernel);
 void check_window_chunk(const WindowChunk& chunk, std::string_view kernel);
+void check_patch_arguments(const PatchChunk& chunk, const PatchOutput& out,
+                           std::string_view kernel);
 void check_outer_params(const OuterStepParams& params, std::string_view kernel);
 // At least one rank; per rank as many values as offsets, and no null buffer with entries. (The
 // offsets themselves are checked where they can be read: on the CPU before use, on the GPU by

@@ -20,15 +20,11 @@
 #include <pulseloco/kernels/cuda/cuda_internal.h>
 #include <pulseloco/kernels/cuda/window_kernels_cuda.h>
 #include <pulseloco/kernels/local_kind.h>
-
-#define PULSELOCO_CUDA_CHECK(call) \
-  ::pulseloco::kernels::cuda::detail::check(static_cast<int>(call), #call)
+#include <pulseloco/kernels/cuda/launch.cuh>
 
 namespace pulseloco::kernels::cuda {
 namespace detail {
 namespace {
-
-constexpr int kThreads = 256;
 
 // ---- per-element arithmetic (device) --------------------------------------------------------
 
@@ -79,13 +75,6 @@ __device__ __forceinline__ void outer_lane(float& global, float& momentum, float
   const float d = __fmaf_rn(mu, m, g);                                     // one rounding
   global = __fmaf_rn(-lr, d, global);                                      // one rounding
   momentum = m;
-}
-
-__device__ __forceinline__ std::uint64_t first_index() {
-  return static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::uint64_t grid_stride() {
-  return static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
 }
 
 // ---- the gate: a stable CUB DeviceSelect over computed items ---------------------------------
@@ -233,31 +222,6 @@ __global__ void scatter_add_kernel(const std::uint32_t* offsets, const float* va
   }
 }
 
-// ---- launching ------------------------------------------------------------------------------
-
-// Enough blocks to fill the device (grid-stride loops cover the rest).
-unsigned blocks_for(std::uint64_t count) {
-  int device = 0, multiprocessors = 0;
-  PULSELOCO_CUDA_CHECK(cudaGetDevice(&device));
-  PULSELOCO_CUDA_CHECK(
-      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
-  const std::uint64_t needed = (count + kThreads - 1) / kThreads;
-  const std::uint64_t cap = static_cast<std::uint64_t>(std::max(multiprocessors, 1)) * 8;
-  return static_cast<unsigned>(std::max<std::uint64_t>(1, std::min(needed, cap)));
-}
-
-template <typename Kernel, typename... Args>
-void launch(const char* name, Kernel kernel, std::uint64_t count, cudaStream_t stream,
-            Args... args) {
-  if (count == 0) return;
-  kernel<<<blocks_for(count), kThreads, 0, stream>>>(args...);
-  check(static_cast<int>(cudaGetLastError()), name);
-}
-
-cudaStream_t as_stream(void* stream) {
-  return static_cast<cudaStream_t>(stream);
-}
-
 }  // namespace
 
 std::size_t gate_temp_bytes(std::uint64_t count) {
@@ -295,18 +259,7 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
                                          temp, bytes, chunk, out_offsets, out_values, counters, s);
                                    });
   };
-  std::size_t needed = 0;
-  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
-  // Never leave the storage null: CUB would take the second call for another size query.
-  impl.reserve_temp(std::max<std::size_t>(needed, 256));
-  PULSELOCO_CUDA_CHECK(
-      cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF, sizeof(unsigned long long), s));
-  std::size_t available = impl.temp_bytes;
-  PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
-  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
-                                       sizeof(detail::DeviceCounters), cudaMemcpyDeviceToHost, s));
-  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(s));
-  const detail::DeviceCounters& result = *impl.host_counters;
+  const detail::DeviceCounters& result = detail::run_select(impl, s, select);
   if (result.non_finite_min != detail::kNoOffset)
     return GateResult{.fired = 0, .non_finite_offset = result.non_finite_min};
   return GateResult{.fired = static_cast<std::uint64_t>(result.selected),

@@ -10,6 +10,7 @@ namespace pulseloco::cli {
 void add_coordinator_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
+void add_patch_command(CLI::App& app);
 void add_replay_command(CLI::App& app);
 
 // The exit status an exception escaping a subcommand maps to when it is not a plain failure

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   pulseloco::cli::add_coordinator_command(app);
   pulseloco::cli::add_info_command(app);
   pulseloco::cli::add_inspect_command(app);
+  pulseloco::cli::add_patch_command(app);
   pulseloco::cli::add_replay_command(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,68 @@
+// Internal: how the CUDA kernels are launched (grid-stride loops over enough blocks to fill the
+// device) and how their CUDA errors become exceptions. Included by the .cu files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include <pulseloco/kernels/cuda/cuda_internal.h>
+
+#define PULSELOCO_CUDA_CHECK(call) \
+  ::pulseloco::kernels::cuda::detail::check(static_cast<int>(call), #call)
+
+namespace pulseloco::kernels::cuda::detail {
+
+inline constexpr int kThreads = 256;
+
+__device__ __forceinline__ std::uint64_t first_index() {
+  return static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::uint64_t grid_stride() {
+  return static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+}
+
+// Enough blocks to fill the device (grid-stride loops cover the rest).
+inline unsigned blocks_for(std::uint64_t count) {
+  int device = 0, multiprocessors = 0;
+  PULSELOCO_CUDA_CHECK(cudaGetDevice(&device));
+  PULSELOCO_CUDA_CHECK(
+      cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  const std::uint64_t needed = (count + kThreads - 1) / kThreads;
+  const std::uint64_t cap = static_cast<std::uint64_t>(std::max(multiprocessors, 1)) * 8;
+  return static_cast<unsigned>(std::max<std::uint64_t>(1, std::min(needed, cap)));
+}
+
+template <typename Kernel, typename... Args>
+void launch(const char* name, Kernel kernel, std::uint64_t count, cudaStream_t stream,
+            Args... args) {
+  if (count == 0) return;
+  kernel<<<blocks_for(count), kThreads, 0, stream>>>(args...);
+  check(static_cast<int>(cudaGetLastError()), name);
+}
+
+inline cudaStream_t as_stream(void* stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+
+// Runs a CUB selection, `select(temp, temp_bytes, counters)` (a size query when temp is null),
+// with the workspace's storage and counters: the lowest non-finite offset is reset first, and
+// the counters reach the host before it returns (the stream is synchronised).
+template <typename Select>
+const DeviceCounters& run_select(DeviceWorkspace::Impl& impl, cudaStream_t stream, Select select) {
+  std::size_t needed = 0;
+  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
+  // Never leave the storage null: CUB would take the second call for another size query.
+  impl.reserve_temp(std::max<std::size_t>(needed, 256));
+  PULSELOCO_CUDA_CHECK(cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF,
+                                       sizeof(unsigned long long), stream));
+  std::size_t available = impl.temp_bytes;
+  PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
+  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
+                                       sizeof(DeviceCounters), cudaMemcpyDeviceToHost, stream));
+  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return *impl.host_counters;
+}
+
+}  // namespace pulseloco::kernels::cuda::detail

@@ -1,0 +1,165 @@
+// `pulseloco patch apply DIR --out FILE [--from FILE] [--to VERSION] [--json]`: brings a bf16
+// state (none, or the one a previous apply wrote) to a published version by the shortest path
+// and writes it as an anchor file. `pulseloco patch inspect DIR [--json]`: the versions of a
+// publishing directory, their sizes and densities, every listed file checked against the
+// manifest. Both exit non-zero naming the version and the file when something is wrong; apply
+// then leaves --out as it was (docs/patches.md).
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/cli/commands.h>
+#include <pulseloco/patch/manifest.h>
+#include <pulseloco/patch/receiver.h>
+#include <pulseloco/patch/trl_files.h>
+
+namespace pulseloco::cli {
+namespace {
+
+struct ApplyOptions {
+  std::string directory;
+  std::string out;
+  std::string from;
+  std::optional<std::uint64_t> to;
+  bool json = false;
+};
+
+void apply(const ApplyOptions& options) {
+  patch::Receiver receiver;
+  if (!options.from.empty()) {
+    patch::Anchor held = patch::read_anchor_file(options.from);
+    receiver = patch::Receiver(std::move(held.state), held.version);
+  }
+  const patch::UpdateReport report = receiver.update(options.directory, options.to);
+  (void)patch::write_anchor_file(options.out, receiver.state(), report.to,
+                                 receiver.state().digest(), patch::IndexEncoding::gap_delta);
+  if (options.json) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (const patch::UpdateStep& step : report.steps) {
+      steps.push_back({{"version", step.version},
+                       {"kind", patch::step_kind_name(step.kind)},
+                       {"bytes", step.bytes}});
+    }
+    const nlohmann::json out{
+        {"from", report.from ? nlohmann::json(*report.from) : nlohmann::json()},
+        {"to", report.to},
+        {"digest", digest_hex(receiver.state().digest())},
+        {"steps", steps},
+        {"bytes", report.bytes()}};
+    fmt::print("{}\n", out.dump(1));
+    return;
+  }
+  fmt::print("{} -> version {} ({} bytes read)\n",
+             report.from ? fmt::format("version {}", *report.from) : std::string("no state"),
+             report.to, report.bytes());
+  for (const patch::UpdateStep& step : report.steps) {
+    fmt::print("  {:<7} {:>8} {:>14} bytes\n", patch::step_kind_name(step.kind), step.version,
+               step.bytes);
+  }
+  fmt::print("wrote {} (digest {})\n", options.out, digest_hex(receiver.state().digest()));
+}
+
+struct InspectPatchesOptions {
+  std::string directory;
+  bool json = false;
+};
+
+// The check of one listed file: "ok" or the error.
+std::string check_file(const std::string& directory, const patch::ManifestFile& file,
+                       std::optional<std::string>& first_error) {
+  try {
+    patch::check_listed_file(directory, file);
+    return "ok";
+  } catch (const Error& error) {
+    if (!first_error) first_error = error.what();
+    return error.what();
+  }
+}
+
+void inspect_patches(const InspectPatchesOptions& options) {
+  const patch::Manifest manifest = patch::read_manifest(options.directory);
+  std::optional<std::string> first_error;
+  nlohmann::json versions = nlohmann::json::array();
+  for (const patch::ManifestVersion& entry : manifest.versions) {
+    const double density =
+        manifest.total_elements == 0
+            ? 0.0
+            : static_cast<double>(entry.changed) / static_cast<double>(manifest.total_elements);
+    nlohmann::json row{{"version", entry.version},
+                       {"digest", digest_hex(entry.digest)},
+                       {"changed", entry.changed},
+                       {"density", density}};
+    for (const auto& [key, file] :
+         {std::pair{"delta", entry.delta}, {"compact", entry.compact}, {"anchor", entry.anchor}}) {
+      if (!file) continue;
+      row[key] = {{"path", file->path},
+                  {"bytes", file->bytes},
+                  {"status", check_file(options.directory, *file, first_error)}};
+    }
+    versions.push_back(std::move(row));
+  }
+  if (options.json) {
+    fmt::print(
+        "{}\n",
+        nlohmann::json{{"total_elements", manifest.total_elements}, {"versions", versions}}.dump(
+            1));
+  } else {
+    fmt::print("{}: {} versions of {} elements\n", options.directory, manifest.versions.size(),
+               manifest.total_elements);
+    fmt::print("  {:>8} {:>12} {:>9} {:>14} {:>14} {:>14}  {}\n", "version", "changed", "density",
+               "delta bytes", "compact bytes", "anchor bytes", "files");
+    for (const nlohmann::json& row : versions) {
+      const auto bytes = [&](const char* key) {
+        return row.contains(key) ? std::to_string(row[key]["bytes"].get<std::uint64_t>())
+                                 : std::string("-");
+      };
+      std::string status = "ok";
+      for (const char* key : {"delta", "compact", "anchor"}) {
+        if (row.contains(key) && row[key]["status"] != "ok")
+          status = row[key]["status"].get<std::string>();
+      }
+      fmt::print("  {:>8} {:>12} {:>8.4f}% {:>14} {:>14} {:>14}  {}\n",
+                 row["version"].get<std::uint64_t>(), row["changed"].get<std::uint64_t>(),
+                 100.0 * row["density"].get<double>(), bytes("delta"), bytes("compact"),
+                 bytes("anchor"), status);
+    }
+  }
+  if (first_error) {
+    throw ProtocolError(fmt::format("{}: a listed file is damaged; the first: {}",
+                                    options.directory, *first_error));
+  }
+}
+
+}  // namespace
+
+void add_patch_command(CLI::App& app) {
+  auto* command = app.add_subcommand(
+      "patch", "Receive and inspect published bf16 weight patches (docs/patches.md)");
+  command->require_subcommand(1);
+
+  auto apply_options = std::make_shared<ApplyOptions>();
+  auto* apply_command = command->add_subcommand(
+      "apply", "Bring a bf16 state to a published version and write it as an anchor file");
+  apply_command->add_option("DIR", apply_options->directory, "A publishing directory")->required();
+  apply_command->add_option("--out", apply_options->out, "The state to write")->required();
+  apply_command->add_option("--from", apply_options->from,
+                            "A state a previous apply wrote (default: none, start from an anchor)");
+  apply_command->add_option("--to", apply_options->to, "The version (default: the newest)");
+  apply_command->add_flag("--json", apply_options->json, "Print machine-readable JSON");
+  apply_command->callback([apply_options] { apply(*apply_options); });
+
+  auto inspect_options = std::make_shared<InspectPatchesOptions>();
+  auto* inspect_command = command->add_subcommand(
+      "inspect", "List a publishing directory's versions and check every listed file");
+  inspect_command->add_option("DIR", inspect_options->directory, "A publishing directory")
+      ->required();
+  inspect_command->add_flag("--json", inspect_options->json, "Print machine-readable JSON");
+  inspect_command->callback([inspect_options] { inspect_patches(*inspect_options); });
+}
+
+}  // namespace pulseloco::cli

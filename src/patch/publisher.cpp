@@ -1,0 +1,209 @@
+#include <pulseloco/patch/publisher.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/kernels/patch_kernels.h>
+#include <pulseloco/kernels/window_kernels.h>
+#include <pulseloco/patch/compact_files.h>
+
+namespace pulseloco::patch {
+
+// One chunk's entries: indices within the tensor, new and replaced bits.
+struct ChunkEntries {
+  std::size_t tensor = 0;  // index in the snapshot
+  std::uint64_t begin = 0;
+  std::uint64_t count = 0;
+  std::vector<std::uint32_t> indices;
+  std::vector<std::uint16_t> values;
+  std::vector<std::uint16_t> previous;
+  kernels::PatchResult result;
+};
+
+struct Publisher::Extracted {
+  std::vector<ChunkEntries> chunks;  // tensor order, then chunk order
+};
+
+Publisher::Publisher(std::filesystem::path directory, PublisherOptions options)
+    : directory_(std::move(directory)), options_(std::move(options)) {
+  if (options_.anchor_every == 0) throw InvalidArgument("anchor_every must be at least 1");
+  if (options_.chunk_elements == 0 || options_.chunk_elements > kernels::kMaxChunkElements) {
+    throw InvalidArgument(
+        fmt::format("chunk_elements must be in [1, {}]", kernels::kMaxChunkElements));
+  }
+  std::filesystem::create_directories(directory_ / "anchors");
+  std::filesystem::create_directories(directory_ / "deltas");
+  if (options_.compact) std::filesystem::create_directories(directory_ / "compact");
+  if (std::filesystem::exists(directory_ / kManifestName)) {
+    throw InvalidArgument(fmt::format("'{}' already holds published versions (a {})",
+                                      directory_.string(), kManifestName));
+  }
+  pool_ = std::make_unique<ThreadPool>(options_.threads);
+}
+
+Publisher::Extracted Publisher::extract(std::span<const WeightsView> weights) {
+  // The weights in the snapshot's (name) order; the first version fixes the tensors.
+  std::vector<const WeightsView*> ordered;
+  for (const WeightsView& view : weights)
+    ordered.push_back(&view);
+  std::sort(ordered.begin(), ordered.end(),
+            [](const WeightsView* a, const WeightsView* b) { return a->name < b->name; });
+  if (snapshot_.empty()) {
+    std::vector<Bf16Tensor> tensors;
+    for (const WeightsView* view : ordered) {
+      // +0 everywhere: every element that is not +0 is "changed" on the first extraction.
+      tensors.push_back(
+          {.name = view->name,
+           .shape = view->shape,
+           .bits = std::vector<std::uint16_t>(shape_elements(view->name, view->shape))});
+    }
+    snapshot_ = Bf16State(std::move(tensors));
+  }
+  if (ordered.size() != snapshot_.tensors().size()) {
+    throw InvalidArgument(fmt::format("{} tensors to publish, but the first version had {}",
+                                      ordered.size(), snapshot_.tensors().size()));
+  }
+  Extracted extracted;
+  for (std::size_t t = 0; t < ordered.size(); ++t) {
+    const WeightsView& view = *ordered[t];
+    const Bf16Tensor& tensor = snapshot_.tensors()[t];
+    if (view.name != tensor.name || view.shape != tensor.shape) {
+      throw InvalidArgument("the tensors to publish are not those of the first version",
+                            ErrorContext{.tensor = view.name});
+    }
+    if (view.dtype != DType::float32 && view.dtype != DType::bfloat16)
+      throw InvalidArgument("weights must be fp32 or bf16", ErrorContext{.tensor = view.name});
+    for (std::uint64_t begin = 0; begin < tensor.bits.size(); begin += options_.chunk_elements) {
+      extracted.chunks.push_back(
+          {.tensor = t,
+           .begin = begin,
+           .count = std::min<std::uint64_t>(options_.chunk_elements, tensor.bits.size() - begin)});
+    }
+  }
+  pool_->parallel_for(extracted.chunks.size(), [&](std::size_t c) {
+    ChunkEntries& chunk = extracted.chunks[c];
+    const WeightsView& view = *ordered[chunk.tensor];
+    std::vector<std::uint32_t> offsets(chunk.count);
+    std::vector<std::uint16_t> values(chunk.count);
+    std::vector<std::uint16_t> previous(chunk.count);
+    chunk.result = kernels::extract_patch(
+        {.snapshot = snapshot_.tensors()[chunk.tensor].bits.data() + chunk.begin,
+         .current = static_cast<const std::byte*>(view.data) + chunk.begin * dtype_size(view.dtype),
+         .current_dtype = view.dtype,
+         .count = chunk.count},
+        {.offsets = offsets.data(), .values = values.data(), .previous = previous.data()});
+    const std::uint64_t n = chunk.result.changed;
+    chunk.indices.resize(n);
+    for (std::uint64_t k = 0; k < n; ++k)
+      chunk.indices[k] = static_cast<std::uint32_t>(chunk.begin + offsets[k]);
+    chunk.values.assign(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n));
+    chunk.previous.assign(previous.begin(), previous.begin() + static_cast<std::ptrdiff_t>(n));
+  });
+  return extracted;
+}
+
+bool Publisher::anchor_due(std::uint64_t delta_bytes) const {
+  return versions_since_anchor_ + 1 >= options_.anchor_every ||
+         delta_bytes_since_anchor_ + delta_bytes > last_anchor_bytes_;
+}
+
+PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::uint64_t version) {
+  if (!manifest_.versions.empty() && version <= manifest_.versions.back().version) {
+    throw InvalidArgument(fmt::format("version {} is not above the last published version {}",
+                                      version, manifest_.versions.back().version));
+  }
+  const bool first = manifest_.versions.empty();
+  const Digest parent_digest = first ? 0 : snapshot_.digest();
+  const bool had_snapshot = !snapshot_.empty();
+  Extracted extracted = extract(weights);
+  // Puts the snapshot back as it was: nothing of this version is published.
+  const auto undo = [&] {
+    if (!had_snapshot) {
+      snapshot_ = Bf16State();
+      return;
+    }
+    for (const ChunkEntries& chunk : extracted.chunks) {
+      std::vector<std::uint16_t>& bits = snapshot_.tensors()[chunk.tensor].bits;
+      for (std::size_t k = 0; k < chunk.indices.size(); ++k)
+        bits[chunk.indices[k]] = chunk.previous[k];
+    }
+  };
+  for (const ChunkEntries& chunk : extracted.chunks) {
+    if (chunk.result.nan_offset) {
+      const std::string name = snapshot_.tensors()[chunk.tensor].name;
+      undo();
+      kernels::check_patch_finite(chunk.result, name, chunk.begin);
+    }
+  }
+
+  PublishedVersion published{.version = version, .digest = snapshot_.digest()};
+  ManifestVersion entry{.version = version, .digest = published.digest};
+  try {
+    Delta delta{.version = version,
+                .parent_version = first ? 0 : manifest_.versions.back().version,
+                .parent_digest = parent_digest,
+                .digest = published.digest,
+                .total_elements = snapshot_.total_elements(),
+                .encoding = options_.encoding};
+    for (const ChunkEntries& chunk : extracted.chunks) {
+      published.changed += chunk.indices.size();
+      if (chunk.indices.empty()) continue;
+      const std::string& name = snapshot_.tensors()[chunk.tensor].name;
+      if (delta.tensors.empty() || delta.tensors.back().name != name) {
+        delta.tensors.push_back(
+            {.name = name, .numel = snapshot_.tensors()[chunk.tensor].bits.size()});
+      }
+      TensorDelta& tensor = delta.tensors.back();
+      tensor.indices.insert(tensor.indices.end(), chunk.indices.begin(), chunk.indices.end());
+      tensor.values.insert(tensor.values.end(), chunk.values.begin(), chunk.values.end());
+      tensor.previous.insert(tensor.previous.end(), chunk.previous.begin(), chunk.previous.end());
+    }
+    entry.changed = first ? 0 : published.changed;
+    published.changed = entry.changed;
+    if (!first) {
+      const io::FileChecksum file = write_delta_file(directory_ / delta_file_name(version), delta);
+      entry.delta = ManifestFile{
+          .path = delta_file_name(version).string(), .bytes = file.size, .checksum = file.digest};
+      published.delta_bytes = file.size;
+      if (options_.compact) {
+        const io::FileChecksum compact =
+            write_compact_file(directory_ / compact_file_name(version), delta);
+        entry.compact = ManifestFile{.path = compact_file_name(version).string(),
+                                     .bytes = compact.size,
+                                     .checksum = compact.digest};
+        published.compact_bytes = compact.size;
+      }
+    }
+    if (first || anchor_due(published.delta_bytes)) {
+      const io::FileChecksum file =
+          write_anchor_file(directory_ / anchor_file_name(version), snapshot_, version,
+                            published.digest, options_.encoding);
+      entry.anchor = ManifestFile{
+          .path = anchor_file_name(version).string(), .bytes = file.size, .checksum = file.digest};
+      published.anchor_bytes = file.size;
+    }
+    if (options_.fault_hook) options_.fault_hook("files written");
+    Manifest next = manifest_;
+    next.total_elements = snapshot_.total_elements();
+    next.versions.push_back(entry);
+    write_manifest(directory_, next);
+    manifest_ = std::move(next);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  if (entry.anchor) {
+    versions_since_anchor_ = 0;
+    delta_bytes_since_anchor_ = 0;
+    last_anchor_bytes_ = published.anchor_bytes;
+  } else {
+    ++versions_since_anchor_;
+    delta_bytes_since_anchor_ += published.delta_bytes;
+  }
+  return published;
+}
+
+}  // namespace pulseloco::patch

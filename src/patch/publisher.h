@@ -1,0 +1,88 @@
+// Publishes a model's weights as bf16 versions into a directory that TRL-style receivers and
+// patch::Receiver read (docs/patches.md): a delta per version against the previous one, an
+// anchor (every tensor in full) for the first version, every `anchor_every` versions, and
+// whenever the deltas since the last anchor would add up to more than an anchor.
+//
+// Each version's files are written atomically (a temporary name, fsync, rename), then the
+// manifest, atomically too, last: a reader never sees a version whose files are incomplete,
+// whenever the publisher stops. The publisher keeps one bf16 snapshot (2 bytes per
+// parameter) of the last published version; the patch kernel (kernels/patch_kernels.h)
+// compares the current weights with it chunk by chunk on a thread pool.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <pulseloco/base/tensor_view.h>
+#include <pulseloco/base/thread_pool.h>
+#include <pulseloco/patch/bf16_state.h>
+#include <pulseloco/patch/manifest.h>
+#include <pulseloco/patch/trl_files.h>
+
+namespace pulseloco::patch {
+
+struct PublisherOptions {
+  std::uint64_t anchor_every = 10;  // versions between anchors (>= 1)
+  IndexEncoding encoding = IndexEncoding::gap_delta;
+  bool compact = true;  // also write each delta as a compact patch (compact_files.h)
+  std::uint64_t chunk_elements = std::uint64_t{1} << 20;  // the kernel's unit of work
+  std::size_t threads = 1;                                // ThreadPool parallelism
+  // Called with "files written" once a version's files are in place and before the manifest
+  // names them (tests stop the process there); empty in production.
+  std::function<void(std::string_view point)> fault_hook;
+};
+
+// One tensor of the current weights, in host memory (fp32 or bf16, row-major).
+struct WeightsView {
+  std::string name;
+  std::vector<std::uint64_t> shape;
+  const void* data = nullptr;
+  DType dtype = DType::float32;
+};
+
+struct PublishedVersion {
+  std::uint64_t version = 0;
+  Digest digest = 0;
+  std::uint64_t changed = 0;        // elements whose bf16 value changed
+  std::uint64_t delta_bytes = 0;    // 0 when no delta was written (the first version)
+  std::uint64_t compact_bytes = 0;  // 0 when no compact patch was written
+  std::uint64_t anchor_bytes = 0;   // 0 when no anchor was written
+};
+
+class Publisher {
+ public:
+  // `directory` is created when missing; it must not hold a manifest yet (InvalidArgument).
+  Publisher(std::filesystem::path directory, PublisherOptions options);
+
+  // Publishes `weights` (the same tensors every time, in any order) as `version`, which must be
+  // above the previous one. Throws NonFiniteError naming the tensor and index for a NaN,
+  // InvalidArgument for tensors other than the first version's or a version not above the
+  // last, IoError when a file cannot be written. On any error nothing is published and the
+  // snapshot is unchanged.
+  PublishedVersion publish(std::span<const WeightsView> weights, std::uint64_t version);
+
+  [[nodiscard]] const Bf16State& snapshot() const noexcept { return snapshot_; }
+  [[nodiscard]] const Manifest& manifest() const noexcept { return manifest_; }
+
+ private:
+  struct Extracted;
+  Extracted extract(std::span<const WeightsView> weights);
+  [[nodiscard]] bool anchor_due(std::uint64_t delta_bytes) const;
+
+  std::filesystem::path directory_;
+  PublisherOptions options_;
+  std::unique_ptr<ThreadPool> pool_;
+  Bf16State snapshot_;
+  Manifest manifest_;
+  std::uint64_t versions_since_anchor_ = 0;
+  std::uint64_t delta_bytes_since_anchor_ = 0;
+  std::uint64_t last_anchor_bytes_ = 0;
+};
+
+}  // namespace pulseloco::patch

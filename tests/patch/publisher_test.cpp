@@ -1,0 +1,158 @@
+// patch::Publisher: anchors when due, a NaN refused with nothing published, and a publisher
+// SIGKILLed after writing a version's files but before its manifest: readers never see that
+// version.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/patch/publisher.h>
+#include <pulseloco/patch/receiver.h>
+#include "io/test_files.h"
+#include "patch/patch_run.h"
+
+namespace pulseloco::testing {
+namespace {
+
+using io::test::TempDir;
+
+TEST(Publisher, AnchorsEveryNVersionsAndTheFirst) {
+  TempDir dir;
+  (void)publish_run(dir.path(), 7, 3, {.anchor_every = 3});
+  const patch::Manifest manifest = patch::read_manifest(dir.path());
+  ASSERT_EQ(manifest.versions.size(), 7u);
+  for (const patch::ManifestVersion& entry : manifest.versions) {
+    EXPECT_EQ(entry.anchor.has_value(), entry.version % 3 == 1) << entry.version;
+    EXPECT_EQ(entry.delta.has_value(), entry.version > 1) << entry.version;
+  }
+}
+
+TEST(Publisher, CompactPatchesAreAtLeast2_5TimesSmallerThanGapDeltaFiles) {
+  TempDir dir;
+  (void)publish_run(dir.path(), 6, 3, {.anchor_every = 100});
+  for (const patch::ManifestVersion& entry : patch::read_manifest(dir.path()).versions) {
+    if (!entry.delta) continue;
+    ASSERT_TRUE(entry.compact);
+    EXPECT_GE(static_cast<double>(entry.delta->bytes) / static_cast<double>(entry.compact->bytes),
+              2.5)
+        << "version " << entry.version;
+  }
+}
+
+TEST(Publisher, AnchorsWhenTheChainWouldOutgrowAnAnchor) {
+  TempDir dir;
+  PatchRun run(4);
+  patch::Publisher publisher(dir.path(), {.anchor_every = 1000});
+  (void)publisher.publish(run.views(), 1);
+  // Every weight moves by far more than a bf16 ulp: each delta is larger than half an anchor.
+  std::uint64_t anchors = 0;
+  for (std::uint64_t v = 2; v <= 4; ++v) {
+    for (RunTensor& tensor : run.tensors()) {
+      for (float& w : tensor.master)
+        w = -w * 1.5f + 0.001f;
+      if (tensor.dtype == DType::bfloat16) float_to_bf16(tensor.master, tensor.bf16);
+    }
+    const patch::PublishedVersion published = publisher.publish(run.views(), v);
+    EXPECT_GT(published.delta_bytes, 0u);
+    anchors += published.anchor_bytes > 0 ? 1 : 0;
+  }
+  EXPECT_GE(anchors, 1u);
+  patch::Receiver receiver;
+  (void)receiver.update(dir.path());
+  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+}
+
+TEST(Publisher, NanIsRefusedAndNothingIsPublished) {
+  TempDir dir;
+  PatchRun run(5);
+  patch::Publisher publisher(dir.path(), {.chunk_elements = 1000, .threads = 2});
+  (void)publisher.publish(run.views(), 1);
+  run.step();
+  const Digest before = publisher.snapshot().digest();
+  RunTensor& tensor = run.tensors()[1];
+  tensor.master[4321] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    (void)publisher.publish(run.views(), 2);
+    FAIL() << "a NaN was published";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::non_finite);
+    EXPECT_EQ(error.context().tensor, tensor.name);
+    EXPECT_EQ(error.context().index, 4321u);
+  }
+  EXPECT_EQ(publisher.snapshot().digest(), before);
+  EXPECT_EQ(patch::read_manifest(dir.path()).versions.size(), 1u);
+  tensor.master[4321] = 0.5f;
+  (void)publisher.publish(run.views(), 2);
+  patch::Receiver receiver;
+  (void)receiver.update(dir.path());
+  EXPECT_EQ(receiver.version(), 2u);
+  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+}
+
+TEST(Publisher, VersionsMustAscendAndTensorsStayTheSame) {
+  TempDir dir;
+  PatchRun run(6);
+  patch::Publisher publisher(dir.path(), {});
+  (void)publisher.publish(run.views(), 5);
+  EXPECT_THROW((void)publisher.publish(run.views(), 5), InvalidArgument);
+  std::vector<patch::WeightsView> fewer = run.views();
+  fewer.pop_back();
+  EXPECT_THROW((void)publisher.publish(fewer, 6), InvalidArgument);
+  EXPECT_THROW(patch::Publisher(dir.path(), {}), InvalidArgument);  // the directory is in use
+}
+
+// The child publishes versions 1-3, then stops for good once version 4's files are written,
+// before its manifest: the parent waits for that event on a pipe and SIGKILLs it.
+TEST(Publisher, KilledBetweenFilesAndManifestIsInvisible) {
+  TempDir dir;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(ready[0]);
+    PatchRun run(7);
+    std::uint64_t publishing = 0;
+    patch::Publisher publisher(dir.path(), {.anchor_every = 3, .fault_hook = [&](std::string_view) {
+                                              if (publishing == 4) {
+                                                const char byte = 'k';
+                                                (void)!::write(ready[1], &byte, 1);
+                                                for (;;)
+                                                  ::pause();  // until SIGKILL
+                                              }
+                                            }});
+    for (std::uint64_t v = 1; v <= 4; ++v) {
+      if (v > 1) run.step();
+      publishing = v;
+      (void)publisher.publish(run.views(), v);
+    }
+    ::_exit(3);  // not reached
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+
+  // Version 4's files are complete on disk (an anchor is due at 4 too) but not listed.
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / patch::delta_file_name(4)));
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / patch::anchor_file_name(4)));
+  patch::Receiver receiver;
+  const patch::UpdateReport report = receiver.update(dir.path());
+  EXPECT_EQ(report.to, 3u);
+  PatchRun run(7);
+  run.step();
+  run.step();
+  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+}
+
+}  // namespace
+}  // namespace pulseloco::testing
