@@ -46,23 +46,4 @@ inline cudaStream_t as_stream(void* stream) {
   return static_cast<cudaStream_t>(stream);
 }
 
-// Runs a CUB selection, `select(temp, temp_bytes, counters)` (a size query when temp is null),
-// with the workspace's storage and counters: the lowest non-finite offset is reset first, and
-// the counters reach the host before it returns (the stream is synchronised).
-template <typename Select>
-const DeviceCounters& run_select(DeviceWorkspace::Impl& impl, cudaStream_t stream, Select select) {
-  std::size_t needed = 0;
-  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
-  // Never leave the storage null: CUB would take the second call for another size query.
-  impl.reserve_temp(std::max<std::size_t>(needed, 256));
-  PULSELOCO_CUDA_CHECK(cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF,
-                                       sizeof(unsigned long long), stream));
-  std::size_t available = impl.temp_bytes;
-  PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
-  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
-                                       sizeof(DeviceCounters), cudaMemcpyDeviceToHost, stream));
-  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return *impl.host_counters;
-}
-
 }  // namespace pulseloco::kernels::cuda::detail

@@ -92,7 +92,18 @@ PatchResult extract_patch(const PatchChunk& chunk, const PatchOutput& out,
                ? detail::patch_select<DType::float32>(temp, bytes, chunk, out, counters, s)
                : detail::patch_select<DType::bfloat16>(temp, bytes, chunk, out, counters, s);
   };
-  const detail::DeviceCounters& counters = detail::run_select(impl, s, select);
+  std::size_t needed = 0;
+  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
+  // Never leave the storage null: CUB would take the second call for another size query.
+  impl.reserve_temp(std::max<std::size_t>(needed, 256));
+  PULSELOCO_CUDA_CHECK(
+      cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF, sizeof(unsigned long long), s));
+  std::size_t available = impl.temp_bytes;
+  PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
+  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
+                                       sizeof(detail::DeviceCounters), cudaMemcpyDeviceToHost, s));
+  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(s));
+  const detail::DeviceCounters& counters = *impl.host_counters;
   if (counters.non_finite_min != detail::kNoOffset)
     return PatchResult{.changed = 0, .nan_offset = counters.non_finite_min};
   const auto changed = static_cast<std::uint64_t>(counters.selected);

@@ -259,7 +259,18 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
                                          temp, bytes, chunk, out_offsets, out_values, counters, s);
                                    });
   };
-  const detail::DeviceCounters& result = detail::run_select(impl, s, select);
+  std::size_t needed = 0;
+  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
+  // Never leave the storage null: CUB would take the second call for another size query.
+  impl.reserve_temp(std::max<std::size_t>(needed, 256));
+  PULSELOCO_CUDA_CHECK(
+      cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF, sizeof(unsigned long long), s));
+  std::size_t available = impl.temp_bytes;
+  PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
+  PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
+                                       sizeof(detail::DeviceCounters), cudaMemcpyDeviceToHost, s));
+  PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(s));
+  const detail::DeviceCounters& result = *impl.host_counters;
   if (result.non_finite_min != detail::kNoOffset)
     return GateResult{.fired = 0, .non_finite_offset = result.non_finite_min};
   return GateResult{.fired = static_cast<std::uint64_t>(result.selected),
