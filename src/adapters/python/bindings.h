@@ -1,4 +1,4 @@
-// The pieces of the extension pulseloco._pulseloco (module.cpp assembles them).
+// Internal: the pieces of the extension pulseloco._pulseloco (module.cpp assembles them).
 #pragma once
 
 #include <nanobind/nanobind.h>
