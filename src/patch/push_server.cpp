@@ -191,7 +191,6 @@ struct PushServer::Impl {
           logger().warn("patch push server: subscriber {} lost: {}", subscriber->from,
                         error.code().message());
         } else {
-          dropped.fetch_add(1);
           logger().warn(
               "patch push server: subscriber {} dropped: it took no bytes for {} ms (it may "
               "reconnect and resume)",
@@ -231,9 +230,15 @@ struct PushServer::Impl {
   asio::awaitable<void> write_within_timeout(Subscriber& subscriber,
                                              std::span<const std::byte> bytes) {
     tcp::Watchdog watchdog(io.get_executor(), transport::Clock::now() + options.write_timeout,
-                           [&subscriber] {
+                           [this, &subscriber] {
                              subscriber.stalled = true;
-                             close_socket(subscriber);
+                             dropped.fetch_add(1);  // before its socket closes
+                             // Reset, not closed: the bytes it did not take are discarded at
+                             // once rather than kept by the kernel for a peer that is stalled.
+                             boost::system::error_code ignored;
+                             subscriber.socket->set_option(asio::socket_base::linger(true, 0),
+                                                           ignored);
+                             subscriber.socket->close(ignored);
                            });
     co_await asio::async_write(subscriber.link, asio::buffer(bytes.data(), bytes.size()),
                                asio::use_awaitable);
