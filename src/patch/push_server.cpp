@@ -44,10 +44,10 @@ struct FileIdentity {
 std::optional<FileIdentity> identity_of(const std::filesystem::path& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) return std::nullopt;
-  return FileIdentity{.inode = info.st_ino,
-                      .size = info.st_size,
-                      .mtime_ns = std::int64_t{info.st_mtim.tv_sec} * 1'000'000'000 +
-                                  info.st_mtim.tv_nsec};
+  return FileIdentity{
+      .inode = info.st_ino,
+      .size = info.st_size,
+      .mtime_ns = std::int64_t{info.st_mtim.tv_sec} * 1'000'000'000 + info.st_mtim.tv_nsec};
 }
 
 PushType push_type_of(StepKind kind) {
@@ -229,17 +229,16 @@ struct PushServer::Impl {
 
   asio::awaitable<void> write_within_timeout(Subscriber& subscriber,
                                              std::span<const std::byte> bytes) {
-    tcp::Watchdog watchdog(io.get_executor(), transport::Clock::now() + options.write_timeout,
-                           [this, &subscriber] {
-                             subscriber.stalled = true;
-                             dropped.fetch_add(1);  // before its socket closes
-                             // Reset, not closed: the bytes it did not take are discarded at
-                             // once rather than kept by the kernel for a peer that is stalled.
-                             boost::system::error_code ignored;
-                             subscriber.socket->set_option(asio::socket_base::linger(true, 0),
-                                                           ignored);
-                             subscriber.socket->close(ignored);
-                           });
+    tcp::Watchdog watchdog(
+        io.get_executor(), transport::Clock::now() + options.write_timeout, [this, &subscriber] {
+          subscriber.stalled = true;
+          dropped.fetch_add(1);  // before its socket closes
+          // Reset, not closed: the bytes it did not take are discarded at
+          // once rather than kept by the kernel for a peer that is stalled.
+          boost::system::error_code ignored;
+          subscriber.socket->set_option(asio::socket_base::linger(true, 0), ignored);
+          subscriber.socket->close(ignored);
+        });
     co_await asio::async_write(subscriber.link, asio::buffer(bytes.data(), bytes.size()),
                                asio::use_awaitable);
   }
@@ -299,9 +298,9 @@ struct PushServer::Impl {
             subscriber->from, subscribe->version, digest_hex(subscribe->digest));
       }
     }
-    logger().info("patch push server: subscriber {} from {}", subscriber->from,
-                  subscriber->sent ? fmt::format("version {}", *subscriber->sent)
-                                   : std::string("nothing"));
+    logger().info(
+        "patch push server: subscriber {} from {}", subscriber->from,
+        subscriber->sent ? fmt::format("version {}", *subscriber->sent) : std::string("nothing"));
     pump(subscriber);
     try {
       std::array<std::byte, 1> byte{};

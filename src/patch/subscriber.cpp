@@ -173,10 +173,9 @@ struct Subscriber::Impl {
     if (header.type == PushType::subscribe)
       throw ProtocolError("the server sent a subscribe message");
     if (header.payload_bytes > payload_limit(header))
-      throw ProtocolError(
-          fmt::format("version {}: a {} of {} bytes (at most {} for this subscriber)",
-                      header.version, push_type_name(header.type), header.payload_bytes,
-                      payload_limit(header)));
+      throw ProtocolError(fmt::format(
+          "version {}: a {} of {} bytes (at most {} for this subscriber)", header.version,
+          push_type_name(header.type), header.payload_bytes, payload_limit(header)));
     while (message.payload.size() < header.payload_bytes) {
       const std::size_t at = message.payload.size();
       const auto piece =
@@ -218,9 +217,10 @@ struct Subscriber::Impl {
   static void check_names(std::uint64_t version, Digest digest, const PushHeader& header,
                           std::string_view what) {
     if (version != header.version || digest != header.digest)
-      throw ProtocolError(fmt::format("{}: the file holds version {} with digest {}, the message "
-                                      "names digest {}",
-                                      what, version, digest_hex(digest), digest_hex(header.digest)));
+      throw ProtocolError(
+          fmt::format("{}: the file holds version {} with digest {}, the message "
+                      "names digest {}",
+                      what, version, digest_hex(digest), digest_hex(header.digest)));
   }
 };
 

@@ -129,8 +129,7 @@ TEST(PatchPush, SeveralSubscribersReceiveEachVersionAsItIsPublished) {
   constexpr int kSubscribers = 3;
   std::vector<std::unique_ptr<patch::Subscriber>> subscribers;
   for (int i = 0; i < kSubscribers; ++i) {
-    subscribers.push_back(
-        std::make_unique<patch::Subscriber>(subscriber_options(server.port())));
+    subscribers.push_back(std::make_unique<patch::Subscriber>(subscriber_options(server.port())));
     ASSERT_EQ(subscribers.back()->receive(bounded()).version, 1u);  // subscribed
   }
   std::vector<std::thread> threads;
@@ -222,8 +221,8 @@ class ScriptedServer {
     for (;;) {
       auto socket = std::make_shared<tcp::Socket>(io_);
       co_await acceptor_.async_accept(*socket, asio::use_awaitable);
-      tcp::LinkStream link(socket, tcp::TlsContext::make(transport::LinkSecurity::automatic,
-                                                         kSecret, {}));
+      tcp::LinkStream link(socket,
+                           tcp::TlsContext::make(transport::LinkSecurity::automatic, kSecret, {}));
       try {
         (void)co_await tcp::server_handshake(link, kSecret,
                                              [](const tcp::Hello&) { return std::string(); });
@@ -247,12 +246,12 @@ asio::awaitable<void> send_message(tcp::LinkStream& link, PushType type, std::ui
                                    Digest digest, std::vector<std::byte> payload,
                                    std::optional<Digest> checksum = std::nullopt,
                                    std::size_t cut = 0) {
-  const auto header = patch::encode_push_header({.type = type,
-                                                 .version = version,
-                                                 .digest = digest,
-                                                 .payload_bytes = payload.size(),
-                                                 .payload_checksum =
-                                                     checksum.value_or(digest_bytes(payload))});
+  const auto header =
+      patch::encode_push_header({.type = type,
+                                 .version = version,
+                                 .digest = digest,
+                                 .payload_bytes = payload.size(),
+                                 .payload_checksum = checksum.value_or(digest_bytes(payload))});
   co_await asio::async_write(link, asio::buffer(header), asio::use_awaitable);
   co_await asio::async_write(link, asio::buffer(payload.data(), payload.size() - cut),
                              asio::use_awaitable);
