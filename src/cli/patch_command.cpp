@@ -4,9 +4,17 @@
 // publishing directory, their sizes and densities, every listed file checked against the
 // manifest. Both exit non-zero naming the version and the file when something is wrong; apply
 // then leaves --out as it was (docs/patches.md).
+// `pulseloco patch serve DIR --listen HOST:PORT` serves a publishing directory to subscribers
+// over TCP; `pulseloco patch subscribe HOST:PORT --out FILE [--until VERSION]` receives each
+// version and writes it atomically to FILE (resuming from FILE when it exists). Both take the
+// shared secret and run id from PULSELOCO_SECRET / PULSELOCO_SECRET_FILE and PULSELOCO_RUN_ID.
 #include <fmt/format.h>
 
+#include <charconv>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -14,9 +22,13 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/commands.h>
+#include <pulseloco/group/options.h>
 #include <pulseloco/patch/manifest.h>
+#include <pulseloco/patch/push_server.h>
 #include <pulseloco/patch/receiver.h>
+#include <pulseloco/patch/subscriber.h>
 #include <pulseloco/patch/trl_files.h>
+#include <pulseloco/transport/tcp/group_table.h>
 
 namespace pulseloco::cli {
 namespace {
@@ -137,6 +149,85 @@ void inspect_patches(const InspectPatchesOptions& options) {
 
 }  // namespace
 
+struct ServeOptions {
+  std::string directory;
+  std::string listen;
+  bool insecure = false;
+  std::int64_t poll_ms = 500;
+};
+
+// HOST:PORT where PORT may be 0 (any free port), which parse_peer_address refuses.
+transport::PeerAddress listen_address(const std::string& text) {
+  const std::size_t colon = text.rfind(':');
+  unsigned port = 0;
+  const char* end = text.data() + text.size();
+  if (colon == std::string::npos || colon == 0 ||
+      std::from_chars(text.data() + colon + 1, end, port).ptr != end || colon + 1 == text.size() ||
+      port > 65535)
+    throw InvalidArgument(
+        fmt::format("--listen: '{}' is not HOST:PORT with a port in 0..65535", text));
+  return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+void serve(const ServeOptions& options) {
+  const transport::PeerAddress address = listen_address(options.listen);
+  const group::TransportOptions environment = group::from_environment();
+  // Blocked before the server's thread starts, so that it inherits the mask and this thread
+  // takes them in sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  patch::PushServer server(options.directory,
+                           {.host = address.host,
+                            .port = address.port,
+                            .secret = environment.tcp.secret,
+                            .run_id = environment.run_id,
+                            .allow_insecure = options.insecure || environment.tcp.allow_insecure,
+                            .link_security = environment.tcp.link_security,
+                            .tls_files = environment.tcp.tls_files,
+                            .poll_interval = std::chrono::milliseconds(options.poll_ms)});
+  // Scripts and tests wait for this line before subscribing.
+  fmt::print("serving {} on {}:{}\n", options.directory, address.host, server.port());
+  std::fflush(stdout);
+  int signal = 0;
+  (void)sigwait(&stop_signals, &signal);  // the server's thread serves until SIGINT or SIGTERM
+}
+
+struct SubscribeOptions {
+  std::string server;
+  std::string out;
+  std::optional<std::uint64_t> until;
+};
+
+void subscribe(const SubscribeOptions& options) {
+  const group::TransportOptions environment = group::from_environment();
+  const patch::SubscriberOptions connection{.server = options.server,
+                                            .secret = environment.tcp.secret,
+                                            .run_id = environment.run_id,
+                                            .link_security = environment.tcp.link_security,
+                                            .tls_files = environment.tcp.tls_files};
+  std::unique_ptr<patch::Subscriber> subscriber;
+  if (std::filesystem::exists(options.out)) {
+    patch::Anchor held = patch::read_anchor_file(options.out);
+    subscriber =
+        std::make_unique<patch::Subscriber>(connection, std::move(held.state), held.version);
+  } else {
+    subscriber = std::make_unique<patch::Subscriber>(connection);
+  }
+  while (!options.until || !subscriber->version() || *subscriber->version() < *options.until) {
+    const patch::ReceivedVersion received =
+        subscriber->receive(transport::Clock::now() + std::chrono::hours(24 * 365));
+    const Digest digest = subscriber->state().digest();
+    (void)patch::write_anchor_file(options.out, subscriber->state(), received.version, digest,
+                                   patch::IndexEncoding::gap_delta);
+    fmt::print("version {} ({} of {} bytes), digest {}\n", received.version,
+               patch::push_type_name(received.type), received.bytes, digest_hex(digest));
+    std::fflush(stdout);
+  }
+}
+
 void add_patch_command(CLI::App& app) {
   auto* command = app.add_subcommand(
       "patch", "Receive and inspect published bf16 weight patches (docs/patches.md)");
@@ -160,6 +251,33 @@ void add_patch_command(CLI::App& app) {
       ->required();
   inspect_command->add_flag("--json", inspect_options->json, "Print machine-readable JSON");
   inspect_command->callback([inspect_options] { inspect_patches(*inspect_options); });
+
+  auto serve_options = std::make_shared<ServeOptions>();
+  auto* serve_command = command->add_subcommand(
+      "serve", "Push a publishing directory's versions to subscribers over TCP");
+  serve_command->add_option("DIR", serve_options->directory, "A publishing directory")->required();
+  serve_command->add_option("--listen", serve_options->listen, "HOST:PORT (port 0: any free port)")
+      ->required();
+  serve_command
+      ->add_option("--poll-ms", serve_options->poll_ms,
+                   "How often the manifest is read for new versions")
+      ->capture_default_str();
+  serve_command->add_flag("--insecure", serve_options->insecure,
+                          "Listen beyond loopback without a shared secret (a trusted network "
+                          "only); also PULSELOCO_ALLOW_INSECURE=1");
+  serve_command->callback([serve_options] { serve(*serve_options); });
+
+  auto subscribe_options = std::make_shared<SubscribeOptions>();
+  auto* subscribe_command = command->add_subcommand(
+      "subscribe", "Receive versions from a patch push server, writing each as an anchor file");
+  subscribe_command->add_option("SERVER", subscribe_options->server, "HOST:PORT")->required();
+  subscribe_command
+      ->add_option("--out", subscribe_options->out,
+                   "The state to write (read first, when it exists, to resume)")
+      ->required();
+  subscribe_command->add_option("--until", subscribe_options->until,
+                                "Stop once this version or a newer one is held");
+  subscribe_command->callback([subscribe_options] { subscribe(*subscribe_options); });
 }
 
 }  // namespace pulseloco::cli

@@ -11,20 +11,19 @@
 namespace pulseloco::patch {
 namespace {
 
-// A compact patch of the held state stores at most 7 bytes per element (a 5-byte varint gap
-// and a 2-byte value; a stream is stored raw when zstd would not shrink it) and a record of at
-// most 64 KiB + 58 bytes per tensor: a larger file is refused unread.
-std::uint64_t max_compact_bytes(const Bf16State& held) {
-  return 7 * held.total_elements() + ((std::uint64_t{64} << 10) + 58) * held.tensors().size() + 56;
-}
-
-[[noreturn]] void bad_file(const std::filesystem::path& path, const Error& error) {
-  throw ProtocolError(
-      fmt::format("'{}' is not a valid compact patch: {}", path.string(), error.message()),
-      error.context());
+[[noreturn]] void bad_patch(std::string_view source, const Error& error) {
+  throw ProtocolError(fmt::format("{} is not a valid compact patch: {}", source, error.message()),
+                      error.context());
 }
 
 }  // namespace
+
+// A compact patch of the held state stores at most 7 bytes per element (a 5-byte varint gap
+// and a 2-byte value; a stream is stored raw when zstd would not shrink it) and a record of at
+// most 64 KiB + 58 bytes per tensor.
+std::uint64_t max_compact_bytes(const Bf16State& held) {
+  return 7 * held.total_elements() + ((std::uint64_t{64} << 10) + 58) * held.tensors().size() + 56;
+}
 
 std::filesystem::path compact_file_name(std::uint64_t version) {
   return std::filesystem::path("compact") / fmt::format("step_{:06d}.plsp", version);
@@ -50,6 +49,11 @@ io::FileChecksum write_compact_file(const std::filesystem::path& path, const Del
 
 Delta read_compact_file(const std::filesystem::path& path, const Bf16State& held) {
   const std::vector<std::byte> bytes = io::read_file(path, max_compact_bytes(held));
+  return read_compact_patch(bytes, held, fmt::format("'{}'", path.string()));
+}
+
+Delta read_compact_patch(std::span<const std::byte> bytes, const Bf16State& held,
+                         std::string_view source) {
   try {
     const codec::PatchMessageView view = codec::PatchMessageView::parse(bytes);
     Delta delta{.version = view.header().version,
@@ -79,7 +83,7 @@ Delta read_compact_file(const std::filesystem::path& path, const Bf16State& held
     }
     return delta;
   } catch (const ProtocolError& error) {
-    bad_file(path, error);
+    bad_patch(source, error);
   }
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <span>
+#include <string_view>
 
 #include <pulseloco/io/atomic_file.h>
 #include <pulseloco/patch/bf16_state.h>
@@ -22,5 +24,10 @@ io::FileChecksum write_compact_file(const std::filesystem::path& path, const Del
 // one the receiver holds, with its element count; the indices are checked as the codec decodes
 // them and no new value may be NaN. ProtocolError naming the file (and the tensor and index).
 [[nodiscard]] Delta read_compact_file(const std::filesystem::path& path, const Bf16State& held);
+// The same for a compact patch's bytes received from `source` (named in the errors).
+[[nodiscard]] Delta read_compact_patch(std::span<const std::byte> bytes, const Bf16State& held,
+                                       std::string_view source);
+// The largest compact patch of the state `held`: a larger one is refused unread.
+[[nodiscard]] std::uint64_t max_compact_bytes(const Bf16State& held);
 
 }  // namespace pulseloco::patch

@@ -241,7 +241,11 @@ UpdateReport Receiver::update(const std::filesystem::path& directory,
 void Receiver::apply_file(const std::filesystem::path& path) {
   if (!version_) throw InvalidArgument("the receiver holds no version to patch");
   const StepKind kind = path.extension() == ".plsp" ? StepKind::compact : StepKind::delta;
-  const Delta delta = read_patch_file(path, kind, state_);  // its errors name the file
+  apply_delta(read_patch_file(path, kind, state_));  // its errors name the file
+}
+
+void Receiver::apply_delta(const Delta& delta) {
+  if (!version_) throw InvalidArgument("the receiver holds no version to patch");
   std::vector<Undo> undo;
   try {
     apply_checked(state_, *version_, delta, &undo);

@@ -15,6 +15,7 @@
 
 #include <pulseloco/patch/bf16_state.h>
 #include <pulseloco/patch/manifest.h>
+#include <pulseloco/patch/trl_files.h>
 
 namespace pulseloco::patch {
 
@@ -53,6 +54,9 @@ class Receiver {
   // held state (a receiver fed file by file): its parent version and digest must be the held
   // state's.
   void apply_file(const std::filesystem::path& path);
+  // Applies a delta already read (a patch received over TCP, subscriber.h), with the same checks
+  // of parent and result. Errors name the delta's version.
+  void apply_delta(const Delta& delta);
 
   [[nodiscard]] const Bf16State& state() const noexcept { return state_; }
   [[nodiscard]] std::optional<std::uint64_t> version() const noexcept { return version_; }

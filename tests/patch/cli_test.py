@@ -4,7 +4,9 @@
 apply from nothing and from a state an earlier apply wrote reaches the newest version
 byte-identically (the written file is read with the standard safetensors package); inspect lists
 every version and checks every file; a damaged delta makes both exit 1 naming the version, and
-apply then leaves --out as it was.
+apply then leaves --out as it was. `pulseloco patch serve` pushes the run to
+`pulseloco patch subscribe`, which reaches the newest version byte-identically from nothing and
+resumes from the state it wrote.
 
   cli_test.py --pulseloco PATH --publisher PATH --work DIR
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +36,40 @@ def run(args: list[str], expect: int = 0) -> subprocess.CompletedProcess:
     result = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert result.returncode == expect, (args, result.returncode, result.stdout, result.stderr)
     return result
+
+
+def push(pulseloco: str, published: Path, work: Path, expected: dict[str, bytes]) -> None:
+    env = dict(os.environ, PULSELOCO_SECRET="cli-push-secret")
+    server = subprocess.Popen([pulseloco, "patch", "serve", str(published), "--listen",
+                               "127.0.0.1:0"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = server.stdout.readline()  # "serving DIR on HOST:PORT"
+        assert line.startswith("serving "), line
+        address = line.split()[-1]
+        out = work / "pushed.safetensors"
+        first = subprocess.run([pulseloco, "patch", "subscribe", address, "--out", str(out),
+                                "--until", "1"], capture_output=True, text=True, timeout=120,
+                               env=env)
+        assert first.returncode == 0, (first.stdout, first.stderr)
+        assert first.stdout.startswith("version "), first.stdout
+        held = int(first.stdout.split()[1])
+        # Resumes from the state it wrote: nothing but the versions after it.
+        second = subprocess.run([pulseloco, "patch", "subscribe", address, "--out", str(out),
+                                 "--until", str(VERSIONS)], capture_output=True, text=True,
+                                timeout=120, env=env)
+        assert second.returncode == 0, (second.stdout, second.stderr)
+        if held < VERSIONS:
+            assert second.stdout.startswith(f"version {held + 1} "), second.stdout
+        assert bf16_state(out) == expected
+        refused = subprocess.run([pulseloco, "patch", "subscribe", address, "--out",
+                                  str(work / "refused.safetensors")], capture_output=True,
+                                 text=True, timeout=120,
+                                 env=dict(os.environ, PULSELOCO_SECRET="another secret"))
+        assert refused.returncode == 1 and "refused this subscriber" in refused.stderr, refused
+        assert not (work / "refused.safetensors").exists()
+    finally:
+        server.terminate()
+    assert server.wait(timeout=60) == 0
 
 
 def main() -> int:
@@ -66,6 +103,8 @@ def main() -> int:
     assert all(v[k]["status"] == "ok" for v in listing["versions"]
                for k in ("delta", "compact", "anchor") if k in v)
     assert all(0 < v["density"] < 0.2 for v in listing["versions"][1:]), listing
+
+    push(args.pulseloco, published, work, expected)
 
     # A bit flipped in version 5's TRL delta and in its compact patch (which apply reads).
     for delta in (published / "deltas" / "step_000005.safetensors",

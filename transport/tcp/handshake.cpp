@@ -54,7 +54,8 @@ Hello decode_hello(const HelloBytes& bytes) {
   const auto purpose = in.get<std::uint8_t>("purpose");
   if (purpose != static_cast<std::uint8_t>(Purpose::rendezvous) &&
       purpose != static_cast<std::uint8_t>(Purpose::data) &&
-      purpose != static_cast<std::uint8_t>(Purpose::membership))
+      purpose != static_cast<std::uint8_t>(Purpose::membership) &&
+      purpose != static_cast<std::uint8_t>(Purpose::patch_push))
     throw ProtocolError(fmt::format("unknown connection purpose {}", purpose));
   Hello hello;
   hello.purpose = static_cast<Purpose>(purpose);

@@ -34,7 +34,8 @@ inline constexpr std::size_t kResponseBytes = 32;
 inline constexpr std::size_t kVerdictHeaderBytes = 4;
 inline constexpr std::size_t kMaxVerdictReasonBytes = 512;
 
-enum class Purpose : std::uint8_t { rendezvous = 1, data = 2, membership = 3 };
+// patch_push: a subscriber of a patch push server (src/patch/push_server.h).
+enum class Purpose : std::uint8_t { rendezvous = 1, data = 2, membership = 3, patch_push = 4 };
 
 using Nonce = std::array<std::uint8_t, 32>;
 using Mac = std::array<std::uint8_t, 32>;
