@@ -224,29 +224,27 @@ nlohmann::json window_json(const WindowRow& row) {
   nlohmann::json digests = nlohmann::json::array();
   for (Digest d : r.rank_digests)
     digests.push_back(digest_hex(d));
-  return {{"window", r.window},
-          {"loss", row.eval_loss},
-          {"loss_bf16_weights", row.eval_loss_bf16},
-          {"train_loss", row.train_loss},
-          {"density", r.density},
-          {"entries", r.entries_sent},
-          {"payload_bytes", r.payload_bytes},
-          {"received_bytes", r.received_bytes},
-          {"wire_bytes_sent", r.wire_bytes_sent},
-          {"wire_bytes_received", r.wire_bytes_received},
-          {"diloco_bytes", r.diloco_bytes},
-          {"ddp_bytes", r.ddp_bytes},
-          {"sync_seconds", r.seconds.total},
-          {"digests", digests},
-          {"published_version",
-           r.published_version ? nlohmann::json(*r.published_version) : nlohmann::json(nullptr)},
-          {"patch_changed", r.patch_changed},
-          {"patch_density", r.patch_density},
-          {"patch_delta_bytes", r.patch_delta_bytes},
-          {"patch_compact_bytes", r.patch_compact_bytes},
-          {"patch_anchor_bytes", r.patch_anchor_bytes},
-          {"patch_anchor", r.patch_anchor_bytes > 0},
-          {"publish_error", r.publish_error}};
+  nlohmann::json out{{"window", r.window},
+                     {"loss", row.eval_loss},
+                     {"loss_bf16_weights", row.eval_loss_bf16},
+                     {"train_loss", row.train_loss},
+                     {"density", r.density},
+                     {"entries", r.entries_sent},
+                     {"payload_bytes", r.payload_bytes},
+                     {"received_bytes", r.received_bytes},
+                     {"wire_bytes_sent", r.wire_bytes_sent},
+                     {"wire_bytes_received", r.wire_bytes_received},
+                     {"diloco_bytes", r.diloco_bytes},
+                     {"ddp_bytes", r.ddp_bytes},
+                     {"sync_seconds", r.seconds.total},
+                     {"digests", digests}};
+  // The publishing fields as the engine's report has them (null version: not published).
+  const nlohmann::json report = to_json(r);
+  for (const char* key :
+       {"published_version", "patch_changed", "patch_density", "patch_delta_bytes",
+        "patch_compact_bytes", "patch_anchor_bytes", "patch_anchor", "publish_error"})
+    out[key] = report.at(key);
+  return out;
 }
 
 int run_worker(const Settings& settings) {
