@@ -197,11 +197,15 @@ void print_header(const Settings& settings, int world, const Engine& engine) {
 std::string publish_columns(const WindowReport& r) {
   if (!r.publish_error.empty()) return "  NOT PUBLISHED: " + r.publish_error;
   if (!r.published_version) return fmt::format(" {:>8}", "-");
+  const char* anchor = r.patch_anchor_bytes > 0 ? "yes" : "no";
+  // The first version is an anchor alone: no patch.
+  if (r.patch_delta_bytes == 0)
+    return fmt::format(" {:>8} {:>9} {:>10} {:>10} {:>6}", *r.published_version, "-", "-", "-",
+                       anchor);
   return fmt::format(" {:>8} {:>8.3f}% {:>10} {:>10} {:>6}", *r.published_version,
                      100.0 * r.patch_density,
                      human_bytes(static_cast<double>(r.patch_compact_bytes)),
-                     human_bytes(static_cast<double>(r.patch_delta_bytes)),
-                     r.patch_anchor_bytes > 0 ? "yes" : "no");
+                     human_bytes(static_cast<double>(r.patch_delta_bytes)), anchor);
 }
 
 void print_row(const WindowRow& row, bool publishing) {
