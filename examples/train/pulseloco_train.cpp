@@ -67,6 +67,9 @@ struct Settings {
   std::uint32_t checkpoint_keep = CheckpointSave{}.keep;
   std::string resume_dir;
   std::string trace_dir;
+  std::string publish_dir;
+  std::uint64_t publish_every = EngineOptions{}.publish_every;
+  std::uint64_t anchor_every = EngineOptions{}.anchor_every;
   std::string state_location = "automatic";
   std::string final_weights_dir;
   bool pretrain_only = false;
@@ -169,6 +172,7 @@ struct WindowRow {
 };
 
 void print_header(const Settings& settings, int world, const Engine& engine) {
+  const bool publishing = !settings.publish_dir.empty();
   fmt::print(
       "pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
       "outer lr {:g}, outer momentum {:g}, state on {}{}\n",
@@ -177,22 +181,45 @@ void print_header(const Settings& settings, int world, const Engine& engine) {
       settings.local_dtype == "bf16"
           ? fmt::format(", bf16 local weights (bf16 delta {})", settings.bf16_delta)
           : std::string());
-  fmt::print("{:>6} {:>10} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>9} {:>9} {:>9}\n", "window",
+  if (publishing) {
+    fmt::print("publishing θ_g to {} every {} window(s), an anchor every {} versions\n",
+               settings.publish_dir, settings.publish_every, settings.anchor_every);
+  }
+  fmt::print("{:>6} {:>10} {:>10} {:>9} {:>12} {:>12} {:>9} {:>12} {:>9} {:>9} {:>9}{}\n", "window",
              "train", "eval", "density", "payload", "vs DiLoCo", "vs DDP", "received", "sync s",
-             "digest", "replicas");
+             "digest", "replicas",
+             publishing ? fmt::format(" {:>8} {:>9} {:>10} {:>10} {:>6}", "version", "patch %",
+                                      "patch", "delta", "anchor")
+                        : std::string());
 }
 
-void print_row(const WindowRow& row) {
+// The publishing columns of a row: the version, its density, compact and TRL delta sizes.
+std::string publish_columns(const WindowReport& r) {
+  if (!r.publish_error.empty()) return "  NOT PUBLISHED: " + r.publish_error;
+  if (!r.published_version) return fmt::format(" {:>8}", "-");
+  const char* anchor = r.patch_anchor_bytes > 0 ? "yes" : "no";
+  // The first version is an anchor alone: no patch.
+  if (r.patch_delta_bytes == 0)
+    return fmt::format(" {:>8} {:>9} {:>10} {:>10} {:>6}", *r.published_version, "-", "-", "-",
+                       anchor);
+  return fmt::format(" {:>8} {:>8.3f}% {:>10} {:>10} {:>6}", *r.published_version,
+                     100.0 * r.patch_density,
+                     human_bytes(static_cast<double>(r.patch_compact_bytes)),
+                     human_bytes(static_cast<double>(r.patch_delta_bytes)), anchor);
+}
+
+void print_row(const WindowRow& row, bool publishing) {
   const auto& r = row.report;
   const double payload = static_cast<double>(r.payload_bytes);
   fmt::print(
       "{:>6} {:>10.5f} {:>10.5f} {:>8.3f}% {:>12} {:>11.1f}x {:>8.1f}x {:>12} {:>9.3f} "
-      "{:>9} {:>9}\n",
+      "{:>9} {:>9}{}\n",
       r.window, row.train_loss, row.eval_loss, 100.0 * r.density, human_bytes(payload),
       payload > 0 ? static_cast<double>(r.diloco_bytes) / payload : 0.0,
       payload > 0 ? static_cast<double>(r.ddp_bytes) / payload : 0.0,
       human_bytes(static_cast<double>(r.received_bytes)), r.seconds.total,
-      digest_hex(r.digest).substr(0, 8), r.replicas_identical ? "identical" : "DIFFER");
+      digest_hex(r.digest).substr(0, 8), r.replicas_identical ? "identical" : "DIFFER",
+      publishing ? publish_columns(r) : std::string());
   std::fflush(stdout);
 }
 
@@ -201,20 +228,27 @@ nlohmann::json window_json(const WindowRow& row) {
   nlohmann::json digests = nlohmann::json::array();
   for (Digest d : r.rank_digests)
     digests.push_back(digest_hex(d));
-  return {{"window", r.window},
-          {"loss", row.eval_loss},
-          {"loss_bf16_weights", row.eval_loss_bf16},
-          {"train_loss", row.train_loss},
-          {"density", r.density},
-          {"entries", r.entries_sent},
-          {"payload_bytes", r.payload_bytes},
-          {"received_bytes", r.received_bytes},
-          {"wire_bytes_sent", r.wire_bytes_sent},
-          {"wire_bytes_received", r.wire_bytes_received},
-          {"diloco_bytes", r.diloco_bytes},
-          {"ddp_bytes", r.ddp_bytes},
-          {"sync_seconds", r.seconds.total},
-          {"digests", digests}};
+  nlohmann::json out{{"window", r.window},
+                     {"loss", row.eval_loss},
+                     {"loss_bf16_weights", row.eval_loss_bf16},
+                     {"train_loss", row.train_loss},
+                     {"density", r.density},
+                     {"entries", r.entries_sent},
+                     {"payload_bytes", r.payload_bytes},
+                     {"received_bytes", r.received_bytes},
+                     {"wire_bytes_sent", r.wire_bytes_sent},
+                     {"wire_bytes_received", r.wire_bytes_received},
+                     {"diloco_bytes", r.diloco_bytes},
+                     {"ddp_bytes", r.ddp_bytes},
+                     {"sync_seconds", r.seconds.total},
+                     {"digests", digests}};
+  // The publishing fields as the engine's report has them (null version: not published).
+  const nlohmann::json report = to_json(r);
+  for (const char* key :
+       {"published_version", "patch_changed", "patch_density", "patch_delta_bytes",
+        "patch_compact_bytes", "patch_anchor_bytes", "patch_anchor", "publish_error"})
+    out[key] = report.at(key);
+  return out;
 }
 
 int run_worker(const Settings& settings) {
@@ -254,6 +288,9 @@ int run_worker(const Settings& settings) {
   options.timeout = std::chrono::milliseconds(settings.timeout_ms);
   options.pipeline_chunk_bytes = settings.pipeline_chunk_bytes;
   options.trace_dir = settings.trace_dir;
+  options.publish_dir = settings.publish_dir;
+  options.publish_every = settings.publish_every;
+  options.anchor_every = settings.anchor_every;
   options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
   options.state_location = parse_state_location(settings.state_location);
 
@@ -321,7 +358,7 @@ int run_worker(const Settings& settings) {
       row.eval_loss_bf16 = model.evaluate_bf16_weights(eval_batch);
     }
     identical = identical && report->replicas_identical;
-    if (rank == 0) print_row(row);
+    if (rank == 0) print_row(row, !settings.publish_dir.empty());
     rows.push_back(row);
     if (!settings.checkpoint_dir.empty() && settings.checkpoint_every > 0 &&
         (window + 1) % settings.checkpoint_every == 0) {
@@ -370,6 +407,7 @@ int run_worker(const Settings& settings) {
                                {"initial_loss", initial_loss},
                                {"initial_loss_bf16_weights", initial_loss_bf16},
                                {"first_window", first_window},
+                               {"publish_dir", settings.publish_dir},
                                {"final_loss", final_loss}};
       std::ofstream file(settings.json_path);
       file << out.dump(2) << '\n';
@@ -450,6 +488,14 @@ int main(int argc, char** argv) {
                  "resume from this checkpoint root's newest committed checkpoint, or from one "
                  "checkpoint directory");
   app.add_option("--trace-dir", settings.trace_dir, "write window traces here");
+  app.add_option("--publish-dir", settings.publish_dir,
+                 "rank 0 publishes θ_g as bf16 versions here (docs/patches.md)");
+  app.add_option("--publish-every", settings.publish_every, "windows between published versions")
+      ->check(flags::at_least(1))
+      ->capture_default_str();
+  app.add_option("--anchor-every", settings.anchor_every, "published versions between anchors")
+      ->check(flags::at_least(1))
+      ->capture_default_str();
   app.add_option("--state-location", settings.state_location,
                  "where θ_g, m and e live: automatic, device or host (docs/operations.md)")
       ->capture_default_str();

@@ -71,6 +71,10 @@ class PhaseSeconds:
         """digests of the state and their all-gather"""
 
     @property
+    def publish(self) -> float:
+        """publishing the global weights (rank 0)"""
+
+    @property
     def total(self) -> float: ...
 
     def to_dict(self) -> dict: ...
@@ -157,6 +161,36 @@ class WindowReport:
 
     @property
     def replicas_identical(self) -> bool: ...
+
+    @property
+    def published_version(self) -> int | None:
+        """
+        the version this window's global weights were published as (publish_dir, rank 0); None when not published
+        """
+
+    @property
+    def patch_changed(self) -> int:
+        """elements whose bf16 value changed since the last published version"""
+
+    @property
+    def patch_density(self) -> float:
+        """patch_changed / parameters"""
+
+    @property
+    def patch_delta_bytes(self) -> int:
+        """the TRL delta file (0: none)"""
+
+    @property
+    def patch_compact_bytes(self) -> int:
+        """the compact patch file (0: none)"""
+
+    @property
+    def patch_anchor_bytes(self) -> int:
+        """the anchor file; 0 when no anchor was written"""
+
+    @property
+    def publish_error(self) -> str:
+        """why a due version was not published; empty otherwise"""
 
     def to_dict(self) -> dict:
         """The attributes as a dict (seconds as a nested dict)."""

@@ -78,7 +78,8 @@ class Synchronizer:
         max_attempts_per_window): an elastic worker whose group may lose and gain members.
     engine_options: the C++ EngineOptions by name: chunk_elements, bucket_elements, threads,
         timeout (s), allgather, pipeline_chunk_bytes, bf16_delta, verify_digests, trace_dir,
-        state_location, encoding, zstd_level, index_coding. Unknown names raise InvalidArgument.
+        state_location, publish_dir, publish_every, anchor_every, encoding, zstd_level,
+        index_coding. Unknown names raise InvalidArgument.
 
     Constructing it is collective: every rank constructs its Synchronizer with the same tensor
     table and options, and rank 0's weights become everyone's. Windows, checkpoints and group

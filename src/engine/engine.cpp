@@ -127,6 +127,9 @@ WindowReport Engine::Impl::run_window() {
   if (tracing) engine_detail::write_trace_outputs(state, options, attached, report);
   verify(attached, report);
   committed_report.reset();
+  // Only a state every rank agrees on is published; a failure here is the report's, not the
+  // window's (weight_publishing.h).
+  publishing.after_window(state, rank, report);
 
   const transport::TransportStats now = transport->stats();
   report.wire_bytes_sent = now.wire_bytes_sent - stats_at_window_start.wire_bytes_sent;

@@ -14,6 +14,7 @@
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/phase_hooks.h>
 #include <pulseloco/engine/replicated_state.h>
+#include <pulseloco/engine/weight_publishing.h>
 #include <pulseloco/engine/window_strategy.h>
 
 namespace pulseloco {
@@ -36,6 +37,7 @@ struct Engine::Impl {
   transport::TransportStats stats_at_window_start{};
   // PULSELOCO_FAULT's injector (engine/fault_injection.h) in tests; null in production.
   std::unique_ptr<PhaseObserver> phase_observer;
+  engine_detail::WeightPublishing publishing{options};  // θ_g for inference servers (rank 0)
 
   explicit Impl(EngineOptions opts) : options(std::move(opts)), pool(options.threads) {}
 

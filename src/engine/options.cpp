@@ -89,6 +89,11 @@ void EngineOptions::validate() const {
   if (bf16_delta != kernels::Bf16Delta::exact && bf16_delta != kernels::Bf16Delta::authors) {
     throw InvalidArgument("bf16_delta must be exact or authors");
   }
+  if (publish_every < 1) throw InvalidArgument("publish_every must be at least 1");
+  if (anchor_every < 1) throw InvalidArgument("anchor_every must be at least 1");
+  if (!publish_dir.empty() && mode == Mode::ddp) {
+    throw InvalidArgument("publish_dir: mode ddp keeps no θ_g to publish (use pulse or diloco)");
+  }
 }
 
 nlohmann::json to_json(const EngineOptions& options) {
@@ -111,6 +116,9 @@ nlohmann::json to_json(const EngineOptions& options) {
       {"bf16_delta", kernels::bf16_delta_name(options.bf16_delta)},
       {"verify_digests", options.verify_digests},
       {"trace_dir", options.trace_dir},
+      {"publish_dir", options.publish_dir},
+      {"publish_every", options.publish_every},
+      {"anchor_every", options.anchor_every},
   };
 }
 
@@ -136,6 +144,10 @@ EngineOptions options_from_json(const nlohmann::json& json) {
         json.value("bf16_delta", std::string(kernels::bf16_delta_name(kernels::Bf16Delta::exact))));
     options.verify_digests = json.at("verify_digests").get<bool>();
     options.trace_dir = json.at("trace_dir").get<std::string>();
+    // Absent before publishing existed: off.
+    options.publish_dir = json.value("publish_dir", std::string());
+    options.publish_every = json.value("publish_every", EngineOptions{}.publish_every);
+    options.anchor_every = json.value("anchor_every", EngineOptions{}.anchor_every);
     options.validate();
     return options;
   } catch (const nlohmann::json::exception& e) {
@@ -146,8 +158,9 @@ EngineOptions options_from_json(const nlohmann::json& json) {
 std::vector<std::string> options_that_change_the_state(const EngineOptions& saved,
                                                        const EngineOptions& now) {
   static constexpr std::string_view kTransportOnly[] = {
-      "threads",  "trace_dir",   "timeout_ms",     "allgather", "pipeline_chunk_bytes",
-      "encoding", "codec_level", "verify_digests",
+      "threads",      "trace_dir",   "timeout_ms",     "allgather",   "pipeline_chunk_bytes",
+      "encoding",     "codec_level", "verify_digests", "publish_dir", "publish_every",
+      "anchor_every",
   };
   const nlohmann::json a = to_json(saved);
   const nlohmann::json b = to_json(now);
@@ -171,6 +184,8 @@ nlohmann::json shared_options(const EngineOptions& options) {
   shared.erase("threads");
   shared.erase("trace_dir");
   shared.erase("timeout_ms");
+  for (const char* key : {"publish_dir", "publish_every", "anchor_every"})
+    shared.erase(key);
   return shared;
 }
 

@@ -74,6 +74,14 @@ struct EngineOptions {
   // Where this rank keeps its state. Local to the rank (a GPU rank and a CPU rank share a group
   // with identical bits) and not part of files or the shared options digest.
   StateLocation state_location = StateLocation::automatic;
+  // Publishing θ_g as bf16 versions for inference servers (docs/patches.md): when publish_dir
+  // is set, rank 0 publishes after every `publish_every`-th window, as version = the window
+  // counter, with an anchor every `anchor_every` versions. Local to the rank like trace_dir
+  // (only rank 0 writes; they change no bit of the state), so not part of the shared options
+  // digest, and a run may resume from a checkpoint with other values.
+  std::string publish_dir;
+  std::uint64_t publish_every = 1;
+  std::uint64_t anchor_every = 10;
 
   // Throws InvalidArgument naming the first option that is out of range.
   void validate() const;

@@ -33,11 +33,37 @@ nlohmann::json to_json(const WindowReport& report) {
         {"exchange", report.seconds.exchange},
         {"apply", report.seconds.apply},
         {"verify", report.seconds.verify},
+        {"publish", report.seconds.publish},
         {"total", report.seconds.total}}},
       {"digest", digest_hex(report.digest)},
       {"digests", digests},
       {"replicas_identical", report.replicas_identical},
+      {"published_version", report.published_version ? nlohmann::json(*report.published_version)
+                                                     : nlohmann::json(nullptr)},
+      {"patch_changed", report.patch_changed},
+      {"patch_density", report.patch_density},
+      {"patch_delta_bytes", report.patch_delta_bytes},
+      {"patch_compact_bytes", report.patch_compact_bytes},
+      {"patch_anchor_bytes", report.patch_anchor_bytes},
+      {"patch_anchor", report.patch_anchor_bytes > 0},
+      {"publish_error", report.publish_error},
   };
+}
+
+std::string publish_summary(const WindowReport& report) {
+  if (!report.publish_error.empty()) return ", NOT PUBLISHED: " + report.publish_error;
+  if (!report.published_version) return {};
+  const auto bytes = [](std::uint64_t n) { return human_bytes(static_cast<double>(n)); };
+  std::string line = fmt::format(", published v{}", *report.published_version);
+  if (report.patch_delta_bytes > 0) {
+    line += fmt::format(": patch {:.3f}% ({} delta, {} compact)", 100.0 * report.patch_density,
+                        bytes(report.patch_delta_bytes), bytes(report.patch_compact_bytes));
+  }
+  if (report.patch_anchor_bytes > 0) {
+    line += fmt::format("{} anchor {}", report.patch_delta_bytes > 0 ? "," : ":",
+                        bytes(report.patch_anchor_bytes));
+  }
+  return line;
 }
 
 std::string human_bytes(double bytes) {
@@ -54,7 +80,7 @@ std::string summary_line(const WindowReport& report) {
   return fmt::format(
       "window {} {}: density {:.3f}%, payload {} (DiLoCo {} = {:.1f}x, DDP {} = {:.1f}x), "
       "received {}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f}, apply {:.3f}, "
-      "verify {:.3f}), digest {}{}{}",
+      "verify {:.3f}), digest {}{}{}{}",
       report.window, mode_name(report.mode), 100.0 * report.density, human_bytes(payload),
       human_bytes(static_cast<double>(report.diloco_bytes)), vs_diloco,
       human_bytes(static_cast<double>(report.ddp_bytes)), vs_ddp,
@@ -65,7 +91,8 @@ std::string summary_line(const WindowReport& report) {
       digest_hex(report.digest), report.replicas_identical ? "" : " REPLICAS DIFFER",
       report.generation > 0
           ? fmt::format(", group generation {} of {} workers", report.generation, report.world_size)
-          : std::string());
+          : std::string(),
+      publish_summary(report));
 }
 
 }  // namespace pulseloco

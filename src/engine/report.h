@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ struct PhaseSeconds {
   double exchange = 0;  // the collective(s), decoding that overlaps them included
   double apply = 0;     // decode + aggregate + residual commit + outer step + reset
   double verify = 0;    // digests of θ_g and m, and their all-gather
+  double publish = 0;   // publishing θ_g (rank 0, EngineOptions::publish_dir)
   double total = 0;
 };
 
@@ -45,12 +47,27 @@ struct WindowReport {
   Digest digest = 0;                 // combined digest of θ_g and m (ddp: of the weights)
   std::vector<Digest> rank_digests;  // every rank's digest (empty if verification is off)
   bool replicas_identical = true;
+
+  // Publishing θ_g (EngineOptions::publish_dir; rank 0 only, docs/patches.md). Set when this
+  // window's θ_g was published, as this version:
+  std::optional<std::uint64_t> published_version;
+  std::uint64_t patch_changed = 0;        // elements whose bf16 value changed (0: first version)
+  double patch_density = 0;               // patch_changed / parameters
+  std::uint64_t patch_delta_bytes = 0;    // the TRL delta file (0: none, the first version)
+  std::uint64_t patch_compact_bytes = 0;  // the compact patch file
+  std::uint64_t patch_anchor_bytes = 0;   // the anchor file; 0 when no anchor was written
+  std::string publish_error;              // why a due version was not published; else empty
 };
 
 [[nodiscard]] nlohmann::json to_json(const WindowReport& report);
 
 // One log line: "window 3 pulse: density 1.23%, 1.2 MB sent (DiLoCo 40.0 MB = 33.3x), ...".
 [[nodiscard]] std::string summary_line(const WindowReport& report);
+
+// ", published v3: patch 1.234% (12.0 kB delta, 4.1 kB compact), anchor 2.00 MB" when the
+// window was published (", published v1: anchor 2.00 MB" for the first version), ", NOT
+// PUBLISHED: <why>" when it was due and failed, else "".
+[[nodiscard]] std::string publish_summary(const WindowReport& report);
 
 // "1.23 MB", "512 B": decimal units, as network links are rated.
 [[nodiscard]] std::string human_bytes(double bytes);

@@ -9,6 +9,7 @@
 #include <pulseloco/kernels/patch_kernels.h>
 #include <pulseloco/kernels/window_kernels.h>
 #include <pulseloco/patch/compact_files.h>
+#include <pulseloco/patch/receiver.h>
 
 namespace pulseloco::patch {
 
@@ -37,11 +38,36 @@ Publisher::Publisher(std::filesystem::path directory, PublisherOptions options)
   std::filesystem::create_directories(directory_ / "anchors");
   std::filesystem::create_directories(directory_ / "deltas");
   if (options_.compact) std::filesystem::create_directories(directory_ / "compact");
-  if (std::filesystem::exists(directory_ / kManifestName)) {
+  pool_ = std::make_unique<ThreadPool>(options_.threads);
+  if (!std::filesystem::exists(directory_ / kManifestName)) return;
+  if (!options_.continue_existing) {
     throw InvalidArgument(fmt::format("'{}' already holds published versions (a {})",
                                       directory_.string(), kManifestName));
   }
-  pool_ = std::make_unique<ThreadPool>(options_.threads);
+  continue_from_directory();
+}
+
+void Publisher::continue_from_directory() {
+  Receiver receiver;
+  receiver.update(directory_);
+  Manifest manifest = read_manifest(directory_);
+  // Another publisher may not write here meanwhile: the reloaded state must be the newest.
+  if (manifest.versions.empty() || manifest.versions.back().version != receiver.version()) {
+    throw ProtocolError(
+        fmt::format("'{}' changed while its newest version was reloaded", directory_.string()));
+  }
+  for (const ManifestVersion& entry : manifest.versions) {
+    if (entry.anchor) {
+      versions_since_anchor_ = 0;
+      delta_bytes_since_anchor_ = 0;
+      last_anchor_bytes_ = entry.anchor->bytes;
+    } else {
+      ++versions_since_anchor_;
+      delta_bytes_since_anchor_ += entry.delta ? entry.delta->bytes : 0;
+    }
+  }
+  snapshot_ = receiver.state();
+  manifest_ = std::move(manifest);
 }
 
 Publisher::Extracted Publisher::extract(std::span<const WeightsView> weights) {

@@ -33,6 +33,9 @@ struct PublisherOptions {
   bool compact = true;  // also write each delta as a compact patch (compact_files.h)
   std::uint64_t chunk_elements = std::uint64_t{1} << 20;  // the kernel's unit of work
   std::size_t threads = 1;                                // ThreadPool parallelism
+  // A directory that already holds versions: false refuses it; true reloads its newest version
+  // through a Receiver (every file and digest checked) and publishes after it.
+  bool continue_existing = false;
   // Called with "files written" once a version's files are in place and before the manifest
   // names them (tests stop the process there); empty in production.
   std::function<void(std::string_view point)> fault_hook;
@@ -57,7 +60,10 @@ struct PublishedVersion {
 
 class Publisher {
  public:
-  // `directory` is created when missing; it must not hold a manifest yet (InvalidArgument).
+  // `directory` is created when missing. One that holds a manifest is refused (InvalidArgument)
+  // unless options.continue_existing, which reloads its newest version (the Receiver's errors
+  // when a file or digest is wrong) and continues its sequence: the next delta's parent is that
+  // version, and anchors fall due as if this publisher had written the versions since the last.
   Publisher(std::filesystem::path directory, PublisherOptions options);
 
   // Publishes `weights` (the same tensors every time, in any order) as `version`, which must be
@@ -72,6 +78,7 @@ class Publisher {
 
  private:
   struct Extracted;
+  void continue_from_directory();
   Extracted extract(std::span<const WeightsView> weights);
   [[nodiscard]] bool anchor_due(std::uint64_t delta_bytes) const;
 

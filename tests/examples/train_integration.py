@@ -9,7 +9,10 @@ the model having learnt anything.
   train_integration.py --train BIN --mpirun MPIRUN --work DIR replicas
       mpirun -np 4, mode pulse, 6 windows, over TCP and then over MPI: every window's digests
       are equal on all ranks, every rank's final θ_g file is byte-identical to every other's,
-      and the TCP and MPI runs end with byte-identical weights.
+      and the TCP and MPI runs end with byte-identical weights. The TCP run publishes θ_g
+      every window (--publish-dir): the report lists versions 1..6 with their patch sizes, and
+      `pulseloco patch apply` reconstructs every version, the last one equal to bf16 of the
+      final θ_g file.
   ... resume
       2 workers (environment rendezvous via --local-workers): 4 windows uninterrupted, against
       a run that checkpoints every window and whose second checkpoint fails on rank 1 as on a
@@ -44,6 +47,8 @@ import socket
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 FAILURES = []
 
@@ -102,6 +107,50 @@ def check_report(report_path, ranks, windows, label):
     return report
 
 
+def safetensors_tensors(data):
+    """{name: (dtype, shape, bytes)} of a safetensors file's bytes (BF16 included, which the
+    numpy flavour of the safetensors package cannot load)."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    body = data[8 + size:]
+    return {name: (entry["dtype"], entry["shape"],
+                   body[entry["data_offsets"][0]:entry["data_offsets"][1]])
+            for name, entry in header.items() if name != "__metadata__"}
+
+
+def bf16_of_f32(raw):
+    """The bf16 bits of little-endian fp32 bytes, rounded to nearest even (no NaNs here)."""
+    bits = np.frombuffer(raw, dtype="<u4").astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()
+
+
+def check_published(args, out, report, final_file, windows):
+    versions = [row["published_version"] for row in report["windows"]]
+    check(versions == list(range(1, windows + 1)), f"published versions {versions}")
+    for row in report["windows"][1:]:
+        check(row["publish_error"] == "" and 0 < row["patch_density"] < 1
+              and 0 < row["patch_compact_bytes"] < row["patch_delta_bytes"],
+              f"window {row['window']}: patch {row}")
+    for version in range(1, windows + 1):
+        state = out / f"version-{version}.safetensors"
+        result = run([args.pulseloco, "patch", "apply", str(out / "versions"), "--to",
+                      str(version), "--out", str(state)], timeout=args.timeout)
+        check(result.returncode == 0, f"patch apply --to {version} exited {result.returncode}")
+    if not (out / f"version-{windows}.safetensors").exists():
+        return
+    published = safetensors_tensors((out / f"version-{windows}.safetensors").read_bytes())
+    final = {name.removeprefix("global."): tensor  # θ_g's names in the final weights file
+             for name, tensor in safetensors_tensors(final_file).items()}
+    check(set(published) == set(final), f"published tensors {sorted(published)[:5]}... are "
+          f"not the final file's {sorted(final)[:5]}...")
+    for name, (dtype, shape, raw) in published.items():
+        if name not in final:
+            continue
+        check(dtype == "BF16" and shape == final[name][1], f"{name}: {dtype} {shape}")
+        check(raw == bf16_of_f32(final[name][2]),
+              f"{name}: the last published version is not bf16 of the final θ_g")
+
+
 def test_replicas(args):
     ranks, windows = 4, 6
     cache = args.work / "cache"
@@ -110,19 +159,22 @@ def test_replicas(args):
         out = args.work / transport
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
+        publish = ["--publish-dir", str(out / "versions")] if transport == "tcp" else []
         result = run(mpirun_prefix(args, ranks) + [
             args.train, "--mode", "pulse", "--transport", transport, "--windows", str(windows),
             "--json", str(out / "report.json"), "--final-weights", str(out / "final")]
-            + common_args(args, cache), timeout=args.timeout)
+            + publish + common_args(args, cache), timeout=args.timeout)
         if not check(result.returncode == 0, f"{transport}: mpirun exited {result.returncode}"):
             continue
-        check_report(out / "report.json", ranks, windows, transport)
+        report = check_report(out / "report.json", ranks, windows, transport)
         files = final_weights(out / "final", ranks)
         check(all(f is not None for f in files), f"{transport}: a rank wrote no final weights")
         if all(f is not None for f in files):
             check(all(f == files[0] for f in files),
                   f"{transport}: the ranks' final θ_g files are not byte-identical")
             weights[transport] = files[0]
+            if publish and report is not None:
+                check_published(args, out, report, files[0], windows)
     if len(weights) == 2:
         check(weights["tcp"] == weights["mpi"],
               "the TCP and MPI runs ended with different final weights")
@@ -268,7 +320,6 @@ def check_replay(args, trace):
 
 def check_files_with_safetensors(run_dir, ranks):
     """Opens the checkpoint, trace and weight files with the standard safetensors package."""
-    import numpy as np
     from safetensors import safe_open
 
     def tensors(path):

@@ -60,7 +60,7 @@ RULES = (
          "collectives, engine, elastic"),
     Rule("pulseloco_collectives", "collectives", ("base", "transport"), "codec, kernels, engine"),
     Rule("pulseloco_engine", "src/engine",
-         ("base", "kernels", "codec", "io", "transport", "collectives", "nlohmann-json"),
+         ("base", "kernels", "codec", "io", "patch", "transport", "collectives", "nlohmann-json"),
          "group, elastic, libtorch"),
     Rule("pulseloco_engine_cuda", "src/engine/cuda", ("base", "kernels", "engine", "CUDA"),
          "group, elastic, libtorch"),

@@ -121,6 +121,7 @@ def test_every_engine_option_reaches_the_engine(tmp_path):
     options = dict(chunk_elements=4096, bucket_elements=8192, threads=1, timeout=12.5,
                    allgather="ring", pipeline_chunk_bytes=65536, bf16_delta="authors",
                    verify_digests=False, trace_dir=str(tmp_path), state_location="host",
+                   publish_dir=str(tmp_path / "versions"), publish_every=2, anchor_every=5,
                    encoding="plain_i32_f32", zstd_level=3, index_coding="bitpack")
     with pulseloco.Synchronizer([np.zeros(8, np.float32)], mode="diloco", inner_steps=3,
                                 outer_lr=0.5, outer_momentum=0.25, **options) as sync:
@@ -131,7 +132,7 @@ def test_every_engine_option_reaches_the_engine(tmp_path):
     assert got["timeout_ms"] == 12500 and got["codec_level"] == 3
     for key in ("chunk_elements", "bucket_elements", "threads", "allgather",
                 "pipeline_chunk_bytes", "bf16_delta", "verify_digests", "trace_dir",
-                "encoding"):
+                "publish_dir", "publish_every", "anchor_every", "encoding"):
         assert got[key] == options[key], key
 
 
@@ -267,3 +268,21 @@ def test_stubs_parse_and_match_the_extension():
     result = subprocess.run([sys.executable, str(REPO / "scripts" / "python_stubs"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_publishing_reports_each_version(tmp_path):
+    weights = np.linspace(-1, 1, 4096, dtype=np.float32)
+    with pulseloco.Synchronizer([weights], inner_steps=1, publish_dir=str(tmp_path),
+                                anchor_every=2) as sync:
+        reports = []
+        for step in range(3):
+            weights[::7] += np.float32(0.05 * (step + 1))  # a seventh of the weights move
+            reports.append(sync.after_optimizer_step())
+    assert [r.published_version for r in reports] == [1, 2, 3]
+    assert [r.patch_anchor_bytes > 0 for r in reports] == [True, False, True]
+    assert reports[0].patch_delta_bytes == 0 and reports[1].patch_delta_bytes > 0
+    assert 0 < reports[1].patch_changed < 4096
+    assert reports[1].patch_density == reports[1].patch_changed / 4096
+    assert all(r.publish_error == "" for r in reports)
+    assert "published v2" in reports[1].summary()
+    assert (tmp_path / "manifest.json").exists()

@@ -2,6 +2,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -18,6 +19,7 @@ nb::dict seconds_dict(const PhaseSeconds& s) {
   d["exchange"] = s.exchange;
   d["apply"] = s.apply;
   d["verify"] = s.verify;
+  d["publish"] = s.publish;
   d["total"] = s.total;
   return d;
 }
@@ -45,6 +47,13 @@ nb::dict report_dict(const WindowReport& r) {
   d["digest"] = r.digest;
   d["rank_digests"] = r.rank_digests;
   d["replicas_identical"] = r.replicas_identical;
+  d["published_version"] = r.published_version;
+  d["patch_changed"] = r.patch_changed;
+  d["patch_density"] = r.patch_density;
+  d["patch_delta_bytes"] = r.patch_delta_bytes;
+  d["patch_compact_bytes"] = r.patch_compact_bytes;
+  d["patch_anchor_bytes"] = r.patch_anchor_bytes;
+  d["publish_error"] = r.publish_error;
   return d;
 }
 
@@ -56,13 +65,14 @@ void bind_report(nb::module_& module) {
       .def_ro("exchange", &PhaseSeconds::exchange, "the collectives")
       .def_ro("apply", &PhaseSeconds::apply, "decode, aggregate, residual, outer step, reset")
       .def_ro("verify", &PhaseSeconds::verify, "digests of the state and their all-gather")
+      .def_ro("publish", &PhaseSeconds::publish, "publishing the global weights (rank 0)")
       .def_ro("total", &PhaseSeconds::total)
       .def("to_dict", &seconds_dict)
       .def("__repr__", [](const PhaseSeconds& s) {
         return fmt::format(
             "PhaseSeconds(gate={:.6f}, exchange={:.6f}, apply={:.6f}, "
-            "verify={:.6f}, total={:.6f})",
-            s.gate, s.exchange, s.apply, s.verify, s.total);
+            "verify={:.6f}, publish={:.6f}, total={:.6f})",
+            s.gate, s.exchange, s.apply, s.verify, s.publish, s.total);
       });
 
   using R = WindowReport;
@@ -92,6 +102,18 @@ void bind_report(nb::module_& module) {
       .def_ro("digest", &R::digest, "combined digest of the global weights and momentum")
       .def_ro("rank_digests", &R::rank_digests, "every rank's digest (empty if not verified)")
       .def_ro("replicas_identical", &R::replicas_identical)
+      .def_ro("published_version", &R::published_version,
+              "the version this window's global weights were published as (publish_dir, rank "
+              "0); None when not published")
+      .def_ro("patch_changed", &R::patch_changed,
+              "elements whose bf16 value changed since the last published version")
+      .def_ro("patch_density", &R::patch_density, "patch_changed / parameters")
+      .def_ro("patch_delta_bytes", &R::patch_delta_bytes, "the TRL delta file (0: none)")
+      .def_ro("patch_compact_bytes", &R::patch_compact_bytes, "the compact patch file (0: none)")
+      .def_ro("patch_anchor_bytes", &R::patch_anchor_bytes,
+              "the anchor file; 0 when no anchor was written")
+      .def_ro("publish_error", &R::publish_error,
+              "why a due version was not published; empty otherwise")
       .def("to_dict", &report_dict, "The attributes as a dict (seconds as a nested dict).")
       .def("summary", &summary_line, "The one-line summary the C++ library logs.")
       .def("__repr__", [](const R& r) {
