@@ -1,4 +1,4 @@
-// Internal: the messages of the patch push protocol (push_server.h, subscriber.h;
+// The messages of the patch push protocol (push_server.h, subscriber.h;
 // docs/wire-format.md, "Patch push messages").
 //
 // One TCP connection per subscriber. It starts with the HMAC-SHA256 challenge-response of
