@@ -61,7 +61,8 @@ def times_table(records):
     for (source, model, lr), rows in runs(records).items():
         r = rows[-1]
         s = r["seconds"]
-        print(f"| {source} | {model} | {lr:.0e} | {r['version']} | {cell(s['publish'])} | "
+        anchor = " (+anchor)" if r["anchor_published"] else ""
+        print(f"| {source} | {model} | {lr:.0e} | {r['version']}{anchor} | {cell(s['publish'])} | "
               f"{cell(s['extract'])} | {cell(s['apply_compact'])} | "
               f"{cell(s['apply_trl_gap_delta'])} | {cell(s['apply_trl_raw_i32'])} |")
 
