@@ -236,8 +236,7 @@ int main(int argc, char** argv) {
   Settings s;
   s.cache_dir =
       std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "cache";
-  s.measure.work_dir = std::filesystem::temp_directory_path() /
-                       fmt::format("pulseloco-bench-patches-{}", ::getpid());
+  std::filesystem::path work_root = std::filesystem::temp_directory_path();
   app.add_option("--cases", s.cases, "example, qwen")
       ->delimiter(',')
       ->check(CLI::IsMember({"example", "qwen"}))
@@ -265,10 +264,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", s.measure.threads, "publisher and extraction threads")
       ->check(flags::at_least(std::size_t{1}))
       ->capture_default_str();
-  app.add_option("--work-dir", s.measure.work_dir, "where the publishing directories go (removed)")
+  app.add_option("--work-dir", work_root,
+                 "where the publishing directories go (in a directory of their own, removed)")
+      ->check(CLI::ExistingDirectory)
       ->capture_default_str();
   app.add_flag("--json", s.json, "one JSON record per line");
   CLI11_PARSE(app, argc, argv);
+  s.measure.work_dir = work_root / fmt::format("pulseloco-bench-patches-{}", ::getpid());
 
   try {
     std::vector<const QwenConfig*> models;
