@@ -54,9 +54,6 @@ struct Settings {
   std::string label = "qwen-synthetic";  // the "source" of the generator's records
 };
 
-// A tiny Qwen2-shaped model for tests and quick runs (not a real checkpoint).
-const QwenConfig kTiny{"tiny", 64, 160, 2, 4, 2, 1000, true, 0};
-
 // One worker's message of one window, whatever its source.
 struct Message {
   int rank = 0;
@@ -416,7 +413,7 @@ int main(int argc, char** argv) {
     if (s.qwen.size() == 1 && s.qwen[0] == "none") s.qwen.clear();
     std::vector<const QwenConfig*> models;
     for (const std::string& scale : s.qwen)
-      models.push_back(scale == "tiny" ? &kTiny : &qwen25_config(scale));
+      models.push_back(&qwen_config_or_tiny(scale));
 
     print_header(s.json);
     double worst_ratio = 1e300;

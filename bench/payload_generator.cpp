@@ -9,8 +9,8 @@
 
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/base/thread_pool.h>
-#include "bench_random.h"
 #include <pulseloco/kernels/window_kernels.h>
+#include "bench_random.h"
 
 namespace pulseloco::bench {
 namespace {
@@ -213,6 +213,12 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
       for (std::uint64_t i = 0; i < n; ++i)
         s.global[i] = round_to_bf16(config.weight_std * s.global[i]);
     }
+    const auto report_global = [&](int windows_done) {
+      if (config.on_global_weights)
+        config.on_global_weights(chunk.tensor, chunk.begin, windows_done,
+                                 std::span(s.global.data(), n));
+    };
+    report_global(0);
     normals(stream_keys(config.seed, chunk.tensor, kSignal), index, s.signal_term.data(), n);
     for (std::uint64_t i = 0; i < n; ++i)
       s.signal_term[i] = config.signal * s.signal_term[i];
@@ -293,7 +299,8 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
         fired[slot] = w.fired;
         kernels::commit_residual(gate_chunk, w.residual.data());
       }
-      if (window + 1 == windows) break;  // the last window's outer step changes no message
+      // The last window's outer step changes no message: only θ_g's observer needs it.
+      if (window + 1 == windows && !config.on_global_weights) break;
       std::vector<kernels::SparseEntries> per_rank;
       for (const WorkerChunk& w : s.workers) {
         per_rank.push_back(
@@ -305,6 +312,7 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
           n, {.lr = config.outer_lr, .momentum = config.outer_momentum, .first_step = window == 0});
       for (std::size_t r = 1; r < workers; ++r)
         std::copy_n(s.workers[0].local.begin(), n, s.workers[r].local.begin());
+      report_global(static_cast<int>(window) + 1);
     }
   });
 

@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include <pulseloco/codec/message.h>
@@ -57,6 +59,13 @@ struct GeneratorConfig {
   // Decode every encoded frame and compare its offsets and value bits with the gate's output.
   bool verify_decode = true;
   unsigned threads = 0;  // 0: all cores
+  // When set, called with a chunk's global weights θ_g (tensor index, first element, the
+  // number of windows done, the fp32 values): once with 0 windows done (the initial weights) and
+  // after every window's outer step, the last window's included. Called from the pool's threads
+  // at once, for disjoint chunks. The weights benchmark (bench_patches.cpp) publishes them.
+  std::function<void(std::uint32_t tensor, std::uint64_t begin, int windows_done,
+                     std::span<const float> global)>
+      on_global_weights;
 };
 
 // One worker's message of one window.

@@ -29,6 +29,15 @@ const QwenConfig& qwen25_config(std::string_view scale) {
                               "' (use 0.5B, 1.5B, 3B or 7B)");
 }
 
+const QwenConfig& qwen2_tiny_config() {
+  static const QwenConfig tiny{"tiny", 64, 160, 2, 4, 2, 1000, true, 0};
+  return tiny;
+}
+
+const QwenConfig& qwen_config_or_tiny(std::string_view scale) {
+  return scale == "tiny" ? qwen2_tiny_config() : qwen25_config(scale);
+}
+
 std::uint64_t ModelTensor::numel() const {
   std::uint64_t n = 1;
   for (std::uint64_t d : shape)

@@ -29,6 +29,10 @@ struct QwenConfig {
 // One of them by its short name ("0.5B", "1.5B", "3B", "7B") or full name; throws
 // std::invalid_argument naming the unknown scale.
 [[nodiscard]] const QwenConfig& qwen25_config(std::string_view scale);
+// A tiny Qwen2-shaped model for tests and quick runs (not a real checkpoint).
+[[nodiscard]] const QwenConfig& qwen2_tiny_config();
+// qwen25_config(scale), or the tiny model for "tiny".
+[[nodiscard]] const QwenConfig& qwen_config_or_tiny(std::string_view scale);
 
 // What a tensor is, for the weight model of the synthetic generator.
 enum class TensorKind : std::uint8_t { embedding, matrix, bias, norm };
