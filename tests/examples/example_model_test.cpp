@@ -202,8 +202,13 @@ TEST(ExampleModel, CausalMaskKeepsTheFutureOut) {
   changed[0][40] = 17;  // only position 40 differs
   const auto a = model.forward(tokens);
   const auto b = model.forward(changed);
-  EXPECT_TRUE(torch::equal(a.slice(1, 0, 40), b.slice(1, 0, 40)));
-  EXPECT_FALSE(torch::equal(a.slice(1, 40, 41), b.slice(1, 40, 41)));
+  // Not bitwise: the BLAS may take another code path for another allocation's alignment, which
+  // rounds differently in the last bits. A leak of the future would move the earlier positions'
+  // outputs far more than that; the changed position's own output moves by much more.
+  const double before_change = (a.slice(1, 0, 40) - b.slice(1, 0, 40)).abs().max().item<double>();
+  const double at_change = (a.slice(1, 40, 41) - b.slice(1, 40, 41)).abs().max().item<double>();
+  EXPECT_LT(before_change, 1e-5);
+  EXPECT_GT(at_change, 1e-2);
 }
 
 TEST(ExampleModel, TrainingStepsReduceLossOnAFixedBatch) {
