@@ -77,7 +77,10 @@ Publisher::Extracted Publisher::extract(std::span<const WeightsView> weights) {
     ordered.push_back(&view);
   std::sort(ordered.begin(), ordered.end(),
             [](const WeightsView* a, const WeightsView* b) { return a->name < b->name; });
-  if (snapshot_.empty()) {
+  // The first version is published as an anchor alone: its entries (every element that is not
+  // +0) are not kept, so that publishing it needs no memory beyond the snapshot.
+  const bool first_version = snapshot_.empty();
+  if (first_version) {
     std::vector<Bf16Tensor> tensors;
     for (const WeightsView* view : ordered) {
       // +0 everywhere: every element that is not +0 is "changed" on the first extraction.
@@ -121,6 +124,7 @@ Publisher::Extracted Publisher::extract(std::span<const WeightsView> weights) {
          .current_dtype = view.dtype,
          .count = chunk.count},
         {.offsets = offsets.data(), .values = values.data(), .previous = previous.data()});
+    if (first_version) return;
     const std::uint64_t n = chunk.result.changed;
     chunk.indices.resize(n);
     for (std::uint64_t k = 0; k < n; ++k)
@@ -168,28 +172,27 @@ PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::u
   PublishedVersion published{.version = version, .digest = snapshot_.digest()};
   ManifestVersion entry{.version = version, .digest = published.digest};
   try {
-    Delta delta{.version = version,
-                .parent_version = first ? 0 : manifest_.versions.back().version,
-                .parent_digest = parent_digest,
-                .digest = published.digest,
-                .total_elements = snapshot_.total_elements(),
-                .encoding = options_.encoding};
-    for (const ChunkEntries& chunk : extracted.chunks) {
-      published.changed += chunk.indices.size();
-      if (chunk.indices.empty()) continue;
-      const std::string& name = snapshot_.tensors()[chunk.tensor].name;
-      if (delta.tensors.empty() || delta.tensors.back().name != name) {
-        delta.tensors.push_back(
-            {.name = name, .numel = snapshot_.tensors()[chunk.tensor].bits.size()});
-      }
-      TensorDelta& tensor = delta.tensors.back();
-      tensor.indices.insert(tensor.indices.end(), chunk.indices.begin(), chunk.indices.end());
-      tensor.values.insert(tensor.values.end(), chunk.values.begin(), chunk.values.end());
-      tensor.previous.insert(tensor.previous.end(), chunk.previous.begin(), chunk.previous.end());
-    }
-    entry.changed = first ? 0 : published.changed;
-    published.changed = entry.changed;
     if (!first) {
+      Delta delta{.version = version,
+                  .parent_version = manifest_.versions.back().version,
+                  .parent_digest = parent_digest,
+                  .digest = published.digest,
+                  .total_elements = snapshot_.total_elements(),
+                  .encoding = options_.encoding};
+      for (const ChunkEntries& chunk : extracted.chunks) {
+        published.changed += chunk.indices.size();
+        if (chunk.indices.empty()) continue;
+        const std::string& name = snapshot_.tensors()[chunk.tensor].name;
+        if (delta.tensors.empty() || delta.tensors.back().name != name) {
+          delta.tensors.push_back(
+              {.name = name, .numel = snapshot_.tensors()[chunk.tensor].bits.size()});
+        }
+        TensorDelta& tensor = delta.tensors.back();
+        tensor.indices.insert(tensor.indices.end(), chunk.indices.begin(), chunk.indices.end());
+        tensor.values.insert(tensor.values.end(), chunk.values.begin(), chunk.values.end());
+        tensor.previous.insert(tensor.previous.end(), chunk.previous.begin(), chunk.previous.end());
+      }
+      entry.changed = published.changed;
       const io::FileChecksum file = write_delta_file(directory_ / delta_file_name(version), delta);
       entry.delta = ManifestFile{
           .path = delta_file_name(version).string(), .bytes = file.size, .checksum = file.digest};
