@@ -104,6 +104,7 @@ WindowReport Engine::Impl::run_window() {
   WindowReport report;
   report.window = state.window();
   report.mode = options.mode;
+  report.overlap = options.overlap;
   report.rank = rank;
   report.world_size = world;
   report.generation = group.generation;

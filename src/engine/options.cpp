@@ -29,6 +29,26 @@ Mode parse_mode(std::string_view name) {
   throw InvalidArgument("mode '" + std::string(name) + "' is not one of pulse, diloco, ddp");
 }
 
+std::string_view overlap_name(Overlap overlap) noexcept {
+  switch (overlap) {
+    case Overlap::blocking:
+      return "blocking";
+    case Overlap::delayed:
+      return "delayed";
+    case Overlap::eager:
+      return "eager";
+  }
+  return "unknown";
+}
+
+Overlap parse_overlap(std::string_view name) {
+  if (name == "blocking") return Overlap::blocking;
+  if (name == "delayed") return Overlap::delayed;
+  if (name == "eager") return Overlap::eager;
+  throw InvalidArgument("overlap '" + std::string(name) +
+                        "' is not one of blocking, delayed, eager");
+}
+
 std::string_view state_location_name(StateLocation location) noexcept {
   switch (location) {
     case StateLocation::automatic:
@@ -89,6 +109,13 @@ void EngineOptions::validate() const {
   if (bf16_delta != kernels::Bf16Delta::exact && bf16_delta != kernels::Bf16Delta::authors) {
     throw InvalidArgument("bf16_delta must be exact or authors");
   }
+  if (overlap != Overlap::blocking && overlap != Overlap::delayed && overlap != Overlap::eager) {
+    throw InvalidArgument("overlap must be blocking, delayed or eager");
+  }
+  if (overlap != Overlap::blocking && mode != Mode::pulse) {
+    throw InvalidArgument(std::string("overlap ") + std::string(overlap_name(overlap)) +
+                          " runs mode pulse; this run is mode " + std::string(mode_name(mode)));
+  }
   if (publish_every < 1) throw InvalidArgument("publish_every must be at least 1");
   if (anchor_every < 1) throw InvalidArgument("anchor_every must be at least 1");
   if (!publish_dir.empty() && mode == Mode::ddp) {
@@ -114,6 +141,7 @@ nlohmann::json to_json(const EngineOptions& options) {
       {"allgather", collectives::algorithm_name(options.allgather)},
       {"pipeline_chunk_bytes", options.pipeline_chunk_bytes},
       {"bf16_delta", kernels::bf16_delta_name(options.bf16_delta)},
+      {"overlap", overlap_name(options.overlap)},
       {"verify_digests", options.verify_digests},
       {"trace_dir", options.trace_dir},
       {"publish_dir", options.publish_dir},
@@ -142,6 +170,8 @@ EngineOptions options_from_json(const nlohmann::json& json) {
     // Absent before the option existed: those runs computed Δ as `exact` does.
     options.bf16_delta = kernels::parse_bf16_delta(
         json.value("bf16_delta", std::string(kernels::bf16_delta_name(kernels::Bf16Delta::exact))));
+    // Absent before overlapped windows existed: those runs were blocking.
+    options.overlap = parse_overlap(json.value("overlap", std::string("blocking")));
     options.verify_digests = json.at("verify_digests").get<bool>();
     options.trace_dir = json.at("trace_dir").get<std::string>();
     // Absent before publishing existed: off.

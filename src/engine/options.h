@@ -33,6 +33,18 @@ enum class StateLocation : std::uint8_t {
               // libtorch adapter does)
 };
 
+// When the exchange of a window runs (docs/algorithm.md, "Overlapped windows"). Mode pulse only.
+enum class Overlap : std::uint8_t {
+  blocking,  // the window's exchange and outer step run at its boundary; training waits
+  delayed,   // the exchange runs in the background during the next window's inner steps; its
+             // outer step is applied at the next boundary (one window stale)
+  eager,     // as delayed, and each worker restarts its inner steps from θ_g moved by its own
+             // pseudo-gradient of the window in flight (a local stand-in for the average)
+};
+
+[[nodiscard]] std::string_view overlap_name(Overlap overlap) noexcept;
+[[nodiscard]] Overlap parse_overlap(std::string_view name);  // throws InvalidArgument
+
 [[nodiscard]] std::string_view state_location_name(StateLocation location) noexcept;
 // "automatic" (or "auto"), "device", "host"; throws InvalidArgument.
 [[nodiscard]] StateLocation parse_state_location(std::string_view name);
@@ -69,6 +81,10 @@ struct EngineOptions {
   // Step 1's Δ for bf16 local weights (kernels::Bf16Delta, docs/algorithm.md): `exact`, or
   // `authors` to reproduce the PULSE authors' code. No effect with fp32 local weights.
   kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
+  // Blocking windows, or windows whose exchange overlaps the next window's inner steps (mode
+  // pulse, state in host memory). Shared by every rank and part of the state a checkpoint
+  // records.
+  Overlap overlap = Overlap::blocking;
   bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
   std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)
   // Where this rank keeps its state. Local to the rank (a GPU rank and a CPU rank share a group

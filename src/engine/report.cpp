@@ -12,7 +12,10 @@ nlohmann::json to_json(const WindowReport& report) {
     digests.push_back(digest_hex(d));
   return nlohmann::json{
       {"window", report.window},
+      {"applied_window",
+       report.applied_window ? nlohmann::json(*report.applied_window) : nlohmann::json(nullptr)},
       {"mode", mode_name(report.mode)},
+      {"overlap", overlap_name(report.overlap)},
       {"rank", report.rank},
       {"world_size", report.world_size},
       {"generation", report.generation},
@@ -31,6 +34,7 @@ nlohmann::json to_json(const WindowReport& report) {
       {"seconds",
        {{"gate", report.seconds.gate},
         {"exchange", report.seconds.exchange},
+        {"exchange_in_flight", report.seconds.exchange_in_flight},
         {"apply", report.seconds.apply},
         {"verify", report.seconds.verify},
         {"publish", report.seconds.publish},
@@ -73,6 +77,21 @@ std::string human_bytes(double bytes) {
   return fmt::format("{:.2f} GB", bytes / 1e9);
 }
 
+namespace {
+
+// ", overlap delayed: applied window 3 (in flight 0.812 s)" for overlapped windows, else "".
+std::string overlap_summary(const WindowReport& report) {
+  if (report.overlap == Overlap::blocking) return {};
+  if (!report.applied_window) {
+    return fmt::format(", overlap {}: nothing applied", overlap_name(report.overlap));
+  }
+  return fmt::format(", overlap {}: applied window {} (in flight {:.3f} s)",
+                     overlap_name(report.overlap), *report.applied_window,
+                     report.seconds.exchange_in_flight);
+}
+
+}  // namespace
+
 std::string summary_line(const WindowReport& report) {
   const double payload = static_cast<double>(report.payload_bytes);
   const double vs_diloco = payload > 0 ? static_cast<double>(report.diloco_bytes) / payload : 0;
@@ -80,7 +99,7 @@ std::string summary_line(const WindowReport& report) {
   return fmt::format(
       "window {} {}: density {:.3f}%, payload {} (DiLoCo {} = {:.1f}x, DDP {} = {:.1f}x), "
       "received {}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f}, apply {:.3f}, "
-      "verify {:.3f}), digest {}{}{}{}",
+      "verify {:.3f}), digest {}{}{}{}{}",
       report.window, mode_name(report.mode), 100.0 * report.density, human_bytes(payload),
       human_bytes(static_cast<double>(report.diloco_bytes)), vs_diloco,
       human_bytes(static_cast<double>(report.ddp_bytes)), vs_ddp,
@@ -88,7 +107,8 @@ std::string summary_line(const WindowReport& report) {
       human_bytes(static_cast<double>(report.wire_bytes_sent)),
       human_bytes(static_cast<double>(report.wire_bytes_received)), report.seconds.total,
       report.seconds.gate, report.seconds.exchange, report.seconds.apply, report.seconds.verify,
-      digest_hex(report.digest), report.replicas_identical ? "" : " REPLICAS DIFFER",
+      digest_hex(report.digest), overlap_summary(report),
+      report.replicas_identical ? "" : " REPLICAS DIFFER",
       report.generation > 0
           ? fmt::format(", group generation {} of {} workers", report.generation, report.world_size)
           : std::string(),

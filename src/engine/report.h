@@ -16,16 +16,26 @@ namespace pulseloco {
 // Seconds spent in each phase of the window on this rank.
 struct PhaseSeconds {
   double gate = 0;      // gate + encode (pulse) or pseudo-gradient (diloco)
-  double exchange = 0;  // the collective(s), decoding that overlaps them included
-  double apply = 0;     // decode + aggregate + residual commit + outer step + reset
-  double verify = 0;    // digests of θ_g and m, and their all-gather
-  double publish = 0;   // publishing θ_g (rank 0, EngineOptions::publish_dir)
+  double exchange = 0;  // the collective(s), decoding that overlaps them included; overlapped:
+                        // the time this boundary waited for the window in flight and the vote
+  // Overlapped windows: how long the applied window's exchange ran in the background.
+  double exchange_in_flight = 0;
+  double apply = 0;    // decode + aggregate + residual commit + outer step + reset
+  double verify = 0;   // digests of θ_g and m, and their all-gather
+  double publish = 0;  // publishing θ_g (rank 0, EngineOptions::publish_dir)
   double total = 0;
 };
 
 struct WindowReport {
-  std::uint64_t window = 0;  // index of the window that just committed (0-based)
+  // Index of the window whose inner steps just ended (0-based). A blocking window commits at its
+  // own boundary; an overlapped one sends its message now and is applied at the next boundary.
+  std::uint64_t window = 0;
+  // The window whose outer step this boundary applied: `window` when blocking, the window before
+  // it when overlapped, none at the first overlapped boundary (nothing was in flight) or when
+  // the window in flight was dropped (docs/algorithm.md, "Overlapped windows").
+  std::optional<std::uint64_t> applied_window;
   Mode mode = Mode::pulse;
+  Overlap overlap = Overlap::blocking;
   int rank = 0;
   int world_size = 1;
   std::uint64_t generation = 0;        // the group's generation (elastic runs; 0 otherwise)
