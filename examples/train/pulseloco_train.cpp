@@ -48,6 +48,7 @@ struct Settings {
   std::string mode = "pulse";
   std::string local_dtype = "fp32";
   std::string bf16_delta = "exact";
+  std::string overlap = "blocking";
   std::string transport = "auto";
   int windows = 10;
   std::uint32_t steps_per_window = 8;
@@ -244,9 +245,9 @@ nlohmann::json window_json(const WindowRow& row) {
                      {"digests", digests}};
   // The publishing fields as the engine's report has them (null version: not published).
   const nlohmann::json report = to_json(r);
-  for (const char* key :
-       {"published_version", "patch_changed", "patch_density", "patch_delta_bytes",
-        "patch_compact_bytes", "patch_anchor_bytes", "patch_anchor", "publish_error"})
+  for (const char* key : {"applied_window", "overlap", "published_version", "patch_changed",
+                          "patch_density", "patch_delta_bytes", "patch_compact_bytes",
+                          "patch_anchor_bytes", "patch_anchor", "publish_error"})
     out[key] = report.at(key);
   return out;
 }
@@ -292,6 +293,7 @@ int run_worker(const Settings& settings) {
   options.publish_every = settings.publish_every;
   options.anchor_every = settings.anchor_every;
   options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
+  options.overlap = parse_overlap(settings.overlap);
   options.state_location = parse_state_location(settings.state_location);
 
   // bf16 local weights: the synchronizer sees the bf16 tensors; the model computes on their
@@ -397,6 +399,7 @@ int run_worker(const Settings& settings) {
       const nlohmann::json out{{"mode", settings.mode},
                                {"local_dtype", settings.local_dtype},
                                {"bf16_delta", settings.bf16_delta},
+                               {"overlap", settings.overlap},
                                {"world_size", world},
                                {"params", sync.engine().parameter_count()},
                                {"H", settings.steps_per_window},
@@ -436,6 +439,12 @@ int main(int argc, char** argv) {
                  "pseudo-gradient of bf16 weights: exact (float(bf16(θ_g)) − θ_l) or authors "
                  "(θ_g − θ_l, as the PULSE authors' code; keeps the cast residue)")
       ->check(flags::one_of({"exact", "authors"}))
+      ->capture_default_str();
+  app.add_option("--overlap", settings.overlap,
+                 "when a window's exchange runs: blocking (at its boundary), delayed (during the "
+                 "next window's inner steps, applied one window late) or eager (delayed, and "
+                 "each worker restarts from its own pseudo-gradient applied; mode pulse)")
+      ->check(flags::one_of({"blocking", "delayed", "eager"}))
       ->capture_default_str();
   app.add_option("--transport", settings.transport, "auto (tcp), tcp or mpi")
       ->check(CLI::IsMember({"auto", "tcp", "mpi"}))

@@ -110,6 +110,18 @@ class Engine {
   // Runs a window now (collective), regardless of the step count.
   [[nodiscard]] WindowReport run_window();
 
+  // Overlapped windows (EngineOptions::overlap): finishes the window in flight and applies its
+  // outer step without starting another (collective), e.g. at the end of training, so that the
+  // final θ_g includes every window. Returns that boundary's report (its `window` is the applied
+  // one; no message was sent), or nothing when no window is in flight (blocking runs, or nothing
+  // since the last call). The next boundary then starts from the state this leaves: θ_l is
+  // reset to cast(θ_g).
+  [[nodiscard]] std::optional<WindowReport> complete_in_flight();
+
+  // True while a window's message has been sent but its outer step not applied (overlapped
+  // windows between boundaries).
+  [[nodiscard]] bool window_in_flight() const noexcept;
+
   // ddp mode: replaces every gradient by its average over the ranks (collective; call after
   // backward, before the optimizer step). Gradients match the parameters' shapes and dtypes and
   // are where the state is: host memory, or the parameters' CUDA device with state on the device
