@@ -46,8 +46,8 @@ def test_bf16_parameters(mode):
 @pytest.fixture(scope="module")
 def blocking_digests():
     """Per window, the digest 2 blocking ranks agree on (the reference of the overlapped runs)."""
-    processes = run_group(2, ["--windows", "1"], timeout=180)
-    check_identical(processes, 1)
+    processes = run_group(2, ["--windows", "2"], timeout=180)
+    check_identical(processes, 2)
     return [e["digest"] for e in processes[0].events if e["event"] == "window"]
 
 
