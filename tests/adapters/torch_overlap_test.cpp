@@ -107,7 +107,9 @@ TEST_P(TorchOverlap, BoundariesApplyThePreviousWindowAndCompleteInFlightAppliesT
 
 INSTANTIATE_TEST_SUITE_P(Variants, TorchOverlap,
                          ::testing::Values(Overlap::delayed, Overlap::eager),
-                         [](const auto& info) { return std::string(overlap_name(info.param)); });
+                         [](const auto& variant) {
+                           return std::string(overlap_name(variant.param));
+                         });
 
 }  // namespace
 }  // namespace pulseloco::torch_overlap
