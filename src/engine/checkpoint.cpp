@@ -174,6 +174,10 @@ CheckpointFileRecord write_global_file(const ReplicatedState& state, const Engin
       {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
       {"state_digest", digest_hex(state.digest(pool))},
   };
+  // Overlapped windows: the window numbers dropped so far (absent: none).
+  if (options.overlap != Overlap::blocking) {
+    metadata["windows_dropped"] = std::to_string(state.windows_dropped());
+  }
   io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata,
                                global_file_specs(state));
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
@@ -336,6 +340,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   std::uint64_t loaded_window = 0;
   Digest loaded_digest = 0;
   bool loaded_momentum_initialised = false;
+  std::uint64_t loaded_dropped = 0;
   std::optional<io::SafetensorsReader> global_file;
   std::optional<io::SafetensorsReader> rank_file;
   std::optional<OutgoingMessage> in_flight;
@@ -403,6 +408,9 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
       throw ProtocolError(global_path.string() + ": momentum_initialised is not true/false");
     }
     loaded_momentum_initialised = initialised == "true";
+    if (meta.contains("windows_dropped")) {
+      loaded_dropped = require_u64(meta, "windows_dropped", global_path);
+    }
     const std::string& state_hex = require(meta, "state_digest", global_path);
     const DigestDefinition global_definition = state_files::digest_definition(meta, global_path);
 
@@ -438,7 +446,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
     }
     check_equal(rank_meta, "residual_digest", digest_hex(combine_digests(residual_parts)),
                 rank_path);
-    in_flight = read_in_flight(*rank_file, state, rank, loaded_window);
+    in_flight = read_in_flight(*rank_file, state, rank, loaded_window + loaded_dropped);
   } catch (...) {
     local_error = std::current_exception();
   }
@@ -477,6 +485,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   state.clear_accepted_window();
   if (state.keeps_global_state()) state.reset_local(pool);
   state.set_progress(loaded_window, loaded_momentum_initialised);
+  state.set_windows_dropped(loaded_dropped);
   logger().info("resumed from {} at window {} (state digest {})", loaded.dir.string(),
                 state.window(), digest_hex(loaded_digest));
   loaded.window = loaded_window;

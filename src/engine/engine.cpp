@@ -97,7 +97,7 @@ void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) c
 WindowReport Engine::Impl::new_report() const {
   WindowReport report;
   // Overlapped windows: the window whose inner steps end now follows the one in flight.
-  report.window = state.window() + (state.in_flight() ? 1 : 0);
+  report.window = state.next_window();
   report.mode = options.mode;
   report.overlap = options.overlap;
   report.rank = rank;
@@ -169,7 +169,7 @@ std::optional<WindowReport> Engine::Impl::complete_in_flight() {
   const auto start = SteadyClock::now();
   committed_report.reset();
   WindowReport report = new_report();
-  report.window = state.window();
+  report.window = state.in_flight()->window;
   const engine_detail::StateAccess access(state);
   if (!strategy->complete_in_flight(attached, report)) return std::nullopt;
   finish_boundary(attached, report, start);

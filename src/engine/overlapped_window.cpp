@@ -45,6 +45,7 @@ void drop_in_flight(ReplicatedState& state, ThreadPool& pool) {
                      });
   state.clear_in_flight();
   state.clear_accepted_window();
+  state.set_windows_dropped(state.windows_dropped() + 1);
 }
 
 void OverlappedPulseWindow::run(const AttachedGroup& group, WindowReport& report) {

@@ -55,8 +55,9 @@ class OverlappedPulseWindow final : public WindowStrategy {
   std::future<Exchanged> exchange_;  // valid while an exchange runs or its outcome is unread
 };
 
-// Puts the message in flight's entries back into e and forgets it (a dropped window), and
-// clears the accepted window: its progress is sent again by a later window. No-op when none.
+// Puts the message in flight's entries back into e and forgets it (a dropped window, whose
+// number is not used again), and clears the accepted window: its progress is sent again by a
+// later window. No-op when none.
 void drop_in_flight(ReplicatedState& state, ThreadPool& pool);
 
 }  // namespace pulseloco::engine_detail

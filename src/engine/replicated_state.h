@@ -71,6 +71,14 @@ class ReplicatedState {
   // --- where this rank stands --------------------------------------------------------------
 
   [[nodiscard]] std::uint64_t window() const noexcept { return window_; }  // windows committed
+  // Overlapped windows: windows dropped so far (a rejected vote, a regroup). Window numbers are
+  // never reused, so the next window's number is window() + windows_dropped(), plus one while a
+  // window is in flight (whose number is window() + windows_dropped()).
+  [[nodiscard]] std::uint64_t windows_dropped() const noexcept { return windows_dropped_; }
+  void set_windows_dropped(std::uint64_t dropped) noexcept { windows_dropped_ = dropped; }
+  [[nodiscard]] std::uint64_t next_window() const noexcept {
+    return window_ + windows_dropped_ + (in_flight_ ? 1 : 0);
+  }
   // False until the first outer step (which sets m = g).
   [[nodiscard]] bool momentum_initialised() const noexcept { return momentum_initialised_; }
   // False until the first attach() completes, and again while state is being received: a state
@@ -179,6 +187,7 @@ class ReplicatedState {
   std::vector<std::uint64_t> numels_;
   bool keeps_global_state_ = true;
   std::uint64_t window_ = 0;
+  std::uint64_t windows_dropped_ = 0;
   bool momentum_initialised_ = false;
   bool has_contents_ = false;
   std::optional<std::uint64_t> accepted_window_;

@@ -60,7 +60,7 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
 
 io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& options,
                             const AttachedGroup& group, std::string_view stage) {
-  return io::Metadata{
+  io::Metadata metadata{
       {"format", std::string(state_files::kTraceFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
       {"stage", std::string(stage)},
@@ -72,6 +72,11 @@ io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& o
       {"options", to_json(options).dump()},
       {"table_digest", digest_hex(state.layout().table_digest())},
   };
+  // Overlapped windows: the window numbers dropped so far (absent: none).
+  if (options.overlap != Overlap::blocking) {
+    metadata["windows_dropped"] = std::to_string(state.windows_dropped());
+  }
+  return metadata;
 }
 
 }  // namespace
@@ -142,7 +147,11 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
   expect("table_digest", digest_hex(state.layout().table_digest()));
   const std::uint64_t traced_window = state_files::require_u64(meta, "window", file);
   const std::string& initialised = state_files::require(meta, "momentum_initialised", file);
-  std::optional<OutgoingMessage> in_flight = read_in_flight(reader, state, rank, traced_window);
+  const std::uint64_t dropped = meta.contains("windows_dropped")
+                                    ? state_files::require_u64(meta, "windows_dropped", file)
+                                    : 0;
+  std::optional<OutgoingMessage> in_flight =
+      read_in_flight(reader, state, rank, traced_window + dropped);
   // Validate every tensor's declaration before reading any of them.
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     for (const auto& [prefix, buffer] : kTracedBuffers) {
@@ -164,6 +173,7 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
     }
   }
   state.set_progress(traced_window, initialised == "true");
+  state.set_windows_dropped(dropped);
   state.clear_in_flight();
   if (in_flight) state.set_in_flight(std::move(*in_flight));
   state.clear_accepted_window();

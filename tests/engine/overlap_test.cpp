@@ -307,16 +307,21 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
     std::vector<LocalModel> reference_models;
     for (const auto& m : models)
       reference_models.push_back(*m);
-    const auto boundary = [&](int window) {
+    const auto boundary = [&](int window, std::optional<std::uint64_t> applied) {
       std::vector<LocalModel> current;
       for (std::size_t r = 0; r < engines.size(); ++r) {
         const auto seed = static_cast<std::uint32_t>(100 * window + static_cast<int>(r));
         testing::local_training(*models[r], lr, 4, seed);
         testing::local_training(reference_models[r], lr, 4, seed);
       }
+      std::vector<WindowReport> reports(engines.size());
       testing::rethrow_first(testing::run_ranks(static_cast<int>(engines.size()), [&](int r) {
-        (void)engines[static_cast<std::size_t>(r)]->run_window();
+        reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
       }));
+      for (const auto& report : reports) {
+        EXPECT_EQ(report.window, static_cast<std::uint64_t>(window));
+        EXPECT_EQ(report.applied_window, applied);
+      }
       reference_boundary(reference, reference_models, overlap, options.outer_lr,
                          options.outer_momentum);
       for (const auto& m : models)
@@ -325,8 +330,8 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
       expect_matches(all, reference, current, reference_models,
                      "boundary " + std::to_string(window));
     };
-    boundary(0);
-    boundary(1);  // window 1 is in flight on every member
+    boundary(0, std::nullopt);
+    boundary(1, 0);  // window 1 is in flight on every member
 
     // Member 3 dies; the survivors reach their next boundary.
     faults->kill(3);
@@ -373,8 +378,9 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
       EXPECT_FALSE(engine->window_in_flight());
       EXPECT_EQ(engine->window(), 1u);
     }
-    boundary(2);
-    boundary(3);
+    // Window 1 was dropped: its number is not used again, and nothing is in flight to apply.
+    boundary(2, std::nullopt);
+    boundary(3, 2);
     std::vector<Digest> after;
     for (const auto& engine : engines)
       after.push_back(engine->state_digest());
