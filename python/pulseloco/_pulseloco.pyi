@@ -320,6 +320,9 @@ class _Synchronizer:
     def window_in_flight(self) -> bool: ...
 
     @property
+    def next_window(self) -> int: ...
+
+    @property
     def options_json(self) -> str: ...
 
     @property

@@ -228,6 +228,12 @@ class Synchronizer:
         return self._engine.window_in_flight
 
     @property
+    def next_window(self) -> int:
+        """The number the next boundary's window gets (its report's window): where a loop
+        resumed from a checkpoint continues its data. Equals window when blocking."""
+        return self._engine.next_window
+
+    @property
     def options(self) -> Dict[str, Any]:
         """The engine's options as their canonical JSON (as checkpoints record them)."""
         return json.loads(self._engine.options_json)

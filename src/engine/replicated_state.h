@@ -135,10 +135,12 @@ class ReplicatedState {
     memory_->aggregate_and_step(chunk, ranks_in_order, params);
   }
   void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
-                      const kernels::OuterStepParams& params, bool reset_local) {
-    memory_->start_from_own(chunk, own, params, reset_local);
+                      const kernels::OuterStepParams& params) {
+    memory_->start_from_own(chunk, own, params);
   }
-  void reset_start(ThreadPool& pool) { memory_->reset_start(pool); }
+  void local_from_start(ThreadPool& pool) { memory_->local_from_start(pool); }
+  // True when the eager start point S is part of the state (overlap = eager).
+  [[nodiscard]] bool keeps_start() const noexcept { return keeps_start_; }
   void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
     memory_->restore_residual(chunk, own);
   }
@@ -188,6 +190,7 @@ class ReplicatedState {
   bool keeps_global_state_ = true;
   std::uint64_t window_ = 0;
   std::uint64_t windows_dropped_ = 0;
+  bool keeps_start_ = false;
   bool momentum_initialised_ = false;
   bool has_contents_ = false;
   std::optional<std::uint64_t> accepted_window_;

@@ -8,7 +8,10 @@
 #include <cstring>
 #include <map>
 
+#include <fmt/format.h>
+
 #include <pulseloco/base/errors.h>
+#include <pulseloco/engine/replay.h>
 #include <pulseloco/transport/inproc/inproc.h>
 #include "engine/engine_test_util.h"
 
@@ -288,6 +291,9 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
     std::vector<std::unique_ptr<Engine>> engines;
     EngineOptions options = overlap_options(overlap);
     options.timeout = std::chrono::milliseconds(5'000);
+    const std::filesystem::path traces =
+        testing::fresh_test_dir(fmt::format("overlap_membership_{}", overlap_name(overlap)));
+    options.trace_dir = traces.string();
     for (int r = 0; r < kMembers; ++r) {
       models.push_back(
           std::make_unique<LocalModel>(testing::make_model(sizes, DType::float32, 7 + r)));
@@ -385,6 +391,13 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
     for (const auto& engine : engines)
       after.push_back(engine->state_digest());
     EXPECT_EQ(after, std::vector<Digest>(after.size(), after[0]));
+    // Every boundary replays from its trace, the one after the regroup (the failed attempt's
+    // inputs are of the old generation) and eager's start points included.
+    EXPECT_EQ(traced_windows(traces), (std::vector<std::uint64_t>{0, 1, 2, 3}));
+    for (const std::uint64_t window : traced_windows(traces)) {
+      EXPECT_TRUE(replay_window(traces, window).identical()) << "window " << window;
+    }
+    std::filesystem::remove_all(traces);
   }
 }
 

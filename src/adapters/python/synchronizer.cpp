@@ -390,6 +390,7 @@ void bind_synchronizer(nb::module_& module) {
       .def_prop_ro("digest", [](S& s) { return s.engine().state_digest(); })
       .def_prop_ro("next_step_runs_window", [](S& s) { return s.engine().next_step_runs_window(); })
       .def_prop_ro("window_in_flight", [](S& s) { return s.engine().window_in_flight(); })
+      .def_prop_ro("next_window", [](S& s) { return s.engine().next_window(); })
       .def_prop_ro("options_json", [](S& s) { return to_json(s.engine().options()).dump(); })
       .def_prop_ro("generation", [](S& s) { return s.engine().group().generation; })
       .def_prop_ro("members", &S::members);
