@@ -5,17 +5,18 @@ windows") across real processes. Each subcommand and variant is one ctest
 The runs are those of train_integration.py (a 5 M-parameter model, no pretraining, H = 2, batch
 1, one thread per worker) at the demo's inner learning rate.
 
-  overlap_integration.py --train BIN --mpirun MPIRUN --work DIR --overlap V
+  overlap_integration.py --train BIN --pulseloco BIN --mpirun MPIRUN --work DIR --overlap V
                          --launcher mpirun|env replicas
       4 ranks, 20 windows, under mpirun (TCP transport, MPI rendezvous) or as 4 processes of
       the environment rendezvous (--local-workers): every window's digests equal on all ranks,
       the report names the variant, boundary 0 applies nothing and boundary w applies window
       w - 1; every rank's final θ_g file byte-identical.
   ... resume
-      2 workers: 6 windows uninterrupted, against 3 windows that checkpoint after boundary 2
-      (window 2 in flight: its message is in the checkpoint's rank files) and a resumed run to
-      6: the same final weights byte for byte, the same digests and applied windows from the
-      resumption on (its first boundary applies the window that was in flight).
+      2 workers: 6 windows uninterrupted (traced: `pulseloco replay` reproduces every
+      boundary), against 3 windows that checkpoint after boundary 2 (window 2 in flight: its
+      message is in the checkpoint's rank files) and a resumed run to 6: the same final weights
+      byte for byte, the same digests and applied windows from the resumption on (its first
+      boundary applies the window that was in flight).
   ... kill
       3 workers (environment rendezvous); rank 2 SIGKILLs itself in the middle of window 3's
       exchange, which runs in the background during window 4's inner steps
@@ -109,8 +110,12 @@ def test_resume(args):
               + common_args(args))
 
     result = ti.run([args.train, "--windows", str(windows), "--json", str(full / "report.json"),
-                     "--final-weights", str(full / "final")] + common, timeout=args.timeout)
+                     "--final-weights", str(full / "final"), "--trace-dir", str(full / "trace")]
+                    + common, timeout=args.timeout)
     check(result.returncode == 0, f"uninterrupted run exited {result.returncode}")
+    result = ti.run([args.pulseloco, "replay", str(full / "trace")], timeout=args.timeout)
+    check(result.returncode == 0, f"pulseloco replay of the uninterrupted run exited "
+          f"{result.returncode}:\n{result.stdout[-3000:]}")
     # Checkpointed after boundary stop - 1, with window stop - 1 in flight; the run ends there.
     result = ti.run([args.train, "--windows", str(stop), "--checkpoint-dir",
                      str(part / "checkpoint"), "--checkpoint-every", str(stop)] + common,
@@ -153,6 +158,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", required=True)
+    parser.add_argument("--pulseloco", required=True, help="build/bin/pulseloco")
     parser.add_argument("--mpirun", default="mpirun")
     parser.add_argument("--work", required=True, type=pathlib.Path)
     parser.add_argument("--timeout", type=float, default=600, help="bound of each run, seconds")
