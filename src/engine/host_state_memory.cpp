@@ -114,6 +114,11 @@ void HostStateMemory::start_from_own(const ChunkRef& chunk, const kernels::Spars
                       state.local.dtype, chunk.length, params);
 }
 
+void HostStateMemory::reset_start(ThreadPool& pool) {
+  pool.parallel_for(layout_.chunks().size(),
+                    [&](std::size_t c) { start_from_global(layout_.chunks()[c]); });
+}
+
 void HostStateMemory::restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
   float* residual = tensors_[chunk.tensor].residual.data() + chunk.begin;
   for (std::size_t i = 0; i < own.offsets.size(); ++i)

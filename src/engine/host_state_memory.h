@@ -31,6 +31,7 @@ class HostStateMemory final : public StateMemory {
                           const kernels::OuterStepParams& params) override;
   void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
                       const kernels::OuterStepParams& params, bool reset_local) override;
+  void reset_start(ThreadPool& pool) override;
   void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) override;
   [[nodiscard]] Bucket allocate_bucket(std::uint64_t elements) override;
   [[nodiscard]] std::optional<std::uint64_t> pseudo_gradient(const ChunkRef& chunk, float* delta,

@@ -154,7 +154,9 @@ bool OverlappedPulseWindow::complete_in_flight(const AttachedGroup& group, Windo
 void OverlappedPulseWindow::state_loaded(bool reset_local) {
   wait_in_flight();
   exchange_ = {};  // an exchange of the state that was replaced
-  if (options_.overlap == Overlap::eager && state_.in_flight()) start_from_own(reset_local);
+  if (options_.overlap != Overlap::eager) return;
+  state_.reset_start(pool_);
+  if (state_.in_flight()) start_from_own(reset_local);
 }
 
 }  // namespace pulseloco::engine_detail

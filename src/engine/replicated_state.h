@@ -130,6 +130,7 @@ class ReplicatedState {
                       const kernels::OuterStepParams& params, bool reset_local) {
     memory_->start_from_own(chunk, own, params, reset_local);
   }
+  void reset_start(ThreadPool& pool) { memory_->reset_start(pool); }
   void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
     memory_->restore_residual(chunk, own);
   }

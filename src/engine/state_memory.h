@@ -107,6 +107,9 @@ class StateMemory {
   // is not changed); then θ_l = cast(S) when `reset_local`.
   virtual void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
                               const kernels::OuterStepParams& params, bool reset_local);
+  // S = θ_g everywhere, θ_l untouched (the state was replaced from a trace). No-op when S is
+  // not kept.
+  virtual void reset_start(ThreadPool& /*pool*/) {}
   // e[offset] = value for each entry: a dropped window's entries go back to the residual.
   virtual void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own);
 
