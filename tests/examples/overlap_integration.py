@@ -27,9 +27,7 @@ The runs are those of train_integration.py (a 5 M-parameter model, no pretrainin
 Synchronisation is on events (process exits, log lines); every wait is bounded.
 """
 
-import argparse
 import json
-import pathlib
 import shutil
 import sys
 
@@ -155,25 +153,13 @@ def test_kill(args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train", required=True)
-    parser.add_argument("--pulseloco", required=True, help="build/bin/pulseloco")
-    parser.add_argument("--mpirun", default="mpirun")
-    parser.add_argument("--work", required=True, type=pathlib.Path)
-    parser.add_argument("--timeout", type=float, default=600, help="bound of each run, seconds")
-    parser.add_argument("--overlap", required=True, choices=["delayed", "eager"])
-    parser.add_argument("--launcher", choices=["mpirun", "env"], default="env",
-                        help="replicas: mpirun, or processes of the environment rendezvous")
-    parser.add_argument("test", choices=["replicas", "resume", "kill"])
-    args = parser.parse_args()
-    args.work.mkdir(parents=True, exist_ok=True)
-    {"replicas": test_replicas, "resume": test_resume, "kill": test_kill}[args.test](args)
-    if ti.FAILURES:
-        print(f"{len(ti.FAILURES)} check(s) failed", flush=True)
-        return 1
-    print("all checks passed", flush=True)
-    return 0
+    def add_arguments(parser):
+        parser.add_argument("--overlap", required=True, choices=["delayed", "eager"])
+        parser.add_argument("--launcher", choices=["mpirun", "env"], default="env",
+                            help="replicas: mpirun, or processes of the environment rendezvous")
+
+    return ti.run_tests(__doc__, {"replicas": test_replicas, "resume": test_resume,
+                                  "kill": test_kill}, add_arguments)
 
 
 if __name__ == "__main__":

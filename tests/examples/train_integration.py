@@ -517,24 +517,31 @@ def check_killed_worker(args, extra=(), fault=None, timeouts=1):
             p.wait()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__,
+def run_tests(description, tests, add_arguments=lambda parser: None):
+    """Parses the flags every integration script shares (and those `add_arguments` adds), runs
+    the test named on the command line, and returns the exit status."""
+    parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", required=True)
     parser.add_argument("--pulseloco", required=True, help="build/bin/pulseloco")
     parser.add_argument("--mpirun", default="mpirun")
     parser.add_argument("--work", required=True, type=pathlib.Path)
     parser.add_argument("--timeout", type=float, default=600, help="bound of each run, seconds")
-    parser.add_argument("test", choices=["replicas", "resume", "kill", "bf16"])
+    add_arguments(parser)
+    parser.add_argument("test", choices=sorted(tests))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"replicas": test_replicas, "resume": test_resume, "kill": test_kill,
-     "bf16": test_bf16}[args.test](args)
+    tests[args.test](args)
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed", flush=True)
         return 1
     print("all checks passed", flush=True)
     return 0
+
+
+def main():
+    return run_tests(__doc__, {"replicas": test_replicas, "resume": test_resume,
+                               "kill": test_kill, "bf16": test_bf16})
 
 
 if __name__ == "__main__":
