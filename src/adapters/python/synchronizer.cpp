@@ -225,7 +225,8 @@ class Synchronizer {
   std::optional<WindowReport> complete_in_flight() {
     // Nothing in flight (blocking runs, or already completed): no thread, no GIL release.
     if (!engine().window_in_flight()) return std::nullopt;
-    return collective([&] { return engine().complete_in_flight(); });
+    return collective(
+        [&] { return elastic_ ? elastic_->complete_in_flight() : engine_->complete_in_flight(); });
   }
 
   void average_gradients(const nb::list& gradients) {

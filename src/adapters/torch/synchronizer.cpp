@@ -195,7 +195,7 @@ std::optional<WindowReport> Synchronizer::after_optimizer_step() {
 std::optional<WindowReport> Synchronizer::complete_in_flight() {
   torch::NoGradGuard no_grad;
   // It writes θ_l (reset to the new θ_g) without reading it: nothing to stage to the host.
-  auto report = engine().complete_in_flight();
+  auto report = elastic_ ? elastic_->complete_in_flight() : engine_->complete_in_flight();
   if (report) stage_from_host();
   return report;
 }
