@@ -51,12 +51,18 @@ kernels::GateResult HostStateMemory::gate(const ChunkRef& chunk, std::uint32_t* 
   return kernels::gate(gate_chunk(chunk), offsets, values);
 }
 
-void HostStateMemory::aggregate_and_commit(const ChunkRef& chunk,
-                                           std::span<const kernels::SparseEntries> ranks_in_order,
-                                           const kernels::OuterStepParams& params) {
+ScratchPool<std::vector<float>>::Lease HostStateMemory::aggregate(
+    const ChunkRef& chunk, std::span<const kernels::SparseEntries> ranks_in_order) {
   auto g = aggregate_scratch_.acquire();
   g->resize(chunk.length);
   kernels::aggregate(ranks_in_order, g->data(), chunk.length);
+  return g;
+}
+
+void HostStateMemory::aggregate_and_commit(const ChunkRef& chunk,
+                                           std::span<const kernels::SparseEntries> ranks_in_order,
+                                           const kernels::OuterStepParams& params) {
+  const auto g = aggregate(chunk, ranks_in_order);
   // Step 5's state change (e), then steps 8 and 9, in one pass over the chunk.
   TensorState& state = tensors_[chunk.tensor];
   kernels::commit_and_outer_step(
@@ -82,9 +88,7 @@ void HostStateMemory::start_from_global(const ChunkRef& chunk) {
 void HostStateMemory::aggregate_and_step(const ChunkRef& chunk,
                                          std::span<const kernels::SparseEntries> ranks_in_order,
                                          const kernels::OuterStepParams& params) {
-  auto g = aggregate_scratch_.acquire();
-  g->resize(chunk.length);
-  kernels::aggregate(ranks_in_order, g->data(), chunk.length);
+  const auto g = aggregate(chunk, ranks_in_order);
   TensorState& state = tensors_[chunk.tensor];
   kernels::outer_step(state.global.data() + chunk.begin, state.momentum.data() + chunk.begin,
                       g->data(), local_at(chunk), state.local.dtype, chunk.length, params);
@@ -95,13 +99,11 @@ void HostStateMemory::start_from_own(const ChunkRef& chunk, const kernels::Spars
                                      const kernels::OuterStepParams& params) {
   TensorState& state = tensors_[chunk.tensor];
   if (state.start.empty()) throw InvalidArgument("internal: no start point kept (overlap eager)");
-  auto g = aggregate_scratch_.acquire();
   auto m = momentum_scratch_.acquire();
-  g->resize(chunk.length);
   m->assign(state.momentum.begin() + static_cast<std::ptrdiff_t>(chunk.begin),
             state.momentum.begin() + static_cast<std::ptrdiff_t>(chunk.begin + chunk.length));
   // One rank's entries: the aggregate divides by 1, so g holds them as they are.
-  kernels::aggregate(std::span(&own, 1), g->data(), chunk.length);
+  const auto g = aggregate(chunk, std::span(&own, 1));
   start_from_global(chunk);
   kernels::outer_step(state.start.data() + chunk.begin, m->data(), g->data(), local_at(chunk),
                       state.local.dtype, chunk.length, params);

@@ -70,6 +70,9 @@ class HostStateMemory final : public StateMemory {
   [[nodiscard]] std::span<std::byte> bytes_of(StateBuffer buffer, std::size_t tensor, Range range);
   [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
   [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
+  // Step 7 into a scratch buffer of the chunk's length.
+  [[nodiscard]] ScratchPool<std::vector<float>>::Lease aggregate(
+      const ChunkRef& chunk, std::span<const kernels::SparseEntries> ranks_in_order);
   // S = θ_g on the chunk (when S is kept).
   void start_from_global(const ChunkRef& chunk);
 

@@ -18,20 +18,6 @@ using testing::LocalModel;
 using testing::ReferenceState;
 using testing::small_options;
 
-std::vector<std::unique_ptr<Engine>> start_engines(std::vector<LocalModel>& models,
-                                                   const EngineOptions& options,
-                                                   transport::inproc::InprocOptions inproc = {}) {
-  const int world = static_cast<int>(models.size());
-  auto transports = transport::inproc::make_group(world, std::move(inproc));
-  std::vector<std::unique_ptr<Engine>> engines(models.size());
-  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
-    const auto i = static_cast<std::size_t>(r);
-    engines[i] =
-        std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
-  }));
-  return engines;
-}
-
 void expect_matches_reference(const std::vector<std::unique_ptr<Engine>>& engines,
                               const ReferenceState& reference,
                               const std::vector<LocalModel>& models,
@@ -82,7 +68,7 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
   }
   EngineOptions options = small_options();
   options.bf16_delta = bf16_delta;
-  auto engines = start_engines(models, options);
+  auto engines = testing::start_engines(models, options);
   // After start-up every replica holds rank 0's weights.
   for (int r = 1; r < world; ++r) {
     for (std::size_t t = 0; t < sizes.size(); ++t) {
@@ -151,7 +137,7 @@ TEST(Engine, Bf16DeltaChoicesDifferOnBf16WeightsAndCoincideOnFp32) {
       std::vector<LocalModel> models;
       for (int r = 0; r < kWorld; ++r)
         models.push_back(testing::make_model(sizes, dtype, r == 0 ? 7 : 1000 + r));
-      auto engines = start_engines(models, options);
+      auto engines = testing::start_engines(models, options);
       const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;
       for (int window = 0; window < kWindows; ++window) {
         std::vector<WindowReport> reports(kWorld);
@@ -185,7 +171,7 @@ TEST(Engine, AfterOptimizerStepRunsAWindowEveryHSteps) {
                                  testing::make_model({100}, DType::float32, 2)};
   auto options = small_options();
   options.steps_per_window = 3;
-  auto engines = start_engines(models, options);
+  auto engines = testing::start_engines(models, options);
   testing::rethrow_first(testing::run_ranks(2, [&](int r) {
     Engine& engine = *engines[static_cast<std::size_t>(r)];
     for (int step = 1; step <= 7; ++step) {
@@ -279,7 +265,7 @@ TEST(Engine, NonFinitePseudoGradientIsReportedAndNothingChanges) {
                                  testing::make_model({50, 2000}, DType::float32, 2)};
   auto options = small_options();
   options.timeout = std::chrono::milliseconds(2000);
-  auto engines = start_engines(models, options);
+  auto engines = testing::start_engines(models, options);
   testing::local_training(models[0], 1e-4f, 2, 11);
   testing::local_training(models[1], 1e-4f, 2, 12);
   models[1][1].f32[1234] = std::numeric_limits<float>::infinity();
@@ -313,7 +299,7 @@ TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried
   auto faults = std::make_shared<transport::inproc::FaultInjector>();
   auto options = small_options();
   options.timeout = std::chrono::milliseconds(2000);
-  auto engines = start_engines(models, options, {.faults = faults});
+  auto engines = testing::start_engines(models, options, {.faults = faults});
   ReferenceState reference = testing::reference_start(models[0], world);
   std::vector<LocalModel> reference_models = models;
   for (int r = 0; r < world; ++r) {
@@ -362,7 +348,7 @@ TEST(Engine, DilocoModeKeepsReplicasIdenticalAndAveragesThePseudoGradient) {
     models.push_back(testing::make_model({5000, 3}, DType::float32, 90 + r));
   }
   auto options = small_options(Mode::diloco);
-  auto engines = start_engines(models, options);
+  auto engines = testing::start_engines(models, options);
   const std::vector<float> start(engines[0]->global_weights(0).begin(),
                                  engines[0]->global_weights(0).end());
   std::vector<std::vector<float>> deltas(world);
@@ -400,7 +386,7 @@ TEST(Engine, DdpModeAveragesGradientsAcrossRanks) {
   }
   auto options = small_options(Mode::ddp);
   options.steps_per_window = 2;
-  auto engines = start_engines(models, options);
+  auto engines = testing::start_engines(models, options);
   std::vector<std::vector<std::vector<float>>> grads(world);
   for (int r = 0; r < world; ++r) {
     for (const auto& t : models[static_cast<std::size_t>(r)]) {

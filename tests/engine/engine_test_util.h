@@ -255,4 +255,18 @@ inline void rethrow_first(const std::vector<std::exception_ptr>& errors) {
   }
 }
 
+// `models.size()` engines over one in-process group, each over its model (collective start-up).
+inline std::vector<std::unique_ptr<Engine>> start_engines(
+    std::vector<LocalModel>& models, const EngineOptions& options,
+    transport::inproc::InprocOptions inproc = {}) {
+  const int world = static_cast<int>(models.size());
+  auto transports = transport::inproc::make_group(world, std::move(inproc));
+  std::vector<std::unique_ptr<Engine>> engines(models.size());
+  rethrow_first(run_ranks(world, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] = std::make_unique<Engine>(views_of(models[i]), options, std::move(transports[i]));
+  }));
+  return engines;
+}
+
 }  // namespace pulseloco::testing

@@ -35,21 +35,14 @@ struct OverlapReference {
 };
 
 OverlapReference overlap_reference_start(const LocalModel& rank0, int world) {
+  testing::ReferenceState blocking = testing::reference_start(rank0, world);
   OverlapReference state;
-  for (const auto& t : rank0) {
-    std::vector<float> g(t.numel());
-    for (std::size_t i = 0; i < g.size(); ++i)
-      g[i] = t.get(i);
-    state.global.push_back(g);
-    state.momentum.emplace_back(t.numel(), 0.0f);
-  }
-  for (int r = 0; r < world; ++r) {
-    state.residual.emplace_back();
-    for (const auto& t : rank0)
-      state.residual.back().emplace_back(t.numel(), 0.0f);
-    state.start.push_back(state.global);
-    state.in_flight.emplace_back(rank0.size());
-  }
+  state.global = std::move(blocking.global);
+  state.momentum = std::move(blocking.momentum);
+  state.residual = std::move(blocking.residual);
+  state.start.assign(static_cast<std::size_t>(world), state.global);
+  state.in_flight.assign(static_cast<std::size_t>(world),
+                         std::vector<std::map<std::size_t, float>>(rank0.size()));
   return state;
 }
 
@@ -120,19 +113,6 @@ void reference_boundary(OverlapReference& state, std::vector<LocalModel>& models
   state.has_in_flight = !apply_only;
 }
 
-std::vector<std::unique_ptr<Engine>> start_engines(std::vector<LocalModel>& models,
-                                                   const EngineOptions& options) {
-  const int world = static_cast<int>(models.size());
-  auto transports = transport::inproc::make_group(world);
-  std::vector<std::unique_ptr<Engine>> engines(models.size());
-  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
-    const auto i = static_cast<std::size_t>(r);
-    engines[i] =
-        std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
-  }));
-  return engines;
-}
-
 void expect_matches(const std::vector<std::unique_ptr<Engine>>& engines,
                     const OverlapReference& reference, const std::vector<LocalModel>& models,
                     const std::vector<LocalModel>& reference_models, const std::string& where) {
@@ -201,7 +181,7 @@ TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
   for (int r = 0; r < world; ++r)
     models.push_back(testing::make_model(sizes, dtype, r == 0 ? 7 : 1000 + r));
   const EngineOptions options = overlap_options(overlap);
-  auto engines = start_engines(models, options);
+  auto engines = testing::start_engines(models, options);
   OverlapReference reference = overlap_reference_start(models[0], world);
   std::vector<LocalModel> reference_models = models;
 
