@@ -12,6 +12,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/engine/checkpoint_commit.h>
+#include <pulseloco/engine/in_flight_file.h>
 #include <pulseloco/engine/state_files.h>
 #include <pulseloco/io/atomic_file.h>
 
@@ -203,7 +204,7 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
         [&](std::uint64_t, std::span<const std::byte> piece) { residual.update(piece); });
     residual_digests.push_back(residual.finish());
   }
-  const io::Metadata metadata{
+  io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointRankFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
       {"window", std::to_string(state.window())},
@@ -214,6 +215,8 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
       {"state_digest", digest_hex(state.digest(pool))},
       {"residual_digest", digest_hex(combine_digests(residual_digests))},
   };
+  // Overlapped windows: the message in flight, which the residual already excludes.
+  describe_in_flight(state, specs, metadata);
   io::SafetensorsWriter writer(state_files::checkpoint_rank_file(dir, group.rank()), metadata,
                                specs);
   // Fault injection (PULSELOCO_FAULT phase=checkpoint): the temporary file exists, nothing of
@@ -222,6 +225,7 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
   for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
     write_buffer(writer, state, state_files::kResidual, StateBuffer::residual, t);
   }
+  write_in_flight(writer, state);
   writer.finish();
   return record_of(writer, group.rank());
 }
@@ -334,6 +338,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   bool loaded_momentum_initialised = false;
   std::optional<io::SafetensorsReader> global_file;
   std::optional<io::SafetensorsReader> rank_file;
+  std::optional<OutgoingMessage> in_flight;
   std::filesystem::path global_path;
   std::filesystem::path rank_path;
   try {
@@ -433,6 +438,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
     }
     check_equal(rank_meta, "residual_digest", digest_hex(combine_digests(residual_parts)),
                 rank_path);
+    in_flight = read_in_flight(*rank_file, state, rank, loaded_window);
   } catch (...) {
     local_error = std::current_exception();
   }
@@ -466,6 +472,9 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
     if (pulse) read_buffer(*rank_file, state, state_files::kResidual, StateBuffer::residual, t);
   }
   if (!pulse) state.zero_residual();
+  state.clear_in_flight();
+  if (in_flight) state.set_in_flight(std::move(*in_flight));
+  state.clear_accepted_window();
   if (state.keeps_global_state()) state.reset_local(pool);
   state.set_progress(loaded_window, loaded_momentum_initialised);
   logger().info("resumed from {} at window {} (state digest {})", loaded.dir.string(),

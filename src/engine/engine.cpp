@@ -47,6 +47,7 @@ AttachedGroup Engine::Impl::attached_group() const {
 
 void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, GroupInfo info) {
   if (!replacement) throw InvalidArgument("attach() needs a connected transport");
+  wait_in_flight();  // an exchange still running on the old transport
   transport = std::move(replacement);
   rank = transport->rank();
   world = transport->size();
@@ -93,16 +94,10 @@ void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) c
   report.seconds.verify = seconds_since(start);
 }
 
-WindowReport Engine::Impl::run_window() {
-  const AttachedGroup attached = attached_group();
-  if (!state.has_contents()) {
-    throw InvalidArgument("this engine holds no state yet: attach() it to a group first",
-                          {.rank = rank});
-  }
-  const auto start = SteadyClock::now();
-  committed_report.reset();
+WindowReport Engine::Impl::new_report() const {
   WindowReport report;
-  report.window = state.window();
+  // Overlapped windows: the window whose inner steps end now follows the one in flight.
+  report.window = state.window() + (state.in_flight() ? 1 : 0);
   report.mode = options.mode;
   report.overlap = options.overlap;
   report.rank = rank;
@@ -114,23 +109,47 @@ WindowReport Engine::Impl::run_window() {
   report.diloco_bytes = report.parameters * sizeof(float);
   report.ddp_bytes = options.steps_per_window * report.parameters * sizeof(float);
   report.state_location = state.location();
+  return report;
+}
+
+WindowReport Engine::Impl::run_window() {
+  const AttachedGroup attached = attached_group();
+  if (!state.has_contents()) {
+    throw InvalidArgument("this engine holds no state yet: attach() it to a group first",
+                          {.rank = rank});
+  }
+  const auto start = SteadyClock::now();
+  committed_report.reset();
+  WindowReport report = new_report();
   const engine_detail::StateAccess access(state);
 
   const bool tracing = !options.trace_dir.empty();
-  if (tracing) engine_detail::write_trace_inputs(state, options, attached);
+  if (tracing) engine_detail::write_trace_inputs(state, options, attached, report.window);
   strategy->run(attached, report);
-  // The window has committed on this rank: θ_g, m, e and θ_l hold its results. What follows
-  // (digests, the trace) may still fail, but the window is not run again.
-  state.commit_window();
+  if (options.overlap == Overlap::blocking) {
+    // The window has committed on this rank: θ_g, m, e and θ_l hold its results. What follows
+    // (digests, the trace) may still fail, but the window is not run again. (An overlapped
+    // strategy counts the window it applied itself.)
+    state.commit_window();
+    report.applied_window = report.window;
+  }
   steps_in_window = 0;
+  if (tracing) {
+    engine_detail::write_trace_outputs(state, options, attached, report);
+  }
+  finish_boundary(attached, report, start);
+  return report;
+}
+
+void Engine::Impl::finish_boundary(const AttachedGroup& attached, WindowReport& report,
+                                   SteadyClock::time_point start) {
   report.digest = state.digest(pool);
   committed_report = report;
-  if (tracing) engine_detail::write_trace_outputs(state, options, attached, report);
   verify(attached, report);
   committed_report.reset();
   // Only a state every rank agrees on is published; a failure here is the report's, not the
-  // window's (weight_publishing.h).
-  publishing.after_window(state, rank, report);
+  // window's (weight_publishing.h). A boundary that applied nothing has nothing new.
+  if (report.applied_window) publishing.after_window(state, rank, report);
 
   const transport::TransportStats now = transport->stats();
   report.wire_bytes_sent = now.wire_bytes_sent - stats_at_window_start.wire_bytes_sent;
@@ -139,7 +158,26 @@ WindowReport Engine::Impl::run_window() {
   report.seconds.total =
       seconds_since(start) + (strategy->exchanges_during_steps() ? report.seconds.exchange : 0.0);
   logger().info("{}", summary_line(report));
+  // The window in flight's exchange runs from here until the next boundary (overlapped
+  // windows): nothing else uses the transport meanwhile.
+  strategy->start_in_flight(attached);
+}
+
+std::optional<WindowReport> Engine::Impl::complete_in_flight() {
+  if (!strategy || !state.in_flight()) return std::nullopt;
+  const AttachedGroup attached = attached_group();
+  const auto start = SteadyClock::now();
+  committed_report.reset();
+  WindowReport report = new_report();
+  report.window = state.window();
+  const engine_detail::StateAccess access(state);
+  if (!strategy->complete_in_flight(attached, report)) return std::nullopt;
+  finish_boundary(attached, report, start);
   return report;
+}
+
+void Engine::Impl::wait_in_flight() noexcept {
+  if (strategy) strategy->wait_in_flight();
 }
 
 Engine::Engine(std::vector<NamedTensor> parameters, EngineOptions options)
@@ -155,13 +193,16 @@ Engine::Engine(std::vector<NamedTensor> parameters, EngineOptions options,
   impl_->attach(std::move(transport), GroupInfo{});
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  impl_->wait_in_flight();  // before the transport it uses goes away
+}
 
 void Engine::attach(std::unique_ptr<transport::Transport> transport, GroupInfo group) {
   impl_->attach(std::move(transport), std::move(group));
 }
 
 void Engine::detach() noexcept {
+  impl_->wait_in_flight();
   impl_->transport.reset();
 }
 
@@ -176,15 +217,23 @@ bool Engine::next_step_runs_window() const noexcept {
 std::filesystem::path Engine::save_checkpoint(const std::filesystem::path& root,
                                               const CheckpointSave& save) {
   const engine_detail::StateAccess access(impl_->state);
+  impl_->wait_in_flight();  // the save's collectives must not run beside the exchange
   return engine_detail::save_checkpoint(impl_->state, impl_->options, impl_->attached_group(),
                                         impl_->pool, root, save);
 }
 
 LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
   const engine_detail::StateAccess access(impl_->state);
-  LoadedCheckpoint loaded = engine_detail::load_checkpoint(
-      impl_->state, impl_->options, impl_->attached_group(), impl_->pool, path);
+  impl_->wait_in_flight();
+  const engine_detail::AttachedGroup group = impl_->attached_group();
+  LoadedCheckpoint loaded =
+      engine_detail::load_checkpoint(impl_->state, impl_->options, group, impl_->pool, path);
   impl_->steps_in_window = 0;
+  if (impl_->strategy) {
+    // A window in flight when the checkpoint was taken is sent again, as it was then.
+    impl_->strategy->state_loaded(/*reset_local=*/true);
+    impl_->strategy->start_in_flight(group);
+  }
   return loaded;
 }
 
@@ -195,8 +244,10 @@ void Engine::save_global_weights(const std::filesystem::path& file) const {
 
 void Engine::load_trace_inputs(const std::filesystem::path& file) {
   const engine_detail::StateAccess access(impl_->state);
+  impl_->wait_in_flight();
   engine_detail::load_trace_inputs(impl_->state, impl_->rank, impl_->world, file);
   impl_->steps_in_window = 0;
+  if (impl_->strategy) impl_->strategy->state_loaded(/*reset_local=*/false);
 }
 
 std::optional<WindowReport> Engine::after_optimizer_step() {
@@ -206,6 +257,14 @@ std::optional<WindowReport> Engine::after_optimizer_step() {
 
 WindowReport Engine::run_window() {
   return impl_->run_window();
+}
+
+std::optional<WindowReport> Engine::complete_in_flight() {
+  return impl_->complete_in_flight();
+}
+
+bool Engine::window_in_flight() const noexcept {
+  return impl_->state.in_flight().has_value();
 }
 
 void Engine::average_gradients(std::span<const TensorView> gradients) {

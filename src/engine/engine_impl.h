@@ -47,7 +47,15 @@ struct Engine::Impl {
   // The group attached to; InvalidArgument when detached.
   [[nodiscard]] engine_detail::AttachedGroup attached_group() const;
 
+  [[nodiscard]] WindowReport new_report() const;  // the common fields of a boundary's report
   WindowReport run_window();
+  [[nodiscard]] std::optional<WindowReport> complete_in_flight();
+  // Digests, verification, publishing, transport counters, the log line; then the window in
+  // flight's exchange starts (overlapped windows).
+  void finish_boundary(const engine_detail::AttachedGroup& attached, WindowReport& report,
+                       engine_detail::SteadyClock::time_point start);
+  // No exchange of a window in flight runs when this returns.
+  void wait_in_flight() noexcept;
   // Step 10: every rank's digest compared (DivergenceError naming the ranks off the majority).
   void verify(const engine_detail::AttachedGroup& group, WindowReport& report) const;
 };

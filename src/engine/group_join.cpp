@@ -18,6 +18,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/overlapped_window.h>
 
 namespace pulseloco::engine_detail {
 namespace {
@@ -191,6 +192,7 @@ void start_from_rank_0(const AttachedGroup& group, ReplicatedState& state,
   broadcast_buffers(group, state, {StateBuffer::local}, 0, options.bucket_elements);
   if (state.keeps_global_state()) state.global_from_local(pool);  // θ_l = cast(θ_g) holds
   state.zero_residual();
+  state.clear_in_flight();
   state.set_progress(0, false);
   state.clear_accepted_window();
   state.set_has_contents(true);
@@ -200,6 +202,8 @@ void start_from_rank_0(const AttachedGroup& group, ReplicatedState& state,
 // Returns true when this rank took θ_g and m from another member.
 bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOptions& options,
               ThreadPool& pool, const std::vector<MemberStatus>& members) {
+  // An up-to-date member's window in flight was never applied (every member drops it: a new
+  // group re-forms from committed state); a member behind decides below.
   const int rank = group.rank();
   const int world = group.world();
   if (options.mode == Mode::ddp) {
@@ -236,10 +240,25 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
   const bool has_state = state.has_contents();
   const std::uint64_t window = state.window();
   const bool up_to_date = has_state && window == latest;
+  if (up_to_date && state.in_flight()) {
+    logger().info(
+        "window {} was in flight when the group changed: dropped, its entries back "
+        "in the residual",
+        state.in_flight()->window);
+    drop_in_flight(state, pool);
+  }
   if (!up_to_date) {
     const bool accepted_the_committed_window =
         has_state && latest > 0 && window == latest - 1 && state.accepted_window() == window;
-    if (accepted_the_committed_window && options.mode == Mode::pulse) {
+    if (accepted_the_committed_window && state.in_flight()) {
+      // Overlapped windows: the committed window is the one this rank had in flight, whose
+      // residual was committed when it was gated; its message is in the others' θ_g.
+      state.clear_in_flight();
+      logger().info(
+          "window {} (in flight here) was applied in the old group after this rank had accepted "
+          "it: taking θ_g and m from rank {}",
+          window, source);
+    } else if (accepted_the_committed_window && options.mode == Mode::pulse) {
       // The old group committed the window this rank had accepted (its message is in the
       // others' aggregate): commit the residual exactly as the window would have.
       state.commit_residual(pool);
@@ -255,6 +274,7 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
             window, latest, source);
       }
       state.zero_residual();
+      state.clear_in_flight();
     }
     // Until the state has arrived, this rank counts as new.
     state.set_has_contents(false);

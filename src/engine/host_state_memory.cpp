@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <pulseloco/base/bf16.h>
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::engine_detail {
 
@@ -22,6 +23,7 @@ HostStateMemory::HostStateMemory(StateTensors tensors, std::uint64_t piece_bytes
     state.global.assign(state.local.numel, 0.0f);
     state.momentum.assign(state.local.numel, 0.0f);
     state.residual.assign(state.local.numel, 0.0f);
+    if (options_.overlap == Overlap::eager) state.start.assign(state.local.numel, 0.0f);
   }
 }
 
@@ -32,8 +34,10 @@ std::byte* HostStateMemory::local_at(const ChunkRef& chunk) const {
 
 kernels::GateChunk HostStateMemory::gate_chunk(const ChunkRef& chunk) const {
   const TensorState& state = tensors_[chunk.tensor];
+  // Δ is measured against the point θ_l started from: S when kept, θ_g otherwise.
+  const std::vector<float>& base = state.start.empty() ? state.global : state.start;
   return kernels::GateChunk{
-      .global = state.global.data() + chunk.begin,
+      .global = base.data() + chunk.begin,
       .local = local_at(chunk),
       .local_dtype = state.local.dtype,
       .residual = state.residual.data() + chunk.begin,
@@ -66,6 +70,54 @@ void HostStateMemory::aggregate_and_commit(const ChunkRef& chunk,
           .bf16_delta = options_.bf16_delta,
       },
       g->data(), params);
+}
+
+void HostStateMemory::start_from_global(const ChunkRef& chunk) {
+  TensorState& state = tensors_[chunk.tensor];
+  if (state.start.empty()) return;
+  std::memcpy(state.start.data() + chunk.begin, state.global.data() + chunk.begin,
+              chunk.length * sizeof(float));
+}
+
+void HostStateMemory::aggregate_and_step(const ChunkRef& chunk,
+                                         std::span<const kernels::SparseEntries> ranks_in_order,
+                                         const kernels::OuterStepParams& params) {
+  auto g = aggregate_scratch_.acquire();
+  g->resize(chunk.length);
+  kernels::aggregate(ranks_in_order, g->data(), chunk.length);
+  TensorState& state = tensors_[chunk.tensor];
+  kernels::outer_step(state.global.data() + chunk.begin, state.momentum.data() + chunk.begin,
+                      g->data(), local_at(chunk), state.local.dtype, chunk.length, params);
+  start_from_global(chunk);
+}
+
+void HostStateMemory::start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
+                                     const kernels::OuterStepParams& params, bool reset_local) {
+  TensorState& state = tensors_[chunk.tensor];
+  if (state.start.empty()) throw InvalidArgument("internal: no start point kept (overlap eager)");
+  auto g = aggregate_scratch_.acquire();
+  auto m = momentum_scratch_.acquire();
+  g->resize(chunk.length);
+  m->assign(state.momentum.begin() + static_cast<std::ptrdiff_t>(chunk.begin),
+            state.momentum.begin() + static_cast<std::ptrdiff_t>(chunk.begin + chunk.length));
+  // One rank's entries: the aggregate divides by 1, so g holds them as they are.
+  kernels::aggregate(std::span(&own, 1), g->data(), chunk.length);
+  start_from_global(chunk);
+  // outer_step also writes cast_local(S); into a scratch buffer when θ_l must keep its value.
+  std::vector<std::byte> discarded;
+  void* local = local_at(chunk);
+  if (!reset_local) {
+    discarded.resize(chunk.length * dtype_size(state.local.dtype));
+    local = discarded.data();
+  }
+  kernels::outer_step(state.start.data() + chunk.begin, m->data(), g->data(), local,
+                      state.local.dtype, chunk.length, params);
+}
+
+void HostStateMemory::restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
+  float* residual = tensors_[chunk.tensor].residual.data() + chunk.begin;
+  for (std::size_t i = 0; i < own.offsets.size(); ++i)
+    residual[own.offsets[i]] = own.values[i];
 }
 
 // Host memory has one place for buckets: `where` makes no difference here.
@@ -137,6 +189,7 @@ void HostStateMemory::global_from_local(ThreadPool& pool) {
                               chunk.length),
                     std::span(global, chunk.length));
     }
+    start_from_global(chunk);
   });
 }
 
@@ -146,6 +199,7 @@ void HostStateMemory::reset_local(ThreadPool& pool) {
     TensorState& state = tensors_[chunk.tensor];
     kernels::reset_local(state.global.data() + chunk.begin, local_at(chunk), state.local.dtype,
                          chunk.length);
+    start_from_global(chunk);
   });
 }
 

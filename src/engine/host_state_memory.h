@@ -26,6 +26,12 @@ class HostStateMemory final : public StateMemory {
   void aggregate_and_commit(const ChunkRef& chunk,
                             std::span<const kernels::SparseEntries> ranks_in_order,
                             const kernels::OuterStepParams& params) override;
+  void aggregate_and_step(const ChunkRef& chunk,
+                          std::span<const kernels::SparseEntries> ranks_in_order,
+                          const kernels::OuterStepParams& params) override;
+  void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
+                      const kernels::OuterStepParams& params, bool reset_local) override;
+  void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) override;
   [[nodiscard]] Bucket allocate_bucket(std::uint64_t elements) override;
   [[nodiscard]] std::optional<std::uint64_t> pseudo_gradient(const ChunkRef& chunk, float* delta,
                                                              BucketMemory where) override;
@@ -56,11 +62,15 @@ class HostStateMemory final : public StateMemory {
     std::vector<float> momentum;
     // pulse: the residual e. diloco: the window's summed pseudo-gradient until it commits.
     std::vector<float> residual;
+    // overlap = eager: the start point S of θ_l's inner steps (empty otherwise: S is θ_g).
+    std::vector<float> start;
   };
 
   [[nodiscard]] std::span<std::byte> bytes_of(StateBuffer buffer, std::size_t tensor, Range range);
   [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
   [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
+  // S = θ_g on the chunk (when S is kept).
+  void start_from_global(const ChunkRef& chunk);
 
   Layout layout_;
   // The options the kernels' calls are built from (one place to read them, for every call).
@@ -70,6 +80,8 @@ class HostStateMemory final : public StateMemory {
   std::uint64_t piece_bytes_;
   // The aggregate g of one chunk, per chunk in flight.
   ScratchPool<std::vector<float>> aggregate_scratch_;
+  // The momentum copy of an eager start point, per chunk in flight.
+  ScratchPool<std::vector<float>> momentum_scratch_;
 };
 
 }  // namespace pulseloco::engine_detail

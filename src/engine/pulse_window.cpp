@@ -29,7 +29,7 @@ std::uint64_t largest_message_bytes(const Layout& layout) {
 void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   group.reached(WindowPhase::gate, state_.window());
   auto phase = SteadyClock::now();
-  const OutgoingMessage message = gate_and_encode(group.rank());
+  const OutgoingMessage message = gate_and_encode(group.rank(), state_.window());
   if (!options_.trace_dir.empty()) {
     write_trace_message(options_, group.rank(), message.window, message.bytes);
   }
@@ -50,7 +50,7 @@ void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   report.seconds.apply = seconds_since(phase);
 }
 
-OutgoingMessage PulseWindow::gate_and_encode(int rank) {
+OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
   const auto& chunks = state_.layout().chunks();
   std::vector<std::vector<std::byte>> frames(chunks.size());
   std::vector<std::uint64_t> fired(chunks.size(), 0);
@@ -74,7 +74,7 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank) {
   });
 
   OutgoingMessage message;
-  message.window = state_.window();
+  message.window = window;
   codec::MessageHeader header;
   header.window = message.window;
   header.sender_rank = static_cast<std::uint32_t>(rank);
@@ -230,7 +230,7 @@ void PulseWindow::vote(const AttachedGroup& group, const ReceivedMessages& recei
   agree_to_commit(group, !received.invalid, received.invalid);
 }
 
-void PulseWindow::apply(const ReceivedMessages& received) {
+void PulseWindow::apply(const ReceivedMessages& received, bool commit_residual) {
   const auto& chunks = state_.layout().chunks();
   const kernels::OuterStepParams params{options_.outer_lr, options_.outer_momentum,
                                         !state_.momentum_initialised()};
@@ -253,7 +253,11 @@ void PulseWindow::apply(const ReceivedMessages& received) {
       per_rank.push_back({offsets, values});
       at += n;
     }
-    state_.aggregate_and_commit(chunk, per_rank, params);
+    if (commit_residual) {
+      state_.aggregate_and_commit(chunk, per_rank, params);
+    } else {
+      state_.aggregate_and_step(chunk, per_rank, params);
+    }
   });
 }
 

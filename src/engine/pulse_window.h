@@ -23,13 +23,6 @@
 
 namespace pulseloco::engine_detail {
 
-// This rank's contribution to a window.
-struct OutgoingMessage {
-  std::uint64_t window = 0;      // the window it was gated for
-  std::vector<std::byte> bytes;  // the encoded message (docs/wire-format.md)
-  std::uint64_t entries = 0;     // elements the gate fired
-};
-
 // Every rank's message of one window, in rank order.
 struct ReceivedMessages {
   std::uint64_t window = 0;
@@ -49,13 +42,16 @@ class PulseWindow final : public WindowStrategy {
   [[nodiscard]] Mode mode() const noexcept override { return Mode::pulse; }
   void run(const AttachedGroup& group, WindowReport& report) override;
 
-  [[nodiscard]] OutgoingMessage gate_and_encode(int rank);
+  // The message of window `window` (gated against the state's start point).
+  [[nodiscard]] OutgoingMessage gate_and_encode(int rank, std::uint64_t window);
   // Throws (state unchanged) when the collective fails; an invalid message is recorded in the
   // result instead, so that the vote can tell the other ranks.
   [[nodiscard]] ReceivedMessages exchange(const AttachedGroup& group, const OutgoingMessage& mine);
   // Records that this rank accepted the window (when it did) and runs the commit vote.
   void vote(const AttachedGroup& group, const ReceivedMessages& received);
-  void apply(const ReceivedMessages& received);
+  // Steps 7-9; `commit_residual` false: the residual was committed when the window was gated
+  // (overlapped windows), so only the outer step runs and θ_l is reset.
+  void apply(const ReceivedMessages& received, bool commit_residual = true);
 
  private:
   // Gate output of one chunk.

@@ -31,6 +31,13 @@
 
 namespace pulseloco::engine_detail {
 
+// This rank's contribution to a PULSELoCo window.
+struct OutgoingMessage {
+  std::uint64_t window = 0;      // the window it was gated for
+  std::vector<std::byte> bytes;  // the encoded message (docs/wire-format.md)
+  std::uint64_t entries = 0;     // elements the gate fired
+};
+
 class ReplicatedState {
  public:
   using MemoryFactory = std::function<std::unique_ptr<StateMemory>(StateTensors)>;
@@ -78,6 +85,13 @@ class ReplicatedState {
   }
   void accept_window() noexcept { accepted_window_ = window_; }
   void clear_accepted_window() noexcept { accepted_window_.reset(); }
+  // Overlapped windows: this rank's message of the window in flight (sent, its outer step not
+  // applied yet; its residual already committed), docs/algorithm.md "Overlapped windows".
+  [[nodiscard]] const std::optional<OutgoingMessage>& in_flight() const noexcept {
+    return in_flight_;
+  }
+  void set_in_flight(OutgoingMessage message) { in_flight_ = std::move(message); }
+  void clear_in_flight() noexcept { in_flight_.reset(); }
   // After the state was replaced (received, loaded from a file, or set up afresh).
   void set_progress(std::uint64_t window, bool momentum_initialised) noexcept;
   // The window has committed on this rank: θ_g, m, e and θ_l hold its results.
@@ -103,6 +117,21 @@ class ReplicatedState {
   void apply_dense_average(const ChunkRef& chunk, float divisor,
                            const kernels::OuterStepParams& params) {
     memory_->apply_dense_average(chunk, divisor, params);
+  }
+
+  // Overlapped windows (StateMemory): steps 7 and 8 without the residual commit; the eager
+  // start point; a dropped window's entries back into e.
+  void aggregate_and_step(const ChunkRef& chunk,
+                          std::span<const kernels::SparseEntries> ranks_in_order,
+                          const kernels::OuterStepParams& params) {
+    memory_->aggregate_and_step(chunk, ranks_in_order, params);
+  }
+  void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
+                      const kernels::OuterStepParams& params, bool reset_local) {
+    memory_->start_from_own(chunk, own, params, reset_local);
+  }
+  void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
+    memory_->restore_residual(chunk, own);
   }
 
   // --- the whole state ----------------------------------------------------------------------
@@ -152,6 +181,7 @@ class ReplicatedState {
   bool momentum_initialised_ = false;
   bool has_contents_ = false;
   std::optional<std::uint64_t> accepted_window_;
+  std::optional<OutgoingMessage> in_flight_;
   std::unique_ptr<StateMemory> memory_;
 };
 

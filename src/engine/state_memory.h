@@ -93,6 +93,23 @@ class StateMemory {
   virtual void aggregate_and_commit(const ChunkRef& chunk,
                                     std::span<const kernels::SparseEntries> ranks_in_order,
                                     const kernels::OuterStepParams& params) = 0;
+  // --- overlapped windows (docs/algorithm.md, "Overlapped windows"); host memory only ----------
+  // A device memory throws InvalidArgument (ReplicatedState refuses the option before).
+  // With overlap = eager the memory keeps a start point S per element (gate and
+  // commit_residual measure Δ against S instead of θ_g); every call that sets θ_l = cast(θ_g)
+  // sets S = θ_g too.
+
+  // Steps 7 and 8 without the residual commit, then θ_l = cast(θ_g) (and S = θ_g).
+  virtual void aggregate_and_step(const ChunkRef& chunk,
+                                  std::span<const kernels::SparseEntries> ranks_in_order,
+                                  const kernels::OuterStepParams& params);
+  // Eager start point: S = the outer step from θ_g and m with this rank's own entries as g (m
+  // is not changed); then θ_l = cast(S) when `reset_local`.
+  virtual void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
+                              const kernels::OuterStepParams& params, bool reset_local);
+  // e[offset] = value for each entry: a dropped window's entries go back to the residual.
+  virtual void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own);
+
   // --- dense modes: buckets of chunk.length floats in `where` (host, or allocate_bucket's) ------
 
   // `elements` floats in the memory's own storage (BucketMemory::state).

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/engine/in_flight_file.h>
 #include <pulseloco/engine/state_files.h>
 
 namespace pulseloco::engine_detail {
@@ -42,7 +43,9 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
           {std::string(prefix) + state.name(t), file_dtype(state, buffer, t), state.shape(t)});
     }
   }
-  io::SafetensorsWriter writer(path, metadata, specs);
+  io::Metadata with_in_flight = metadata;
+  describe_in_flight(state, specs, with_in_flight);
+  io::SafetensorsWriter writer(path, with_in_flight, specs);
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     for (const auto& [prefix, buffer] : kTracedBuffers) {
       const std::string key = std::string(prefix) + state.name(t);
@@ -51,6 +54,7 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
           [&](std::uint64_t, std::span<const std::byte> piece) { writer.write(key, piece); });
     }
   }
+  write_in_flight(writer, state);
   writer.finish();
 }
 
@@ -73,12 +77,12 @@ io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& o
 }  // namespace
 
 void write_trace_inputs(const ReplicatedState& state, const EngineOptions& options,
-                        const AttachedGroup& group) {
+                        const AttachedGroup& group, std::uint64_t window) {
   if (options.mode != Mode::pulse) {
     throw InvalidArgument("window traces are recorded for mode pulse only");
   }
   write_state_file(state, group.rank(),
-                   state_files::trace_file(options.trace_dir, state.window(), group.rank(), true),
+                   state_files::trace_file(options.trace_dir, window, group.rank(), true),
                    trace_metadata(state, options, group, "inputs"));
 }
 
@@ -138,6 +142,7 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
   expect("table_digest", digest_hex(state.layout().table_digest()));
   const std::uint64_t traced_window = state_files::require_u64(meta, "window", file);
   const std::string& initialised = state_files::require(meta, "momentum_initialised", file);
+  std::optional<OutgoingMessage> in_flight = read_in_flight(reader, state, rank, traced_window);
   // Validate every tensor's declaration before reading any of them.
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     for (const auto& [prefix, buffer] : kTracedBuffers) {
@@ -159,6 +164,8 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
     }
   }
   state.set_progress(traced_window, initialised == "true");
+  state.clear_in_flight();
+  if (in_flight) state.set_in_flight(std::move(*in_flight));
   state.clear_accepted_window();
   state.set_has_contents(true);
 }

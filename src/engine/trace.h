@@ -17,9 +17,10 @@
 
 namespace pulseloco::engine_detail {
 
-// The inputs of the window about to run (mode pulse only: InvalidArgument otherwise).
+// The inputs of the boundary of window `window` about to run (mode pulse only:
+// InvalidArgument otherwise), with the message in flight of overlapped windows.
 void write_trace_inputs(const ReplicatedState& state, const EngineOptions& options,
-                        const AttachedGroup& group);
+                        const AttachedGroup& group, std::uint64_t window);
 // The message this rank sends in window `window`, as it goes on the wire (written to a temporary
 // name first, so that a file under the final name is always whole).
 void write_trace_message(const EngineOptions& options, int rank, std::uint64_t window,

@@ -7,6 +7,7 @@
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/ddp_sync.h>
 #include <pulseloco/engine/diloco_window.h>
+#include <pulseloco/engine/overlapped_window.h>
 #include <pulseloco/engine/pulse_window.h>
 
 namespace pulseloco::engine_detail {
@@ -22,6 +23,9 @@ std::unique_ptr<WindowStrategy> make_window_strategy(ReplicatedState& state,
                                                      ThreadPool& pool) {
   switch (options.mode) {
     case Mode::pulse:
+      if (options.overlap != Overlap::blocking) {
+        return std::make_unique<OverlappedPulseWindow>(state, options, pool);
+      }
       return std::make_unique<PulseWindow>(state, options, pool);
     case Mode::diloco:
       return std::make_unique<DilocoWindow>(state, options, pool);
@@ -38,21 +42,29 @@ void throw_non_finite(const ReplicatedState& state, int rank, const ChunkRef& ch
       {.rank = rank, .tensor = state.name(chunk.tensor), .index = chunk.begin + offset});
 }
 
-void agree_to_commit(const AttachedGroup& group, bool accepted,
-                     const std::exception_ptr& local_error) {
+std::vector<int> rejecting_ranks(const AttachedGroup& group, bool accepted) {
   const auto votes =
       collectives::allgather_u64(group.transport(), accepted ? 1u : 0u, group.collective());
-  if (local_error) std::rethrow_exception(local_error);
   std::vector<int> rejecting;
   for (int r = 0; r < group.world(); ++r) {
     if (votes[static_cast<std::size_t>(r)] != 1) rejecting.push_back(r);
   }
-  if (!rejecting.empty()) {
-    throw ProtocolError(
-        "the window was rejected by other ranks (invalid messages); "
-        "state left unchanged",
-        {.rank = group.rank(), .ranks = rejecting});
-  }
+  return rejecting;
+}
+
+void throw_rejected(const AttachedGroup& group, const std::vector<int>& rejecting,
+                    const std::exception_ptr& local_error) {
+  if (local_error) std::rethrow_exception(local_error);
+  throw ProtocolError(
+      "the window was rejected by other ranks (invalid messages); "
+      "state left unchanged",
+      {.rank = group.rank(), .ranks = rejecting});
+}
+
+void agree_to_commit(const AttachedGroup& group, bool accepted,
+                     const std::exception_ptr& local_error) {
+  const std::vector<int> rejecting = rejecting_ranks(group, accepted);
+  if (local_error || !rejecting.empty()) throw_rejected(group, rejecting, local_error);
 }
 
 double density_of(const WindowReport& report) {

@@ -48,6 +48,25 @@ class WindowStrategy {
   // True when the window's exchanges run during the inner steps (ddp): the engine adds them to
   // the window's total time.
   [[nodiscard]] virtual bool exchanges_during_steps() const noexcept { return false; }
+
+  // --- overlapped windows (overlapped_window.h); the blocking strategies have none in flight --
+
+  // After a boundary has verified (collective until then): starts the exchange of the window in
+  // flight on the engine's thread.
+  virtual void start_in_flight(const AttachedGroup& /*group*/) {}
+  // Waits until no exchange runs (its outcome is kept for the next boundary), before anything
+  // else uses the transport or replaces it.
+  virtual void wait_in_flight() noexcept {}
+  // Finishes and applies the window in flight without starting another (collective); false
+  // when none is in flight.
+  [[nodiscard]] virtual bool complete_in_flight(const AttachedGroup& /*group*/,
+                                                WindowReport& /*report*/) {
+    return false;
+  }
+  // The state was replaced from a checkpoint (`reset_local`: θ_l too) or a trace (θ_l as
+  // traced): rebuilds what the window in flight implies (the eager start point) and forgets
+  // any exchange of the state it replaced.
+  virtual void state_loaded(bool /*reset_local*/) {}
 };
 
 // The strategy of options.mode over `state`.
@@ -90,6 +109,12 @@ class DenseBuckets {
 // others know; throws ProtocolError naming the ranks that rejected.
 void agree_to_commit(const AttachedGroup& group, bool accepted,
                      const std::exception_ptr& local_error);
+// The vote round alone (collective): the ranks that rejected, the same list on every rank.
+[[nodiscard]] std::vector<int> rejecting_ranks(const AttachedGroup& group, bool accepted);
+// The error of a rejected vote: `local_error` when this rank rejected, else ProtocolError
+// naming `rejecting`.
+[[noreturn]] void throw_rejected(const AttachedGroup& group, const std::vector<int>& rejecting,
+                                 const std::exception_ptr& local_error);
 
 // entries_sent / parameters (0 for an empty model).
 [[nodiscard]] double density_of(const WindowReport& report);

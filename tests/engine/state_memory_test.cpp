@@ -72,7 +72,8 @@ RunResult run_group(Mode mode, DType dtype, std::uint64_t piece_bytes, const fs:
       state.commit_window();
     }
     engine_detail::save_checkpoint(state, options, group, pool, dir / "checkpoint");
-    if (mode == Mode::pulse) engine_detail::write_trace_inputs(state, options, group);
+    if (mode == Mode::pulse)
+      engine_detail::write_trace_inputs(state, options, group, state.window());
     result.digests[static_cast<std::size_t>(rank)] = state.digest(pool);
   }));
   return result;

@@ -1,0 +1,265 @@
+// Overlapped windows (docs/algorithm.md, "Overlapped windows") over an in-process group:
+// bit-identity with a scalar reference of the boundary order, the report's window numbers, the
+// end of training, checkpoints with a window in flight, a failed exchange, and refusals.
+#include <pulseloco/engine/engine.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/transport/inproc/inproc.h>
+#include "engine/engine_test_util.h"
+
+// A named namespace: the engine tests are one unity build, whose other files have helpers of the
+// same names.
+namespace pulseloco::overlap_test {
+
+using testing::LocalModel;
+using testing::LocalTensor;
+
+// Every rank's state as the reference tracks it: the replicated θ_g and m, and per rank e, the
+// start point S and the entries of the message in flight (per tensor, index -> s).
+struct OverlapReference {
+  std::vector<std::vector<float>> global;
+  std::vector<std::vector<float>> momentum;
+  bool momentum_initialised = false;
+  std::vector<std::vector<std::vector<float>>> residual;             // [rank][tensor]
+  std::vector<std::vector<std::vector<float>>> start;                // [rank][tensor]
+  std::vector<std::vector<std::map<std::size_t, float>>> in_flight;  // [rank][tensor]
+  bool has_in_flight = false;
+};
+
+OverlapReference overlap_reference_start(const LocalModel& rank0, int world) {
+  OverlapReference state;
+  for (const auto& t : rank0) {
+    std::vector<float> g(t.numel());
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = t.get(i);
+    state.global.push_back(g);
+    state.momentum.emplace_back(t.numel(), 0.0f);
+  }
+  for (int r = 0; r < world; ++r) {
+    state.residual.emplace_back();
+    for (const auto& t : rank0)
+      state.residual.back().emplace_back(t.numel(), 0.0f);
+    state.start.push_back(state.global);
+    state.in_flight.emplace_back(rank0.size());
+  }
+  return state;
+}
+
+// Step 8 on one element.
+void outer_step(float& global, float& momentum, float g, bool initialised, float lr, float mu) {
+  if (initialised) {
+    const float product = mu * momentum;
+    momentum = product + g;
+  } else {
+    momentum = g;
+  }
+  const float d = std::fma(mu, momentum, g);
+  global = std::fma(-lr, d, global);
+}
+
+// One boundary in the order docs/algorithm.md states: finish and aggregate the window in
+// flight, gate against S and commit e, apply, restart θ_l (and S), put the new messages in
+// flight. `apply_only`: Engine::complete_in_flight() (no gate).
+void reference_boundary(OverlapReference& state, std::vector<LocalModel>& models, Overlap overlap,
+                        float lr, float mu, bool apply_only = false) {
+  const std::size_t world = models.size();
+  for (std::size_t t = 0; t < state.global.size(); ++t) {
+    const std::size_t n = state.global[t].size();
+    std::vector<float> g(n, 0.0f);
+    if (state.has_in_flight) {
+      for (std::size_t r = 0; r < world; ++r) {
+        for (const auto& [i, s] : state.in_flight[r][t])
+          g[i] = g[i] + s;
+      }
+      for (std::size_t i = 0; i < n; ++i)
+        g[i] = g[i] / static_cast<float>(world);
+    }
+    std::vector<std::map<std::size_t, float>> sent(world);
+    for (std::size_t r = 0; r < world && !apply_only; ++r) {
+      const LocalTensor& local = models[r][t];
+      for (std::size_t i = 0; i < n; ++i) {
+        const float base = state.start[r][t][i];
+        const float seen = local.dtype == DType::bfloat16 ? round_to_bf16(base) : base;
+        const float s = state.residual[r][t][i] + (seen - local.get(i));
+        const bool fire =
+            !bf16_numeric_equal(float_to_bf16_bits(base), float_to_bf16_bits(base - s));
+        state.residual[r][t][i] = fire ? 0.0f : s;
+        if (fire) sent[r][i] = s;
+      }
+    }
+    if (state.has_in_flight) {
+      for (std::size_t i = 0; i < n; ++i)
+        outer_step(state.global[t][i], state.momentum[t][i], g[i], state.momentum_initialised, lr,
+                   mu);
+    }
+    for (std::size_t r = 0; r < world; ++r) {
+      state.start[r][t] = state.global[t];
+      if (overlap == Overlap::eager && !apply_only) {
+        std::vector<float> m = state.momentum[t];
+        const bool initialised = state.momentum_initialised || state.has_in_flight;
+        for (std::size_t i = 0; i < n; ++i) {
+          const auto it = sent[r].find(i);
+          outer_step(state.start[r][t][i], m[i], it == sent[r].end() ? 0.0f : it->second,
+                     initialised, lr, mu);
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i)
+        models[r][t].set_from_global(i, state.start[r][t][i]);
+      state.in_flight[r][t] = sent[r];
+    }
+  }
+  if (state.has_in_flight) state.momentum_initialised = true;
+  state.has_in_flight = !apply_only;
+}
+
+std::vector<std::unique_ptr<Engine>> start_engines(std::vector<LocalModel>& models,
+                                                   const EngineOptions& options) {
+  const int world = static_cast<int>(models.size());
+  auto transports = transport::inproc::make_group(world);
+  std::vector<std::unique_ptr<Engine>> engines(models.size());
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] =
+        std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
+  }));
+  return engines;
+}
+
+void expect_matches(const std::vector<std::unique_ptr<Engine>>& engines,
+                    const OverlapReference& reference, const std::vector<LocalModel>& models,
+                    const std::vector<LocalModel>& reference_models, const std::string& where) {
+  for (std::size_t r = 0; r < engines.size(); ++r) {
+    for (std::size_t t = 0; t < reference.global.size(); ++t) {
+      const auto global = engines[r]->global_weights(t);
+      const auto momentum = engines[r]->momentum(t);
+      const auto residual = engines[r]->residual(t);
+      ASSERT_EQ(0, std::memcmp(global.data(), reference.global[t].data(), global.size_bytes()))
+          << where << ": θ_g of rank " << r << " tensor " << t;
+      ASSERT_EQ(0,
+                std::memcmp(momentum.data(), reference.momentum[t].data(), momentum.size_bytes()))
+          << where << ": m of rank " << r << " tensor " << t;
+      ASSERT_EQ(
+          0, std::memcmp(residual.data(), reference.residual[r][t].data(), residual.size_bytes()))
+          << where << ": e of rank " << r << " tensor " << t;
+      ASSERT_EQ(models[r][t].f32, reference_models[r][t].f32)
+          << where << ": θ_l of rank " << r << " tensor " << t;
+      ASSERT_EQ(models[r][t].bf16, reference_models[r][t].bf16)
+          << where << ": θ_l of rank " << r << " tensor " << t;
+    }
+  }
+}
+
+EngineOptions overlap_options(Overlap overlap) {
+  EngineOptions options = testing::small_options();
+  options.overlap = overlap;
+  return options;
+}
+
+// Local training of window `window` on every rank, in the engines' models and the reference's.
+void train(std::vector<LocalModel>& models, std::vector<LocalModel>& reference_models, float lr,
+           int window) {
+  for (std::size_t r = 0; r < models.size(); ++r) {
+    const auto seed = static_cast<std::uint32_t>(100 * window + static_cast<int>(r));
+    testing::local_training(models[r], lr, 4, seed);
+    testing::local_training(reference_models[r], lr, 4, seed);
+  }
+}
+
+std::vector<WindowReport> run_boundary(std::vector<std::unique_ptr<Engine>>& engines) {
+  std::vector<WindowReport> reports(engines.size());
+  testing::rethrow_first(testing::run_ranks(static_cast<int>(engines.size()), [&](int r) {
+    reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
+  }));
+  return reports;
+}
+
+struct OverlapCase {
+  Overlap overlap;
+  int world;
+  DType dtype;
+};
+
+void PrintTo(const OverlapCase& c, std::ostream* out) {
+  *out << overlap_name(c.overlap) << ", world " << c.world << ", " << dtype_name(c.dtype);
+}
+
+class EngineOverlap : public ::testing::TestWithParam<OverlapCase> {};
+
+TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
+  const auto [overlap, world, dtype] = GetParam();
+  const std::vector<std::uint64_t> sizes{0, 1, 37, 3000, 4097};
+  const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model(sizes, dtype, r == 0 ? 7 : 1000 + r));
+  const EngineOptions options = overlap_options(overlap);
+  auto engines = start_engines(models, options);
+  OverlapReference reference = overlap_reference_start(models[0], world);
+  std::vector<LocalModel> reference_models = models;
+
+  const int windows = 6;
+  for (int window = 0; window < windows; ++window) {
+    train(models, reference_models, lr, window);
+    const auto reports = run_boundary(engines);
+    reference_boundary(reference, reference_models, overlap, options.outer_lr,
+                       options.outer_momentum);
+    expect_matches(engines, reference, models, reference_models,
+                   "boundary " + std::to_string(window));
+    for (const auto& report : reports) {
+      EXPECT_EQ(report.window, static_cast<std::uint64_t>(window));
+      EXPECT_EQ(report.overlap, overlap);
+      if (window == 0) {
+        EXPECT_FALSE(report.applied_window);
+      } else {
+        ASSERT_TRUE(report.applied_window);
+        EXPECT_EQ(*report.applied_window, static_cast<std::uint64_t>(window - 1));
+      }
+      EXPECT_TRUE(report.replicas_identical);
+      EXPECT_EQ(report.digest, reports[0].digest);
+      EXPECT_GT(report.entries_sent, 0u);
+    }
+    for (const auto& engine : engines) {
+      EXPECT_TRUE(engine->window_in_flight());
+      EXPECT_EQ(engine->window(), static_cast<std::uint64_t>(window));  // outer steps applied
+    }
+  }
+
+  // The end of training: the last window is applied, nothing more is sent.
+  std::vector<std::optional<WindowReport>> last(engines.size());
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    last[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->complete_in_flight();
+  }));
+  reference_boundary(reference, reference_models, overlap, options.outer_lr, options.outer_momentum,
+                     /*apply_only=*/true);
+  expect_matches(engines, reference, models, reference_models, "complete_in_flight");
+  for (std::size_t r = 0; r < engines.size(); ++r) {
+    ASSERT_TRUE(last[r]);
+    EXPECT_EQ(last[r]->window, static_cast<std::uint64_t>(windows - 1));
+    EXPECT_EQ(last[r]->applied_window, std::optional<std::uint64_t>(windows - 1));
+    EXPECT_EQ(last[r]->payload_bytes, 0u);
+    EXPECT_TRUE(last[r]->replicas_identical);
+    EXPECT_FALSE(engines[r]->window_in_flight());
+    EXPECT_EQ(engines[r]->window(), static_cast<std::uint64_t>(windows));
+    EXPECT_FALSE(engines[r]->complete_in_flight());  // nothing in flight any more
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, EngineOverlap,
+                         ::testing::Values(OverlapCase{Overlap::delayed, 1, DType::float32},
+                                           OverlapCase{Overlap::delayed, 4, DType::float32},
+                                           OverlapCase{Overlap::delayed, 3, DType::bfloat16},
+                                           OverlapCase{Overlap::eager, 1, DType::float32},
+                                           OverlapCase{Overlap::eager, 4, DType::float32},
+                                           OverlapCase{Overlap::eager, 3, DType::bfloat16}),
+                         [](const ::testing::TestParamInfo<OverlapCase>& param_info) {
+                           const OverlapCase& c = param_info.param;
+                           return std::string(overlap_name(c.overlap)) + "_R" +
+                                  std::to_string(c.world) + "_" + std::string(dtype_name(c.dtype));
+                         });
+
+}  // namespace pulseloco::overlap_test
