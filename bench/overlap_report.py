@@ -10,7 +10,9 @@ the compute the inner steps took, the boundary's own work (gate + apply + verify
 target) and how long the boundary waited for the exchange. The last column is the target's
 ratio: for an overlapped run (window - boundary work) / max(compute, exchange), with the exchange
 of the blocking run of the same round; for a blocking run window / (compute + exchange + boundary
-work), which is 1 when nothing overlaps.
+work), which is 1 when nothing overlaps. "vs in flight" is the overlapped runs' ratio against their own
+exchange as it ran in the background (the engine's exchange_in_flight: the wire time without
+the decoding that the blocking exchange phase includes).
 """
 import json
 import statistics
@@ -46,8 +48,8 @@ def main(argv):
               f"{c['windows']} timed windows per run)")
     print()
     print("| link | compute / exchange | overlap | window (s) | compute (s) | boundary work (s) "
-          "| waited for exchange (s) | exchange (s) | target ratio |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+          "| waited for exchange (s) | exchange (s) | target ratio | in flight (s) | vs in flight |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     order = {"blocking": 0, "delayed": 1, "eager": 2}
     keys = sorted({(r["link_mbit"], r["compute_ratio"], r["overlap"]) for r in runs},
                   key=lambda k: (k[0], k[1], order[k[2]]))
@@ -56,6 +58,10 @@ def main(argv):
                  (link, ratio, overlap)]
         targets = []
         exchanges = []
+        in_flight = [r["phase_seconds_max"]["exchange_in_flight"] for r in group]
+        own = [(r["window_seconds"] - boundary_work(r)) /
+               max(r["compute_seconds"], r["phase_seconds_max"]["exchange_in_flight"])
+               for r in group if overlap != "blocking"]
         for r in group:
             b = blocking.get((link, ratio, r["repeat"]))
             if b is None:
@@ -73,7 +79,9 @@ def main(argv):
               f"| {spread([boundary_work(r) for r in group])} "
               f"| {spread([r['phase_seconds_max']['exchange'] for r in group])} "
               f"| {spread(exchanges) if exchanges else '-'} "
-              f"| {spread(targets) if targets else '-'} |")
+              f"| {spread(targets) if targets else '-'} "
+              f"| {spread(in_flight) if overlap != 'blocking' else '-'} "
+              f"| {spread(own) if own else '-'} |")
 
 
 if __name__ == "__main__":
