@@ -229,17 +229,23 @@ std::uint64_t s_to_ns(double seconds) {
   return static_cast<std::uint64_t>(std::llround(seconds * 1e9));
 }
 
-// One window of `mode` at `rate`; rank 0 returns the record.
-nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
-                       double density, std::uint16_t port, ThreadPool& pool) {
+// The group of one run (on `port`), its links unshaped: the state is built over them.
+std::unique_ptr<transport::Transport> connect_unshaped(const Settings& s, std::uint16_t port) {
   group::TransportOptions topt = group::from_environment();
   topt.master_port = port;
   topt.connect_timeout = std::chrono::seconds(s.timeout_s);
   auto transport = group::make_transport(topt);
+  if (transport->rank() == 0) run_hook(s, "off");
+  collectives::barrier(*transport, control_options(s));
+  return transport;
+}
+
+// One window of `mode` at `rate`; rank 0 returns the record.
+nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
+                       double density, std::uint16_t port, ThreadPool& pool) {
+  auto transport = connect_unshaped(s, port);
   const int rank = transport->rank();
   const int world = transport->size();
-  if (rank == 0) run_hook(s, "off");  // build the state over unshaped links
-  collectives::barrier(*transport, control_options(s));
 
   Model model = make_model(s, pool);
   EngineOptions options;
@@ -392,14 +398,9 @@ struct SequenceResult {
 SequenceResult run_sequence(const Settings& s, const std::string& rate, Overlap overlap,
                             double compute_s, double density, std::uint16_t port,
                             ThreadPool& pool) {
-  group::TransportOptions topt = group::from_environment();
-  topt.master_port = port;
-  topt.connect_timeout = std::chrono::seconds(s.timeout_s);
-  auto transport = group::make_transport(topt);
+  auto transport = connect_unshaped(s, port);
   const int rank = transport->rank();
   const int world = transport->size();
-  if (rank == 0) run_hook(s, "off");
-  collectives::barrier(*transport, control_options(s));
 
   Model model = make_model(s, pool);
   EngineOptions options;
