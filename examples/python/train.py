@@ -11,7 +11,10 @@ trains on batches of its own with AdamW, and every H inner steps pulseloco runs 
 (PULSELoCo, DiLoCo or DDP, --mode) that leaves every worker with the same weights. Rank 0
 prints a line per window (training loss, the loss and accuracy on all 529 facts, the window's
 payload) and a final line comparing the payload with what DiLoCo and DDP would send, and
-whether the replicas stayed identical. The exit status is 3 when they did not.
+whether the replicas stayed identical. The exit status is 3 when they did not. With --overlap
+delayed or eager (mode pulse), each window's exchange runs during the next window's inner steps
+and its outer step is applied one boundary later; the last window is applied after the loop
+(complete_in_flight) before the final line.
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ def human_bytes(count: float) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=["pulse", "diloco", "ddp"], default="pulse")
+    parser.add_argument("--overlap", choices=["blocking", "delayed", "eager"], default="blocking",
+                        help="overlapped windows (mode pulse): the exchange runs during the next "
+                             "window's inner steps")
     parser.add_argument("--windows", type=int, default=10)
     parser.add_argument("-H", "--inner-steps", type=int, default=8, help="steps per window")
     parser.add_argument("--lr", type=float, default=3e-4,
@@ -113,7 +119,8 @@ def main() -> int:
     # engine's views are the parameters' own memory: a window writes the new weights into them.
     sync = pulseloco.Synchronizer(model.named_parameters(), mode=args.mode,
                                   inner_steps=args.inner_steps, outer_lr=args.outer_lr,
-                                  outer_momentum=args.outer_momentum, threads=1)
+                                  outer_momentum=args.outer_momentum, overlap=args.overlap,
+                                  threads=1)
     rank = sync.rank
     generator = torch.Generator().manual_seed(args.seed * 1_000_003 + rank + 1)  # this worker's
     facts = every_fact()
@@ -144,11 +151,21 @@ def main() -> int:
         identical = identical and report.replicas_identical
         if rank == 0:
             loss, accuracy = evaluate(model, *facts)
+            applied = "" if args.overlap == "blocking" else (
+                f", applied window {report.applied_window}"
+                if report.applied_window is not None else ", nothing applied yet")
             print(f"window {report.window}: train loss {train_loss:.4f}, held-out loss "
                   f"{loss:.4f}, accuracy {accuracy:.1%}, density {report.density:.2%}, payload "
                   f"{human_bytes(report.payload_bytes)} (DiLoCo "
-                  f"{human_bytes(report.diloco_bytes)}), {report.seconds.total:.3f} s",
+                  f"{human_bytes(report.diloco_bytes)}), {report.seconds.total:.3f} s{applied}",
                   flush=True)
+
+    # Overlapped windows: the last window is still in flight; apply it (None when blocking).
+    last = sync.complete_in_flight()
+    if last is not None:
+        identical = identical and last.replicas_identical
+        if rank == 0:
+            print(f"applied window {last.window} after the last step", flush=True)
 
     if rank == 0:
         loss, accuracy = evaluate(model, *facts)

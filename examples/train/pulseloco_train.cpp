@@ -347,7 +347,8 @@ int run_worker(const Settings& settings) {
   if (!settings.resume_dir.empty()) {
     const LoadedCheckpoint loaded = sync.load_checkpoint(settings.resume_dir);
     libtorch::load_optimizer(trainer.optimizer(), loaded);
-    first_window = static_cast<int>(loaded.window);
+    // The next boundary's window: one past the window in flight with overlapped windows.
+    first_window = static_cast<int>(sync.engine().next_window());
     load_local_weights();
     if (rank == 0) fmt::print("resumed at window {} from {}\n", first_window, loaded.dir.string());
   }

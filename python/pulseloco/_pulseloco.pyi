@@ -60,7 +60,15 @@ class PhaseSeconds:
 
     @property
     def exchange(self) -> float:
-        """the collectives"""
+        """
+        the collectives; overlapped: the time this boundary waited for the window in flight and the vote
+        """
+
+    @property
+    def exchange_in_flight(self) -> float:
+        """
+        overlapped windows: how long the applied window's exchange ran in the background
+        """
 
     @property
     def apply(self) -> float:
@@ -88,11 +96,23 @@ class WindowReport:
 
     @property
     def window(self) -> int:
-        """index of the window that just committed (0-based)"""
+        """
+        index of the window whose inner steps just ended (0-based); blocking windows commit at their own boundary
+        """
+
+    @property
+    def applied_window(self) -> int | None:
+        """
+        the window whose outer step this boundary applied: window when blocking, window - 1 when overlapped, None at the first overlapped boundary or when the window in flight was dropped
+        """
 
     @property
     def mode(self) -> str:
         """'pulse', 'diloco' or 'ddp'"""
+
+    @property
+    def overlap(self) -> str:
+        """'blocking', 'delayed' or 'eager' (EngineOptions::overlap)"""
 
     @property
     def rank(self) -> int: ...
@@ -238,6 +258,11 @@ class _Synchronizer:
     def run_window(self) -> WindowReport:
         """Runs a window now (collective)."""
 
+    def complete_in_flight(self) -> WindowReport | None:
+        """
+        Overlapped windows: applies the window in flight without starting another (collective); returns that boundary's report, or None when nothing is in flight.
+        """
+
     def average_gradients(self, gradients: list) -> None:
         """
         ddp: replaces every gradient by its average over the ranks (collective).
@@ -290,6 +315,12 @@ class _Synchronizer:
 
     @property
     def next_step_runs_window(self) -> bool: ...
+
+    @property
+    def window_in_flight(self) -> bool: ...
+
+    @property
+    def next_window(self) -> int: ...
 
     @property
     def options_json(self) -> str: ...

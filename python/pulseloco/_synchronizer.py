@@ -77,9 +77,14 @@ class Synchronizer:
     elastic: None, or a dict (coordinator "host:port", worker_id, admission_timeout (s),
         max_attempts_per_window): an elastic worker whose group may lose and gain members.
     engine_options: the C++ EngineOptions by name: chunk_elements, bucket_elements, threads,
-        timeout (s), allgather, pipeline_chunk_bytes, bf16_delta, verify_digests, trace_dir,
-        state_location, publish_dir, publish_every, anchor_every, encoding, zstd_level,
-        index_coding. Unknown names raise InvalidArgument.
+        timeout (s), allgather, pipeline_chunk_bytes, bf16_delta, overlap, verify_digests,
+        trace_dir, state_location, publish_dir, publish_every, anchor_every, encoding,
+        zstd_level, index_coding. Unknown names raise InvalidArgument.
+    overlap: "blocking" (the default), "delayed" or "eager" (mode "pulse" only): with the
+        latter two a window's exchange runs while the next window's inner steps run, and its
+        outer step is applied at the next boundary (one window of staleness; see
+        docs/operations.md, "Overlapped windows"). Call complete_in_flight() after the last
+        step so that the final weights include the last window.
 
     Constructing it is collective: every rank constructs its Synchronizer with the same tensor
     table and options, and rank 0's weights become everyone's. Windows, checkpoints and group
@@ -119,6 +124,15 @@ class Synchronizer:
     def run_window(self) -> WindowReport:
         """Runs a window now (collective), whatever the step count."""
         return self._engine.run_window()
+
+    def complete_in_flight(self) -> Optional[WindowReport]:
+        """Overlapped windows (overlap="delayed" or "eager"): finishes the window in flight and
+        applies its outer step without starting another (collective), e.g. after the last
+        training step, so that the final weights include every window. Writes the new weights
+        into the parameters and returns that boundary's report (its window and applied_window
+        are the applied window's); returns None when no window is in flight (blocking runs, or
+        nothing since the last boundary was completed)."""
+        return self._engine.complete_in_flight()
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -183,7 +197,8 @@ class Synchronizer:
 
     @property
     def window(self) -> int:
-        """Windows committed so far."""
+        """Outer steps applied so far (windows committed; with overlapped windows, the window
+        in flight is not counted)."""
         return self._engine.window
 
     @property
@@ -205,6 +220,18 @@ class Synchronizer:
     def next_step_runs_window(self) -> bool:
         """True when the next after_optimizer_step() runs a window."""
         return self._engine.next_step_runs_window
+
+    @property
+    def window_in_flight(self) -> bool:
+        """True while a window's message has been sent but its outer step not applied
+        (overlapped windows, between boundaries)."""
+        return self._engine.window_in_flight
+
+    @property
+    def next_window(self) -> int:
+        """The number the next boundary's window gets (its report's window): where a loop
+        resumed from a checkpoint continues its data. Equals window when blocking."""
+        return self._engine.next_window
 
     @property
     def options(self) -> Dict[str, Any]:

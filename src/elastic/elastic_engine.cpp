@@ -249,6 +249,20 @@ WindowReport ElasticEngine::run_window_with_retries() {
   }
 }
 
+std::optional<WindowReport> ElasticEngine::complete_in_flight() {
+  try {
+    return engine_->complete_in_flight();
+  } catch (const Error& error) {
+    if (!recoverable(error)) throw;
+    logger().warn(
+        "worker {}: the window in flight failed in group generation {} ({}); "
+        "re-forming the group, which drops it",
+        worker_id_, group_.generation, error.what());
+    regroup(error.what());
+    return std::nullopt;
+  }
+}
+
 std::optional<WindowReport> ElasticEngine::after_optimizer_step() {
   if (!engine_->next_step_runs_window()) return engine_->after_optimizer_step();
   return run_window();

@@ -79,6 +79,11 @@ class ElasticEngine {
   // Runs a window now (with the same retries).
   [[nodiscard]] WindowReport run_window();
 
+  // Overlapped windows: Engine::complete_in_flight(). When the group fails meanwhile, the group
+  // is re-formed, which drops the window in flight on every member (its entries stay in each
+  // member's residual), and nothing is returned.
+  [[nodiscard]] std::optional<WindowReport> complete_in_flight();
+
   // Tells the coordinator this worker is done and closes the data plane. Idempotent.
   void leave() noexcept;
 

@@ -174,6 +174,10 @@ CheckpointFileRecord write_global_file(const ReplicatedState& state, const Engin
       {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
       {"state_digest", digest_hex(state.digest(pool))},
   };
+  // Overlapped windows: the window numbers dropped so far (absent: none).
+  if (options.overlap != Overlap::blocking) {
+    metadata["windows_dropped"] = std::to_string(state.windows_dropped());
+  }
   io::SafetensorsWriter writer(state_files::checkpoint_global_file(dir), metadata,
                                global_file_specs(state));
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
@@ -188,22 +192,29 @@ CheckpointFileRecord write_global_file(const ReplicatedState& state, const Engin
   return record_of(writer, group.rank());
 }
 
-// Every rank's file: its residual e (mode pulse; otherwise no tensors).
+// The buffers of every rank's file, with their prefixes: its residual e (mode pulse), and the
+// eager start point S of overlapped windows.
+std::vector<std::pair<std::string_view, StateBuffer>> rank_buffers(const ReplicatedState& state,
+                                                                   const EngineOptions& options) {
+  std::vector<std::pair<std::string_view, StateBuffer>> buffers;
+  if (options.mode == Mode::pulse)
+    buffers.emplace_back(state_files::kResidual, StateBuffer::residual);
+  if (state.keeps_start()) buffers.emplace_back(state_files::kStart, StateBuffer::start);
+  return buffers;
+}
+
+// The metadata key of a rank-file buffer's combined digest: "residual_digest", "start_digest".
+std::string rank_digest_key(std::string_view prefix) {
+  return fmt::format("{}_digest", prefix.substr(0, prefix.size() - 1));
+}
+
+// Every rank's file: its residual e (mode pulse; otherwise no tensors), S with overlap eager,
+// and the message in flight of overlapped windows.
 CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineOptions& options,
                                      const AttachedGroup& group, ThreadPool& pool,
                                      const std::filesystem::path& dir) {
-  const bool pulse = options.mode == Mode::pulse;
-  std::vector<Digest> residual_digests;
+  const auto buffers = rank_buffers(state, options);
   std::vector<io::TensorSpec> specs;
-  for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
-    specs.push_back(
-        spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t)));
-    BufferDigestStream residual(&pool);
-    state.read_host(
-        StateBuffer::residual, t, state.whole(t),
-        [&](std::uint64_t, std::span<const std::byte> piece) { residual.update(piece); });
-    residual_digests.push_back(residual.finish());
-  }
   io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointRankFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
@@ -213,8 +224,21 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
       {"table_digest", digest_hex(state.layout().table_digest())},
       {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
       {"state_digest", digest_hex(state.digest(pool))},
-      {"residual_digest", digest_hex(combine_digests(residual_digests))},
+      // Present (the digest of no tensors) in every mode, as files have always had it.
+      {"residual_digest", digest_hex(combine_digests({}))},
   };
+  for (const auto& [prefix, buffer] : buffers) {
+    std::vector<Digest> digests;
+    for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+      specs.push_back(spec_of(prefix, state.name(t), io::TensorDType::f32, state.shape(t)));
+      BufferDigestStream digest(&pool);
+      state.read_host(
+          buffer, t, state.whole(t),
+          [&](std::uint64_t, std::span<const std::byte> piece) { digest.update(piece); });
+      digests.push_back(digest.finish());
+    }
+    metadata[rank_digest_key(prefix)] = digest_hex(combine_digests(digests));
+  }
   // Overlapped windows: the message in flight, which the residual already excludes.
   describe_in_flight(state, specs, metadata);
   io::SafetensorsWriter writer(state_files::checkpoint_rank_file(dir, group.rank()), metadata,
@@ -222,8 +246,9 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
   // Fault injection (PULSELOCO_FAULT phase=checkpoint): the temporary file exists, nothing of
   // this rank's files is renamed yet.
   group.reached(WindowPhase::checkpoint, state.window());
-  for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
-    write_buffer(writer, state, state_files::kResidual, StateBuffer::residual, t);
+  for (const auto& [prefix, buffer] : buffers) {
+    for (std::size_t t = 0; t < state.tensor_count(); ++t)
+      write_buffer(writer, state, prefix, buffer, t);
   }
   write_in_flight(writer, state);
   writer.finish();
@@ -336,6 +361,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   std::uint64_t loaded_window = 0;
   Digest loaded_digest = 0;
   bool loaded_momentum_initialised = false;
+  std::uint64_t loaded_dropped = 0;
   std::optional<io::SafetensorsReader> global_file;
   std::optional<io::SafetensorsReader> rank_file;
   std::optional<OutgoingMessage> in_flight;
@@ -403,6 +429,9 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
       throw ProtocolError(global_path.string() + ": momentum_initialised is not true/false");
     }
     loaded_momentum_initialised = initialised == "true";
+    if (meta.contains("windows_dropped")) {
+      loaded_dropped = require_u64(meta, "windows_dropped", global_path);
+    }
     const std::string& state_hex = require(meta, "state_digest", global_path);
     const DigestDefinition global_definition = state_files::digest_definition(meta, global_path);
 
@@ -428,17 +457,18 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
     check_equal(rank_meta, "window", std::to_string(loaded_window), rank_path);
     check_equal(rank_meta, "state_digest", state_hex, rank_path);
     const DigestDefinition rank_definition = state_files::digest_definition(rank_meta, rank_path);
-    std::vector<Digest> residual_parts;
-    for (std::size_t t = 0; t < state.tensor_count() && pulse; ++t) {
-      const auto spec =
-          spec_of(state_files::kResidual, state.name(t), io::TensorDType::f32, state.shape(t));
-      check_tensor(*rank_file, spec);
-      residual_parts.push_back(
-          file_tensor_digest(*rank_file, spec.name, rank_definition, pool, buffer));
+    for (const auto& [prefix, which] : rank_buffers(state, options)) {
+      std::vector<Digest> parts_of_buffer;
+      for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+        const auto spec = spec_of(prefix, state.name(t), io::TensorDType::f32, state.shape(t));
+        check_tensor(*rank_file, spec);
+        parts_of_buffer.push_back(
+            file_tensor_digest(*rank_file, spec.name, rank_definition, pool, buffer));
+      }
+      check_equal(rank_meta, rank_digest_key(prefix), digest_hex(combine_digests(parts_of_buffer)),
+                  rank_path);
     }
-    check_equal(rank_meta, "residual_digest", digest_hex(combine_digests(residual_parts)),
-                rank_path);
-    in_flight = read_in_flight(*rank_file, state, rank, loaded_window);
+    in_flight = read_in_flight(*rank_file, state, rank, loaded_window + loaded_dropped);
   } catch (...) {
     local_error = std::current_exception();
   }
@@ -476,7 +506,14 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   if (in_flight) state.set_in_flight(std::move(*in_flight));
   state.clear_accepted_window();
   if (state.keeps_global_state()) state.reset_local(pool);
+  if (state.keeps_start()) {
+    // Overlapped eager windows: θ_l restarts from the start point the rank had.
+    for (std::size_t t = 0; t < state.tensor_count(); ++t)
+      read_buffer(*rank_file, state, state_files::kStart, StateBuffer::start, t);
+    state.local_from_start(pool);
+  }
   state.set_progress(loaded_window, loaded_momentum_initialised);
+  state.set_windows_dropped(loaded_dropped);
   logger().info("resumed from {} at window {} (state digest {})", loaded.dir.string(),
                 state.window(), digest_hex(loaded_digest));
   loaded.window = loaded_window;

@@ -97,7 +97,7 @@ void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) c
 WindowReport Engine::Impl::new_report() const {
   WindowReport report;
   // Overlapped windows: the window whose inner steps end now follows the one in flight.
-  report.window = state.window() + (state.in_flight() ? 1 : 0);
+  report.window = state.next_window();
   report.mode = options.mode;
   report.overlap = options.overlap;
   report.rank = rank;
@@ -169,7 +169,7 @@ std::optional<WindowReport> Engine::Impl::complete_in_flight() {
   const auto start = SteadyClock::now();
   committed_report.reset();
   WindowReport report = new_report();
-  report.window = state.window();
+  report.window = state.in_flight()->window;
   const engine_detail::StateAccess access(state);
   if (!strategy->complete_in_flight(attached, report)) return std::nullopt;
   finish_boundary(attached, report, start);
@@ -231,7 +231,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
   impl_->steps_in_window = 0;
   if (impl_->strategy) {
     // A window in flight when the checkpoint was taken is sent again, as it was then.
-    impl_->strategy->state_loaded(/*reset_local=*/true);
+    impl_->strategy->state_loaded();
     impl_->strategy->start_in_flight(group);
   }
   return loaded;
@@ -247,7 +247,7 @@ void Engine::load_trace_inputs(const std::filesystem::path& file) {
   impl_->wait_in_flight();
   engine_detail::load_trace_inputs(impl_->state, impl_->rank, impl_->world, file);
   impl_->steps_in_window = 0;
-  if (impl_->strategy) impl_->strategy->state_loaded(/*reset_local=*/false);
+  if (impl_->strategy) impl_->strategy->state_loaded();
 }
 
 std::optional<WindowReport> Engine::after_optimizer_step() {
@@ -281,6 +281,9 @@ int Engine::world_size() const noexcept {
 }
 std::uint64_t Engine::window() const noexcept {
   return impl_->state.window();
+}
+std::uint64_t Engine::next_window() const noexcept {
+  return impl_->state.next_window();
 }
 std::uint64_t Engine::parameter_count() const noexcept {
   return impl_->state.layout().parameters();

@@ -30,14 +30,22 @@ struct MemberStatus {
   std::uint64_t window = 0;
   Digest digest = 0;
   std::optional<std::uint64_t> accepted_window;
+  // Overlapped windows: window numbers dropped so far, and whether a window is in flight.
+  std::uint64_t windows_dropped = 0;
+  bool in_flight = false;
 
-  static constexpr std::size_t kBytes = 32;
+  static constexpr std::size_t kBytes = 40;
 
   [[nodiscard]] std::array<std::byte, kBytes> serialize() const {
-    const std::uint64_t flags =
-        (has_state ? 1u : 0u) | (momentum_initialised ? 2u : 0u) | (accepted_window ? 4u : 0u);
+    const std::uint64_t flags = (has_state ? 1u : 0u) | (momentum_initialised ? 2u : 0u) |
+                                (accepted_window ? 4u : 0u) | (in_flight ? 8u : 0u);
     std::array<std::byte, kBytes> bytes{};
-    ByteWriter(bytes).put(flags).put(window).put(digest).put(accepted_window.value_or(0));
+    ByteWriter(bytes)
+        .put(flags)
+        .put(window)
+        .put(digest)
+        .put(accepted_window.value_or(0))
+        .put(windows_dropped);
     return bytes;
   }
 
@@ -49,14 +57,17 @@ struct MemberStatus {
     }
     ByteReader in(bytes, {.rank = rank, .peer = sender});
     const auto flags = in.get<std::uint64_t>("flags");
-    if (flags > 7) {
+    if (flags > 15) {
       throw ProtocolError(fmt::format("membership status has unknown flags {:#x}", flags),
                           {.rank = rank, .peer = sender});
     }
     const auto window = in.get<std::uint64_t>("window");
     const auto digest = in.get<std::uint64_t>("digest");
     const auto accepted_window = in.get<std::uint64_t>("accepted window");
+    const auto windows_dropped = in.get<std::uint64_t>("windows dropped");
     MemberStatus status;
+    status.windows_dropped = windows_dropped;
+    status.in_flight = (flags & 8u) != 0;
     status.has_state = (flags & 1u) != 0;
     status.momentum_initialised = (flags & 2u) != 0;
     status.window = window;
@@ -193,6 +204,7 @@ void start_from_rank_0(const AttachedGroup& group, ReplicatedState& state,
   if (state.keeps_global_state()) state.global_from_local(pool);  // θ_l = cast(θ_g) holds
   state.zero_residual();
   state.clear_in_flight();
+  state.set_windows_dropped(0);
   state.set_progress(0, false);
   state.clear_accepted_window();
   state.set_has_contents(true);
@@ -236,6 +248,14 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
   for (int r = 0; r < world; ++r) {
     const MemberStatus& m = members[static_cast<std::size_t>(r)];
     if (!m.has_state || m.window != latest) behind.push_back(r);
+  }
+  // Window numbers are never reused: the members at `latest` drop their windows in flight, and
+  // every member continues numbering after the highest of them.
+  std::uint64_t dropped = 0;
+  for (const auto& m : members) {
+    if (m.has_state && m.window == latest) {
+      dropped = std::max(dropped, m.windows_dropped + (m.in_flight ? 1u : 0u));
+    }
   }
   const bool has_state = state.has_contents();
   const std::uint64_t window = state.window();
@@ -292,6 +312,7 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
                   group.generation(), fmt::join(behind, ", "), latest, source);
   }
   state.clear_accepted_window();
+  state.set_windows_dropped(dropped);
   return !up_to_date && !behind.empty();
 }
 
@@ -318,6 +339,8 @@ bool join_group(const AttachedGroup& group, ReplicatedState& state, const Engine
   mine.window = state.window();
   mine.digest = mine.has_state ? state.digest(pool) : 0;
   mine.accepted_window = state.accepted_window();
+  mine.windows_dropped = state.windows_dropped();
+  mine.in_flight = state.in_flight().has_value();
   const auto record = mine.serialize();
   const auto records = collectives::sparse_allgather(group.transport(), record, group.collective());
   std::vector<MemberStatus> members;

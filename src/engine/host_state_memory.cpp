@@ -92,7 +92,7 @@ void HostStateMemory::aggregate_and_step(const ChunkRef& chunk,
 }
 
 void HostStateMemory::start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
-                                     const kernels::OuterStepParams& params, bool reset_local) {
+                                     const kernels::OuterStepParams& params) {
   TensorState& state = tensors_[chunk.tensor];
   if (state.start.empty()) throw InvalidArgument("internal: no start point kept (overlap eager)");
   auto g = aggregate_scratch_.acquire();
@@ -103,15 +103,18 @@ void HostStateMemory::start_from_own(const ChunkRef& chunk, const kernels::Spars
   // One rank's entries: the aggregate divides by 1, so g holds them as they are.
   kernels::aggregate(std::span(&own, 1), g->data(), chunk.length);
   start_from_global(chunk);
-  // outer_step also writes cast_local(S); into a scratch buffer when θ_l must keep its value.
-  std::vector<std::byte> discarded;
-  void* local = local_at(chunk);
-  if (!reset_local) {
-    discarded.resize(chunk.length * dtype_size(state.local.dtype));
-    local = discarded.data();
-  }
-  kernels::outer_step(state.start.data() + chunk.begin, m->data(), g->data(), local,
+  kernels::outer_step(state.start.data() + chunk.begin, m->data(), g->data(), local_at(chunk),
                       state.local.dtype, chunk.length, params);
+}
+
+void HostStateMemory::local_from_start(ThreadPool& pool) {
+  pool.parallel_for(layout_.chunks().size(), [&](std::size_t c) {
+    const ChunkRef& chunk = layout_.chunks()[c];
+    TensorState& state = tensors_[chunk.tensor];
+    if (state.start.empty()) return;
+    kernels::reset_local(state.start.data() + chunk.begin, local_at(chunk), state.local.dtype,
+                         chunk.length);
+  });
 }
 
 void HostStateMemory::restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
@@ -241,8 +244,12 @@ std::span<std::byte> HostStateMemory::bytes_of(StateBuffer buffer, std::size_t t
     return std::span(static_cast<std::byte*>(state.local.data) + range.begin * element,
                      range.count * element);
   }
+  if (buffer == StateBuffer::start && state.start.empty()) {
+    throw InvalidArgument("no start point is kept (overlap eager only)");
+  }
   std::vector<float>& values = buffer == StateBuffer::global     ? state.global
                                : buffer == StateBuffer::momentum ? state.momentum
+                               : buffer == StateBuffer::start    ? state.start
                                                                  : state.residual;
   return std::as_writable_bytes(std::span(values).subspan(range.begin, range.count));
 }

@@ -30,7 +30,8 @@ class HostStateMemory final : public StateMemory {
                           std::span<const kernels::SparseEntries> ranks_in_order,
                           const kernels::OuterStepParams& params) override;
   void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
-                      const kernels::OuterStepParams& params, bool reset_local) override;
+                      const kernels::OuterStepParams& params) override;
+  void local_from_start(ThreadPool& pool) override;
   void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) override;
   [[nodiscard]] Bucket allocate_bucket(std::uint64_t elements) override;
   [[nodiscard]] std::optional<std::uint64_t> pseudo_gradient(const ChunkRef& chunk, float* delta,

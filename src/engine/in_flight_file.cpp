@@ -48,7 +48,8 @@ std::optional<OutgoingMessage> read_in_flight(const io::SafetensorsReader& reade
   message.window = state_files::require_u64(metadata, std::string(kWindowKey), file);
   message.entries = state_files::require_u64(metadata, std::string(kEntriesKey), file);
   if (message.window != window) {
-    fail(fmt::format("is for window {}; the file's state is at window {}", message.window, window));
+    fail(fmt::format("is for window {}; the file's state expects window {}", message.window,
+                     window));
   }
   message.bytes.resize(reader.tensor(kTensor).byte_size());
   reader.read(kTensor, message.bytes);

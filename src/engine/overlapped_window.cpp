@@ -45,6 +45,7 @@ void drop_in_flight(ReplicatedState& state, ThreadPool& pool) {
                      });
   state.clear_in_flight();
   state.clear_accepted_window();
+  state.set_windows_dropped(state.windows_dropped() + 1);
 }
 
 void OverlappedPulseWindow::run(const AttachedGroup& group, WindowReport& report) {
@@ -81,7 +82,7 @@ void OverlappedPulseWindow::run(const AttachedGroup& group, WindowReport& report
   }
   if (gate_error) std::rethrow_exception(gate_error);
   state_.set_in_flight(std::move(*message));
-  if (options_.overlap == Overlap::eager) start_from_own(/*reset_local=*/true);
+  if (options_.overlap == Overlap::eager) start_from_own();
   report.seconds.apply = seconds_since(phase);
 }
 
@@ -116,12 +117,12 @@ void OverlappedPulseWindow::apply(const ReceivedMessages& received, WindowReport
   report.applied_window = received.window;
 }
 
-void OverlappedPulseWindow::start_from_own(bool reset_local) {
+void OverlappedPulseWindow::start_from_own() {
   const kernels::OuterStepParams params{options_.outer_lr, options_.outer_momentum,
                                         !state_.momentum_initialised()};
   for_each_own_chunk(state_, pool_, *state_.in_flight(),
                      [&](const ChunkRef& chunk, const kernels::SparseEntries& own) {
-                       state_.start_from_own(chunk, own, params, reset_local);
+                       state_.start_from_own(chunk, own, params);
                      });
 }
 
@@ -151,10 +152,9 @@ bool OverlappedPulseWindow::complete_in_flight(const AttachedGroup& group, Windo
   return true;
 }
 
-void OverlappedPulseWindow::state_loaded(bool reset_local) {
+void OverlappedPulseWindow::state_loaded() {
   wait_in_flight();
   exchange_ = {};  // an exchange of the state that was replaced
-  if (options_.overlap == Overlap::eager && state_.in_flight()) start_from_own(reset_local);
 }
 
 }  // namespace pulseloco::engine_detail

@@ -30,7 +30,7 @@ class OverlappedPulseWindow final : public WindowStrategy {
   void start_in_flight(const AttachedGroup& group) override;
   void wait_in_flight() noexcept override;
   [[nodiscard]] bool complete_in_flight(const AttachedGroup& group, WindowReport& report) override;
-  void state_loaded(bool reset_local) override;
+  void state_loaded() override;
 
  private:
   // What the exchange thread hands back.
@@ -45,8 +45,8 @@ class OverlappedPulseWindow final : public WindowStrategy {
   [[nodiscard]] ReceivedMessages finish(const AttachedGroup& group, WindowReport& report);
   // Steps 7-9 of the finished window without the residual commit; counts it.
   void apply(const ReceivedMessages& received, WindowReport& report);
-  // With overlap eager: S from θ_g, m and the message in flight; θ_l = cast(S) when asked.
-  void start_from_own(bool reset_local);
+  // With overlap eager: S from θ_g, m and the message in flight, and θ_l = cast(S).
+  void start_from_own();
 
   ReplicatedState& state_;
   const EngineOptions& options_;
@@ -55,8 +55,9 @@ class OverlappedPulseWindow final : public WindowStrategy {
   std::future<Exchanged> exchange_;  // valid while an exchange runs or its outcome is unread
 };
 
-// Puts the message in flight's entries back into e and forgets it (a dropped window), and
-// clears the accepted window: its progress is sent again by a later window. No-op when none.
+// Puts the message in flight's entries back into e and forgets it (a dropped window, whose
+// number is not used again), and clears the accepted window: its progress is sent again by a
+// later window. No-op when none.
 void drop_in_flight(ReplicatedState& state, ThreadPool& pool);
 
 }  // namespace pulseloco::engine_detail

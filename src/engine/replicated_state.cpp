@@ -14,7 +14,8 @@ ReplicatedState::ReplicatedState() : memory_(std::make_unique<HostStateMemory>(S
 
 ReplicatedState::ReplicatedState(std::vector<NamedTensor> parameters, const EngineOptions& options,
                                  const MemoryFactory& memory)
-    : keeps_global_state_(options.mode != Mode::ddp) {
+    : keeps_global_state_(options.mode != Mode::ddp),
+      keeps_start_(options.overlap == Overlap::eager) {
   std::vector<TensorInfo> infos;
   std::vector<TensorView> locals;
   infos.reserve(parameters.size());

@@ -71,6 +71,14 @@ class ReplicatedState {
   // --- where this rank stands --------------------------------------------------------------
 
   [[nodiscard]] std::uint64_t window() const noexcept { return window_; }  // windows committed
+  // Overlapped windows: windows dropped so far (a rejected vote, a regroup). Window numbers are
+  // never reused, so the next window's number is window() + windows_dropped(), plus one while a
+  // window is in flight (whose number is window() + windows_dropped()).
+  [[nodiscard]] std::uint64_t windows_dropped() const noexcept { return windows_dropped_; }
+  void set_windows_dropped(std::uint64_t dropped) noexcept { windows_dropped_ = dropped; }
+  [[nodiscard]] std::uint64_t next_window() const noexcept {
+    return window_ + windows_dropped_ + (in_flight_ ? 1 : 0);
+  }
   // False until the first outer step (which sets m = g).
   [[nodiscard]] bool momentum_initialised() const noexcept { return momentum_initialised_; }
   // False until the first attach() completes, and again while state is being received: a state
@@ -127,9 +135,12 @@ class ReplicatedState {
     memory_->aggregate_and_step(chunk, ranks_in_order, params);
   }
   void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
-                      const kernels::OuterStepParams& params, bool reset_local) {
-    memory_->start_from_own(chunk, own, params, reset_local);
+                      const kernels::OuterStepParams& params) {
+    memory_->start_from_own(chunk, own, params);
   }
+  void local_from_start(ThreadPool& pool) { memory_->local_from_start(pool); }
+  // True when the eager start point S is part of the state (overlap = eager).
+  [[nodiscard]] bool keeps_start() const noexcept { return keeps_start_; }
   void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
     memory_->restore_residual(chunk, own);
   }
@@ -178,6 +189,8 @@ class ReplicatedState {
   std::vector<std::uint64_t> numels_;
   bool keeps_global_state_ = true;
   std::uint64_t window_ = 0;
+  std::uint64_t windows_dropped_ = 0;
+  bool keeps_start_ = false;
   bool momentum_initialised_ = false;
   bool has_contents_ = false;
   std::optional<std::uint64_t> accepted_window_;

@@ -21,6 +21,7 @@ inline constexpr std::string_view kGlobal = "global.";      // θ_g, F32
 inline constexpr std::string_view kMomentum = "momentum.";  // m, F32
 inline constexpr std::string_view kResidual = "residual.";  // e, F32
 inline constexpr std::string_view kLocal = "local.";        // θ_l, the model's dtype
+inline constexpr std::string_view kStart = "start.";        // eager start point S, F32
 
 [[nodiscard]] std::filesystem::path checkpoint_global_file(const std::filesystem::path& dir);
 [[nodiscard]] std::filesystem::path checkpoint_rank_file(const std::filesystem::path& dir,

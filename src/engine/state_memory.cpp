@@ -58,7 +58,7 @@ void StateMemory::aggregate_and_step(const ChunkRef& /*chunk*/,
   refuse_overlap(*this);
 }
 void StateMemory::start_from_own(const ChunkRef& /*chunk*/, const kernels::SparseEntries& /*own*/,
-                                 const kernels::OuterStepParams& /*params*/, bool /*reset_local*/) {
+                                 const kernels::OuterStepParams& /*params*/) {
   refuse_overlap(*this);
 }
 void StateMemory::restore_residual(const ChunkRef& /*chunk*/,

@@ -33,8 +33,9 @@
 
 namespace pulseloco::engine_detail {
 
-// A tensor's buffers: θ_g, m and e are fp32; θ_l is in the model's dtype.
-enum class StateBuffer : std::uint8_t { global, momentum, residual, local };
+// A tensor's buffers: θ_g, m and e are fp32; θ_l is in the model's dtype; `start` is the eager
+// start point S of overlapped windows (fp32, kept only with overlap = eager, in host memory).
+enum class StateBuffer : std::uint8_t { global, momentum, residual, local, start };
 
 // Elements of one tensor's buffer.
 struct Range {
@@ -104,9 +105,11 @@ class StateMemory {
                                   std::span<const kernels::SparseEntries> ranks_in_order,
                                   const kernels::OuterStepParams& params);
   // Eager start point: S = the outer step from θ_g and m with this rank's own entries as g (m
-  // is not changed); then θ_l = cast(S) when `reset_local`.
+  // is not changed); then θ_l = cast(S).
   virtual void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
-                              const kernels::OuterStepParams& params, bool reset_local);
+                              const kernels::OuterStepParams& params);
+  // θ_l = cast(S) everywhere (S was loaded from a checkpoint). No-op when S is not kept.
+  virtual void local_from_start(ThreadPool& /*pool*/) {}
   // e[offset] = value for each entry: a dropped window's entries go back to the residual.
   virtual void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own);
 

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -14,13 +13,18 @@
 namespace pulseloco::engine_detail {
 namespace {
 
-// Every traced buffer with its prefix in the file, in the order they are written.
-constexpr std::array<std::pair<std::string_view, StateBuffer>, 4> kTracedBuffers{{
-    {state_files::kGlobal, StateBuffer::global},
-    {state_files::kMomentum, StateBuffer::momentum},
-    {state_files::kResidual, StateBuffer::residual},
-    {state_files::kLocal, StateBuffer::local},
-}};
+// Every traced buffer with its prefix in the file, in the order they are written: θ_g, m, e,
+// θ_l, and the eager start point S where the state keeps one.
+std::vector<std::pair<std::string_view, StateBuffer>> traced_buffers(const ReplicatedState& state) {
+  std::vector<std::pair<std::string_view, StateBuffer>> buffers{
+      {state_files::kGlobal, StateBuffer::global},
+      {state_files::kMomentum, StateBuffer::momentum},
+      {state_files::kResidual, StateBuffer::residual},
+      {state_files::kLocal, StateBuffer::local},
+  };
+  if (state.keeps_start()) buffers.emplace_back(state_files::kStart, StateBuffer::start);
+  return buffers;
+}
 
 io::TensorDType file_dtype(const ReplicatedState& state, StateBuffer buffer, std::size_t tensor) {
   return buffer == StateBuffer::local ? io::to_tensor_dtype(state.local_dtype(tensor))
@@ -38,7 +42,7 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
   }
   std::vector<io::TensorSpec> specs;
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
-    for (const auto& [prefix, buffer] : kTracedBuffers) {
+    for (const auto& [prefix, buffer] : traced_buffers(state)) {
       specs.push_back(
           {std::string(prefix) + state.name(t), file_dtype(state, buffer, t), state.shape(t)});
     }
@@ -47,7 +51,7 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
   describe_in_flight(state, specs, with_in_flight);
   io::SafetensorsWriter writer(path, with_in_flight, specs);
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
-    for (const auto& [prefix, buffer] : kTracedBuffers) {
+    for (const auto& [prefix, buffer] : traced_buffers(state)) {
       const std::string key = std::string(prefix) + state.name(t);
       state.read_host(
           buffer, t, state.whole(t),
@@ -60,7 +64,7 @@ void write_state_file(const ReplicatedState& state, int rank, const std::filesys
 
 io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& options,
                             const AttachedGroup& group, std::string_view stage) {
-  return io::Metadata{
+  io::Metadata metadata{
       {"format", std::string(state_files::kTraceFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
       {"stage", std::string(stage)},
@@ -72,6 +76,11 @@ io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& o
       {"options", to_json(options).dump()},
       {"table_digest", digest_hex(state.layout().table_digest())},
   };
+  // Overlapped windows: the window numbers dropped so far (absent: none).
+  if (options.overlap != Overlap::blocking) {
+    metadata["windows_dropped"] = std::to_string(state.windows_dropped());
+  }
+  return metadata;
 }
 
 }  // namespace
@@ -142,10 +151,14 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
   expect("table_digest", digest_hex(state.layout().table_digest()));
   const std::uint64_t traced_window = state_files::require_u64(meta, "window", file);
   const std::string& initialised = state_files::require(meta, "momentum_initialised", file);
-  std::optional<OutgoingMessage> in_flight = read_in_flight(reader, state, rank, traced_window);
+  const std::uint64_t dropped = meta.contains("windows_dropped")
+                                    ? state_files::require_u64(meta, "windows_dropped", file)
+                                    : 0;
+  std::optional<OutgoingMessage> in_flight =
+      read_in_flight(reader, state, rank, traced_window + dropped);
   // Validate every tensor's declaration before reading any of them.
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
-    for (const auto& [prefix, buffer] : kTracedBuffers) {
+    for (const auto& [prefix, buffer] : traced_buffers(state)) {
       const std::string key = std::string(prefix) + state.name(t);
       if (!reader.contains(key) || reader.tensor(key).spec.dtype != file_dtype(state, buffer, t) ||
           reader.tensor(key).spec.shape != state.shape(t)) {
@@ -155,7 +168,7 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
     }
   }
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
-    for (const auto& [prefix, buffer] : kTracedBuffers) {
+    for (const auto& [prefix, buffer] : traced_buffers(state)) {
       const std::string key = std::string(prefix) + state.name(t);
       state.update_host(buffer, t, state.whole(t),
                         [&](std::uint64_t offset, std::span<std::byte> piece) {
@@ -164,6 +177,7 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
     }
   }
   state.set_progress(traced_window, initialised == "true");
+  state.set_windows_dropped(dropped);
   state.clear_in_flight();
   if (in_flight) state.set_in_flight(std::move(*in_flight));
   state.clear_accepted_window();

@@ -63,10 +63,9 @@ class WindowStrategy {
                                                 WindowReport& /*report*/) {
     return false;
   }
-  // The state was replaced from a checkpoint (`reset_local`: θ_l too) or a trace (θ_l as
-  // traced): rebuilds what the window in flight implies (the eager start point) and forgets
-  // any exchange of the state it replaced.
-  virtual void state_loaded(bool /*reset_local*/) {}
+  // The state was replaced from a checkpoint or a trace: forgets any exchange of the state it
+  // replaced.
+  virtual void state_loaded() {}
 };
 
 // The strategy of options.mode over `state`.

@@ -29,6 +29,10 @@ Each scenario is one ctest (tests/elastic/CMakeLists.txt); it exits 0 when every
       finishes its W windows, the workers holding before window W-2 until every one started has
       registered. Progress, identical digests and replay are asserted.
 
+With --overlap delayed|eager (kill-* scenarios): the survivors' first boundary after the
+regroup applies nothing (the window in flight was dropped), every other boundary w applies
+window w - 1, and from that boundary on the group is the 3 survivors, numbered alike by all.
+
 Every scenario checks, for every window: all reports of the window carry the same digest, each
 report's per-rank digests agree, and `pulseloco replay` re-runs every traced window bit for bit
 from the committed group's inputs.
@@ -91,7 +95,8 @@ class Run:
         command = [self.args.worker, "--coordinator", self.address, "--worker", worker,
                    "--json", str(self.work / f"{worker}.jsonl"), "--windows",
                    str(windows or self.windows), "--trace-dir", str(self.trace), "-H", "2",
-                   "--timeout-ms", "3000", "--connect-timeout-ms", str(self.connect_ms), *extra]
+                   "--timeout-ms", "3000", "--connect-timeout-ms", str(self.connect_ms),
+                   "--overlap", self.args.overlap, *extra]
         self.workers[worker] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
                                                 text=True)
 
@@ -219,6 +224,10 @@ def scenario_kill(args, work, phase):
         for window in (0, 1):
             check(all(r["world_size"] == 4 for r in by_window.get(window, [])),
                   f"window {window} should have 4 workers")
+        if args.overlap != "blocking":
+            check_overlapped_regroup(run, survivors)
+            check_replay(run, run.windows)
+            return
         sizes = {r["world_size"] for r in by_window.get(2, [])}
         if phase == "aggregate":
             # w2 died after every member voted to commit. Whether a survivor saw w2's last
@@ -244,6 +253,32 @@ def scenario_kill(args, work, phase):
                   "window 2's replay should name w2's rank as lost after the commit")
     finally:
         run.close()
+
+
+def check_overlapped_regroup(run, survivors):
+    """Overlapped windows, one regroup (w2 lost): every survivor's boundaries apply the window
+    before them (window w applies w - 1), except boundary 0 and the first boundary after the
+    regroup, which apply nothing (the window in flight was dropped, its entries back in e) and
+    which every survivor numbers alike; from there on the group is the 3 survivors."""
+    reruns = {}
+    for worker in survivors:
+        reports = [e for e in run.events(worker) if e["event"] == "window"]
+        idle = [i for i, r in enumerate(reports) if r["window"] > 0 and r["applied_window"] is None]
+        if not check(len(idle) == 1, f"{worker}: boundaries that applied nothing after window 0: "
+                     f"{[reports[i]['window'] for i in idle]}, expected one (after the regroup)"):
+            continue
+        rerun = reports[idle[0]]
+        reruns[worker] = rerun["window"]
+        for r in reports:
+            check(r["applied_window"] in (None, r["window"] - 1),
+                  f"{worker}: boundary {r['window']} applied window {r['applied_window']}")
+        for r in reports[idle[0]:]:
+            check(r["world_size"] == 3 and "w2" not in members_of(r) and r["generation"] >= 2,
+                  f"{worker}: boundary {r['window']} after the regroup has {members_of(r)} in "
+                  f"generation {r['generation']}")
+    check(len(set(reruns.values())) == 1, f"the survivors resumed at different boundaries: {reruns}")
+    print(f"overlap {run.args.overlap}: the survivors' first boundary after the regroup: {reruns}",
+          flush=True)
 
 
 def scenario_stall(args, work):
@@ -392,6 +427,8 @@ def main():
     parser.add_argument("--duration", type=float, default=25, help="churn: seconds of churn")
     parser.add_argument("--seed", type=int, default=1, help="churn: random seed")
     parser.add_argument("--windows", type=int, default=30, help="churn: windows of the run")
+    parser.add_argument("--overlap", default="blocking", choices=["blocking", "delayed", "eager"],
+                        help="the workers' overlap (docs/algorithm.md)")
     parser.add_argument("scenario", choices=["kill-gate", "kill-exchange", "kill-aggregate",
                                              "stall", "disconnect", "join", "below-minimum",
                                              "churn"])

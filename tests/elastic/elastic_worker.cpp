@@ -4,7 +4,7 @@
 // so that many of them start fast.
 //
 //   pulseloco_elastic_worker --coordinator 127.0.0.1:PORT --worker w0 --windows 8 --json w0.jsonl
-//       [--trace-dir DIR] [-H 2] [--timeout-ms 3000]
+//       [--trace-dir DIR] [-H 2] [--timeout-ms 3000] [--overlap delayed]
 //
 // Writes one JSON line per event to --json (flushed at once): {"event": "attached", ...} when
 // admitted, {"event": "window", ...report...} per committed window, {"event": "done", ...} at the
@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   int connect_timeout_ms = 15000;
   float lr = 2e-4f;
   std::string mode = "pulse";
+  std::string overlap = "blocking";
   std::uint64_t hold_at_window = 0;
   std::string hold_file;
   app.add_option("--coordinator", coordinator, "host:port of the coordinator")->required();
@@ -111,6 +112,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace-dir", trace_dir, "write window traces here");
   app.add_option("--lr", lr, "inner step size");
   app.add_option("--mode", mode, "pulse or diloco");
+  app.add_option("--overlap", overlap, "blocking, delayed or eager (mode pulse)");
   app.add_option("--hold-at-window", hold_at_window,
                  "before window N's inner steps, wait until --hold-file exists (a test harness "
                  "event: e.g. another worker has registered)");
@@ -126,6 +128,7 @@ int main(int argc, char** argv) {
   try {
     EngineOptions options;
     options.mode = parse_mode(mode);
+    options.overlap = parse_overlap(overlap);
     options.steps_per_window = steps;
     options.chunk_elements = 4096;
     options.bucket_elements = 8192;

@@ -64,7 +64,8 @@ void expect_resume_continues_bit_identically(const std::string& name, const Engi
   for (int w = 0; w < saved_after; ++w)
     first.window(w);
   const fs::path saved = first.save(dir);
-  EXPECT_EQ(saved, dir / fmt::format("window-{:06}", saved_after));
+  // Named by the outer steps applied (one fewer than boundaries with a window in flight).
+  EXPECT_EQ(saved, dir / fmt::format("window-{:06}", first.engines[0]->window()));
   EXPECT_TRUE(fs::exists(saved / "manifest.json"));
   EXPECT_TRUE(fs::exists(saved / "global.safetensors"));
   for (int r = 0; r < kWorld; ++r) {
@@ -82,6 +83,26 @@ void expect_resume_continues_bit_identically(const std::string& name, const Engi
 TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
   const EngineOptions options = options_for_test();
   expect_resume_continues_bit_identically("resume", options, options, 10, 2, 5);
+}
+
+// Overlapped windows: the checkpoint holds each rank's message in flight with its residual; the
+// resumed job sends it again and applies it at its first boundary, as the uninterrupted run did
+// (eager also rebuilds the start point θ_l restarted from).
+TEST(Checkpoint, AWindowInFlightResumesBitIdentically) {
+  for (const Overlap overlap : {Overlap::delayed, Overlap::eager}) {
+    SCOPED_TRACE(overlap_name(overlap));
+    EngineOptions options = options_for_test();
+    options.overlap = overlap;
+    expect_resume_continues_bit_identically(
+        fmt::format("resume_in_flight_{}", overlap_name(overlap)), options, options, 60, 3, 6);
+  }
+}
+
+TEST(Checkpoint, ResumingWithAnotherOverlapIsRefusedNamingIt) {
+  EngineOptions blocking = options_for_test();
+  EngineOptions delayed = blocking;
+  delayed.overlap = Overlap::delayed;
+  EXPECT_EQ(options_that_change_the_state(delayed, blocking), std::vector<std::string>{"overlap"});
 }
 
 // How the bytes move is not part of the state: a job may resume with another all-gather
@@ -338,6 +359,31 @@ TEST(Trace, EveryTracedWindowReplaysBitIdenticallyAndTamperingIsCaught) {
   EXPECT_EQ(tampered.differences[0].tensor, "global.tensor2");
   EXPECT_EQ(tampered.differences[0].first_index, 123u);
   fs::remove_all(dir);
+}
+
+// Overlapped boundaries: the inputs hold the message in flight, and replay reruns the whole
+// boundary (finish, gate, apply, restart) bit for bit.
+TEST(Trace, OverlappedBoundariesReplayBitIdentically) {
+  for (const Overlap overlap : {Overlap::delayed, Overlap::eager}) {
+    SCOPED_TRACE(overlap_name(overlap));
+    const fs::path dir = fresh_dir(fmt::format("trace_{}", overlap_name(overlap)));
+    EngineOptions options = options_for_test();
+    options.overlap = overlap;
+    options.trace_dir = dir.string();
+    TrainingRun run(options, 70);
+    for (int w = 0; w < 3; ++w)
+      run.window(w);
+    EXPECT_EQ(traced_windows(dir), (std::vector<std::uint64_t>{0, 1, 2}));
+    for (std::uint64_t w : traced_windows(dir)) {
+      const io::SafetensorsReader inputs(dir / fmt::format("window-{:06}", w) /
+                                         "rank-00001.in.safetensors");
+      EXPECT_EQ(inputs.contains("in_flight_message"), w > 0) << "window " << w;
+      const ReplayResult result = replay_window(dir, w);
+      EXPECT_TRUE(result.identical()) << "window " << w;
+      EXPECT_EQ(result.tensors_compared, kWorld * kCheckpointSizes.size() * 4);
+    }
+    fs::remove_all(dir);
+  }
 }
 
 // bf16 local weights with the authors' Δ: the trace records the choice with the options, and

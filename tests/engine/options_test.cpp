@@ -89,6 +89,35 @@ TEST(EngineOptions, Bf16DeltaIsValidatedSharedAndPartOfTheState) {
   EXPECT_EQ(options_that_change_the_state(exact, authors), std::vector<std::string>{"bf16_delta"});
 }
 
+TEST(EngineOptions, OverlapIsValidatedSharedAndPartOfTheState) {
+  for (const Overlap overlap : {Overlap::blocking, Overlap::delayed, Overlap::eager}) {
+    EXPECT_EQ(parse_overlap(overlap_name(overlap)), overlap);
+    EngineOptions options;
+    options.overlap = overlap;
+    EXPECT_EQ(options_from_json(to_json(options)).overlap, overlap);
+  }
+  try {
+    (void)parse_overlap("async");
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'async'"), std::string::npos) << e.what();
+  }
+  // Overlapped windows are PULSELoCo windows.
+  for (const Mode mode : {Mode::diloco, Mode::ddp}) {
+    EngineOptions dense;
+    dense.mode = mode;
+    dense.overlap = Overlap::eager;
+    const std::string error = validation_error(dense);
+    EXPECT_NE(error.find("overlap eager runs mode pulse"), std::string::npos) << error;
+  }
+  nlohmann::json older = to_json(EngineOptions{});
+  older.erase("overlap");  // files written before the option existed: blocking runs
+  EXPECT_EQ(options_from_json(older).overlap, Overlap::blocking);
+  EngineOptions delayed;
+  delayed.overlap = Overlap::delayed;
+  EXPECT_NE(shared_options_digest(delayed), shared_options_digest(EngineOptions{}));
+}
+
 TEST(EngineOptions, JsonWithoutPipelineChunkBytesLoadsWithTheDefault) {
   // Checkpoints and traces written before the option existed.
   nlohmann::json older = to_json(EngineOptions{});

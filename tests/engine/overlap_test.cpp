@@ -8,7 +8,10 @@
 #include <cstring>
 #include <map>
 
+#include <fmt/format.h>
+
 #include <pulseloco/base/errors.h>
+#include <pulseloco/engine/replay.h>
 #include <pulseloco/transport/inproc/inproc.h>
 #include "engine/engine_test_util.h"
 
@@ -261,5 +264,141 @@ INSTANTIATE_TEST_SUITE_P(Variants, EngineOverlap,
                            return std::string(overlap_name(c.overlap)) + "_R" +
                                   std::to_string(c.world) + "_" + std::string(dtype_name(c.dtype));
                          });
+
+// A dropped window: every rank's message in flight goes back into its residual (e = s where
+// it fired; e was 0 there).
+void reference_drop(OverlapReference& state) {
+  for (std::size_t r = 0; r < state.residual.size(); ++r) {
+    for (std::size_t t = 0; t < state.global.size(); ++t) {
+      for (const auto& [i, s] : state.in_flight[r][t])
+        state.residual[r][t][i] = s;
+      state.in_flight[r][t].clear();
+    }
+  }
+  state.has_in_flight = false;
+}
+
+// A member killed while a window is in flight: the others' next boundary fails with a named
+// error and changes nothing; they form a new group, which drops the window in flight on every
+// member (its entries back in e), and continue with identical replicas, as the reference says.
+TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOthersContinue) {
+  for (const Overlap overlap : {Overlap::delayed, Overlap::eager}) {
+    SCOPED_TRACE(overlap_name(overlap));
+    const std::vector<std::uint64_t> sizes{1, 37, 3000, 4097};
+    const float lr = 3e-5f;
+    constexpr int kMembers = 4;
+    std::vector<std::unique_ptr<LocalModel>> models;
+    std::vector<std::unique_ptr<Engine>> engines;
+    EngineOptions options = overlap_options(overlap);
+    options.timeout = std::chrono::milliseconds(5'000);
+    const std::filesystem::path traces =
+        testing::fresh_test_dir(fmt::format("overlap_membership_{}", overlap_name(overlap)));
+    options.trace_dir = traces.string();
+    for (int r = 0; r < kMembers; ++r) {
+      models.push_back(
+          std::make_unique<LocalModel>(testing::make_model(sizes, DType::float32, 7 + r)));
+      engines.push_back(std::make_unique<Engine>(testing::views_of(*models.back()), options));
+    }
+    const auto attach_all = [&](std::uint64_t generation,
+                                transport::inproc::InprocOptions inproc = {}) {
+      auto transports = transport::inproc::make_group(static_cast<int>(engines.size()), inproc);
+      testing::rethrow_first(testing::run_ranks(static_cast<int>(engines.size()), [&](int r) {
+        const auto i = static_cast<std::size_t>(r);
+        engines[i]->attach(std::move(transports[i]), GroupInfo{generation, {}});
+      }));
+    };
+    const auto faults = std::make_shared<transport::inproc::FaultInjector>();
+    attach_all(1, {.faults = faults});
+    OverlapReference reference = overlap_reference_start(*models[0], kMembers);
+    std::vector<LocalModel> reference_models;
+    for (const auto& m : models)
+      reference_models.push_back(*m);
+    const auto boundary = [&](int window, std::optional<std::uint64_t> applied) {
+      std::vector<LocalModel> current;
+      for (std::size_t r = 0; r < engines.size(); ++r) {
+        const auto seed = static_cast<std::uint32_t>(100 * window + static_cast<int>(r));
+        testing::local_training(*models[r], lr, 4, seed);
+        testing::local_training(reference_models[r], lr, 4, seed);
+      }
+      std::vector<WindowReport> reports(engines.size());
+      testing::rethrow_first(testing::run_ranks(static_cast<int>(engines.size()), [&](int r) {
+        reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
+      }));
+      for (const auto& report : reports) {
+        EXPECT_EQ(report.window, static_cast<std::uint64_t>(window));
+        EXPECT_EQ(report.applied_window, applied);
+      }
+      reference_boundary(reference, reference_models, overlap, options.outer_lr,
+                         options.outer_momentum);
+      for (const auto& m : models)
+        current.push_back(*m);
+      std::vector<std::unique_ptr<Engine>>& all = engines;
+      expect_matches(all, reference, current, reference_models,
+                     "boundary " + std::to_string(window));
+    };
+    boundary(0, std::nullopt);
+    boundary(1, 0);  // window 1 is in flight on every member
+
+    // Member 3 dies; the survivors reach their next boundary.
+    faults->kill(3);
+    std::vector<Digest> before;
+    for (const auto& engine : engines)
+      before.push_back(engine->state_digest());
+    const auto errors = testing::run_ranks(kMembers - 1, [&](int r) {
+      testing::local_training(*models[static_cast<std::size_t>(r)], lr, 4, 900);
+      (void)engines[static_cast<std::size_t>(r)]->run_window();
+    });
+    bool named = false;
+    for (int r = 0; r < kMembers - 1; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      ASSERT_TRUE(errors[i]) << "member " << r << " ran its boundary without member 3";
+      try {
+        std::rethrow_exception(errors[i]);
+      } catch (const Error& e) {
+        named = named || e.context().peer == 3;
+      }
+      EXPECT_EQ(engines[i]->state_digest(), before[i]);  // nothing applied
+      EXPECT_EQ(engines[i]->window(), 1u);
+      EXPECT_TRUE(engines[i]->window_in_flight());
+    }
+    EXPECT_TRUE(named) << "no survivor named member 3";
+    // Their local steps of the failed boundary are undone in the test (the reference never
+    // saw them): each survivor trains again from its model before the failure.
+    engines.pop_back();
+    models.pop_back();
+    for (int r = 0; r < kMembers - 1; ++r) {
+      for (std::size_t t = 0; t < sizes.size(); ++t) {  // in place: the engines hold views
+        const auto& saved = reference_models[static_cast<std::size_t>(r)][t].f32;
+        std::copy(saved.begin(), saved.end(),
+                  (*models[static_cast<std::size_t>(r)])[t].f32.begin());
+      }
+    }
+    reference_models.pop_back();
+    reference.residual.pop_back();
+    reference.start.pop_back();
+    reference.in_flight.pop_back();
+
+    attach_all(2);
+    reference_drop(reference);
+    for (const auto& engine : engines) {
+      EXPECT_FALSE(engine->window_in_flight());
+      EXPECT_EQ(engine->window(), 1u);
+    }
+    // Window 1 was dropped: its number is not used again, and nothing is in flight to apply.
+    boundary(2, std::nullopt);
+    boundary(3, 2);
+    std::vector<Digest> after;
+    for (const auto& engine : engines)
+      after.push_back(engine->state_digest());
+    EXPECT_EQ(after, std::vector<Digest>(after.size(), after[0]));
+    // Every boundary replays from its trace, the one after the regroup (the failed attempt's
+    // inputs are of the old generation) and eager's start points included.
+    EXPECT_EQ(traced_windows(traces), (std::vector<std::uint64_t>{0, 1, 2, 3}));
+    for (const std::uint64_t window : traced_windows(traces)) {
+      EXPECT_TRUE(replay_window(traces, window).identical()) << "window " << window;
+    }
+    std::filesystem::remove_all(traces);
+  }
+}
 
 }  // namespace pulseloco::overlap_test

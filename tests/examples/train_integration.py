@@ -60,11 +60,11 @@ def check(condition, message):
     return condition
 
 
-def common_args(args, cache_dir):
+def common_args(args, cache_dir, lr="1e-4"):
     # No pretraining (the cache key includes the step count, so this never touches the demo's
     # pretrained cache); short windows; one thread per worker (workers share two cores).
     return ["--pretrain-steps", "0", "--cache-dir", str(cache_dir), "-H", "2", "--batch", "1",
-            "--eval-batch", "2", "--threads", "1", "--lr", "1e-4"]
+            "--eval-batch", "2", "--threads", "1", "--lr", lr]
 
 
 def mpirun_prefix(args, ranks):
@@ -422,6 +422,14 @@ def free_port():
 
 
 def test_kill(args):
+    check_killed_worker(args)
+
+
+def check_killed_worker(args, extra=(), fault=None, timeouts=1):
+    """3 workers started as plain processes (environment rendezvous), `extra` added to their
+    flags. Rank 2 dies: SIGKILLed here once it has logged a finished window, or, with `fault`
+    (a PULSELOCO_FAULT value for rank 2), by itself where that says. Ranks 0 and 1 must exit
+    non-zero within `timeouts` times the collective timeout, naming peer 2 as lost."""
     ranks, victim, timeout_ms = 3, 2, 10000
     cache = args.work / "cache"
     port = free_port()
@@ -434,8 +442,11 @@ def test_kill(args):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PULSELOCO_RENDEZVOUS="env",
                    PULSELOCO_LOG_LEVEL="info")  # the event below is an info line
+        env.pop("PULSELOCO_FAULT", None)
+        if fault and rank == victim:
+            env["PULSELOCO_FAULT"] = fault
         command = [args.train, "--mode", "pulse", "--windows", "1000",
-                   "--timeout-ms", str(timeout_ms)] + common_args(args, cache)
+                   "--timeout-ms", str(timeout_ms)] + list(extra) + common_args(args, cache)
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT)
         os.set_blocking(process.stdout.fileno(), False)
@@ -458,20 +469,31 @@ def test_kill(args):
         return predicate()
 
     try:
-        # Event: the victim has finished a window (its engine logs "window 1 pulse: ...").
-        started = pump(time.monotonic() + args.timeout,
-                       lambda: "window 1 pulse:" in logs[victim]
-                       or any(p.poll() is not None for p in processes))
-        if not check(started and processes[victim].poll() is None,
-                     f"rank {victim} never logged window 1:\n{logs[victim]}"):
-            return
-        processes[victim].send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
+        if fault:
+            # Event: the victim's exit (it SIGKILLs itself where the fault says).
+            died = pump(time.monotonic() + args.timeout,
+                        lambda: processes[victim].poll() is not None)
+            if not check(died and processes[victim].returncode == -signal.SIGKILL,
+                         f"rank {victim} did not die of the fault {fault}: exit "
+                         f"{processes[victim].poll()}\n{logs[victim][-2000:]}"):
+                return
+            killed_at = exited_at[victim]
+        else:
+            # Event: the victim has finished a window (its engine logs "window 1 pulse: ...").
+            started = pump(time.monotonic() + args.timeout,
+                           lambda: "window 1 pulse:" in logs[victim]
+                           or any(p.poll() is not None for p in processes))
+            if not check(started and processes[victim].poll() is None,
+                         f"rank {victim} never logged window 1:\n{logs[victim]}"):
+                return
+            processes[victim].send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
         survivors = [r for r in range(ranks) if r != victim]
         # A lost connection is noticed at once; a survivor still computing its inner steps
-        # notices at its next exchange. Either way within the configured timeout (waiting up to
-        # twice as long, to report how late a survivor was rather than only that it was).
-        bound = timeout_ms / 1000.0
+        # notices at its next exchange (overlapped windows: at the boundary after the exchange
+        # that failed). Either way within the bound (waiting up to twice as long, to report how
+        # late a survivor was rather than only that it was).
+        bound = timeouts * timeout_ms / 1000.0
         pump(killed_at + 2 * bound,
              lambda: all(processes[r].poll() is not None for r in survivors))
         for r in survivors:
@@ -481,7 +503,7 @@ def test_kill(args):
             elapsed = exited_at.get(r, time.monotonic()) - killed_at
             check(code != 0, f"rank {r} exited 0 after its peer was killed")
             check(elapsed <= bound, f"rank {r} exited {elapsed:.1f} s after the kill, later than "
-                  f"the configured timeout ({bound:.0f} s)")
+                  f"{timeouts} x the configured timeout ({bound:.0f} s)")
             pump(time.monotonic() + 10, lambda: r not in open_ranks)  # the rest of its output
             error_lines = [l for l in logs[r].splitlines() if "pulseloco_train:" in l]
             check(any(f"peer {victim} was lost" in l for l in error_lines),
@@ -495,24 +517,31 @@ def test_kill(args):
             p.wait()
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__,
+def run_tests(description, tests, add_arguments=lambda parser: None):
+    """Parses the flags every integration script shares (and those `add_arguments` adds), runs
+    the test named on the command line, and returns the exit status."""
+    parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--train", required=True)
     parser.add_argument("--pulseloco", required=True, help="build/bin/pulseloco")
     parser.add_argument("--mpirun", default="mpirun")
     parser.add_argument("--work", required=True, type=pathlib.Path)
     parser.add_argument("--timeout", type=float, default=600, help="bound of each run, seconds")
-    parser.add_argument("test", choices=["replicas", "resume", "kill", "bf16"])
+    add_arguments(parser)
+    parser.add_argument("test", choices=sorted(tests))
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"replicas": test_replicas, "resume": test_resume, "kill": test_kill,
-     "bf16": test_bf16}[args.test](args)
+    tests[args.test](args)
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed", flush=True)
         return 1
     print("all checks passed", flush=True)
     return 0
+
+
+def main():
+    return run_tests(__doc__, {"replicas": test_replicas, "resume": test_resume,
+                               "kill": test_kill, "bf16": test_bf16})
 
 
 if __name__ == "__main__":

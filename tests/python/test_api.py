@@ -136,6 +136,26 @@ def test_every_engine_option_reaches_the_engine(tmp_path):
         assert got[key] == options[key], key
 
 
+@pytest.mark.parametrize("overlap", ["blocking", "delayed", "eager"])
+def test_overlap_reaches_the_engine_and_the_reports(overlap):
+    with pulseloco.Synchronizer([np.ones(16, np.float32)], inner_steps=1,
+                                overlap=overlap) as sync:
+        assert sync.options["overlap"] == overlap
+        assert not sync.window_in_flight
+        reports = [sync.after_optimizer_step() for _ in range(2)]
+        assert sync.window_in_flight == (overlap != "blocking")
+        completed = sync.complete_in_flight()
+        assert not sync.window_in_flight and sync.complete_in_flight() is None
+    assert [r.overlap for r in reports] == [overlap, overlap]
+    if overlap == "blocking":
+        assert [r.applied_window for r in reports] == [0, 1] and completed is None
+    else:
+        assert [r.applied_window for r in reports] == [None, 0]
+        assert (completed.window, completed.applied_window) == (1, 1)
+        assert completed.overlap == overlap
+    assert sync.window == 2
+
+
 def test_every_group_option_is_accepted():
     group = dict(backend="tcp", rendezvous="peers", rank=0, world_size=1,
                  master_addr="127.0.0.1", master_port=1, external_rendezvous_server=False,
@@ -165,6 +185,9 @@ def test_every_group_option_is_accepted():
     (dict(group={"rank": "0"}), "rank"),
     (dict(group={"backend": "carrier-pigeon"}), "carrier-pigeon"),
     (dict(index_coding="zigzag"), "zigzag"),
+    (dict(overlap="sometimes"), "sometimes"),
+    (dict(overlap=True), "overlap"),
+    (dict(mode="diloco", overlap="delayed"), "overlap"),
 ])
 def test_bad_options_raise_invalid_argument_naming_them(kwargs, needle):
     with pytest.raises(pulseloco.InvalidArgument) as caught:
@@ -206,6 +229,10 @@ def test_report_is_typed_and_has_a_dict_and_a_summary():
             assert getattr(report, name) == value, name
     assert {"window", "mode", "density", "payload_bytes", "digest", "rank_digests",
             "replicas_identical", "diloco_bytes", "ddp_bytes"} <= set(as_dict)
+    assert (report.overlap, report.applied_window, report.seconds.exchange_in_flight) == \
+        ("blocking", 0, 0.0)
+    assert {"overlap", "applied_window"} <= set(as_dict)
+    assert "exchange_in_flight" in as_dict["seconds"]
     assert report.summary().startswith("window 0 pulse")
     assert repr(report).startswith("WindowReport(window=0, mode='pulse'")
     assert report.digest == sync.digest == report.rank_digests[0]

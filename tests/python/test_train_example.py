@@ -1,6 +1,6 @@
-"""examples/python/train.py on 2 workers, under the launcher and under mpirun: it trains, rank 0
-reports every window, and the final line gives the payload against DiLoCo and DDP and says the
-replicas stayed identical every window.
+"""examples/python/train.py on 2 workers, under the launcher (blocking and overlapped windows)
+and under mpirun: it trains, rank 0 reports every window, and the final line gives the payload
+against DiLoCo and DDP and says the replicas stayed identical every window.
 
 PYTHONPATH must reach the built package (ctest sets it).
 """
@@ -43,6 +43,17 @@ def test_the_example_trains_under_the_launcher(mode):
                             env=clean_environment(), capture_output=True, text=True,
                             timeout=BOUND_SECONDS)
     check_output(result, "[rank 0] ")
+
+
+def test_the_example_trains_with_overlapped_windows():
+    result = subprocess.run([sys.executable, "-m", "pulseloco.launch", "--nproc-per-node", "2",
+                             str(EXAMPLE), "--overlap", "eager", *ARGUMENTS],
+                            env=clean_environment(), capture_output=True, text=True,
+                            timeout=BOUND_SECONDS)
+    check_output(result, "[rank 0] ")
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[rank 0] window ")]
+    assert lines[0].endswith(", nothing applied yet") and lines[1].endswith(", applied window 0")
+    assert "[rank 0] applied window 2 after the last step" in result.stdout
 
 
 @pytest.mark.skipif(MPIRUN is None or "mpi" not in pulseloco.features()["transports"],

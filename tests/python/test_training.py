@@ -1,5 +1,6 @@
 """Groups of 2 and 4 processes train a small torch model over TCP (environment rendezvous on
-loopback) in each mode; every rank must print the same digests, window after window."""
+loopback) in each mode, and with overlapped windows; every rank must print the same digests,
+window after window."""
 
 import pytest
 
@@ -40,3 +41,34 @@ def test_bf16_parameters(mode):
     processes = run_group(2, ["--mode", mode, "--dtype", "bfloat16", "--windows", str(WINDOWS)],
                           timeout=180)
     check_identical(processes, WINDOWS)
+
+
+@pytest.fixture(scope="module")
+def blocking_digests():
+    """Per window, the digest 2 blocking ranks agree on (the reference of the overlapped runs)."""
+    processes = run_group(2, ["--windows", "2"], timeout=180)
+    check_identical(processes, 2)
+    return [e["digest"] for e in processes[0].events if e["event"] == "window"]
+
+
+@pytest.mark.parametrize("overlap", ["delayed", "eager"])
+def test_overlapped_windows_keep_the_replicas_identical(overlap, blocking_digests):
+    windows = 4
+    processes = run_group(2, ["--overlap", overlap, "--windows", str(windows)], timeout=240)
+    check_identical(processes, windows)
+    for process in processes:
+        reports = [e for e in process.events if e["event"] == "window"]
+        assert {r["overlap"] for r in reports} == {overlap}
+        # Each boundary applies the window before it; the first has nothing to apply.
+        assert [r["applied_window"] for r in reports] == [None, *range(windows - 1)]
+        # Window 0 started from the same weights and trained on the same data as the blocking
+        # run's window 0: applying it gives the same θ_g and m.
+        assert reports[1]["digest"] == blocking_digests[0]
+        # complete_in_flight() applied the last window, and then there was nothing in flight.
+        completed = process.event("completed")
+        assert (completed["window"], completed["applied_window"]) == (windows - 1, windows - 1)
+        assert completed["replicas_identical"] and not completed["in_flight"]
+        assert not completed["again"]
+        done = process.event("done")
+        assert done["window"] == windows and done["digest"] == completed["digest"]
+    assert processes[0].event("completed")["digest"] == processes[1].event("completed")["digest"]

@@ -47,6 +47,8 @@ def main():
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--inner-steps", type=int, default=4)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--overlap", default="blocking",
+                        help="overlapped windows: the last one is applied by complete_in_flight()")
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--save", help="checkpoint root: save after --save-after windows")
     parser.add_argument("--save-after", type=int, default=0)
@@ -73,7 +75,7 @@ def main():
                    "admission_timeout": 60.0}
     sync = pulseloco.Synchronizer(model.named_parameters(), mode=args.mode,
                                   inner_steps=args.inner_steps, threads=1,
-                                  timeout=args.timeout, elastic=elastic)
+                                  timeout=args.timeout, elastic=elastic, overlap=args.overlap)
     rank = sync.rank
     pointers = [info.data_ptr for info in sync.tensor_table()]
     emit(event="ready", rank=rank, world_size=sync.world_size,
@@ -95,6 +97,12 @@ def main():
     except pulseloco.Error as error:
         emit_error(error, elapsed=time.monotonic() - train.window_start)
         return 3
+    completed = sync.complete_in_flight()
+    if completed is not None:
+        emit(event="completed", rank=rank, window=completed.window,
+             applied_window=completed.applied_window, digest=completed.digest,
+             replicas_identical=completed.replicas_identical,
+             in_flight=sync.window_in_flight, again=sync.complete_in_flight() is not None)
     emit(event="done", rank=rank, window=sync.window, digest=sync.digest,
          weights=[p.detach().float().sum().item() for p in model.parameters()])
     sync.close()
@@ -107,7 +115,9 @@ def train(args, sync, model, optimizer, dtype, step):
     infinity_rank, infinity_window = rank_and_window(args.infinity)
     train.window_start = time.monotonic()
     first = next(model.parameters())
-    while sync.window < args.windows:
+    # Windows whose inner steps have ended (with overlapped windows one more than sync.window).
+    ended = sync.window
+    while ended < args.windows:
         x, y = batch(rank, step, dtype)
         loss = ((model(x) - y) ** 2).mean()  # mse_loss has no bf16 kernel on the CPU in torch 1.13
         loss.backward()
@@ -127,7 +137,9 @@ def train(args, sync, model, optimizer, dtype, step):
         report = sync.after_optimizer_step()
         if report is None:
             continue
+        ended = report.window + 1
         emit(event="window", rank=rank, window=report.window, mode=report.mode,
+             overlap=report.overlap, applied_window=report.applied_window,
              digest=report.digest, replicas_identical=report.replicas_identical,
              payload_bytes=report.payload_bytes, loss=float(loss),
              generation=report.generation, members=report.members)

@@ -17,6 +17,7 @@ nb::dict seconds_dict(const PhaseSeconds& s) {
   nb::dict d;
   d["gate"] = s.gate;
   d["exchange"] = s.exchange;
+  d["exchange_in_flight"] = s.exchange_in_flight;
   d["apply"] = s.apply;
   d["verify"] = s.verify;
   d["publish"] = s.publish;
@@ -27,7 +28,9 @@ nb::dict seconds_dict(const PhaseSeconds& s) {
 nb::dict report_dict(const WindowReport& r) {
   nb::dict d;
   d["window"] = r.window;
+  d["applied_window"] = r.applied_window;
   d["mode"] = std::string(mode_name(r.mode));
+  d["overlap"] = std::string(overlap_name(r.overlap));
   d["rank"] = r.rank;
   d["world_size"] = r.world_size;
   d["generation"] = r.generation;
@@ -62,7 +65,11 @@ nb::dict report_dict(const WindowReport& r) {
 void bind_report(nb::module_& module) {
   nb::class_<PhaseSeconds>(module, "PhaseSeconds", "Seconds one window spent in each phase.")
       .def_ro("gate", &PhaseSeconds::gate, "gate + encode (pulse) or pseudo-gradient (diloco)")
-      .def_ro("exchange", &PhaseSeconds::exchange, "the collectives")
+      .def_ro("exchange", &PhaseSeconds::exchange,
+              "the collectives; overlapped: the time this boundary waited for the window in "
+              "flight and the vote")
+      .def_ro("exchange_in_flight", &PhaseSeconds::exchange_in_flight,
+              "overlapped windows: how long the applied window's exchange ran in the background")
       .def_ro("apply", &PhaseSeconds::apply, "decode, aggregate, residual, outer step, reset")
       .def_ro("verify", &PhaseSeconds::verify, "digests of the state and their all-gather")
       .def_ro("publish", &PhaseSeconds::publish, "publishing the global weights (rank 0)")
@@ -70,19 +77,28 @@ void bind_report(nb::module_& module) {
       .def("to_dict", &seconds_dict)
       .def("__repr__", [](const PhaseSeconds& s) {
         return fmt::format(
-            "PhaseSeconds(gate={:.6f}, exchange={:.6f}, apply={:.6f}, "
-            "verify={:.6f}, publish={:.6f}, total={:.6f})",
-            s.gate, s.exchange, s.apply, s.verify, s.publish, s.total);
+            "PhaseSeconds(gate={:.6f}, exchange={:.6f}, exchange_in_flight={:.6f}, "
+            "apply={:.6f}, verify={:.6f}, publish={:.6f}, total={:.6f})",
+            s.gate, s.exchange, s.exchange_in_flight, s.apply, s.verify, s.publish, s.total);
       });
 
   using R = WindowReport;
   nb::class_<R>(module, "WindowReport",
                 "What one window did on this rank (returned by after_optimizer_step() and "
                 "run_window()). Attributes have the C++ WindowReport's names.")
-      .def_ro("window", &R::window, "index of the window that just committed (0-based)")
+      .def_ro("window", &R::window,
+              "index of the window whose inner steps just ended (0-based); blocking windows "
+              "commit at their own boundary")
+      .def_ro("applied_window", &R::applied_window,
+              "the window whose outer step this boundary applied: window when blocking, "
+              "window - 1 when overlapped, None at the first overlapped boundary or when the "
+              "window in flight was dropped")
       .def_prop_ro(
           "mode", [](const R& r) { return std::string(mode_name(r.mode)); },
           "'pulse', 'diloco' or 'ddp'")
+      .def_prop_ro(
+          "overlap", [](const R& r) { return std::string(overlap_name(r.overlap)); },
+          "'blocking', 'delayed' or 'eager' (EngineOptions::overlap)")
       .def_ro("rank", &R::rank)
       .def_ro("world_size", &R::world_size)
       .def_ro("generation", &R::generation, "the group's generation (elastic runs; 0 otherwise)")

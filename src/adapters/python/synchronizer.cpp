@@ -222,6 +222,13 @@ class Synchronizer {
     return collective([&] { return elastic_ ? elastic_->run_window() : engine_->run_window(); });
   }
 
+  std::optional<WindowReport> complete_in_flight() {
+    // Nothing in flight (blocking runs, or already completed): no thread, no GIL release.
+    if (!engine().window_in_flight()) return std::nullopt;
+    return collective(
+        [&] { return elastic_ ? elastic_->complete_in_flight() : engine_->complete_in_flight(); });
+  }
+
   void average_gradients(const nb::list& gradients) {
     std::vector<nb::ndarray<>> keep;
     std::vector<TensorView> views;
@@ -349,6 +356,9 @@ void bind_synchronizer(nb::module_& module) {
       .def("after_optimizer_step", &S::after_optimizer_step,
            "Counts the step; every inner_steps-th call runs a window and returns its report.")
       .def("run_window", &S::run_window, "Runs a window now (collective).")
+      .def("complete_in_flight", &S::complete_in_flight,
+           "Overlapped windows: applies the window in flight without starting another "
+           "(collective); returns that boundary's report, or None when nothing is in flight.")
       .def("average_gradients", &S::average_gradients, nb::arg("gradients"),
            "ddp: replaces every gradient by its average over the ranks (collective).")
       .def("save_checkpoint", &S::save_checkpoint, nb::arg("root"), nb::arg("keep"),
@@ -379,6 +389,8 @@ void bind_synchronizer(nb::module_& module) {
       .def_prop_ro("state_location", [](S& s) { return s.engine().state_location(); })
       .def_prop_ro("digest", [](S& s) { return s.engine().state_digest(); })
       .def_prop_ro("next_step_runs_window", [](S& s) { return s.engine().next_step_runs_window(); })
+      .def_prop_ro("window_in_flight", [](S& s) { return s.engine().window_in_flight(); })
+      .def_prop_ro("next_window", [](S& s) { return s.engine().next_window(); })
       .def_prop_ro("options_json", [](S& s) { return to_json(s.engine().options()).dump(); })
       .def_prop_ro("generation", [](S& s) { return s.engine().group().generation; })
       .def_prop_ro("members", &S::members);

@@ -192,6 +192,14 @@ std::optional<WindowReport> Synchronizer::after_optimizer_step() {
   return report;
 }
 
+std::optional<WindowReport> Synchronizer::complete_in_flight() {
+  torch::NoGradGuard no_grad;
+  // It writes θ_l (reset to the new θ_g) without reading it: nothing to stage to the host.
+  auto report = elastic_ ? elastic_->complete_in_flight() : engine_->complete_in_flight();
+  if (report) stage_from_host();
+  return report;
+}
+
 std::filesystem::path Synchronizer::save_checkpoint(const std::filesystem::path& root,
                                                     const CheckpointSave& save) {
   order_with_current_stream();

@@ -63,6 +63,11 @@ class Synchronizer {
   // Counts the step; every H-th call runs a window (collective) and returns its report.
   [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
 
+  // Overlapped windows (EngineOptions::overlap): Engine::complete_in_flight() (collective), with
+  // the weights it leaves written into the parameters; e.g. after the last step, so that they
+  // include the last window. Nothing (and no copy) when no window is in flight.
+  [[nodiscard]] std::optional<WindowReport> complete_in_flight();
+
   // Engine::save_checkpoint and load_checkpoint (collective; docs/operations.md,
   // "Checkpoints"): a new directory under `root` that commits as a whole, with this rank's own
   // files (optimizer_file() below) listed in its manifest with their checksums; loading verifies

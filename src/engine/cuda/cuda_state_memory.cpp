@@ -460,6 +460,9 @@ std::byte* CudaStateMemory::device_bytes(StateBuffer buffer, std::size_t tensor,
   if (buffer == StateBuffer::local) {
     return static_cast<std::byte*>(state.local.data) + range.begin * dtype_size(state.local.dtype);
   }
+  if (buffer == StateBuffer::start) {
+    throw InvalidArgument("device state keeps no start point (overlapped windows need host state)");
+  }
   float* values = buffer == StateBuffer::global     ? state.global
                   : buffer == StateBuffer::momentum ? state.momentum
                                                     : state.residual;
