@@ -19,11 +19,18 @@
 // fires, and every other element by less than 0.2 of a step, which the gate keeps in the residual.
 // ddp's window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what DDP moves
 // per inner step), followed by the engine's window bookkeeping (digest check).
+//
+// Overlapped windows (--compute-ratios, --overlaps; docs/benchmarks.md, "Overlapped windows"):
+// mode pulse with a stand-in for the inner steps, several windows in a row per run
+// (run_sequence): the inner steps spin on the calling thread for a set time, and the window's
+// time is compute plus the boundary. At each rate a blocking run without compute measures the
+// exchange time first; the compute time of the runs is then each ratio times it.
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -63,6 +70,12 @@ struct Settings {
   std::uint64_t seed = 1;
   bool json = false;
   std::string label;
+  // Overlapped windows (run_overlap_measurements): on when compute_ratios is not empty.
+  std::vector<double> compute_ratios;
+  std::vector<std::string> overlaps = {"blocking", "delayed", "eager"};
+  std::uint32_t steps_per_window = 8;
+  std::uint32_t windows = 4;
+  int repeats = 1;
 };
 
 // "100mbit" -> 100, "1gbit" -> 1000, "none" -> 0 (no shaping, no bound).
@@ -115,10 +128,26 @@ Model make_model(const Settings& s, ThreadPool& pool) {
 
 // The spacing of bf16 values at |x| (x finite, non-zero, normal).
 float bf16_step(float x) {
-  const float a = std::fabs(x);
+  // 2^(e - 7) for x = 1.m * 2^e: the exponent field less 7 (frexp/ldexp below 2^-119).
+  const std::uint32_t exponent_bits = std::bit_cast<std::uint32_t>(x) & 0x7f800000U;
+  if (exponent_bits > (8U << 23)) return std::bit_cast<float>(exponent_bits - (7U << 23));
   int exponent = 0;
-  (void)std::frexp(a, &exponent);  // a = f * 2^exponent, f in [0.5, 1)
+  (void)std::frexp(std::fabs(x), &exponent);  // |x| = f * 2^exponent, f in [0.5, 1)
   return std::ldexp(1.0f, exponent - 8);
+}
+
+// Element i's move in bf16 steps of its value, signed (see the file comment): 0.6 to 2 steps for
+// the fraction of elements below `threshold` (of 2^32), less than 0.2 otherwise.
+float move_in_steps(const bench::StreamKeys& keys, std::uint32_t i, std::uint32_t threshold) {
+  const std::uint32_t bits = bench::stream_bits(keys, i);
+  const std::uint32_t more = bench::mix32(bits ^ 0x5bd1e995U);
+  const float u = static_cast<float>(more >> 8) / 16777216.0f;  // [0, 1)
+  const float sign = (more & 1U) != 0 ? 1.0f : -1.0f;
+  return sign * (bits < threshold ? 0.6f + 1.4f * u : 0.2f * u);
+}
+
+std::uint32_t density_threshold(double density) {
+  return static_cast<std::uint32_t>(density * 4294967295.0);
 }
 
 // This rank's local weights after "H inner steps" (see the file comment).
@@ -126,16 +155,42 @@ void move_locally(Model& model, const Settings& s, double density, int rank, Thr
   pool.parallel_for(model.local.size(), [&](std::size_t t) {
     const bench::StreamKeys keys =
         bench::stream_keys(s.seed, t, 2, 0, static_cast<std::uint64_t>(rank) + 1);
-    const auto threshold = static_cast<std::uint32_t>(density * 4294967295.0);
     std::vector<float>& w = model.local[t];
     for (std::size_t i = 0; i < w.size(); ++i) {
-      const std::uint32_t bits = bench::stream_bits(keys, static_cast<std::uint32_t>(i));
-      const std::uint32_t more = bench::mix32(bits ^ 0x5bd1e995U);
-      const float u = static_cast<float>(more >> 8) / 16777216.0f;  // [0, 1)
-      const float sign = (more & 1U) != 0 ? 1.0f : -1.0f;
-      const float step = bf16_step(w[i]);
-      const float move = bits < threshold ? step * (0.6f + 1.4f * u) : step * 0.2f * u;
-      w[i] = w[i] - sign * move;
+      const float steps =
+          move_in_steps(keys, static_cast<std::uint32_t>(i), density_threshold(density));
+      w[i] = w[i] - steps * bf16_step(w[i]);
+    }
+  });
+}
+
+// run_sequence's moves: this rank's move_in_steps of every element, drawn once, so that a
+// window's moves cost the inner steps' stand-in one pass over the weights.
+std::vector<std::vector<float>> draw_moves(const Model& model, const Settings& s, double density,
+                                           int rank, ThreadPool& pool) {
+  std::vector<std::vector<float>> moves(model.local.size());
+  pool.parallel_for(model.local.size(), [&](std::size_t t) {
+    const bench::StreamKeys keys =
+        bench::stream_keys(s.seed, t, 2, 0, static_cast<std::uint64_t>(rank) + 1);
+    moves[t].resize(model.local[t].size());
+    for (std::size_t i = 0; i < moves[t].size(); ++i)
+      moves[t][i] = move_in_steps(keys, static_cast<std::uint32_t>(i), density_threshold(density));
+  });
+  return moves;
+}
+
+// Window `window`'s moves: the drawn ones rotated by an offset that depends on the window, so that
+// other elements fire in each window (at the same density) and the small moves of the others
+// add up in the residual as a random walk, as they would over many inner steps.
+void apply_moves(Model& model, const std::vector<std::vector<float>>& moves, std::uint64_t window,
+                 ThreadPool& pool) {
+  pool.parallel_for(model.local.size(), [&](std::size_t t) {
+    std::vector<float>& w = model.local[t];
+    const std::size_t n = w.size();
+    const std::size_t offset = (window * 0x9E3779B97F4A7C15ULL >> 17) % n;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t j = i + offset < n ? i + offset : i + offset - n;
+      w[i] = w[i] - moves[t][j] * bf16_step(w[i]);
     }
   });
 }
@@ -174,17 +229,23 @@ std::uint64_t s_to_ns(double seconds) {
   return static_cast<std::uint64_t>(std::llround(seconds * 1e9));
 }
 
-// One window of `mode` at `rate`; rank 0 returns the record.
-nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
-                       double density, std::uint16_t port, ThreadPool& pool) {
+// The group of one run (on `port`), its links unshaped: the state is built over them.
+std::unique_ptr<transport::Transport> connect_unshaped(const Settings& s, std::uint16_t port) {
   group::TransportOptions topt = group::from_environment();
   topt.master_port = port;
   topt.connect_timeout = std::chrono::seconds(s.timeout_s);
   auto transport = group::make_transport(topt);
+  if (transport->rank() == 0) run_hook(s, "off");
+  collectives::barrier(*transport, control_options(s));
+  return transport;
+}
+
+// One window of `mode` at `rate`; rank 0 returns the record.
+nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
+                       double density, std::uint16_t port, ThreadPool& pool) {
+  auto transport = connect_unshaped(s, port);
   const int rank = transport->rank();
   const int world = transport->size();
-  if (rank == 0) run_hook(s, "off");  // build the state over unshaped links
-  collectives::barrier(*transport, control_options(s));
 
   Model model = make_model(s, pool);
   EngineOptions options;
@@ -316,6 +377,174 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   return j;
 }
 
+// The stand-in for an inner step's accelerator work: the calling thread spins on the clock until
+// `deadline` (it never sleeps, so it holds a core as a host thread polling its device does).
+void busy_until(Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+  }
+}
+
+// Overlapped windows (--compute-ratios): windows 0..W of H inner steps each, run as a training
+// loop runs them. Every inner step spins until its share of `compute_s` since the window began
+// has passed (the first step also moves the local weights, apply_moves, inside that time), then
+// calls after_optimizer_step(); the H-th call is the boundary. Window 0 is not timed (with
+// overlap nothing is in flight at its boundary); window k's time runs from the end of boundary
+// k-1 to the end of boundary k. The window left in flight is completed (untimed) at the end.
+struct SequenceResult {
+  nlohmann::json record;  // the same on every rank (built from the all-gathered figures)
+  int rank = 0;
+};
+
+SequenceResult run_sequence(const Settings& s, const std::string& rate, Overlap overlap,
+                            double compute_s, double density, std::uint16_t port,
+                            ThreadPool& pool) {
+  auto transport = connect_unshaped(s, port);
+  const int rank = transport->rank();
+  const int world = transport->size();
+
+  Model model = make_model(s, pool);
+  EngineOptions options;
+  options.mode = Mode::pulse;
+  options.overlap = overlap;
+  options.steps_per_window = s.steps_per_window;
+  options.threads = s.threads;
+  options.pipeline_chunk_bytes = s.pipeline_chunk_bytes;
+  options.timeout = std::chrono::seconds(s.timeout_s);
+  Engine engine(model.named(), options, std::move(transport));
+  const std::vector<std::vector<float>> moves = draw_moves(model, s, density, rank, pool);
+  collectives::barrier(engine.transport(), control_options(s));
+  if (rank == 0) run_hook(s, rate);
+  collectives::barrier(engine.transport(), control_options(s));
+
+  const auto per_step = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(compute_s / s.steps_per_window));
+  // Sums over the timed windows: wall, compute, the boundary's phases, entries.
+  std::uint64_t wall_ns = 0, compute_ns = 0, entries = 0;
+  PhaseSeconds phases;
+  auto window_start = Clock::now();
+  for (std::uint32_t w = 0; w <= s.windows; ++w) {
+    apply_moves(model, moves, w, pool);
+    std::optional<WindowReport> report;
+    Clock::time_point compute_end;
+    for (std::uint32_t h = 0; h < s.steps_per_window; ++h) {
+      busy_until(window_start + per_step * (h + 1));
+      compute_end = Clock::now();
+      report = engine.after_optimizer_step();
+    }
+    const auto end = Clock::now();
+    if (!report) throw InvalidArgument("internal: no window after H steps");
+    if (w > 0) {
+      wall_ns += static_cast<std::uint64_t>((end - window_start).count());
+      compute_ns += static_cast<std::uint64_t>((compute_end - window_start).count());
+      entries += report->entries_sent;
+      phases.gate += report->seconds.gate;
+      phases.exchange += report->seconds.exchange;
+      phases.exchange_in_flight += report->seconds.exchange_in_flight;
+      phases.apply += report->seconds.apply;
+      phases.verify += report->seconds.verify;
+    }
+    window_start = end;
+  }
+  (void)engine.complete_in_flight();
+
+  const std::vector<std::uint64_t> mine = {wall_ns,
+                                           compute_ns,
+                                           s_to_ns(phases.gate),
+                                           s_to_ns(phases.exchange),
+                                           s_to_ns(phases.exchange_in_flight),
+                                           s_to_ns(phases.apply),
+                                           s_to_ns(phases.verify),
+                                           entries};
+  std::vector<std::vector<std::uint64_t>> all(mine.size());
+  for (std::size_t f = 0; f < mine.size(); ++f)
+    all[f] = collectives::allgather_u64(engine.transport(), mine[f], control_options(s));
+  if (rank == 0) run_hook(s, "off");
+
+  // Means per window: the slowest rank's (the group's pace), and for the exchange also the
+  // fastest rank's wait (the rank that came last waited for nobody; see run_one).
+  const double windows = s.windows;
+  const auto mean_max = [&](std::size_t f) {
+    return ns_to_s(*std::max_element(all[f].begin(), all[f].end())) / windows;
+  };
+  const auto mean_min = [&](std::size_t f) {
+    return ns_to_s(*std::min_element(all[f].begin(), all[f].end())) / windows;
+  };
+  std::uint64_t all_entries = 0;
+  for (std::uint64_t e : all[7])
+    all_entries += e;
+  nlohmann::json j = {
+      {"benchmark", "sync-overlap"},
+      {"overlap", overlap_name(overlap)},
+      {"rate", rate},
+      {"link_mbit", rate_mbit(rate)},
+      {"ranks", world},
+      {"parameters", engine.parameter_count()},
+      {"H", s.steps_per_window},
+      {"windows", s.windows},
+      {"target_density", density},
+      {"density", static_cast<double>(all_entries) / world / windows /
+                      static_cast<double>(engine.parameter_count())},
+      {"threads_per_rank", s.threads},
+      {"compute_set_seconds", compute_s},
+      {"compute_seconds", mean_max(1)},
+      {"window_seconds", mean_max(0)},
+      {"phase_seconds_max",
+       {{"gate", mean_max(2)},
+        {"exchange", mean_max(3)},
+        {"exchange_in_flight", mean_max(4)},
+        {"apply", mean_max(5)},
+        {"verify", mean_max(6)}}},
+      {"exchange_seconds", mean_min(3)},
+      {"per_rank", {{"window_ns", all[0]}, {"compute_ns", all[1]}, {"exchange_ns", all[3]}}},
+  };
+  if (!s.label.empty()) j["setup"] = s.label;
+  return {j, rank};
+}
+
+// --compute-ratios: at each rate a blocking calibration run without compute measures the
+// exchange; then, `repeats` times, for each ratio, every overlap in turn (interleaved) runs with
+// the inner steps set to ratio x that exchange.
+void run_overlap_measurements(const Settings& s, int base_port, ThreadPool& pool) {
+  int k = 0;
+  const double density = s.densities.front();
+  const auto emit = [&](SequenceResult result, const char* role, double ratio, int repeat) {
+    if (result.rank != 0) return;
+    nlohmann::json& j = result.record;
+    j["role"] = role;
+    j["compute_ratio"] = ratio;
+    j["repeat"] = repeat;
+    if (s.json) {
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print(
+          "{:<8} {:<11} {:<8} ratio {:<4g} window {:.3f} s = compute {:.3f} + boundary "
+          "{:.3f} (waited {:.3f}, in flight {:.3f})\n",
+          j["rate"].get<std::string>(), role, j["overlap"].get<std::string>(), ratio,
+          j["window_seconds"].get<double>(), j["compute_seconds"].get<double>(),
+          j["window_seconds"].get<double>() - j["compute_seconds"].get<double>(),
+          j["phase_seconds_max"]["exchange"].get<double>(),
+          j["phase_seconds_max"]["exchange_in_flight"].get<double>());
+    }
+    std::fflush(stdout);
+  };
+  for (const std::string& rate : s.rates) {
+    const auto next_port = [&] { return static_cast<std::uint16_t>(base_port + k++); };
+    const SequenceResult calibration =
+        run_sequence(s, rate, Overlap::blocking, 0.0, density, next_port(), pool);
+    const double exchange = calibration.record["exchange_seconds"].get<double>();
+    emit(calibration, "calibration", 0.0, 0);
+    for (int repeat = 0; repeat < s.repeats; ++repeat) {
+      for (double ratio : s.compute_ratios) {
+        for (const std::string& name : s.overlaps) {
+          emit(run_sequence(s, rate, parse_overlap(name), ratio * exchange, density, next_port(),
+                            pool),
+               "measurement", ratio, repeat);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,6 +574,26 @@ int main(int argc, char** argv) {
   app.add_option("--seed", s.seed, "state seed")->capture_default_str();
   app.add_option("--label", s.label, "a 'setup' field for every record");
   app.add_flag("--json", s.json, "one JSON record per line");
+  app.add_option("--compute-ratios", s.compute_ratios,
+                 "overlapped windows: runs of windows with inner steps that spin for these "
+                 "multiples of the blocking exchange time (measured first at each rate); mode "
+                 "pulse, the first density")
+      ->delimiter(',')
+      ->check(flags::at_least(0.0));
+  app.add_option("--overlaps", s.overlaps, "with --compute-ratios: the overlaps, interleaved")
+      ->delimiter(',')
+      ->check(flags::one_of({"blocking", "delayed", "eager"}))
+      ->capture_default_str();
+  app.add_option("-H,--steps-per-window", s.steps_per_window,
+                 "with --compute-ratios: inner steps per window")
+      ->check(flags::at_least(std::uint32_t{1}))
+      ->capture_default_str();
+  app.add_option("--windows", s.windows, "with --compute-ratios: timed windows per run")
+      ->check(flags::at_least(std::uint32_t{1}))
+      ->capture_default_str();
+  app.add_option("--repeats", s.repeats, "with --compute-ratios: rounds of all runs")
+      ->check(flags::at_least(1))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -358,6 +607,13 @@ int main(int argc, char** argv) {
     if (port_text == nullptr) throw InvalidArgument("MASTER_PORT is not set (env rendezvous)");
     const int base_port = std::stoi(port_text);
     ThreadPool pool(s.threads);
+    if (!s.compute_ratios.empty()) {
+      if (s.modes != std::vector<std::string>{"pulse"}) {
+        throw InvalidArgument("--compute-ratios measures mode pulse: pass --modes pulse");
+      }
+      run_overlap_measurements(s, base_port, pool);
+      return 0;
+    }
     int k = 0;
     bool printed_header = false;
     for (const std::string& rate : s.rates) {

@@ -6,11 +6,20 @@ plotting library needed) and prints the table behind it.
 
 --bf16-weights plots the held-out loss of the weights rounded to bf16 (what a bf16-compute
 model sees) instead of the fp32 weights.
+
+Losses are placed by the outer steps applied: with overlapped windows (pulseloco_train
+--overlap delayed|eager) a boundary applies the window before it, the first applies none, and
+the last window is applied after the loop (the run's `final_loss`; fp32 weights only).
 """
 import json
 import sys
 
 COLOURS = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
+
+
+def label(run):
+    overlap = run.get("overlap", "blocking")
+    return run["mode"] if overlap == "blocking" else f"{run['mode']} {overlap}"
 
 
 def main(argv):
@@ -25,13 +34,16 @@ def main(argv):
     for path in paths:
         with open(path, encoding="utf-8") as f:
             run = json.load(f)
-        losses = [run[initial_key]] + [w[key] for w in run["windows"]]
+        applied = [w for w in run["windows"] if w.get("applied_window", w["window"]) is not None]
+        losses = [run[initial_key]] + [w[key] for w in applied]
+        if run.get("windows_applied", len(applied)) > len(applied) and not bf16:
+            losses.append(run["final_loss"])  # the window completed after the last boundary
         runs.append((run, losses))
 
     # Table: loss after each window, and the relative difference of each run to the last one.
     reference = runs[-1][1]
-    header = ["window"] + [r["mode"] for r, _ in runs] + [
-        f"{r['mode']} vs {runs[-1][0]['mode']}" for r, _ in runs[:-1]]
+    header = ["window"] + [label(r) for r, _ in runs] + [
+        f"{label(r)} vs {label(runs[-1][0])}" for r, _ in runs[:-1]]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     length = min(len(l) for _, l in runs)
@@ -72,7 +84,7 @@ def main(argv):
         parts.append(f'<text x="{x(i):.1f}" y="{height - bottom + 18}" text-anchor="middle">'
                      f'{i}</text>')
     parts.append(f'<text x="{width / 2}" y="{height - 10}" text-anchor="middle">'
-                 'windows completed</text>')
+                 'windows applied</text>')
     parts.append(f'<line x1="{left}" x2="{left}" y1="{top}" y2="{height - bottom}" stroke="black"/>')
     parts.append(f'<line x1="{left}" x2="{width - right}" y1="{height - bottom}" '
                  f'y2="{height - bottom}" stroke="black"/>')
@@ -82,8 +94,8 @@ def main(argv):
         dash = ' stroke-dasharray="6,4"' if k > 0 else ""
         parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" '
                      f'stroke-width="2"{dash}/>')
-        parts.append(f'<text x="{width - right - 150}" y="{top + 20 + 18 * k}" fill="{colour}">'
-                     f'{run["mode"]} (final {losses[-1]:.5f})</text>')
+        parts.append(f'<text x="{width - right - 210}" y="{top + 20 + 18 * k}" fill="{colour}">'
+                     f'{label(run)} (final {losses[-1]:.5f})</text>')
     parts.append("</svg>")
     with open(out, "w", encoding="utf-8") as f:
         f.write("\n".join(parts) + "\n")

@@ -26,6 +26,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <pulseloco/adapters/torch/synchronizer.h>
@@ -224,6 +226,29 @@ void print_row(const WindowRow& row, bool publishing) {
   std::fflush(stdout);
 }
 
+// Held-out loss of the synchronised weights θ_g, each tensor rounded to its local dtype as the
+// engine's reset rounds it (so blocking runs evaluate exactly their local weights): with
+// overlap = eager the local weights differ from θ_g between boundaries. Restores the model.
+std::pair<double, double> evaluate_global(example::TransformerLM& model,
+                                          const std::vector<torch::Tensor>& local_tensors,
+                                          const Engine& engine, const example::Batch& batch) {
+  torch::NoGradGuard no_grad;
+  auto parameters = model.parameters();
+  std::vector<torch::Tensor> saved;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    saved.push_back(parameters[i].clone());
+    std::vector<float> global = engine.copy_state(Engine::StateTensor::global_weights, i);
+    const torch::Tensor view =
+        torch::from_blob(global.data(), {static_cast<std::int64_t>(global.size())});
+    parameters[i].copy_(
+        view.to(local_tensors[i].scalar_type()).to(torch::kFloat32).view_as(parameters[i]));
+  }
+  const std::pair<double, double> losses{model.evaluate(batch), model.evaluate_bf16_weights(batch)};
+  for (std::size_t i = 0; i < parameters.size(); ++i)
+    parameters[i].copy_(saved[i]);
+  return losses;
+}
+
 nlohmann::json window_json(const WindowRow& row) {
   const auto& r = row.report;
   nlohmann::json digests = nlohmann::json::array();
@@ -357,8 +382,8 @@ int run_worker(const Settings& settings) {
     if (!report) throw InvalidArgument("internal: a window did not run after H steps");
     WindowRow row{*report, loss_sum / settings.steps_per_window, 0.0};
     if (rank == 0) {
-      row.eval_loss = model.evaluate(eval_batch);
-      row.eval_loss_bf16 = model.evaluate_bf16_weights(eval_batch);
+      std::tie(row.eval_loss, row.eval_loss_bf16) =
+          evaluate_global(model, parameters, sync.engine(), eval_batch);
     }
     identical = identical && report->replicas_identical;
     if (rank == 0) print_row(row, !settings.publish_dir.empty());
@@ -370,6 +395,13 @@ int run_worker(const Settings& settings) {
                                  {.keep = settings.checkpoint_keep,
                                   .files = {libtorch::optimizer_file(trainer.optimizer())}});
     }
+  }
+  // Overlapped windows: the last window is still in flight; apply it so θ_g includes every window.
+  std::optional<double> completed_loss;
+  if (const auto completed = sync.engine().complete_in_flight(); completed && rank == 0) {
+    completed_loss = evaluate_global(model, parameters, sync.engine(), eval_batch).first;
+    fmt::print("{:>6} {:>10} {:>10.5f}   (window {} applied after the last boundary)\n", "final",
+               "", *completed_loss, completed->applied_window.value_or(completed->window));
   }
   if (!settings.final_weights_dir.empty()) {
     sync.engine().save_global_weights(fs::path(settings.final_weights_dir) /
@@ -383,7 +415,9 @@ int run_worker(const Settings& settings) {
       diloco += row.report.diloco_bytes;
       ddp += row.report.ddp_bytes;
     }
-    const double final_loss = rows.empty() ? model.evaluate(eval_batch) : rows.back().eval_loss;
+    const double final_loss = completed_loss ? *completed_loss
+                              : rows.empty() ? model.evaluate(eval_batch)
+                                             : rows.back().eval_loss;
     fmt::print(
         "summary: {} windows, final held-out loss {:.5f}, payload per worker {} in total "
         "(DiLoCo would send {} = {:.1f}x, DDP {} = {:.1f}x), replicas {}\n",
@@ -412,6 +446,7 @@ int run_worker(const Settings& settings) {
                                {"initial_loss_bf16_weights", initial_loss_bf16},
                                {"first_window", first_window},
                                {"publish_dir", settings.publish_dir},
+                               {"windows_applied", sync.engine().window()},
                                {"final_loss", final_loss}};
       std::ofstream file(settings.json_path);
       file << out.dump(2) << '\n';

@@ -10,7 +10,8 @@ The runs are those of train_integration.py (a 5 M-parameter model, no pretrainin
       4 ranks, 20 windows, under mpirun (TCP transport, MPI rendezvous) or as 4 processes of
       the environment rendezvous (--local-workers): every window's digests equal on all ranks,
       the report names the variant, boundary 0 applies nothing and boundary w applies window
-      w - 1; every rank's final θ_g file byte-identical.
+      w - 1; every rank's final θ_g file byte-identical; the held-out loss is θ_g's (boundary
+      0's is the initial loss) and the last window is applied after the loop.
   ... resume
       2 workers: 6 windows uninterrupted (traced: `pulseloco replay` reproduces every
       boundary), against 3 windows that checkpoint after boundary 2 (window 2 in flight: its
@@ -82,8 +83,16 @@ def test_replicas(args):
                               "--final-weights", str(out / "final")] + common_args(args),
                     timeout=args.timeout)
     if check(result.returncode == 0, f"{label}: exited {result.returncode}"):
-        check_overlap_report(out / "report.json", ranks, windows, args.overlap, label)
+        report = check_overlap_report(out / "report.json", ranks, windows, args.overlap, label)
         identical_final_weights(out / "final", ranks, label)
+        if report is not None:
+            # The held-out loss is θ_g's: boundary 0 applied nothing (eager's local weights had
+            # moved by then); the last window is applied after the loop.
+            check(report["windows"][0]["loss"] == report["initial_loss"],
+                  f"{label}: boundary 0's loss {report['windows'][0]['loss']} is not the initial "
+                  f"{report['initial_loss']}")
+            check(report["windows_applied"] == windows,
+                  f"{label}: {report['windows_applied']} windows applied, expected {windows}")
 
 
 def in_flight_windows(checkpoint, ranks):
