@@ -229,9 +229,13 @@ void print_row(const WindowRow& row, bool publishing) {
 // Held-out loss of the synchronised weights θ_g, each tensor rounded to its local dtype as the
 // engine's reset rounds it (so blocking runs evaluate exactly their local weights): with
 // overlap = eager the local weights differ from θ_g between boundaries. Restores the model.
+// Mode ddp keeps no θ_g: its replicas' weights are the local ones.
 std::pair<double, double> evaluate_global(example::TransformerLM& model,
                                           const std::vector<torch::Tensor>& local_tensors,
                                           const Engine& engine, const example::Batch& batch) {
+  if (engine.options().mode == Mode::ddp) {
+    return {model.evaluate(batch), model.evaluate_bf16_weights(batch)};
+  }
   torch::NoGradGuard no_grad;
   auto parameters = model.parameters();
   std::vector<torch::Tensor> saved;

@@ -178,6 +178,14 @@ def test_replicas(args):
     if len(weights) == 2:
         check(weights["tcp"] == weights["mpi"],
               "the TCP and MPI runs ended with different final weights")
+    # The dense baselines run through the same program (the demo's other two runs).
+    for mode in ("diloco", "ddp"):
+        result = run(mpirun_prefix(args, ranks) + [
+            args.train, "--mode", mode, "--windows", "2"] + common_args(args, cache),
+            timeout=args.timeout)
+        check(result.returncode == 0, f"{mode}: mpirun exited {result.returncode}")
+        check("replicas bit-identical every window" in result.stdout,
+              f"{mode}: no summary with identical replicas:\n{result.stdout[-2000:]}")
 
 
 def test_resume(args):
