@@ -78,7 +78,7 @@ def push(pulseloco: str, published: Path, work: Path, expected: dict[str, bytes]
                  str(work / "mismatched.safetensors")], capture_output=True, text=True,
                 timeout=120, env=dict(subscriber_env, PULSELOCO_CONNECT_TIMEOUT_MS="60000"))
             assert mismatched.returncode == 1, mismatched
-            assert "pulseloco: protocol: " in mismatched.stderr, mismatched.stderr
+            assert "pulseloco: protocol violation: " in mismatched.stderr, mismatched.stderr
             assert "link security differs: the server's links use TLS" in mismatched.stderr, \
                 mismatched.stderr
             assert not (work / "mismatched.safetensors").exists()
