@@ -173,8 +173,9 @@ struct Subscriber::Impl {
       const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - started);
       if (now >= give_up)
         throw TimeoutError(fmt::format(
-            "patch push: could not subscribe to {} in {} ms ({} attempts; last problem: {})",
-            transport::to_string(server), waited.count(), attempts, last_problem));
+            "patch push: could not subscribe to {} in {} ms ({} attempt{}; last problem: {})",
+            transport::to_string(server), waited.count(), attempts, attempts == 1 ? "" : "s",
+            last_problem));
       if (attempts == 1) {
         logger().info("patch push: cannot subscribe to {} yet ({}); retrying for up to {} ms",
                       transport::to_string(server), last_problem,
