@@ -76,14 +76,20 @@ const ManifestFile& step_file(const ManifestVersion& entry, StepKind kind) {
 struct PushServer::Impl {
   struct Subscriber {
     Subscriber(std::shared_ptr<tcp::Socket> accepted, std::shared_ptr<tcp::TlsContext> tls)
-        : socket(accepted), link(std::move(accepted), std::move(tls)) {}
+        : socket(accepted),
+          link(std::move(accepted), std::move(tls)),
+          pace_timer(socket->get_executor()) {}
     const std::shared_ptr<tcp::Socket> socket;
     tcp::LinkStream link;
     std::string from;
     std::optional<std::uint64_t> sent;  // the version the messages sent so far bring it to
     bool writing = false;
     bool closed = false;
-    std::optional<SendPace> pace;            // while messages are on their way
+    // While messages are on their way: the pace rules, and a timer at their deadline (one per
+    // subscriber, moved only when it fires, not at every write).
+    std::optional<SendPace> pace;
+    asio::steady_timer pace_timer;
+    std::uint64_t pace_generation = 0;       // which write loop the timer serves
     std::optional<PaceVerdict> dropped_for;  // why the pace rules reset its connection
   };
   using SubscriberPtr = std::shared_ptr<Subscriber>;
@@ -127,6 +133,7 @@ struct PushServer::Impl {
   void forget(const SubscriberPtr& subscriber) {
     if (subscriber->closed) return;
     subscriber->closed = true;
+    subscriber->pace_timer.cancel();
     close_socket(*subscriber);
     if (subscribers.erase(subscriber) > 0) subscribed.fetch_sub(1);
   }
@@ -173,6 +180,7 @@ struct PushServer::Impl {
 
   asio::awaitable<void> write_loop(SubscriberPtr subscriber) {
     subscriber->pace.emplace(pace_limits(), transport::Clock::now());
+    watch_pace(subscriber, ++subscriber->pace_generation);
     try {
       while (!subscriber->closed && !shutting_down && !manifest->versions.empty() &&
              subscriber->sent != manifest->versions.back().version) {
@@ -195,8 +203,26 @@ struct PushServer::Impl {
                      error.what());
       forget(subscriber);
     }
+    subscriber->pace_timer.cancel();
     subscriber->pace.reset();
     subscriber->writing = false;
+  }
+
+  // Drops the subscriber when the pace rules' deadline passes without the bytes they ask for;
+  // when it took them meanwhile, waits for the next deadline.
+  void watch_pace(const SubscriberPtr& subscriber, std::uint64_t generation) {
+    subscriber->pace_timer.expires_at(subscriber->pace->deadline());
+    subscriber->pace_timer.async_wait(
+        [this, subscriber, generation](const boost::system::error_code& error) {
+          if (error || subscriber->closed || subscriber->pace_generation != generation ||
+              !subscriber->pace)
+            return;  // the messages were sent, or the subscriber is gone
+          if (auto verdict = subscriber->pace->verdict(transport::Clock::now())) {
+            drop(*subscriber, std::move(*verdict));
+          } else {
+            watch_pace(subscriber, generation);
+          }
+        });
   }
 
   [[nodiscard]] PaceLimits pace_limits() const {
@@ -241,21 +267,14 @@ struct PushServer::Impl {
     } while (at < file.bytes);
   }
 
-  // Writes `bytes` as the subscriber takes them, dropping it (its connection reset) when the
-  // pace rules say so: at a write that completes too late, or when the deadline passes first.
+  // Writes `bytes` as the subscriber takes them, telling the pace rules what each write took;
+  // drops the subscriber (its connection reset) at a write that completes after a window that
+  // fell short (watch_pace drops one whose write does not complete in time).
   asio::awaitable<void> write_paced(Subscriber& subscriber, std::span<const std::byte> bytes) {
     SendPace& pace = *subscriber.pace;
     while (!bytes.empty()) {
-      std::size_t took = 0;
-      {
-        const transport::Deadline deadline = pace.deadline();
-        tcp::Watchdog watchdog(io.get_executor(), deadline, [this, &subscriber, deadline] {
-          // The timer never fires early, and at the deadline the rules have a verdict.
-          drop(subscriber, *subscriber.pace->verdict(std::max(transport::Clock::now(), deadline)));
-        });
-        took = co_await subscriber.link.async_write_some(asio::buffer(bytes.data(), bytes.size()),
-                                                         asio::use_awaitable);
-      }
+      const std::size_t took = co_await subscriber.link.async_write_some(
+          asio::buffer(bytes.data(), bytes.size()), asio::use_awaitable);
       const auto now = transport::Clock::now();
       pace.took(took, now);
       bytes = bytes.subspan(took);
