@@ -251,6 +251,23 @@ TEST(MembershipPolicy, AdmittedJoinersFollowTheSurvivorsInArrivalOrder) {
   EXPECT_EQ(run.standing("e"), Standing::member);
 }
 
+TEST(MembershipPolicy, AJoinerThatLeavesIsNotAdmitted) {
+  Roster run(rules(2));
+  ASSERT_TRUE(run.join({"a", "b"}).formed);
+  for (const char* id : {"c", "d"}) {
+    run.add(id);
+    (void)run.ask(id);
+  }
+  (void)run.leave("c");
+  EXPECT_EQ(run.policy.waiting(), 1u);
+  EXPECT_TRUE(answers_regroup(run.boundary("a", 1)));
+  (void)run.ask("a");
+  const auto decisions = run.ask("b");
+  ASSERT_TRUE(decisions.formed);
+  EXPECT_EQ(decisions.formed->worker_ids, (Ids{"a", "b", "d"}));
+  EXPECT_EQ(decisions.formed->joined, (Ids{"d"}));
+}
+
 TEST(MembershipPolicy, TheBoundaryAnswerIsDecidedOnceAndEveryMemberGetsIt) {
   Roster run(rules(2));
   ASSERT_TRUE(run.join({"a", "b"}).formed);
