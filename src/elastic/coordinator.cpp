@@ -399,7 +399,7 @@ struct Coordinator::Impl {
     regroup_timer.expires_at(*deadline);
     regroup_timer.async_wait([this](const boost::system::error_code& error) {
       if (error || shutting_down) return;
-      armed.reset();  // this wait is over; apply() arms the next one if the deadline moved
+      armed.reset();  // this wait is over: apply() arms another while a deadline is pending
       guarded([this] { apply(policy.tick(transport::Clock::now())); });
     });
   }
