@@ -7,7 +7,9 @@
 // `pulseloco patch serve DIR --listen HOST:PORT` serves a publishing directory to subscribers
 // over TCP; `pulseloco patch subscribe HOST:PORT --out FILE [--until VERSION]` receives each
 // version and writes it atomically to FILE (resuming from FILE when it exists). Both take the
-// shared secret and run id from PULSELOCO_SECRET / PULSELOCO_SECRET_FILE and PULSELOCO_RUN_ID.
+// shared secret, run id and link security from the training group's variables
+// (PULSELOCO_SECRET / PULSELOCO_SECRET_FILE, PULSELOCO_RUN_ID, PULSELOCO_LINK_SECURITY), and
+// subscribe its connect timeout (PULSELOCO_CONNECT_TIMEOUT_MS).
 #include <fmt/format.h>
 
 #include <charconv>
@@ -154,6 +156,7 @@ struct ServeOptions {
   std::string listen;
   bool insecure = false;
   std::int64_t poll_ms = 500;
+  std::uint64_t min_rate = patch::PushServerOptions{}.min_bytes_per_second;
 };
 
 // HOST:PORT where PORT may be 0 (any free port), which parse_peer_address refuses.
@@ -187,7 +190,8 @@ void serve(const ServeOptions& options) {
                             .allow_insecure = options.insecure || environment.tcp.allow_insecure,
                             .link_security = environment.tcp.link_security,
                             .tls_files = environment.tcp.tls_files,
-                            .poll_interval = std::chrono::milliseconds(options.poll_ms)});
+                            .poll_interval = std::chrono::milliseconds(options.poll_ms),
+                            .min_bytes_per_second = options.min_rate});
   // Scripts and tests wait for this line before subscribing.
   fmt::print("serving {} on {}:{}\n", options.directory, address.host, server.port());
   std::fflush(stdout);
@@ -207,7 +211,8 @@ void subscribe(const SubscribeOptions& options) {
                                             .secret = environment.tcp.secret,
                                             .run_id = environment.run_id,
                                             .link_security = environment.tcp.link_security,
-                                            .tls_files = environment.tcp.tls_files};
+                                            .tls_files = environment.tcp.tls_files,
+                                            .connect_timeout = environment.connect_timeout};
   std::unique_ptr<patch::Subscriber> subscriber;
   if (std::filesystem::exists(options.out)) {
     patch::Anchor held = patch::read_anchor_file(options.out);
@@ -261,6 +266,12 @@ void add_patch_command(CLI::App& app) {
   serve_command
       ->add_option("--poll-ms", serve_options->poll_ms,
                    "How often the manifest is read for new versions")
+      ->capture_default_str();
+  serve_command
+      ->add_option("--min-rate", serve_options->min_rate,
+                   "Drop a subscriber that takes fewer bytes per second than this, averaged over "
+                   "a minute, while a message is on its way (0: only one that takes nothing for "
+                   "a minute)")
       ->capture_default_str();
   serve_command->add_flag("--insecure", serve_options->insecure,
                           "Listen beyond loopback without a shared secret (a trusted network "

@@ -13,10 +13,11 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/base/thread_name.h>
-#include <pulseloco/io/atomic_file.h>
+#include <pulseloco/io/input_file.h>
 #include <pulseloco/patch/manifest.h>
 #include <pulseloco/patch/push_messages.h>
 #include <pulseloco/patch/receiver.h>
+#include <pulseloco/patch/send_pace.h>
 #include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
@@ -28,10 +29,6 @@ namespace {
 
 namespace asio = boost::asio;
 namespace tcp = transport::tcp;
-
-// A payload goes out in pieces of this size, each within the write timeout: the timeout bounds
-// a stall, not the time a large anchor takes.
-constexpr std::size_t kWritePiece = std::size_t{1} << 20;
 
 // What tells one manifest file from the next (each is a new file renamed into place).
 struct FileIdentity {
@@ -79,14 +76,21 @@ const ManifestFile& step_file(const ManifestVersion& entry, StepKind kind) {
 struct PushServer::Impl {
   struct Subscriber {
     Subscriber(std::shared_ptr<tcp::Socket> accepted, std::shared_ptr<tcp::TlsContext> tls)
-        : socket(accepted), link(std::move(accepted), std::move(tls)) {}
+        : socket(accepted),
+          link(std::move(accepted), std::move(tls)),
+          pace_timer(socket->get_executor()) {}
     const std::shared_ptr<tcp::Socket> socket;
     tcp::LinkStream link;
     std::string from;
     std::optional<std::uint64_t> sent;  // the version the messages sent so far bring it to
     bool writing = false;
     bool closed = false;
-    bool stalled = false;  // the write timeout closed its socket
+    // While messages are on their way: the pace rules, and a timer at their deadline (one per
+    // subscriber, moved only when it fires, not at every write).
+    std::optional<SendPace> pace;
+    asio::steady_timer pace_timer;
+    std::uint64_t pace_generation = 0;       // which write loop the timer serves
+    std::optional<PaceVerdict> dropped_for;  // why the pace rules reset its connection
   };
   using SubscriberPtr = std::shared_ptr<Subscriber>;
 
@@ -116,6 +120,7 @@ struct PushServer::Impl {
   std::atomic<std::uint64_t> subscribed{0};
   std::atomic<std::uint64_t> refused{0};
   std::atomic<std::uint64_t> dropped{0};
+  std::atomic<std::uint64_t> dropped_slow{0};
   std::atomic<std::uint64_t> messages{0};
   std::atomic<std::uint64_t> newest{0};
 
@@ -128,6 +133,7 @@ struct PushServer::Impl {
   void forget(const SubscriberPtr& subscriber) {
     if (subscriber->closed) return;
     subscriber->closed = true;
+    subscriber->pace_timer.cancel();
     close_socket(*subscriber);
     if (subscribers.erase(subscriber) > 0) subscribed.fetch_sub(1);
   }
@@ -173,6 +179,8 @@ struct PushServer::Impl {
   }
 
   asio::awaitable<void> write_loop(SubscriberPtr subscriber) {
+    subscriber->pace.emplace(pace_limits(), transport::Clock::now());
+    watch_pace(subscriber, ++subscriber->pace_generation);
     try {
       while (!subscriber->closed && !shutting_down && !manifest->versions.empty() &&
              subscriber->sent != manifest->versions.back().version) {
@@ -186,61 +194,111 @@ struct PushServer::Impl {
         messages.fetch_add(1);
       }
     } catch (const boost::system::system_error& error) {
-      if (!subscriber->closed && !shutting_down) {
-        if (!subscriber->stalled) {
-          logger().warn("patch push server: subscriber {} lost: {}", subscriber->from,
-                        error.code().message());
-        } else {
-          logger().warn(
-              "patch push server: subscriber {} dropped: it took no bytes for {} ms (it may "
-              "reconnect and resume)",
-              subscriber->from, options.write_timeout.count());
-        }
-      }
+      if (!subscriber->closed && !subscriber->dropped_for && !shutting_down)
+        logger().warn("patch push server: subscriber {} lost: {}", subscriber->from,
+                      error.code().message());
       forget(subscriber);
     } catch (const std::exception& error) {
       logger().error("patch push server: cannot serve subscriber {}: {}", subscriber->from,
                      error.what());
       forget(subscriber);
     }
+    subscriber->pace_timer.cancel();
+    subscriber->pace.reset();
     subscriber->writing = false;
   }
 
-  // Sends one step's file. The file must still be what the manifest lists (checked as read).
+  // Drops the subscriber when the pace rules' deadline passes without the bytes they ask for;
+  // when it took them meanwhile, waits for the next deadline.
+  void watch_pace(const SubscriberPtr& subscriber, std::uint64_t generation) {
+    subscriber->pace_timer.expires_at(subscriber->pace->deadline());
+    subscriber->pace_timer.async_wait(
+        [this, subscriber, generation](const boost::system::error_code& error) {
+          if (error || subscriber->closed || subscriber->pace_generation != generation ||
+              !subscriber->pace)
+            return;  // the messages were sent, or the subscriber is gone
+          if (auto verdict = subscriber->pace->verdict(transport::Clock::now())) {
+            drop(*subscriber, std::move(*verdict));
+          } else {
+            watch_pace(subscriber, generation);
+          }
+        });
+  }
+
+  [[nodiscard]] PaceLimits pace_limits() const {
+    return {.idle_timeout = options.write_timeout,
+            .min_bytes_per_second = options.min_bytes_per_second,
+            .window = options.rate_window};
+  }
+
+  // Sends one step's file, read in pieces: the subscriber holds one piece of the server's memory
+  // whatever the file's size. The file must still be what the manifest lists: its size is
+  // checked when it is opened, its checksum before the last piece goes out, so that a file
+  // changed since it was listed never reaches the subscriber whole (the connection is closed
+  // short of it; the subscriber reconnects).
   asio::awaitable<void> send_step(Subscriber& subscriber, const Manifest& planned,
                                   const UpdateStep& step) {
     const ManifestVersion& entry = *planned.find(step.version);
     const ManifestFile& file = step_file(entry, step.kind);
-    const std::vector<std::byte> payload = io::read_file(directory / file.path, file.bytes);
-    if (payload.size() != file.bytes || digest_bytes(payload) != file.checksum)
-      throw ProtocolError(fmt::format("version {}: '{}' is not the file the manifest lists",
-                                      step.version, file.path));
+    const io::InputFile input(directory / file.path, "a published file");
+    const auto not_listed = [&] {
+      return ProtocolError(fmt::format("version {}: '{}' is not the file the manifest lists",
+                                       step.version, file.path));
+    };
+    if (input.size() != file.bytes) throw not_listed();
     const auto header = encode_push_header({.type = push_type_of(step.kind),
                                             .version = step.version,
                                             .digest = entry.digest,
-                                            .payload_bytes = payload.size(),
+                                            .payload_bytes = file.bytes,
                                             .payload_checksum = file.checksum});
-    co_await write_within_timeout(subscriber, header);
-    for (std::size_t at = 0; at < payload.size(); at += kWritePiece) {
-      co_await write_within_timeout(
-          subscriber, std::span(payload).subspan(at, std::min(kWritePiece, payload.size() - at)));
+    std::vector<std::byte> piece(
+        static_cast<std::size_t>(std::min<std::uint64_t>(kPushPieceBytes, file.bytes)));
+    DigestStream checksum;
+    std::uint64_t at = 0;
+    do {  // once at least: an empty file's checksum is checked too
+      const auto bytes = std::span(piece).first(
+          static_cast<std::size_t>(std::min<std::uint64_t>(piece.size(), file.bytes - at)));
+      input.read_at(at, bytes);
+      checksum.update(bytes);
+      if (at + bytes.size() == file.bytes && checksum.finish() != file.checksum) throw not_listed();
+      if (at == 0) co_await write_paced(subscriber, header);
+      co_await write_paced(subscriber, bytes);
+      at += bytes.size();
+    } while (at < file.bytes);
+  }
+
+  // Writes `bytes` as the subscriber takes them, telling the pace rules what each write took;
+  // drops the subscriber (its connection reset) at a write that completes after a window that
+  // fell short (watch_pace drops one whose write does not complete in time).
+  asio::awaitable<void> write_paced(Subscriber& subscriber, std::span<const std::byte> bytes) {
+    SendPace& pace = *subscriber.pace;
+    while (!bytes.empty()) {
+      const std::size_t took = co_await subscriber.link.async_write_some(
+          asio::buffer(bytes.data(), bytes.size()), asio::use_awaitable);
+      const auto now = transport::Clock::now();
+      pace.took(took, now);
+      bytes = bytes.subspan(took);
+      if (auto verdict = pace.verdict(now)) {
+        drop(subscriber, std::move(*verdict));
+        throw boost::system::system_error(asio::error::timed_out);
+      }
     }
   }
 
-  asio::awaitable<void> write_within_timeout(Subscriber& subscriber,
-                                             std::span<const std::byte> bytes) {
-    tcp::Watchdog watchdog(
-        io.get_executor(), transport::Clock::now() + options.write_timeout, [this, &subscriber] {
-          subscriber.stalled = true;
-          dropped.fetch_add(1);  // before its socket closes
-          // Reset, not closed: the bytes it did not take are discarded at
-          // once rather than kept by the kernel for a peer that is stalled.
-          boost::system::error_code ignored;
-          subscriber.socket->set_option(asio::socket_base::linger(true, 0), ignored);
-          subscriber.socket->close(ignored);
-        });
-    co_await asio::async_write(subscriber.link, asio::buffer(bytes.data(), bytes.size()),
-                               asio::use_awaitable);
+  // Resets a subscriber's connection for `verdict`.
+  void drop(Subscriber& subscriber, PaceVerdict verdict) {
+    if (subscriber.dropped_for) return;
+    // Counted before its socket closes, so that a test that sees the reset sees the count.
+    dropped.fetch_add(1);
+    if (verdict.rule == PaceVerdict::Rule::slow) dropped_slow.fetch_add(1);
+    logger().warn("patch push server: subscriber {} dropped: {} (it may reconnect and resume)",
+                  subscriber.from, verdict.reason);
+    subscriber.dropped_for = std::move(verdict);
+    // Reset, not closed: the bytes it did not take are discarded at once rather than kept by
+    // the kernel for a peer that is stalled.
+    boost::system::error_code ignored;
+    subscriber.socket->set_option(asio::socket_base::linger(true, 0), ignored);
+    subscriber.socket->close(ignored);
   }
 
   void refuse(const tcp::PendingConnection& pending, const std::string& from,
@@ -328,6 +386,8 @@ PushServer::PushServer(std::filesystem::path directory, PushServerOptions option
         fmt::format("patch push server: '{}' is not a directory", directory.string()));
   if (options.write_timeout.count() <= 0)
     throw InvalidArgument("patch push server: write_timeout must be positive");
+  if (options.rate_window.count() <= 0)
+    throw InvalidArgument("patch push server: rate_window must be positive");
   if (options.poll_interval.count() < 0)
     throw InvalidArgument("patch push server: poll_interval must not be negative");
   tcp::require_authentication_beyond_loopback(
@@ -376,6 +436,7 @@ PushServerStats PushServer::stats() const {
   return {.subscribers = impl_->subscribed.load(),
           .refused = impl_->refused.load(),
           .dropped = impl_->dropped.load(),
+          .dropped_slow = impl_->dropped_slow.load(),
           .messages = impl_->messages.load(),
           .newest = impl_->newest.load()};
 }

@@ -18,11 +18,15 @@
 // when that message has been written, the server plans again from the version just sent to
 // the newest, so a subscriber that fell behind gets the shortest path then (an anchor when the
 // deltas it missed are larger). Publishing and the other subscribers never wait for it. A
-// subscriber that takes no bytes for `write_timeout` is dropped; it may reconnect and resume
-// from the version it holds.
+// message is read from its file and sent in pieces of kPushPieceBytes, so that a subscriber
+// costs the server one piece of memory whatever the file's size. A subscriber that takes no
+// bytes for `write_timeout`, or less than `min_bytes_per_second` over a `rate_window` while a
+// message is on its way (send_pace.h), is dropped and the log says which; it may reconnect and
+// resume from the version it holds.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -31,6 +35,10 @@
 #include <pulseloco/transport/tcp/tcp_options.h>
 
 namespace pulseloco::patch {
+
+// A message is read from its file and written in pieces of this size: a subscriber with a
+// message on its way costs the server one piece of memory.
+inline constexpr std::size_t kPushPieceBytes = std::size_t{256} << 10;
 
 struct PushServerOptions {
   std::string host = "127.0.0.1";  // where to listen
@@ -46,16 +54,23 @@ struct PushServerOptions {
   std::chrono::milliseconds poll_interval{500};
   // A subscriber whose connection takes no bytes for this long is dropped.
   std::chrono::milliseconds write_timeout{60'000};
+  // A subscriber that takes fewer than min_bytes_per_second × rate_window bytes in a window of
+  // rate_window while a message is on its way is dropped (0: no minimum). A subscriber that
+  // pauses to apply a message loses that time from a window; with the window as long as the
+  // write timeout, the pause that drops it is about as long under both rules.
+  std::uint64_t min_bytes_per_second = std::uint64_t{128} << 10;
+  std::chrono::milliseconds rate_window{60'000};
   // The sockets' buffer sizes (0: the kernel's autotuning), as transport::TcpOptions.
   int socket_send_buffer_bytes = 0;
 };
 
 struct PushServerStats {
-  std::uint64_t subscribers = 0;  // connected and subscribed now
-  std::uint64_t refused = 0;      // connections refused (secret, job, malformed subscribe)
-  std::uint64_t dropped = 0;      // subscribers dropped (no progress within write_timeout)
-  std::uint64_t messages = 0;     // anchors and patches sent, over all subscribers
-  std::uint64_t newest = 0;       // the newest version the server knows (0: none yet)
+  std::uint64_t subscribers = 0;   // connected and subscribed now
+  std::uint64_t refused = 0;       // connections refused (secret, job, malformed subscribe)
+  std::uint64_t dropped = 0;       // subscribers dropped (too slow or idle, as below)
+  std::uint64_t dropped_slow = 0;  // of those, the ones below min_bytes_per_second
+  std::uint64_t messages = 0;      // anchors and patches sent, over all subscribers
+  std::uint64_t newest = 0;        // the newest version the server knows (0: none yet)
 };
 
 // Runs on a background thread until destroyed.

@@ -62,11 +62,18 @@ class MemoryFile {
 
 struct Subscriber::Impl {
   explicit Impl(SubscriberOptions subscriber_options)
-      : options(std::move(subscriber_options)),
+      : options(checked(std::move(subscriber_options))),
         server(transport::parse_peer_address(options.server, "patch push server")),
         tls(tcp::TlsContext::make(options.link_security, options.secret, options.tls_files)),
         socket(std::make_shared<tcp::Socket>(io)),
         link(socket, nullptr) {}
+
+  static SubscriberOptions checked(SubscriberOptions options) {
+    if (options.connect_timeout.count() <= 0)
+      throw InvalidArgument(fmt::format("patch push: connect_timeout {} ms must be positive",
+                                        options.connect_timeout.count()));
+    return options;
+  }
 
   const SubscriberOptions options;
   const transport::PeerAddress server;
@@ -129,15 +136,25 @@ struct Subscriber::Impl {
     co_await asio::async_write(link, asio::buffer(subscribe), asio::use_awaitable);
   }
 
-  // Connects, authenticates and subscribes, retrying failed connections until the deadline.
+  // Connects, authenticates and subscribes, retrying what may pass (no server yet, a connection
+  // dropped during the handshake) with a growing pause until the connect timeout or `deadline`;
+  // a refusal is the server's answer and ends it at once.
   void connect(Deadline deadline) {
+    const auto started = Clock::now();
+    const Deadline give_up = std::min(deadline, started + options.connect_timeout);
+    constexpr auto kReportEvery = std::chrono::seconds(10);
+    auto next_report = started + kReportEvery;
     auto backoff = std::chrono::milliseconds(20);
-    for (;;) {
+    std::string last_problem;
+    for (int attempts = 1;; ++attempts) {
       socket = std::make_shared<tcp::Socket>(io);
       try {
-        run(open_connection(), deadline, "could not subscribe");
+        run(open_connection(), give_up, "could not subscribe");
         connected = true;
         ++connections;
+        if (attempts > 1)
+          logger().info("patch push: subscribed to {} at attempt {}", transport::to_string(server),
+                        attempts);
         return;
       } catch (const tcp::HandshakeRefused& refused) {
         disconnect();
@@ -145,16 +162,30 @@ struct Subscriber::Impl {
                                         transport::to_string(server), refused.message()));
       } catch (const boost::system::system_error& error) {
         disconnect();
-        logger().debug("patch push: connecting to {} failed: {}", transport::to_string(server),
-                       error.code().message());
+        last_problem = error.code().message();
       } catch (const IoError& error) {  // the host does not resolve (yet)
         disconnect();
-        logger().debug("patch push: {}", error.what());
+        last_problem = error.message();
+      } catch (const TimeoutError&) {  // give_up came during this attempt
+        if (last_problem.empty()) last_problem = "the server did not answer";
       }
-      if (Clock::now() >= deadline)
-        throw TimeoutError(fmt::format("patch push: could not subscribe to {} before the deadline",
-                                       transport::to_string(server)));
-      std::this_thread::sleep_until(std::min(deadline, Clock::now() + backoff));  // retry pace
+      const auto now = Clock::now();
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - started);
+      if (now >= give_up)
+        throw TimeoutError(fmt::format(
+            "patch push: could not subscribe to {} in {} ms ({} attempt{}; last problem: {})",
+            transport::to_string(server), waited.count(), attempts, attempts == 1 ? "" : "s",
+            last_problem));
+      if (attempts == 1) {
+        logger().info("patch push: cannot subscribe to {} yet ({}); retrying for up to {} ms",
+                      transport::to_string(server), last_problem,
+                      std::chrono::duration_cast<std::chrono::milliseconds>(give_up - now).count());
+      } else if (now >= next_report) {
+        logger().warn("patch push: still cannot subscribe to {} after {} attempts in {} ms ({})",
+                      transport::to_string(server), attempts, waited.count(), last_problem);
+        next_report = now + kReportEvery;
+      }
+      std::this_thread::sleep_until(std::min(give_up, now + backoff));  // retry pace
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     }
   }
@@ -245,7 +276,7 @@ ReceivedVersion Subscriber::receive(Deadline deadline) {
       message = impl.run(impl.read_message(), deadline, "no version arrived");
     } catch (const boost::system::system_error& error) {
       // The connection was lost: reconnect and resume from the held version.
-      logger().info("patch push: the connection to {} was lost ({}); resuming from {}",
+      logger().warn("patch push: the connection to {} was lost ({}); resuming from {}",
                     transport::to_string(impl.server), error.code().message(),
                     impl.receiver.version() ? fmt::format("version {}", *impl.receiver.version())
                                             : std::string("nothing"));

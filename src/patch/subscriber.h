@@ -27,6 +27,10 @@ struct SubscriberOptions {
   // An anchor or patch larger than this is refused before it is read (a compact patch is also
   // bounded by the held state's size).
   std::uint64_t max_message_bytes = std::uint64_t{1} << 40;
+  // How long a connection (the first, or one after a lost connection) is retried when the
+  // server cannot be reached or drops it during the handshake, before receive() gives up
+  // (PULSELOCO_CONNECT_TIMEOUT_MS for `pulseloco patch subscribe`). A refusal is not retried.
+  std::chrono::milliseconds connect_timeout{60'000};
 };
 
 // What receive() applied.
@@ -48,11 +52,14 @@ class Subscriber {
   Subscriber& operator=(const Subscriber&) = delete;
 
   // Receives and applies the next version. Connects first when not connected (again after a
-  // lost connection, resuming from the held version), retrying until `deadline`. Throws
-  // TimeoutError when no version arrived before the deadline (the connection is then closed;
-  // the next call resumes), ProtocolError when the server refused this subscriber (another
-  // secret or job; the reason is the server's) or a message is damaged or does not fit the
-  // held state (naming the version; the connection is closed, the state unchanged).
+  // lost connection, resuming from the held version), retrying a server that cannot be reached
+  // with a growing pause (logged at info, then at warning while it lasts) until the connect
+  // timeout or `deadline`. Throws TimeoutError when no version arrived before the deadline, or
+  // no connection within the connect timeout (naming the last problem; the connection is then
+  // closed and the next call resumes), ProtocolError at once when the server refused this
+  // subscriber (another secret, job or link security; the reason is the handshake's) or a
+  // message is damaged or does not fit the held state (naming the version; the connection is
+  // closed, the state unchanged).
   ReceivedVersion receive(transport::Deadline deadline);
 
   [[nodiscard]] const Bf16State& state() const noexcept;

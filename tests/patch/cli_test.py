@@ -6,7 +6,8 @@ byte-identically (the written file is read with the standard safetensors package
 every version and checks every file; a damaged delta makes both exit 1 naming the version, and
 apply then leaves --out as it was. `pulseloco patch serve` pushes the run to
 `pulseloco patch subscribe`, which reaches the newest version byte-identically from nothing and
-resumes from the state it wrote.
+resumes from the state it wrote; a subscriber with another secret, or speaking plaintext to the
+server's TLS, exits 1 naming why.
 
   cli_test.py --pulseloco PATH --publisher PATH --work DIR
 """
@@ -67,6 +68,20 @@ def push(pulseloco: str, published: Path, work: Path, expected: dict[str, bytes]
                                  env=dict(os.environ, PULSELOCO_SECRET="another secret"))
         assert refused.returncode == 1 and "refused this subscriber" in refused.stderr, refused
         assert not (work / "refused.safetensors").exists()
+        # Plaintext against the server's TLS (hmac, or no secret) fails at its first attempt,
+        # naming why: retried, it would end at its connect timeout as a timeout error.
+        no_secret = {k: v for k, v in os.environ.items()
+                     if k not in ("PULSELOCO_SECRET", "PULSELOCO_SECRET_FILE")}
+        for subscriber_env in (dict(env, PULSELOCO_LINK_SECURITY="hmac"), no_secret):
+            mismatched = subprocess.run(
+                [pulseloco, "patch", "subscribe", address, "--out",
+                 str(work / "mismatched.safetensors")], capture_output=True, text=True,
+                timeout=120, env=dict(subscriber_env, PULSELOCO_CONNECT_TIMEOUT_MS="60000"))
+            assert mismatched.returncode == 1, mismatched
+            assert "pulseloco: protocol violation: " in mismatched.stderr, mismatched.stderr
+            assert "link security differs: the server's links use TLS" in mismatched.stderr, \
+                mismatched.stderr
+            assert not (work / "mismatched.safetensors").exists()
     finally:
         server.terminate()
     assert server.wait(timeout=60) == 0

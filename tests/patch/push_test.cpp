@@ -3,13 +3,17 @@
 // byte-identically, several at once as versions are published; a wrong secret or another job
 // is refused; a subscriber that disconnects resumes from its version; a damaged, truncated or
 // misplaced message is refused with the state unchanged; a stalled subscriber blocks neither
-// publishing nor the others and is dropped; a server beyond loopback needs a secret.
+// publishing nor the others and is dropped, as is one below the minimum rate; a server beyond
+// loopback needs a secret; a subscriber whose secret or link security differs fails at once
+// naming why, one that cannot connect retries until its connect timeout; stalled subscribers
+// of a 100 MB anchor cost `pulseloco patch serve` bounded memory.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 
 #include <array>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -18,14 +22,17 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/io/atomic_file.h>
 #include <pulseloco/patch/compact_files.h>
+#include <pulseloco/patch/manifest.h>
 #include <pulseloco/patch/push_messages.h>
 #include <pulseloco/patch/push_server.h>
 #include <pulseloco/patch/subscriber.h>
+#include <pulseloco/patch/trl_files.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/tls_context.h>
 #include "io/test_files.h"
 #include "patch/patch_run.h"
+#include "transport/child_process.h"
 
 namespace pulseloco::testing {
 namespace {
@@ -200,12 +207,14 @@ TEST(PatchPush, ASubscriberThatDisconnectsResumesFromItsVersion) {
 }
 
 // A server that authenticates its subscriber and then sends what a test gives it, for the
-// messages a real server never sends.
+// messages a real server never sends; or, without `authenticate`, that runs the script on the
+// connection as it was accepted.
 class ScriptedServer {
  public:
   using Script = std::function<asio::awaitable<void>(tcp::LinkStream&)>;
-  explicit ScriptedServer(Script script)
-      : acceptor_(io_, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+  explicit ScriptedServer(Script script, bool authenticate = true)
+      : acceptor_(io_, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)),
+        authenticate_(authenticate) {
     asio::co_spawn(io_, serve(std::move(script)), asio::detached);
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -224,10 +233,12 @@ class ScriptedServer {
       tcp::LinkStream link(socket,
                            tcp::TlsContext::make(transport::LinkSecurity::automatic, kSecret, {}));
       try {
-        (void)co_await tcp::server_handshake(link, kSecret,
-                                             [](const tcp::Hello&) { return std::string(); });
-        std::array<std::byte, patch::kPushHeaderBytes> subscribe{};
-        co_await asio::async_read(link, asio::buffer(subscribe), asio::use_awaitable);
+        if (authenticate_) {
+          (void)co_await tcp::server_handshake(link, kSecret,
+                                               [](const tcp::Hello&) { return std::string(); });
+          std::array<std::byte, patch::kPushHeaderBytes> subscribe{};
+          co_await asio::async_read(link, asio::buffer(subscribe), asio::use_awaitable);
+        }
         co_await script(link);
       } catch (const std::exception&) {  // the subscriber went away
       }
@@ -236,6 +247,7 @@ class ScriptedServer {
 
   asio::io_context io_;
   asio::ip::tcp::acceptor acceptor_;
+  bool authenticate_;
   std::thread thread_;
 };
 
@@ -365,6 +377,25 @@ class StalledSubscriber {
     ASSERT_EQ(::poll(&watched, 1, 60'000), 1) << "the server did not drop the subscriber";
     EXPECT_NE(watched.revents & (POLLERR | POLLHUP), 0);
   }
+  // Waits, reading nothing, until the server has begun sending (bounded: 60 s).
+  void wait_until_sent_to() {
+    pollfd watched{.fd = socket_->native_handle(), .events = POLLIN, .revents = 0};
+    ASSERT_EQ(::poll(&watched, 1, 60'000), 1) << "the server sent the subscriber nothing";
+  }
+  // Reads `piece` bytes, pauses for `pause`, and so on (the bytes are not decrypted: only the
+  // pace matters) until the server closes or resets the connection; false when that did not
+  // happen within 60 s.
+  bool read_slowly(std::size_t piece, std::chrono::milliseconds pause) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::vector<std::byte> bytes(piece);
+    while (std::chrono::steady_clock::now() < give_up) {
+      boost::system::error_code error;
+      const std::size_t got = asio::read(*socket_, asio::buffer(bytes), error);
+      if (error || got < piece) return true;
+      std::this_thread::sleep_for(pause);  // the slowness under test, not a synchronisation
+    }
+    return false;
+  }
 
  private:
   asio::io_context io_;
@@ -381,6 +412,7 @@ TEST(PatchPush, AStalledSubscriberBlocksNeitherPublishingNorOthersAndIsDropped) 
     patch::PushServerOptions options = server_options();
     options.socket_send_buffer_bytes = 16 << 10;
     options.write_timeout = std::chrono::milliseconds(600'000);
+    options.min_bytes_per_second = 0;
     patch::PushServer server(dir.path(), options);
     StalledSubscriber stalled(server.port());
     patch::Subscriber active(subscriber_options(server.port()));
@@ -399,6 +431,33 @@ TEST(PatchPush, AStalledSubscriberBlocksNeitherPublishingNorOthersAndIsDropped) 
   StalledSubscriber stalled(server.port());
   stalled.wait_until_reset();
   EXPECT_EQ(server.stats().dropped, 1u);
+  EXPECT_EQ(server.stats().dropped_slow, 0u);
+}
+
+TEST(PatchPush, ASubscriberBelowTheMinimumRateIsDroppedWhileOneThatKeepsUpIsServed) {
+  TempDir dir;
+  LiveRun run(dir.path());
+  run.publish(nullptr);  // an anchor of about 640 KB, far more than the sockets' buffers hold
+  patch::PushServerOptions options = server_options();
+  options.socket_send_buffer_bytes = 16 << 10;
+  options.write_timeout = std::chrono::milliseconds(600'000);  // out of the test's reach
+  options.min_bytes_per_second = 32 << 10;
+  options.rate_window = std::chrono::milliseconds(3'000);
+  patch::PushServer server(dir.path(), options);
+  // 1 KiB per 200 ms: never idle, but about 5 KiB/s where 32 KiB/s are due.
+  StalledSubscriber slow(server.port());
+  bool dropped = false;
+  std::thread reader([&] { dropped = slow.read_slowly(1024, std::chrono::milliseconds(200)); });
+  patch::Subscriber keeping_up(subscriber_options(server.port()));
+  follow(keeping_up, run, 1, "keeping up");
+  for (int v = 0; v < 3; ++v)
+    run.publish(&server);
+  follow(keeping_up, run, 4, "keeping up");
+  reader.join();
+  EXPECT_TRUE(dropped) << "the slow subscriber was not dropped within 60 s";
+  EXPECT_EQ(server.stats().dropped_slow, 1u);
+  EXPECT_EQ(server.stats().dropped, 1u);
+  EXPECT_EQ(keeping_up.connections(), 1u);
 }
 
 TEST(PatchPush, AServerBeyondLoopbackWithoutASecretIsRefusedUnlessInsecureIsAsked) {
@@ -431,6 +490,166 @@ TEST(PatchPush, AMalformedHeaderIsAProtocolError) {
   EXPECT_THROW((void)patch::decode_push_header(bad_flags), ProtocolError);
   auto subscribe = patch::encode_push_header({.type = PushType::subscribe, .payload_bytes = 1});
   EXPECT_THROW((void)patch::decode_push_header(subscribe), ProtocolError);
+}
+
+TEST(PatchPush, AFileChangedSinceTheManifestListedItNeverReachesASubscriberWhole) {
+  TempDir dir;
+  LiveRun run(dir.path());
+  run.publish(nullptr);
+  const std::filesystem::path anchor = dir.path() / patch::anchor_file_name(1);
+  std::vector<std::byte> bytes = file_bytes(anchor);
+  ASSERT_GT(bytes.size(), patch::kPushPieceBytes);  // sent in several pieces
+  bytes[bytes.size() / 2] ^= std::byte{0x01};       // same size, another checksum
+  (void)io::write_file_atomically(anchor, bytes);
+  patch::PushServer server(dir.path(), server_options());
+  patch::Subscriber subscriber(subscriber_options(server.port()));
+  // Each connection ends short of the message (a whole one would fail its checksum, a protocol
+  // error); the subscriber reconnects until the deadline.
+  EXPECT_THROW(
+      (void)subscriber.receive(transport::deadline_after(std::chrono::milliseconds(1'000))),
+      TimeoutError);
+  EXPECT_GE(subscriber.connections(), 1u);
+  EXPECT_FALSE(subscriber.version().has_value());
+}
+
+// A subscriber whose secret or link security is not the server's fails at its first attempt,
+// with a protocol error naming the reason, instead of retrying until its connect timeout.
+struct Mismatch {
+  std::string name;
+  transport::LinkSecurity server_security;
+  std::string subscriber_secret;
+  transport::LinkSecurity subscriber_security;
+  std::string reason;  // in the error
+};
+
+class SubscriberMismatch : public ::testing::TestWithParam<Mismatch> {};
+
+constexpr auto kAutomatic = transport::LinkSecurity::automatic;
+constexpr auto kHmac = transport::LinkSecurity::hmac;
+constexpr char kServerUsesTls[] = "the server's links use TLS and ours are plaintext";
+constexpr char kSecretsDiffer[] = "the shared secrets differ";
+
+INSTANTIATE_TEST_SUITE_P(
+    PatchPush, SubscriberMismatch,
+    ::testing::Values(
+        Mismatch{"HmacAgainstTls", kAutomatic, kSecret, kHmac, kServerUsesTls},
+        Mismatch{"NoSecretAgainstTls", kAutomatic, "", kAutomatic, kServerUsesTls},
+        Mismatch{"TlsAgainstHmac", kHmac, kSecret, kAutomatic,
+                 "the server's links are plaintext and ours use TLS"},
+        Mismatch{"WrongSecretOverTls", kAutomatic, "another secret", kAutomatic, kSecretsDiffer},
+        Mismatch{"WrongSecretOverHmac", kHmac, "another secret", kHmac, kSecretsDiffer},
+        Mismatch{"NoSecretAgainstHmac", kHmac, "", kAutomatic, kSecretsDiffer}),
+    [](const auto& param_info) { return param_info.param.name; });
+
+TEST_P(SubscriberMismatch, FailsAtOnceNamingTheReason) {
+  TempDir dir;
+  LiveRun run(dir.path());
+  run.publish(nullptr);
+  patch::PushServerOptions options = server_options();
+  options.link_security = GetParam().server_security;
+  patch::PushServer server(dir.path(), options);
+  patch::SubscriberOptions mismatched = subscriber_options(server.port());
+  mismatched.secret = GetParam().subscriber_secret;
+  mismatched.link_security = GetParam().subscriber_security;
+  // Retried, a mismatch would end at the deadline as a timeout.
+  mismatched.connect_timeout = std::chrono::milliseconds(60'000);
+  patch::Subscriber subscriber(mismatched);
+  try {
+    (void)subscriber.receive(bounded());
+    FAIL() << "a mismatched subscriber was served";
+  } catch (const Error& error) {
+    const std::string what = error.what();
+    EXPECT_EQ(error.kind(), ErrorKind::protocol) << what;
+    EXPECT_NE(what.find("refused this subscriber"), std::string::npos) << what;
+    EXPECT_NE(what.find(GetParam().reason), std::string::npos) << what;
+  }
+  EXPECT_EQ(subscriber.connections(), 0u);
+  EXPECT_FALSE(subscriber.version().has_value());
+}
+
+TEST(PatchPush, AServerThatDropsEveryConnectionIsRetriedUntilTheConnectTimeout) {
+  // Closes every connection as it is accepted, before any handshake.
+  ScriptedServer dropping([](tcp::LinkStream&) -> asio::awaitable<void> { co_return; },
+                          /*authenticate=*/false);
+  patch::SubscriberOptions options = subscriber_options(dropping.port());
+  options.connect_timeout = std::chrono::milliseconds(2'000);
+  patch::Subscriber subscriber(options);
+  const transport::Deadline deadline = bounded();
+  try {
+    (void)subscriber.receive(deadline);
+    FAIL() << "a subscriber was served by a server that drops every connection";
+  } catch (const TimeoutError& error) {
+    EXPECT_LT(transport::Clock::now(), deadline);  // it gave up at its connect timeout
+    const std::string what = error.what();
+    EXPECT_NE(what.find(fmt::format("could not subscribe to 127.0.0.1:{} in", dropping.port())),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("last problem: "), std::string::npos) << what;
+    EXPECT_EQ(what.find("(1 attempt;"), std::string::npos) << what;  // it retried
+  }
+  EXPECT_EQ(subscriber.connections(), 0u);
+}
+
+// Writes a `bytes`-byte file of pseudo-random bytes and a manifest that lists it as version 1's
+// anchor: the push server sends a listed file as it is, whatever it holds.
+void publish_large_anchor(const std::filesystem::path& directory, std::uint64_t bytes) {
+  const std::string name = "anchors/step_000001.safetensors";
+  std::filesystem::create_directories(directory / "anchors");
+  io::AtomicFile file(directory / name);
+  std::vector<std::uint64_t> block(std::size_t{1} << 17);  // 1 MiB
+  std::uint64_t state = 0x9E3779B97F4A7C15ULL;
+  for (std::uint64_t written = 0; written < bytes;) {
+    for (std::uint64_t& word : block)
+      word = state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    const auto piece = std::as_bytes(std::span(block))
+                           .first(static_cast<std::size_t>(std::min<std::uint64_t>(
+                               block.size() * sizeof(std::uint64_t), bytes - written)));
+    file.write(piece);
+    written += piece.size();
+  }
+  file.commit();
+  patch::Manifest manifest{.total_elements = bytes / 2};
+  manifest.versions.push_back(
+      {.version = 1,
+       .digest = 1,
+       .anchor = patch::ManifestFile{.path = name, .bytes = bytes, .checksum = file.digest()}});
+  patch::write_manifest(directory, manifest);
+}
+
+// A field of /proc/PID/status, in KiB.
+std::uint64_t status_kib(pid_t pid, const std::string& field) {
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stoull(line.substr(field.size() + 1));
+  }
+  throw std::runtime_error(fmt::format("/proc/{}/status has no {}", pid, field));
+}
+
+// `pulseloco patch serve` in a process of its own, so that its memory is its own: subscribers
+// that authenticate, subscribe and then read nothing cost it a piece of a file each, not the
+// file (the sockets' buffers are the kernel's, outside its resident memory).
+TEST(PatchPush, StalledSubscribersOfALargeAnchorCostTheServerBoundedMemory) {
+  TempDir dir;
+  constexpr std::uint64_t kAnchorBytes = std::uint64_t{100} << 20;
+  constexpr int kStalled = 20;
+  constexpr std::uint64_t kBoundKib = std::uint64_t{64} << 10;  // 64 MiB beyond the base
+  publish_large_anchor(dir.path(), kAnchorBytes);
+  Child server({PULSELOCO_CLI, "patch", "serve", dir.path().string(), "--listen", "127.0.0.1:0"},
+               {{"PULSELOCO_SECRET", kSecret}}, /*report_to_stdout=*/true);
+  const std::string serving =
+      server.expect("serving ", ChildClock::now() + std::chrono::seconds(60));
+  ASSERT_FALSE(serving.empty()) << "the server did not start";
+  const auto port = static_cast<std::uint16_t>(std::stoi(serving.substr(serving.rfind(':') + 1)));
+  const std::uint64_t base = status_kib(server.pid(), "VmRSS");
+  std::vector<std::unique_ptr<StalledSubscriber>> stalled;
+  for (int i = 0; i < kStalled; ++i)
+    stalled.push_back(std::make_unique<StalledSubscriber>(port));
+  // Each has its anchor on the way: the server began sending it, and never finishes.
+  for (const auto& subscriber : stalled)
+    subscriber->wait_until_sent_to();
+  const std::uint64_t peak = status_kib(server.pid(), "VmHWM");
+  EXPECT_LT(peak - base, kBoundKib) << "base " << base << " KiB, peak " << peak << " KiB";
 }
 
 }  // namespace

@@ -238,5 +238,33 @@ TEST_P(DifferentSecrets, RanksDoNotConnectAndNameEachOther) {
   EXPECT_EQ(failures.blamed[1], 0);
 }
 
+// The same secret, but one rank encrypts its links and the other does not (rank 0 with the
+// parameter's security, rank 1 with the other).
+class DifferentLinkSecurity : public ::testing::TestWithParam<LinkSecurity> {};
+
+INSTANTIATE_TEST_SUITE_P(TcpAuth, DifferentLinkSecurity,
+                         ::testing::Values(LinkSecurity::hmac, LinkSecurity::tls),
+                         [](const auto& param_info) {
+                           return testing::link_name(param_info.param);
+                         });
+
+TEST_P(DifferentLinkSecurity, RanksFailAtOnceNamingTheMismatch) {
+  const auto failures = testing::failed_formation([&](const auto& peers, int rank) {
+    auto options = testing::peer_list_options(peers, rank, kSecret, 3s);
+    const bool as_parameter = rank == 0;
+    options.tcp.link_security =
+        as_parameter == (GetParam() == LinkSecurity::tls) ? LinkSecurity::tls : LinkSecurity::hmac;
+    return options;
+  });
+  // Rank 0 dials rank 1, whose listener answers with its own security and closes: rank 0 fails
+  // at its first attempt naming the mismatch and rank 1; rank 1 waits for rank 0 and names the
+  // refusal when it gives up.
+  EXPECT_NE(failures.what[0].find("link security differs"), std::string::npos) << failures.what[0];
+  EXPECT_EQ(failures.blamed[0], 1);
+  EXPECT_NE(failures.what[1].find("could not connect to peers 0"), std::string::npos)
+      << failures.what[1];
+  EXPECT_NE(failures.what[1].find("link security differs"), std::string::npos) << failures.what[1];
+}
+
 }  // namespace
 }  // namespace pulseloco::transport

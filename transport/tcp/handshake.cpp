@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <openssl/ssl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +24,31 @@ constexpr std::string_view kServerLabel = "pulseloco-server-v1";
 constexpr std::string_view kClientLabel = "pulseloco-client-v1";
 
 enum class VerdictStatus : std::uint8_t { accepted = 0, authentication_failed = 1, refused = 2 };
+
+// What a server sends, in its client's terms, when the client's link security is not its own
+// (TLS against plaintext), and then closes: a plaintext client reads it where the challenge was
+// due, a TLS client's OpenSSL finds it is no TLS record. Only the security mode is revealed,
+// which any stranger learns by connecting.
+//   notice (16 bytes): magic "PLOCOLS1", the server's links (1 plaintext, 2 TLS), 7 zero bytes
+constexpr std::array<std::uint8_t, 8> kNoticeMagic = {'P', 'L', 'O', 'C', 'O', 'L', 'S', '1'};
+constexpr std::size_t kNoticeBytes = 16;
+constexpr std::uint8_t kNoticePlaintext = 1;
+constexpr std::uint8_t kNoticeTls = 2;
+static_assert(kNoticeBytes < kChallengeBytes, "a notice must be shorter than a challenge");
+
+// The two sides' views of a mismatch; the client's is what it fails with.
+constexpr std::string_view kServerSpeaksTls =
+    "link security differs: the server's links use TLS and ours are plaintext (set the same "
+    "PULSELOCO_LINK_SECURITY and secret on both sides: no secret, or hmac, means plaintext)";
+constexpr std::string_view kServerSpeaksPlaintext =
+    "link security differs: the server's links are plaintext and ours use TLS (set the same "
+    "PULSELOCO_LINK_SECURITY and secret on both sides: no secret, or hmac, means plaintext)";
+constexpr std::string_view kClientSpeaksPlaintext =
+    "link security differs: the client speaks plaintext (no secret, or "
+    "PULSELOCO_LINK_SECURITY=hmac) and our links use TLS";
+constexpr std::string_view kClientSpeaksTls =
+    "link security differs: the client speaks TLS and our links are plaintext (no secret, or "
+    "PULSELOCO_LINK_SECURITY=hmac)";
 
 using HelloBytes = std::array<std::uint8_t, kHelloBytes>;
 
@@ -91,6 +119,59 @@ bool equal_macs(const Mac& a, const Mac& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+std::array<std::uint8_t, kNoticeBytes> encode_notice(std::uint8_t server_links) {
+  std::array<std::uint8_t, kNoticeBytes> out{};
+  ByteWriter(std::as_writable_bytes(std::span(out)))
+      .put_bytes(kNoticeMagic)
+      .put(server_links)
+      .zeros(kNoticeBytes - kNoticeMagic.size() - 1);
+  return out;
+}
+
+// Sends the notice on the bare socket, ends our sending side and throws HandshakeRefused with
+// `why`. The caller has read everything the client sent, so that closing sends no reset that
+// could overtake the notice.
+asio::awaitable<void> refuse_with_notice(Socket& socket, std::uint8_t server_links,
+                                         std::string_view why) {
+  const auto notice = encode_notice(server_links);
+  boost::system::error_code ignored;
+  co_await asio::async_write(socket, asio::buffer(notice),
+                             asio::redirect_error(asio::use_awaitable, ignored));
+  socket.shutdown(Socket::shutdown_send, ignored);
+  throw HandshakeRefused(why);
+}
+
+// A TLS server's first look at its client, before OpenSSL reads anything: a client that speaks
+// the handshake in plaintext is refused with a notice it understands.
+asio::awaitable<void> refuse_plaintext_client(LinkStream& link) {
+  std::uint8_t first = 0;
+  boost::system::error_code error;
+  (void)co_await link.socket().async_receive(asio::buffer(&first, 1), Socket::message_peek,
+                                             asio::redirect_error(asio::use_awaitable, error));
+  if (error || first != kHelloMagic[0]) co_return;  // TLS (or nothing): OpenSSL's to judge
+  HelloBytes hello{};
+  co_await asio::async_read(link.socket(), asio::buffer(hello), asio::use_awaitable);
+  if (!std::equal(kHelloMagic.begin(), kHelloMagic.end(), hello.begin()))
+    throw ProtocolError("not a pulseloco connection (neither TLS nor the handshake)");
+  co_await refuse_with_notice(link.socket(), kNoticeTls, kClientSpeaksPlaintext);
+}
+
+// A plaintext server's look at a hello that is no hello: a TLS ClientHello (a handshake record,
+// TLS major version 3, message type 1) is refused with a notice, the rest of its record read
+// first.
+asio::awaitable<void> refuse_tls_client(LinkStream& link, const HelloBytes& hello) {
+  constexpr std::size_t kRecordHeaderBytes = 5;
+  constexpr std::size_t kMaxRecordBytes = (std::size_t{1} << 14) + 2048;  // RFC 8446 5.2
+  if (hello[0] != 0x16 || hello[1] != 0x03 || hello[5] != 0x01) co_return;
+  const std::size_t record = kRecordHeaderBytes + ((std::size_t{hello[3]} << 8) | hello[4]);
+  if (record > kRecordHeaderBytes + kMaxRecordBytes) co_return;
+  if (record > hello.size()) {
+    std::vector<std::uint8_t> rest(record - hello.size());
+    co_await asio::async_read(link.socket(), asio::buffer(rest), asio::use_awaitable);
+  }
+  co_await refuse_with_notice(link.socket(), kNoticePlaintext, kClientSpeaksTls);
+}
+
 asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hello,
                                                   std::string_view secret);
 
@@ -136,6 +217,10 @@ asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hel
     // Under TLS 1.3 the server checks our certificate after our side of the handshake is
     // done: its refusal arrives as an alert on the first read of the exchange.
     if (!is_tls_refusal(error.code())) throw;
+    // What a plaintext server's notice is to OpenSSL: the answer is no TLS record at all.
+    if (ERR_GET_REASON(static_cast<unsigned long>(error.code().value())) ==
+        SSL_R_WRONG_VERSION_NUMBER)
+      throw HandshakeRefused(kServerSpeaksPlaintext);
     tls_refused(stream, error, false);
   }
 }
@@ -151,8 +236,18 @@ asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hell
       co_await asio::async_write(socket, asio::buffer(hello_bytes), asio::use_awaitable);
 
   std::array<std::uint8_t, kChallengeBytes> challenge{};
-  traffic.bytes_received +=
-      co_await asio::async_read(socket, asio::buffer(challenge), asio::use_awaitable);
+  boost::system::error_code read_error;
+  const std::size_t challenge_read = co_await asio::async_read(
+      socket, asio::buffer(challenge), asio::redirect_error(asio::use_awaitable, read_error));
+  traffic.bytes_received += challenge_read;
+  if (read_error) {
+    // A TLS server's notice, then the end of the stream: never a challenge, which is longer.
+    if (!socket.encrypted() && challenge_read == kNoticeBytes &&
+        std::equal(kNoticeMagic.begin(), kNoticeMagic.end(), challenge.begin()) &&
+        challenge[kNoticeMagic.size()] == kNoticeTls)
+      throw HandshakeRefused(kServerSpeaksTls);
+    throw boost::system::system_error(read_error);
+  }
   Nonce server_nonce{};
   Mac server_mac{};
   std::memcpy(server_nonce.data(), challenge.data(), server_nonce.size());
@@ -199,6 +294,7 @@ asio::awaitable<HandshakeTraffic> client_exchange(LinkStream& socket, Hello hell
 asio::awaitable<ServerHandshake> server_handshake(
     LinkStream& socket, std::string_view secret,
     const std::function<std::string(const Hello&)>& admit) {
+  if (socket.encrypted()) co_await refuse_plaintext_client(socket);
   try {
     co_await socket.secure(asio::ssl::stream_base::server);
   } catch (const boost::system::system_error& error) {
@@ -209,6 +305,7 @@ asio::awaitable<ServerHandshake> server_handshake(
   HelloBytes hello_bytes{};
   result.traffic.bytes_received +=
       co_await asio::async_read(socket, asio::buffer(hello_bytes), asio::use_awaitable);
+  if (!socket.encrypted()) co_await refuse_tls_client(socket, hello_bytes);
   result.hello = decode_hello(hello_bytes);
 
   const Nonce server_nonce = random_nonce();

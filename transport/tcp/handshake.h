@@ -13,6 +13,11 @@
 // proved itself. This authenticates peers; it does not encrypt or sign the data that follows
 // (frame checksums detect corruption, not tampering): with TLS (link_stream.h) the handshake
 // runs inside the encrypted stream, after TLS has authenticated the peer in its own way.
+//
+// A client whose link security is not the server's (plaintext against TLS, either way round)
+// cannot run any of this: the server answers with a 16-byte notice of its own security instead
+// (in plaintext; to a TLS client it is no TLS record) and closes, and both sides fail with
+// HandshakeRefused naming the mismatch.
 #pragma once
 
 #include <array>
@@ -57,16 +62,17 @@ struct HandshakeTraffic {
   std::uint64_t bytes_received = 0;
 };
 
-// Thrown by client_handshake when the server does not prove knowledge of our secret or refuses
-// us; what() says which.
+// Thrown by client_handshake when the server does not prove knowledge of our secret, refuses us
+// or secures its links otherwise (TLS against plaintext); what() says which. A refusal is the
+// server's answer, not a failure of the network: retrying cannot change it.
 struct HandshakeRefused : ProtocolError {
   using ProtocolError::ProtocolError;
 };
 
 // Client side, after the TLS handshake of an encrypted stream. Fills hello.nonce. Throws
 // HandshakeRefused when TLS refused the server or us (wrong key or certificate), the server's
-// proof is wrong (the secrets differ) or the server refused us (with its reason),
-// boost::system::system_error on I/O failure.
+// proof is wrong (the secrets differ), the server refused us (with its reason) or its link
+// security is not ours, boost::system::system_error on I/O failure.
 [[nodiscard]] asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hello,
                                                                  std::string_view secret);
 
