@@ -20,7 +20,7 @@ MessageReader::MessageReader(ReadAt read, std::uint64_t size, const DecodeLimits
   detail::check_message_size(size_, limits_);
   const auto prefix_bytes = fetch(0, std::min<std::uint64_t>(size_, kHeaderPrefixBytes));
   const detail::HeaderPrefix prefix = detail::parse_header_prefix(prefix_bytes, limits_);
-  // At most 8 MiB (the tensor table under the limit of tensors), and never beyond the message.
+  // Bounded by limits.max_tensors (8 MiB for 2^20 tensors), and never beyond the message.
   std::vector<std::byte> header(std::min(prefix.header_bytes, size_));
   read_(0, header);
   header_ = detail::parse_header(header, prefix);
