@@ -6,8 +6,10 @@
 // it never sees training data, only who is alive. Every generation gets a fresh group id; the
 // workers then connect their data transport among themselves (peer_list rendezvous with
 // group::TransportOptions::group_key = GroupAssignment::group_key), so a worker of an older
-// generation can never be mistaken for a member of the current one. The workers' side is
-// membership_client.h; membership_messages.h has the messages.
+// generation can never be mistaken for a member of the current one. Every membership decision
+// below is taken by membership_policy.h, a state machine without I/O; the coordinator carries
+// its decisions out. The workers' side is membership_client.h; membership_messages.h has the
+// messages.
 //
 // Protocol (docs/elastic.md has the full state machine and the failure cases):
 //  - A worker opens one TCP connection to the coordinator, authenticates with the shared secret
