@@ -1,20 +1,22 @@
 // `pulseloco inspect FILE [--json] [--no-frames]`: a window message's header, tensors, frames,
 // sizes and bytes per entry; every frame is decoded to verify it. Exits non-zero, naming the
-// reason and the byte offset, when the file is not a valid message.
+// file, the reason and the byte offset, when the file is not a valid message. The file is read
+// frame by frame, never whole (codec/message_reader.h), so its size does not decide the memory.
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <iostream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/commands.h>
 #include <pulseloco/codec/message.h>
+#include <pulseloco/codec/message_reader.h>
 #include <pulseloco/io/input_file.h>
 
 namespace pulseloco::cli {
@@ -30,166 +32,209 @@ double per_entry(std::uint64_t bytes, std::uint64_t entries) {
   return entries == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(entries);
 }
 
-struct FrameReport {
-  codec::FrameInfo info;
-  std::optional<std::string> error;
-};
-
 struct TensorReport {
-  std::uint64_t numel = 0;
   std::uint64_t frames = 0;
   std::uint64_t covered = 0;  // elements of its chunks
   std::uint64_t entries = 0;
   std::uint64_t bytes = 0;
 };
 
-void inspect(const InspectOptions& options) {
-  // A directory, FIFO or device is refused before anything is read; a regular file of n bytes
-  // is read whole, and the limits for a message without a model bound what decoding its
-  // frames allocates by a multiple of n (docs/wire-format.md, "Decoding limits").
-  const std::vector<std::byte> bytes =
-      io::InputFile(options.path, "a window message file").read_all();
-  // Structural errors (header, frame table) make the whole file unreadable: they throw.
-  const codec::MessageView view = codec::MessageView::parse(bytes, codec::DecodeLimits::for_file());
-  const codec::MessageHeader& header = view.header();
-
-  // Verify every frame by decoding it; a bad frame is reported and the others still checked.
-  std::uint64_t largest = 0;
-  for (std::size_t i = 0; i < view.frame_count(); ++i) {
-    largest = std::max(largest, view.frame(i).entries);
-  }
-  std::vector<std::uint32_t> offsets(largest);
-  std::vector<float> values(largest);
-  codec::DecodeScratch scratch;
-  std::vector<FrameReport> frames;
-  std::vector<TensorReport> tensors(header.tensor_numels.size());
-  for (std::size_t t = 0; t < tensors.size(); ++t)
-    tensors[t].numel = header.tensor_numels[t];
+// What the first pass learns: the sums, per tensor and in all, and the first invalid frame.
+struct Summary {
+  std::vector<TensorReport> tensors;
+  std::uint64_t frames = 0;
   std::uint64_t entries = 0;
   std::uint64_t index_bytes = 0;
   std::uint64_t value_bytes = 0;
   std::size_t invalid = 0;
   std::optional<ProtocolError> first_error;
-  for (std::size_t i = 0; i < view.frame_count(); ++i) {
-    FrameReport report{.info = view.frame(i)};
+};
+
+// Reads every frame of `reader`'s message, decoding each to verify it, and calls
+// on_frame(index, info, error) for each, `error` null when the frame decodes. A bad frame is
+// reported and the next still read; a broken structure (a prefix, the frames' order, what
+// follows the last frame) throws.
+void for_each_frame(codec::MessageReader& reader,
+                    const std::function<void(std::size_t, const codec::FrameInfo&,
+                                             const ProtocolError*)>& on_frame) {
+  std::vector<std::uint32_t> offsets;
+  std::vector<float> values;
+  codec::DecodeScratch scratch;
+  for (std::size_t i = 0;; ++i) {
+    const std::optional<codec::FrameInfo> announced = reader.next_frame();
+    if (!announced) return;
+    std::optional<codec::FrameInfo> decoded;
+    std::optional<ProtocolError> error;
     try {
-      (void)view.decode_frame(i, offsets, values, scratch);
-    } catch (const ProtocolError& error) {
-      report.error = error.what();
-      if (invalid++ == 0) first_error = error;
+      decoded = reader.decode_frame(offsets, values, scratch);
+    } catch (const ProtocolError& e) {
+      error = e;
     }
-    const codec::FrameInfo& info = report.info;
-    TensorReport& tensor = tensors[info.tensor];
-    ++tensor.frames;
-    tensor.covered += info.length;
-    tensor.entries += info.entries;
-    tensor.bytes += info.byte_size;
-    entries += info.entries;
-    index_bytes += info.index_bytes;
-    value_bytes += info.value_bytes;
-    frames.push_back(std::move(report));
+    on_frame(i, decoded ? *decoded : *announced, error ? &*error : nullptr);
   }
-  const std::uint64_t header_bytes =
-      view.frame_count() == 0 ? bytes.size() : view.frame(0).byte_offset;
-  const std::uint64_t framing_bytes = bytes.size() - index_bytes - value_bytes;
+}
+
+Summary summarise(codec::MessageReader& reader) {
+  Summary summary;
+  summary.tensors.resize(reader.header().tensor_numels.size());
+  for_each_frame(reader,
+                 [&](std::size_t, const codec::FrameInfo& info, const ProtocolError* error) {
+                   if (error != nullptr && summary.invalid++ == 0) summary.first_error = *error;
+                   TensorReport& tensor = summary.tensors[info.tensor];
+                   ++tensor.frames;
+                   tensor.covered += info.length;
+                   tensor.entries += info.entries;
+                   tensor.bytes += info.byte_size;
+                   ++summary.frames;
+                   summary.entries += info.entries;
+                   summary.index_bytes += info.index_bytes;
+                   summary.value_bytes += info.value_bytes;
+                 });
+  return summary;
+}
+
+nlohmann::json frame_json(std::size_t i, const codec::FrameInfo& f, const ProtocolError* error) {
+  nlohmann::json frame = {{"frame", i},
+                          {"tensor", f.tensor},
+                          {"begin", f.begin},
+                          {"length", f.length},
+                          {"entries", f.entries},
+                          {"byte_offset", f.byte_offset},
+                          {"bytes", f.byte_size},
+                          {"index_bytes", f.index_bytes},
+                          {"value_bytes", f.value_bytes},
+                          {"valid", error == nullptr}};
+  if (f.encoding == codec::Encoding::pulse && f.entries > 0) {
+    frame["index_coding"] = std::string(codec::index_coding_name(f.index_coding));
+  }
+  if (error != nullptr) frame["error"] = error->what();
+  return frame;
+}
+
+void print_frame_row(std::size_t i, const codec::FrameInfo& f, const ProtocolError* error) {
+  const std::string coding = f.encoding != codec::Encoding::pulse || f.entries == 0
+                                 ? "-"
+                                 : std::string(codec::index_coding_name(f.index_coding));
+  fmt::print("  {:>6} {:>6} {:>14} {:>11} {:>9} {:>10} {:>10} {:>8.3f}  {}\n", i, f.tensor, f.begin,
+             f.length, f.entries, f.byte_size, coding, per_entry(f.byte_size, f.entries),
+             error != nullptr ? std::string(error->what()) : std::string("ok"));
+}
+
+// Prints the report; returns the summary, whose first error (when a frame does not decode) the
+// caller throws after the report.
+Summary report(const InspectOptions& options, const io::InputFile& file) {
+  // First pass: verify every frame and sum up. The second (when frames are listed) reads the
+  // frames again and prints each as it is read: nothing per frame is held.
+  // The file's message, read frame by frame (codec/message_reader.h): the header is checked
+  // before anything else is read, and no frame is held whole before its checksum matched.
+  codec::MessageReader reader(
+      [&file](std::uint64_t offset, std::span<std::byte> destination) {
+        file.read_at(offset, destination);
+      },
+      file.size(), codec::DecodeLimits::for_file());
+  const Summary summary = summarise(reader);
+  reader.rewind();
+  const codec::MessageHeader& header = reader.header();
+  const std::uint64_t bytes = file.size();
+  const std::uint64_t header_bytes = reader.header_bytes();
+  const std::uint64_t framing_bytes = bytes - summary.index_bytes - summary.value_bytes;
 
   if (options.json) {
     nlohmann::json out;
     out["file"] = options.path;
-    out["bytes"] = bytes.size();
+    out["bytes"] = bytes;
     out["header"] = {{"format_version", codec::kFormatVersion},
                      {"encoding", std::string(codec::encoding_name(header.encoding))},
                      {"window", header.window},
                      {"sender_rank", header.sender_rank},
                      {"tensors", header.tensor_numels.size()},
-                     {"frames", view.frame_count()},
+                     {"frames", summary.frames},
                      {"bytes", header_bytes}};
-    out["entries"] = entries;
-    out["index_bytes"] = index_bytes;
-    out["value_bytes"] = value_bytes;
+    out["entries"] = summary.entries;
+    out["index_bytes"] = summary.index_bytes;
+    out["value_bytes"] = summary.value_bytes;
     out["framing_bytes"] = framing_bytes;
-    out["bytes_per_entry"] = per_entry(bytes.size(), entries);
+    out["bytes_per_entry"] = per_entry(bytes, summary.entries);
     out["tensors"] = nlohmann::json::array();
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const TensorReport& r = tensors[t];
+    for (std::size_t t = 0; t < summary.tensors.size(); ++t) {
+      const TensorReport& r = summary.tensors[t];
       out["tensors"].push_back({{"tensor", t},
-                                {"numel", r.numel},
+                                {"numel", header.tensor_numels[t]},
                                 {"frames", r.frames},
                                 {"covered", r.covered},
                                 {"entries", r.entries},
                                 {"bytes", r.bytes}});
     }
-    if (options.frames) {
-      out["frames"] = nlohmann::json::array();
-      for (std::size_t i = 0; i < frames.size(); ++i) {
-        const codec::FrameInfo& f = frames[i].info;
-        nlohmann::json frame = {{"frame", i},
-                                {"tensor", f.tensor},
-                                {"begin", f.begin},
-                                {"length", f.length},
-                                {"entries", f.entries},
-                                {"byte_offset", f.byte_offset},
-                                {"bytes", f.byte_size},
-                                {"index_bytes", f.index_bytes},
-                                {"value_bytes", f.value_bytes},
-                                {"valid", !frames[i].error.has_value()}};
-        if (f.encoding == codec::Encoding::pulse && f.entries > 0) {
-          frame["index_coding"] = std::string(codec::index_coding_name(f.index_coding));
-        }
-        if (frames[i].error) frame["error"] = *frames[i].error;
-        out["frames"].push_back(std::move(frame));
-      }
+    out["valid"] = summary.invalid == 0;
+    if (summary.first_error) out["error"] = summary.first_error->what();
+    std::string text = out.dump(2);
+    if (!options.frames) {
+      fmt::print("{}\n", text);
+    } else {
+      // The object's last member is "frames", written frame by frame as the second pass reads
+      // them (one compact object per line).
+      text.resize(text.size() - 2);  // "\n}"
+      fmt::print("{},\n  \"frames\": [", text);
+      for_each_frame(reader,
+                     [](std::size_t i, const codec::FrameInfo& f, const ProtocolError* error) {
+                       fmt::print("{}\n    {}", i == 0 ? "" : ",", frame_json(i, f, error).dump());
+                     });
+      fmt::print("{}]\n}}\n", summary.frames == 0 ? "" : "\n  ");
     }
-    out["valid"] = invalid == 0;
-    if (first_error) out["error"] = first_error->what();
-    std::cout << out.dump(2) << '\n';
   } else {
-    fmt::print("{}: {} bytes, pulseloco message format v{}\n", options.path, bytes.size(),
+    fmt::print("{}: {} bytes, pulseloco message format v{}\n", options.path, bytes,
                codec::kFormatVersion);
     fmt::print("  encoding   {}\n", codec::encoding_name(header.encoding));
     fmt::print("  window     {}\n", header.window);
     fmt::print("  sender     rank {}\n", header.sender_rank);
     fmt::print("  tensors    {}\n", header.tensor_numels.size());
-    fmt::print("  frames     {}\n", view.frame_count());
-    fmt::print("  entries    {}\n", entries);
+    fmt::print("  frames     {}\n", summary.frames);
+    fmt::print("  entries    {}\n", summary.entries);
     fmt::print(
         "  bytes      header {}, indices {} ({:.3f} B/entry), values {} ({:.3f} B/entry), "
         "framing {} ({:.3f} B/entry); total {:.3f} B/entry\n",
-        header_bytes, index_bytes, per_entry(index_bytes, entries), value_bytes,
-        per_entry(value_bytes, entries), framing_bytes, per_entry(framing_bytes, entries),
-        per_entry(bytes.size(), entries));
+        header_bytes, summary.index_bytes, per_entry(summary.index_bytes, summary.entries),
+        summary.value_bytes, per_entry(summary.value_bytes, summary.entries), framing_bytes,
+        per_entry(framing_bytes, summary.entries), per_entry(bytes, summary.entries));
     fmt::print("\ntensors\n  {:>6} {:>14} {:>7} {:>12} {:>9} {:>12} {:>8}\n", "tensor", "numel",
                "frames", "entries", "density", "bytes", "B/entry");
-    for (std::size_t t = 0; t < tensors.size(); ++t) {
-      const TensorReport& r = tensors[t];
+    for (std::size_t t = 0; t < summary.tensors.size(); ++t) {
+      const TensorReport& r = summary.tensors[t];
       const double density =
           r.covered == 0 ? 0.0
                          : 100.0 * static_cast<double>(r.entries) / static_cast<double>(r.covered);
-      fmt::print("  {:>6} {:>14} {:>7} {:>12} {:>8.3f}% {:>12} {:>8.3f}\n", t, r.numel, r.frames,
-                 r.entries, density, r.bytes, per_entry(r.bytes, r.entries));
+      fmt::print("  {:>6} {:>14} {:>7} {:>12} {:>8.3f}% {:>12} {:>8.3f}\n", t,
+                 header.tensor_numels[t], r.frames, r.entries, density, r.bytes,
+                 per_entry(r.bytes, r.entries));
     }
     if (options.frames) {
       fmt::print("\nframes\n  {:>6} {:>6} {:>14} {:>11} {:>9} {:>10} {:>10} {:>8}  {}\n", "frame",
                  "tensor", "begin", "length", "entries", "bytes", "coding", "B/entry", "status");
-      for (std::size_t i = 0; i < frames.size(); ++i) {
-        const codec::FrameInfo& f = frames[i].info;
-        const std::string coding = f.encoding != codec::Encoding::pulse || f.entries == 0
-                                       ? "-"
-                                       : std::string(codec::index_coding_name(f.index_coding));
-        fmt::print("  {:>6} {:>6} {:>14} {:>11} {:>9} {:>10} {:>10} {:>8.3f}  {}\n", i, f.tensor,
-                   f.begin, f.length, f.entries, f.byte_size, coding,
-                   per_entry(f.byte_size, f.entries),
-                   frames[i].error ? *frames[i].error : std::string("ok"));
-      }
+      for_each_frame(reader, print_frame_row);
     }
-    if (invalid == 0) {
-      fmt::print("\nverified: all {} frames decode ({} entries)\n", frames.size(), entries);
+    if (summary.invalid == 0) {
+      fmt::print("\nverified: all {} frames decode ({} entries)\n", summary.frames,
+                 summary.entries);
     }
   }
-  if (first_error) {
-    throw ProtocolError(fmt::format("{}: {} of {} frames are invalid; the first: {}", options.path,
-                                    invalid, frames.size(), first_error->message()),
-                        first_error->context());
+  return summary;
+}
+
+void inspect(const InspectOptions& options) {
+  // A directory, FIFO or device is refused before anything is read.
+  const io::InputFile file(options.path, "a window message file");
+  std::optional<Summary> summary;
+  try {
+    summary = report(options, file);
+  } catch (const ProtocolError& error) {
+    // A broken structure: the reader names the reason and the byte offset, this the file.
+    throw ProtocolError(fmt::format("{}: {}", options.path, error.message()), error.context());
+  }
+  if (summary->first_error) {
+    throw ProtocolError(
+        fmt::format("{}: {} of {} frames are invalid; the first: {}", options.path,
+                    summary->invalid, summary->frames, summary->first_error->message()),
+        summary->first_error->context());
   }
 }
 

@@ -11,19 +11,21 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/codec/index_coding.h>
+#include <pulseloco/codec/message_parse.h>
 #include <pulseloco/codec/value_planes.h>
 #include <pulseloco/codec/wire.h>
 #include <pulseloco/codec/zstd_frames.h>
 
 namespace pulseloco::codec {
 
+using detail::frame_text;
 using wire::fail;
 
-namespace {
-
-[[nodiscard]] std::string frame_text(std::size_t i) {
+std::string detail::frame_text(std::size_t i) {
   return "frame " + std::to_string(i);
 }
+
+namespace {
 
 // Where the streams of a validated pulse frame are (docs/wire-format.md, "pulse payload").
 // Stream 0 holds the index coding's bytes, stream 1 + k value byte plane k.
@@ -99,18 +101,11 @@ PulseLayout parse_pulse_layout(std::span<const std::byte> payload, std::uint64_t
   return layout;
 }
 
-// Validates one frame's prefix and structure. `available` starts at the frame; in streaming
-// mode it may end early, in which case the return value has byte_size == 0 and `needed` says
-// how many message bytes are needed.
-struct FrameParse {
-  FrameInfo info;
-  bool complete = false;
-  std::uint64_t needed = 0;  // message bytes needed to complete this frame
-};
+}  // namespace
 
-FrameParse parse_frame(std::span<const std::byte> available, std::uint64_t frame_offset,
-                       const MessageHeader& header, const DecodeLimits& limits,
-                       std::size_t frame_index) {
+detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
+                                       std::uint64_t frame_offset, const MessageHeader& header,
+                                       const DecodeLimits& limits, std::size_t frame_index) {
   const std::string where = frame_text(frame_index);
   FrameParse result;
   FrameInfo& info = result.info;
@@ -242,14 +237,8 @@ FrameParse parse_frame(std::span<const std::byte> available, std::uint64_t frame
   return result;
 }
 
-struct HeaderPrefix {
-  Encoding encoding = Encoding::pulse;
-  std::uint32_t tensor_count = 0;
-  std::uint32_t frame_count = 0;
-  std::uint64_t header_bytes = 0;
-};
-
-HeaderPrefix parse_header_prefix(std::span<const std::byte> bytes, const DecodeLimits& limits) {
+detail::HeaderPrefix detail::parse_header_prefix(std::span<const std::byte> bytes,
+                                                 const DecodeLimits& limits) {
   if (bytes.size() < kHeaderPrefixBytes) {
     fail("truncated: the message header needs " + std::to_string(kHeaderPrefixBytes) + " bytes, " +
              std::to_string(bytes.size()) + " present",
@@ -298,7 +287,76 @@ HeaderPrefix parse_header_prefix(std::span<const std::byte> bytes, const DecodeL
   return prefix;
 }
 
-}  // namespace
+MessageHeader detail::parse_header(std::span<const std::byte> bytes, const HeaderPrefix& prefix) {
+  if (bytes.size() < prefix.header_bytes) {
+    fail("truncated: the header of " + std::to_string(prefix.tensor_count) + " tensors needs " +
+             std::to_string(prefix.header_bytes) + " bytes, " + std::to_string(bytes.size()) +
+             " present",
+         bytes.size());
+  }
+  const std::uint64_t checksum_at = prefix.header_bytes - kChecksumBytes;
+  const std::uint64_t expected = XXH3_64bits(bytes.data(), checksum_at);
+  if (load_le<std::uint64_t>(bytes.data() + checksum_at) != expected) {
+    fail("header checksum mismatch", checksum_at);
+  }
+  MessageHeader header;
+  header.encoding = prefix.encoding;
+  header.window = load_le<std::uint64_t>(bytes.data() + kHeaderWindowAt);
+  header.sender_rank = load_le<std::uint32_t>(bytes.data() + kHeaderRankAt);
+  header.tensor_numels.resize(prefix.tensor_count);
+  for (std::uint32_t t = 0; t < prefix.tensor_count; ++t) {
+    const std::uint64_t at = kHeaderPrefixBytes + 8 * std::uint64_t{t};
+    header.tensor_numels[t] = load_le<std::uint64_t>(bytes.data() + at);
+    if (header.tensor_numels[t] > kMaxNumel) {
+      fail("tensor " + std::to_string(t) + " has " + std::to_string(header.tensor_numels[t]) +
+               " elements, more than 2^63 - 1",
+           at);
+    }
+  }
+  return header;
+}
+
+void detail::check_frame_order(const FrameInfo* previous, const FrameInfo& next,
+                               std::size_t frame_index) {
+  if (previous == nullptr) return;
+  const std::uint64_t previous_end = previous->begin + previous->length;
+  if (next.tensor < previous->tensor ||
+      (next.tensor == previous->tensor && next.begin < previous_end)) {
+    fail(frame_text(frame_index) + ": chunk (tensor " + std::to_string(next.tensor) + ", begin " +
+             std::to_string(next.begin) +
+             ") is out of order or overlaps the previous frame's (tensor " +
+             std::to_string(previous->tensor) + ", end " + std::to_string(previous_end) + ")",
+         next.byte_offset);
+  }
+}
+
+void detail::check_message_size(std::uint64_t size, const DecodeLimits& limits) {
+  if (size > limits.max_message_bytes) {
+    fail("message of " + std::to_string(size) + " bytes exceeds the limit of " +
+             std::to_string(limits.max_message_bytes),
+         0);
+  }
+}
+
+void detail::fail_truncated_frame(std::size_t frame_index, std::uint32_t frame_count,
+                                  std::uint64_t frame_offset, std::uint64_t needed,
+                                  std::uint64_t size) {
+  fail("truncated: " + frame_text(frame_index) + " of " + std::to_string(frame_count) +
+           " needs bytes up to " + std::to_string(needed) + ", the message has " +
+           std::to_string(size),
+       frame_offset);
+}
+
+void detail::fail_bytes_after_frames(std::uint32_t frame_count, std::uint64_t end,
+                                     std::uint64_t size) {
+  fail(std::to_string(size - end) + " bytes after the last of " + std::to_string(frame_count) +
+           " frames",
+       end);
+}
+
+void detail::fail_checksum(std::size_t frame_index, std::uint64_t checksum_offset) {
+  fail(frame_text(frame_index) + ": checksum mismatch", checksum_offset);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Names
@@ -344,7 +402,7 @@ DecodeScratch::DecodeScratch(DecodeScratch&&) noexcept = default;
 DecodeScratch& DecodeScratch::operator=(DecodeScratch&&) noexcept = default;
 
 std::uint64_t message_header_size(std::span<const std::byte> prefix, const DecodeLimits& limits) {
-  return parse_header_prefix(prefix, limits).header_bytes;
+  return detail::parse_header_prefix(prefix, limits).header_bytes;
 }
 
 DecodeLimits DecodeLimits::for_file() {
@@ -364,80 +422,37 @@ MessageView MessageView::parse_prefix(std::span<const std::byte> received,
 
 MessageView MessageView::parse_impl(std::span<const std::byte> bytes, const DecodeLimits& limits,
                                     bool require_complete) {
-  if (bytes.size() > limits.max_message_bytes) {
-    fail("message of " + std::to_string(bytes.size()) + " bytes exceeds the limit of " +
-             std::to_string(limits.max_message_bytes),
-         0);
-  }
-  const HeaderPrefix prefix = parse_header_prefix(bytes, limits);
-  if (bytes.size() < prefix.header_bytes) {
-    fail("truncated: the header of " + std::to_string(prefix.tensor_count) + " tensors needs " +
-             std::to_string(prefix.header_bytes) + " bytes, " + std::to_string(bytes.size()) +
-             " present",
-         bytes.size());
-  }
-  const std::uint64_t checksum_at = prefix.header_bytes - kChecksumBytes;
-  const std::uint64_t expected = XXH3_64bits(bytes.data(), checksum_at);
-  if (load_le<std::uint64_t>(bytes.data() + checksum_at) != expected) {
-    fail("header checksum mismatch", checksum_at);
-  }
-
+  detail::check_message_size(bytes.size(), limits);
+  const detail::HeaderPrefix prefix = detail::parse_header_prefix(bytes, limits);
   MessageView view;
   view.bytes_ = bytes;
   view.announced_frames_ = prefix.frame_count;
-  MessageHeader& header = view.header_;
-  header.encoding = prefix.encoding;
-  header.window = load_le<std::uint64_t>(bytes.data() + kHeaderWindowAt);
-  header.sender_rank = load_le<std::uint32_t>(bytes.data() + kHeaderRankAt);
-  header.tensor_numels.resize(prefix.tensor_count);
-  for (std::uint32_t t = 0; t < prefix.tensor_count; ++t) {
-    const std::uint64_t at = kHeaderPrefixBytes + 8 * std::uint64_t{t};
-    header.tensor_numels[t] = load_le<std::uint64_t>(bytes.data() + at);
-    if (header.tensor_numels[t] > kMaxNumel) {
-      fail("tensor " + std::to_string(t) + " has " + std::to_string(header.tensor_numels[t]) +
-               " elements, more than 2^63 - 1",
-           at);
-    }
-  }
+  view.header_ = detail::parse_header(bytes, prefix);
+  const MessageHeader& header = view.header_;
 
   // Never trust frame_count for memory: reserve only what the bytes present could hold.
   std::uint64_t offset = prefix.header_bytes;
   view.frames_.reserve(static_cast<std::size_t>(
       std::min<std::uint64_t>(prefix.frame_count, (bytes.size() - offset) / kFrameOverheadBytes)));
-  std::uint32_t previous_tensor = 0;
-  std::uint64_t previous_end = 0;
   view.bytes_needed_ = offset;
   for (std::uint32_t i = 0; i < prefix.frame_count; ++i) {
-    const FrameParse parsed = parse_frame(bytes.subspan(offset), offset, header, limits, i);
+    const detail::FrameParse parsed =
+        detail::parse_frame(bytes.subspan(offset), offset, header, limits, i);
     if (!parsed.complete) {
       view.bytes_needed_ = parsed.needed;
       if (require_complete) {
-        fail("truncated: " + frame_text(i) + " of " + std::to_string(prefix.frame_count) +
-                 " needs bytes up to " + std::to_string(parsed.needed) + ", the message has " +
-                 std::to_string(bytes.size()),
-             offset);
+        detail::fail_truncated_frame(i, prefix.frame_count, offset, parsed.needed, bytes.size());
       }
       break;
     }
     const FrameInfo& info = parsed.info;
-    if (i > 0 && (info.tensor < previous_tensor ||
-                  (info.tensor == previous_tensor && info.begin < previous_end))) {
-      fail(frame_text(i) + ": chunk (tensor " + std::to_string(info.tensor) + ", begin " +
-               std::to_string(info.begin) +
-               ") is out of order or overlaps the previous frame's (tensor " +
-               std::to_string(previous_tensor) + ", end " + std::to_string(previous_end) + ")",
-           offset);
-    }
-    previous_tensor = info.tensor;
-    previous_end = info.begin + info.length;
+    detail::check_frame_order(view.frames_.empty() ? nullptr : &view.frames_.back(), info, i);
     view.frames_.push_back(info);
     offset += info.byte_size;
     view.bytes_needed_ = offset;
   }
   if (view.complete() && offset != bytes.size()) {
-    fail(std::to_string(bytes.size() - offset) + " bytes after the last of " +
-             std::to_string(prefix.frame_count) + " frames",
-         offset);
+    detail::fail_bytes_after_frames(prefix.frame_count, offset, bytes.size());
   }
   return view;
 }
@@ -583,19 +598,18 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
 
 }  // namespace
 
-std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> out_offsets,
-                                        std::span<float> out_values, DecodeScratch& scratch) const {
-  const FrameInfo& info = frames_.at(i);
+std::uint64_t detail::decode_frame(std::span<const std::byte> frame, const FrameInfo& info,
+                                   std::size_t frame_index, std::span<std::uint32_t> out_offsets,
+                                   std::span<float> out_values, DecodeScratch& scratch) {
   if (out_offsets.size() < info.entries || out_values.size() < info.entries) {
-    throw InvalidArgument("decode_frame: frame " + std::to_string(i) + " has " +
+    throw InvalidArgument("decode_frame: frame " + std::to_string(frame_index) + " has " +
                           std::to_string(info.entries) + " entries; the output holds " +
                           std::to_string(std::min(out_offsets.size(), out_values.size())));
   }
-  const auto frame = bytes_.subspan(info.byte_offset, info.byte_size);
   const std::size_t checksum_at = frame.size() - kChecksumBytes;
   if (load_le<std::uint64_t>(frame.data() + checksum_at) !=
       XXH3_64bits(frame.data(), checksum_at)) {
-    fail(frame_text(i) + ": checksum mismatch", info.byte_offset + checksum_at);
+    fail_checksum(frame_index, info.byte_offset + checksum_at);
   }
   if (info.entries == 0) return 0;
   const auto payload = frame.subspan(kFramePrefixBytes, checksum_at - kFramePrefixBytes);
@@ -603,10 +617,17 @@ std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> 
   if (info.encoding == Encoding::pulse) {
     const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
     const auto sparse_planes = static_cast<std::uint8_t>(frame[kFrameSparsePlanesAt]);
-    return decode_pulse(payload, payload_offset, info, zstd_streams, sparse_planes, i, out_offsets,
-                        out_values, scratch.impl());
+    return decode_pulse(payload, payload_offset, info, zstd_streams, sparse_planes, frame_index,
+                        out_offsets, out_values, scratch.impl());
   }
-  return decode_plain(payload, payload_offset, info, i, out_offsets, out_values);
+  return decode_plain(payload, payload_offset, info, frame_index, out_offsets, out_values);
+}
+
+std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> out_offsets,
+                                        std::span<float> out_values, DecodeScratch& scratch) const {
+  const FrameInfo& info = frames_.at(i);
+  return detail::decode_frame(bytes_.subspan(info.byte_offset, info.byte_size), info, i,
+                              out_offsets, out_values, scratch);
 }
 
 }  // namespace pulseloco::codec

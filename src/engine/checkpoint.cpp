@@ -173,6 +173,8 @@ CheckpointFileRecord write_global_file(const ReplicatedState& state, const Engin
       {"table_digest", digest_hex(state.layout().table_digest())},
       {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
       {"state_digest", digest_hex(state.digest(pool))},
+      // What tells this directory, while it has no manifest, from one of the flat layout.
+      {std::string(kCommittedByKey), std::string(kManifestFile)},
   };
   // Overlapped windows: the window numbers dropped so far (absent: none).
   if (options.overlap != Overlap::blocking) {
@@ -368,11 +370,12 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   std::filesystem::path global_path;
   std::filesystem::path rank_path;
   try {
-    loaded.dir = resolve_checkpoint_dir(path);
+    const ResolvedCheckpoint resolved = resolve_checkpoint_dir(path);
+    loaded.dir = resolved.dir;
     global_path = state_files::checkpoint_global_file(loaded.dir);
     rank_path = state_files::checkpoint_rank_file(loaded.dir, rank);
     std::optional<Manifest> manifest;
-    if (is_flat_checkpoint(loaded.dir)) {
+    if (resolved.flat) {
       if (rank == 0) {
         logger().warn(
             "{} is a checkpoint of the flat layout (no {}): its files are verified by "
@@ -406,8 +409,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
     check_equal(meta, "world_size", std::to_string(world), global_path);
     check_equal(meta, "mode", std::string(mode_name(options.mode)), global_path);
     check_equal(meta, "table_digest", digest_hex(state.layout().table_digest()), global_path);
-    const EngineOptions saved =
-        options_from_json(nlohmann::json::parse(require(meta, "options", global_path)));
+    const EngineOptions saved = state_files::recorded_options(meta, global_path);
     if (const auto differing = options_that_change_the_state(saved, options); !differing.empty()) {
       const nlohmann::json was = to_json(saved);
       const nlohmann::json is = to_json(options);

@@ -11,7 +11,9 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/state_files.h>
 #include <pulseloco/io/atomic_file.h>
+#include <pulseloco/io/safetensors.h>
 
 namespace pulseloco::engine_detail {
 namespace {
@@ -210,13 +212,50 @@ bool has_manifest(const fs::path& dir) {
   return fs::is_regular_file(dir / kManifestFile, error);
 }
 
-bool is_flat_checkpoint(const fs::path& dir) {
-  std::error_code error;
-  return !has_manifest(dir) && fs::is_regular_file(state_files::checkpoint_global_file(dir), error);
+namespace {
+
+// The last component of `path`, also when it ends in a separator.
+std::string last_name(const fs::path& path) {
+  return (path.has_filename() ? path : path.parent_path()).filename().string();
 }
 
-fs::path resolve_checkpoint_dir(const fs::path& path) {
-  if (has_manifest(path) || is_flat_checkpoint(path)) return path;
+// `dir` (no manifest, not a save's directory, no committed checkpoint under it) as a checkpoint
+// of the flat layout, which predates manifests: what only that layout has is a global file
+// without kCommittedByKey and every rank's file beside it (checkpoint_commit.h).
+void check_flat_layout(const fs::path& dir) {
+  const fs::path global = state_files::checkpoint_global_file(dir);
+  const io::SafetensorsReader reader(global);
+  const io::Metadata& metadata = reader.metadata();
+  if (const auto format = metadata.find("format");
+      format == metadata.end() || format->second != state_files::kCheckpointFormat) {
+    throw ProtocolError(fmt::format("{}: not a checkpoint's global file (format '{}', expected {})",
+                                    global.string(), format == metadata.end() ? "" : format->second,
+                                    state_files::kCheckpointFormat));
+  }
+  if (metadata.contains(std::string(kCommittedByKey))) {
+    throw IoError(fmt::format(
+        "'{}' holds no {}, and its global.safetensors was written by a save that commits with "
+        "one: that save did not commit (it was interrupted or failed), so it is no checkpoint; "
+        "load a committed checkpoint (a directory with {}) or its root",
+        dir.string(), kManifestFile, kManifestFile));
+  }
+  const std::uint64_t world = state_files::require_u64(metadata, "world_size", global);
+  for (std::uint64_t r = 0; r < world; ++r) {
+    const fs::path rank_file = state_files::checkpoint_rank_file(dir, static_cast<int>(r));
+    std::error_code error;
+    if (!fs::is_regular_file(rank_file, error)) {
+      throw IoError(fmt::format(
+          "'{}' is no checkpoint: it holds no {}, and as a checkpoint of the flat layout (from "
+          "before manifests) it lacks {}, the file of rank {} of its {} ranks",
+          dir.string(), kManifestFile, rank_file.filename().string(), r, world));
+    }
+  }
+}
+
+}  // namespace
+
+ResolvedCheckpoint resolve_checkpoint_dir(const fs::path& path) {
+  if (has_manifest(path)) return {path, false};
   std::error_code error;
   if (!fs::is_directory(path, error)) {
     throw IoError(
@@ -234,16 +273,21 @@ fs::path resolve_checkpoint_dir(const fs::path& path) {
   }
   const auto newest =
       std::find_if(found.rbegin(), found.rend(), [](const FoundDir& dir) { return dir.committed; });
-  if (newest == found.rend() && found.empty() && parse_dir_name(path.filename().string())) {
-    throw IoError(fmt::format("'{}' holds no {}: its save did not commit, it is no checkpoint",
-                              path.string(), kManifestFile));
-  }
-  if (newest == found.rend()) {
+  if (newest != found.rend()) return {newest->path, false};
+  if (parse_dir_name(last_name(path))) {
     throw IoError(fmt::format(
-        "'{}' holds no committed checkpoint (a window-NNNNNN directory with {}; {} without one)",
-        path.string(), kManifestFile, found.size()));
+        "'{}' holds no {}: its save did not commit (it was interrupted or failed), so it is no "
+        "checkpoint and never loads; load its root to resume from the newest committed "
+        "checkpoint, or a committed window-NNNNNN directory by its name",
+        path.string(), kManifestFile));
   }
-  return newest->path;
+  if (fs::exists(state_files::checkpoint_global_file(path), error)) {
+    check_flat_layout(path);
+    return {path, true};
+  }
+  throw IoError(fmt::format(
+      "'{}' holds no committed checkpoint (a window-NNNNNN directory with {}; {} without one)",
+      path.string(), kManifestFile, found.size()));
 }
 
 void write_manifest(const fs::path& dir, const Manifest& manifest) {

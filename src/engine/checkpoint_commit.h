@@ -61,15 +61,30 @@ struct NewCheckpointDir {
 [[nodiscard]] NewCheckpointDir create_checkpoint_dir(const std::filesystem::path& root,
                                                      std::uint64_t window);
 
-// `path` itself when it holds a manifest (or is a flat checkpoint, below); otherwise the newest
-// committed checkpoint under `path` (highest sequence). IoError naming `path` when it holds
-// none; the error of a committed checkpoint's manifest that cannot be read (which might be the
-// newest), naming it.
-[[nodiscard]] std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& path);
+// The metadata key of a checkpoint's global.safetensors that names the file whose existence commits
+// its directory (kManifestFile). Files of the flat layout, written before manifests, lack it: a
+// directory without a manifest whose global file records it is a save that did not commit.
+inline constexpr std::string_view kCommittedByKey = "committed_by";
 
-// A checkpoint of the flat layout that predates manifests: global.safetensors directly in `dir`
-// and no manifest. It loads, its files verified by the digests they record.
-[[nodiscard]] bool is_flat_checkpoint(const std::filesystem::path& dir);
+struct ResolvedCheckpoint {
+  std::filesystem::path dir;
+  bool flat = false;  // the flat layout: no manifest, files verified by their own digests
+};
+
+// The checkpoint that loading `path` means, in this order:
+//  - `path` itself when it holds a manifest;
+//  - the newest committed checkpoint under `path` (highest sequence) when it holds one; the error
+//    of a committed checkpoint's manifest that cannot be read (which might be the newest),
+//    naming it;
+//  - never a save's own directory (window-NNNNNN[.K]) without a manifest: IoError naming it, its
+//    save did not commit;
+//  - `path` as a checkpoint of the flat layout that predates manifests, recognised by what only
+//    that layout has: global.safetensors of format pulseloco-checkpoint without kCommittedByKey
+//    and the safetensors file of every rank of the world size it records, directly in a
+//    directory that is not a save's. IoError naming what it lacks otherwise.
+// IoError naming `path` when it holds none of these.
+[[nodiscard]] ResolvedCheckpoint resolve_checkpoint_dir(const std::filesystem::path& path);
+
 [[nodiscard]] bool has_manifest(const std::filesystem::path& dir);
 
 // Written under a temporary name, fsynced, renamed and the directory fsynced: the directory

@@ -141,10 +141,12 @@ class Engine {
                                         const CheckpointSave& save = {});
   // Restores a checkpoint written by a run with the same tensor table, options and world size
   // (collective): `path` is a checkpoint directory, or a root whose newest committed checkpoint
-  // (the one committed last) is loaded (IoError when it has none). Verifies every file this rank
-  // reads against the manifest and validates everything, and all ranks agree, before changing any
-  // state; a damaged file is an error on every rank naming it. θ_l is reset to cast(θ_g). Returns
-  // the directory, its window and this rank's own files.
+  // (the one committed last) is loaded (IoError when it has none). A directory without a
+  // manifest never loads (IoError naming it: its save did not commit), unless it is a checkpoint
+  // of the flat layout that predates manifests (docs/operations.md, "Resuming"). Verifies every
+  // file this rank reads against the manifest and validates everything, and all ranks agree, before
+  // changing any state; a damaged file is an error on every rank naming it. θ_l is reset to
+  // cast(θ_g). Returns the directory, its window and this rank's own files.
   LoadedCheckpoint load_checkpoint(const std::filesystem::path& path);
 
   // Writes this rank's θ_g to one safetensors file (not collective). Replicas that are

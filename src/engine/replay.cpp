@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
-#include <nlohmann/json.hpp>
+#include <functional>
+#include <limits>
 #include <regex>
 #include <thread>
 
@@ -63,6 +64,27 @@ void compare(const io::SafetensorsReader& expected, const std::string& key,
   ++result.tensors_compared;
 }
 
+// Runs step(rank) for every rank of `world` on a thread each; then rethrows the error of the
+// lowest rank that failed.
+void on_every_rank(int world, const std::function<void(int)>& step) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        step(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads)
+    thread.join();
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
 }  // namespace
 
 std::vector<std::uint64_t> traced_windows(const std::filesystem::path& trace_dir) {
@@ -106,16 +128,23 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
   const auto first = io::SafetensorsReader(
       state_files::trace_file(trace_dir, window, output_ranks.front(), false));
   const io::Metadata& meta = first.metadata();
-  const auto world = static_cast<int>(state_files::require_u64(meta, "world_size", first.path()));
+  const std::uint64_t world_size = state_files::require_u64(meta, "world_size", first.path());
+  if (world_size <= static_cast<std::uint64_t>(output_ranks.back())) {
+    throw InvalidArgument(fmt::format("{}: world_size {}, but rank {} recorded outputs",
+                                      first.path().string(), world_size, output_ranks.back()));
+  }
   const auto generation_of = [](const io::Metadata& m) {
     const auto it = m.find("generation");
     return it == m.end() ? std::string("0") : it->second;
   };
   const std::string generation = generation_of(meta);
-  if (world < 1 || output_ranks.back() >= world) {
-    throw InvalidArgument(fmt::format("{}: outputs of rank {} in a world of {}",
-                                      window_dir.string(), output_ranks.back(), world));
+  // Every rank of the world needs its input file (below), so a world_size beyond the files in
+  // the directory fails there; ranks are ints.
+  if (world_size > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
+    throw InvalidArgument(fmt::format("{}: world_size {} is not a number of ranks",
+                                      first.path().string(), world_size));
   }
+  const auto world = static_cast<int>(world_size);
   for (int r : output_ranks) {
     const io::SafetensorsReader out(state_files::trace_file(trace_dir, window, r, false));
     if (state_files::require_u64(out.metadata(), "world_size", out.path()) !=
@@ -138,43 +167,41 @@ ReplayResult replay_window(const std::filesystem::path& trace_dir, std::uint64_t
                       path.string(), generation_of(in.metadata()), generation));
     }
   }
-  EngineOptions options =
-      options_from_json(nlohmann::json::parse(state_files::require(meta, "options", first.path())));
+  // The recorded options, but a replay writes nothing: no trace of itself, no weights published
+  // into the run's publishing directory.
+  EngineOptions options = state_files::recorded_options(meta, first.path());
   options.trace_dir.clear();
+  options.publish_dir.clear();
   options.threads =
       std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
   const std::vector<TracedTensor> tensors = traced_tensors(first);
 
-  // Each rank's θ_l lives in buffers owned here; the engines see views of them.
+  // Each rank's θ_l lives in buffers owned here; the engines see views of them. Every rank
+  // loads its inputs before any runs the window, so that a bad input file is the error, not the
+  // other ranks' wait for the rank that could not start.
   std::vector<std::vector<std::vector<std::byte>>> locals(static_cast<std::size_t>(world));
   auto transports = transport::inproc::make_group(world);
   std::vector<std::unique_ptr<Engine>> engines(static_cast<std::size_t>(world));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      const auto index = static_cast<std::size_t>(r);
-      try {
-        std::vector<NamedTensor> parameters;
-        for (const TracedTensor& t : tensors) {
-          auto& buffer = locals[index].emplace_back(t.numel * dtype_size(t.dtype));
-          parameters.push_back(
-              {t.name, TensorView{buffer.data(), t.numel, t.dtype, Device{}}, t.shape});
-        }
-        engines[index] =
-            std::make_unique<Engine>(std::move(parameters), options, std::move(transports[index]));
-        engines[index]->load_trace_inputs(state_files::trace_file(trace_dir, window, r, true));
-        (void)engines[index]->run_window();
-      } catch (...) {
-        errors[index] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads)
-    thread.join();
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
+  on_every_rank(world, [&](int r) {
+    const auto index = static_cast<std::size_t>(r);
+    std::vector<NamedTensor> parameters;
+    for (const TracedTensor& t : tensors) {
+      auto& buffer = locals[index].emplace_back(t.numel * dtype_size(t.dtype));
+      parameters.push_back(
+          {t.name, TensorView{buffer.data(), t.numel, t.dtype, Device{}}, t.shape});
+    }
+    try {
+      engines[index] =
+          std::make_unique<Engine>(std::move(parameters), options, std::move(transports[index]));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(
+          fmt::format("{}: the options and tensors it recorded make no engine: {}",
+                      first.path().string(), e.message()),
+          e.context());
+    }
+    engines[index]->load_trace_inputs(state_files::trace_file(trace_dir, window, r, true));
+  });
+  on_every_rank(world, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); });
 
   ReplayResult result;
   result.window = window;

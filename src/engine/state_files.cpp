@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <nlohmann/json.hpp>
 
 #include <pulseloco/base/digest.h>
 #include <pulseloco/base/errors.h>
@@ -65,6 +66,24 @@ std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,
                                     file.string(), key, text));
   }
   return value;
+}
+
+EngineOptions recorded_options(const io::Metadata& metadata, const std::filesystem::path& file) {
+  const std::string& text = require(metadata, "options", file);
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ProtocolError(
+        fmt::format("{}: metadata 'options' is not JSON: {}", file.string(), e.what()));
+  }
+  try {
+    return options_from_json(json);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(
+        fmt::format("{}: metadata 'options' are not valid options: {}", file.string(), e.message()),
+        e.context());
+  }
 }
 
 }  // namespace pulseloco::state_files

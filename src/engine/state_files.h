@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include <pulseloco/engine/options.h>
 #include <pulseloco/io/safetensors.h>
 
 namespace pulseloco::state_files {
@@ -50,5 +51,11 @@ enum class DigestDefinition { whole_buffer, pieces };
                                          const std::filesystem::path& file);
 [[nodiscard]] std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,
                                         const std::filesystem::path& file);
+
+// The engine options a checkpoint's or trace's file recorded (metadata "options", JSON). Errors
+// name the file: ProtocolError when the metadata is missing or not JSON, InvalidArgument (as
+// options_from_json) when the options are not valid ones.
+[[nodiscard]] EngineOptions recorded_options(const io::Metadata& metadata,
+                                             const std::filesystem::path& file);
 
 }  // namespace pulseloco::state_files

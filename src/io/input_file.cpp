@@ -95,10 +95,4 @@ void InputFile::read_at(std::uint64_t offset, std::span<std::byte> destination) 
   read_exactly(fd_, path_, offset, destination);
 }
 
-std::vector<std::byte> InputFile::read_all() const {
-  std::vector<std::byte> bytes(static_cast<std::size_t>(size_));
-  read_at(0, bytes);
-  return bytes;
-}
-
 }  // namespace pulseloco::io

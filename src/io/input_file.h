@@ -11,7 +11,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace pulseloco::io {
 
@@ -34,8 +33,6 @@ class InputFile {
 
   // Fills `destination` from `offset` (read_exactly).
   void read_at(std::uint64_t offset, std::span<std::byte> destination) const;
-  // The whole file: size() bytes, allocated once.
-  [[nodiscard]] std::vector<std::byte> read_all() const;
 
   // Hands the descriptor over to the caller, who closes it.
   [[nodiscard]] int release() noexcept;

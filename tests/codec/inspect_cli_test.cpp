@@ -1,6 +1,8 @@
 // `pulseloco inspect FILE`: the report for valid messages and a non-zero exit that names the
 // reason for corrupt, truncated, foreign and missing files. Runs the real CLI binary.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +42,47 @@ CliRun run_cli(const std::string& arguments, const std::string& shell_prefix = "
     run.output.append(buffer, got);
   const int status = pclose(pipe);
   run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+struct MeasuredRun {
+  int status = -1;
+  std::string output;      // stdout and stderr
+  long peak_rss_kib = -1;  // the CLI's largest resident set, as wait4 reports it
+};
+
+// Runs the CLI itself (no shell in between) on `arguments` and measures its peak resident memory
+// (getrusage's ru_maxrss of that child, from wait4). An alarm ends a CLI that blocks.
+MeasuredRun run_cli_measured(const std::vector<std::string>& arguments) {
+  MeasuredRun run;
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return run;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(pipe_fds[1], STDOUT_FILENO);
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    std::vector<char*> argv{const_cast<char*>(PULSELOCO_CLI)};
+    for (const std::string& argument : arguments)
+      argv.push_back(const_cast<char*>(argument.c_str()));
+    argv.push_back(nullptr);
+    ::alarm(120);
+    ::execv(PULSELOCO_CLI, argv.data());
+    ::_exit(127);
+  }
+  ::close(pipe_fds[1]);
+  char buffer[4096];
+  ssize_t got;
+  while ((got = ::read(pipe_fds[0], buffer, sizeof buffer)) > 0)
+    run.output.append(buffer, static_cast<std::size_t>(got));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  struct rusage usage {};
+  if (pid > 0 && ::wait4(pid, &status, 0, &usage) == pid) {
+    run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    run.peak_rss_kib = usage.ru_maxrss;
+  }
   return run;
 }
 
@@ -164,9 +207,12 @@ TEST_F(InspectCli, ACorruptFrameFailsWithItsReasonAndOffset) {
 TEST_F(InspectCli, TruncatedForeignAndMissingFilesFail) {
   Bytes truncated = message(Encoding::plain_i32_f32);
   truncated.resize(truncated.size() - 3);
-  CliRun run = run_cli("inspect " + write("truncated.msg", truncated));
+  const std::string truncated_path = write("truncated.msg", truncated);
+  CliRun run = run_cli("inspect " + truncated_path);
   EXPECT_EQ(run.status, 1) << run.output;
-  EXPECT_NE(run.output.find("protocol violation: truncated"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("protocol violation: " + truncated_path + ": truncated"),
+            std::string::npos)
+      << run.output;
 
   const std::string text = "not a message at all, just some text in a file\n";
   run = run_cli(
@@ -226,6 +272,90 @@ TEST_F(InspectCli, AFileThatAnnouncesHugeFramesIsRefusedWithoutAllocatingThem) {
   EXPECT_EQ(verified.status, 0) << verified.output;
   EXPECT_NE(verified.output.find("verified: all 1 frames decode"), std::string::npos)
       << verified.output;
+}
+
+// A sparse file of 3 GiB (its size costs no disk): `prefix` at its start, zeros after.
+std::string write_sparse(const std::filesystem::path& path, const Bytes& prefix) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  EXPECT_GE(fd, 0) << path;
+  EXPECT_EQ(::write(fd, prefix.data(), prefix.size()), static_cast<ssize_t>(prefix.size()));
+  EXPECT_EQ(::ftruncate(fd, off_t{3} << 30), 0);
+  ::close(fd);
+  return path.string();
+}
+
+// Far below the 3 GiB of the files: what reading them whole would cost.
+constexpr long kPeakRssLimitKib = 64 * 1024;
+
+// A hostile file of 3 GiB costs inspect a bounded amount of memory, whatever it announces: its
+// header is checked before anything else is read, a frame beyond the file is refused from its
+// prefix, a frame is hashed in pieces before it is held, and nothing per frame is kept. Each
+// error names the file.
+TEST_F(InspectCli, ASparseFileOfThreeGibibytesFailsInBoundedMemory) {
+  constexpr std::uint64_t size = std::uint64_t{3} << 30;
+  const MessageHeader header{.tensor_numels = {std::uint64_t{1} << 31}};
+  const Bytes valid_header = encode_header(header, 1);
+  // A frame of `payload_bytes` (its prefix only; zeros follow).
+  const auto with_frame = [&](std::uint64_t payload_bytes) {
+    testing::RawFrame frame{.encoding = 0, .length = 1u << 31, .entries = 1000};
+    frame.override_payload_bytes = true;
+    frame.payload_bytes = payload_bytes;
+    Bytes bytes = valid_header;
+    Bytes prefix = testing::make_frame(frame);
+    prefix.resize(kFramePrefixBytes);
+    testing::append(bytes, prefix);
+    return bytes;
+  };
+  // Where the message ends when its one frame has this payload; the rest of the file follows it.
+  const auto end_with = [&](std::uint64_t payload_bytes) {
+    return valid_header.size() + kFramePrefixBytes + payload_bytes + kChecksumBytes;
+  };
+  constexpr std::uint64_t garbage_payload = std::uint64_t{512} << 20;
+  struct Case {
+    std::string name;
+    Bytes prefix;
+    std::vector<std::string> options;
+    std::string says;  // after "FILE: "
+  };
+  const std::string not_a_message_text = "NOPE, not a message";
+  const std::vector<Case> cases{
+      {"foreign.msg",
+       Bytes(reinterpret_cast<const std::byte*>(not_a_message_text.data()),
+             reinterpret_cast<const std::byte*>(not_a_message_text.data()) +
+                 not_a_message_text.size()),
+       {},
+       "bad magic: not a pulseloco message [byte offset 0]"},
+      // The zeros after the header read as one empty frame (whose checksum does not match), then
+      // gigabytes that no frame announced.
+      {"zeros.msg",
+       valid_header,
+       {"--json"},
+       std::to_string(size - end_with(0)) + " bytes after the last of 1 frames [byte offset " +
+           std::to_string(end_with(0)) + "]"},
+      {"beyond.msg", with_frame(size), {}, "truncated: frame 0 of 1 needs bytes up to "},
+      // A frame of 512 MiB of zeros: hashed in pieces (it does not match), never held.
+      {"garbage.msg",
+       with_frame(garbage_payload),
+       {},
+       std::to_string(size - end_with(garbage_payload)) +
+           " bytes after the last of 1 frames [byte offset " +
+           std::to_string(end_with(garbage_payload)) + "]"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = write_sparse(dir_ / c.name, c.prefix);
+    std::vector<std::string> arguments{"inspect"};
+    arguments.insert(arguments.end(), c.options.begin(), c.options.end());
+    arguments.push_back(path);
+    const MeasuredRun run = run_cli_measured(arguments);
+    EXPECT_EQ(run.status, 1) << run.output;
+    EXPECT_NE(run.output.find("pulseloco: protocol violation: " + path + ": " + c.says),
+              std::string::npos)
+        << run.output;
+    EXPECT_GT(run.peak_rss_kib, 0);
+    EXPECT_LT(run.peak_rss_kib, kPeakRssLimitKib) << "peak RSS of inspect on a 3 GiB file";
+    std::filesystem::remove(path);
+  }
 }
 
 TEST_F(InspectCli, ADirectoryOrAFifoIsNamedAndRefusedAtOnce) {

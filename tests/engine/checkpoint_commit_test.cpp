@@ -17,6 +17,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/engine.h>
+#include <pulseloco/io/safetensors.h>
 #include "engine/training_run.h"
 
 namespace pulseloco {
@@ -171,6 +172,21 @@ TEST(CheckpointCommit, ResumeTakesTheNewestCommittedCheckpointAndLeftoversAreIgn
   fs::remove_all(root);
 }
 
+// `dir` as builds before manifests saved a checkpoint (the flat layout): the safetensors files of
+// the committed checkpoint `committed` directly in it, for the first `ranks` ranks, and
+// global.safetensors without committed_by, which only saves that commit with a manifest record.
+void write_flat_checkpoint(const fs::path& committed, const fs::path& dir, int ranks = kWorld) {
+  fs::create_directories(dir);
+  fs::copy_file(committed / "global.safetensors", dir / "global.safetensors");
+  testing::rewrite_metadata(dir / "global.safetensors", [](io::Metadata& metadata, const auto&) {
+    EXPECT_EQ(metadata.erase("committed_by"), 1u);
+  });
+  for (int r = 0; r < ranks; ++r) {
+    const std::string name = fmt::format("rank-{:05}.safetensors", r);
+    fs::copy_file(committed / name, dir / name);
+  }
+}
+
 // A checkpoint of the flat layout (files directly in the directory, no manifest) still loads,
 // its files verified by the digests they record; a damaged one is refused naming the file.
 TEST(CheckpointCommit, AFlatCheckpointWithoutAManifestLoadsVerifiedByItsOwnDigests) {
@@ -180,12 +196,7 @@ TEST(CheckpointCommit, AFlatCheckpointWithoutAManifestLoadsVerifiedByItsOwnDiges
   const fs::path committed = run.save(root);
   const std::vector<Digest> at_window_1 = run.digests();
   const fs::path flat = root / "flat";
-  fs::create_directories(flat);
-  fs::copy_file(committed / "global.safetensors", flat / "global.safetensors");
-  for (int r = 0; r < kWorld; ++r) {
-    const std::string name = fmt::format("rank-{:05}.safetensors", r);
-    fs::copy_file(committed / name, flat / name);
-  }
+  write_flat_checkpoint(committed, flat);
   run.window(1);
   for (const LoadedCheckpoint& loaded : load_all(run, flat)) {
     EXPECT_EQ(loaded.dir, flat);
@@ -206,6 +217,84 @@ TEST(CheckpointCommit, AFlatCheckpointWithoutAManifestLoadsVerifiedByItsOwnDiges
   const std::vector<Digest> before = run.digests();
   expect_error_everywhere(try_load(run, flat), ErrorKind::protocol, {"global.safetensors"});
   EXPECT_EQ(run.digests(), before);
+  fs::remove_all(root);
+}
+
+// A save interrupted after every rank wrote its files, before rank 0 wrote the manifest, leaves
+// every file of a checkpoint but the manifest. It never loads: not by its directory's name (with
+// or without a trailing separator), not copied under another name, not as its root's newest.
+TEST(CheckpointCommit, ADirectoryWithoutItsManifestNeverLoadsEvenNamedExplicitly) {
+  const fs::path root = testing::fresh_dir("commit_uncommitted");
+  TrainingRun run(testing::options_for_test(), 120);
+  run.window(0);
+  const fs::path committed = run.save(root, with_optimizer(run));
+  const std::vector<Digest> at_window_1 = run.digests();
+  run.window(1);
+  const fs::path interrupted = root / "window-000002";
+  const fs::path copied = root / "copied";
+  for (const fs::path& dir : {interrupted, copied}) {
+    fs::create_directories(dir);
+    for (const auto& entry : fs::directory_iterator(committed)) {
+      if (entry.path().filename() != "manifest.json")
+        fs::copy_file(entry.path(), dir / entry.path().filename());
+    }
+  }
+  const std::vector<Digest> before = run.digests();
+  for (const fs::path& named : {interrupted, interrupted / ""}) {
+    expect_error_everywhere(try_load(run, named), ErrorKind::io,
+                            {named.string() + "' holds no manifest.json: its save did not commit",
+                             "so it is no checkpoint and never loads; load its root"});
+  }
+  expect_error_everywhere(
+      try_load(run, copied), ErrorKind::io,
+      {copied.string() + "' holds no manifest.json, and its global.safetensors was written by a "
+                         "save that commits with one: that save did not commit"});
+  EXPECT_EQ(run.digests(), before);
+  for (const LoadedCheckpoint& loaded : load_all(run, root))
+    EXPECT_EQ(loaded.dir, committed);
+  EXPECT_EQ(run.digests(), at_window_1);
+  fs::remove_all(root);
+}
+
+// Without a manifest, only what the flat layout alone has makes a checkpoint: a global file
+// without committed_by and the file of every rank beside it. A directory with less is named with
+// what it lacks; a root whose own files are of the flat layout (saved to before manifests)
+// resumes from the newer committed checkpoints under it.
+TEST(CheckpointCommit, OnlyACompleteFlatLayoutLoadsWithoutAManifest) {
+  const fs::path root = testing::fresh_dir("commit_flat_only");
+  TrainingRun run(testing::options_for_test(), 130);
+  run.window(0);
+  const fs::path committed = run.save(root / "first");
+  run.window(1);
+  const std::vector<Digest> before = run.digests();
+
+  const fs::path partial = root / "partial";
+  write_flat_checkpoint(committed, partial, 1);
+  expect_error_everywhere(
+      try_load(run, partial), ErrorKind::io,
+      {partial.string() +
+       "' is no checkpoint: it holds no manifest.json, and as a checkpoint of "
+       "the flat layout (from before manifests) it lacks rank-00001.safetensors, "
+       "the file of rank 1 of its 3 ranks"});
+  const fs::path lonely = root / "lonely";
+  fs::create_directories(lonely);
+  fs::copy_file(committed / "global.safetensors", lonely / "global.safetensors");
+  expect_error_everywhere(try_load(run, lonely), ErrorKind::io,
+                          {lonely.string() + "' holds no manifest.json, and its global.safetensors "
+                                             "was written by a save that commits with one"});
+  EXPECT_EQ(run.digests(), before);
+
+  // A root that was a flat checkpoint of window 1 and has since held a committed one of window 2.
+  const fs::path upgraded = root / "upgraded";
+  write_flat_checkpoint(committed, upgraded);
+  const fs::path newer = run.save(upgraded);
+  const std::vector<Digest> at_window_2 = run.digests();
+  run.window(2);
+  for (const LoadedCheckpoint& loaded : load_all(run, upgraded)) {
+    EXPECT_EQ(loaded.dir, newer);
+    EXPECT_EQ(loaded.window, 2u);
+  }
+  EXPECT_EQ(run.digests(), at_window_2);
   fs::remove_all(root);
 }
 

@@ -210,30 +210,18 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
 std::string rewrite_with_whole_buffer_digests(const fs::path& file, const std::string& digest_key,
                                               const std::string& state_hex = {},
                                               const std::optional<std::string>& digest_name = {}) {
-  std::vector<io::TensorSpec> specs;
-  std::vector<std::vector<std::byte>> data;
-  std::vector<Digest> parts;
-  io::Metadata metadata;
-  {
-    const io::SafetensorsReader reader(file);
-    metadata = reader.metadata();
-    for (const io::TensorInfo& info : reader.tensors()) {
-      specs.push_back(info.spec);
-      data.emplace_back(info.data_end - info.data_begin);
-      reader.read_range(info.spec.name, 0, data.back());
-      parts.push_back(digest_bytes(data.back()));
-    }
-  }
-  EXPECT_EQ(metadata.at("digest"), kBufferDigestName);
-  metadata.erase("digest");
-  if (digest_name) metadata["digest"] = *digest_name;
-  const std::string combined = digest_hex(combine_digests(parts));
-  metadata[digest_key] = combined;
-  if (!state_hex.empty()) metadata["state_digest"] = state_hex;
-  io::SafetensorsWriter writer(file, metadata, specs);
-  for (std::size_t t = 0; t < specs.size(); ++t)
-    writer.write(specs[t].name, std::span<const std::byte>(data[t]));
-  writer.finish();
+  std::string combined;
+  testing::rewrite_metadata(file, [&](io::Metadata& metadata, const auto& data) {
+    std::vector<Digest> parts;
+    for (const auto& bytes : data)
+      parts.push_back(digest_bytes(bytes));
+    EXPECT_EQ(metadata.at("digest"), kBufferDigestName);
+    metadata.erase("digest");
+    if (digest_name) metadata["digest"] = *digest_name;
+    combined = digest_hex(combine_digests(parts));
+    metadata[digest_key] = combined;
+    if (!state_hex.empty()) metadata["state_digest"] = state_hex;
+  });
   testing::record_in_manifest(file);
   return combined;
 }
@@ -358,6 +346,74 @@ TEST(Trace, EveryTracedWindowReplaysBitIdenticallyAndTamperingIsCaught) {
   EXPECT_EQ(tampered.differences[0].rank, 2);
   EXPECT_EQ(tampered.differences[0].tensor, "global.tensor2");
   EXPECT_EQ(tampered.differences[0].first_index, 123u);
+  fs::remove_all(dir);
+}
+
+// Errors about what a trace records name the file they come from: the options it recorded (not
+// JSON, not valid options), and a rank's input file, which every rank loads before any runs the
+// window (a bad one is the error at once, not the other ranks' wait for that rank).
+TEST(Trace, ReplayErrorsAboutATracesContentNameItsFile) {
+  const fs::path dir = fresh_dir("trace_errors");
+  EngineOptions options = options_for_test();
+  options.trace_dir = dir.string();
+  TrainingRun run(options, 50);
+  run.window(0);
+  const fs::path out = dir / "window-000000" / "rank-00000.out.safetensors";
+  const fs::path in = dir / "window-000000" / "rank-00001.in.safetensors";
+  nlohmann::json invalid = to_json(options);
+  invalid["steps_per_window"] = 0;
+  nlohmann::json incomplete = to_json(options);
+  incomplete.erase("mode");
+  struct Case {
+    fs::path file;
+    std::string key;
+    std::string value;
+    ErrorKind kind;
+    std::string says;  // after "FILE: "
+  };
+  const std::vector<Case> cases{
+      {out, "options", "{\"mode\": ", ErrorKind::protocol, "metadata 'options' is not JSON: "},
+      {out, "options", invalid.dump(), ErrorKind::invalid_argument,
+       "metadata 'options' are not valid options: steps_per_window (H) must be at least 1"},
+      {out, "options", incomplete.dump(), ErrorKind::invalid_argument,
+       "metadata 'options' are not valid options: options JSON: "},
+      {in, "rank", "7", ErrorKind::protocol, "'rank' is '7', expected '1'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.says);
+    const std::string original = testing::file_bytes(c.file);
+    testing::rewrite_metadata(
+        c.file, [&](io::Metadata& metadata, const auto&) { metadata[c.key] = c.value; });
+    try {
+      (void)replay_window(dir, 0);
+      ADD_FAILURE() << "replayed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), c.kind) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.file.string() + ": " + c.says), std::string::npos)
+          << e.what();
+    }
+    std::ofstream(c.file, std::ios::binary | std::ios::trunc) << original;
+  }
+  EXPECT_TRUE(replay_window(dir, 0).identical());
+  fs::remove_all(dir);
+}
+
+// A replay runs the recorded options but writes nothing: a run that published θ_g for inference
+// servers replays without publishing into that directory.
+TEST(Trace, ReplayPublishesNothing) {
+  const fs::path dir = fresh_dir("trace_published");
+  const fs::path published = testing::fresh_test_dir("trace_published_weights");
+  EngineOptions options = options_for_test();
+  options.trace_dir = dir.string();
+  options.publish_dir = published.string();
+  TrainingRun run(options, 55);
+  for (int w = 0; w < 2; ++w)
+    run.window(w);
+  ASSERT_TRUE(fs::exists(published / "manifest.json"));
+  fs::remove_all(published);
+  for (std::uint64_t w : traced_windows(dir))
+    EXPECT_TRUE(replay_window(dir, w).identical()) << "window " << w;
+  EXPECT_FALSE(fs::exists(published));
   fs::remove_all(dir);
 }
 

@@ -13,6 +13,7 @@
 #include <pulseloco/engine/checkpoint_commit.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/io/atomic_file.h>
+#include <pulseloco/io/safetensors.h>
 #include "engine/engine_test_util.h"
 
 namespace pulseloco::testing {
@@ -47,6 +48,31 @@ inline void record_in_manifest(const std::filesystem::path& file) {
     record.xxh3 = checksum.digest;
   }
   engine_detail::write_manifest(file.parent_path(), manifest);
+}
+
+// Rewrites a safetensors file with the same tensors and its metadata changed by
+// edit(metadata, data), `data` being the tensors' bytes in file order (tests of files written
+// otherwise than this build writes them).
+inline void rewrite_metadata(
+    const std::filesystem::path& file,
+    const std::function<void(io::Metadata&, const std::vector<std::vector<std::byte>>&)>& edit) {
+  std::vector<io::TensorSpec> specs;
+  std::vector<std::vector<std::byte>> data;
+  io::Metadata metadata;
+  {
+    const io::SafetensorsReader reader(file);
+    metadata = reader.metadata();
+    for (const io::TensorInfo& info : reader.tensors()) {
+      specs.push_back(info.spec);
+      data.emplace_back(info.data_end - info.data_begin);
+      reader.read_range(info.spec.name, 0, data.back());
+    }
+  }
+  edit(metadata, data);
+  io::SafetensorsWriter writer(file, metadata, specs);
+  for (std::size_t t = 0; t < specs.size(); ++t)
+    writer.write(specs[t].name, std::span<const std::byte>(data[t]));
+  writer.finish();
 }
 
 struct TrainingRun {

@@ -3,7 +3,8 @@
 // Each input is tried twice: as received (most mutations fail a checksum, which is the point
 // of checksums) and with every checksum recomputed (so mutations reach the structural and
 // content validation behind them, as from a hostile sender). Whatever decodes must satisfy the
-// decoder's promises and re-encode losslessly in every encoding. Any exception other than
+// decoder's promises and re-encode losslessly in every encoding, and the frame-by-frame reader
+// must accept exactly what the view accepts, with the same entries. Any exception other than
 // ProtocolError, any sanitizer report and any broken invariant is a finding.
 //   build: tests/codec/sanitized (clang-14, -fsanitize=fuzzer,address,undefined)
 //   run:   see docs/wire-format.md, "Fuzzing"
@@ -22,6 +23,7 @@ void run(std::span<const std::byte> bytes) {
   std::vector<fuzz::DecodedFrame> frames;
   MessageHeader header;
   const bool decoded = fuzz::decode_all(bytes, frames, header);
+  fuzz::check_reader_agrees(bytes, decoded, frames, header);
   // The streaming parser on every shorter prefix length class must not misbehave either.
   if (bytes.size() > kHeaderPrefixBytes) {
     try {

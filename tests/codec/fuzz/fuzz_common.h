@@ -12,8 +12,9 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
-#include "codec/codec_test_util.h"
 #include <pulseloco/codec/message.h>
+#include <pulseloco/codec/message_reader.h>
+#include "codec/codec_test_util.h"
 
 namespace pulseloco::codec::fuzz {
 
@@ -87,6 +88,59 @@ inline bool decode_all(std::span<const std::byte> bytes, std::vector<DecodedFram
     out.push_back(std::move(frame));
   }
   return true;
+}
+
+// The frame-by-frame reader (codec/message_reader.h) on the same bytes must accept exactly the
+// messages that decode_all() accepts (`decoded`), with the same header and entries: both run the
+// same checks, in another order.
+inline void check_reader_agrees(std::span<const std::byte> bytes, bool decoded,
+                                const std::vector<DecodedFrame>& frames,
+                                const MessageHeader& header) {
+  bool read_whole = true;
+  std::vector<DecodedFrame> read;
+  std::optional<MessageHeader> read_header;
+  try {
+    MessageReader reader(
+        [&](std::uint64_t offset, std::span<std::byte> destination) {
+          if (offset > bytes.size() || destination.size() > bytes.size() - offset) {
+            violated("reader read beyond the message");
+          }
+          std::memcpy(destination.data(), bytes.data() + offset, destination.size());
+        },
+        bytes.size(), fuzz_limits());
+    read_header = reader.header();
+    DecodeScratch scratch;
+    while (reader.next_frame()) {
+      DecodedFrame frame;
+      try {
+        frame.info = reader.decode_frame(frame.offsets, frame.values, scratch);
+      } catch (const ProtocolError& error) {
+        if (!error.context().byte_offset || *error.context().byte_offset > bytes.size()) {
+          violated("reader: frame error without a byte offset inside the message");
+        }
+        read_whole = false;
+      }
+      read.push_back(std::move(frame));
+    }
+  } catch (const ProtocolError& error) {
+    if (!error.context().byte_offset || *error.context().byte_offset > bytes.size()) {
+      violated("reader: protocol error without a byte offset inside the message");
+    }
+    read_whole = false;
+  }
+  if (read_whole != decoded) violated("reader and view disagree on whether the message is valid");
+  if (!decoded) return;
+  if (!(*read_header == header) || read.size() != frames.size()) violated("reader: header");
+  for (std::size_t i = 0; i < frames.size(); ++i) {
+    if (read[i].info.byte_offset != frames[i].info.byte_offset ||
+        read[i].info.byte_size != frames[i].info.byte_size ||
+        read[i].info.index_bytes != frames[i].info.index_bytes ||
+        read[i].offsets != frames[i].offsets || read[i].values.size() != frames[i].values.size() ||
+        (!read[i].values.empty() && std::memcmp(read[i].values.data(), frames[i].values.data(),
+                                                read[i].values.size() * sizeof(float)) != 0)) {
+      violated("reader: frames differ from the view's");
+    }
+  }
 }
 
 // Re-encodes decoded frames and checks that they decode to the same bits.
