@@ -9,7 +9,7 @@
 namespace pulseloco::engine_detail {
 
 void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
-  group.reached(WindowPhase::gate, state_.window());
+  group.reached(WindowPhase::gate, report.window);
   auto phase = SteadyClock::now();
   double exchange_seconds = exchange(group);
   const auto agree_start = SteadyClock::now();
@@ -18,7 +18,7 @@ void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
   exchange_seconds += seconds_since(agree_start);
   report.seconds.exchange = exchange_seconds;
   report.seconds.gate = seconds_since(phase) - exchange_seconds;
-  group.reached(WindowPhase::aggregate, state_.window());
+  group.reached(WindowPhase::aggregate, report.window);
   const std::uint64_t parameters = state_.layout().parameters();
   report.entries_sent = parameters;
   report.payload_bytes = parameters * sizeof(float);
@@ -52,7 +52,7 @@ double DilocoWindow::exchange(const AttachedGroup& group) {
         group.transport(), std::span<const float>(buckets_.input(), bucket.elements),
         std::span<float>(buckets_.output(), bucket.elements), group.collective());
     seconds += seconds_since(start);
-    group.reached(WindowPhase::exchange, state_.window());
+    group.reached(WindowPhase::exchange, state_.next_window());
     for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
       memory.hold_dense_sum(chunks[bucket.first_chunk + i], buckets_.output() + offsets[i], where);
     }
