@@ -1,7 +1,8 @@
 // The transport interface: tagged point-to-point byte messages between the ranks of one group,
-// non-blocking with deadlines, in the manner of NCCL's net plugins. One folder per backend
-// (tcp/, mpi/, nccl/) implements it with the same file set. A transport knows nothing of
-// tensors, windows or collectives.
+// non-blocking with deadlines, in the manner of NCCL's net plugins. Each backend implements it
+// in a folder of its own (tcp/, inproc/, and the libraries mpi/ and nccl/). A transport moves
+// bytes: it knows where its buffers must live (a Device) but nothing of tensors, windows or
+// collectives.
 //
 // Failure semantics: every wait has a deadline. A dead, stalled or misbehaving peer turns into
 // TimeoutError, PeerLostError or ProtocolError naming that peer; abort() makes every pending and
@@ -18,7 +19,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include <pulseloco/base/tensor_view.h>
+#include <pulseloco/base/device.h>
 
 namespace pulseloco::transport {
 

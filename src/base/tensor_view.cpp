@@ -12,14 +12,4 @@ std::string_view dtype_name(DType dtype) noexcept {
   return "unknown";
 }
 
-std::string_view device_kind_name(DeviceKind kind) noexcept {
-  switch (kind) {
-    case DeviceKind::cpu:
-      return "cpu";
-    case DeviceKind::cuda:
-      return "cuda";
-  }
-  return "unknown";
-}
-
 }  // namespace pulseloco

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include <pulseloco/base/device.h>
+
 namespace pulseloco {
 
 // Wire/file codes are fixed: they appear in checkpoints and messages.
@@ -15,19 +17,6 @@ enum class DType : std::uint8_t { float32 = 0, bfloat16 = 1 };
   return dtype == DType::float32 ? 4 : 2;
 }
 [[nodiscard]] std::string_view dtype_name(DType dtype) noexcept;
-
-enum class DeviceKind : std::uint8_t { cpu = 0, cuda = 1 };
-
-struct Device {
-  DeviceKind kind = DeviceKind::cpu;
-  int index = 0;  // CUDA ordinal; 0 for the CPU
-
-  [[nodiscard]] constexpr bool is_cpu() const noexcept { return kind == DeviceKind::cpu; }
-  [[nodiscard]] constexpr bool is_cuda() const noexcept { return kind == DeviceKind::cuda; }
-  friend constexpr bool operator==(const Device&, const Device&) = default;
-};
-
-[[nodiscard]] std::string_view device_kind_name(DeviceKind kind) noexcept;
 
 // A mutable view of a contiguous tensor.
 struct TensorView {

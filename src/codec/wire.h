@@ -2,7 +2,6 @@
 // naming the field and its byte offset in the message (fixed fields: base/byte_io.h).
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -26,11 +25,6 @@ inline constexpr int kIndexStream = 0;
 
 // LEB128 of a 64-bit value: at most 10 bytes.
 inline constexpr std::size_t kMaxVarint64Bytes = 10;
-
-[[nodiscard]] inline std::size_t varint_size(std::uint64_t value) noexcept {
-  // ceil(bit_width / 7), at least 1; branch-free (gap sizes vary unpredictably).
-  return (static_cast<std::size_t>(std::bit_width(value | 1)) + 6) / 7;
-}
 
 inline std::byte* put_varint(std::byte* p, std::uint64_t value) noexcept {
   while (value >= 0x80) {

@@ -36,18 +36,14 @@ struct Fabric;
 
 struct FaultInjector::Impl {
   mutable std::mutex mutex;
-  mutable std::condition_variable changed;
   FaultHook hook;
   std::vector<InjectedFault> injected;
   std::weak_ptr<Fabric> fabric;
   int world_size = 0;
 
   void record(InjectedFault fault) {
-    {
-      const std::lock_guard lock(mutex);
-      injected.push_back(std::move(fault));
-    }
-    changed.notify_all();
+    const std::lock_guard lock(mutex);
+    injected.push_back(std::move(fault));
   }
   [[nodiscard]] FaultHook current_hook() const {
     const std::lock_guard lock(mutex);
@@ -602,11 +598,6 @@ void FaultInjector::stall(int rank) {
 std::vector<InjectedFault> FaultInjector::injected() const {
   const std::lock_guard lock(impl_->mutex);
   return impl_->injected;
-}
-
-bool FaultInjector::wait_for_faults(std::size_t count, Deadline deadline) const {
-  std::unique_lock lock(impl_->mutex);
-  return impl_->changed.wait_until(lock, deadline, [&] { return impl_->injected.size() >= count; });
 }
 
 std::vector<std::unique_ptr<Transport>> make_group(int world_size, InprocOptions options) {

@@ -87,9 +87,6 @@ class FaultInjector {
 
   // Every fault injected so far, in order.
   [[nodiscard]] std::vector<InjectedFault> injected() const;
-  // Blocks until at least `count` faults have been injected or `deadline` passes; returns
-  // whether they have.
-  [[nodiscard]] bool wait_for_faults(std::size_t count, Deadline deadline) const;
 
   struct Impl;  // shared with the group (defined in inproc.cpp)
   [[nodiscard]] const std::shared_ptr<Impl>& impl() const noexcept { return impl_; }
