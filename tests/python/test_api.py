@@ -117,6 +117,42 @@ def test_windows_release_the_gil():
     assert np.array_equal(arrays[0], arrays[1]), "both ranks hold the same weights"
 
 
+def collective_threads():
+    """Native ids of this process's threads named as a synchroniser's collective thread."""
+    ids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            name = pathlib.Path(f"/proc/self/task/{task}/comm").read_text().strip()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        if name == "pl-collective":
+            ids.append(int(task))
+    return ids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_collective_calls_run_on_one_thread_per_synchronizer_until_it_closes():
+    # ddp averages the gradients at every optimizer step: every call runs on the same thread,
+    # which lives as long as the synchroniser is open, and none is left once it is closed.
+    assert collective_threads() == []
+    model = linear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = set()
+    with pulseloco.Synchronizer(model.named_parameters(), mode="ddp", inner_steps=2) as sync:
+        for step in range(6):
+            optimizer.zero_grad()
+            model(torch.ones(2, 6)).sum().backward()
+            sync.before_optimizer_step()
+            seen.update(collective_threads())
+            optimizer.step()
+            report = sync.after_optimizer_step()
+            assert (report is None) == (step % 2 == 0)
+            seen.update(collective_threads())
+        assert len(seen) == 1, seen
+        assert collective_threads() == list(seen)
+    assert collective_threads() == []
+
+
 def test_every_engine_option_reaches_the_engine(tmp_path):
     options = dict(chunk_elements=4096, bucket_elements=8192, threads=1, timeout=12.5,
                    allgather="ring", pipeline_chunk_bytes=65536, bf16_delta="authors",

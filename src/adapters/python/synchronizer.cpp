@@ -1,15 +1,11 @@
 // _Synchronizer: the engine (or an elastic worker) over tensors imported through DLPack or the
-// buffer protocol, without a copy. Collective calls run on a C++ thread with the GIL released;
-// the calling thread checks for signals meanwhile and aborts the group on one (run_released).
-#include <chrono>
-#include <condition_variable>
+// buffer protocol, without a copy. Collective calls run on the synchroniser's own thread with the
+// GIL released; the calling thread checks for signals meanwhile and aborts the group on one
+// (collective_thread.h).
 #include <cstdint>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,12 +22,10 @@
 #include <pulseloco/group/make_transport.h>
 
 #include "bindings.h"
+#include "collective_thread.h"
 
 namespace pulseloco::python {
 namespace {
-
-// How often a thread waiting for a collective call checks for signals (Ctrl-C).
-constexpr auto kSignalPoll = std::chrono::milliseconds(50);
 
 // What the engine sees of one tensor, for tensor_table().
 struct TensorInfo {
@@ -101,56 +95,6 @@ TensorView import_tensor(const std::string& what, const std::string& name, nb::h
   return view;
 }
 
-// Runs `work` on a new thread with the GIL released and waits for it, checking for signals
-// every kSignalPoll. When a signal handler raises (KeyboardInterrupt), `interrupt` is called
-// (it aborts the group, so that `work` returns soon with an error), and once `work` has returned
-// the handler's exception is raised instead of whatever `work` returned or threw.
-template <class Work, class Interrupt>
-auto run_released(Work&& work, Interrupt&& interrupt) -> decltype(work()) {
-  using Result = decltype(work());
-  struct Shared {
-    std::mutex mutex;
-    std::condition_variable done_changed;
-    bool done = false;
-    std::exception_ptr error;
-    std::optional<std::conditional_t<std::is_void_v<Result>, bool, Result>> result;
-  } shared;
-  std::optional<nb::python_error> interrupted;
-  {
-    nb::gil_scoped_release release;
-    std::thread worker([&] {
-      try {
-        if constexpr (std::is_void_v<Result>) {
-          work();
-        } else {
-          shared.result.emplace(work());
-        }
-      } catch (...) {
-        shared.error = std::current_exception();
-      }
-      const std::lock_guard lock(shared.mutex);
-      shared.done = true;
-      shared.done_changed.notify_all();
-    });
-    std::unique_lock lock(shared.mutex);
-    while (!shared.done_changed.wait_for(lock, kSignalPoll, [&] { return shared.done; })) {
-      if (interrupted) continue;  // aborted: wait for `work` to return
-      lock.unlock();
-      {
-        nb::gil_scoped_acquire acquire;
-        if (PyErr_CheckSignals() != 0) interrupted.emplace();  // fetches the raised error
-      }
-      if (interrupted) interrupt();
-      lock.lock();
-    }
-    lock.unlock();
-    worker.join();
-  }
-  if (interrupted) throw std::move(*interrupted);
-  if (shared.error) std::rethrow_exception(shared.error);
-  if constexpr (!std::is_void_v<Result>) return std::move(*shared.result);
-}
-
 std::vector<std::byte> to_bytes(nb::handle value, const std::string& name) {
   if (!PyBytes_Check(value.ptr())) {
     throw InvalidArgument(fmt::format("checkpoint file '{}': expected bytes, got a {}", name,
@@ -189,7 +133,7 @@ class Synchronizer {
       }
       ElasticOptions elastic_options =
           python::elastic_options(nb::borrow<nb::dict>(elastic), group);
-      elastic_ = run_released(
+      elastic_ = collective_.run(
           [&] {
             return std::make_unique<ElasticEngine>(std::move(tensors), engine_options,
                                                    std::move(elastic_options));
@@ -199,7 +143,7 @@ class Synchronizer {
       group::TransportOptions transport = transport_options(group);
       // Group formation cannot be interrupted: an interrupt takes effect once it has returned
       // (at most transport.connect_timeout, then the engine's start-up within its timeout).
-      engine_ = run_released(
+      engine_ = collective_.run(
           [&] {
             return std::make_unique<Engine>(std::move(tensors), engine_options,
                                             group::make_transport(transport));
@@ -267,11 +211,12 @@ class Synchronizer {
 
   void close() {
     if (elastic_) {
-      nb::gil_scoped_release release;
+      const nb::gil_scoped_release release;
       elastic_->leave();
     } else {
       engine_->detach();
     }
+    collective_.stop();
   }
 
   std::vector<TensorInfo> tensor_table() const {
@@ -305,7 +250,7 @@ class Synchronizer {
  private:
   template <class Work>
   auto collective(Work&& work) -> decltype(work()) {
-    return run_released(std::forward<Work>(work), [this] { abort_group(); });
+    return collective_.run(std::forward<Work>(work), [this] { abort_group(); });
   }
 
   // Ctrl-C: this rank gives up its group; the other ranks see it as lost. An elastic worker's
@@ -323,6 +268,8 @@ class Synchronizer {
   std::vector<NamedTensor> table_;          // the engine's views, for tensor_table()
   std::unique_ptr<Engine> engine_;          // a fixed group
   std::unique_ptr<ElasticEngine> elastic_;  // or an elastic run
+  // Declared last: its thread ends before the engine goes.
+  CollectiveThread collective_;
 };
 
 }  // namespace
