@@ -215,7 +215,10 @@ WindowReport ElasticEngine::run_window() {
 }
 
 WindowReport ElasticEngine::run_window_with_retries() {
-  const std::uint64_t attempted = engine_->committed_windows();
+  // The window's number, and the windows committed before it (the two part once a window was
+  // dropped).
+  const std::uint64_t attempted = engine_->next_window();
+  const std::uint64_t committed_before = engine_->committed_windows();
   for (int attempt = 1;; ++attempt) {
     try {
       return engine_->run_window();
@@ -225,7 +228,7 @@ WindowReport ElasticEngine::run_window_with_retries() {
       logger().warn("worker {}: window {} failed in group generation {} ({}); re-forming the group",
                     worker_id_, attempted, group_.generation, error.what());
       regroup(error.what());
-      if (engine_->committed_windows() > attempted) {
+      if (engine_->committed_windows() > committed_before) {
         // The window had committed (here, or on the others while this worker was deciding);
         // attach() has just checked that every member holds the same state.
         if (!committed) {

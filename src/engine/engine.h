@@ -83,11 +83,12 @@ class Engine {
   //  - options and tensor tables must agree on every rank (InvalidArgument otherwise);
   //  - when no member holds state yet, rank 0's θ_l becomes everyone's (as the first
   //    constructor does);
-  //  - otherwise the members at the highest committed window W must hold identical θ_g and m
-  //    (DivergenceError otherwise); the lowest-ranked of them sends θ_g, m and the window
-  //    counter to every member that is behind: a new member (its residual starts at 0), or a
-  //    member that had accepted window W - 1's messages when the old group failed before it
-  //    learnt the outcome (it commits its residual of that window first, so nothing is lost);
+  //  - otherwise the members with the most windows committed (W) must hold identical θ_g and
+  //    m (DivergenceError otherwise); the lowest-ranked of them sends θ_g, m and the window
+  //    counters to every member that is behind: a new member (its residual starts at 0), or a
+  //    member with W - 1 committed that had accepted the messages of the next window when the
+  //    old group failed before it learnt the outcome (it commits its residual of that window
+  //    first, so nothing is lost);
   //    members that are behind in any other way are re-synchronised the same way with e = 0,
   //    with a warning. Their θ_l is reset to cast(θ_g); up-to-date members keep theirs.
   //  - the digests of θ_g and m are compared on every rank (DivergenceError naming the ranks).
