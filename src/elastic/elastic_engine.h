@@ -34,6 +34,7 @@
 #include <pulseloco/elastic/membership_client.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
+#include <pulseloco/engine/window_runner.h>
 #include <pulseloco/group/options.h>
 
 namespace pulseloco {
@@ -59,13 +60,13 @@ struct ElasticOptions {
 // (PULSELOCO_COORDINATOR, PULSELOCO_WORKER_ID, and group::from_environment()).
 [[nodiscard]] ElasticOptions elastic_options_from_environment(ElasticOptions defaults = {});
 
-class ElasticEngine {
+class ElasticEngine final : public WindowRunner {
  public:
   // Registers with the coordinator and blocks until admitted into a group (the first
   // generation, or a running one at a window boundary), then attaches the engine.
   ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions options, ElasticOptions elastic);
   // Leaves the run (see leave()).
-  ~ElasticEngine();
+  ~ElasticEngine() override;
   ElasticEngine(const ElasticEngine&) = delete;
   ElasticEngine& operator=(const ElasticEngine&) = delete;
 
@@ -74,20 +75,20 @@ class ElasticEngine {
   // window; after it, the worker may be asked to re-form the group to admit new workers (done
   // here). Throws MembershipError when the run cannot continue (below the minimum size, removed
   // by the coordinator), DivergenceError / NonFiniteError as Engine does.
-  [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
+  [[nodiscard]] std::optional<WindowReport> after_optimizer_step() override;
 
   // Runs a window now (with the same retries).
-  [[nodiscard]] WindowReport run_window();
+  [[nodiscard]] WindowReport run_window() override;
 
   // Overlapped windows: Engine::complete_in_flight(). When the group fails meanwhile, the group
   // is re-formed, which drops the window in flight on every member (its entries stay in each
   // member's residual), and nothing is returned.
-  [[nodiscard]] std::optional<WindowReport> complete_in_flight();
+  [[nodiscard]] std::optional<WindowReport> complete_in_flight() override;
 
   // Tells the coordinator this worker is done and closes the data plane. Idempotent.
   void leave() noexcept;
 
-  [[nodiscard]] Engine& engine() noexcept { return *engine_; }
+  [[nodiscard]] Engine& engine() noexcept override { return *engine_; }
   [[nodiscard]] const elastic::GroupAssignment& group() const noexcept { return group_; }
   [[nodiscard]] const std::string& worker_id() const noexcept { return worker_id_; }
   // Generations this worker has been part of (1 for a run without membership changes).

@@ -22,6 +22,7 @@
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/engine/options.h>
 #include <pulseloco/engine/report.h>
+#include <pulseloco/engine/window_runner.h>
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco {
@@ -58,7 +59,7 @@ struct GroupInfo {
   std::vector<std::string> members;  // worker ids in rank order; empty: "rank-<r>"
 };
 
-class Engine {
+class Engine final : public WindowRunner {
  public:
   // Collective: every rank constructs its engine with the same tensor table and options.
   // Checks that options and the tensor table agree on all ranks, broadcasts rank 0's weights
@@ -69,13 +70,13 @@ class Engine {
   // Not collective: an engine that belongs to no group yet and holds no replicated state. Throws
   // InvalidArgument at once for invalid options or parameters. Call attach() before any window.
   Engine(std::vector<NamedTensor> parameters, EngineOptions options);
-  ~Engine();
+  ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
   // Call after every inner optimizer step; every H-th call runs a window (collective) and
   // returns its report.
-  [[nodiscard]] std::optional<WindowReport> after_optimizer_step();
+  [[nodiscard]] std::optional<WindowReport> after_optimizer_step() override;
 
   // Makes this engine a member of the group `transport` connects (collective on it): the first
   // group of a run, or a new group after a failure or a membership change (elastic runs,
@@ -109,7 +110,7 @@ class Engine {
   [[nodiscard]] bool next_step_runs_window() const noexcept;
 
   // Runs a window now (collective), regardless of the step count.
-  [[nodiscard]] WindowReport run_window();
+  [[nodiscard]] WindowReport run_window() override;
 
   // Overlapped windows (EngineOptions::overlap): finishes the window in flight and applies its
   // outer step without starting another (collective), e.g. at the end of training, so that the
@@ -117,7 +118,7 @@ class Engine {
   // one; no message was sent), or nothing when no window is in flight (blocking runs, or nothing
   // since the last call). The next boundary then starts from the state this leaves: θ_l is
   // reset to cast(θ_g).
-  [[nodiscard]] std::optional<WindowReport> complete_in_flight();
+  [[nodiscard]] std::optional<WindowReport> complete_in_flight() override;
 
   // True while a window's message has been sent but its outer step not applied (overlapped
   // windows between boundaries).
@@ -157,6 +158,9 @@ class Engine {
   // Replaces θ_g, m, e, θ_l and the window counter with the inputs recorded in a window trace
   // (for `pulseloco replay`). Not collective. Validates the file before changing anything.
   void load_trace_inputs(const std::filesystem::path& file);
+
+  // WindowRunner: this engine itself.
+  [[nodiscard]] Engine& engine() noexcept override { return *this; }
 
   [[nodiscard]] int rank() const noexcept;
   [[nodiscard]] int world_size() const noexcept;

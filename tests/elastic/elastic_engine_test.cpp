@@ -96,24 +96,26 @@ void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
   ElasticOptions elastic = elastic_options(port, id);
   elastic.on_registered = std::move(on_registered);
   ElasticEngine sync(testing::views_of(model), worker_options(), elastic);
+  // The loop sees only the interface it shares with Engine.
+  WindowRunner& runner = sync;
   std::uint32_t step = 0;
   bool held = false;
-  while (sync.engine().committed_windows() < windows) {
-    if (hold_at && !held && sync.engine().committed_windows() == *hold_at) {
+  while (runner.engine().committed_windows() < windows) {
+    if (hold_at && !held && runner.engine().committed_windows() == *hold_at) {
       held = true;
       if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never asked to join");
     }
     testing::local_training(model, 3e-5f, 1, seed + 1000 * step++);
-    if (auto report = sync.after_optimizer_step()) {
+    if (auto report = runner.after_optimizer_step()) {
       reports.add(*report);
-      if (leave_after && sync.engine().committed_windows() >= *leave_after) {
+      if (leave_after && runner.engine().committed_windows() >= *leave_after) {
         sync.leave();
         return;
       }
     }
   }
   const std::lock_guard lock(reports.mutex);
-  reports.final_digest[id] = sync.engine().state_digest();
+  reports.final_digest[id] = runner.engine().state_digest();
 }
 
 TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {

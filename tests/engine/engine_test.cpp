@@ -183,6 +183,27 @@ TEST(Engine, AfterOptimizerStepRunsAWindowEveryHSteps) {
   }));
 }
 
+// A training loop written against WindowRunner drives an Engine as it drives an ElasticEngine
+// (tests/elastic/elastic_engine_test.cpp runs one through the same interface).
+TEST(Engine, IsAWindowRunnerWhoseEngineIsItself) {
+  std::vector<LocalModel> models{testing::make_model({100}, DType::float32, 1),
+                                 testing::make_model({100}, DType::float32, 2)};
+  auto options = small_options();
+  options.steps_per_window = 2;
+  auto engines = testing::start_engines(models, options);
+  testing::rethrow_first(testing::run_ranks(2, [&](int r) {
+    WindowRunner& runner = *engines[static_cast<std::size_t>(r)];
+    EXPECT_EQ(&runner.engine(), engines[static_cast<std::size_t>(r)].get());
+    EXPECT_FALSE(runner.after_optimizer_step());
+    const std::optional<WindowReport> first = runner.after_optimizer_step();
+    ASSERT_TRUE(first);
+    EXPECT_EQ(first->window, 0u);
+    EXPECT_EQ(runner.run_window().window, 1u);
+    EXPECT_FALSE(runner.complete_in_flight());  // blocking: nothing in flight
+    EXPECT_EQ(runner.engine().committed_windows(), 2u);
+  }));
+}
+
 // Builds an engine on each of `world` ranks of one in-process group (a 10-element model each),
 // with small_options() as `adjust(rank, options)` changes them; returns each rank's error.
 std::vector<std::exception_ptr> construction_errors(

@@ -133,18 +133,20 @@ class Synchronizer {
       }
       ElasticOptions elastic_options =
           python::elastic_options(nb::borrow<nb::dict>(elastic), group);
-      elastic_ = collective_.run(
+      auto elastic_engine = collective_.run(
           [&] {
             return std::make_unique<ElasticEngine>(std::move(tensors), engine_options,
                                                    std::move(elastic_options));
           },
           [] {});
+      elastic_ = elastic_engine.get();
+      runner_ = std::move(elastic_engine);
     } else {
       group::TransportOptions transport = transport_options(group);
       // Group formation cannot be interrupted: an interrupt takes effect once it has returned
       // (at most transport.connect_timeout, then the engine's start-up within its timeout).
-      engine_ = collective_.run(
-          [&] {
+      runner_ = collective_.run(
+          [&]() -> std::unique_ptr<WindowRunner> {
             return std::make_unique<Engine>(std::move(tensors), engine_options,
                                             group::make_transport(transport));
           },
@@ -152,25 +154,22 @@ class Synchronizer {
     }
   }
 
-  Engine& engine() { return elastic_ ? elastic_->engine() : *engine_; }
+  Engine& engine() { return runner_->engine(); }
 
   std::optional<WindowReport> after_optimizer_step() {
     // The common case runs no window: no thread, no GIL release.
     if (!engine().next_step_runs_window()) return engine().after_optimizer_step();
-    return collective([&] {
-      return elastic_ ? elastic_->after_optimizer_step() : engine_->after_optimizer_step();
-    });
+    return collective([&] { return runner_->after_optimizer_step(); });
   }
 
   WindowReport run_window() {
-    return collective([&] { return elastic_ ? elastic_->run_window() : engine_->run_window(); });
+    return collective([&] { return runner_->run_window(); });
   }
 
   std::optional<WindowReport> complete_in_flight() {
     // Nothing in flight (blocking runs, or already completed): no thread, no GIL release.
     if (!engine().window_in_flight()) return std::nullopt;
-    return collective(
-        [&] { return elastic_ ? elastic_->complete_in_flight() : engine_->complete_in_flight(); });
+    return collective([&] { return runner_->complete_in_flight(); });
   }
 
   void average_gradients(const nb::list& gradients) {
@@ -214,7 +213,7 @@ class Synchronizer {
       const nb::gil_scoped_release release;
       elastic_->leave();
     } else {
-      engine_->detach();
+      engine().detach();
     }
     collective_.stop();
   }
@@ -258,16 +257,16 @@ class Synchronizer {
   void abort_group() {
     if (elastic_) return;
     try {
-      engine_->transport().abort("interrupted (KeyboardInterrupt)");
+      engine().transport().abort("interrupted (KeyboardInterrupt)");
     } catch (const Error&) {
       // detached: nothing to abort
     }
   }
 
-  std::vector<nb::ndarray<>> keep_;         // the parameters' owners (DLPack capsules, buffers)
-  std::vector<NamedTensor> table_;          // the engine's views, for tensor_table()
-  std::unique_ptr<Engine> engine_;          // a fixed group
-  std::unique_ptr<ElasticEngine> elastic_;  // or an elastic run
+  std::vector<nb::ndarray<>> keep_;       // the parameters' owners (DLPack capsules, buffers)
+  std::vector<NamedTensor> table_;        // the engine's views, for tensor_table()
+  std::unique_ptr<WindowRunner> runner_;  // an Engine (a fixed group) or an ElasticEngine
+  ElasticEngine* elastic_ = nullptr;      // runner_, when it is an ElasticEngine
   // Declared last: its thread ends before the engine goes.
   CollectiveThread collective_;
 };

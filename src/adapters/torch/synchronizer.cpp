@@ -116,7 +116,7 @@ Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>&
     : options_location_(options.state_location) {
   std::vector<NamedTensor> views = prepare(named_parameters);
   torch::NoGradGuard no_grad;
-  engine_ = std::make_unique<Engine>(std::move(views), std::move(options), std::move(transport));
+  runner_ = std::make_unique<Engine>(std::move(views), std::move(options), std::move(transport));
   stage_from_host();  // the broadcast wrote rank 0's weights into the host views
 }
 
@@ -125,8 +125,10 @@ Synchronizer::Synchronizer(const torch::OrderedDict<std::string, torch::Tensor>&
     : options_location_(options.state_location) {
   std::vector<NamedTensor> views = prepare(named_parameters);
   torch::NoGradGuard no_grad;
-  elastic_ =
+  auto elastic_engine =
       std::make_unique<ElasticEngine>(std::move(views), std::move(options), std::move(elastic));
+  elastic_ = elastic_engine.get();
+  runner_ = std::move(elastic_engine);
   stage_from_host();  // attaching wrote the group's weights into the host views
 }
 
@@ -187,7 +189,7 @@ std::optional<WindowReport> Synchronizer::after_optimizer_step() {
   // Windows read θ_l and write it back; staging is only needed on the steps that run one.
   if (engine().next_step_runs_window()) stage_to_host();
   order_with_current_stream();
-  auto report = elastic_ ? elastic_->after_optimizer_step() : engine_->after_optimizer_step();
+  auto report = runner_->after_optimizer_step();
   if (report) stage_from_host();
   return report;
 }
@@ -195,7 +197,7 @@ std::optional<WindowReport> Synchronizer::after_optimizer_step() {
 std::optional<WindowReport> Synchronizer::complete_in_flight() {
   torch::NoGradGuard no_grad;
   // It writes θ_l (reset to the new θ_g) without reading it: nothing to stage to the host.
-  auto report = elastic_ ? elastic_->complete_in_flight() : engine_->complete_in_flight();
+  auto report = runner_->complete_in_flight();
   if (report) stage_from_host();
   return report;
 }

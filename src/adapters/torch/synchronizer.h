@@ -76,9 +76,9 @@ class Synchronizer {
                                         const CheckpointSave& save = {});
   LoadedCheckpoint load_checkpoint(const std::filesystem::path& path);
 
-  [[nodiscard]] Engine& engine() noexcept { return elastic_ ? elastic_->engine() : *engine_; }
+  [[nodiscard]] Engine& engine() noexcept { return runner_->engine(); }
   // The elastic driver, when constructed for an elastic run (else null).
-  [[nodiscard]] ElasticEngine* elastic() noexcept { return elastic_.get(); }
+  [[nodiscard]] ElasticEngine* elastic() noexcept { return elastic_; }
 
  private:
   // Checks the parameters, sets up host staging and returns the engine's views of them.
@@ -97,8 +97,8 @@ class Synchronizer {
   bool staged_ = false;
   bool device_state_ = false;  // the engine holds device pointers to parameters_
   int device_index_ = 0;
-  std::unique_ptr<Engine> engine_;          // a fixed group
-  std::unique_ptr<ElasticEngine> elastic_;  // or an elastic run
+  std::unique_ptr<WindowRunner> runner_;  // an Engine (a fixed group) or an ElasticEngine
+  ElasticEngine* elastic_ = nullptr;      // runner_, when it is an ElasticEngine
 };
 
 }  // namespace pulseloco::libtorch
