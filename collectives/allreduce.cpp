@@ -24,6 +24,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/collectives/detail/call.h>
+#include <pulseloco/collectives/detail/chunks.h>
 #include <pulseloco/transport/native_collectives.h>
 
 namespace pulseloco::collectives {
@@ -68,9 +69,10 @@ class Segments {
 };
 
 void append_chunks(std::vector<Range>& out, Range segment, std::size_t chunk_elements) {
-  for (std::size_t begin = segment.begin; begin < segment.end; begin += chunk_elements) {
-    out.push_back({begin, std::min(segment.end, begin + chunk_elements)});
-  }
+  detail::for_each_chunk(
+      segment.begin, segment.end, chunk_elements, [&](std::uint64_t begin, std::uint64_t end) {
+        out.push_back({static_cast<std::size_t>(begin), static_cast<std::size_t>(end)});
+      });
 }
 
 // One chunk of the receive stream, and the ring step it belongs to.

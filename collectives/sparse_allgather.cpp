@@ -17,6 +17,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/collectives/detail/call.h>
+#include <pulseloco/collectives/detail/chunks.h>
 #include <pulseloco/transport/native_collectives.h>
 
 namespace pulseloco::collectives {
@@ -67,10 +68,9 @@ struct MessagePiece {
 
 void append_chunks(std::vector<MessagePiece>& out, int origin, std::uint64_t size,
                    std::size_t chunk) {
-  for (std::uint64_t offset = 0; offset < size; offset += chunk) {
-    out.push_back({origin, static_cast<std::size_t>(offset),
-                   static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size - offset))});
-  }
+  detail::for_each_chunk(0, size, chunk, [&](std::uint64_t begin, std::uint64_t end) {
+    out.push_back({origin, static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin)});
+  });
 }
 
 // The exchange's first step, posted while the headers travel, so that exchanging the sizes
