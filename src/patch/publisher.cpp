@@ -56,16 +56,8 @@ void Publisher::continue_from_directory() {
     throw ProtocolError(
         fmt::format("'{}' changed while its newest version was reloaded", directory_.string()));
   }
-  for (const ManifestVersion& entry : manifest.versions) {
-    if (entry.anchor) {
-      versions_since_anchor_ = 0;
-      delta_bytes_since_anchor_ = 0;
-      last_anchor_bytes_ = entry.anchor->bytes;
-    } else {
-      ++versions_since_anchor_;
-      delta_bytes_since_anchor_ += entry.delta ? entry.delta->bytes : 0;
-    }
-  }
+  for (const ManifestVersion& entry : manifest.versions)
+    count_towards_anchor(entry);
   snapshot_ = receiver.state();
   manifest_ = std::move(manifest);
 }
@@ -138,6 +130,17 @@ Publisher::Extracted Publisher::extract(std::span<const WeightsView> weights) {
 bool Publisher::anchor_due(std::uint64_t delta_bytes) const {
   return versions_since_anchor_ + 1 >= options_.anchor_every ||
          delta_bytes_since_anchor_ + delta_bytes > last_anchor_bytes_;
+}
+
+void Publisher::count_towards_anchor(const ManifestVersion& entry) {
+  if (entry.anchor) {
+    versions_since_anchor_ = 0;
+    delta_bytes_since_anchor_ = 0;
+    last_anchor_bytes_ = entry.anchor->bytes;
+  } else {
+    ++versions_since_anchor_;
+    delta_bytes_since_anchor_ += entry.delta ? entry.delta->bytes : 0;
+  }
 }
 
 PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::uint64_t version) {
@@ -224,14 +227,7 @@ PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::u
     undo();
     throw;
   }
-  if (entry.anchor) {
-    versions_since_anchor_ = 0;
-    delta_bytes_since_anchor_ = 0;
-    last_anchor_bytes_ = published.anchor_bytes;
-  } else {
-    ++versions_since_anchor_;
-    delta_bytes_since_anchor_ += published.delta_bytes;
-  }
+  count_towards_anchor(entry);
   return published;
 }
 

@@ -81,6 +81,9 @@ class Publisher {
   void continue_from_directory();
   Extracted extract(std::span<const WeightsView> weights);
   [[nodiscard]] bool anchor_due(std::uint64_t delta_bytes) const;
+  // Counts a published version (written here, or found in the directory) towards the next
+  // anchor.
+  void count_towards_anchor(const ManifestVersion& entry);
 
   std::filesystem::path directory_;
   PublisherOptions options_;

@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/patch/publisher.h>
@@ -30,6 +33,37 @@ TEST(Publisher, AnchorsEveryNVersionsAndTheFirst) {
     EXPECT_EQ(entry.anchor.has_value(), entry.version % 3 == 1) << entry.version;
     EXPECT_EQ(entry.delta.has_value(), entry.version > 1) << entry.version;
   }
+}
+
+// Anchors fall due by the versions and delta bytes since the last anchor, which a publisher that
+// continues a directory counts from its manifest as the one that wrote it did.
+TEST(Publisher, AContinuingPublisherPlacesAnchorsAsOnePublisherWould) {
+  const auto anchored_versions = [](const std::filesystem::path& directory) {
+    std::vector<std::uint64_t> anchored;
+    for (const patch::ManifestVersion& entry : patch::read_manifest(directory).versions) {
+      if (entry.anchor) anchored.push_back(entry.version);
+    }
+    return anchored;
+  };
+  TempDir one;
+  TempDir two;
+  (void)publish_run(one.path(), 8, 5, {.anchor_every = 3});
+  {
+    PatchRun run(5);
+    std::optional<patch::Publisher> publisher;
+    publisher.emplace(two.path(), patch::PublisherOptions{.anchor_every = 3});
+    for (std::uint64_t v = 1; v <= 8; ++v) {
+      if (v == 6) {  // a new publisher continues the directory, one version after an anchor
+        publisher.reset();
+        publisher.emplace(two.path(),
+                          patch::PublisherOptions{.anchor_every = 3, .continue_existing = true});
+      }
+      if (v > 1) run.step();
+      (void)publisher->publish(run.views(), v);
+    }
+  }
+  EXPECT_EQ(anchored_versions(one.path()), (std::vector<std::uint64_t>{1, 4, 7}));
+  EXPECT_EQ(anchored_versions(two.path()), anchored_versions(one.path()));
 }
 
 TEST(Publisher, CompactPatchesAreAtLeast2_5TimesSmallerThanGapDeltaFiles) {
