@@ -154,6 +154,20 @@ inline ReferenceState reference_start(const LocalModel& rank0, int world) {
   return state;
 }
 
+// Step 8 on one element: the momentum (set to g by the first outer step) and the Nesterov
+// update of θ_g, with the two fused multiply-adds docs/algorithm.md prescribes.
+inline void reference_outer_step(float& global, float& momentum, float g, bool initialised,
+                                 float lr, float mu) {
+  if (initialised) {
+    const float product = mu * momentum;
+    momentum = product + g;
+  } else {
+    momentum = g;
+  }
+  const float d = std::fma(mu, momentum, g);
+  global = std::fma(-lr, d, global);
+}
+
 // One window, steps 1-9, exactly as docs/algorithm.md states them; updates `models` (θ_l).
 // `bf16_delta` chooses step 1 for bf16 local weights: exact sees θ_g through the bf16 cast, the
 // authors' code takes θ_g itself.
@@ -186,16 +200,8 @@ inline void reference_window(ReferenceState& state, std::vector<LocalModel>& mod
     }
     const auto divisor = static_cast<float>(world);
     for (std::size_t i = 0; i < n; ++i) {
-      const float g = sum[i] / divisor;
-      float& m = state.momentum[t][i];
-      if (state.momentum_initialised) {
-        const float product = mu * m;
-        m = product + g;
-      } else {
-        m = g;
-      }
-      const float d = std::fma(mu, m, g);  // step 8
-      state.global[t][i] = std::fma(-lr, d, state.global[t][i]);
+      reference_outer_step(state.global[t][i], state.momentum[t][i], sum[i] / divisor,
+                           state.momentum_initialised, lr, mu);
     }
     for (std::size_t r = 0; r < world; ++r) {  // step 9
       for (std::size_t i = 0; i < n; ++i)

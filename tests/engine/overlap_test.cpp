@@ -50,18 +50,6 @@ OverlapReference overlap_reference_start(const LocalModel& rank0, int world) {
   return state;
 }
 
-// Step 8 on one element.
-void outer_step(float& global, float& momentum, float g, bool initialised, float lr, float mu) {
-  if (initialised) {
-    const float product = mu * momentum;
-    momentum = product + g;
-  } else {
-    momentum = g;
-  }
-  const float d = std::fma(mu, momentum, g);
-  global = std::fma(-lr, d, global);
-}
-
 // One boundary in the order docs/algorithm.md states: finish and aggregate the window in
 // flight, gate against S and commit e, apply, restart θ_l (and S), put the new messages in
 // flight. `apply_only`: Engine::complete_in_flight() (no gate).
@@ -94,8 +82,8 @@ void reference_boundary(OverlapReference& state, std::vector<LocalModel>& models
     }
     if (state.has_in_flight) {
       for (std::size_t i = 0; i < n; ++i)
-        outer_step(state.global[t][i], state.momentum[t][i], g[i], state.momentum_initialised, lr,
-                   mu);
+        testing::reference_outer_step(state.global[t][i], state.momentum[t][i], g[i],
+                                      state.momentum_initialised, lr, mu);
     }
     for (std::size_t r = 0; r < world; ++r) {
       state.start[r][t] = state.global[t];
@@ -104,8 +92,9 @@ void reference_boundary(OverlapReference& state, std::vector<LocalModel>& models
         const bool initialised = state.momentum_initialised || state.has_in_flight;
         for (std::size_t i = 0; i < n; ++i) {
           const auto it = sent[r].find(i);
-          outer_step(state.start[r][t][i], m[i], it == sent[r].end() ? 0.0f : it->second,
-                     initialised, lr, mu);
+          testing::reference_outer_step(state.start[r][t][i], m[i],
+                                        it == sent[r].end() ? 0.0f : it->second, initialised, lr,
+                                        mu);
         }
       }
       for (std::size_t i = 0; i < n; ++i)
