@@ -2,6 +2,7 @@
 // docs/algorithm.md, simulated local training, and running R engines over an in-process group.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -12,8 +13,10 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -209,6 +212,47 @@ inline void reference_window(ReferenceState& state, std::vector<LocalModel>& mod
     }
   }
   state.momentum_initialised = true;
+}
+
+// The tag layout of collectives/detail/packets.h: the call's sequence number sits in bits 8-39 and
+// the phase in the low byte (2 = the completion/failure notices).
+inline std::uint64_t call_sequence(transport::Tag tag) {
+  return (tag >> 8) & 0xFFFF'FFFFull;
+}
+inline constexpr transport::Tag kNoticePhase = 2;
+
+// A fault hook that records the sequence number of every collective call whose messages pass.
+class CallSequences {
+ public:
+  [[nodiscard]] transport::inproc::FaultHook hook() {
+    return [this](const transport::inproc::MessageEvent& m) {
+      const std::lock_guard lock(mutex_);
+      seen_.insert(call_sequence(m.tag));
+      return transport::inproc::FaultAction::deliver;
+    };
+  }
+  // In ascending order: the order of the calls.
+  [[nodiscard]] std::vector<std::uint64_t> seen() const {
+    const std::lock_guard lock(mutex_);
+    return {seen_.begin(), seen_.end()};
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<std::uint64_t> seen_;
+};
+
+// A fault hook that drops rank `from`'s first completion notice to rank `to` of collective call
+// `sequence` (a vote: `to` then never learns its outcome), and sets `dropped`.
+inline transport::inproc::FaultHook drop_notice(int from, int to, std::uint64_t sequence,
+                                                std::atomic<bool>& dropped) {
+  return [=, &dropped](const transport::inproc::MessageEvent& m) {
+    if (m.from == from && m.to == to && (m.tag & 0xFF) == kNoticePhase &&
+        call_sequence(m.tag) == sequence && !dropped.exchange(true)) {
+      return transport::inproc::FaultAction::drop;
+    }
+    return transport::inproc::FaultAction::deliver;
+  };
 }
 
 // Runs fn(rank) on `world` threads and rethrows the lowest rank's exception, if any.

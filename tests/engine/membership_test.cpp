@@ -6,8 +6,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <mutex>
-#include <set>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/engine.h>
@@ -156,13 +154,6 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, EngineMembership,
                            return std::string(dtype_name(param_info.param));
                          });
 
-// The tag layout of collectives/detail/packets.h: the call's sequence number sits in bits 8-39 and
-// the phase in the low byte (2 = the completion/failure notices).
-std::uint64_t call_sequence(transport::Tag tag) {
-  return (tag >> 8) & 0xFFFF'FFFFull;
-}
-constexpr transport::Tag kNoticePhase = 2;
-
 TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAttach) {
   // Rank 1's completion notice of window 1's vote never reaches rank 0: ranks 1 and 2 commit
   // window 1, rank 0 times out not knowing the outcome (it had accepted every message). After
@@ -195,16 +186,11 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
   {
     Setup setup;
     prepare(setup);
-    std::mutex mutex;
-    std::set<std::uint64_t> sequences;
-    setup.faults->set_hook([&](const transport::inproc::MessageEvent& m) {
-      const std::lock_guard lock(mutex);
-      sequences.insert(call_sequence(m.tag));
-      return transport::inproc::FaultAction::deliver;
-    });
+    testing::CallSequences sequences;
+    setup.faults->set_hook(sequences.hook());
     testing::rethrow_first(setup.members.run_window());
-    ASSERT_EQ(sequences.size(), 3u);
-    vote_sequence = *std::next(sequences.begin());
+    ASSERT_EQ(sequences.seen().size(), 3u);
+    vote_sequence = sequences.seen()[1];
   }
 
   // Pass 2: the same run, with that one notice dropped.
@@ -222,13 +208,7 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
     testing::reference_window(reference, window0, options.outer_lr, options.outer_momentum);
   }
   std::atomic<bool> dropped{false};
-  setup.faults->set_hook([&](const transport::inproc::MessageEvent& m) {
-    if (m.from == 1 && m.to == 0 && (m.tag & 0xFF) == kNoticePhase &&
-        call_sequence(m.tag) == vote_sequence && !dropped.exchange(true)) {
-      return transport::inproc::FaultAction::drop;
-    }
-    return transport::inproc::FaultAction::deliver;
-  });
+  setup.faults->set_hook(testing::drop_notice(1, 0, vote_sequence, dropped));
   const auto errors = setup.members.run_window();
   ASSERT_TRUE(dropped.load());
   ASSERT_TRUE(errors[0]) << "rank 0 should not have learnt the outcome";

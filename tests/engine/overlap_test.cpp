@@ -8,8 +8,6 @@
 #include <atomic>
 #include <cstring>
 #include <map>
-#include <mutex>
-#include <set>
 
 #include <fmt/format.h>
 
@@ -375,13 +373,6 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
   }
 }
 
-// The tag layout of collectives/detail/packets.h: the call's sequence number sits in bits 8-39 and
-// the phase in the low byte (2 = the completion/failure notices).
-std::uint64_t call_sequence(transport::Tag tag) {
-  return (tag >> 8) & 0xFFFF'FFFFull;
-}
-constexpr transport::Tag kNoticePhase = 2;
-
 // Once a window was dropped, window numbers run ahead of the windows committed. A member whose
 // window in flight the others applied without it learning the outcome (rank 1's completion
 // notice of that window's vote never reaches rank 0) names that window by its number on attach,
@@ -435,30 +426,19 @@ TEST(EngineOverlapMembership, AMemberThatMissedItsWindowsOutcomeNamesItByItsNumb
   {
     Run run;
     prepare(run);
-    std::mutex mutex;
-    std::set<std::uint64_t> sequences;
-    run.faults->set_hook([&](const transport::inproc::MessageEvent& m) {
-      const std::lock_guard lock(mutex);
-      sequences.insert(call_sequence(m.tag));
-      return transport::inproc::FaultAction::deliver;
-    });
+    testing::CallSequences sequences;
+    run.faults->set_hook(sequences.hook());
     testing::rethrow_first(run.boundary(lr, 30));
     testing::rethrow_first(run.boundary(lr, 40));
-    ASSERT_GE(sequences.size(), 4u);
-    vote_sequence = *std::next(sequences.begin(), 2);
+    ASSERT_GE(sequences.seen().size(), 4u);
+    vote_sequence = sequences.seen()[2];
   }
 
   // Pass 2: the same run, with that one notice dropped.
   Run run;
   prepare(run);
   std::atomic<bool> dropped{false};
-  run.faults->set_hook([&](const transport::inproc::MessageEvent& m) {
-    if (m.from == 1 && m.to == 0 && (m.tag & 0xFF) == kNoticePhase &&
-        call_sequence(m.tag) == vote_sequence && !dropped.exchange(true)) {
-      return transport::inproc::FaultAction::drop;
-    }
-    return transport::inproc::FaultAction::deliver;
-  });
+  run.faults->set_hook(testing::drop_notice(1, 0, vote_sequence, dropped));
   testing::rethrow_first(run.boundary(lr, 30));
   const auto errors = run.boundary(lr, 40);
   ASSERT_TRUE(dropped.load());
