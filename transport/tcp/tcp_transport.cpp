@@ -490,10 +490,6 @@ std::uint16_t TcpTransport::listen_port() const noexcept {
   return core_->listen_port_;
 }
 
-const std::vector<PeerAddress>& TcpTransport::peer_addresses() const noexcept {
-  return core_->addresses_;
-}
-
 GroupId TcpTransport::group_id() const noexcept {
   return core_->group_id_;
 }
@@ -508,10 +504,6 @@ std::size_t TcpTransport::unexpected_bytes() const {
 
 std::uint64_t TcpTransport::payload_bytes_copied() const noexcept {
   return core_->payload_copied_.load();
-}
-
-int TcpTransport::callers_waiting() const noexcept {
-  return core_->progress_.drivers();
 }
 
 void TcpTransport::retire_tag(Tag tag) noexcept {
