@@ -186,4 +186,21 @@ void Core::corrupt_outgoing_frame(CorruptFrame hook) {
   corrupt_target_ = hook.target;
 }
 
+void Core::hold_sends_after(std::uint64_t bytes) {
+  const std::lock_guard lock(mutex_);
+  send_budget_ = bytes;
+  sends_limited_ = true;
+}
+
+void Core::release_sends() {
+  std::vector<std::pair<Peer*, Lane*>> held;
+  {
+    const std::lock_guard lock(mutex_);
+    sends_limited_ = false;
+    held.swap(held_writes_);
+  }
+  for (const auto& [peer, lane] : held)
+    asio::post(peer->strand, [this, peer, lane] { sender_.continue_write(*peer, *lane); });
+}
+
 }  // namespace pulseloco::transport::tcp

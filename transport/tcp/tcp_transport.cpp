@@ -518,4 +518,12 @@ void TcpTransport::corrupt_outgoing_frame(CorruptFrame hook) {
   core_->corrupt_outgoing_frame(hook);
 }
 
+void TcpTransport::hold_sends_after(std::uint64_t bytes) {
+  core_->hold_sends_after(bytes);
+}
+
+void TcpTransport::release_sends() {
+  core_->release_sends();
+}
+
 }  // namespace pulseloco::transport

@@ -99,6 +99,12 @@ class TcpTransport final : public Transport {
   // Test hook (test_hooks.h): flips one bit of the hook.frame_index-th data frame sent after
   // this call.
   void corrupt_outgoing_frame(CorruptFrame hook);
+  // Test hook: the data plane writes at most `bytes` more (frame headers included) to its
+  // peers, then holds every write until release_sends(), so that a test can have a message
+  // arrive in part. Goodbye and abort frames are not held; a transport whose writes are held
+  // cannot close cleanly (its goodbye waits for the held frames).
+  void hold_sends_after(std::uint64_t bytes);
+  void release_sends();
 
  private:
   // isend, and iforward with the earlier operation when it is one of this transport's.
