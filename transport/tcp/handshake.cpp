@@ -211,7 +211,7 @@ Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message) {
 asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hello,
                                                    std::string_view secret) {
   try {
-    co_await stream.secure(asio::ssl::stream_base::client);
+    co_await stream.secure(LinkStream::Role::client);
     co_return co_await client_exchange(stream, hello, secret);
   } catch (const boost::system::system_error& error) {
     // Under TLS 1.3 the server checks our certificate after our side of the handshake is
@@ -296,7 +296,7 @@ asio::awaitable<ServerHandshake> server_handshake(
     const std::function<std::string(const Hello&)>& admit) {
   if (socket.encrypted()) co_await refuse_plaintext_client(socket);
   try {
-    co_await socket.secure(asio::ssl::stream_base::server);
+    co_await socket.secure(LinkStream::Role::server);
   } catch (const boost::system::system_error& error) {
     if (!is_tls_refusal(error.code())) throw;
     tls_refused(socket, error, true);
