@@ -37,6 +37,10 @@ void Core::form(GroupTable table, Deadline deadline) {
   if (effective_link_security(options_) == LinkSecurity::none && size_ > 1 && rank_ == 0)
     logger().warn(
         "tcp transport: no shared secret (PULSELOCO_SECRET): connections are not authenticated");
+  if (tls_ && options_.same_host_plaintext && size_ > 1 && rank_ == 0)
+    logger().info(
+        "tcp transport: links between ranks of one host are not encrypted "
+        "(PULSELOCO_SAME_HOST_PLAINTEXT); links to other hosts use TLS");
   if (size_ > 1) mesh_.start(deadline);
   if (options_.io_timeout.count() > 0) {
     progress_timer_.emplace(control_);

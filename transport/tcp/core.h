@@ -100,6 +100,13 @@ class Core {
   // Destruction: says goodbye, waits for the peers to read everything, stops the threads.
   void shutdown() noexcept;
 
+  // The TLS context of a data-plane link over `socket`: none when links are plaintext, or when
+  // same-host links are (options_.same_host_plaintext) and this one is.
+  [[nodiscard]] std::shared_ptr<TlsContext> link_tls(const Socket& socket) const {
+    if (!tls_ || (options_.same_host_plaintext && same_host_link(socket))) return nullptr;
+    return tls_;
+  }
+
   [[nodiscard]] ErrorContext context_for(int peer) const {
     return ErrorContext{.rank = rank_, .peer = peer};
   }

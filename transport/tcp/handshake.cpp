@@ -39,10 +39,12 @@ static_assert(kNoticeBytes < kChallengeBytes, "a notice must be shorter than a c
 // The two sides' views of a mismatch; the client's is what it fails with.
 constexpr std::string_view kServerSpeaksTls =
     "link security differs: the server's links use TLS and ours are plaintext (set the same "
-    "PULSELOCO_LINK_SECURITY and secret on both sides: no secret, or hmac, means plaintext)";
+    "PULSELOCO_LINK_SECURITY, PULSELOCO_SAME_HOST_PLAINTEXT and secret on both sides: no "
+    "secret, or hmac, means plaintext)";
 constexpr std::string_view kServerSpeaksPlaintext =
     "link security differs: the server's links are plaintext and ours use TLS (set the same "
-    "PULSELOCO_LINK_SECURITY and secret on both sides: no secret, or hmac, means plaintext)";
+    "PULSELOCO_LINK_SECURITY, PULSELOCO_SAME_HOST_PLAINTEXT and secret on both sides: no "
+    "secret, or hmac, means plaintext)";
 constexpr std::string_view kClientSpeaksPlaintext =
     "link security differs: the client speaks plaintext (no secret, or "
     "PULSELOCO_LINK_SECURITY=hmac) and our links use TLS";
