@@ -7,13 +7,17 @@
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <array>
 #include <future>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/group/rendezvous_messages.h>
@@ -119,6 +123,46 @@ TEST(SecureByDefault, ASingleHostGroupWithoutASecretListensOnLoopbackAndForms) {
       if (attempt >= 3) throw;  // a port was taken meanwhile
     }
   }
+}
+
+// What the log says at warning level and above while a group of one forms from a peer list,
+// listening on `listen_addr` ("" = where the peer list says: loopback) with `run_id`.
+std::string warnings_forming_a_group(const std::string& listen_addr, const std::string& run_id) {
+  std::ostringstream lines;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(lines);
+  sink->set_level(spdlog::level::warn);
+  logger().sinks().push_back(sink);
+  for (int attempt = 0;; ++attempt) {
+    TransportOptions options = transport::testing::peer_list_options(
+        transport::testing::free_peer_list(1), 0, kSecret, kTimeout);
+    options.tcp.listen_addr = listen_addr;
+    options.run_id = run_id;
+    try {
+      (void)make_tcp_transport(options);
+      break;
+    } catch (const IoError&) {
+      if (attempt >= 3) throw;  // a port was taken meanwhile
+    }
+  }
+  logger().sinks().pop_back();
+  return lines.str();
+}
+
+TEST(RunId, AGroupReachableBeyondLoopbackWithoutARunIdWarnsThatAnotherJobCouldJoinIt) {
+  const std::string warnings = warnings_forming_a_group("0.0.0.0", "");
+  EXPECT_TRUE(contains(warnings, "[warning]")) << warnings;
+  EXPECT_TRUE(contains(warnings, "has no run id (PULSELOCO_RUN_ID)")) << warnings;
+  EXPECT_TRUE(contains(warnings,
+                       "a process of another job with the same secret and the peer "
+                       "list can take one of its ranks"))
+      << warnings;
+}
+
+TEST(RunId, AGroupWithARunIdOrOnLoopbackFormsWithoutThatWarning) {
+  const std::string with_run_id = warnings_forming_a_group("0.0.0.0", "job-a");
+  EXPECT_FALSE(contains(with_run_id, "PULSELOCO_RUN_ID")) << with_run_id;
+  const std::string on_loopback = warnings_forming_a_group("", "");
+  EXPECT_FALSE(contains(on_loopback, "PULSELOCO_RUN_ID")) << on_loopback;
 }
 
 // Fault: two jobs with the same secret and peer list. Job a's rank 0 reaches job b's rank 1
