@@ -490,10 +490,6 @@ std::uint16_t TcpTransport::listen_port() const noexcept {
   return core_->listen_port_;
 }
 
-const std::vector<PeerAddress>& TcpTransport::peer_addresses() const noexcept {
-  return core_->addresses_;
-}
-
 GroupId TcpTransport::group_id() const noexcept {
   return core_->group_id_;
 }
@@ -510,10 +506,6 @@ std::uint64_t TcpTransport::payload_bytes_copied() const noexcept {
   return core_->payload_copied_.load();
 }
 
-int TcpTransport::callers_waiting() const noexcept {
-  return core_->progress_.drivers();
-}
-
 void TcpTransport::retire_tag(Tag tag) noexcept {
   core_->retire_tag(tag);
 }
@@ -524,6 +516,14 @@ std::size_t TcpTransport::tag_counters() const {
 
 void TcpTransport::corrupt_outgoing_frame(CorruptFrame hook) {
   core_->corrupt_outgoing_frame(hook);
+}
+
+void TcpTransport::hold_sends_after(std::uint64_t bytes) {
+  core_->hold_sends_after(bytes);
+}
+
+void TcpTransport::release_sends() {
+  core_->release_sends();
 }
 
 }  // namespace pulseloco::transport

@@ -202,6 +202,7 @@ const Setters<group::TransportOptions>& transport_setters() {
          o.tcp.link_security =
              choice<transport::LinkSecurity>(key, v, {"auto", "none", "hmac", "tls"});
        }},
+      PULSELOCO_SET_AS("same_host_plaintext", tcp.same_host_plaintext, boolean(key, v)),
       PULSELOCO_SET_AS("tls_cert", tcp.tls_files.cert, text(key, v)),
       PULSELOCO_SET_AS("tls_key", tcp.tls_files.key, text(key, v)),
       PULSELOCO_SET_AS("tls_ca", tcp.tls_files.ca, text(key, v)),
