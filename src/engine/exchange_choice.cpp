@@ -1,5 +1,7 @@
 #include <pulseloco/engine/exchange_choice.h>
 
+#include <algorithm>
+
 #include <pulseloco/base/errors.h>
 
 namespace pulseloco::engine_detail {
@@ -28,20 +30,21 @@ std::vector<std::size_t> owner_bounds(std::span<const ChunkRef> chunks, int worl
   std::uint64_t total = 0;
   for (const ChunkRef& chunk : chunks)
     total += chunk.length;
-  std::vector<std::size_t> bounds(static_cast<std::size_t>(world) + 1, chunks.size());
-  bounds[0] = 0;
-  // Owner o's range ends at the first chunk boundary at or past (o + 1)/R of the elements.
+  const auto owners = static_cast<std::uint64_t>(std::max(world, 1));
+  std::vector<std::size_t> bounds{0};
+  // Owner o's range ends before the first chunk whose middle lies at or past (o + 1)/R of the
+  // elements.
   std::size_t c = 0;
   std::uint64_t before = 0;  // elements of chunks [0, c)
-  for (int o = 0; o < world - 1; ++o) {
-    const std::uint64_t target =
-        total * static_cast<std::uint64_t>(o + 1) / static_cast<std::uint64_t>(world);
+  for (std::uint64_t o = 1; o < owners; ++o) {
+    const std::uint64_t target = total * o / owners;
     while (c < chunks.size() && before + chunks[c].length / 2 < target) {
       before += chunks[c].length;
       ++c;
     }
-    bounds[static_cast<std::size_t>(o) + 1] = c;
+    bounds.push_back(c);
   }
+  bounds.push_back(chunks.size());
   return bounds;
 }
 

@@ -34,7 +34,7 @@ std::pair<std::uint64_t, std::uint64_t> count_sets(const std::filesystem::path& 
   std::uint64_t group = 0;
   for (int r = 0; r < world; ++r) {
     const std::vector<std::byte> bytes =
-        read_bytes(engine_detail::state_files::trace_message_file(trace_dir, window, r));
+        read_bytes(state_files::trace_message_file(trace_dir, window, r));
     const codec::MessageView view = codec::MessageView::parse(bytes);
     codec::DecodeScratch scratch;
     for (std::size_t c = 0; c < view.frame_count(); ++c) {
@@ -103,7 +103,9 @@ TEST_P(SetOverlap, ReportCountsTheUnionOfTheRanksSets) {
 
 INSTANTIATE_TEST_SUITE_P(Overlaps, SetOverlap,
                          ::testing::Values(Overlap::blocking, Overlap::delayed),
-                         [](const auto& info) { return std::string(overlap_name(info.param)); });
+                         [](const ::testing::TestParamInfo<Overlap>& param) {
+                           return std::string(overlap_name(param.param));
+                         });
 
 TEST(SetOverlapDense, DilocoSendsEveryElementFromEveryRank) {
   const int world = 2;

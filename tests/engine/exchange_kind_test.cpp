@@ -1,0 +1,339 @@
+// The exchange kinds (EngineOptions::exchange): the choice rule and the owner ranges as pure
+// functions, the owners' sum against aggregate(), and the window's bits: every kind gives the
+// all-gather's digests, for 1 to 8 ranks, fp32 and bf16 locals, sets that overlap not at all,
+// partly or totally, and empty messages, in blocking and overlapped windows, in-process and
+// over TCP.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/engine/exchange_choice.h>
+#include <pulseloco/kernels/window_kernels.h>
+#include "collectives/test_groups.h"
+#include "engine/engine_test_util.h"
+
+namespace pulseloco {
+namespace {
+
+using engine_detail::choose_exchange;
+using engine_detail::ExchangeInputs;
+using engine_detail::ExchangeRecord;
+using engine_detail::owner_bounds;
+
+ExchangeRecord record(std::uint64_t window, std::uint64_t union_entries,
+                      std::uint64_t group_entries, int world = 4) {
+  return {.window = window,
+          .generation = 0,
+          .world = world,
+          .union_entries = union_entries,
+          .group_entries = group_entries};
+}
+
+TEST(ChooseExchange, AllgatherWithoutARecordOfTheWindowJustBeforeInThisGroup) {
+  ExchangeInputs in{.world = 4, .window = 5};
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);  // no record
+  in.last = record(4, 100, 400);                        // identical sets: u = 1/4
+  EXPECT_EQ(choose_exchange(in), Exchange::reduction);
+  in.last->window = 3;  // a window between was dropped
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  in.last = record(4, 100, 400);
+  in.generation = 1;  // a regroup since
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  in.generation = 0;
+  in.last->world = 5;
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  in.last = record(4, 0, 0);  // nothing was sent
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+}
+
+TEST(ChooseExchange, ReductionWhenItsEstimatedTrafficIsBelowTheAdvantageThreshold) {
+  // (1 + R u) / R < 0.9 with R = 4: u < 0.65.
+  ExchangeInputs in{.world = 4, .window = 1, .last = record(0, 64, 100)};
+  EXPECT_EQ(choose_exchange(in), Exchange::reduction);
+  in.last = record(0, 66, 100);
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  // Disjoint sets (u = 1) never gain; two ranks never gain either.
+  in.last = record(0, 100, 100);
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  in = ExchangeInputs{.world = 2, .window = 1, .last = record(0, 50, 100, 2)};
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  // 16 ranks with the training example's overlap (u about 0.1).
+  in = ExchangeInputs{.world = 16, .window = 1, .last = record(0, 10, 100, 16)};
+  EXPECT_EQ(choose_exchange(in), Exchange::reduction);
+}
+
+TEST(ChooseExchange, ForcedKindsAndOrderMatchingTransports) {
+  ExchangeInputs in{.option = Exchange::reduction, .world = 2, .window = 0};
+  EXPECT_EQ(choose_exchange(in), Exchange::reduction);
+  in.option = Exchange::allgather;
+  in.world = 8;
+  in.last = record(0, 1, 100, 8);
+  in.window = 1;
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  in.option = Exchange::automatic;
+  in.ordered_transport = true;
+  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+  in.option = Exchange::reduction;
+  EXPECT_THROW((void)choose_exchange(in), InvalidArgument);
+}
+
+TEST(OwnerBounds, ContiguousBalancedRangesCoveringEveryChunk) {
+  std::vector<ChunkRef> chunks;
+  for (int i = 0; i < 37; ++i)
+    chunks.push_back({.tensor = 0, .begin = 0, .length = static_cast<std::uint64_t>(100 + i * 7)});
+  for (const int world : {1, 2, 3, 5, 8, 37, 50}) {
+    const std::vector<std::size_t> bounds = owner_bounds(chunks, world);
+    ASSERT_EQ(bounds.size(), static_cast<std::size_t>(world) + 1) << world;
+    EXPECT_EQ(bounds.front(), 0u);
+    EXPECT_EQ(bounds.back(), chunks.size());
+    EXPECT_TRUE(std::is_sorted(bounds.begin(), bounds.end()));
+    std::uint64_t total = 0;
+    for (const auto& chunk : chunks)
+      total += chunk.length;
+    for (int o = 0; o < world; ++o) {
+      std::uint64_t mine = 0;
+      for (std::size_t c = bounds[static_cast<std::size_t>(o)];
+           c < bounds[static_cast<std::size_t>(o) + 1]; ++c)
+        mine += chunks[c].length;
+      // Within about one chunk (the largest is 352 elements) of an equal share.
+      EXPECT_LE(mine, total / static_cast<std::uint64_t>(world) + 352) << world << " " << o;
+    }
+  }
+  EXPECT_EQ(owner_bounds({}, 3), (std::vector<std::size_t>{0, 0, 0, 0}));
+}
+
+TEST(SparseSum, DividedByTheRankCountItIsAggregateBitForBit) {
+  std::mt19937 rng(11);
+  const std::uint64_t count = 3000;
+  for (const int ranks : {1, 2, 3, 7}) {
+    std::vector<std::vector<std::uint32_t>> offsets(static_cast<std::size_t>(ranks));
+    std::vector<std::vector<float>> values(static_cast<std::size_t>(ranks));
+    std::normal_distribution<float> normal(0.0f, 1e-3f);
+    std::vector<kernels::SparseEntries> entries;
+    for (int r = 0; r < ranks; ++r) {
+      for (std::uint32_t i = 0; i < count; ++i) {
+        // Overlapping sets (every rank fires near the same elements), some values of opposite
+        // signs that cancel exactly, and some -0.
+        if (rng() % 5 == 0 || i % 97 == 0) {
+          offsets[static_cast<std::size_t>(r)].push_back(i);
+          const float v = i % 97 == 0 ? (r % 2 == 0 ? 0.25f : -0.25f) : normal(rng);
+          values[static_cast<std::size_t>(r)].push_back(i % 389 == 0 ? -0.0f : v);
+        }
+      }
+      entries.push_back(
+          {offsets[static_cast<std::size_t>(r)], values[static_cast<std::size_t>(r)]});
+    }
+    std::vector<float> expected(count);
+    kernels::aggregate(entries, expected.data(), count);
+
+    std::vector<float> sum(count);
+    std::vector<std::uint8_t> seen(count, 0);
+    std::vector<std::uint32_t> sum_offsets(count);
+    std::vector<float> sum_values(count);
+    const std::uint64_t n = kernels::sparse_sum(entries, count, sum.data(), seen.data(),
+                                                sum_offsets.data(), sum_values.data());
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](std::uint8_t s) { return s == 0; }));
+    std::vector<kernels::SparseEntries> as_one(static_cast<std::size_t>(ranks));
+    as_one[0] = {std::span(sum_offsets.data(), n), std::span(sum_values.data(), n)};
+    std::vector<float> got(count);
+    kernels::aggregate(as_one, got.data(), count);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), count * sizeof(float)), 0) << ranks;
+  }
+}
+
+// How the ranks' sets relate.
+enum class Sets { disjoint, partial, identical, empty, one_empty };
+
+std::string sets_name(Sets sets) {
+  switch (sets) {
+    case Sets::disjoint:
+      return "disjoint";
+    case Sets::partial:
+      return "partial";
+    case Sets::identical:
+      return "identical";
+    case Sets::empty:
+      return "empty";
+    case Sets::one_empty:
+      return "one_empty";
+  }
+  return "?";
+}
+
+// Window `window`'s inner steps on rank r.
+void train(testing::LocalModel& model, Sets sets, int rank, int world, int window) {
+  const auto seed = static_cast<std::uint32_t>(900 + 10 * window);
+  switch (sets) {
+    case Sets::identical:
+      testing::local_training(model, 4e-3f, 2, seed);
+      return;
+    case Sets::partial:
+      testing::local_training(model, 4e-3f, 2, seed + static_cast<std::uint32_t>(rank % 2));
+      return;
+    case Sets::empty:
+      return;
+    case Sets::one_empty:
+      if (rank != world - 1) testing::local_training(model, 4e-3f, 2, seed + rank);
+      return;
+    case Sets::disjoint:
+      // Rank r moves only elements i with i % world == r, by far more than one bf16 step.
+      for (auto& tensor : model) {
+        for (std::size_t i = static_cast<std::size_t>(rank); i < tensor.numel();
+             i += static_cast<std::size_t>(world)) {
+          const float w = tensor.get(i) + 0.05f * static_cast<float>(1 + window);
+          if (tensor.dtype == DType::float32) {
+            tensor.f32[i] = w;
+          } else {
+            tensor.bf16[i] = float_to_bf16_bits(w);
+          }
+        }
+      }
+      return;
+  }
+}
+
+struct WindowsRun {
+  std::vector<std::vector<Digest>> digests;  // per window, per rank
+  std::vector<std::vector<std::string>> kinds;
+  std::vector<std::uint64_t> union_entries;  // per window (rank 0)
+};
+
+WindowsRun run_windows(const std::string& backend, int world, DType dtype, Sets sets,
+                       Exchange exchange, Overlap overlap, int windows) {
+  std::vector<testing::LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({5000, 1500, 700}, dtype, 40));
+  EngineOptions options = testing::small_options();
+  options.exchange = exchange;
+  options.overlap = overlap;
+  options.threads = 1;
+  auto transports = testing::make_test_group(backend, world);
+  std::vector<std::unique_ptr<Engine>> engines(static_cast<std::size_t>(world));
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] =
+        std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
+  }));
+  WindowsRun run;
+  for (int w = 0; w < windows; ++w) {
+    for (int r = 0; r < world; ++r)
+      train(models[static_cast<std::size_t>(r)], sets, r, world, w);
+    std::vector<WindowReport> reports(static_cast<std::size_t>(world));
+    testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+      reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
+    }));
+    run.digests.emplace_back();
+    run.kinds.emplace_back();
+    for (const WindowReport& report : reports) {
+      run.digests.back().push_back(report.digest);
+      run.kinds.back().push_back(report.exchange);
+      EXPECT_TRUE(report.replicas_identical);
+    }
+    run.union_entries.push_back(reports[0].union_entries);
+  }
+  if (overlap != Overlap::blocking) {
+    std::vector<Digest> last(static_cast<std::size_t>(world));
+    testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+      auto& engine = *engines[static_cast<std::size_t>(r)];
+      (void)engine.complete_in_flight();
+      last[static_cast<std::size_t>(r)] = engine.state_digest();
+    }));
+    run.digests.push_back(last);
+  }
+  return run;
+}
+
+using BitsParam = std::tuple<int, DType, Sets>;
+
+class ExchangeBits : public ::testing::TestWithParam<BitsParam> {};
+
+TEST_P(ExchangeBits, EveryKindGivesTheAllgathersDigests) {
+  const auto& [world, dtype, sets] = GetParam();
+  const int windows = 3;
+  const WindowsRun gathered =
+      run_windows("inproc", world, dtype, sets, Exchange::allgather, Overlap::blocking, windows);
+  const WindowsRun reduced =
+      run_windows("inproc", world, dtype, sets, Exchange::reduction, Overlap::blocking, windows);
+  const WindowsRun chosen =
+      run_windows("inproc", world, dtype, sets, Exchange::automatic, Overlap::blocking, windows);
+  EXPECT_EQ(reduced.digests, gathered.digests);
+  EXPECT_EQ(chosen.digests, gathered.digests);
+  EXPECT_EQ(reduced.union_entries, gathered.union_entries);
+  for (int w = 0; w < windows; ++w) {
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(gathered.kinds[w][r], "allgather");
+      EXPECT_EQ(reduced.kinds[w][r], "reduction");
+      EXPECT_EQ(chosen.kinds[w][r], chosen.kinds[w][0]) << "every rank chooses alike";
+    }
+  }
+  EXPECT_EQ(chosen.kinds[0][0], "allgather") << "no record before the first window";
+  if (world >= 3 && sets == Sets::identical) {
+    EXPECT_EQ(chosen.kinds[1][0], "reduction") << "identical sets: u = 1/R";
+  }
+  if (sets == Sets::disjoint) {
+    EXPECT_EQ(chosen.kinds[1][0], "allgather");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, ExchangeBits,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 5, 8),
+                                            ::testing::Values(DType::float32, DType::bfloat16),
+                                            ::testing::Values(Sets::disjoint, Sets::partial,
+                                                              Sets::identical, Sets::empty,
+                                                              Sets::one_empty)),
+                         [](const ::testing::TestParamInfo<BitsParam>& param) {
+                           return "world" + std::to_string(std::get<0>(param.param)) + "_" +
+                                  std::string(dtype_name(std::get<1>(param.param))) + "_" +
+                                  sets_name(std::get<2>(param.param));
+                         });
+
+class ExchangeBitsOverTransports : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExchangeBitsOverTransports, ReductionGivesTheAllgathersDigests) {
+  const std::string backend = GetParam();
+  for (const Overlap overlap : {Overlap::blocking, Overlap::delayed}) {
+    const WindowsRun gathered =
+        run_windows(backend, 4, DType::bfloat16, Sets::partial, Exchange::allgather, overlap, 3);
+    const WindowsRun reduced =
+        run_windows(backend, 4, DType::bfloat16, Sets::partial, Exchange::reduction, overlap, 3);
+    EXPECT_EQ(reduced.digests, gathered.digests) << overlap_name(overlap);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ExchangeBitsOverTransports,
+                         ::testing::ValuesIn(testing::test_backends()),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           return param.param;
+                         });
+
+TEST(ExchangeKind, ReductionOverAnOrderMatchingTransportIsRefusedNamingWhy) {
+  std::vector<testing::LocalModel> models;
+  for (int r = 0; r < 3; ++r)
+    models.push_back(testing::make_model({2000}, DType::float32, 40));
+  EngineOptions options = testing::small_options();
+  options.exchange = Exchange::reduction;
+  auto transports = testing::make_test_group("ordered", 3);
+  std::vector<std::unique_ptr<Engine>> engines(3);
+  testing::rethrow_first(testing::run_ranks(3, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] =
+        std::make_unique<Engine>(testing::views_of(models[i]), options, std::move(transports[i]));
+  }));
+  for (int r = 0; r < 3; ++r)
+    train(models[static_cast<std::size_t>(r)], Sets::partial, r, 3, 0);
+  const auto errors = testing::run_ranks(
+      3, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); });
+  for (const auto& error : errors) {
+    ASSERT_TRUE(error);
+    try {
+      std::rethrow_exception(error);
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("exchange=reduction"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pulseloco
