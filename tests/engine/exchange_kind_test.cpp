@@ -5,6 +5,7 @@
 // over TCP.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -307,6 +308,54 @@ INSTANTIATE_TEST_SUITE_P(Backends, ExchangeBitsOverTransports,
                          [](const ::testing::TestParamInfo<std::string>& param) {
                            return param.param;
                          });
+
+// Rank 2 dies during the all-to-all of an owner reduction (its first piece of payload, phase
+// byte 3 of the collectives' tags): every survivor fails within 2x the timeout, naming it, with
+// its state unchanged.
+TEST(ExchangeKind, ARankKilledMidReductionIsNamedByEverySurvivorInTime) {
+  const int world = 4;
+  std::vector<testing::LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({5000, 1500}, DType::float32, 40));
+  EngineOptions options = testing::small_options();
+  options.exchange = Exchange::reduction;
+  options.timeout = std::chrono::milliseconds(2000);
+  auto faults = std::make_shared<transport::inproc::FaultInjector>();
+  auto engines = testing::start_engines(models, options, {.faults = faults});
+  for (int r = 0; r < world; ++r)
+    train(models[static_cast<std::size_t>(r)], Sets::partial, r, world, 0);
+  std::vector<Digest> before;
+  for (const auto& engine : engines)
+    before.push_back(engine->state_digest());
+  faults->set_hook([](const transport::inproc::MessageEvent& m) {
+    return m.from == 2 && (m.tag & 0xFF) == 3 ? transport::inproc::FaultAction::kill_sender
+                                              : transport::inproc::FaultAction::deliver;
+  });
+  std::vector<transport::Clock::time_point> finished(world);
+  const auto errors = testing::run_ranks(world, [&](int r) {
+    try {
+      (void)engines[static_cast<std::size_t>(r)]->run_window();
+    } catch (...) {
+      finished[static_cast<std::size_t>(r)] = transport::Clock::now();
+      throw;
+    }
+  });
+  const auto injected = faults->injected();
+  ASSERT_FALSE(injected.empty()) << "the fault was never injected";
+  for (int r = 0; r < world; ++r) {
+    if (r == 2) continue;
+    const auto i = static_cast<std::size_t>(r);
+    ASSERT_TRUE(errors[i]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::peer_lost) << "rank " << r << ": " << e.what();
+      EXPECT_EQ(e.context().peer, 2) << "rank " << r << ": " << e.what();
+    }
+    EXPECT_LE(finished[i] - injected.front().when, 2 * options.timeout) << "rank " << r;
+    EXPECT_EQ(engines[i]->state_digest(), before[i]) << "rank " << r;
+  }
+}
 
 TEST(ExchangeKind, ReductionOverAnOrderMatchingTransportIsRefusedNamingWhy) {
   std::vector<testing::LocalModel> models;
