@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <map>
 #include <memory>
@@ -96,18 +97,67 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
 }
 
 ReceivedMessages PulseWindow::exchange(const AttachedGroup& group, const OutgoingMessage& mine) {
-  const Exchange kind = choose_exchange({.option = options_.exchange,
-                                         .world = group.world(),
-                                         .generation = group.generation(),
-                                         .window = mine.window,
-                                         .ordered_transport = group.transport().matches_by_order(),
-                                         .last = state_.last_exchange()});
+  const bool ordered = group.transport().matches_by_order();
+  ExchangeInputs inputs{
+      .option = options_.exchange, .world = group.world(), .ordered_transport = ordered};
+  if (choice_needs_sketches(options_.exchange, group.world(), ordered)) {
+    const UnionEstimate estimate = estimate_union(group, mine);
+    inputs.group_entries = estimate.group_entries;
+    inputs.union_estimate = estimate.union_entries;
+  }
+  const Exchange kind = choose_exchange(inputs);
   ReceivedMessages received =
       kind == Exchange::reduction ? reduce_by_owners(group, mine) : allgather(group, mine);
   received.kind = kind;
-  received.generation = group.generation();
   received.world = group.world();
   return received;
+}
+
+PulseWindow::UnionEstimate PulseWindow::estimate_union(const AttachedGroup& group,
+                                                       const OutgoingMessage& mine) {
+  // This rank's sketch, from its own message (frames decode independently, in parallel).
+  const codec::MessageView own = codec::MessageView::parse(mine.bytes, decode_limits());
+  std::vector<UnionSketch> sketches(own.frame_count());
+  pool_.parallel_for(own.frame_count(), [&](std::size_t c) {
+    auto scratch = validate_scratch_.acquire();
+    const std::uint64_t n = own.frame(c).entries;
+    scratch->offsets.resize(n);
+    scratch->values.resize(n);
+    (void)own.decode_frame(c, scratch->offsets, scratch->values, scratch->decode);
+    for (const std::uint32_t offset : std::span(scratch->offsets.data(), n))
+      sketches[c].add(c, offset);
+  });
+  UnionSketch sketch;
+  for (const UnionSketch& s : sketches)
+    sketch.merge(s);
+  // Every rank's entry count and sketch; every rank merges the same bytes.
+  std::vector<std::byte> message(8 + UnionSketch::kBytes);
+  store_le(message.data(), mine.entries);
+  std::memcpy(message.data() + 8, sketch.bytes().data(), UnionSketch::kBytes);
+  collectives::CollectiveOptions options = group.collective();
+  options.max_message_bytes = message.size();
+  const std::vector<std::vector<std::byte>> all =
+      collectives::sparse_allgather(group.transport(), message, options);
+  UnionEstimate estimate;
+  UnionSketch merged;
+  for (int r = 0; r < group.world(); ++r) {
+    const auto& bytes = all[static_cast<std::size_t>(r)];
+    if (bytes.size() != message.size()) {
+      throw ProtocolError(fmt::format("rank {} sent a union sketch of {} bytes, expected {}", r,
+                                      bytes.size(), message.size()),
+                          {.rank = group.rank(), .peer = r});
+    }
+    estimate.group_entries += load_le<std::uint64_t>(bytes.data());
+    try {
+      merged.merge(UnionSketch::from_bytes(std::span<const std::uint8_t, UnionSketch::kBytes>(
+          reinterpret_cast<const std::uint8_t*>(bytes.data() + 8), UnionSketch::kBytes)));
+    } catch (const ProtocolError& e) {
+      throw ProtocolError(fmt::format("rank {}: {}", r, e.message()),
+                          {.rank = group.rank(), .peer = r});
+    }
+  }
+  estimate.union_entries = merged.estimate();
+  return estimate;
 }
 
 ReceivedMessages PulseWindow::allgather(const AttachedGroup& group, const OutgoingMessage& mine) {
@@ -553,11 +603,6 @@ SetOverlap PulseWindow::apply(const ReceivedMessages& received, bool commit_resi
         overlap.group_entries += view.frame(c).entries;
     }
   }
-  state_.set_last_exchange({.window = received.window,
-                            .generation = received.generation,
-                            .world = received.world,
-                            .union_entries = overlap.union_entries,
-                            .group_entries = overlap.group_entries});
   return overlap;
 }
 

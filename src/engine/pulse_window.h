@@ -20,6 +20,7 @@
 
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/codec/message.h>
+#include <pulseloco/engine/exchange_choice.h>
 #include <pulseloco/engine/scratch_pool.h>
 #include <pulseloco/engine/window_strategy.h>
 
@@ -30,7 +31,6 @@ namespace pulseloco::engine_detail {
 struct ReceivedMessages {
   std::uint64_t window = 0;
   Exchange kind = Exchange::allgather;
-  std::uint64_t generation = 0;  // the group the exchange ran in
   int world = 1;
   std::vector<std::vector<std::byte>> bytes;
   // Views of the codec messages in `bytes`, each validated completely (applying them cannot
@@ -54,14 +54,14 @@ class PulseWindow final : public WindowStrategy {
   // The message of window `window` (gated against the state's start point).
   [[nodiscard]] OutgoingMessage gate_and_encode(int rank, std::uint64_t window);
   // Throws (state unchanged) when the collective fails; an invalid message is recorded in the
-  // result instead, so that the vote can tell the other ranks. The kind is chosen from the
-  // state's exchange record (the same on every rank).
+  // result instead, so that the vote can tell the other ranks. The kind is chosen as
+  // exchange_choice.h says (the same on every rank).
   [[nodiscard]] ReceivedMessages exchange(const AttachedGroup& group, const OutgoingMessage& mine);
   // Records that this rank accepted the window (when it did) and runs the commit vote.
   void vote(const AttachedGroup& group, const ReceivedMessages& received);
   // Steps 7-9; `commit_residual` false: the residual was committed when the window was gated
-  // (overlapped windows), so only the outer step runs and θ_l is reset. Records in the state
-  // and returns how much the ranks' sets overlapped.
+  // (overlapped windows), so only the outer step runs and θ_l is reset. Returns how much the
+  // ranks' sets overlapped.
   SetOverlap apply(const ReceivedMessages& received, bool commit_residual = true);
 
  private:
@@ -83,6 +83,13 @@ class PulseWindow final : public WindowStrategy {
         seen;  // elements of the chunk counted in the union (all 0 between uses)
   };
 
+  // The automatic choice's inputs: every rank's entry count and union sketch, all-gathered.
+  struct UnionEstimate {
+    std::uint64_t group_entries = 0;
+    std::uint64_t union_entries = 0;
+  };
+  [[nodiscard]] UnionEstimate estimate_union(const AttachedGroup& group,
+                                             const OutgoingMessage& mine);
   [[nodiscard]] ReceivedMessages allgather(const AttachedGroup& group, const OutgoingMessage& mine);
   [[nodiscard]] ReceivedMessages reduce_by_owners(const AttachedGroup& group,
                                                   const OutgoingMessage& mine);

@@ -62,7 +62,6 @@ ReplicatedState::ReplicatedState(std::vector<NamedTensor> parameters, const Engi
 void ReplicatedState::set_progress(std::uint64_t window, bool momentum_initialised) noexcept {
   window_ = window;
   momentum_initialised_ = momentum_initialised;
-  last_exchange_.reset();
 }
 
 void ReplicatedState::commit_window() noexcept {

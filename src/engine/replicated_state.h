@@ -24,7 +24,6 @@
 #include <pulseloco/base/tensor_view.h>
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/engine/engine.h>
-#include <pulseloco/engine/exchange_choice.h>
 #include <pulseloco/engine/layout.h>
 #include <pulseloco/engine/options.h>
 #include <pulseloco/engine/state_memory.h>
@@ -101,16 +100,8 @@ class ReplicatedState {
   }
   void set_in_flight(OutgoingMessage message) { in_flight_ = std::move(message); }
   void clear_in_flight() noexcept { in_flight_.reset(); }
-  // After the state was replaced (received, loaded from a file, or set up afresh); forgets the
-  // exchange record.
+  // After the state was replaced (received, loaded from a file, or set up afresh).
   void set_progress(std::uint64_t window, bool momentum_initialised) noexcept;
-  // How much the ranks' sets overlapped in the last window applied, what the next window's
-  // exchange is chosen from (exchange_choice.h). Not part of any file: a replaced state forgets
-  // it, so that every rank of a group holds the same record or none.
-  [[nodiscard]] const std::optional<ExchangeRecord>& last_exchange() const noexcept {
-    return last_exchange_;
-  }
-  void set_last_exchange(const ExchangeRecord& record) noexcept { last_exchange_ = record; }
   // The window has committed on this rank: θ_g, m, e and θ_l hold its results.
   void commit_window() noexcept;
 
@@ -204,7 +195,6 @@ class ReplicatedState {
   bool has_contents_ = false;
   std::optional<std::uint64_t> accepted_window_;
   std::optional<OutgoingMessage> in_flight_;
-  std::optional<ExchangeRecord> last_exchange_;
   std::unique_ptr<StateMemory> memory_;
 };
 

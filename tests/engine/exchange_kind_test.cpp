@@ -5,6 +5,7 @@
 // over TCP.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -18,66 +19,88 @@
 namespace pulseloco {
 namespace {
 
+using engine_detail::choice_needs_sketches;
 using engine_detail::choose_exchange;
 using engine_detail::ExchangeInputs;
-using engine_detail::ExchangeRecord;
+using engine_detail::kLatencyBoundEntries;
 using engine_detail::owner_bounds;
+using engine_detail::UnionSketch;
 
-ExchangeRecord record(std::uint64_t window, std::uint64_t union_entries,
-                      std::uint64_t group_entries, int world = 4) {
-  return {.window = window,
-          .generation = 0,
-          .world = world,
-          .union_entries = union_entries,
-          .group_entries = group_entries};
-}
-
-TEST(ChooseExchange, AllgatherWithoutARecordOfTheWindowJustBeforeInThisGroup) {
-  ExchangeInputs in{.world = 4, .window = 5};
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);  // no record
-  in.last = record(4, 100, 400);                        // identical sets: u = 1/4
-  EXPECT_EQ(choose_exchange(in), Exchange::reduction);
-  in.last->window = 3;  // a window between was dropped
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
-  in.last = record(4, 100, 400);
-  in.generation = 1;  // a regroup since
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
-  in.generation = 0;
-  in.last->world = 5;
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
-  in.last = record(4, 0, 0);  // nothing was sent
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
+ExchangeInputs automatic(int world, std::uint64_t group_entries, std::uint64_t union_entries) {
+  return {.world = world, .group_entries = group_entries, .union_estimate = union_entries};
 }
 
 TEST(ChooseExchange, ReductionWhenItsEstimatedTrafficIsBelowTheAdvantageThreshold) {
-  // (1 + R u) / R < 0.9 with R = 4: u < 0.65.
-  ExchangeInputs in{.world = 4, .window = 1, .last = record(0, 64, 100)};
-  EXPECT_EQ(choose_exchange(in), Exchange::reduction);
-  in.last = record(0, 66, 100);
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
-  // Disjoint sets (u = 1) never gain; two ranks never gain either.
-  in.last = record(0, 100, 100);
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
-  in = ExchangeInputs{.world = 2, .window = 1, .last = record(0, 50, 100, 2)};
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
-  // 16 ranks with the training example's overlap (u about 0.1).
-  in = ExchangeInputs{.world = 16, .window = 1, .last = record(0, 10, 100, 16)};
-  EXPECT_EQ(choose_exchange(in), Exchange::reduction);
+  const std::uint64_t g = 100 * kLatencyBoundEntries;
+  // 10 (G + R U) < 9 R G with R = 4: U < 0.65 G.
+  EXPECT_EQ(choose_exchange(automatic(4, g, g * 64 / 100)), Exchange::reduction);
+  EXPECT_EQ(choose_exchange(automatic(4, g, g * 66 / 100)), Exchange::allgather);
+  // Identical sets (U = G/R) gain from 3 ranks on; disjoint ones (U = G) never do.
+  EXPECT_EQ(choose_exchange(automatic(3, g, g / 3)), Exchange::reduction);
+  EXPECT_EQ(choose_exchange(automatic(16, g, g)), Exchange::allgather);
+  // 16 ranks with the training example's overlap.
+  EXPECT_EQ(choose_exchange(automatic(16, g, g / 8)), Exchange::reduction);
+}
+
+TEST(ChooseExchange, AllgatherWhereTheReductionCannotGainOrRun) {
+  const std::uint64_t g = 100 * kLatencyBoundEntries;
+  EXPECT_EQ(choose_exchange(automatic(2, g, g / 2)), Exchange::allgather);  // two ranks
+  EXPECT_EQ(choose_exchange(automatic(8, kLatencyBoundEntries - 1, 1)), Exchange::allgather);
+  ExchangeInputs ordered = automatic(8, g, g / 8);
+  ordered.ordered_transport = true;
+  EXPECT_EQ(choose_exchange(ordered), Exchange::allgather);
+  EXPECT_FALSE(choice_needs_sketches(Exchange::automatic, 8, true));
+  EXPECT_FALSE(choice_needs_sketches(Exchange::automatic, 2, false));
+  EXPECT_FALSE(choice_needs_sketches(Exchange::reduction, 8, false));
+  EXPECT_TRUE(choice_needs_sketches(Exchange::automatic, 3, false));
 }
 
 TEST(ChooseExchange, ForcedKindsAndOrderMatchingTransports) {
-  ExchangeInputs in{.option = Exchange::reduction, .world = 2, .window = 0};
+  ExchangeInputs in{.option = Exchange::reduction, .world = 2};
   EXPECT_EQ(choose_exchange(in), Exchange::reduction);
+  in = automatic(8, 100 * kLatencyBoundEntries, 1);
   in.option = Exchange::allgather;
-  in.world = 8;
-  in.last = record(0, 1, 100, 8);
-  in.window = 1;
-  EXPECT_EQ(choose_exchange(in), Exchange::allgather);
-  in.option = Exchange::automatic;
-  in.ordered_transport = true;
   EXPECT_EQ(choose_exchange(in), Exchange::allgather);
   in.option = Exchange::reduction;
+  in.ordered_transport = true;
   EXPECT_THROW((void)choose_exchange(in), InvalidArgument);
+}
+
+TEST(UnionSketch, EstimatesTheUnionOfMergedSetsWithinAFewPercent) {
+  for (const std::uint64_t distinct : {5'000ULL, 50'000ULL, 2'000'000ULL}) {
+    // Three ranks: the first two share half their elements, the third is disjoint from both.
+    UnionSketch a;
+    UnionSketch b;
+    UnionSketch c;
+    for (std::uint64_t i = 0; i < distinct; ++i) {
+      const std::uint64_t chunk = i >> 20;
+      const auto offset = static_cast<std::uint32_t>(i & 0xFFFFF);
+      if (i % 4 == 0) {
+        a.add(chunk, offset);
+        b.add(chunk, offset);
+      } else if (i % 4 == 1) {
+        a.add(chunk, offset);
+      } else if (i % 4 == 2) {
+        b.add(chunk, offset);
+      } else {
+        c.add(chunk, offset);
+      }
+    }
+    UnionSketch merged;
+    for (const UnionSketch* s : {&a, &b, &c})
+      merged.merge(*s);
+    const double estimate = static_cast<double>(merged.estimate());
+    // 3 standard errors of a 2^10-register HyperLogLog.
+    EXPECT_NEAR(estimate / static_cast<double>(distinct), 1.0, 0.1) << distinct;
+    // Adding an element twice changes nothing; the bytes round-trip.
+    const std::uint64_t before = a.estimate();
+    a.add(0, 0);
+    EXPECT_EQ(a.estimate(), before);
+    EXPECT_EQ(UnionSketch::from_bytes(merged.bytes()).estimate(), merged.estimate());
+  }
+  std::array<std::uint8_t, UnionSketch::kBytes> bad{};
+  bad[3] = 200;
+  EXPECT_THROW((void)UnionSketch::from_bytes(bad), ProtocolError);
 }
 
 TEST(OwnerBounds, ContiguousBalancedRangesCoveringEveryChunk) {
@@ -246,6 +269,32 @@ WindowsRun run_windows(const std::string& backend, int world, DType dtype, Sets 
   return run;
 }
 
+// Large enough sets for the choice to look at them: 8 ranks with identical sets take the
+// reduction, with disjoint sets the all-gather, from the first window on.
+TEST(ExchangeKind, AutomaticChoosesFromTheSetsOfThisVeryWindow) {
+  for (const Sets sets : {Sets::identical, Sets::disjoint}) {
+    const int world = 8;
+    std::vector<testing::LocalModel> models;
+    for (int r = 0; r < world; ++r)
+      models.push_back(testing::make_model({150'000}, DType::float32, 40));
+    EngineOptions options = testing::small_options();
+    options.chunk_elements = 16384;
+    options.threads = 1;
+    auto engines = testing::start_engines(models, options);
+    for (int r = 0; r < world; ++r)
+      train(models[static_cast<std::size_t>(r)], sets, r, world, 0);
+    std::vector<WindowReport> reports(static_cast<std::size_t>(world));
+    testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+      reports[static_cast<std::size_t>(r)] = engines[static_cast<std::size_t>(r)]->run_window();
+    }));
+    for (const WindowReport& report : reports) {
+      ASSERT_GE(report.group_entries, kLatencyBoundEntries) << sets_name(sets);
+      EXPECT_EQ(report.exchange, sets == Sets::identical ? "reduction" : "allgather")
+          << sets_name(sets) << ", union ratio " << report.union_ratio;
+    }
+  }
+}
+
 using BitsParam = std::tuple<int, DType, Sets>;
 
 class ExchangeBits : public ::testing::TestWithParam<BitsParam> {};
@@ -269,12 +318,8 @@ TEST_P(ExchangeBits, EveryKindGivesTheAllgathersDigests) {
       EXPECT_EQ(chosen.kinds[w][r], chosen.kinds[w][0]) << "every rank chooses alike";
     }
   }
-  EXPECT_EQ(chosen.kinds[0][0], "allgather") << "no record before the first window";
-  if (world >= 3 && sets == Sets::identical) {
-    EXPECT_EQ(chosen.kinds[1][0], "reduction") << "identical sets: u = 1/R";
-  }
-  if (sets == Sets::disjoint) {
-    EXPECT_EQ(chosen.kinds[1][0], "allgather");
+  if (sets == Sets::disjoint || world < 3) {
+    EXPECT_EQ(chosen.kinds[0][0], "allgather");
   }
 }
 
