@@ -511,8 +511,6 @@ SequenceResult run_sequence(const Settings& s, const std::string& rate, Overlap 
       {"windows", s.windows},
       {"target_density", density},
       {"shared", s.shared},
-      {"exchange", report.exchange},
-      {"union_ratio", report.union_ratio},
       {"density", static_cast<double>(all_entries) / world / windows /
                       static_cast<double>(engine.parameter_count())},
       {"threads_per_rank", s.threads},
@@ -682,11 +680,11 @@ int main(int argc, char** argv) {
             printed_header = true;
           }
           const double window = j["window_seconds"].get<double>();
-          const double exchange = j["exchange_seconds"].get<double>();
+          const double exchange_s = j["exchange_seconds"].get<double>();
           fmt::print(
               "{:<8} {:<7} {:<9} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} {:>9.2f} "
               "{:>8.3f}%\n",
-              rate, mode, j["exchange"].get<std::string>(), window, exchange, window - exchange,
+              rate, mode, j["exchange"].get<std::string>(), window, exchange_s, window - exchange_s,
               j.value("bound_seconds", 0.0),
               human_bytes(static_cast<double>(j["wire_bytes_received_max"].get<std::uint64_t>())),
               j.value("goodput_mbit", 0.0), j.value("ratio_window_to_bound", 0.0),
