@@ -13,6 +13,9 @@ void DdpSync::run(const AttachedGroup& group, WindowReport& report) {
   report.received_bytes = payload_bytes_ * static_cast<std::uint64_t>(group.world() - 1);
   report.seconds.exchange = exchange_seconds_;
   report.density = 1.0;  // every element, every step
+  set_overlap(report,
+              {report.entries_sent, report.entries_sent * static_cast<std::uint64_t>(group.world()),
+               "allreduce"});
   payload_bytes_ = 0;
   exchange_seconds_ = 0;
 }

@@ -24,6 +24,8 @@ void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
   report.payload_bytes = parameters * sizeof(float);
   report.received_bytes = report.payload_bytes * static_cast<std::uint64_t>(group.world() - 1);
   report.density = density_of(report);
+  set_overlap(report,
+              {parameters, parameters * static_cast<std::uint64_t>(group.world()), "allreduce"});
 
   phase = SteadyClock::now();
   apply(group.world());

@@ -128,6 +128,42 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, KillDuringAllGather,
                            return std::string(algorithm_name(param_info.param));
                          });
 
+// Every rank sends every other rank 64 KiB in 4 KiB chunks.
+void all_to_all(Transport& t, const CollectiveOptions& options) {
+  std::vector<std::vector<std::byte>> mine;
+  std::vector<std::span<const std::byte>> to_rank;
+  for (int to = 0; to < t.size(); ++to)
+    mine.push_back(pattern_bytes(std::size_t{64} << 10, t.rank(), static_cast<std::uint64_t>(to)));
+  for (const auto& message : mine)
+    to_rank.emplace_back(message);
+  std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(t.size()));
+  sparse_alltoall(
+      t, to_rank,
+      [&](int from, std::size_t bytes) {
+        got[static_cast<std::size_t>(from)].resize(bytes);
+        return std::span<std::byte>(got[static_cast<std::size_t>(from)]);
+      },
+      options);
+}
+
+TEST(KillDuringAllToAll, FiveRanks) {
+  Group group(5);
+  group.faults->set_hook(at_message(2, 6, FaultAction::kill_sender));
+  const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
+    all_to_all(t, options_with(CollectiveAlgorithm::automatic, 4096));
+  });
+  expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
+}
+
+TEST(StallDuringAllToAll, FiveRanks) {
+  Group group(5);
+  group.faults->set_hook(at_message(3, 6, FaultAction::stall_sender));
+  const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
+    all_to_all(t, options_with(CollectiveAlgorithm::automatic, 4096));
+  });
+  expect_survivors_blame(outcomes, 3, ErrorKind::timeout, fault_time(*group.faults), {3});
+}
+
 class KillDuringAllReduce : public ::testing::TestWithParam<CollectiveAlgorithm> {};
 
 TEST_P(KillDuringAllReduce, FiveRanks) {
