@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <set>
 
 #include <pulseloco/base/errors.h>
@@ -189,6 +190,38 @@ TEST(Kill, DuringBroadcastInTheMiddleOfTheChain) {
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
     auto data = pattern_bytes(std::size_t{4} << 20, 0);
     broadcast(t, 0, data, options_with(CollectiveAlgorithm::ring, 64 << 10));
+  });
+  expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
+}
+
+TEST(Kill, BetweenItsDoneNoticesIsNamedByASurvivorThatFinishedTheCall) {
+  // Rank 2 dies between its two `done` notices of a barrier: rank 0 has it and finishes the
+  // call; rank 1 never gets it, fails naming rank 2 and closes its transport. Only then does
+  // rank 0 start its next call, where both peers are gone: it must still name rank 2, the rank
+  // lost first, not rank 1, which left only because of it.
+  Group group(3);
+  group.faults->set_hook([](const MessageEvent& m) {
+    return m.from == 2 && m.to == 1 && is_notice(m) ? FaultAction::kill_sender
+                                                    : FaultAction::deliver;
+  });
+  std::promise<void> rank1_failed;
+  std::shared_future<void> rank1_has_failed = rank1_failed.get_future().share();
+  const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
+    const CollectiveOptions options{.timeout = kTimeout};
+    if (t.rank() == 1) {
+      try {
+        barrier(t, options);
+      } catch (...) {
+        rank1_failed.set_value();  // its transport is aborted by now
+        throw;
+      }
+      return;
+    }
+    barrier(t, options);
+    if (t.rank() != 0) return;
+    ASSERT_EQ(rank1_has_failed.wait_for(60s), std::future_status::ready)
+        << "rank 1 did not fail its barrier";
+    barrier(t, options);
   });
   expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
 }

@@ -460,6 +460,23 @@ TEST_P(OverLinks, APeerThatClosesLeavesItsSentMessagesReceivable) {
   }
 }
 
+TEST(TcpTransport, LostPeersAreListedInTheOrderTheirConnectionsFailed) {
+  auto group = make_loopback_group(4);
+  std::vector<std::byte> first(1);
+  std::vector<std::byte> second(1);
+  std::vector<std::byte> third(1);
+  auto from_3 = group[0]->irecv(3, 1, first);
+  auto from_1 = group[0]->irecv(1, 1, second);
+  auto from_2 = group[0]->irecv(2, 1, third);
+  group[3]->abort("lost first");
+  EXPECT_THROW(from_3->wait(deadline_after(kTimeout)), PeerLostError);
+  group[1]->abort("lost second");
+  EXPECT_THROW(from_1->wait(deadline_after(kTimeout)), PeerLostError);
+  group[2].reset();  // says goodbye: an orderly exit, not a loss
+  EXPECT_THROW(from_2->wait(deadline_after(kTimeout)), PeerLostError);
+  EXPECT_EQ(group[0]->lost_peers(), (std::vector<int>{3, 1}));
+}
+
 TEST(TcpTransport, DestroyingTheTransportFailsItsPendingRequests) {
   auto group = make_loopback_group(2);
   std::vector<std::byte> buffer(4);

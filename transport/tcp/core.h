@@ -141,14 +141,15 @@ class Core {
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
-  std::exception_ptr aborted_;                                 // lock
-  bool closing_ = false;                                       // lock
-  bool shut_down_ = false;                                     // lock
-  bool formed_ = false;                                        // lock: the whole mesh was connected
-  std::exception_ptr formation_error_;                         // lock
-  UnexpectedBytes unexpected_;                                 // lock
-  int paused_lanes_ = 0;                                       // lock
-  std::uint64_t data_frames_sent_ = 0;                         // lock
+  std::exception_ptr aborted_;          // lock
+  bool closing_ = false;                // lock
+  bool shut_down_ = false;              // lock
+  bool formed_ = false;                 // lock: the whole mesh was connected
+  std::exception_ptr formation_error_;  // lock
+  UnexpectedBytes unexpected_;          // lock
+  std::vector<int> lost_peers_;         // lock: in the order they failed (Transport::lost_peers)
+  int paused_lanes_ = 0;                // lock
+  std::uint64_t data_frames_sent_ = 0;  // lock
   std::optional<std::uint64_t> corrupt_at_;                    // lock: the test hook's frame
   FrameCorruption corrupt_target_ = FrameCorruption::payload;  // lock
   // The test hook that holds writes: set while it is on; the bytes the data plane may still
@@ -163,8 +164,10 @@ class Core {
 
  private:
   bool finish_if_ready(Operation& op, std::unique_lock<std::mutex>& lock);
-  void fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool log);
-  void fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool log = true);
+  // Fails every operation with `peer`. `lost`: false for a peer that said goodbye, which is
+  // neither logged nor counted in lost_peers_.
+  void fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool lost);
+  void fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool lost = true);
   void close_lanes_on_strand(Peer& peer, const std::exception_ptr& orphan_error);
   void tell_peer_why(Peer& peer, std::string_view reason);
   void graceful_close() noexcept;

@@ -78,6 +78,10 @@ class TcpTransport final : public Transport {
   void retire_tag(Tag tag) noexcept override;
   void abort(std::string_view reason) noexcept override;
   [[nodiscard]] TransportStats stats() const override;
+  // In the order in which their connections failed here (read, write or handshake errors, a
+  // close without a goodbye, an abort frame, io_timeout, a protocol violation); a peer whose
+  // every connection said goodbye is not lost.
+  [[nodiscard]] std::vector<int> lost_peers() const override;
 
   // The port of the data listener (0 for a group of one).
   [[nodiscard]] std::uint16_t listen_port() const noexcept;
