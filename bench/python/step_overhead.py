@@ -74,7 +74,7 @@ def main() -> int:
                                                  args.repeats),
             "python_noop_method": per_call_us(NoOp().step, args.calls, args.repeats),
         }
-        assert sync.window == 0, "a window ran during the benchmark"
+        assert sync.committed_windows == 0, "a window ran during the benchmark"
 
     for name, result in results.items():
         print(f"{name:24s} median {result['median_us']:.3f} us/call "

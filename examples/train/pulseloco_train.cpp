@@ -454,7 +454,7 @@ int run_worker(const Settings& settings) {
                                {"initial_loss_bf16_weights", initial_loss_bf16},
                                {"first_window", first_window},
                                {"publish_dir", settings.publish_dir},
-                               {"windows_applied", sync.engine().window()},
+                               {"windows_applied", sync.engine().committed_windows()},
                                {"final_loss", final_loss}};
       std::ofstream file(settings.json_path);
       file << out.dump(2) << '\n';

@@ -196,10 +196,11 @@ class Synchronizer:
         return self._engine.world_size
 
     @property
-    def window(self) -> int:
+    def committed_windows(self) -> int:
         """Outer steps applied so far (windows committed; with overlapped windows, the window
-        in flight is not counted)."""
-        return self._engine.window
+        in flight is not counted). Not a window number: reports number windows as next_window
+        does, which runs ahead once a window was dropped."""
+        return self._engine.committed_windows
 
     @property
     def parameter_count(self) -> int:
@@ -230,7 +231,7 @@ class Synchronizer:
     @property
     def next_window(self) -> int:
         """The number the next boundary's window gets (its report's window): where a loop
-        resumed from a checkpoint continues its data. Equals window when blocking."""
+        resumed from a checkpoint continues its data. Equals committed_windows when blocking."""
         return self._engine.next_window
 
     @property
@@ -269,5 +270,5 @@ class Synchronizer:
         if getattr(self, "_engine", None) is None:  # the constructor raised
             return "Synchronizer(<not constructed>)"
         return (f"Synchronizer(mode={self._engine.mode!r}, rank={self.rank}, "
-                f"world_size={self.world_size}, window={self.window}, "
+                f"world_size={self.world_size}, committed_windows={self.committed_windows}, "
                 f"parameters={self.parameter_count})")

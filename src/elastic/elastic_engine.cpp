@@ -207,7 +207,7 @@ WindowReport ElasticEngine::run_window() {
   WindowReport report = run_window_with_retries();
   // The boundary after a committed window: the coordinator may ask every member to re-form the
   // group now, to admit waiting workers (its join policy).
-  if (membership_->boundary(engine_->window(),
+  if (membership_->boundary(engine_->committed_windows(),
                             transport::deadline_after(elastic_.transport.connect_timeout))) {
     regroup("admitting new workers");
   }
@@ -215,7 +215,7 @@ WindowReport ElasticEngine::run_window() {
 }
 
 WindowReport ElasticEngine::run_window_with_retries() {
-  const std::uint64_t attempted = engine_->window();
+  const std::uint64_t attempted = engine_->committed_windows();
   for (int attempt = 1;; ++attempt) {
     try {
       return engine_->run_window();
@@ -225,7 +225,7 @@ WindowReport ElasticEngine::run_window_with_retries() {
       logger().warn("worker {}: window {} failed in group generation {} ({}); re-forming the group",
                     worker_id_, attempted, group_.generation, error.what());
       regroup(error.what());
-      if (engine_->window() > attempted) {
+      if (engine_->committed_windows() > attempted) {
         // The window had committed (here, or on the others while this worker was deciding);
         // attach() has just checked that every member holds the same state.
         if (!committed) {

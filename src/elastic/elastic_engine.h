@@ -3,7 +3,7 @@
 //   ElasticOptions elastic;
 //   elastic.coordinator = "10.0.0.1:29600";          // `pulseloco coordinator` runs there
 //   ElasticEngine sync(parameters, engine_options, elastic);   // waits to be admitted
-//   while (sync.engine().window() < windows) {
+//   while (sync.engine().committed_windows() < windows) {
 //     optimizer.step();
 //     if (auto report = sync.after_optimizer_step()) log(*report);
 //   }

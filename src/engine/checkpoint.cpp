@@ -165,7 +165,7 @@ CheckpointFileRecord write_global_file(const ReplicatedState& state, const Engin
   io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
-      {"window", std::to_string(state.window())},
+      {"window", std::to_string(state.committed_windows())},
       {"world_size", std::to_string(group.world())},
       {"mode", std::string(mode_name(options.mode))},
       {"momentum_initialised", state.momentum_initialised() ? "true" : "false"},
@@ -220,7 +220,7 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
   io::Metadata metadata{
       {"format", std::string(state_files::kCheckpointRankFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
-      {"window", std::to_string(state.window())},
+      {"window", std::to_string(state.committed_windows())},
       {"rank", std::to_string(group.rank())},
       {"world_size", std::to_string(group.world())},
       {"table_digest", digest_hex(state.layout().table_digest())},
@@ -247,7 +247,7 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
                                specs);
   // Fault injection (PULSELOCO_FAULT phase=checkpoint): the temporary file exists, nothing of
   // this rank's files is renamed yet.
-  group.reached(WindowPhase::checkpoint, state.window());
+  group.reached(WindowPhase::checkpoint, state.committed_windows());
   for (const auto& [prefix, buffer] : buffers) {
     for (std::size_t t = 0; t < state.tensor_count(); ++t)
       write_buffer(writer, state, prefix, buffer, t);
@@ -264,7 +264,7 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
                                       const std::filesystem::path& root,
                                       const CheckpointSave& save) {
   const int rank = group.rank();
-  const std::uint64_t window = state.window();
+  const std::uint64_t window = state.committed_windows();
   const std::string what =
       fmt::format("the checkpoint of window {} under {} was not saved", window, root.string());
   constexpr std::string_view unchanged = "; the committed checkpoints are unchanged";
@@ -334,7 +334,7 @@ void save_global_weights(const ReplicatedState& state, const EngineOptions& opti
   const io::Metadata metadata{
       {"format", "pulseloco-global-weights"},
       {"format_version", std::string(state_files::kFormatVersion)},
-      {"window", std::to_string(state.window())},
+      {"window", std::to_string(state.committed_windows())},
       {std::string(state_files::kDigestKey), std::string(kBufferDigestName)},
       {"state_digest", digest_hex(state.digest(pool))},
   };
@@ -516,8 +516,9 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   }
   state.set_progress(loaded_window, loaded_momentum_initialised);
   state.set_windows_dropped(loaded_dropped);
-  logger().info("resumed from {} at window {} (state digest {})", loaded.dir.string(),
-                state.window(), digest_hex(loaded_digest));
+  logger().info("resumed from {}: {} windows committed, the next is window {} (state digest {})",
+                loaded.dir.string(), state.committed_windows(), state.next_window(),
+                digest_hex(loaded_digest));
   loaded.window = loaded_window;
   return loaded;
 }

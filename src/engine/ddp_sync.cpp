@@ -3,20 +3,20 @@
 #include <fmt/format.h>
 
 #include <pulseloco/base/errors.h>
-#include <pulseloco/collectives/collectives.h>
 
 namespace pulseloco::engine_detail {
 
-void DdpSync::run(const AttachedGroup& group, WindowReport& report) {
+void DdpSync::run(const AttachedGroup& /*group*/, WindowReport& report) {
   report.entries_sent = payload_bytes_ / sizeof(float);
   report.payload_bytes = payload_bytes_;
-  report.received_bytes = payload_bytes_ * static_cast<std::uint64_t>(group.world() - 1);
+  report.received_bytes = received_bytes_;
   report.seconds.exchange = exchange_seconds_;
   report.density = 1.0;  // every element, every step
   set_overlap(report,
               {report.entries_sent, report.entries_sent * static_cast<std::uint64_t>(group.world()),
                "allreduce"});
   payload_bytes_ = 0;
+  received_bytes_ = 0;
   exchange_seconds_ = 0;
 }
 
@@ -50,9 +50,7 @@ void DdpSync::average_gradients(const AttachedGroup& group, std::span<const Tens
       memory.load_gradient(chunk, gradients[chunk.tensor], buckets_.input() + at, where);
       at += chunk.length;
     }
-    collectives::allreduce_sum(
-        group.transport(), std::span<const float>(buckets_.input(), bucket.elements),
-        std::span<float>(buckets_.output(), bucket.elements), group.collective());
+    received_bytes_ += buckets_.allreduce(group, bucket.elements);
     at = 0;
     for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
       const ChunkRef& chunk = chunks[bucket.first_chunk + i];

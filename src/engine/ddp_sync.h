@@ -25,8 +25,10 @@ class DdpSync final : public WindowStrategy {
  private:
   const ReplicatedState& state_;
   DenseBuckets buckets_;
-  // What the gradient all-reduces of the current window moved, and how long they took.
+  // What the gradient all-reduces of the current window moved (this rank's gradients, what the
+  // transport received), and how long they took.
   std::uint64_t payload_bytes_ = 0;
+  std::uint64_t received_bytes_ = 0;
   double exchange_seconds_ = 0;
 };
 

@@ -4,25 +4,24 @@
 #include <span>
 #include <vector>
 
-#include <pulseloco/collectives/collectives.h>
-
 namespace pulseloco::engine_detail {
 
 void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
-  group.reached(WindowPhase::gate, state_.window());
+  group.reached(WindowPhase::gate, report.window);
   auto phase = SteadyClock::now();
-  double exchange_seconds = exchange(group);
+  const Exchanged exchanged = exchange(group);
+  double exchange_seconds = exchanged.seconds;
   const auto agree_start = SteadyClock::now();
   state_.accept_window();
   agree_to_commit(group, true, nullptr);
   exchange_seconds += seconds_since(agree_start);
   report.seconds.exchange = exchange_seconds;
   report.seconds.gate = seconds_since(phase) - exchange_seconds;
-  group.reached(WindowPhase::aggregate, state_.window());
+  group.reached(WindowPhase::aggregate, report.window);
   const std::uint64_t parameters = state_.layout().parameters();
   report.entries_sent = parameters;
   report.payload_bytes = parameters * sizeof(float);
-  report.received_bytes = report.payload_bytes * static_cast<std::uint64_t>(group.world() - 1);
+  report.received_bytes = exchanged.received_bytes;
   report.density = density_of(report);
   set_overlap(report,
               {parameters, parameters * static_cast<std::uint64_t>(group.world()), "allreduce"});
@@ -32,10 +31,10 @@ void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
   report.seconds.apply = seconds_since(phase);
 }
 
-double DilocoWindow::exchange(const AttachedGroup& group) {
+DilocoWindow::Exchanged DilocoWindow::exchange(const AttachedGroup& group) {
   const auto& chunks = state_.layout().chunks();
   StateMemory& memory = state_.memory();
-  double seconds = 0;
+  Exchanged exchanged;
   for (const BucketRef& bucket : state_.layout().buckets()) {
     buckets_.prepare(memory, group.transport(), bucket.elements);
     const BucketMemory where = buckets_.where();
@@ -50,16 +49,14 @@ double DilocoWindow::exchange(const AttachedGroup& group) {
       if (non_finite) throw_non_finite(state_, group.rank(), chunk, *non_finite);
     });
     const auto start = SteadyClock::now();
-    collectives::allreduce_sum(
-        group.transport(), std::span<const float>(buckets_.input(), bucket.elements),
-        std::span<float>(buckets_.output(), bucket.elements), group.collective());
-    seconds += seconds_since(start);
-    group.reached(WindowPhase::exchange, state_.window());
+    exchanged.received_bytes += buckets_.allreduce(group, bucket.elements);
+    exchanged.seconds += seconds_since(start);
+    group.reached(WindowPhase::exchange, state_.next_window());
     for (std::size_t i = 0; i < bucket.chunk_count; ++i) {
       memory.hold_dense_sum(chunks[bucket.first_chunk + i], buckets_.output() + offsets[i], where);
     }
   }
-  return seconds;
+  return exchanged;
 }
 
 void DilocoWindow::apply(int world) {

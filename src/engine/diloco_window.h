@@ -4,6 +4,8 @@
 // θ_g, m and θ_l unchanged.
 #pragma once
 
+#include <cstdint>
+
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/engine/window_strategy.h>
 
@@ -18,9 +20,12 @@ class DilocoWindow final : public WindowStrategy {
   void run(const AttachedGroup& group, WindowReport& report) override;
 
  private:
-  // Pseudo-gradients, summed over the ranks, held in the state; returns the seconds spent in
-  // the all-reduces.
-  [[nodiscard]] double exchange(const AttachedGroup& group);
+  struct Exchanged {
+    double seconds = 0;                // in the all-reduces
+    std::uint64_t received_bytes = 0;  // what the transport received in them
+  };
+  // Pseudo-gradients, summed over the ranks, held in the state.
+  [[nodiscard]] Exchanged exchange(const AttachedGroup& group);
   void apply(int world);
 
   ReplicatedState& state_;

@@ -60,11 +60,11 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
   }
   stats_at_window_start = transport->stats();
   logger().info(
-      "engine ready: rank {}/{} (group generation {}), mode {}, window {}, {} tensors, "
-      "{} parameters, H={}, {} chunks, state on {}",
-      rank, world, group.generation, mode_name(options.mode), state.window(), state.tensor_count(),
-      state.layout().parameters(), options.steps_per_window, state.layout().chunks().size(),
-      state.location());
+      "engine ready: rank {}/{} (group generation {}), mode {}, {} windows committed, next window "
+      "{}, {} tensors, {} parameters, H={}, {} chunks, state on {}",
+      rank, world, group.generation, mode_name(options.mode), state.committed_windows(),
+      state.next_window(), state.tensor_count(), state.layout().parameters(),
+      options.steps_per_window, state.layout().chunks().size(), state.location());
 }
 
 void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) const {
@@ -279,8 +279,8 @@ int Engine::rank() const noexcept {
 int Engine::world_size() const noexcept {
   return impl_->world;
 }
-std::uint64_t Engine::window() const noexcept {
-  return impl_->state.window();
+std::uint64_t Engine::committed_windows() const noexcept {
+  return impl_->state.committed_windows();
 }
 std::uint64_t Engine::next_window() const noexcept {
   return impl_->state.next_window();

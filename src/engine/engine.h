@@ -159,10 +159,13 @@ class Engine {
 
   [[nodiscard]] int rank() const noexcept;
   [[nodiscard]] int world_size() const noexcept;
-  [[nodiscard]] std::uint64_t window() const noexcept;  // windows committed so far
-  // The number the next boundary's window will carry (its report's `window`): window() when
-  // blocking; with overlapped windows one more while a window is in flight, plus the windows
-  // dropped so far. A loop resumed from a checkpoint continues its data from here.
+  // Windows committed so far (outer steps applied). Not a window number: reports and logs number
+  // windows as next_window() does, and the two part once a window was dropped.
+  [[nodiscard]] std::uint64_t committed_windows() const noexcept;
+  // The number the next boundary's window will carry (its report's `window`):
+  // committed_windows() when blocking; with overlapped windows one more while a window is in
+  // flight, plus the windows dropped so far. A loop resumed from a checkpoint continues its data
+  // from here.
   [[nodiscard]] std::uint64_t next_window() const noexcept;
   [[nodiscard]] std::uint64_t parameter_count() const noexcept;
   [[nodiscard]] const EngineOptions& options() const noexcept;

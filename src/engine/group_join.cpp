@@ -27,9 +27,9 @@ namespace {
 struct MemberStatus {
   bool has_state = false;
   bool momentum_initialised = false;
-  std::uint64_t window = 0;
+  std::uint64_t committed_windows = 0;
   Digest digest = 0;
-  std::optional<std::uint64_t> accepted_window;
+  std::optional<std::uint64_t> accepted_after;  // ReplicatedState::accepted_after()
   // Overlapped windows: window numbers dropped so far, and whether a window is in flight.
   std::uint64_t windows_dropped = 0;
   bool in_flight = false;
@@ -38,13 +38,13 @@ struct MemberStatus {
 
   [[nodiscard]] std::array<std::byte, kBytes> serialize() const {
     const std::uint64_t flags = (has_state ? 1u : 0u) | (momentum_initialised ? 2u : 0u) |
-                                (accepted_window ? 4u : 0u) | (in_flight ? 8u : 0u);
+                                (accepted_after ? 4u : 0u) | (in_flight ? 8u : 0u);
     std::array<std::byte, kBytes> bytes{};
     ByteWriter(bytes)
         .put(flags)
-        .put(window)
+        .put(committed_windows)
         .put(digest)
-        .put(accepted_window.value_or(0))
+        .put(accepted_after.value_or(0))
         .put(windows_dropped);
     return bytes;
   }
@@ -61,18 +61,18 @@ struct MemberStatus {
       throw ProtocolError(fmt::format("membership status has unknown flags {:#x}", flags),
                           {.rank = rank, .peer = sender});
     }
-    const auto window = in.get<std::uint64_t>("window");
+    const auto committed_windows = in.get<std::uint64_t>("committed windows");
     const auto digest = in.get<std::uint64_t>("digest");
-    const auto accepted_window = in.get<std::uint64_t>("accepted window");
+    const auto accepted_after = in.get<std::uint64_t>("accepted after");
     const auto windows_dropped = in.get<std::uint64_t>("windows dropped");
     MemberStatus status;
     status.windows_dropped = windows_dropped;
     status.in_flight = (flags & 8u) != 0;
     status.has_state = (flags & 1u) != 0;
     status.momentum_initialised = (flags & 2u) != 0;
-    status.window = window;
+    status.committed_windows = committed_windows;
     status.digest = digest;
-    if ((flags & 4u) != 0) status.accepted_window = accepted_window;
+    if ((flags & 4u) != 0) status.accepted_after = accepted_after;
     return status;
   }
 };
@@ -224,15 +224,16 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
         "mode pulse or diloco",
         {.rank = rank});
   }
+  // The most windows any member has committed: those members are up to date.
   std::uint64_t latest = 0;
   for (const auto& m : members) {
-    if (m.has_state) latest = std::max(latest, m.window);
+    if (m.has_state) latest = std::max(latest, m.committed_windows);
   }
   int source = -1;
   std::vector<int> differing;
   for (int r = 0; r < world; ++r) {
     const MemberStatus& m = members[static_cast<std::size_t>(r)];
-    if (!m.has_state || m.window != latest) continue;
+    if (!m.has_state || m.committed_windows != latest) continue;
     if (source < 0) {
       source = r;
     } else if (m.digest != members[static_cast<std::size_t>(source)].digest) {
@@ -241,25 +242,26 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
   }
   if (!differing.empty()) {
     throw DivergenceError(
-        fmt::format("members at window {} hold a different θ_g/m than rank {}", latest, source),
+        fmt::format("members with {} windows committed hold a different θ_g/m than rank {}", latest,
+                    source),
         {.rank = rank, .ranks = differing});
   }
   std::vector<int> behind;
   for (int r = 0; r < world; ++r) {
     const MemberStatus& m = members[static_cast<std::size_t>(r)];
-    if (!m.has_state || m.window != latest) behind.push_back(r);
+    if (!m.has_state || m.committed_windows != latest) behind.push_back(r);
   }
   // Window numbers are never reused: the members at `latest` drop their windows in flight, and
   // every member continues numbering after the highest of them.
   std::uint64_t dropped = 0;
   for (const auto& m : members) {
-    if (m.has_state && m.window == latest) {
+    if (m.has_state && m.committed_windows == latest) {
       dropped = std::max(dropped, m.windows_dropped + (m.in_flight ? 1u : 0u));
     }
   }
   const bool has_state = state.has_contents();
-  const std::uint64_t window = state.window();
-  const bool up_to_date = has_state && window == latest;
+  const std::uint64_t committed = state.committed_windows();
+  const bool up_to_date = has_state && committed == latest;
   if (up_to_date && state.in_flight()) {
     logger().info(
         "window {} was in flight when the group changed: dropped, its entries back "
@@ -269,15 +271,15 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
   }
   if (!up_to_date) {
     const bool accepted_the_committed_window =
-        has_state && latest > 0 && window == latest - 1 && state.accepted_window() == window;
+        has_state && latest > 0 && committed == latest - 1 && state.accepted_after() == committed;
     if (accepted_the_committed_window && state.in_flight()) {
       // Overlapped windows: the committed window is the one this rank had in flight, whose
       // residual was committed when it was gated; its message is in the others' θ_g.
-      state.clear_in_flight();
       logger().info(
           "window {} (in flight here) was applied in the old group after this rank had accepted "
           "it: taking θ_g and m from rank {}",
-          window, source);
+          state.in_flight()->window, source);
+      state.clear_in_flight();
     } else if (accepted_the_committed_window && options.mode == Mode::pulse) {
       // The old group committed the window this rank had accepted (its message is in the
       // others' aggregate): commit the residual exactly as the window would have.
@@ -285,13 +287,13 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
       logger().info(
           "window {} committed in the old group after this rank had accepted it: residual "
           "committed, taking θ_g and m from rank {}",
-          window, source);
+          state.next_window(), source);
     } else if (!accepted_the_committed_window) {
       if (has_state) {
         logger().warn(
-            "this rank is at window {}, the group at {}: re-synchronising from rank {} with a "
-            "zero residual",
-            window, latest, source);
+            "this rank has committed {} windows, the group {}: re-synchronising from rank {} "
+            "with a zero residual",
+            committed, latest, source);
       }
       state.zero_residual();
       state.clear_in_flight();
@@ -308,8 +310,9 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
       state.set_progress(latest, members[static_cast<std::size_t>(source)].momentum_initialised);
       state.set_has_contents(true);
     }
-    logger().info("group generation {}: ranks {} received θ_g and m of window {} from rank {}",
-                  group.generation(), fmt::join(behind, ", "), latest, source);
+    logger().info(
+        "group generation {}: ranks {} received θ_g and m ({} windows committed) from rank {}",
+        group.generation(), fmt::join(behind, ", "), latest, source);
   }
   state.clear_accepted_window();
   state.set_windows_dropped(dropped);
@@ -336,9 +339,9 @@ bool join_group(const AttachedGroup& group, ReplicatedState& state, const Engine
   MemberStatus mine;
   mine.has_state = state.has_contents();
   mine.momentum_initialised = state.momentum_initialised();
-  mine.window = state.window();
+  mine.committed_windows = state.committed_windows();
   mine.digest = mine.has_state ? state.digest(pool) : 0;
-  mine.accepted_window = state.accepted_window();
+  mine.accepted_after = state.accepted_after();
   mine.windows_dropped = state.windows_dropped();
   mine.in_flight = state.in_flight().has_value();
   const auto record = mine.serialize();

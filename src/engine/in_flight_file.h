@@ -18,9 +18,8 @@ void describe_in_flight(const ReplicatedState& state, std::vector<io::TensorSpec
 // Writes the message in flight's bytes (after describe_in_flight; nothing when none).
 void write_in_flight(io::SafetensorsWriter& writer, const ReplicatedState& state);
 // The message in flight a file holds, checked against this model: window `window` (the
-// state's window() + windows_dropped()), sent by
-// `rank`, frames covering the layout's chunks, every frame decodable. Throws ProtocolError
-// naming the file.
+// state's committed_windows() + windows_dropped()), sent by `rank`, frames covering the layout's
+// chunks, every frame decodable. Throws ProtocolError naming the file.
 [[nodiscard]] std::optional<OutgoingMessage> read_in_flight(const io::SafetensorsReader& reader,
                                                             const ReplicatedState& state, int rank,
                                                             std::uint64_t window);

@@ -30,9 +30,9 @@ std::uint64_t largest_message_bytes(const Layout& layout) {
 }  // namespace
 
 void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
-  group.reached(WindowPhase::gate, state_.window());
+  group.reached(WindowPhase::gate, report.window);
   auto phase = SteadyClock::now();
-  const OutgoingMessage message = gate_and_encode(group.rank(), state_.window());
+  const OutgoingMessage message = gate_and_encode(group.rank(), report.window);
   if (!options_.trace_dir.empty()) {
     write_trace_message(options_, group.rank(), message.window, message.bytes);
   }

@@ -59,15 +59,16 @@ ReplicatedState::ReplicatedState(std::vector<NamedTensor> parameters, const Engi
   }
 }
 
-void ReplicatedState::set_progress(std::uint64_t window, bool momentum_initialised) noexcept {
-  window_ = window;
+void ReplicatedState::set_progress(std::uint64_t committed_windows,
+                                   bool momentum_initialised) noexcept {
+  committed_windows_ = committed_windows;
   momentum_initialised_ = momentum_initialised;
 }
 
 void ReplicatedState::commit_window() noexcept {
   if (keeps_global_state_) momentum_initialised_ = true;
-  accepted_window_.reset();
-  ++window_;
+  accepted_after_.reset();
+  ++committed_windows_;
 }
 
 std::vector<float> ReplicatedState::copy_values(StateBuffer buffer, std::size_t tensor) const {

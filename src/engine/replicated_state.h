@@ -70,14 +70,16 @@ class ReplicatedState {
 
   // --- where this rank stands --------------------------------------------------------------
 
-  [[nodiscard]] std::uint64_t window() const noexcept { return window_; }  // windows committed
+  // Windows committed (outer steps applied). Not a window number once a window was dropped:
+  // messages, reports and logs number windows as next_window() does.
+  [[nodiscard]] std::uint64_t committed_windows() const noexcept { return committed_windows_; }
   // Overlapped windows: windows dropped so far (a rejected vote, a regroup). Window numbers are
-  // never reused, so the next window's number is window() + windows_dropped(), plus one while a
-  // window is in flight (whose number is window() + windows_dropped()).
+  // never reused, so the next window's number is committed_windows() + windows_dropped(), plus
+  // one while a window is in flight (whose number is committed_windows() + windows_dropped()).
   [[nodiscard]] std::uint64_t windows_dropped() const noexcept { return windows_dropped_; }
   void set_windows_dropped(std::uint64_t dropped) noexcept { windows_dropped_ = dropped; }
   [[nodiscard]] std::uint64_t next_window() const noexcept {
-    return window_ + windows_dropped_ + (in_flight_ ? 1 : 0);
+    return committed_windows_ + windows_dropped_ + (in_flight_ ? 1 : 0);
   }
   // False until the first outer step (which sets m = g).
   [[nodiscard]] bool momentum_initialised() const noexcept { return momentum_initialised_; }
@@ -85,14 +87,14 @@ class ReplicatedState {
   // without contents takes the group's in the next attach().
   [[nodiscard]] bool has_contents() const noexcept { return has_contents_; }
   void set_has_contents(bool has) noexcept { has_contents_ = has; }
-  // Set when this rank validated every message of window `*accepted_window()` and voted to
-  // commit it, until the window commits here (a failed vote round leaves it set: attach() then
-  // learns whether the others committed).
-  [[nodiscard]] std::optional<std::uint64_t> accepted_window() const noexcept {
-    return accepted_window_;
+  // Set when this rank validated every message of a window and voted to commit it, to the
+  // windows committed before it, until the window commits here (a failed vote round leaves it
+  // set: attach() then learns whether the others committed).
+  [[nodiscard]] std::optional<std::uint64_t> accepted_after() const noexcept {
+    return accepted_after_;
   }
-  void accept_window() noexcept { accepted_window_ = window_; }
-  void clear_accepted_window() noexcept { accepted_window_.reset(); }
+  void accept_window() noexcept { accepted_after_ = committed_windows_; }
+  void clear_accepted_window() noexcept { accepted_after_.reset(); }
   // Overlapped windows: this rank's message of the window in flight (sent, its outer step not
   // applied yet; its residual already committed), docs/algorithm.md "Overlapped windows".
   [[nodiscard]] const std::optional<OutgoingMessage>& in_flight() const noexcept {
@@ -101,7 +103,7 @@ class ReplicatedState {
   void set_in_flight(OutgoingMessage message) { in_flight_ = std::move(message); }
   void clear_in_flight() noexcept { in_flight_.reset(); }
   // After the state was replaced (received, loaded from a file, or set up afresh).
-  void set_progress(std::uint64_t window, bool momentum_initialised) noexcept;
+  void set_progress(std::uint64_t committed_windows, bool momentum_initialised) noexcept;
   // The window has committed on this rank: θ_g, m, e and θ_l hold its results.
   void commit_window() noexcept;
 
@@ -188,12 +190,12 @@ class ReplicatedState {
   std::vector<TensorFacts> tensors_;
   std::vector<std::uint64_t> numels_;
   bool keeps_global_state_ = true;
-  std::uint64_t window_ = 0;
+  std::uint64_t committed_windows_ = 0;
   std::uint64_t windows_dropped_ = 0;
   bool keeps_start_ = false;
   bool momentum_initialised_ = false;
   bool has_contents_ = false;
-  std::optional<std::uint64_t> accepted_window_;
+  std::optional<std::uint64_t> accepted_after_;
   std::optional<OutgoingMessage> in_flight_;
   std::unique_ptr<StateMemory> memory_;
 };

@@ -44,10 +44,13 @@ struct WindowReport {
   std::uint64_t steps_per_window = 0;  // H
   std::string state_location;          // where this rank keeps θ_g, m, e: "host", "cuda:0"
 
-  std::uint64_t entries_sent = 0;    // elements this rank sent (pulse), parameters otherwise
-  double density = 0;                // entries_sent / parameters
-  std::uint64_t payload_bytes = 0;   // this rank's own contribution (encoded message)
-  std::uint64_t received_bytes = 0;  // payload bytes received from the other ranks
+  std::uint64_t entries_sent = 0;   // elements this rank sent (pulse), parameters otherwise
+  double density = 0;               // entries_sent / parameters
+  std::uint64_t payload_bytes = 0;  // this rank's own contribution (encoded message)
+  // Payload bytes received from the other ranks in the exchange: pulse, their messages; diloco
+  // and ddp, what the transport received in the all-reduces (about 2 (R-1)/R of the dense
+  // payload in a ring, the collectives' small headers and notices included).
+  std::uint64_t received_bytes = 0;
   // How the window applied at this boundary was exchanged: "allgather" or "reduction" (mode
   // pulse, EngineOptions::exchange), "allreduce" (modes diloco and ddp); empty when none was
   // applied.

@@ -68,7 +68,7 @@ io::Metadata trace_metadata(const ReplicatedState& state, const EngineOptions& o
       {"format", std::string(state_files::kTraceFormat)},
       {"format_version", std::string(state_files::kFormatVersion)},
       {"stage", std::string(stage)},
-      {"window", std::to_string(state.window())},
+      {"window", std::to_string(state.committed_windows())},
       {"rank", std::to_string(group.rank())},
       {"world_size", std::to_string(group.world())},
       {"generation", std::to_string(group.generation())},

@@ -23,7 +23,7 @@ void WeightPublishing::after_window(const ReplicatedState& state, int rank, Wind
     publisher_.reset();
     return;
   }
-  if (state.window() % options_.publish_every != 0) return;
+  if (state.committed_windows() % options_.publish_every != 0) return;
   const auto start = std::chrono::steady_clock::now();
   try {
     publish(state, report);
@@ -38,7 +38,7 @@ void WeightPublishing::after_window(const ReplicatedState& state, int rank, Wind
 }
 
 void WeightPublishing::publish(const ReplicatedState& state, WindowReport& report) {
-  const std::uint64_t version = state.window();
+  const std::uint64_t version = state.committed_windows();
   if (!publisher_) {
     publisher_ = std::make_unique<patch::Publisher>(
         options_.publish_dir,

@@ -82,6 +82,14 @@ void set_overlap(WindowReport& report, const SetOverlap& overlap) {
                                                  : 0.0;
 }
 
+std::uint64_t DenseBuckets::allreduce(const AttachedGroup& group, std::uint64_t elements) const {
+  transport::Transport& transport = group.transport();
+  const std::uint64_t before = transport.stats().payload_bytes_received;
+  collectives::allreduce_sum(transport, std::span<const float>(input(), elements),
+                             std::span<float>(output(), elements), group.collective());
+  return transport.stats().payload_bytes_received - before;
+}
+
 void DenseBuckets::prepare(StateMemory& memory, const transport::Transport& transport,
                            std::uint64_t elements) {
   const BucketMemory where =

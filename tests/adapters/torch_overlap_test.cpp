@@ -91,7 +91,7 @@ TEST_P(TorchOverlap, BoundariesApplyThePreviousWindowAndCompleteInFlightAppliesT
     EXPECT_EQ(rank.completed->applied_window, std::optional<std::uint64_t>(kBoundaries - 1));
     EXPECT_EQ(rank.completed->digest, ranks[0].completed->digest);
     EXPECT_FALSE(rank.completed_again.has_value()) << "nothing was in flight any more";
-    EXPECT_EQ(rank.sync->engine().window(), static_cast<std::uint64_t>(kBoundaries));
+    EXPECT_EQ(rank.sync->engine().committed_windows(), static_cast<std::uint64_t>(kBoundaries));
     // The parameters restart from θ_g (fp32: the same values) on every rank.
     const auto parameters = rank.model->parameters();
     for (std::size_t t = 0; t < parameters.size(); ++t) {

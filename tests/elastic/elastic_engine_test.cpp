@@ -98,15 +98,15 @@ void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
   ElasticEngine sync(testing::views_of(model), worker_options(), elastic);
   std::uint32_t step = 0;
   bool held = false;
-  while (sync.engine().window() < windows) {
-    if (hold_at && !held && sync.engine().window() == *hold_at) {
+  while (sync.engine().committed_windows() < windows) {
+    if (hold_at && !held && sync.engine().committed_windows() == *hold_at) {
       held = true;
       if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never asked to join");
     }
     testing::local_training(model, 3e-5f, 1, seed + 1000 * step++);
     if (auto report = sync.after_optimizer_step()) {
       reports.add(*report);
-      if (leave_after && sync.engine().window() >= *leave_after) {
+      if (leave_after && sync.engine().committed_windows() >= *leave_after) {
         sync.leave();
         return;
       }

@@ -151,12 +151,12 @@ int main(int argc, char** argv) {
           {"generation", sync.group().generation},
           {"rank", sync.group().rank},
           {"world_size", sync.group().size()},
-          {"window", sync.engine().window()}});
+          {"window", sync.engine().committed_windows()}});
     const std::uint64_t worker_seed = std::hash<std::string>{}(worker);
     std::uint64_t step_in_window = 0;
     bool held = false;
-    while (sync.engine().window() < windows) {
-      if (!hold_file.empty() && !held && sync.engine().window() == hold_at_window &&
+    while (sync.engine().committed_windows() < windows) {
+      if (!hold_file.empty() && !held && sync.engine().committed_windows() == hold_at_window &&
           step_in_window == 0) {
         held = true;
         // Bounded: the harness creates the file within seconds, or has failed anyway.
@@ -165,7 +165,7 @@ int main(int argc, char** argv) {
         if (!std::filesystem::exists(hold_file))
           throw TimeoutError("--hold-file " + hold_file + " did not appear within 60 s");
       }
-      model.step(worker_seed, sync.engine().window(), step_in_window++, lr);
+      model.step(worker_seed, sync.engine().committed_windows(), step_in_window++, lr);
       if (auto report = sync.after_optimizer_step()) {
         nlohmann::json record = to_json(*report);
         record["event"] = "window";
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
       }
     }
     emit({{"event", "done"},
-          {"window", sync.engine().window()},
+          {"window", sync.engine().committed_windows()},
           {"digest", digest_hex(sync.engine().state_digest())},
           {"groups_joined", sync.groups_joined()}});
     sync.leave();

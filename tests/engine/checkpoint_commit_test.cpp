@@ -54,8 +54,8 @@ CheckpointFile optimizer_file(int rank, std::uint64_t window) {
 
 std::function<CheckpointSave(int)> with_optimizer(const TrainingRun& run) {
   return [&run](int r) {
-    return CheckpointSave{
-        .files = {optimizer_file(r, run.engines[static_cast<std::size_t>(r)]->window())}};
+    return CheckpointSave{.files = {optimizer_file(
+                              r, run.engines[static_cast<std::size_t>(r)]->committed_windows())}};
   };
 }
 
@@ -119,7 +119,7 @@ TEST(CheckpointCommit, AFullDiskOnOneRankIsAnIoErrorOnEveryRankAndThePreviousChe
                            "the committed checkpoints are unchanged"});
   EXPECT_EQ(run.digests(), at_window_2);
   for (const auto& engine : run.engines)
-    EXPECT_EQ(engine->window(), 2u);
+    EXPECT_EQ(engine->committed_windows(), 2u);
   EXPECT_EQ(entries(root), std::set<std::string>{"window-000001"});
   for (const std::string& file : all_files(root))
     EXPECT_EQ(file.find(".tmp."), std::string::npos) << file;

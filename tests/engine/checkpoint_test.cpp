@@ -36,7 +36,7 @@ using testing::TrainingRun;
 void expect_same_state(const TrainingRun& a, const TrainingRun& b) {
   for (int r = 0; r < kWorld; ++r) {
     const auto i = static_cast<std::size_t>(r);
-    EXPECT_EQ(a.engines[i]->window(), b.engines[i]->window());
+    EXPECT_EQ(a.engines[i]->committed_windows(), b.engines[i]->committed_windows());
     for (std::size_t t = 0; t < kCheckpointSizes.size(); ++t) {
       const auto ga = a.engines[i]->global_weights(t), gb = b.engines[i]->global_weights(t);
       const auto ma = a.engines[i]->momentum(t), mb = b.engines[i]->momentum(t);
@@ -65,7 +65,7 @@ void expect_resume_continues_bit_identically(const std::string& name, const Engi
     first.window(w);
   const fs::path saved = first.save(dir);
   // Named by the outer steps applied (one fewer than boundaries with a window in flight).
-  EXPECT_EQ(saved, dir / fmt::format("window-{:06}", first.engines[0]->window()));
+  EXPECT_EQ(saved, dir / fmt::format("window-{:06}", first.engines[0]->committed_windows()));
   EXPECT_TRUE(fs::exists(saved / "manifest.json"));
   EXPECT_TRUE(fs::exists(saved / "global.safetensors"));
   for (int r = 0; r < kWorld; ++r) {
@@ -143,7 +143,7 @@ TEST(Checkpoint, ResumingWithAnotherOuterLearningRateIsRefusedNamingIt) {
     const auto i = static_cast<std::size_t>(r);
     ASSERT_TRUE(errors[i]) << "rank " << r << " loaded";
     EXPECT_EQ(resumed.engines[i]->state_digest(), before[i]);
-    EXPECT_EQ(resumed.engines[i]->window(), 0u);
+    EXPECT_EQ(resumed.engines[i]->committed_windows(), 0u);
   }
   try {
     std::rethrow_exception(errors[0]);
@@ -188,7 +188,7 @@ TEST(Checkpoint, DamagedCheckpointIsRefusedOnEveryRankAndNothingChanges) {
     ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " loaded";
     EXPECT_EQ(run.engines[static_cast<std::size_t>(r)]->state_digest(),
               before[static_cast<std::size_t>(r)]);
-    EXPECT_EQ(run.engines[static_cast<std::size_t>(r)]->window(), 2u);
+    EXPECT_EQ(run.engines[static_cast<std::size_t>(r)]->committed_windows(), 2u);
   }
   for (const auto& error : errors) {
     try {

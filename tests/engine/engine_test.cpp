@@ -181,7 +181,7 @@ TEST(Engine, AfterOptimizerStepRunsAWindowEveryHSteps) {
       const auto report = engine.after_optimizer_step();
       EXPECT_EQ(report.has_value(), step % 3 == 0) << "step " << step;
     }
-    EXPECT_EQ(engine.window(), 2u);
+    EXPECT_EQ(engine.committed_windows(), 2u);
   }));
 }
 
@@ -289,7 +289,7 @@ TEST(Engine, NonFinitePseudoGradientIsReportedAndNothingChanges) {
   EXPECT_EQ(engines[1]->state_digest(), before[1]);
   EXPECT_EQ(std::vector<float>(engines[0]->residual(1).begin(), engines[0]->residual(1).end()),
             residual_before);
-  EXPECT_EQ(engines[0]->window(), 0u);
+  EXPECT_EQ(engines[0]->committed_windows(), 0u);
 }
 
 TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried) {
@@ -324,7 +324,7 @@ TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried
     EXPECT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " committed";
     EXPECT_EQ(engines[static_cast<std::size_t>(r)]->state_digest(),
               before[static_cast<std::size_t>(r)]);
-    EXPECT_EQ(engines[static_cast<std::size_t>(r)]->window(), 0u);
+    EXPECT_EQ(engines[static_cast<std::size_t>(r)]->committed_windows(), 0u);
     for (std::size_t t = 0; t < models[0].size(); ++t) {
       EXPECT_EQ(models[static_cast<std::size_t>(r)][t].f32,
                 models_before[static_cast<std::size_t>(r)][t].f32);

@@ -125,7 +125,7 @@ TEST_P(FaultInjectionInExchange, ADisconnectFailsTheWindowEverywhereAndARetryMat
   const auto errors = run_window();
   for (std::size_t r = 0; r < engines.size(); ++r) {
     ASSERT_TRUE(errors[r]) << "rank " << r << " committed a window rank 1 never voted on";
-    EXPECT_EQ(engines[r]->window(), 1u);
+    EXPECT_EQ(engines[r]->committed_windows(), 1u);
     EXPECT_EQ(engines[r]->state_digest(), digests_before[r]) << "rank " << r;
     EXPECT_FALSE(engines[r]->take_committed_report());
   }
@@ -139,7 +139,7 @@ TEST_P(FaultInjectionInExchange, ADisconnectFailsTheWindowEverywhereAndARetryMat
   testing::rethrow_first(run_window());
   testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
   for (std::size_t r = 0; r < engines.size(); ++r) {
-    EXPECT_EQ(engines[r]->window(), 2u);
+    EXPECT_EQ(engines[r]->committed_windows(), 2u);
     for (std::size_t t = 0; t < reference.global.size(); ++t) {
       const auto global = engines[r]->global_weights(t);
       const auto residual = engines[r]->residual(t);

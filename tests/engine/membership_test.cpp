@@ -139,7 +139,7 @@ TEST_P(EngineMembership, LostAndNewMembersMatchTheReferenceWithTheNewR) {
   // and the window counter, starts with e = 0 and θ_l = cast(θ_g); the others keep everything.
   members.add(testing::make_model(kMemberSizes, dtype, 999), options);
   members.attach_all(3);
-  EXPECT_EQ(members.engines[3]->window(), 2u);
+  EXPECT_EQ(members.engines[3]->committed_windows(), 2u);
   reference_models.push_back(*members.models[0]);  // cast(θ_g) = θ_l of any member after a window
   reference.residual.emplace_back();
   for (const auto& g : reference.global)
@@ -233,16 +233,17 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
   const auto errors = setup.members.run_window();
   ASSERT_TRUE(dropped.load());
   ASSERT_TRUE(errors[0]) << "rank 0 should not have learnt the outcome";
-  EXPECT_EQ(setup.members.engines[0]->window(), 1u);
+  EXPECT_EQ(setup.members.engines[0]->committed_windows(), 1u);
   EXPECT_FALSE(setup.members.engines[0]->take_committed_report());
   for (std::size_t r = 1; r < 3; ++r) {
-    ASSERT_EQ(setup.members.engines[r]->window(), 2u) << "rank " << r << " should have committed";
+    ASSERT_EQ(setup.members.engines[r]->committed_windows(), 2u)
+        << "rank " << r << " should have committed";
     EXPECT_TRUE(setup.members.engines[r]->take_committed_report());
   }
 
   setup.members.attach_all(2);
   testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
-  EXPECT_EQ(setup.members.engines[0]->window(), 2u);
+  EXPECT_EQ(setup.members.engines[0]->committed_windows(), 2u);
   expect_matches(setup.members, reference, reference_models);
 }
 

@@ -5,14 +5,18 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include <fmt/format.h>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/replay.h>
 #include <pulseloco/transport/inproc/inproc.h>
+#include "base/log_capture.h"
 #include "engine/engine_test_util.h"
 
 // A named namespace: the engine tests are one unity build, whose other files have helpers of the
@@ -208,7 +212,8 @@ TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
     }
     for (const auto& engine : engines) {
       EXPECT_TRUE(engine->window_in_flight());
-      EXPECT_EQ(engine->window(), static_cast<std::uint64_t>(window));  // outer steps applied
+      EXPECT_EQ(engine->committed_windows(),
+                static_cast<std::uint64_t>(window));  // outer steps applied
     }
   }
 
@@ -227,7 +232,7 @@ TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
     EXPECT_EQ(last[r]->payload_bytes, 0u);
     EXPECT_TRUE(last[r]->replicas_identical);
     EXPECT_FALSE(engines[r]->window_in_flight());
-    EXPECT_EQ(engines[r]->window(), static_cast<std::uint64_t>(windows));
+    EXPECT_EQ(engines[r]->committed_windows(), static_cast<std::uint64_t>(windows));
     EXPECT_FALSE(engines[r]->complete_in_flight());  // nothing in flight any more
   }
 }
@@ -339,7 +344,7 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
         EXPECT_EQ(e.context().peer, 3) << "member " << r << ": " << e.what();
       }
       EXPECT_EQ(engines[i]->state_digest(), before[i]);  // nothing applied
-      EXPECT_EQ(engines[i]->window(), 1u);
+      EXPECT_EQ(engines[i]->committed_windows(), 1u);
       EXPECT_TRUE(engines[i]->window_in_flight());
     }
     // Their local steps of the failed boundary are undone in the test (the reference never
@@ -362,7 +367,7 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
     reference_drop(reference);
     for (const auto& engine : engines) {
       EXPECT_FALSE(engine->window_in_flight());
-      EXPECT_EQ(engine->window(), 1u);
+      EXPECT_EQ(engine->committed_windows(), 1u);
     }
     // Window 1 was dropped: its number is not used again, and nothing is in flight to apply.
     boundary(2, std::nullopt);
@@ -378,6 +383,117 @@ TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOther
       EXPECT_TRUE(replay_window(traces, window).identical()) << "window " << window;
     }
     std::filesystem::remove_all(traces);
+  }
+}
+
+// The tag layout of collectives/detail/packets.h: the call's sequence number sits in bits 8-39 and
+// the phase in the low byte (2 = the completion/failure notices).
+std::uint64_t call_sequence(transport::Tag tag) {
+  return (tag >> 8) & 0xFFFF'FFFFull;
+}
+constexpr transport::Tag kNoticePhase = 2;
+
+// Once a window was dropped, window numbers run ahead of the windows committed. A member whose
+// window in flight the others applied without it learning the outcome (rank 1's completion
+// notice of that window's vote never reaches rank 0) names that window by its number on attach,
+// and every member continues numbering after the highest one used.
+TEST(EngineOverlapMembership, AMemberThatMissedItsWindowsOutcomeNamesItByItsNumberAfterADrop) {
+  constexpr int kMembers = 3;
+  const float lr = 3e-5f;
+  EngineOptions options = overlap_options(Overlap::delayed);
+  options.timeout = std::chrono::milliseconds(1500);
+  struct Run {
+    std::vector<std::unique_ptr<LocalModel>> models;
+    std::vector<std::unique_ptr<Engine>> engines;
+    std::shared_ptr<transport::inproc::FaultInjector> faults =
+        std::make_shared<transport::inproc::FaultInjector>();
+
+    void attach_all(std::uint64_t generation, transport::inproc::InprocOptions inproc = {}) {
+      auto transports = transport::inproc::make_group(kMembers, std::move(inproc));
+      testing::rethrow_first(testing::run_ranks(kMembers, [&](int r) {
+        const auto i = static_cast<std::size_t>(r);
+        engines[i]->attach(std::move(transports[i]), GroupInfo{generation, {}});
+      }));
+    }
+    std::vector<std::exception_ptr> boundary(float lr, std::uint32_t seed) {
+      for (std::size_t r = 0; r < models.size(); ++r)
+        testing::local_training(*models[r], lr, 4, seed + static_cast<std::uint32_t>(r));
+      return testing::run_ranks(
+          kMembers, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); });
+    }
+  };
+  // Windows 0 and 1 run; a regroup drops window 1 (every member was up to date); window 2 is
+  // gated and in flight: its number is one above the windows committed.
+  const auto prepare = [&](Run& run) {
+    for (int r = 0; r < kMembers; ++r) {
+      run.models.push_back(std::make_unique<LocalModel>(
+          testing::make_model({1, 37, 3000}, DType::float32, r == 0 ? 7 : 100 + r)));
+      run.engines.push_back(
+          std::make_unique<Engine>(testing::views_of(*run.models.back()), options));
+    }
+    run.attach_all(1);
+    testing::rethrow_first(run.boundary(lr, 10));
+    testing::rethrow_first(run.boundary(lr, 20));
+    run.attach_all(2, {.faults = run.faults});
+    for (const auto& engine : run.engines)
+      ASSERT_EQ(engine->next_window(), 2u);
+  };
+
+  // Pass 1 learns the sequence numbers of the calls of the next two boundaries: the digests of
+  // the first, window 2's exchange, its vote and the digests of the second (then window 3's
+  // exchange starts in the background).
+  std::uint64_t vote_sequence = 0;
+  {
+    Run run;
+    prepare(run);
+    std::mutex mutex;
+    std::set<std::uint64_t> sequences;
+    run.faults->set_hook([&](const transport::inproc::MessageEvent& m) {
+      const std::lock_guard lock(mutex);
+      sequences.insert(call_sequence(m.tag));
+      return transport::inproc::FaultAction::deliver;
+    });
+    testing::rethrow_first(run.boundary(lr, 30));
+    testing::rethrow_first(run.boundary(lr, 40));
+    ASSERT_GE(sequences.size(), 4u);
+    vote_sequence = *std::next(sequences.begin(), 2);
+  }
+
+  // Pass 2: the same run, with that one notice dropped.
+  Run run;
+  prepare(run);
+  std::atomic<bool> dropped{false};
+  run.faults->set_hook([&](const transport::inproc::MessageEvent& m) {
+    if (m.from == 1 && m.to == 0 && (m.tag & 0xFF) == kNoticePhase &&
+        call_sequence(m.tag) == vote_sequence && !dropped.exchange(true)) {
+      return transport::inproc::FaultAction::drop;
+    }
+    return transport::inproc::FaultAction::deliver;
+  });
+  testing::rethrow_first(run.boundary(lr, 30));
+  const auto errors = run.boundary(lr, 40);
+  ASSERT_TRUE(dropped.load());
+  ASSERT_TRUE(errors[0]) << "rank 0 should not have learnt the outcome";
+  ASSERT_EQ(run.engines[0]->committed_windows(), 1u);
+  ASSERT_TRUE(run.engines[0]->window_in_flight());
+  for (std::size_t r = 1; r < kMembers; ++r)
+    ASSERT_EQ(run.engines[r]->committed_windows(), 2u)
+        << "rank " << r << " should have applied window 2";
+
+  std::string log;
+  {
+    const testing::LogCapture capture;
+    run.attach_all(3);
+    log = capture.text();
+  }
+  EXPECT_NE(log.find("window 2 (in flight here) was applied in the old group"), std::string::npos)
+      << log;
+  // Ranks 1 and 2 had window 3 in flight: the new group drops it, and its number is not reused.
+  EXPECT_NE(log.find("window 3 was in flight when the group changed"), std::string::npos) << log;
+  for (const auto& engine : run.engines) {
+    EXPECT_EQ(engine->committed_windows(), 2u);
+    EXPECT_FALSE(engine->window_in_flight());
+    EXPECT_EQ(engine->next_window(), 4u);
   }
 }
 

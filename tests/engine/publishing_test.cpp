@@ -150,7 +150,7 @@ TEST(Publishing, AFailedPublicationIsReportedAndTheNextOneCatchesUp) {
     EXPECT_TRUE(report.replicas_identical);
     EXPECT_EQ(report.digest, failed[0].digest);
   }
-  EXPECT_EQ(run.engines[0]->window(), 2U);
+  EXPECT_EQ(run.engines[0]->committed_windows(), 2U);
   EXPECT_EQ(listed_versions(dir), (std::vector<std::uint64_t>{1}));
 
   fs::remove(dir / "deltas");

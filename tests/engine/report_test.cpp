@@ -1,5 +1,5 @@
 // The per-window report's byte counts agree with what the transport moved and with the other
-// ranks' reports, over the in-process and the TCP transport.
+// ranks' reports, over the in-process and the TCP transport, in every mode.
 #include <gtest/gtest.h>
 
 #include <pulseloco/engine/engine.h>
@@ -39,8 +39,16 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
     previous[i] = engines[i]->transport().stats();
   }));
 
+  // Mode ddp: every rank's gradients, averaged at every step.
+  std::vector<std::vector<std::vector<float>>> gradients(world);
+  for (int r = 0; r < world; ++r) {
+    for (const auto& t : models[static_cast<std::size_t>(r)])
+      gradients[static_cast<std::size_t>(r)].emplace_back(t.numel(), 0.25f * (r + 1));
+  }
+
   for (int window = 0; window < 2; ++window) {
-    for (int r = 0; r < world; ++r) {
+    // (Mode ddp keeps the replicas identical: no step of one rank alone.)
+    for (int r = 0; r < world && mode != Mode::ddp; ++r) {
       testing::local_training(models[static_cast<std::size_t>(r)], 5e-5f, 2, 900 + 10 * window + r);
     }
     std::vector<WindowReport> reports(world);
@@ -48,6 +56,12 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
     std::vector<transport::TransportStats> after(world);
     testing::rethrow_first(testing::run_ranks(world, [&](int r) {
       const auto i = static_cast<std::size_t>(r);
+      for (std::uint32_t step = 0; mode == Mode::ddp && step < options.steps_per_window; ++step) {
+        std::vector<TensorView> views;
+        for (auto& g : gradients[i])
+          views.push_back({g.data(), g.size(), DType::float32, Device{}});
+        engines[i]->average_gradients(views);
+      }
       reports[i] = engines[i]->run_window();
       after[i] = engines[i]->transport().stats();
     }));
@@ -58,8 +72,6 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
     for (int r = 0; r < world; ++r) {
       const auto i = static_cast<std::size_t>(r);
       const WindowReport& report = reports[i];
-      // What this rank received is exactly what the others contributed.
-      EXPECT_EQ(report.received_bytes, all_payloads - report.payload_bytes) << "rank " << r;
       // The report's wire counts are the transport's counters from the end of the previous
       // window to the end of this one. Sends are counted exactly. Receipts are counted as the
       // I/O thread reads them, so a peer's last small control message of a window (its commit
@@ -78,17 +90,24 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
       const std::uint64_t payload_received =
           after[i].payload_bytes_received - before[i].payload_bytes_received;
       if (mode == Mode::pulse) {
+        // What this rank received is exactly what the others contributed.
+        EXPECT_EQ(report.received_bytes, all_payloads - report.payload_bytes) << "rank " << r;
         EXPECT_GE(payload_sent, (world - 1) * report.payload_bytes) << "rank " << r;
         EXPECT_LE(payload_sent, (world - 1) * report.payload_bytes + 4096) << "rank " << r;
-        EXPECT_GE(payload_received, report.received_bytes) << "rank " << r;
-        EXPECT_LE(payload_received, report.received_bytes + 4096) << "rank " << r;
       } else {
-        // Ring all-reduce: each rank sends and receives 2 (R-1)/R of the dense gradient.
-        const double dense = static_cast<double>(report.parameters) * 4.0;
-        EXPECT_NEAR(static_cast<double>(payload_sent), 2.0 * (world - 1) / world * dense,
-                    0.01 * dense + 4096)
+        // The all-reduce: each rank sends and receives 2 (R-1)/R of the dense payload (diloco:
+        // the pseudo-gradient; ddp: every step's gradients), not x of it.
+        const auto dense = static_cast<double>(report.payload_bytes);
+        const double expected = 2.0 * (world - 1) / world * dense;
+        EXPECT_NEAR(static_cast<double>(payload_sent), expected, 0.01 * dense + 4096)
+            << "rank " << r;
+        EXPECT_NEAR(static_cast<double>(report.received_bytes), expected, 0.01 * dense + 4096)
             << "rank " << r;
       }
+      // The report counts the exchange's receipts; the rest of the window (commit vote,
+      // digests) received little.
+      EXPECT_GE(payload_received, report.received_bytes) << "rank " << r;
+      EXPECT_LE(payload_received, report.received_bytes + 4096) << "rank " << r;
       EXPECT_GE(report.wire_bytes_sent, payload_sent);
       EXPECT_LE(report.wire_bytes_sent, payload_sent + payload_sent / 10 + 16384);
     }
@@ -98,7 +117,7 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
 INSTANTIATE_TEST_SUITE_P(
     Backends, ReportBytes,
     ::testing::Combine(::testing::ValuesIn(testing::test_backends()),
-                       ::testing::Values(Mode::pulse, Mode::diloco)),
+                       ::testing::Values(Mode::pulse, Mode::diloco, Mode::ddp)),
     [](const ::testing::TestParamInfo<std::tuple<std::string, Mode>>& param_info) {
       return std::get<0>(param_info.param) + "_" +
              std::string(mode_name(std::get<1>(param_info.param)));

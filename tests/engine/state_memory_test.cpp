@@ -73,7 +73,7 @@ RunResult run_group(Mode mode, DType dtype, std::uint64_t piece_bytes, const fs:
     }
     engine_detail::save_checkpoint(state, options, group, pool, dir / "checkpoint");
     if (mode == Mode::pulse)
-      engine_detail::write_trace_inputs(state, options, group, state.window());
+      engine_detail::write_trace_inputs(state, options, group, state.committed_windows());
     result.digests[static_cast<std::size_t>(rank)] = state.digest(pool);
   }));
   return result;

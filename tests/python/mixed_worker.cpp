@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
     Engine engine(std::move(parameters), options, group::make_transport(group::from_environment()));
     const auto rank = static_cast<std::uint64_t>(engine.rank());
 
-    for (std::uint64_t step = 0; engine.window() < windows; ++step) {
+    for (std::uint64_t step = 0; engine.committed_windows() < windows; ++step) {
       for (std::uint64_t i = 0; i < w.size(); ++i)
         w[i] += update_fp32(rank, step, i);
       for (std::uint64_t i = 0; i < h.size(); ++i)

@@ -59,7 +59,7 @@ def main() -> None:
                                   timeout=args.timeout_ms / 1000)
     rank = sync.rank
     step = 0
-    while sync.window < args.windows:
+    while sync.committed_windows < args.windows:
         w_np += scaled((rank * 131 + step * 31 + i_w * 7) % 17 - 8, -15)
         h_bits[:] = to_bf16_bits(from_bf16_bits(h_bits) +
                                  scaled((rank * 29 + step * 13 + i_h * 11) % 23 - 11, -9))

@@ -92,7 +92,7 @@ def test_numpy_parameters_and_tensors_without_names():
         assert sync.after_optimizer_step() is None
         assert sync.next_step_runs_window
         report = sync.after_optimizer_step()
-        assert report.window == 0 and sync.window == 1
+        assert report.window == 0 and sync.committed_windows == 1
         assert np.array_equal(arrays[0].ravel(), sync.global_weights(0))
         assert sync.momentum(0).dtype == np.float32 and sync.residual(1).shape == (5,)
 
@@ -153,7 +153,7 @@ def test_overlap_reaches_the_engine_and_the_reports(overlap):
         assert [r.applied_window for r in reports] == [None, 0]
         assert (completed.window, completed.applied_window) == (1, 1)
         assert completed.overlap == overlap
-    assert sync.window == 2
+    assert sync.committed_windows == 2
 
 
 def test_every_group_option_is_accepted():

@@ -69,4 +69,4 @@ def test_departed_and_refused_workers(coordinator, monkeypatch):
     with pytest.raises(pulseloco.InvalidArgument) as departed:
         sync.run_window()
     assert "not attached" in str(departed.value)
-    assert sync.window == 1 and len(sync.global_weights(0)) == 8
+    assert sync.committed_windows == 1 and len(sync.global_weights(0)) == 8

@@ -103,7 +103,7 @@ def main():
              applied_window=completed.applied_window, digest=completed.digest,
              replicas_identical=completed.replicas_identical,
              in_flight=sync.window_in_flight, again=sync.complete_in_flight() is not None)
-    emit(event="done", rank=rank, window=sync.window, digest=sync.digest,
+    emit(event="done", rank=rank, window=sync.committed_windows, digest=sync.digest,
          weights=[p.detach().float().sum().item() for p in model.parameters()])
     sync.close()
     return 0
@@ -115,8 +115,8 @@ def train(args, sync, model, optimizer, dtype, step):
     infinity_rank, infinity_window = rank_and_window(args.infinity)
     train.window_start = time.monotonic()
     first = next(model.parameters())
-    # Windows whose inner steps have ended (with overlapped windows one more than sync.window).
-    ended = sync.window
+    # Windows whose inner steps have ended (with overlapped windows one more than sync.committed_windows).
+    ended = sync.committed_windows
     while ended < args.windows:
         x, y = batch(rank, step, dtype)
         loss = ((model(x) - y) ** 2).mean()  # mse_loss has no bf16 kernel on the CPU in torch 1.13
@@ -127,12 +127,12 @@ def train(args, sync, model, optimizer, dtype, step):
         step += 1
         if sync.next_step_runs_window:
             with torch.no_grad():
-                if (rank, sync.window) == (perturb_rank, perturb_window):
+                if (rank, sync.committed_windows) == (perturb_rank, perturb_window):
                     first.view(-1)[0] += 1.0
-                if (rank, sync.window) == (infinity_rank, infinity_window):
+                if (rank, sync.committed_windows) == (infinity_rank, infinity_window):
                     first.view(-1)[5] = float("inf")
             if args.announce:
-                emit(event="entering", rank=rank, window=sync.window)
+                emit(event="entering", rank=rank, window=sync.committed_windows)
             train.window_start = time.monotonic()
         report = sync.after_optimizer_step()
         if report is None:
@@ -143,7 +143,7 @@ def train(args, sync, model, optimizer, dtype, step):
              digest=report.digest, replicas_identical=report.replicas_identical,
              payload_bytes=report.payload_bytes, loss=float(loss),
              generation=report.generation, members=report.members)
-        if args.save and sync.window == args.save_after:
+        if args.save and sync.committed_windows == args.save_after:
             path = sync.save_checkpoint(args.save, optimizer=optimizer)
             emit(event="saved", rank=rank, path=str(path))
 

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
-#include <spdlog/sinks/ostream_sink.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -14,12 +13,11 @@
 #include <array>
 #include <chrono>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include <pulseloco/base/log.h>
 #include <pulseloco/transport/tcp/listener.h>
+#include "base/log_capture.h"
 
 namespace pulseloco::transport::tcp {
 namespace {
@@ -84,20 +82,7 @@ std::size_t lowest_free_descriptor() {
   return static_cast<std::size_t>(probe);
 }
 
-// Captures the log lines while it lives.
-class LogCapture {
- public:
-  LogCapture() {
-    logger().sinks().push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(lines_));
-  }
-  ~LogCapture() { logger().sinks().pop_back(); }
-  LogCapture(const LogCapture&) = delete;
-  LogCapture& operator=(const LogCapture&) = delete;
-  [[nodiscard]] std::string text() const { return lines_.str(); }
-
- private:
-  std::ostringstream lines_;
-};
+using testing::LogCapture;
 
 Endpoint loopback(std::uint16_t port) {
   return Endpoint(asio::ip::make_address("127.0.0.1"), port);

@@ -384,7 +384,7 @@ void bind_synchronizer(nb::module_& module) {
       .def_prop_ro("mode", [](S& s) { return std::string(mode_name(s.engine().options().mode)); })
       .def_prop_ro("rank", [](S& s) { return s.engine().rank(); })
       .def_prop_ro("world_size", [](S& s) { return s.engine().world_size(); })
-      .def_prop_ro("window", [](S& s) { return s.engine().window(); })
+      .def_prop_ro("committed_windows", [](S& s) { return s.engine().committed_windows(); })
       .def_prop_ro("parameter_count", [](S& s) { return s.engine().parameter_count(); })
       .def_prop_ro("state_location", [](S& s) { return s.engine().state_location(); })
       .def_prop_ro("digest", [](S& s) { return s.engine().state_digest(); })

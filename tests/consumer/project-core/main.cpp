@@ -23,7 +23,7 @@ int main() try {
       ++windows;
     }
   }
-  if (windows != 3 || engine.window() != 3) return 1;
+  if (windows != 3 || engine.committed_windows() != 3) return 1;
   // Without the cuda component the state lives in host memory, and nothing offers a device.
   if (pulseloco::device_state_available() || engine.state_location() != "host") return 4;
   std::printf("consumer core ok: %d windows, world size %d\n", windows, engine.world_size());
