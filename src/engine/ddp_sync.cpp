@@ -6,7 +6,7 @@
 
 namespace pulseloco::engine_detail {
 
-void DdpSync::run(const AttachedGroup& /*group*/, WindowReport& report) {
+void DdpSync::run(const AttachedGroup& group, WindowReport& report) {
   report.entries_sent = payload_bytes_ / sizeof(float);
   report.payload_bytes = payload_bytes_;
   report.received_bytes = received_bytes_;

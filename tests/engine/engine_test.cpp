@@ -400,7 +400,7 @@ TEST(Engine, AMemberKilledInTheExchangeIsNamedByEverySurvivor) {
       EXPECT_EQ(e.context().peer, 3) << "rank " << r << ": " << e.what();
     }
     EXPECT_EQ(engines[i]->state_digest(), before[i]) << "rank " << r;
-    EXPECT_EQ(engines[i]->window(), 0u);
+    EXPECT_EQ(engines[i]->committed_windows(), 0u);
   }
 }
 
