@@ -402,6 +402,7 @@ TEST(EngineOverlapMembership, AMemberThatMissedItsWindowsOutcomeNamesItByItsNumb
   const float lr = 3e-5f;
   EngineOptions options = overlap_options(Overlap::delayed);
   options.timeout = std::chrono::milliseconds(1500);
+  options.exchange = Exchange::allgather;  // the calls counted below: one collective per exchange
   struct Run {
     std::vector<std::unique_ptr<LocalModel>> models;
     std::vector<std::unique_ptr<Engine>> engines;
