@@ -17,6 +17,10 @@
 // weights as H inner steps would: a fraction (each of --densities) of the elements (chosen
 // independently per rank) by 0.6 to 2 bf16 steps, so that their bf16 value changes and the gate
 // fires, and every other element by less than 0.2 of a step, which the gate keeps in the residual.
+// --shared makes that fraction of each rank's moved elements the same on every rank (drawn from a
+// rank-independent stream), the rest independent per rank: the ranks' sets then overlap as much
+// as the bf16 gate makes real workers' sets overlap (docs/algorithm.md, "Exchange kinds"), and
+// --exchanges runs pulse once per exchange kind.
 // ddp's window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what DDP moves
 // per inner step), followed by the engine's window bookkeeping (digest check).
 //
@@ -38,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -60,6 +65,8 @@ struct Settings {
   double parameters = 1e8;
   std::uint64_t tensor_elements = std::uint64_t{1} << 24;
   std::vector<double> densities = {0.05};  // pulse runs once per density
+  double shared = 0;  // fraction of each rank's moved elements every rank moves
+  std::vector<std::string> exchanges = {"allgather"};  // pulse runs once per kind
   std::vector<std::string> modes = {"pulse", "diloco", "ddp"};
   std::vector<std::string> rates = {"none"};
   std::uint32_t ddp_steps = 2;
@@ -138,16 +145,28 @@ float bf16_step(float x) {
 
 // Element i's move in bf16 steps of its value, signed (see the file comment): 0.6 to 2 steps for
 // the fraction of elements below `threshold` (of 2^32), less than 0.2 otherwise.
-float move_in_steps(const bench::StreamKeys& keys, std::uint32_t i, std::uint32_t threshold) {
+// The element moves far when its rank-independent draw is below `shared_threshold` (every rank
+// moves it) or its own draw is below `own_threshold`.
+struct MoveThresholds {
+  std::uint32_t own = 0;
+  std::uint32_t shared = 0;
+};
+
+float move_in_steps(const bench::StreamKeys& keys, const bench::StreamKeys& shared_keys,
+                    std::uint32_t i, MoveThresholds threshold) {
   const std::uint32_t bits = bench::stream_bits(keys, i);
   const std::uint32_t more = bench::mix32(bits ^ 0x5bd1e995U);
   const float u = static_cast<float>(more >> 8) / 16777216.0f;  // [0, 1)
   const float sign = (more & 1U) != 0 ? 1.0f : -1.0f;
-  return sign * (bits < threshold ? 0.6f + 1.4f * u : 0.2f * u);
+  const bool far = bits < threshold.own ||
+                   (threshold.shared > 0 && bench::stream_bits(shared_keys, i) < threshold.shared);
+  return sign * (far ? 0.6f + 1.4f * u : 0.2f * u);
 }
 
-std::uint32_t density_threshold(double density) {
-  return static_cast<std::uint32_t>(density * 4294967295.0);
+// A fraction `shared` of the density drawn once for every rank, the rest per rank.
+MoveThresholds density_thresholds(double density, double shared) {
+  return {static_cast<std::uint32_t>(density * (1 - shared) * 4294967295.0),
+          static_cast<std::uint32_t>(density * shared * 4294967295.0)};
 }
 
 // This rank's local weights after "H inner steps" (see the file comment).
@@ -155,10 +174,12 @@ void move_locally(Model& model, const Settings& s, double density, int rank, Thr
   pool.parallel_for(model.local.size(), [&](std::size_t t) {
     const bench::StreamKeys keys =
         bench::stream_keys(s.seed, t, 2, 0, static_cast<std::uint64_t>(rank) + 1);
+    const bench::StreamKeys shared_keys = bench::stream_keys(s.seed, t, 4);
+    const MoveThresholds thresholds = density_thresholds(density, s.shared);
     std::vector<float>& w = model.local[t];
     for (std::size_t i = 0; i < w.size(); ++i) {
       const float steps =
-          move_in_steps(keys, static_cast<std::uint32_t>(i), density_threshold(density));
+          move_in_steps(keys, shared_keys, static_cast<std::uint32_t>(i), thresholds);
       w[i] = w[i] - steps * bf16_step(w[i]);
     }
   });
@@ -172,9 +193,11 @@ std::vector<std::vector<float>> draw_moves(const Model& model, const Settings& s
   pool.parallel_for(model.local.size(), [&](std::size_t t) {
     const bench::StreamKeys keys =
         bench::stream_keys(s.seed, t, 2, 0, static_cast<std::uint64_t>(rank) + 1);
+    const bench::StreamKeys shared_keys = bench::stream_keys(s.seed, t, 4);
+    const MoveThresholds thresholds = density_thresholds(density, s.shared);
     moves[t].resize(model.local[t].size());
     for (std::size_t i = 0; i < moves[t].size(); ++i)
-      moves[t][i] = move_in_steps(keys, static_cast<std::uint32_t>(i), density_threshold(density));
+      moves[t][i] = move_in_steps(keys, shared_keys, static_cast<std::uint32_t>(i), thresholds);
   });
   return moves;
 }
@@ -242,7 +265,8 @@ std::unique_ptr<transport::Transport> connect_unshaped(const Settings& s, std::u
 
 // One window of `mode` at `rate`; rank 0 returns the record.
 nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
-                       double density, std::uint16_t port, ThreadPool& pool) {
+                       double density, const std::string& exchange, std::uint16_t port,
+                       ThreadPool& pool) {
   auto transport = connect_unshaped(s, port);
   const int rank = transport->rank();
   const int world = transport->size();
@@ -254,6 +278,7 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   options.threads = s.threads;
   options.pipeline_chunk_bytes = s.pipeline_chunk_bytes;
   options.timeout = std::chrono::seconds(s.timeout_s);
+  options.exchange = parse_exchange(exchange);
   Engine engine(model.named(), options, std::move(transport));
   if (mode == "ddp") {
     fill_gradients(model, s, rank, pool);
@@ -336,6 +361,9 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
       {"parameters", model.parameters},
       {"H", options.steps_per_window},
       {"target_density", density},
+      {"shared", s.shared},
+      {"exchange", report.exchange},
+      {"union_ratio", report.union_ratio},
       {"density", mode == "pulse" ? static_cast<double>(sum_of(all[5])) / world / p : 1.0},
       {"threads_per_rank", s.threads},
       {"pipeline_chunk_bytes", s.pipeline_chunk_bytes},
@@ -482,6 +510,7 @@ SequenceResult run_sequence(const Settings& s, const std::string& rate, Overlap 
       {"H", s.steps_per_window},
       {"windows", s.windows},
       {"target_density", density},
+      {"shared", s.shared},
       {"density", static_cast<double>(all_entries) / world / windows /
                       static_cast<double>(engine.parameter_count())},
       {"threads_per_rank", s.threads},
@@ -557,6 +586,14 @@ int main(int argc, char** argv) {
                  "fractions of elements each rank's gate fires (pulse runs once per density)")
       ->delimiter(',')
       ->check(flags::between(0.0, 1.0));
+  app.add_option("--shared", s.shared,
+                 "fraction of each rank's fired elements that every rank fires (pulse)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--exchanges", s.exchanges, "pulse: allgather,reduction (one run each)")
+      ->delimiter(',')
+      ->check(flags::one_of({"allgather", "reduction"}))
+      ->capture_default_str();
   app.add_option("--modes", s.modes, "pulse,diloco,ddp")
       ->delimiter(',')
       ->check(CLI::IsMember({"pulse", "diloco", "ddp"}));
@@ -617,34 +654,38 @@ int main(int argc, char** argv) {
     int k = 0;
     bool printed_header = false;
     for (const std::string& rate : s.rates) {
-      std::vector<std::pair<std::string, double>> runs;
+      std::vector<std::tuple<std::string, double, std::string>> runs;
       for (const std::string& mode : s.modes) {
         if (mode == "pulse") {
-          for (double density : s.densities)
-            runs.emplace_back(mode, density);
+          for (double density : s.densities) {
+            for (const std::string& exchange : s.exchanges)
+              runs.emplace_back(mode, density, exchange);
+          }
         } else {
-          runs.emplace_back(mode, s.densities.front());  // dense: the density changes nothing
+          // Dense: the density and the exchange change nothing.
+          runs.emplace_back(mode, s.densities.front(), "allgather");
         }
       }
-      for (const auto& [mode, density] : runs) {
-        const nlohmann::json j =
-            run_one(s, rate, mode, density, static_cast<std::uint16_t>(base_port + k++), pool);
+      for (const auto& [mode, density, exchange] : runs) {
+        const nlohmann::json j = run_one(s, rate, mode, density, exchange,
+                                         static_cast<std::uint16_t>(base_port + k++), pool);
         if (j.is_null()) continue;
         if (s.json) {
           fmt::print("{}\n", j.dump());
         } else {
           if (!printed_header) {
-            fmt::print("{:<8} {:<7} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9}\n", "rate",
-                       "mode", "window s", "exch. s", "compute s", "bound s", "wire recv", "Mbit/s",
-                       "x bound", "density");
+            fmt::print("{:<8} {:<7} {:<9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9}\n",
+                       "rate", "mode", "exchange", "window s", "exch. s", "compute s", "bound s",
+                       "wire recv", "Mbit/s", "x bound", "density");
             printed_header = true;
           }
           const double window = j["window_seconds"].get<double>();
-          const double exchange = j["exchange_seconds"].get<double>();
+          const double exchange_s = j["exchange_seconds"].get<double>();
           fmt::print(
-              "{:<8} {:<7} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} {:>9.2f} "
+              "{:<8} {:<7} {:<9} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} {:>9.2f} "
               "{:>8.3f}%\n",
-              rate, mode, window, exchange, window - exchange, j.value("bound_seconds", 0.0),
+              rate, mode, j["exchange"].get<std::string>(), window, exchange_s, window - exchange_s,
+              j.value("bound_seconds", 0.0),
               human_bytes(static_cast<double>(j["wire_bytes_received_max"].get<std::uint64_t>())),
               j.value("goodput_mbit", 0.0), j.value("ratio_window_to_bound", 0.0),
               100.0 * j["density"].get<double>());

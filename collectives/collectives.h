@@ -124,6 +124,18 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
                            const MessageBuffer& buffer_for, const CollectiveOptions& options,
                            const OnMessage& on_message = {});
 
+// Variable-size all-to-all: `to_rank[p]` is this rank's message for rank p (its own included,
+// delivered by a copy); rank p's message for this rank is stored where buffer_for(p, size) says,
+// called once per rank on the calling thread as soon as that size is known. The sizes travel
+// beside the header round, and every message goes straight from its sender to its receiver in
+// chunks of pipeline_chunk_bytes (options.algorithm must agree but does not change this).
+// `on_message` runs once per rank as its message completes (the own one first). Failure rules
+// as for every collective; not over an order-matching transport (InvalidArgument).
+void sparse_alltoall(transport::Transport& transport,
+                     std::span<const std::span<const std::byte>> to_rank,
+                     const MessageBuffer& buffer_for, const CollectiveOptions& options,
+                     const OnMessage& on_message = {});
+
 // The algorithm `automatic` picks for these message sizes (one per rank, in rank order); every
 // rank computes the same choice from the same sizes. The rule is explained in
 // docs/collectives.md, the measurements behind it are in docs/benchmarks.md.

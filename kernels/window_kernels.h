@@ -84,6 +84,17 @@ struct SparseEntries {
 void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uint64_t count,
                CpuIsa isa = active_cpu_isa());
 
+// Step 7's sum without the division, as sparse entries: for every element that some rank sent
+// (ascending), +0 plus each rank's value in rank order, exactly the fp32 additions of
+// aggregate(), whose result is these sums divided by R. An owner of a range of the model reduces
+// the ranks' entries with it, so that every rank can aggregate its sums as one rank's entries
+// (with R - 1 empty ones: +0 + sum is the sum, which is never -0) and obtain aggregate()'s bits.
+// `sum` (`count` floats) and `seen` (`count` bytes, all 0, and left so) are scratch;
+// out_offsets / out_values need room for the union. Returns how many entries it wrote.
+[[nodiscard]] std::uint64_t sparse_sum(std::span<const SparseEntries> ranks_in_order,
+                                       std::uint64_t count, float* sum, std::uint8_t* seen,
+                                       std::uint32_t* out_offsets, float* out_values);
+
 struct OuterStepParams {
   float lr = 0.7f;          // η
   float momentum = 0.9f;    // μ

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include <pulseloco/base/device.h>
 
@@ -105,6 +106,14 @@ class Transport {
 
   // Fails every pending and future operation with AbortedError(reason).
   virtual void abort(std::string_view reason) noexcept = 0;
+
+  // The peers this transport has lost, in the order in which it found out: their connections
+  // closed without a goodbye (the peer died, or aborted), broke, or were failed by the transport
+  // itself (a stalled or misbehaving peer). A peer that closed its transport in an orderly way
+  // is not lost. When several peers are lost, the first is the likely cause: a survivor that
+  // failed because of it leaves too. Empty for a backend that cannot tell (MPI: a dead rank
+  // usually ends the whole job; NCCL).
+  [[nodiscard]] virtual std::vector<int> lost_peers() const { return {}; }
 
   [[nodiscard]] virtual TransportStats stats() const = 0;
 

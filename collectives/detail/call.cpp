@@ -286,7 +286,7 @@ void Call::finish() {
   finished_ = true;
   // Every operation of the call is complete and its tags are never used again.
   for (const Phase phase : {Phase::header, Phase::notice, Phase::payload, Phase::reduce_scatter,
-                            Phase::gather, Phase::diagnosis})
+                            Phase::gather, Phase::diagnosis, Phase::sizes})
     context_.transport.retire_tag(tag(phase));
 }
 

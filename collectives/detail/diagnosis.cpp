@@ -98,6 +98,8 @@ void Diagnosis::post_receive(int peer) {
 }
 
 void Diagnosis::collect(bool quiet) {
+  // The failure path weighs lost peers by the order the transport lost them in.
+  if (failing_) lost_order_ = call_.transport.lost_peers();
   // In the failure path every consumed notice may already have a follow-up waiting: repeat
   // until nothing more arrives.
   bool progressed = true;
@@ -162,11 +164,15 @@ void Diagnosis::send_notice(NoticeType type, ErrorKind kind, int subject, Pendin
                  .subject = subject,
                  .sequence = call_.sequence}
               .encode();
+  send_to_every_peer(call_.tag(Phase::notice), bytes, sent);
+}
+
+void Diagnosis::send_to_every_peer(transport::Tag tag, const Notice::Bytes& bytes,
+                                   PendingSends& sent) {
   for (int peer = 0; peer < call_.size; ++peer) {
     if (peer == call_.rank) continue;
     try {
-      sent.emplace_back(
-          &requests_.own(call_.transport.isend(peer, call_.tag(Phase::notice), bytes)), peer);
+      sent.emplace_back(&requests_.own(call_.transport.isend(peer, tag, bytes)), peer);
     } catch (...) {
       // Best effort: a peer we cannot reach learns of the failure from its own waits.
     }
@@ -357,6 +363,17 @@ bool Diagnosis::disagreement_announced_soon() {
 void Diagnosis::tell_and_abort(NoticeType type, ErrorKind kind, int subject, int skip_peer,
                                std::string_view reason) {
   send_notice(type, kind, subject, failure_sends_);
+  if (sent_[static_cast<std::size_t>(NoticeType::done) - 1]) {
+    // A peer that has every `done` finished this call and may be waiting in the next one, where
+    // it would see this rank leave with nothing to explain why.
+    next_call_notice_ = Notice{.type = type,
+                               .kind = kind,
+                               .reporter = call_.rank,
+                               .subject = subject,
+                               .sequence = call_.sequence + 1}
+                            .encode();
+    send_to_every_peer(call_.next_call_tag(Phase::notice), next_call_notice_, failure_sends_);
+  }
   const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(
                                            call_.options.timeout / 4, std::chrono::seconds{2});
   for (const auto& [request, peer] : failure_sends_) {

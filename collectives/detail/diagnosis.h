@@ -43,6 +43,10 @@ struct CallContext {
   [[nodiscard]] transport::Tag tag(Phase phase) const {
     return make_tag(options.tag, sequence, phase);
   }
+  // The tag of the next call under the same base tag (every rank makes the same calls).
+  [[nodiscard]] transport::Tag next_call_tag(Phase phase) const {
+    return make_tag(options.tag, sequence + 1, phase);
+  }
   // "allreduce_sum call #3 under tag 0"
   [[nodiscard]] std::string describe() const;
 };
@@ -155,7 +159,9 @@ class Diagnosis {
     bool pending = false;  // `request` not complete yet
   };
 
-  [[nodiscard]] Evidence evidence() const noexcept { return {.rank = call_.rank, .heard = heard_}; }
+  [[nodiscard]] Evidence evidence() const noexcept {
+    return {.rank = call_.rank, .heard = heard_, .lost_order = lost_order_};
+  }
   void post_receive(int peer);
   // Collects the notices that arrived. Unless `quiet`, throws NoticeFailure when one says the
   // call failed (the failure path polls quietly: it wants the evidence).
@@ -177,9 +183,12 @@ class Diagnosis {
   // Waits at most the settle time for a peer's disagreement notice; says whether one came.
   [[nodiscard]] bool disagreement_announced_soon();
   // Sends `type` to every peer, waits a little for the notices to leave (not for `skip_peer`,
-  // which may never take one) and aborts the transport.
+  // which may never take one) and aborts the transport. Once this rank has said `done`, a peer
+  // may have finished the call and started the next one: the notice goes to that call too.
   void tell_and_abort(NoticeType type, ErrorKind kind, int subject, int skip_peer,
                       std::string_view reason);
+  // Sends `bytes` under `tag` to every peer, best effort, and adds the sends to `sent`.
+  void send_to_every_peer(transport::Tag tag, const Notice::Bytes& bytes, PendingSends& sent);
 
   const CallContext& call_;
   Requests& requests_;
@@ -191,6 +200,8 @@ class Diagnosis {
   // This rank's outgoing notices, by type: each is sent at most once per call.
   std::array<Notice::Bytes, kNoticeTypes> outgoing_{};
   std::array<bool, kNoticeTypes> sent_{};
+  Notice::Bytes next_call_notice_{};  // this rank's verdict, for the next call (tell_and_abort)
+  std::vector<int> lost_order_;       // the transport's lost peers (refreshed while failing)
   PendingSends failure_sends_;
   Header::Bytes diagnosis_out_{};
   std::vector<Header::Bytes> diagnosis_in_;  // by peer, in the disagreement diagnosis only

@@ -26,6 +26,8 @@ std::string_view op_name(Op op) noexcept {
       return "barrier";
     case Op::allgather_u64:
       return "allgather_u64";
+    case Op::sparse_alltoall:
+      return "sparse_alltoall";
   }
   return "unknown collective";
 }
@@ -66,7 +68,7 @@ Header Header::decode(std::span<const std::byte, kBytes> bytes, int rank, int pe
   const auto op = in.get<std::uint8_t>("operation");
   const auto algorithm = in.get<std::uint8_t>("algorithm");
   if (op < static_cast<std::uint8_t>(Op::sparse_allgather) ||
-      op > static_cast<std::uint8_t>(Op::allgather_u64) ||
+      op > static_cast<std::uint8_t>(Op::sparse_alltoall) ||
       algorithm > static_cast<std::uint8_t>(CollectiveAlgorithm::direct)) {
     throw ProtocolError(fmt::format("peer {} sent a collective header with operation {} and "
                                     "algorithm {}, which do not exist",

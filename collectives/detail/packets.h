@@ -21,6 +21,7 @@ enum class Op : std::uint8_t {
   broadcast = 3,
   barrier = 4,
   allgather_u64 = 5,
+  sparse_alltoall = 6,
 };
 [[nodiscard]] std::string_view op_name(Op op) noexcept;
 
@@ -28,10 +29,11 @@ enum class Op : std::uint8_t {
 enum class Phase : std::uint8_t {
   header = 1,
   notice = 2,
-  payload = 3,         // sparse all-gather and broadcast
+  payload = 3,         // sparse all-gather, all-to-all and broadcast
   reduce_scatter = 4,  // all-reduce
   gather = 5,          // all-reduce's all-gather phase
   diagnosis = 6,       // headers re-sent to every rank to name the culprit of a disagreement
+  sizes = 7,           // all-to-all: the size of the message meant for the receiver
 };
 
 // Tag of (base tag, call sequence number, phase); bit 63 marks collective traffic.

@@ -41,16 +41,31 @@ std::optional<Verdict> strongest_verdict(const Evidence& evidence) {
     if (!best || weight(candidate.kind) > weight(best->kind)) best = std::move(candidate);
   }
   if (best) return best;
+  // Where the transport lost `peer` (peers it never reported lost come after, by rank).
+  const auto loss_position = [&](int peer) {
+    const auto found = std::find(evidence.lost_order.begin(), evidence.lost_order.end(), peer);
+    return static_cast<std::size_t>(found - evidence.lost_order.begin());
+  };
+  int chosen = -1;
   for (int peer = 0; peer < evidence.size(); ++peer) {
     const Heard& heard = evidence.from(peer);
-    if (heard.broken) {
-      return Verdict{.culprit = peer,
-                     .kind = *heard.broken,
-                     .reporter = evidence.rank,
-                     .detail = heard.broken_detail};
+    if (!heard.broken) continue;
+    if (chosen < 0) {
+      chosen = peer;
+      continue;
+    }
+    const ErrorKind kind = *evidence.from(chosen).broken;
+    if (weight(*heard.broken) > weight(kind) ||
+        (weight(*heard.broken) == weight(kind) && loss_position(peer) < loss_position(chosen))) {
+      chosen = peer;
     }
   }
-  return std::nullopt;
+  if (chosen < 0) return std::nullopt;
+  const Heard& heard = evidence.from(chosen);
+  return Verdict{.culprit = chosen,
+                 .kind = *heard.broken,
+                 .reporter = evidence.rank,
+                 .detail = heard.broken_detail};
 }
 
 std::optional<Verdict> better_verdict(const Evidence& evidence, const Verdict& current) {

@@ -40,11 +40,13 @@ struct Heard {
   [[nodiscard]] bool said(NoticeType type) const noexcept { return latest && latest->type == type; }
 };
 
-// What one rank knows: its own rank and, indexed by rank, what it heard from every peer (its
-// own entry stays empty).
+// What one rank knows: its own rank; indexed by rank, what it heard from every peer (its own
+// entry stays empty); and the peers its transport lost, in the order it lost them
+// (Transport::lost_peers).
 struct Evidence {
   int rank = 0;
   std::span<const Heard> heard;
+  std::span<const int> lost_order;
 
   [[nodiscard]] int size() const noexcept { return static_cast<int>(heard.size()); }
   [[nodiscard]] const Heard& from(int peer) const { return heard[static_cast<std::size_t>(peer)]; }
@@ -66,8 +68,10 @@ struct Evidence {
 [[nodiscard]] Verdict verdict_from_notice(int peer, const Notice& notice);
 
 // The best explanation the notices offer: the most incriminating culprit or aborted notice (the
-// lowest rank's among equals), else the lowest rank whose notice channel failed; nullopt when
-// no peer has said anything of the kind.
+// lowest rank's among equals), else a failed notice channel: the most incriminating, and among
+// equals the peer the transport lost first (a survivor that failed because of that loss closes
+// its own connections soon after), else the lowest rank's. nullopt when no peer has said
+// anything of the kind.
 [[nodiscard]] std::optional<Verdict> strongest_verdict(const Evidence& evidence);
 
 // The strongest verdict if it incriminates more than `current` does.
@@ -82,7 +86,8 @@ struct Ruling {
 
 // This rank saw `peer` fail first-hand with `kind` (anything but a timeout): `peer`'s own
 // terminal notice explains it, if one came; else first-hand garbage or disagreement stands;
-// else (a lost peer) what the others found about another rank, else the loss.
+// else (a lost peer) what the others found about another rank or another rank lost before it,
+// else the loss.
 [[nodiscard]] Ruling first_hand_ruling(const Evidence& evidence, int peer, ErrorKind kind,
                                        std::string detail);
 

@@ -51,6 +51,7 @@ struct Settings {
   std::string local_dtype = "fp32";
   std::string bf16_delta = "exact";
   std::string overlap = "blocking";
+  std::string exchange = "auto";
   std::string transport = "auto";
   int windows = 10;
   std::uint32_t steps_per_window = 8;
@@ -274,9 +275,10 @@ nlohmann::json window_json(const WindowRow& row) {
                      {"digests", digests}};
   // The publishing fields as the engine's report has them (null version: not published).
   const nlohmann::json report = to_json(r);
-  for (const char* key : {"applied_window", "overlap", "published_version", "patch_changed",
-                          "patch_density", "patch_delta_bytes", "patch_compact_bytes",
-                          "patch_anchor_bytes", "patch_anchor", "publish_error"})
+  for (const char* key :
+       {"applied_window", "overlap", "exchange", "union_entries", "group_entries", "union_ratio",
+        "published_version", "patch_changed", "patch_density", "patch_delta_bytes",
+        "patch_compact_bytes", "patch_anchor_bytes", "patch_anchor", "publish_error"})
     out[key] = report.at(key);
   return out;
 }
@@ -323,6 +325,7 @@ int run_worker(const Settings& settings) {
   options.anchor_every = settings.anchor_every;
   options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
   options.overlap = parse_overlap(settings.overlap);
+  options.exchange = parse_exchange(settings.exchange);
   options.state_location = parse_state_location(settings.state_location);
 
   // bf16 local weights: the synchronizer sees the bf16 tensors; the model computes on their
@@ -439,6 +442,7 @@ int run_worker(const Settings& settings) {
                                {"local_dtype", settings.local_dtype},
                                {"bf16_delta", settings.bf16_delta},
                                {"overlap", settings.overlap},
+                               {"exchange", settings.exchange},
                                {"world_size", world},
                                {"params", sync.engine().parameter_count()},
                                {"H", settings.steps_per_window},
@@ -485,6 +489,12 @@ int main(int argc, char** argv) {
                  "next window's inner steps, applied one window late) or eager (delayed, and "
                  "each worker restarts from its own pseudo-gradient applied; mode pulse)")
       ->check(flags::one_of({"blocking", "delayed", "eager"}))
+      ->capture_default_str();
+  app.add_option("--exchange", settings.exchange,
+                 "how pulse windows combine the messages (the same bits either way): auto "
+                 "(chosen per window from the last window's overlap), allgather, or reduction "
+                 "(each rank sums one range of the model, then the ranges are all-gathered)")
+      ->check(flags::one_of({"auto", "allgather", "reduction"}))
       ->capture_default_str();
   app.add_option("--transport", settings.transport, "auto (tcp), tcp or mpi")
       ->check(CLI::IsMember({"auto", "tcp", "mpi"}))

@@ -241,6 +241,57 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
   }
 }
 
+std::uint64_t sparse_sum(std::span<const SparseEntries> ranks_in_order, std::uint64_t count,
+                         float* sum, std::uint8_t* seen, std::uint32_t* out_offsets,
+                         float* out_values) {
+  check_count(count, "sparse_sum");
+  check_pointer(sum, count, "sparse_sum", "sum scratch");
+  check_pointer(seen, count, "sparse_sum", "seen scratch");
+  detail::check_ranks_shape(ranks_in_order, "sparse_sum");
+  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
+    const SparseEntries& entries = ranks_in_order[r];
+    std::uint64_t next_allowed = 0;
+    for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
+      const std::uint64_t offset = entries.offsets[k];
+      if (offset < next_allowed || offset >= count) {
+        throw InvalidArgument(
+            fmt::format("sparse_sum: entry {} has offset {}; offsets must be strictly ascending "
+                        "and below the chunk length {}",
+                        k, offset, count),
+            ErrorContext{.peer = static_cast<int>(r), .index = k});
+      }
+      next_allowed = offset + 1;
+    }
+  }
+  const IeeeFloatMode ieee_mode;
+  std::uint64_t lowest = count;
+  std::uint64_t highest = 0;
+  for (const SparseEntries& entries : ranks_in_order) {
+    const std::uint32_t* offsets = entries.offsets.data();
+    const float* values = entries.values.data();
+    for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
+      const std::uint32_t o = offsets[k];
+      // aggregate() starts every element at +0.
+      const float before = seen[o] != 0 ? sum[o] : 0.0f;
+      sum[o] = before + values[k];
+      seen[o] = 1;
+    }
+    if (!entries.offsets.empty()) {
+      lowest = std::min<std::uint64_t>(lowest, entries.offsets.front());
+      highest = std::max<std::uint64_t>(highest, entries.offsets.back());
+    }
+  }
+  std::uint64_t written = 0;
+  for (std::uint64_t i = lowest; i <= highest && i < count; ++i) {
+    if (seen[i] == 0) continue;
+    seen[i] = 0;
+    out_offsets[written] = static_cast<std::uint32_t>(i);
+    out_values[written] = sum[i];
+    ++written;
+  }
+  return written;
+}
+
 void outer_step(float* global, float* momentum, const float* g, void* local, DType local_dtype,
                 std::uint64_t count, const OuterStepParams& params, CpuIsa isa) {
   check_count(count, "outer_step");

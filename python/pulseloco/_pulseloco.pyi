@@ -155,6 +155,28 @@ class WindowReport:
     def received_bytes(self) -> int: ...
 
     @property
+    def exchange(self) -> str:
+        """
+        how the applied window was exchanged: 'allgather' or 'reduction' (mode pulse), 'allreduce' (diloco, ddp); '' when none was applied
+        """
+
+    @property
+    def union_entries(self) -> int:
+        """
+        elements that at least one rank sent in the window applied at this boundary
+        """
+
+    @property
+    def group_entries(self) -> int:
+        """the sum over ranks of the elements each sent in that window"""
+
+    @property
+    def union_ratio(self) -> float:
+        """
+        union_entries / group_entries: 1 for disjoint sets, 1 / world_size for identical ones; 0 when nothing was applied
+        """
+
+    @property
     def wire_bytes_sent(self) -> int: ...
 
     @property

@@ -6,12 +6,15 @@
 
 namespace pulseloco::engine_detail {
 
-void DdpSync::run(const AttachedGroup& /*group*/, WindowReport& report) {
+void DdpSync::run(const AttachedGroup& group, WindowReport& report) {
   report.entries_sent = payload_bytes_ / sizeof(float);
   report.payload_bytes = payload_bytes_;
   report.received_bytes = received_bytes_;
   report.seconds.exchange = exchange_seconds_;
   report.density = 1.0;  // every element, every step
+  set_overlap(report,
+              {report.entries_sent, report.entries_sent * static_cast<std::uint64_t>(group.world()),
+               "allreduce"});
   payload_bytes_ = 0;
   received_bytes_ = 0;
   exchange_seconds_ = 0;

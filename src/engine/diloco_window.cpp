@@ -23,6 +23,8 @@ void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
   report.payload_bytes = parameters * sizeof(float);
   report.received_bytes = exchanged.received_bytes;
   report.density = density_of(report);
+  set_overlap(report,
+              {parameters, parameters * static_cast<std::uint64_t>(group.world()), "allreduce"});
 
   phase = SteadyClock::now();
   apply(group.world());

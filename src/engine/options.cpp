@@ -49,6 +49,26 @@ Overlap parse_overlap(std::string_view name) {
                         "' is not one of blocking, delayed, eager");
 }
 
+std::string_view exchange_name(Exchange exchange) noexcept {
+  switch (exchange) {
+    case Exchange::automatic:
+      return "automatic";
+    case Exchange::allgather:
+      return "allgather";
+    case Exchange::reduction:
+      return "reduction";
+  }
+  return "unknown";
+}
+
+Exchange parse_exchange(std::string_view name) {
+  if (name == "auto" || name == "automatic") return Exchange::automatic;
+  if (name == "allgather") return Exchange::allgather;
+  if (name == "reduction") return Exchange::reduction;
+  throw InvalidArgument("exchange '" + std::string(name) +
+                        "' is not one of auto, allgather, reduction");
+}
+
 std::string_view state_location_name(StateLocation location) noexcept {
   switch (location) {
     case StateLocation::automatic:
@@ -116,6 +136,10 @@ void EngineOptions::validate() const {
     throw InvalidArgument(std::string("overlap ") + std::string(overlap_name(overlap)) +
                           " runs mode pulse; this run is mode " + std::string(mode_name(mode)));
   }
+  if (exchange != Exchange::automatic && exchange != Exchange::allgather &&
+      exchange != Exchange::reduction) {
+    throw InvalidArgument("exchange must be automatic, allgather or reduction");
+  }
   if (publish_every < 1) throw InvalidArgument("publish_every must be at least 1");
   if (anchor_every < 1) throw InvalidArgument("anchor_every must be at least 1");
   if (!publish_dir.empty() && mode == Mode::ddp) {
@@ -142,6 +166,7 @@ nlohmann::json to_json(const EngineOptions& options) {
       {"pipeline_chunk_bytes", options.pipeline_chunk_bytes},
       {"bf16_delta", kernels::bf16_delta_name(options.bf16_delta)},
       {"overlap", overlap_name(options.overlap)},
+      {"exchange", exchange_name(options.exchange)},
       {"verify_digests", options.verify_digests},
       {"trace_dir", options.trace_dir},
       {"publish_dir", options.publish_dir},
@@ -172,6 +197,8 @@ EngineOptions options_from_json(const nlohmann::json& json) {
         json.value("bf16_delta", std::string(kernels::bf16_delta_name(kernels::Bf16Delta::exact))));
     // Absent before overlapped windows existed: those runs were blocking.
     options.overlap = parse_overlap(json.value("overlap", std::string("blocking")));
+    // Absent before the exchange kinds existed: those runs all-gathered (the same bits).
+    options.exchange = parse_exchange(json.value("exchange", std::string("automatic")));
     options.verify_digests = json.at("verify_digests").get<bool>();
     options.trace_dir = json.at("trace_dir").get<std::string>();
     // Absent before publishing existed: off.
@@ -190,7 +217,7 @@ std::vector<std::string> options_that_change_the_state(const EngineOptions& save
   static constexpr std::string_view kTransportOnly[] = {
       "threads",      "trace_dir",   "timeout_ms",     "allgather",   "pipeline_chunk_bytes",
       "encoding",     "codec_level", "verify_digests", "publish_dir", "publish_every",
-      "anchor_every",
+      "anchor_every", "exchange",
   };
   const nlohmann::json a = to_json(saved);
   const nlohmann::json b = to_json(now);

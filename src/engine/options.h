@@ -45,6 +45,20 @@ enum class Overlap : std::uint8_t {
 [[nodiscard]] std::string_view overlap_name(Overlap overlap) noexcept;
 [[nodiscard]] Overlap parse_overlap(std::string_view name);  // throws InvalidArgument
 
+// How a PULSELoCo window combines the ranks' messages (docs/algorithm.md, "Exchange kinds").
+// Every kind gives the same bits.
+enum class Exchange : std::uint8_t {
+  automatic,  // chosen per window from how much the ranks' sets overlapped in the previous
+              // window (the same choice on every rank)
+  allgather,  // every rank receives every rank's whole message
+  reduction,  // owner reduction: each rank sums one range of the model, in rank order, from the
+              // ranks' entries there; then every rank receives every range's sums
+};
+
+[[nodiscard]] std::string_view exchange_name(Exchange exchange) noexcept;
+// "auto" (or "automatic"), "allgather", "reduction"; throws InvalidArgument.
+[[nodiscard]] Exchange parse_exchange(std::string_view name);
+
 [[nodiscard]] std::string_view state_location_name(StateLocation location) noexcept;
 // "automatic" (or "auto"), "device", "host"; throws InvalidArgument.
 [[nodiscard]] StateLocation parse_state_location(std::string_view name);
@@ -85,6 +99,9 @@ struct EngineOptions {
   // pulse, state in host memory). Shared by every rank and part of the state a checkpoint
   // records.
   Overlap overlap = Overlap::blocking;
+  // How pulse windows combine the messages. Changes no bit of the state, so a run may resume
+  // with another value; every rank must use the same.
+  Exchange exchange = Exchange::automatic;
   bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
   std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)
   // Where this rank keeps its state. Local to the rank (a GPU rank and a CPU rank share a group

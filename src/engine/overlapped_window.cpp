@@ -111,7 +111,7 @@ ReceivedMessages OverlappedPulseWindow::finish(const AttachedGroup& group, Windo
 }
 
 void OverlappedPulseWindow::apply(const ReceivedMessages& received, WindowReport& report) {
-  window_.apply(received, /*commit_residual=*/false);
+  set_overlap(report, window_.apply(received, /*commit_residual=*/false));
   state_.clear_in_flight();
   state_.commit_window();
   report.applied_window = received.window;

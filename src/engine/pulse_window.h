@@ -2,8 +2,9 @@
 // between them:
 //
 //   gate_and_encode   state (read only) -> OutgoingMessage      steps 1-5 without the state change
-//   exchange          OutgoingMessage -> ReceivedMessages      sparse all-gather, every message
-//                                                               validated as it arrives
+//   exchange          OutgoingMessage -> ReceivedMessages      sparse all-gather, or owner
+//                                                               reduction (exchange_choice.h);
+//                                                               every message validated
 //   vote              ReceivedMessages -> (commit or throw)    every rank accepted every message
 //   apply             ReceivedMessages -> state                steps 5 (state change), 7, 8, 9
 //
@@ -14,24 +15,32 @@
 
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/codec/message.h>
+#include <pulseloco/engine/exchange_choice.h>
 #include <pulseloco/engine/scratch_pool.h>
 #include <pulseloco/engine/window_strategy.h>
 
 namespace pulseloco::engine_detail {
 
-// Every rank's message of one window, in rank order.
+// What one window's exchange brought: every rank's message, in rank order (all-gather), or
+// every owner's reduced range, in rank order (owner reduction).
 struct ReceivedMessages {
   std::uint64_t window = 0;
+  Exchange kind = Exchange::allgather;
+  int world = 1;
   std::vector<std::vector<std::byte>> bytes;
-  // Views into `bytes`, each validated completely (applying them cannot fail); empty when
-  // `invalid` is set.
+  // Views of the codec messages in `bytes`, each validated completely (applying them cannot
+  // fail); empty when `invalid` is set. Reduction: owner o's view holds the frames of chunks
+  // [owner_bounds[o], owner_bounds[o + 1]), with the ranks' summed values.
   std::vector<codec::MessageView> views;
-  std::exception_ptr invalid;        // the first invalid message's ProtocolError
-  std::uint64_t received_bytes = 0;  // the other ranks' messages
+  std::vector<std::size_t> owner_bounds;  // reduction only (exchange_choice.h)
+  std::uint64_t group_entries = 0;        // reduction: the ranks' entries, summed over owners
+  std::exception_ptr invalid;             // the first invalid message's ProtocolError
+  std::uint64_t received_bytes = 0;       // payload bytes from the other ranks
 };
 
 class PulseWindow final : public WindowStrategy {
@@ -45,13 +54,15 @@ class PulseWindow final : public WindowStrategy {
   // The message of window `window` (gated against the state's start point).
   [[nodiscard]] OutgoingMessage gate_and_encode(int rank, std::uint64_t window);
   // Throws (state unchanged) when the collective fails; an invalid message is recorded in the
-  // result instead, so that the vote can tell the other ranks.
+  // result instead, so that the vote can tell the other ranks. The kind is chosen as
+  // exchange_choice.h says (the same on every rank).
   [[nodiscard]] ReceivedMessages exchange(const AttachedGroup& group, const OutgoingMessage& mine);
   // Records that this rank accepted the window (when it did) and runs the commit vote.
   void vote(const AttachedGroup& group, const ReceivedMessages& received);
   // Steps 7-9; `commit_residual` false: the residual was committed when the window was gated
-  // (overlapped windows), so only the outer step runs and θ_l is reset.
-  void apply(const ReceivedMessages& received, bool commit_residual = true);
+  // (overlapped windows), so only the outer step runs and θ_l is reset. Returns how much the
+  // ranks' sets overlapped.
+  SetOverlap apply(const ReceivedMessages& received, bool commit_residual = true);
 
  private:
   // Gate output of one chunk.
@@ -59,17 +70,47 @@ class PulseWindow final : public WindowStrategy {
     std::vector<std::uint32_t> offsets;
     std::vector<float> values;
   };
-  // Decoded entries of one chunk: every rank's when applying, one rank's when validating.
+  // Decoded entries of one chunk: every rank's when applying or reducing, one rank's when
+  // validating; an owner's sums when reducing.
   struct DecodeScratch {
     std::vector<std::uint32_t> offsets;
     std::vector<float> values;
+    std::vector<std::uint32_t> sum_offsets;
+    std::vector<float> sum_values;
+    std::vector<float> sum;
     codec::DecodeScratch decode;
+    std::vector<std::uint8_t>
+        seen;  // elements of the chunk counted in the union (all 0 between uses)
   };
 
+  // The automatic choice's inputs: every rank's entry count and union sketch, all-gathered.
+  struct UnionEstimate {
+    std::uint64_t group_entries = 0;
+    std::uint64_t union_entries = 0;
+  };
+  [[nodiscard]] UnionEstimate estimate_union(const AttachedGroup& group,
+                                             const OutgoingMessage& mine);
+  [[nodiscard]] ReceivedMessages allgather(const AttachedGroup& group, const OutgoingMessage& mine);
+  [[nodiscard]] ReceivedMessages reduce_by_owners(const AttachedGroup& group,
+                                                  const OutgoingMessage& mine);
+  // Owner reduction: this rank's sums of chunks [first, first + count) from the ranks' pieces
+  // (validated views), as frames, and the ranks' entries there; `finite` is false (and the
+  // frames incomplete) when a sum is not finite.
+  struct ReducedRange {
+    std::vector<std::vector<std::byte>> frames;
+    std::uint64_t group_entries = 0;
+    bool finite = true;
+  };
+  [[nodiscard]] ReducedRange reduce_range(std::span<const codec::MessageView> pieces,
+                                          std::size_t first, std::size_t count);
+
+  [[nodiscard]] codec::DecodeLimits decode_limits() const;
   // Parses rank `sender`'s message and checks everything about it, frame by frame, so that the
-  // apply phase cannot fail. Throws ProtocolError naming the sender.
-  [[nodiscard]] codec::MessageView validate_message(int rank, int sender, std::uint64_t window,
-                                                    std::span<const std::byte> bytes);
+  // apply phase cannot fail: a message of chunks [first_chunk, first_chunk + chunk_count), by
+  // default every chunk. Throws ProtocolError naming the sender.
+  [[nodiscard]] codec::MessageView validate_message(
+      int rank, int sender, std::uint64_t window, std::span<const std::byte> bytes,
+      std::size_t first_chunk = 0, std::optional<std::size_t> chunk_count = std::nullopt);
 
   ReplicatedState& state_;
   const EngineOptions& options_;

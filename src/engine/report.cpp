@@ -27,6 +27,10 @@ nlohmann::json to_json(const WindowReport& report) {
       {"density", report.density},
       {"payload_bytes", report.payload_bytes},
       {"received_bytes", report.received_bytes},
+      {"exchange", report.exchange},
+      {"union_entries", report.union_entries},
+      {"group_entries", report.group_entries},
+      {"union_ratio", report.union_ratio},
       {"wire_bytes_sent", report.wire_bytes_sent},
       {"wire_bytes_received", report.wire_bytes_received},
       {"diloco_bytes", report.diloco_bytes},
@@ -79,6 +83,17 @@ std::string human_bytes(double bytes) {
 
 namespace {
 
+// ", reduction of union 2.900% (0.35 of the ranks' entries)": the exchange and how much the ranks'
+// sets overlap (pulse windows that applied something), else "".
+std::string union_summary(const WindowReport& report) {
+  if (report.mode != Mode::pulse || report.group_entries == 0) return {};
+  const double parameters = static_cast<double>(report.parameters);
+  return fmt::format(
+      ", union {:.3f}% ({:.2f} of the ranks' entries)",
+      parameters > 0 ? 100.0 * static_cast<double>(report.union_entries) / parameters : 0.0,
+      report.union_ratio);
+}
+
 // ", overlap delayed: applied window 3 (in flight 0.812 s)" for overlapped windows, else "".
 std::string overlap_summary(const WindowReport& report) {
   if (report.overlap == Overlap::blocking) return {};
@@ -98,12 +113,12 @@ std::string summary_line(const WindowReport& report) {
   const double vs_ddp = payload > 0 ? static_cast<double>(report.ddp_bytes) / payload : 0;
   return fmt::format(
       "window {} {}: density {:.3f}%, payload {} (DiLoCo {} = {:.1f}x, DDP {} = {:.1f}x), "
-      "received {}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f}, apply {:.3f}, "
+      "received {}{}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f}, apply {:.3f}, "
       "verify {:.3f}), digest {}{}{}{}{}",
       report.window, mode_name(report.mode), 100.0 * report.density, human_bytes(payload),
       human_bytes(static_cast<double>(report.diloco_bytes)), vs_diloco,
       human_bytes(static_cast<double>(report.ddp_bytes)), vs_ddp,
-      human_bytes(static_cast<double>(report.received_bytes)),
+      human_bytes(static_cast<double>(report.received_bytes)), union_summary(report),
       human_bytes(static_cast<double>(report.wire_bytes_sent)),
       human_bytes(static_cast<double>(report.wire_bytes_received)), report.seconds.total,
       report.seconds.gate, report.seconds.exchange, report.seconds.apply, report.seconds.verify,

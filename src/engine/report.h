@@ -51,6 +51,17 @@ struct WindowReport {
   // and ddp, what the transport received in the all-reduces (about 2 (R-1)/R of the dense
   // payload in a ring, the collectives' small headers and notices included).
   std::uint64_t received_bytes = 0;
+  // How the window applied at this boundary was exchanged: "allgather" or "reduction" (mode
+  // pulse, EngineOptions::exchange), "allreduce" (modes diloco and ddp); empty when none was
+  // applied.
+  std::string exchange;
+  // How much the ranks' sets overlap in the window applied at this boundary (none applied: 0):
+  // elements that at least one rank sent, and the sum over ranks of the elements each sent.
+  // union_ratio = union_entries / group_entries: 1 when the sets are disjoint, 1 / world_size
+  // when they are identical (always so in modes diloco and ddp, which send every element).
+  std::uint64_t union_entries = 0;
+  std::uint64_t group_entries = 0;
+  double union_ratio = 0;
   std::uint64_t wire_bytes_sent = 0;      // what the transport put on the wire, framing included
   std::uint64_t wire_bytes_received = 0;  // what the transport took off the wire
   std::uint64_t diloco_bytes = 0;         // dense DiLoCo payload: 4 B x parameters

@@ -73,6 +73,15 @@ double density_of(const WindowReport& report) {
              : 0.0;
 }
 
+void set_overlap(WindowReport& report, const SetOverlap& overlap) {
+  report.exchange = std::string(overlap.exchange);
+  report.union_entries = overlap.union_entries;
+  report.group_entries = overlap.group_entries;
+  report.union_ratio = overlap.group_entries > 0 ? static_cast<double>(overlap.union_entries) /
+                                                       static_cast<double>(overlap.group_entries)
+                                                 : 0.0;
+}
+
 std::uint64_t DenseBuckets::allreduce(const AttachedGroup& group, std::uint64_t elements) const {
   transport::Transport& transport = group.transport();
   const std::uint64_t before = transport.stats().payload_bytes_received;

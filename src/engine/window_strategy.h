@@ -122,4 +122,14 @@ void agree_to_commit(const AttachedGroup& group, bool accepted,
 // entries_sent / parameters (0 for an empty model).
 [[nodiscard]] double density_of(const WindowReport& report);
 
+// How much the ranks' sets overlapped in the applied window: elements sent by at least one rank,
+// and the sum over ranks of the elements each sent.
+struct SetOverlap {
+  std::uint64_t union_entries = 0;
+  std::uint64_t group_entries = 0;
+  std::string_view exchange;  // the kind that ran: exchange_name(), or "allreduce"
+};
+// Sets the report's exchange, union_entries, group_entries and union_ratio.
+void set_overlap(WindowReport& report, const SetOverlap& overlap);
+
 }  // namespace pulseloco::engine_detail

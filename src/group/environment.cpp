@@ -208,6 +208,8 @@ TransportOptions from_environment(TransportOptions options) {
           fmt::format("{}='{}' is not a link security (tls or hmac)", env->name, env->value));
     }
   }
+  if (auto env = first_env({"PULSELOCO_SAME_HOST_PLAINTEXT"}))
+    options.tcp.same_host_plaintext = parse_bool(*env);
   if (auto env = first_env({"PULSELOCO_TLS_CERT"})) options.tcp.tls_files.cert = env->value;
   if (auto env = first_env({"PULSELOCO_TLS_KEY"})) options.tcp.tls_files.key = env->value;
   if (auto env = first_env({"PULSELOCO_TLS_CA"})) options.tcp.tls_files.ca = env->value;

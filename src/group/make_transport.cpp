@@ -67,12 +67,42 @@ std::string default_listen_addr(const TransportOptions& options, RendezvousMetho
   return host == "localhost" ? "127.0.0.1" : host;
 }
 
+// Without a run id every job with this secret presents the same job id to a rendezvous server
+// and, with a peer list, to the data listeners: a process of another such job that reaches this
+// group's master address or peer list is taken for one of its ranks. The MPI rendezvous is
+// immune (MPI's world is the job). Warns rather than refuses, so that groups formed this way
+// keep working.
+void warn_when_another_job_could_join(const TransportOptions& options, RendezvousMethod method) {
+  if (!options.run_id.empty()) return;
+  std::string_view name;
+  std::string shared;
+  bool beyond_loopback = !transport::tcp::is_loopback_host(options.tcp.listen_addr);
+  if (method == RendezvousMethod::environment) {
+    name = "environment";
+    shared = fmt::format("the master address {}:{}", options.master_addr, options.master_port);
+    beyond_loopback = beyond_loopback || !transport::tcp::is_loopback_host(options.master_addr);
+  } else if (method == RendezvousMethod::peer_list) {
+    name = "peer_list";
+    shared = "the peer list";
+  } else {
+    return;
+  }
+  if (!beyond_loopback) return;
+  logger().warn(
+      "{} rendezvous: this group is reachable beyond loopback and has no run id "
+      "(PULSELOCO_RUN_ID): a process of another job with the same secret and {} can take one "
+      "of its ranks, and the two jobs then train together. Give every job its own "
+      "PULSELOCO_RUN_ID (python -m pulseloco.launch sets a fresh one)",
+      name, shared);
+}
+
 // The TCP group of `options` (validated), found by its rendezvous.
 std::unique_ptr<TcpTransport> form_tcp_group(const TransportOptions& given) {
   const RendezvousMethod method = resolve_rendezvous(given);
   TransportOptions options = given;
   if (options.tcp.listen_addr.empty())
     options.tcp.listen_addr = default_listen_addr(options, method);
+  warn_when_another_job_could_join(options, method);
   std::unique_ptr<TcpTransport> made;
   switch (method) {
     case RendezvousMethod::peer_list:

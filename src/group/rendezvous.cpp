@@ -251,6 +251,8 @@ GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t
       try {
         server->wait();
       } catch (const Error&) {
+        // Ranks still on their way are told why before the server goes with this process.
+        server->wait_closed();
         std::rethrow_exception(server->failure());
       }
     }

@@ -24,7 +24,8 @@ namespace pulseloco::group {
 // `listen_port` is the port of this rank's data listener; the advertised host is
 // options.advertise_addr, else options.socket_ifname's address, else the local address of the
 // connection to the server. Hosts the server itself on rank 0 unless
-// options.external_rendezvous_server.
+// options.external_rendezvous_server; when that rendezvous fails, rank 0 throws its failure once
+// the server has lingered for the ranks still on their way (kFailedRendezvousLinger at most).
 [[nodiscard]] transport::GroupTable environment_rendezvous(const TransportOptions& options,
                                                            std::uint16_t listen_port);
 

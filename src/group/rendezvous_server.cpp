@@ -51,9 +51,11 @@ struct RendezvousServer::Impl {
   };
 
   Impl(const std::string& host, std::uint16_t port, int world, const transport::TcpOptions& link,
-       transport::Deadline until, const std::string& run_id)
+       transport::Deadline until, const std::string& run_id, std::chrono::milliseconds linger_for)
       : listener(io, io.get_executor(), "rendezvous server", host, port),
         timer(io),
+        linger_timer(io),
+        linger(linger_for),
         world_size(world),
         secret(link.secret),
         job(transport::derive_job_id(secret, run_id)),
@@ -61,11 +63,14 @@ struct RendezvousServer::Impl {
         tls(tcp::TlsContext::make(link)),
         deadline(until) {
     members.resize(static_cast<std::size_t>(world));
+    told.resize(static_cast<std::size_t>(world));
   }
 
   asio::io_context io;
   tcp::Listener listener;
   asio::steady_timer timer;
+  asio::steady_timer linger_timer;  // a failed rendezvous stops listening when it fires
+  const std::chrono::milliseconds linger;
   const int world_size;
   const std::string secret;
   const transport::JobId job;                  // what registering ranks present
@@ -75,12 +80,17 @@ struct RendezvousServer::Impl {
   std::vector<Member> members;  // touched only on the io thread
   int registered = 0;
   bool finished = false;                 // no more registrations (complete or failed)
+  bool failed = false;                   // it failed: late ranks are told why while it lingers
+  bool listening = true;                 // the listener is open
   std::string failed_because;            // why the rendezvous failed
   std::vector<std::byte> failure_reply;  // what the ranks are told then
+  std::vector<bool> told;                // per rank: it was sent the failure
+  int told_count = 0;
   tcp::RefusalRecord refusals;
   std::atomic<int> refused{0};
 
   tcp::ServerOutcome outcome;
+  tcp::ServerOutcome closed;  // completes when the listener is closed for good
   std::thread thread;
 
   void complete(std::exception_ptr error) { outcome.complete(std::move(error)); }
@@ -88,14 +98,13 @@ struct RendezvousServer::Impl {
   // Decides on an authenticated hello: "" admits it (claiming its rank), else the reason. Sets
   // `fatal` when the refusal must end the rendezvous: the process holds the secret but belongs
   // to another job or world size, or claims a rank that is taken; going on would let two jobs
-  // mix, or leave one of the two claimants out with a misleading error later.
+  // mix, or leave one of the two claimants out with a misleading error later. Once the
+  // rendezvous has failed, a rank of this job is admitted only to be sent the failure.
   std::string admit(const tcp::Hello& hello, const std::string& from, int& claimed, bool& fatal) {
     if (hello.purpose != tcp::Purpose::rendezvous)
       return "this is a rendezvous server, not a data listener";
-    if (finished)
-      return failed_because.empty() ? std::string("the rendezvous is already over")
-                                    : fmt::format("the rendezvous failed: {}", failed_because);
-    fatal = true;
+    if (finished && !failed) return "the rendezvous is already over";
+    fatal = !finished;
     if (auto mismatch = transport::group_mismatch(hello.group_id, transport::job_only_group_id(job),
                                                   /*check_group=*/false);
         !mismatch.empty())
@@ -105,6 +114,11 @@ struct RendezvousServer::Impl {
                          world_size);
     if (hello.src_rank >= hello.world_size)
       return fmt::format("rank {} is out of range", hello.src_rank);
+    if (finished) {
+      fatal = false;
+      claimed = static_cast<int>(hello.src_rank);  // told the failure once it has registered
+      return {};
+    }
     auto& member = members[hello.src_rank];
     if (member.claimed)
       return fmt::format("rank {} is taken: {} registered it first", hello.src_rank, member.from);
@@ -154,14 +168,9 @@ struct RendezvousServer::Impl {
         throw ProtocolError(
             fmt::format("rank {} registered an invalid address '{}'", claimed, to_string(address)));
       if (finished) {
-        // It passed the handshake before the rendezvous failed: it learns why, as the others.
-        if (!failure_reply.empty()) {
-          boost::system::error_code write_error;
-          co_await asio::async_write(*link, asio::buffer(failure_reply),
-                                     asio::redirect_error(asio::use_awaitable, write_error));
-          boost::system::error_code ignored;
-          link->socket().shutdown(tcp::Socket::shutdown_send, ignored);
-        }
+        // It arrived, or finished its handshake, after the rendezvous failed: it learns why, as
+        // the registered ranks did.
+        if (failed) co_await tell_failure(*link, claimed);
         co_return;
       }
       auto& member = members[static_cast<std::size_t>(claimed)];
@@ -185,13 +194,32 @@ struct RendezvousServer::Impl {
     }
   }
 
-  void stop_accepting() {
-    finished = true;
+  void stop_listening() {
+    if (!listening) return;
+    listening = false;
     listener.close();
+    linger_timer.cancel();
+    closed.complete(nullptr);
+  }
+
+  // Sends rank `rank` the failure on `link` and closes its side.
+  asio::awaitable<void> tell_failure(tcp::LinkStream& link, int rank) {
+    boost::system::error_code write_error;
+    co_await asio::async_write(link, asio::buffer(failure_reply),
+                               asio::redirect_error(asio::use_awaitable, write_error));
+    boost::system::error_code ignored;
+    link.socket().shutdown(tcp::Socket::shutdown_send, ignored);
+    if (write_error) co_return;
+    const auto index = static_cast<std::size_t>(rank);
+    if (told[index]) co_return;
+    told[index] = true;
+    // Nobody is left to tell: the linger has no purpose.
+    if (++told_count == world_size) stop_listening();
   }
 
   asio::awaitable<void> send_table() {
-    stop_accepting();
+    finished = true;
+    stop_listening();
     timer.cancel();
     std::vector<std::byte> table;
     try {
@@ -238,30 +266,34 @@ struct RendezvousServer::Impl {
   asio::awaitable<void> fail_now(std::exception_ptr error, RendezvousFailure why,
                                  std::string message) {
     if (finished) co_return;
-    stop_accepting();
+    finished = true;
+    failed = true;
     timer.cancel();
     failed_because = message;
     failure_reply = encode_failure(why, message);
-    for (auto& member : members) {
-      if (!member.registered) continue;
-      boost::system::error_code write_error;
-      co_await asio::async_write(*member.link, asio::buffer(failure_reply),
-                                 asio::redirect_error(asio::use_awaitable, write_error));
-      boost::system::error_code ignored;
-      member.link->socket().shutdown(tcp::Socket::shutdown_send, ignored);
-    }
+    // Late ranks are told while it lingers; the listener stays open until then.
+    linger_timer.expires_after(linger);
+    linger_timer.async_wait([this](const boost::system::error_code& cancelled) {
+      if (!cancelled) stop_listening();
+    });
+    for (std::size_t rank = 0; rank < members.size(); ++rank)
+      if (members[rank].registered)
+        co_await tell_failure(*members[rank].link, static_cast<int>(rank));
     complete(std::move(error));
   }
 };
 
 RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, int world_size,
                                    const transport::TcpOptions& link, transport::Deadline deadline,
-                                   const std::string& run_id) {
+                                   const std::string& run_id, std::chrono::milliseconds linger) {
   if (world_size < 1)
     throw InvalidArgument(fmt::format("rendezvous server: world size {} < 1", world_size));
   tcp::require_authentication_beyond_loopback(
       "rendezvous server", host, transport::effective_link_security(link), link.allow_insecure);
-  impl_ = std::make_unique<Impl>(host, port, world_size, link, deadline, run_id);
+  if (linger < std::chrono::milliseconds::zero())
+    throw InvalidArgument(
+        fmt::format("rendezvous server: linger {} ms < 0", static_cast<long long>(linger.count())));
+  impl_ = std::make_unique<Impl>(host, port, world_size, link, deadline, run_id, linger);
   auto& impl = *impl_;
   impl.listener.start(
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });
@@ -287,6 +319,10 @@ std::uint16_t RendezvousServer::port() const noexcept {
 
 void RendezvousServer::wait() {
   impl_->outcome.wait();
+}
+
+void RendezvousServer::wait_closed() {
+  impl_->closed.wait();
 }
 
 std::exception_ptr RendezvousServer::failure() const {

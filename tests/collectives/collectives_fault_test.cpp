@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <set>
 
 #include <pulseloco/base/errors.h>
@@ -128,6 +129,42 @@ INSTANTIATE_TEST_SUITE_P(Algorithms, KillDuringAllGather,
                            return std::string(algorithm_name(param_info.param));
                          });
 
+// Every rank sends every other rank 64 KiB in 4 KiB chunks.
+void all_to_all(Transport& t, const CollectiveOptions& options) {
+  std::vector<std::vector<std::byte>> mine;
+  std::vector<std::span<const std::byte>> to_rank;
+  for (int to = 0; to < t.size(); ++to)
+    mine.push_back(pattern_bytes(std::size_t{64} << 10, t.rank(), static_cast<std::uint64_t>(to)));
+  for (const auto& message : mine)
+    to_rank.emplace_back(message);
+  std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(t.size()));
+  sparse_alltoall(
+      t, to_rank,
+      [&](int from, std::size_t bytes) {
+        got[static_cast<std::size_t>(from)].resize(bytes);
+        return std::span<std::byte>(got[static_cast<std::size_t>(from)]);
+      },
+      options);
+}
+
+TEST(KillDuringAllToAll, FiveRanks) {
+  Group group(5);
+  group.faults->set_hook(at_message(2, 6, FaultAction::kill_sender));
+  const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
+    all_to_all(t, options_with(CollectiveAlgorithm::automatic, 4096));
+  });
+  expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
+}
+
+TEST(StallDuringAllToAll, FiveRanks) {
+  Group group(5);
+  group.faults->set_hook(at_message(3, 6, FaultAction::stall_sender));
+  const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
+    all_to_all(t, options_with(CollectiveAlgorithm::automatic, 4096));
+  });
+  expect_survivors_blame(outcomes, 3, ErrorKind::timeout, fault_time(*group.faults), {3});
+}
+
 class KillDuringAllReduce : public ::testing::TestWithParam<CollectiveAlgorithm> {};
 
 TEST_P(KillDuringAllReduce, FiveRanks) {
@@ -153,6 +190,38 @@ TEST(Kill, DuringBroadcastInTheMiddleOfTheChain) {
   const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
     auto data = pattern_bytes(std::size_t{4} << 20, 0);
     broadcast(t, 0, data, options_with(CollectiveAlgorithm::ring, 64 << 10));
+  });
+  expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
+}
+
+TEST(Kill, BetweenItsDoneNoticesIsNamedByASurvivorThatFinishedTheCall) {
+  // Rank 2 dies between its two `done` notices of a barrier: rank 0 has it and finishes the
+  // call; rank 1 never gets it, fails naming rank 2 and closes its transport. Only then does
+  // rank 0 start its next call, where both peers are gone: it must still name rank 2, the rank
+  // lost first, not rank 1, which left only because of it.
+  Group group(3);
+  group.faults->set_hook([](const MessageEvent& m) {
+    return m.from == 2 && m.to == 1 && is_notice(m) ? FaultAction::kill_sender
+                                                    : FaultAction::deliver;
+  });
+  std::promise<void> rank1_failed;
+  std::shared_future<void> rank1_has_failed = rank1_failed.get_future().share();
+  const auto outcomes = run_ranks(group.transports, [&](Transport& t) {
+    const CollectiveOptions options{.timeout = kTimeout};
+    if (t.rank() == 1) {
+      try {
+        barrier(t, options);
+      } catch (...) {
+        rank1_failed.set_value();  // its transport is aborted by now
+        throw;
+      }
+      return;
+    }
+    barrier(t, options);
+    if (t.rank() != 0) return;
+    ASSERT_EQ(rank1_has_failed.wait_for(60s), std::future_status::ready)
+        << "rank 1 did not fail its barrier";
+    barrier(t, options);
   });
   expect_survivors_blame(outcomes, 2, ErrorKind::peer_lost, fault_time(*group.faults), {2});
 }

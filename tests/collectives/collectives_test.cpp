@@ -687,6 +687,88 @@ TEST(AllGatherU64, ReturnsEveryRanksValueInRankOrder) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Sparse all-to-all
+
+// Rank `from`'s message for rank `to`: empty for some pairs, several chunks for others.
+std::vector<std::byte> alltoall_message(int from, int to, int world) {
+  const std::size_t size = (from + 2 * to) % 3 == 0 ? 0 : 1000 * (1 + from) + 37 * to * world;
+  return pattern_bytes(size, from, static_cast<std::uint64_t>(to) + 1);
+}
+
+class SparseAllToAll : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SparseAllToAll, EveryRankReceivesExactlyWhatEachRankMeantForIt) {
+  for (const int world : {1, 2, 3, 4, 7}) {
+    auto group = make_test_group(GetParam(), world);
+    const auto outcomes = run_ranks(group, [&](Transport& t) {
+      const int n = t.size();
+      std::vector<std::vector<std::byte>> mine;
+      std::vector<std::span<const std::byte>> to_rank;
+      for (int to = 0; to < n; ++to)
+        mine.push_back(alltoall_message(t.rank(), to, n));
+      for (const auto& message : mine)
+        to_rank.emplace_back(message);
+      std::vector<std::vector<std::byte>> got(static_cast<std::size_t>(n));
+      std::vector<int> delivered(static_cast<std::size_t>(n), 0);
+      sparse_alltoall(
+          t, to_rank,
+          [&](int from, std::size_t bytes) {
+            got[static_cast<std::size_t>(from)].resize(bytes);
+            return std::span<std::byte>(got[static_cast<std::size_t>(from)]);
+          },
+          {.pipeline_chunk_bytes = 4096},
+          [&](int from, std::span<const std::byte> bytes) {
+            ++delivered[static_cast<std::size_t>(from)];
+            if (bytes.size() != alltoall_message(from, t.rank(), n).size())
+              throw std::runtime_error("callback with the wrong size");
+          });
+      for (int from = 0; from < n; ++from) {
+        if (got[static_cast<std::size_t>(from)] != alltoall_message(from, t.rank(), n))
+          throw std::runtime_error(fmt::format("wrong message from rank {}", from));
+        if (delivered[static_cast<std::size_t>(from)] != 1)
+          throw std::runtime_error(fmt::format("callback ran {} times for rank {}",
+                                               delivered[static_cast<std::size_t>(from)], from));
+      }
+    });
+    expect_all_succeeded(outcomes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SparseAllToAll, ::testing::ValuesIn(testing::test_backends()),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           return param.param;
+                         });
+
+TEST(SparseAllToAllArguments, AreCheckedBeforeAnythingIsSent) {
+  auto group = make_test_group("inproc", 3);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const std::vector<std::byte> one(10);
+    const std::vector<std::span<const std::byte>> two(2, std::span<const std::byte>(one));
+    try {
+      sparse_alltoall(t, two, [](int, std::size_t) { return std::span<std::byte>(); }, {});
+    } catch (const InvalidArgument&) {
+      // The transport is still usable: a barrier goes through.
+      barrier(t, {});
+      return;
+    }
+    throw std::runtime_error("two messages for three ranks were accepted");
+  });
+  expect_all_succeeded(outcomes);
+}
+
+TEST(SparseAllToAllArguments, AnOrderMatchingTransportIsRefused) {
+  auto group = make_test_group("ordered", 2);
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    const std::vector<std::span<const std::byte>> empty(2);
+    sparse_alltoall(t, empty, [](int, std::size_t) { return std::span<std::byte>(); }, {});
+  });
+  for (const auto& outcome : outcomes) {
+    ASSERT_TRUE(outcome.error);
+    EXPECT_THROW(std::rethrow_exception(outcome.error), InvalidArgument);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Tags, sequencing, mismatched calls
 
 // Two threads of every rank run collectives at the same time on one transport (over TCP both

@@ -52,13 +52,15 @@ class RankZero {
       pending->wait(transport::deadline_after(kTimeout));
     }
   }
-  // The next notice rank 0 sent to rank `to`.
-  Notice notice_to(int to) {
+  // The next notice rank 0 sent to rank `to` for call #`sequence` (this one is #0).
+  Notice notice_to(int to, std::uint64_t sequence = 0) {
     Notice::Bytes bytes{};
-    group_[static_cast<std::size_t>(to)]->recv(0, context_.tag(Phase::notice), bytes,
+    group_[static_cast<std::size_t>(to)]->recv(0, make_tag(0, sequence, Phase::notice), bytes,
                                                transport::deadline_after(kTimeout));
-    return Notice::decode(bytes, to, 0, static_cast<int>(group_.size()), 0);
+    return Notice::decode(bytes, to, 0, static_cast<int>(group_.size()), sequence);
   }
+  // Rank `rank` dies: its connections close.
+  void kill(int rank) { group_[static_cast<std::size_t>(rank)]->abort("killed"); }
 
   // Rank `from` sends rank 0 its header under Phase::diagnosis.
   void header_from(int from, const Header& header) {
@@ -171,6 +173,33 @@ TEST(FailurePath, ADefinitiveCulpritNoticeBeatsALostPeer) {
   EXPECT_EQ(failed.peer, 1);
   for (const int peer : {1, 3})
     expect_notice(rank.notice_to(peer), NoticeType::culprit, 1, ErrorKind::protocol);
+}
+
+TEST(FailurePath, OfTwoLostPeersTheOneLostFirstIsTheCulprit) {
+  // Rank 2 died; rank 1 failed because of it and left before its culprit notice could say
+  // so (or in an earlier call). Rank 0 then sees its wait on rank 1 fail.
+  RankZero rank(3);
+  rank.kill(2);
+  rank.kill(1);
+  const Failed failed =
+      failure_of(rank, as_ptr(ObservedFailure(1, ErrorKind::peer_lost, false, "closed")));
+  EXPECT_EQ(failed.kind, ErrorKind::peer_lost);
+  EXPECT_EQ(failed.peer, 2);
+}
+
+TEST(FailurePath, ARankThatSaidDoneAlsoTellsTheNextCall) {
+  // Rank 0 said `done`, so a peer may have finished this call and started the next one on the
+  // same base tag: the verdict goes to that call's notice tag too.
+  RankZero rank(3);
+  PendingSends sends;
+  rank.diagnosis().send_notice(NoticeType::done, ErrorKind::peer_lost, 0, sends);
+  rank.kill(2);
+  const Failed failed =
+      failure_of(rank, as_ptr(ObservedFailure(2, ErrorKind::peer_lost, false, "closed")));
+  EXPECT_EQ(failed.peer, 2);
+  expect_notice(rank.notice_to(1), NoticeType::done, 0, ErrorKind::peer_lost);
+  expect_notice(rank.notice_to(1), NoticeType::culprit, 2, ErrorKind::peer_lost);
+  expect_notice(rank.notice_to(1, 1), NoticeType::culprit, 2, ErrorKind::peer_lost);
 }
 
 TEST(FailurePath, ATimeoutFollowsTheChainOfSuspectsToTheSilentRank) {

@@ -145,6 +145,21 @@ TEST(Inproc, MessagesSentBeforeAKillAreStillDelivered) {
   EXPECT_EQ(faults->injected()[0].action, FaultAction::kill_sender);
 }
 
+TEST(Inproc, LostPeersAreListedInTheOrderTheyClosed) {
+  auto faults = std::make_shared<FaultInjector>();
+  auto group = make_group(5, {.faults = faults});
+  faults->stall(4);
+  faults->kill(3);
+  group[1]->abort("failed after rank 3 was lost");
+  group[2].reset();                          // closed without an abort: an orderly exit, not a loss
+  group[4]->abort("aborted while stopped");  // still silent, not closed, for its peers
+  EXPECT_EQ(group[0]->lost_peers(), (std::vector<int>{3, 1}));
+  faults->kill(4);  // SIGKILL of the stopped rank closes its connections
+  EXPECT_EQ(group[0]->lost_peers(), (std::vector<int>{3, 1, 4}));
+  // Ranks that were closed when a peer went see nothing more.
+  EXPECT_EQ(group[1]->lost_peers(), std::vector<int>{3});
+}
+
 TEST(Inproc, HookKillsTheSenderAtTheChosenMessage) {
   auto faults = std::make_shared<FaultInjector>();
   faults->set_hook([](const MessageEvent& m) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pulseloco::collectives::detail {
@@ -40,12 +41,21 @@ class Heard_ {
     return *this;
   }
 
-  [[nodiscard]] Evidence evidence() const { return {.rank = rank_, .heard = heard_}; }
+  // The transport lost these peers, in this order.
+  Heard_& lost_in_order(std::vector<int> peers) {
+    lost_order_ = std::move(peers);
+    return *this;
+  }
+
+  [[nodiscard]] Evidence evidence() const {
+    return {.rank = rank_, .heard = heard_, .lost_order = lost_order_};
+  }
 
  private:
   Heard& at(int peer) { return heard_[static_cast<std::size_t>(peer)]; }
   int rank_;
   std::vector<Heard> heard_;
+  std::vector<int> lost_order_;
 };
 
 constexpr auto kCallTimeout = 1000ms;
@@ -101,13 +111,34 @@ TEST(StrongestVerdict, ANoticeOutweighsALostChannelOfAnyKind) {
   EXPECT_EQ(best->reporter, 3);
 }
 
-TEST(StrongestVerdict, WithoutNoticesTheLowestLostChannelIsTheCulprit) {
+TEST(StrongestVerdict, WithoutNoticesTheMostIncriminatingLostChannelIsTheCulprit) {
   const auto best = strongest_verdict(
-      Heard_(0, 4).lost(3).lost(2, ErrorKind::protocol).suspects(1, 2).evidence());
+      Heard_(0, 4).lost(1).lost(2, ErrorKind::protocol).suspects(3, 2).evidence());
   ASSERT_TRUE(best);
   EXPECT_EQ(best->culprit, 2);
   EXPECT_EQ(best->kind, ErrorKind::protocol);
   EXPECT_EQ(best->reporter, 0);
+  // Among equals, without an order of losses: the lowest rank.
+  EXPECT_EQ(strongest_verdict(Heard_(0, 4).lost(3).lost(2).evidence())->culprit, 2);
+}
+
+TEST(StrongestVerdict, AmongLostChannelsThePeerTheTransportLostFirstIsTheCulprit) {
+  // Rank 3 died; rank 1 failed because of it and left afterwards.
+  const auto best =
+      strongest_verdict(Heard_(0, 4).lost(1).lost(3).lost_in_order({3, 1}).evidence());
+  ASSERT_TRUE(best);
+  EXPECT_EQ(best->culprit, 3);
+  EXPECT_EQ(best->kind, ErrorKind::peer_lost);
+  EXPECT_EQ(best->reporter, 0);
+  // A channel the transport never reported lost (a peer that closed in an orderly way) comes
+  // after those it did.
+  EXPECT_EQ(strongest_verdict(Heard_(0, 4).lost(1).lost(3).lost_in_order({3}).evidence())->culprit,
+            3);
+  // Garbage still outweighs an earlier loss.
+  EXPECT_EQ(strongest_verdict(
+                Heard_(0, 4).lost(1, ErrorKind::protocol).lost(3).lost_in_order({3, 1}).evidence())
+                ->culprit,
+            1);
 }
 
 TEST(StrongestVerdict, DoneAndSuspectNoticesSayNothingDefinitive) {
@@ -153,6 +184,21 @@ TEST(FirstHand, GarbageStandsWithoutWaiting) {
   EXPECT_EQ(ruling.verdict.reporter, 0);
   EXPECT_EQ(ruling.verdict.detail, "checksum");
   EXPECT_FALSE(ruling.settle);
+}
+
+TEST(FirstHand, APeerLostBeforeTheObservedOneIsTheCulprit) {
+  // This rank's wait on rank 1 failed, but rank 2 was lost first: rank 1 left because of it.
+  const Ruling ruling =
+      first_hand_ruling(Heard_(0, 3).lost(1).lost(2).lost_in_order({2, 1}).evidence(), 1,
+                        ErrorKind::peer_lost, "closed");
+  EXPECT_EQ(ruling.verdict.culprit, 2);
+  EXPECT_EQ(ruling.verdict.kind, ErrorKind::peer_lost);
+  EXPECT_TRUE(ruling.settle);
+  // Lost first itself, the observed peer stands.
+  const Ruling itself =
+      first_hand_ruling(Heard_(0, 3).lost(1).lost(2).lost_in_order({1, 2}).evidence(), 1,
+                        ErrorKind::peer_lost, "closed");
+  EXPECT_EQ(itself.verdict.culprit, 1);
 }
 
 TEST(FirstHand, ALostPeerWithNothingElseToGoOnIsTheCulpritAfterSettling) {

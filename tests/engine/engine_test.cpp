@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <future>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/inproc/inproc.h>
@@ -360,6 +362,67 @@ TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried
   }));
   testing::reference_window(reference, reference_models, options.outer_lr, options.outer_momentum);
   expect_matches_reference(engines, reference, models, reference_models);
+}
+
+TEST(Engine, AMemberKilledInTheExchangeIsNamedByEverySurvivor) {
+  // Rank 3 dies in the all-gather's completion round, after its `done` notices to ranks 0 and
+  // 1 and before the one to rank 2: ranks 0 and 1 finish the all-gather, rank 2 fails in it and
+  // leaves. Only then do ranks 0 and 1 start the next call (their first message of it waits in
+  // the fault hook), where they find both rank 2 and rank 3 gone. Each survivor names rank 3.
+  const int world = 4;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({3000, 17}, DType::float32, 50 + r));
+  auto faults = std::make_shared<transport::inproc::FaultInjector>();
+  auto options = small_options();
+  options.timeout = std::chrono::milliseconds(2000);
+  auto engines = testing::start_engines(models, options, {.faults = faults});
+  for (int r = 0; r < world; ++r)
+    testing::local_training(models[static_cast<std::size_t>(r)], 3e-5f, 4, 70 + r);
+  std::vector<Digest> before;
+  for (const auto& engine : engines)
+    before.push_back(engine->state_digest());
+
+  // Tags: (sequence << 8) | phase (collectives/detail/packets.h); phase 1 is a call's header,
+  // phase 2 its notices.
+  const auto sequence_of = [](transport::Tag tag) { return (tag >> 8) & 0xFFFF'FFFFULL; };
+  const auto phase_of = [](transport::Tag tag) { return tag & 0xFF; };
+  std::atomic<std::int64_t> killed_in{-1};  // the all-gather's call number, once rank 3 is dead
+  std::promise<void> rank2_failed;
+  const std::shared_future<void> rank2_has_failed = rank2_failed.get_future().share();
+  faults->set_hook([&](const transport::inproc::MessageEvent& m) {
+    if (m.from == 3 && m.to == 2 && phase_of(m.tag) == 2) {
+      killed_in = static_cast<std::int64_t>(sequence_of(m.tag));
+      return transport::inproc::FaultAction::kill_sender;
+    }
+    const std::int64_t killed = killed_in.load();
+    if (m.from < 2 && phase_of(m.tag) == 1 && killed >= 0 &&
+        static_cast<std::int64_t>(sequence_of(m.tag)) == killed + 1) {
+      (void)rank2_has_failed.wait_for(std::chrono::seconds(60));
+    }
+    return transport::inproc::FaultAction::deliver;
+  });
+  const auto errors = testing::run_ranks(world, [&](int r) {
+    try {
+      (void)engines[static_cast<std::size_t>(r)]->run_window();
+    } catch (...) {
+      if (r == 2) rank2_failed.set_value();  // its transport is closed by now
+      throw;
+    }
+  });
+  ASSERT_EQ(faults->injected().size(), 1u);
+  for (int r = 0; r < world - 1; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    ASSERT_TRUE(errors[i]) << "rank " << r << " ran its window without rank 3";
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::peer_lost) << "rank " << r << ": " << e.what();
+      EXPECT_EQ(e.context().peer, 3) << "rank " << r << ": " << e.what();
+    }
+    EXPECT_EQ(engines[i]->state_digest(), before[i]) << "rank " << r;
+    EXPECT_EQ(engines[i]->committed_windows(), 0u);
+  }
 }
 
 TEST(Engine, DilocoModeKeepsReplicasIdenticalAndAveragesThePseudoGradient) {

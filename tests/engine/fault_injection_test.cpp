@@ -73,11 +73,15 @@ TEST(FaultPlan, BadInputIsRefusedNamingWhatWasWrong) {
 
 using testing::ScopedVariable;
 
-TEST(FaultInjection, ADisconnectInTheExchangeFailsTheWindowEverywhereAndARetryMatchesTheReference) {
-  // Rank 1 aborts its transport once another rank's message of window 1 has arrived: no rank
-  // may commit window 1 (rank 1 never votes), every state stays as it was, and the window run
-  // again in a new group gives the reference's result (the fault fires once).
-  const EngineOptions options = testing::small_options();
+// Rank 1 aborts its transport once another rank's message of window 1 has arrived: no rank
+// may commit window 1 (rank 1 never votes), every state stays as it was, and the window run
+// again in a new group gives the reference's result (the fault fires once), whichever exchange
+// the windows run.
+class FaultInjectionInExchange : public ::testing::TestWithParam<Exchange> {};
+
+TEST_P(FaultInjectionInExchange, ADisconnectFailsTheWindowEverywhereAndARetryMatchesTheReference) {
+  EngineOptions options = testing::small_options();
+  options.exchange = GetParam();
   const float lr = 3e-5f;
   const int world = 3;
   std::vector<testing::LocalModel> models;
@@ -147,6 +151,12 @@ TEST(FaultInjection, ADisconnectInTheExchangeFailsTheWindowEverywhereAndARetryMa
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Exchanges, FaultInjectionInExchange,
+                         ::testing::Values(Exchange::allgather, Exchange::reduction),
+                         [](const ::testing::TestParamInfo<Exchange>& param) {
+                           return std::string(exchange_name(param.param));
+                         });
 
 }  // namespace
 }  // namespace pulseloco

@@ -24,6 +24,7 @@ TEST_P(ReportBytes, AgreeWithTheTransportAndWithEveryRank) {
   options.chunk_elements = 4096;
   options.threads = 1;
   options.allgather = collectives::CollectiveAlgorithm::direct;  // each message goes once per peer
+  options.exchange = Exchange::allgather;  // every rank receives every other rank's message
   auto transports = testing::make_test_group(backend, world);
   std::vector<std::unique_ptr<Engine>> engines(world);
   // A report covers the end of the previous window (or the engine's construction) to the end

@@ -1,18 +1,23 @@
 // Who may join a group: a server that would listen beyond loopback without a secret is refused;
 // two jobs that share a port and a secret fail with an error naming both jobs instead of
-// training together; a rank whose slot is taken is told who holds it; and rank 0 learns at once
-// of an authenticated process of another world size, while a stranger that fails
-// authentication cannot end its rendezvous (its timeout error names the stranger instead).
+// training together; a rank that arrives after its rendezvous failed is told why; a rank whose
+// slot is taken is told who holds it; and rank 0 learns at once of an authenticated process of
+// another world size, while a stranger that fails authentication cannot end its rendezvous (its
+// timeout error names the stranger instead).
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <array>
 #include <future>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/group/rendezvous_messages.h>
@@ -120,6 +125,46 @@ TEST(SecureByDefault, ASingleHostGroupWithoutASecretListensOnLoopbackAndForms) {
   }
 }
 
+// What the log says at warning level and above while a group of one forms from a peer list,
+// listening on `listen_addr` ("" = where the peer list says: loopback) with `run_id`.
+std::string warnings_forming_a_group(const std::string& listen_addr, const std::string& run_id) {
+  std::ostringstream lines;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(lines);
+  sink->set_level(spdlog::level::warn);
+  logger().sinks().push_back(sink);
+  for (int attempt = 0;; ++attempt) {
+    TransportOptions options = transport::testing::peer_list_options(
+        transport::testing::free_peer_list(1), 0, kSecret, kTimeout);
+    options.tcp.listen_addr = listen_addr;
+    options.run_id = run_id;
+    try {
+      (void)make_tcp_transport(options);
+      break;
+    } catch (const IoError&) {
+      if (attempt >= 3) throw;  // a port was taken meanwhile
+    }
+  }
+  logger().sinks().pop_back();
+  return lines.str();
+}
+
+TEST(RunId, AGroupReachableBeyondLoopbackWithoutARunIdWarnsThatAnotherJobCouldJoinIt) {
+  const std::string warnings = warnings_forming_a_group("0.0.0.0", "");
+  EXPECT_TRUE(contains(warnings, "[warning]")) << warnings;
+  EXPECT_TRUE(contains(warnings, "has no run id (PULSELOCO_RUN_ID)")) << warnings;
+  EXPECT_TRUE(contains(warnings,
+                       "a process of another job with the same secret and the peer "
+                       "list can take one of its ranks"))
+      << warnings;
+}
+
+TEST(RunId, AGroupWithARunIdOrOnLoopbackFormsWithoutThatWarning) {
+  const std::string with_run_id = warnings_forming_a_group("0.0.0.0", "job-a");
+  EXPECT_FALSE(contains(with_run_id, "PULSELOCO_RUN_ID")) << with_run_id;
+  const std::string on_loopback = warnings_forming_a_group("", "");
+  EXPECT_FALSE(contains(on_loopback, "PULSELOCO_RUN_ID")) << on_loopback;
+}
+
 // Fault: two jobs with the same secret and peer list. Job a's rank 0 reaches job b's rank 1
 // (which listens where job a's rank 1 would): both fail naming both jobs.
 TEST(JobIdentity, TwoJobsOnOnePeerListFailNamingBothJobsInsteadOfTrainingTogether) {
@@ -149,9 +194,13 @@ TEST(JobIdentity, TwoJobsOnOnePeerListFailNamingBothJobsInsteadOfTrainingTogethe
 }
 
 // Fault: two jobs with the same secret and master port. Job b's rank 1 registers with job a's
-// rendezvous: it is refused naming both jobs, and job a's rank 0 fails with the same reason.
+// rendezvous: it is refused naming both jobs, and the rendezvous fails with that reason. Job a's
+// rank 0 is told the same whether it registered before the failure, was in its handshake then,
+// or arrived afterwards (the server lingers for the rank's whole connect timeout here, so that
+// no scheduling of the two threads can bring it after the port closed).
 TEST(JobIdentity, TwoJobsOnOneRendezvousFailNamingBothJobsInsteadOfTrainingTogether) {
-  RendezvousServer server("127.0.0.1", 0, 2, link(kSecret), deadline_after(kTimeout), "job-a");
+  RendezvousServer server("127.0.0.1", 0, 2, link(kSecret), deadline_after(kTimeout), "job-a",
+                          /*linger=*/kTimeout);
   auto options_for = [&](int rank, const std::string& run_id) {
     TransportOptions options = transport::testing::loopback_options({}, rank, 2, server.port());
     options.tcp.secret = kSecret;
@@ -168,13 +217,101 @@ TEST(JobIdentity, TwoJobsOnOneRendezvousFailNamingBothJobsInsteadOfTrainingToget
       fmt::format("it belongs to job {}, this is job {}", job("job-b"), job("job-a"));
   EXPECT_EQ(job_b.kind, ErrorKind::protocol) << job_b.what;
   EXPECT_TRUE(contains(job_b.what, both)) << job_b.what;
-  // Rank 0 either was registered (told the failure) or came after it (refused with it).
   const Failure job_a = job_a_rank_0.get();
   EXPECT_EQ(job_a.kind, ErrorKind::protocol) << job_a.what;
   EXPECT_TRUE(contains(job_a.what, both)) << job_a.what;
   const Failure server_failure = failure_of([&] { server.wait(); });
   EXPECT_EQ(server_failure.kind, ErrorKind::protocol);
   EXPECT_TRUE(contains(server_failure.what, both)) << server_failure.what;
+}
+
+// A failed rendezvous keeps answering: a rank of the job that arrives only after the failure is
+// told its kind and reason at once, instead of meeting a closed port until its own timeout.
+TEST(LateRanks, ARankArrivingAfterARefusalIsToldWhyTheRendezvousFailed) {
+  RendezvousServer server("127.0.0.1", 0, 2, link(kSecret), deadline_after(kTimeout), "job-a",
+                          /*linger=*/kTimeout);
+  auto options_for = [&](int rank, const std::string& run_id) {
+    TransportOptions options = transport::testing::loopback_options({}, rank, 2, server.port());
+    options.tcp.secret = kSecret;
+    options.run_id = run_id;
+    options.connect_timeout = kTimeout;
+    return options;
+  };
+  (void)failure_of([&] { (void)environment_rendezvous(options_for(1, "job-b"), 4001); });
+  const Failure server_failure = failure_of([&] { server.wait(); });  // the rendezvous failed
+  const std::string both =
+      fmt::format("it belongs to job {}, this is job {}", job("job-b"), job("job-a"));
+  ASSERT_TRUE(contains(server_failure.what, both)) << server_failure.what;
+
+  const Failure late =
+      failure_of([&] { (void)environment_rendezvous(options_for(0, "job-a"), 4000); });
+  EXPECT_EQ(late.kind, ErrorKind::protocol) << late.what;
+  EXPECT_TRUE(contains(late.what, both)) << late.what;
+  EXPECT_FALSE(contains(late.what, "could not register")) << late.what;
+}
+
+TEST(LateRanks, ARankArrivingAfterTheDeadlineIsToldWhichRanksWereMissing) {
+  RendezvousServer server("127.0.0.1", 0, 2, link(kSecret), deadline_after(100ms), "job-a",
+                          /*linger=*/kTimeout);
+  auto options_for = [&](int rank, const std::string& run_id) {
+    TransportOptions options = transport::testing::loopback_options({}, rank, 2, server.port());
+    options.tcp.secret = kSecret;
+    options.run_id = run_id;
+    options.connect_timeout = kTimeout;
+    return options;
+  };
+  const Failure server_failure = failure_of([&] { server.wait(); });  // nobody came in time
+  ASSERT_EQ(server_failure.kind, ErrorKind::timeout) << server_failure.what;
+
+  const Failure late =
+      failure_of([&] { (void)environment_rendezvous(options_for(1, "job-a"), 4001); });
+  EXPECT_EQ(late.kind, ErrorKind::timeout) << late.what;
+  EXPECT_TRUE(contains(late.what, "ranks 0, 1 did not register in time")) << late.what;
+  EXPECT_FALSE(contains(late.what, "could not register")) << late.what;
+  // A process of another job is still refused for what it is.
+  const Failure stranger =
+      failure_of([&] { (void)environment_rendezvous(options_for(0, "job-b"), 4000); });
+  EXPECT_EQ(stranger.kind, ErrorKind::protocol) << stranger.what;
+  EXPECT_TRUE(contains(stranger.what, fmt::format("it belongs to job {}, this is job {}",
+                                                  job("job-b"), job("job-a"))))
+      << stranger.what;
+}
+
+// The linger ends as soon as every rank of the job has been told: the port closes then, however
+// long the linger (an hour here; ctest's timeout would end the test long before it passed).
+TEST(LateRanks, AFailedServerStopsListeningOnceEveryRankWasTold) {
+  RendezvousServer server("127.0.0.1", 0, 2, link(kSecret), deadline_after(100ms), "job-a",
+                          /*linger=*/std::chrono::hours(1));
+  auto options_for = [&](int rank) {
+    TransportOptions options = transport::testing::loopback_options({}, rank, 2, server.port());
+    options.tcp.secret = kSecret;
+    options.run_id = "job-a";
+    options.connect_timeout = kTimeout;
+    return options;
+  };
+  (void)failure_of([&] { server.wait(); });
+  for (int rank = 0; rank < 2; ++rank) {
+    const Failure late =
+        failure_of([&] { (void)environment_rendezvous(options_for(rank), 4000 + rank); });
+    EXPECT_EQ(late.kind, ErrorKind::timeout) << late.what;
+    EXPECT_TRUE(contains(late.what, "did not register in time")) << late.what;
+  }
+  server.wait_closed();
+}
+
+// After the linger the port is closed: a rank arriving then meets it closed.
+TEST(LateRanks, AfterTheLingerTheServerNoLongerListens) {
+  RendezvousServer server("127.0.0.1", 0, 2, link(kSecret), deadline_after(100ms), "job-a",
+                          /*linger=*/0ms);
+  (void)failure_of([&] { server.wait(); });
+  server.wait_closed();
+  TransportOptions options = transport::testing::loopback_options({}, 1, 2, server.port());
+  options.tcp.secret = kSecret;
+  options.run_id = "job-a";
+  options.connect_timeout = 300ms;
+  const Failure late = failure_of([&] { (void)environment_rendezvous(options, 4001); });
+  EXPECT_EQ(late.kind, ErrorKind::timeout) << late.what;
+  EXPECT_TRUE(contains(late.what, "could not register with the server")) << late.what;
 }
 
 // Fault: a client registering first took rank 1 (no secret: a single-host run on loopback), and
@@ -210,7 +347,7 @@ TEST(JobIdentity, ARankWhoseSlotIsTakenIsToldWhichAddressHoldsIt) {
   EXPECT_TRUE(contains(server_failure.what, "rank 1 is taken")) << server_failure.what;
 }
 
-TEST(RendezvousFailures, RankZeroFailsAtOnceNamingAnAuthenticatedRankOfAnotherWorldSize) {
+TEST(RendezvousFailures, RankZeroFailsNamingAnAuthenticatedRankOfAnotherWorldSize) {
   const std::uint16_t port = transport::testing::pick_free_port();
   auto options_for = [&](int rank, int world_size) {
     TransportOptions options = transport::testing::loopback_options({}, rank, world_size, port);

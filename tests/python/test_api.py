@@ -204,7 +204,8 @@ def test_every_group_option_is_accepted():
                  keepalive_interval_s=5, keepalive_count=3, io_timeout=0.0,
                  max_unexpected_bytes=1 << 24, payload_checksums=False, io_threads=2,
                  busy_poll=0.0001, secret="a secret", allow_insecure=False,
-                 link_security="hmac", tls_cert="", tls_key="", tls_ca="",
+                 link_security="hmac", same_host_plaintext=False, tls_cert="", tls_key="",
+                 tls_ca="",
                  mpi_part_bytes=1 << 20, cuda_device=-1, local_rank=-1)
     with pulseloco.Synchronizer([np.zeros(4, np.float32)], group=group) as sync:
         assert (sync.rank, sync.world_size) == (0, 1)

@@ -102,7 +102,7 @@ def environments(output: str) -> dict[int, dict[str, str]]:
     return found
 
 
-def test_every_rank_gets_torchrun_variables_and_a_shared_fresh_secret(tmp_path):
+def test_every_rank_gets_torchrun_variables_and_a_shared_secret_and_run_id_fresh_per_launch(tmp_path):
     script = write_script(tmp_path, "env.py", ENVIRONMENT_SCRIPT)
     clean = {k: v for k, v in os.environ.items()
              if k not in ("PULSELOCO_SECRET", "PULSELOCO_RUN_ID", "PULSELOCO_LISTEN_ADDR")}

@@ -6,6 +6,7 @@
 #include <span>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <pulseloco/transport/transport.h>
 
@@ -32,6 +33,7 @@ class ForwardingTransport : public Transport {
   }
   void abort(std::string_view reason) noexcept override { inner_->abort(reason); }
   [[nodiscard]] TransportStats stats() const override { return inner_->stats(); }
+  [[nodiscard]] std::vector<int> lost_peers() const override { return inner_->lost_peers(); }
 
  protected:
   [[nodiscard]] Transport& inner() const noexcept { return *inner_; }

@@ -16,6 +16,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/tcp/frame.h>
 #include <pulseloco/transport/tcp/handshake.h>
+#include <pulseloco/transport/tcp/lane.h>
 #include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
@@ -280,36 +281,53 @@ TEST(TcpTransport, AFrameWhoseReceiveIsPostedIsCopiedOnlyAtItsEdges) {
 }
 
 // Rank 0 sends a message of `bytes` three times over `connections` connections, striped above
-// `stripe_threshold` into chunks of at most `stripe_chunk`; rank 1 posts each receive as soon
-// as the message has started arriving (its early-arrival buffer is in use). Small socket
-// buffers make the message trickle in, so that most of it is still to come then.
+// `stripe_threshold` into chunks of at most `stripe_chunk`, with its writes held after the first
+// kEarlyBytes (a test hook); rank 1 posts the receive once the message has started arriving (its
+// early-arrival memory is in use), and only then are rank 0's writes released. So the receive is
+// posted while at most kEarlyBytes of the message are in, and the rest must go straight into the
+// receive's buffer: rank 1 copies at most the early bytes, plus what a read already in flight
+// into early memory took (one per connection), plus each frame's edges that pass through the
+// staging buffer (a header with up to 16 KiB of payload, and a tail shorter than 16 KiB); an
+// early byte that came through the staging buffer is counted twice (payload_bytes_copied()).
 void receive_while_arriving(int connections, std::size_t stripe_threshold, std::size_t stripe_chunk,
                             std::size_t bytes, std::uint64_t seed) {
+  constexpr std::uint64_t kEarlyBytes = std::uint64_t{1} << 20;
+  constexpr std::uint64_t kEdgeBytes = tcp::Lane::kDirectReadBytes + tcp::kFrameHeaderBytes;
   TransportOptions options;
   options.tcp.connections_per_peer = connections;
   options.tcp.stripe_threshold_bytes = stripe_threshold;
   options.tcp.stripe_chunk_bytes = stripe_chunk;
-  options.tcp.socket_send_buffer_bytes = 64 * 1024;
-  options.tcp.socket_receive_buffer_bytes = 64 * 1024;
   auto group = make_loopback_group(2, options);
+  const std::uint64_t frames =
+      tcp::plan_chunks(bytes, connections, stripe_threshold, stripe_chunk).count;
+  const std::uint64_t bound =
+      kEarlyBytes + static_cast<std::uint64_t>(connections) * tcp::Lane::kDirectReadMaxBytes +
+      frames * 2 * kEdgeBytes + 2 * kEdgeBytes * static_cast<std::uint64_t>(connections);
+  ASSERT_LT(bound, bytes / 4) << "the message is too small to show anything";
   for (int round = 0; round < 3; ++round) {
     const auto message = payload(seed + static_cast<std::uint64_t>(round), bytes);
+    const std::uint64_t copied_before = group[1]->payload_bytes_copied();
+    group[0]->hold_sends_after(kEarlyBytes);
     auto send = group[0]->isend(1, 1, message);
     const auto give_up = Clock::now() + kTimeout;
     while (group[1]->unexpected_bytes() == 0 && Clock::now() < give_up)
       std::this_thread::yield();
+    ASSERT_GT(group[1]->unexpected_bytes(), 0U) << "round " << round << ": nothing arrived early";
     std::vector<std::byte> got(message.size());
-    group[1]->recv(0, 1, got, deadline_after(kTimeout));
+    auto receive = group[1]->irecv(0, 1, got);
+    group[0]->release_sends();
+    receive->wait(deadline_after(kTimeout));
     send->wait(deadline_after(kTimeout));
     ASSERT_EQ(got, message) << "round " << round;
     EXPECT_EQ(group[1]->unexpected_bytes(), 0U);
+    EXPECT_LE(group[1]->payload_bytes_copied() - copied_before, bound) << "round " << round;
   }
 }
 
 TEST(TcpTransport, AReceivePostedWhileItsMessageArrivesTakesTheRestDirectly) {
-  // A striped message: the chunks still to come go straight into the caller's buffer and only
-  // the early ones are copied.
-  receive_while_arriving(2, 64 * 1024, 64 * 1024, (16U << 20) + 5, 0);
+  // A striped message (1 MiB chunks over 2 connections): the chunks still to come go straight
+  // into the caller's buffer and only the early ones are copied.
+  receive_while_arriving(2, 1U << 20, 1U << 20, (16U << 20) + 5, 0);
 }
 
 TEST(TcpTransport, AReceivePostedWhileAOneFrameMessageArrivesTakesTheRestOfTheFrame) {
@@ -317,7 +335,7 @@ TEST(TcpTransport, AReceivePostedWhileAOneFrameMessageArrivesTakesTheRestOfTheFr
   // is read straight into the receive's buffer and only the part that arrived before is copied
   // (the all-gather sends its first step before its receiver knows the size). The copy and the
   // direct part must join up exactly.
-  receive_while_arriving(1, 64U << 20, TcpOptions{}.stripe_chunk_bytes, (16U << 20) + 3, 10);
+  receive_while_arriving(1, 64U << 20, 64U << 20, (16U << 20) + 3, 10);
 }
 
 TEST_P(OverLinks, EarlyMessagesBeyondTheCapWaitInTheSocketUntilReceived) {
@@ -440,6 +458,23 @@ TEST_P(OverLinks, APeerThatClosesLeavesItsSentMessagesReceivable) {
     EXPECT_EQ(error.context().peer, 1);
     EXPECT_NE(std::string(error.what()).find("closed its transport"), std::string::npos);
   }
+}
+
+TEST(TcpTransport, LostPeersAreListedInTheOrderTheirConnectionsFailed) {
+  auto group = make_loopback_group(4);
+  std::vector<std::byte> first(1);
+  std::vector<std::byte> second(1);
+  std::vector<std::byte> third(1);
+  auto from_3 = group[0]->irecv(3, 1, first);
+  auto from_1 = group[0]->irecv(1, 1, second);
+  auto from_2 = group[0]->irecv(2, 1, third);
+  group[3]->abort("lost first");
+  EXPECT_THROW(from_3->wait(deadline_after(kTimeout)), PeerLostError);
+  group[1]->abort("lost second");
+  EXPECT_THROW(from_1->wait(deadline_after(kTimeout)), PeerLostError);
+  group[2].reset();  // says goodbye: an orderly exit, not a loss
+  EXPECT_THROW(from_2->wait(deadline_after(kTimeout)), PeerLostError);
+  EXPECT_EQ(group[0]->lost_peers(), (std::vector<int>{3, 1}));
 }
 
 TEST(TcpTransport, DestroyingTheTransportFailsItsPendingRequests) {

@@ -1,8 +1,9 @@
 // TLS on the TCP links: certificates (mutual authentication through the rendezvous and the data
 // plane, a certificate from another CA refused naming the peer), files and settings that cannot
-// be used, and a packet capture of loopback showing that TLS leaves no plaintext on the wire
-// while the HMAC-only links do. (The conformance tests run over TLS keyed from a secret too:
-// tcp_transport_test.cpp, the collectives' "tcp_tls" groups.)
+// be used, a packet capture of loopback showing that TLS leaves no plaintext on the wire while
+// the HMAC-only links do, and the opt-in that keeps links between ranks of one host plaintext. (The
+// conformance tests run over TLS keyed from a secret too: tcp_transport_test.cpp, the collectives'
+// "tcp_tls" groups.)
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/group/options.h>
+#include <pulseloco/transport/tcp/asio_util.h>
 #include <pulseloco/transport/tcp/tls_context.h>
 #include "transport/child_process.h"
 #include "transport/loopback_group.h"
@@ -185,16 +187,30 @@ std::vector<std::byte> known_pattern() {
   return out;
 }
 
-class Capture : public ::testing::TestWithParam<LinkSecurity> {};
+// A link security, and whether same-host links are plaintext (PULSELOCO_SAME_HOST_PLAINTEXT).
+struct CaptureCase {
+  LinkSecurity security = LinkSecurity::tls;
+  bool same_host_plaintext = false;
+  // Whether the loopback links carry plaintext then.
+  [[nodiscard]] bool plaintext() const {
+    return security != LinkSecurity::tls || same_host_plaintext;
+  }
+};
 
-INSTANTIATE_TEST_SUITE_P(Tls, Capture, ::testing::Values(LinkSecurity::hmac, LinkSecurity::tls),
+class Capture : public ::testing::TestWithParam<CaptureCase> {};
+
+INSTANTIATE_TEST_SUITE_P(Tls, Capture,
+                         ::testing::Values(CaptureCase{LinkSecurity::hmac, false},
+                                           CaptureCase{LinkSecurity::tls, false},
+                                           CaptureCase{LinkSecurity::tls, true}),
                          [](const auto& param_info) {
-                           return testing::link_name(param_info.param);
+                           return testing::link_name(param_info.param.security) +
+                                  (param_info.param.same_host_plaintext ? "SameHostPlaintext" : "");
                          });
 
 // A 2-rank all-gather (each rank sends its block to the other) of a known pattern on loopback
-// while tcpdump records the group's ports: the pattern is in the capture with HMAC-only links
-// and nowhere in it with TLS.
+// while tcpdump records the group's ports: the pattern is in the capture with HMAC-only links,
+// and with TLS when same-host links are plaintext, and nowhere in it with TLS otherwise.
 TEST_P(Capture, TheWireShowsThePatternOnlyWithoutTls) {
   const auto tcpdump = find_tcpdump();
   if (!tcpdump) GTEST_SKIP() << "tcpdump is not installed (scripts/deps installs it)";
@@ -222,7 +238,8 @@ TEST_P(Capture, TheWireShowsThePatternOnlyWithoutTls) {
     std::vector<std::unique_ptr<TcpTransport>> group(2);
     run_parallel(2, [&](int rank) {
       auto options = testing::peer_list_options(peers, rank, "capture secret", 20s);
-      options.tcp.link_security = GetParam();
+      options.tcp.link_security = GetParam().security;
+      options.tcp.same_host_plaintext = GetParam().same_host_plaintext;
       group[static_cast<std::size_t>(rank)] = group::make_tcp_transport(options);
     });
     run_parallel(2, [&](int rank) {
@@ -252,11 +269,67 @@ TEST_P(Capture, TheWireShowsThePatternOnlyWithoutTls) {
                              std::istreambuf_iterator<char>());
   const std::string needle(reinterpret_cast<const char*>(pattern.data()), 64);
   const bool plaintext = recorded.find(needle) != std::string::npos;
-  if (GetParam() == LinkSecurity::tls) {
-    EXPECT_FALSE(plaintext) << "the pattern is readable in the capture of a TLS link";
+  if (GetParam().plaintext()) {
+    EXPECT_TRUE(plaintext) << "the capture of a plaintext link should show the pattern";
   } else {
-    EXPECT_TRUE(plaintext) << "the capture of an HMAC-only link should show the plaintext";
+    EXPECT_FALSE(plaintext) << "the pattern is readable in the capture of a TLS link";
   }
+}
+
+// --- Same-host links -------------------------------------------------------------------------
+
+TEST(SameHostLink, IsALoopbackPeerOrOneOfThisHostsOwnAddresses) {
+  const auto same = [](const char* local, const char* remote) {
+    return tcp::same_host_link(boost::asio::ip::make_address(local),
+                               boost::asio::ip::make_address(remote));
+  };
+  EXPECT_TRUE(same("127.0.0.1", "127.0.0.1"));
+  EXPECT_TRUE(same("127.0.0.1", "127.0.0.2"));
+  EXPECT_TRUE(same("::1", "::1"));
+  EXPECT_TRUE(same("::ffff:127.0.0.1", "::ffff:127.0.0.1"));
+  EXPECT_TRUE(same("10.0.0.5", "10.0.0.5"));         // to one of our own addresses
+  EXPECT_TRUE(same("::ffff:10.0.0.5", "10.0.0.5"));  // the same, v4-mapped
+  EXPECT_FALSE(same("10.0.0.5", "10.0.0.6"));        // another host
+  EXPECT_FALSE(same("10.0.0.5", "::ffff:10.0.0.6"));
+  EXPECT_FALSE(same("fd00::1", "fd00::2"));
+  EXPECT_FALSE(same("0.0.0.0", "0.0.0.0"));  // not a connected socket's
+}
+
+TEST(SameHostLink, PlaintextLinksCarryTheGroupsMessages) {
+  const auto peers = testing::free_peer_list(2);
+  std::vector<std::unique_ptr<TcpTransport>> group(2);
+  run_parallel(2, [&](int rank) {
+    auto options = testing::peer_list_options(peers, rank, "same host secret", 20s);
+    options.tcp.link_security = LinkSecurity::tls;
+    options.tcp.same_host_plaintext = true;
+    group[static_cast<std::size_t>(rank)] = group::make_tcp_transport(options);
+  });
+  expect_exchange(group);
+}
+
+// TLS everywhere, but only one of the two ranks keeps same-host links plaintext (rank 0 when
+// the parameter is true): a plaintext end meets a TLS end, and the ranks fail at once naming
+// the mismatch instead of one of them reading the other's bytes in the clear.
+class SameHostPlaintextOnOneRank : public ::testing::TestWithParam<bool> {};
+
+INSTANTIATE_TEST_SUITE_P(SameHostLink, SameHostPlaintextOnOneRank, ::testing::Bool(),
+                         [](const auto& param_info) {
+                           return param_info.param ? "OnTheDialingRank" : "OnTheListeningRank";
+                         });
+
+TEST_P(SameHostPlaintextOnOneRank, RanksFailAtOnceNamingTheMismatch) {
+  const auto failures = testing::failed_formation([&](const auto& peers, int rank) {
+    auto options = testing::peer_list_options(peers, rank, "same host secret", 3s);
+    options.tcp.link_security = LinkSecurity::tls;
+    options.tcp.same_host_plaintext = (rank == 0) == GetParam();
+    return options;
+  });
+  // Rank 0 dials rank 1, whose listener answers with its own security and closes.
+  EXPECT_NE(failures.what[0].find("link security differs"), std::string::npos) << failures.what[0];
+  EXPECT_NE(failures.what[0].find("PULSELOCO_SAME_HOST_PLAINTEXT"), std::string::npos)
+      << failures.what[0];
+  EXPECT_EQ(failures.blamed[0], 1);
+  EXPECT_NE(failures.what[1].find("link security differs"), std::string::npos) << failures.what[1];
 }
 
 }  // namespace

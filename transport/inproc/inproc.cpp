@@ -107,6 +107,7 @@ struct RankInfo {
   std::string close_reason;
   std::vector<std::shared_ptr<Op>> held_sends;  // sends of a stalled rank: never complete
   std::vector<int> corrupt_from;                // peers whose frames to this rank were corrupt
+  std::vector<int> lost;  // peers lost, in the order this rank saw it (Transport::lost_peers)
   std::uint64_t next_index = 0;
   std::uint64_t bytes_offered = 0;
   TransportStats stats;
@@ -193,9 +194,11 @@ struct Fabric {
   }
 
   // Closes `rank` (abort, destruction or kill): its own operations fail with "aborted", and
-  // unless it is frozen its peers see the connection close. Returns once no other thread is
-  // still copying into its receive buffers, so they may be reused.
-  void close(std::unique_lock<std::mutex>& lock, int rank, std::string_view reason) {
+  // unless it is frozen its peers see the connection close. `orderly` (destruction without an
+  // abort, as a TCP transport says goodbye): its peers do not count it as lost. Returns once no
+  // other thread is still copying into its receive buffers, so they may be reused.
+  void close(std::unique_lock<std::mutex>& lock, int rank, std::string_view reason,
+             bool orderly = false) {
     RankInfo& me = info(rank);
     if (!me.closed) {
       me.closed = true;
@@ -208,6 +211,7 @@ struct Fabric {
       if (!me.frozen) {
         fail_posted([rank](const ChannelKey& key) { return key.from == rank; },
                     [rank](const Op& op) { return peer_closed_error(op.owner, rank); });
+        if (!orderly) tell_peers_lost(rank);
       }
     }
     copies_done.wait(lock, [&] { return info(rank).copies_in_flight == 0; });
@@ -219,9 +223,21 @@ struct Fabric {
       // Already closed while frozen: its peers must now see the connection go.
       fail_posted([rank](const ChannelKey& key) { return key.from == rank; },
                   [rank](const Op& op) { return peer_closed_error(op.owner, rank); });
+      tell_peers_lost(rank);
       return;
     }
     close(lock, rank, "killed by fault injection");
+  }
+
+  // Every open rank sees `rank`'s connection close now (lock held).
+  void tell_peers_lost(int rank) {
+    for (int peer = 0; peer < world_size(); ++peer) {
+      RankInfo& other = info(peer);
+      if (peer != rank && !other.closed &&
+          std::find(other.lost.begin(), other.lost.end(), rank) == other.lost.end()) {
+        other.lost.push_back(rank);
+      }
+    }
   }
 
   void stall(int rank) { info(rank).frozen = true; }
@@ -264,6 +280,8 @@ struct Fabric {
     if (error) {
       if (checksum_failed && !corrupt_link(recv.peer, recv.owner)) {
         owner.corrupt_from.push_back(recv.peer);
+        if (std::find(owner.lost.begin(), owner.lost.end(), recv.peer) == owner.lost.end())
+          owner.lost.push_back(recv.peer);  // as a wire transport drops the connection
         const int from = recv.peer;
         const int to = recv.owner;
         fail_posted([&](const ChannelKey& key) { return key.from == from && key.to == to; },
@@ -369,7 +387,7 @@ class InprocTransport final : public Transport {
       : fabric_(std::move(fabric)), rank_(rank) {}
   ~InprocTransport() override {
     std::unique_lock lock(fabric_->mutex);
-    fabric_->close(lock, rank_, "transport destroyed");
+    fabric_->close(lock, rank_, "transport destroyed", /*orderly=*/true);
   }
   InprocTransport(const InprocTransport&) = delete;
   InprocTransport& operator=(const InprocTransport&) = delete;
@@ -541,6 +559,11 @@ class InprocTransport final : public Transport {
   [[nodiscard]] TransportStats stats() const override {
     const std::lock_guard lock(fabric_->mutex);
     return fabric_->info(rank_).stats;
+  }
+
+  [[nodiscard]] std::vector<int> lost_peers() const override {
+    const std::lock_guard lock(fabric_->mutex);
+    return fabric_->info(rank_).lost;
   }
 
  private:

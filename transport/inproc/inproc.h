@@ -17,6 +17,9 @@
 //   those of a stalled rank, which never complete).
 // - Destroying an unfinished Request withdraws it: its buffer may be reused at once.
 // - Request::wait throwing TimeoutError leaves the operation pending; it can be waited on again.
+// - lost_peers(): a killed or aborted rank is lost to every open rank at the moment it closes,
+//   and a peer whose frame failed its checksum to the rank that dropped its connection; a
+//   transport destroyed without an abort closes in an orderly way and is not lost.
 #pragma once
 
 #include <chrono>

@@ -77,6 +77,32 @@ void apply_socket_options(Socket& socket, const TcpOptions& options) {
   }
 }
 
+namespace {
+
+asio::ip::address unmapped(const asio::ip::address& address) {
+  if (address.is_v6() && address.to_v6().is_v4_mapped())
+    return asio::ip::make_address_v4(asio::ip::v4_mapped, address.to_v6());
+  return address;
+}
+
+}  // namespace
+
+bool same_host_link(const asio::ip::address& local, const asio::ip::address& remote) noexcept {
+  const asio::ip::address a = unmapped(local);
+  const asio::ip::address b = unmapped(remote);
+  if (b.is_unspecified()) return false;
+  return b.is_loopback() || a == b;
+}
+
+bool same_host_link(const Socket& socket) noexcept {
+  boost::system::error_code error;
+  const auto local = socket.local_endpoint(error);
+  if (error) return false;
+  const auto remote = socket.remote_endpoint(error);
+  if (error) return false;
+  return same_host_link(local.address(), remote.address());
+}
+
 std::string remote_description(const Socket& socket) {
   boost::system::error_code error;
   const auto endpoint = socket.remote_endpoint(error);

@@ -45,6 +45,15 @@ void apply_socket_options(Socket& socket, const TcpOptions& options);
 void apply_buffer_sizes(Socket& socket, const TcpOptions& options);
 void apply_buffer_sizes(Acceptor& acceptor, const TcpOptions& options);
 
+// Whether a connection from `local` to `remote` stays inside this host's network stack (this
+// network namespace): `remote` is a loopback address, or one of this host's own (the two ends'
+// addresses are equal; Linux drops a packet arriving from outside with a source address that is
+// local, unless net.ipv4.conf.*.accept_local is set).
+[[nodiscard]] bool same_host_link(const asio::ip::address& local,
+                                  const asio::ip::address& remote) noexcept;
+// The same for a connected socket (false when its addresses cannot be read).
+[[nodiscard]] bool same_host_link(const Socket& socket) noexcept;
+
 // "1.2.3.4:5678" of the remote end, or "<unknown>".
 [[nodiscard]] std::string remote_description(const Socket& socket);
 

@@ -37,6 +37,10 @@ void Core::form(GroupTable table, Deadline deadline) {
   if (effective_link_security(options_) == LinkSecurity::none && size_ > 1 && rank_ == 0)
     logger().warn(
         "tcp transport: no shared secret (PULSELOCO_SECRET): connections are not authenticated");
+  if (tls_ && options_.same_host_plaintext && size_ > 1 && rank_ == 0)
+    logger().info(
+        "tcp transport: links between ranks of one host are not encrypted "
+        "(PULSELOCO_SAME_HOST_PLAINTEXT); links to other hosts use TLS");
   if (size_ > 1) mesh_.start(deadline);
   if (options_.io_timeout.count() > 0) {
     progress_timer_.emplace(control_);
@@ -184,6 +188,23 @@ void Core::corrupt_outgoing_frame(CorruptFrame hook) {
   const std::lock_guard lock(mutex_);
   corrupt_at_ = data_frames_sent_ + hook.frame_index;
   corrupt_target_ = hook.target;
+}
+
+void Core::hold_sends_after(std::uint64_t bytes) {
+  const std::lock_guard lock(mutex_);
+  send_budget_ = bytes;
+  sends_limited_ = true;
+}
+
+void Core::release_sends() {
+  std::vector<std::pair<Peer*, Lane*>> held;
+  {
+    const std::lock_guard lock(mutex_);
+    sends_limited_ = false;
+    held.swap(held_writes_);
+  }
+  for (const auto& [peer, lane] : held)
+    asio::post(peer->strand, [this, peer, lane] { sender_.continue_write(*peer, *lane); });
 }
 
 }  // namespace pulseloco::transport::tcp

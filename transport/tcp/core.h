@@ -82,6 +82,8 @@ class Core {
   [[nodiscard]] std::size_t tag_counters() const;
   [[nodiscard]] std::size_t unexpected_bytes() const;
   void corrupt_outgoing_frame(CorruptFrame hook);
+  void hold_sends_after(std::uint64_t bytes);
+  void release_sends();
 
   // --- Failure policy and closing (tcp_transport.cpp) ------------------------------------------
   // A connection's read or write failed (EOF, reset, ...). On the peer's strand.
@@ -97,6 +99,13 @@ class Core {
   void abort(std::string_view reason) noexcept;
   // Destruction: says goodbye, waits for the peers to read everything, stops the threads.
   void shutdown() noexcept;
+
+  // The TLS context of a data-plane link over `socket`: none when links are plaintext, or when
+  // same-host links are (options_.same_host_plaintext) and this one is.
+  [[nodiscard]] std::shared_ptr<TlsContext> link_tls(const Socket& socket) const {
+    if (!tls_ || (options_.same_host_plaintext && same_host_link(socket))) return nullptr;
+    return tls_;
+  }
 
   [[nodiscard]] ErrorContext context_for(int peer) const {
     return ErrorContext{.rank = rank_, .peer = peer};
@@ -132,25 +141,33 @@ class Core {
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
-  std::exception_ptr aborted_;                                 // lock
-  bool closing_ = false;                                       // lock
-  bool shut_down_ = false;                                     // lock
-  bool formed_ = false;                                        // lock: the whole mesh was connected
-  std::exception_ptr formation_error_;                         // lock
-  UnexpectedBytes unexpected_;                                 // lock
-  int paused_lanes_ = 0;                                       // lock
-  std::uint64_t data_frames_sent_ = 0;                         // lock
+  std::exception_ptr aborted_;          // lock
+  bool closing_ = false;                // lock
+  bool shut_down_ = false;              // lock
+  bool formed_ = false;                 // lock: the whole mesh was connected
+  std::exception_ptr formation_error_;  // lock
+  UnexpectedBytes unexpected_;          // lock
+  std::vector<int> lost_peers_;         // lock: in the order they failed (Transport::lost_peers)
+  int paused_lanes_ = 0;                // lock
+  std::uint64_t data_frames_sent_ = 0;  // lock
   std::optional<std::uint64_t> corrupt_at_;                    // lock: the test hook's frame
   FrameCorruption corrupt_target_ = FrameCorruption::payload;  // lock
-  TransportStats stats_;  // lock: the payload and message counters
+  // The test hook that holds writes: set while it is on; the bytes the data plane may still
+  // write (what writes in flight were offered is taken off); the connections held.
+  std::atomic<bool> sends_limited_{false};
+  std::uint64_t send_budget_ = 0;                     // lock
+  std::vector<std::pair<Peer*, Lane*>> held_writes_;  // lock
+  TransportStats stats_;                              // lock: the payload and message counters
   std::atomic<std::uint64_t> wire_sent_{0};
   std::atomic<std::uint64_t> wire_received_{0};
   std::atomic<std::uint64_t> payload_copied_{0};  // TcpTransport::payload_bytes_copied()
 
  private:
   bool finish_if_ready(Operation& op, std::unique_lock<std::mutex>& lock);
-  void fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool log);
-  void fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool log = true);
+  // Fails every operation with `peer`. `lost`: false for a peer that said goodbye, which is
+  // neither logged nor counted in lost_peers_.
+  void fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool lost);
+  void fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool lost = true);
   void close_lanes_on_strand(Peer& peer, const std::exception_ptr& orphan_error);
   void tell_peer_why(Peer& peer, std::string_view reason);
   void graceful_close() noexcept;

@@ -39,10 +39,12 @@ static_assert(kNoticeBytes < kChallengeBytes, "a notice must be shorter than a c
 // The two sides' views of a mismatch; the client's is what it fails with.
 constexpr std::string_view kServerSpeaksTls =
     "link security differs: the server's links use TLS and ours are plaintext (set the same "
-    "PULSELOCO_LINK_SECURITY and secret on both sides: no secret, or hmac, means plaintext)";
+    "PULSELOCO_LINK_SECURITY, PULSELOCO_SAME_HOST_PLAINTEXT and secret on both sides: no "
+    "secret, or hmac, means plaintext)";
 constexpr std::string_view kServerSpeaksPlaintext =
     "link security differs: the server's links are plaintext and ours use TLS (set the same "
-    "PULSELOCO_LINK_SECURITY and secret on both sides: no secret, or hmac, means plaintext)";
+    "PULSELOCO_LINK_SECURITY, PULSELOCO_SAME_HOST_PLAINTEXT and secret on both sides: no "
+    "secret, or hmac, means plaintext)";
 constexpr std::string_view kClientSpeaksPlaintext =
     "link security differs: the client speaks plaintext (no secret, or "
     "PULSELOCO_LINK_SECURITY=hmac) and our links use TLS";
@@ -211,7 +213,7 @@ Mac hmac_sha256(std::string_view key, std::span<const std::uint8_t> message) {
 asio::awaitable<HandshakeTraffic> client_handshake(LinkStream& stream, Hello hello,
                                                    std::string_view secret) {
   try {
-    co_await stream.secure(asio::ssl::stream_base::client);
+    co_await stream.secure(LinkStream::Role::client);
     co_return co_await client_exchange(stream, hello, secret);
   } catch (const boost::system::system_error& error) {
     // Under TLS 1.3 the server checks our certificate after our side of the handshake is
@@ -296,7 +298,7 @@ asio::awaitable<ServerHandshake> server_handshake(
     const std::function<std::string(const Hello&)>& admit) {
   if (socket.encrypted()) co_await refuse_plaintext_client(socket);
   try {
-    co_await socket.secure(asio::ssl::stream_base::server);
+    co_await socket.secure(LinkStream::Role::server);
   } catch (const boost::system::system_error& error) {
     if (!is_tls_refusal(error.code())) throw;
     tls_refused(socket, error, true);

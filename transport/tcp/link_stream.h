@@ -4,22 +4,22 @@
 // (asio::async_read and async_write work on it) with the few synchronous operations the data
 // plane needs.
 //
-// With TLS:
-//  - A write sends one TLS record (at most 16 KiB of plaintext) per call. Asio's SSL stream
-//    encrypts only the first buffer of a sequence, so a sequence whose first buffer is small
-//    (a frame header, a small frame) is first gathered into a record-sized buffer: a batch of
-//    small frames becomes full records instead of one record and one system call per buffer.
+// With TLS (tls_session.h drives OpenSSL over memory; this class does the system calls):
+//  - A write encrypts up to TlsSession::kMaxWriteBytes of the buffer sequence, in full records
+//    (small buffers are gathered into one), and writes all of that ciphertext before it
+//    completes, in one system call when the socket takes it: a batch of frames costs about as
+//    many system calls as without TLS, not one per 16 KiB record. The caller's buffers are read
+//    only while the write starts.
+//  - A read takes up to TlsSession::kMaxReadBytes of ciphertext from the socket and decrypts
+//    straight into the caller's buffer (its first non-empty one), as much as fits; what does
+//    not fit stays for the next read, which then needs no system call. A read completing after
+//    close() writes nothing into the caller's buffer (which may be gone then) and fails with
+//    asio::error::operation_aborted.
 //  - The end of the peer's stream reads as asio::error::eof whether or not the peer sent a TLS
 //    close_notify: the links end with an application-level goodbye (or fail), and a transport
 //    that was not told goodbye treats eof as a lost peer, so a forged FIN can make a link fail
 //    but never end it cleanly.
-//  - A read decrypts into memory of the stream's own and copies into the caller's buffer only
-//    if the stream has not been closed meanwhile: Asio may decrypt a record that arrived before
-//    close() after it, when the caller's buffer may already be gone (a plain socket's read
-//    never writes after close()).
-//  - One read and one write may be in flight at once (from the same strand). A read never
-//    writes: TLS 1.3 writes during a read only for post-handshake messages, and there are none
-//    (no session tickets, no key update requests from pulseloco).
+//  - One read and one write may be in flight at once (from the same strand).
 //
 // Socket-level operations (options, close, shutdown of the sending side) go to socket(); a
 // plain TCP shutdown ends the sending side under TLS too (no close_notify, see above).
@@ -28,14 +28,12 @@
 
 #include <pulseloco/transport/tcp/asio_util.h>
 
-#include <boost/asio/ssl/stream.hpp>
-
-#include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <memory>
+#include <span>
 
 #include <pulseloco/transport/tcp/tls_context.h>
+#include <pulseloco/transport/tcp/tls_session.h>
 
 namespace pulseloco::transport::tcp {
 
@@ -43,8 +41,7 @@ class LinkStream {
  public:
   using executor_type = Socket::executor_type;
   using Signature = void(boost::system::error_code, std::size_t);
-  // Largest plaintext of one TLS record.
-  static constexpr std::size_t kRecordBytes = 16 * 1024;
+  using Role = TlsSession::Role;
 
   // A plain stream over a new, unopened socket.
   explicit LinkStream(asio::io_context& io);
@@ -56,7 +53,7 @@ class LinkStream {
 
   [[nodiscard]] Socket& socket() noexcept { return *socket_; }
   [[nodiscard]] const std::shared_ptr<Socket>& shared_socket() const noexcept { return socket_; }
-  [[nodiscard]] bool encrypted() const noexcept { return tls_stream_ != nullptr; }
+  [[nodiscard]] bool encrypted() const noexcept { return session_ != nullptr; }
   [[nodiscard]] bool uses_certificates() const noexcept {
     return tls_ && tls_->uses_certificates();
   }
@@ -65,32 +62,18 @@ class LinkStream {
   // The TLS handshake as client or server (nothing for a plain stream). Throws
   // boost::system::system_error: an error of asio::error::get_ssl_category() when the peer's
   // key or certificate is wrong (is_tls_refusal()), another on I/O failure.
-  [[nodiscard]] asio::awaitable<void> secure(asio::ssl::stream_base::handshake_type role);
+  [[nodiscard]] asio::awaitable<void> secure(Role role);
 
   template <typename MutableBuffers, typename Token>
   auto async_read_some(const MutableBuffers& buffers, Token&& token) {
     return asio::async_initiate<Token, Signature>(
         [this](auto handler, const MutableBuffers& into) {
-          if (!tls_stream_) {
+          if (!session_) {
             socket_->async_read_some(into, std::move(handler));
             return;
           }
-          const auto executor = asio::get_associated_executor(handler, socket_->get_executor());
-          const asio::mutable_buffer destination = first_buffer(into);
-          const std::shared_ptr<Plaintext> plaintext = plaintext_;
-          tls_stream_->async_read_some(
-              asio::buffer(plaintext->bytes.get(), std::min(destination.size(), kRecordBytes)),
-              asio::bind_executor(executor,
-                                  [handler = std::move(handler), plaintext, destination](
-                                      boost::system::error_code error, std::size_t n) mutable {
-                                    if (plaintext->closed) {
-                                      error = asio::error::operation_aborted;
-                                      n = 0;
-                                    }
-                                    if (n > 0)
-                                      std::memcpy(destination.data(), plaintext->bytes.get(), n);
-                                    std::move(handler)(end_of_stream_as_eof(error), n);
-                                  }));
+          TlsRead<decltype(handler)>(session_, socket_, first_buffer(into), std::move(handler))
+              .start();
         },
         token, buffers);
   }
@@ -99,11 +82,27 @@ class LinkStream {
   auto async_write_some(const ConstBuffers& buffers, Token&& token) {
     return asio::async_initiate<Token, Signature>(
         [this](auto handler, const ConstBuffers& from) {
-          if (tls_stream_) {
-            tls_stream_->async_write_some(gather(from), std::move(handler));
-          } else {
+          if (!session_) {
             socket_->async_write_some(from, std::move(handler));
+            return;
           }
+          const auto executor = asio::get_associated_executor(handler, socket_->get_executor());
+          const std::size_t taken = encrypt(from);
+          if (taken == 0 || session_->failure()) {
+            asio::post(executor,
+                       [handler = std::move(handler), error = session_->failure()]() mutable {
+                         std::move(handler)(error, 0);
+                       });
+            return;
+          }
+          const auto ciphertext = session_->take_ciphertext();
+          asio::async_write(
+              *socket_, asio::buffer(ciphertext.data(), ciphertext.size()),
+              asio::bind_executor(executor,
+                                  [handler = std::move(handler), session = session_, taken](
+                                      boost::system::error_code error, std::size_t) mutable {
+                                    std::move(handler)(error, error ? 0 : taken);
+                                  }));
         },
         token, buffers);
   }
@@ -111,8 +110,9 @@ class LinkStream {
   // Synchronous read of what has arrived; asio::error::would_block when nothing has (the socket
   // is non-blocking).
   std::size_t read_some(const asio::mutable_buffer& buffer, boost::system::error_code& error);
-  // Best-effort synchronous write of a short message (at most kRecordBytes) on a non-blocking
-  // socket: the bytes of it that went out.
+  // Best-effort synchronous write of a short message on a non-blocking socket: the bytes of it
+  // that went out (under TLS: all of it, or none and the rest of its ciphertext goes out before
+  // the next write's).
   std::size_t write_some(std::span<const asio::const_buffer> buffers,
                          boost::system::error_code& error);
 
@@ -120,12 +120,64 @@ class LinkStream {
   void close() noexcept;
 
  private:
-  using TlsStream = asio::ssl::stream<Socket&>;
+  // A read under TLS: decrypts what has arrived, else reads the socket until a record has.
+  template <typename Handler>
+  class TlsRead {
+   public:
+    TlsRead(std::shared_ptr<TlsSession> session, std::shared_ptr<Socket> socket,
+            asio::mutable_buffer into, Handler handler)
+        : session_(std::move(session)),
+          socket_(std::move(socket)),
+          into_(static_cast<std::byte*>(into.data()), into.size()),
+          handler_(std::move(handler)) {}
 
-  // What a TLS read decrypts into, and whether close() has run (on the socket's strand).
-  struct Plaintext {
-    std::unique_ptr<std::byte[]> bytes = std::make_unique<std::byte[]>(kRecordBytes);
-    bool closed = false;
+    void start() {
+      boost::system::error_code error;
+      const std::size_t n = session_->decrypt(into_, error);
+      if (n > 0 || error || into_.empty()) {
+        const auto on = executor();
+        asio::post(on, [handler = std::move(handler_), error, n]() mutable {
+          std::move(handler)(error, n);
+        });
+        return;
+      }
+      read_socket();
+    }
+
+    void operator()(boost::system::error_code error, std::size_t n) {
+      if (session_->closed()) {
+        std::move(handler_)(asio::error::operation_aborted, 0);
+        return;
+      }
+      if (error) {
+        std::move(handler_)(error, 0);
+        return;
+      }
+      session_->received(n);
+      const std::size_t decrypted = session_->decrypt(into_, error);
+      if (decrypted == 0 && !error) {
+        read_socket();  // part of a record
+        return;
+      }
+      std::move(handler_)(error, decrypted);
+    }
+
+   private:
+    auto executor() const {
+      return asio::get_associated_executor(handler_, socket_->get_executor());
+    }
+
+    void read_socket() {
+      const auto room = session_->ciphertext_room();
+      const auto on = executor();
+      socket_->async_read_some(asio::buffer(room.data(), room.size()),
+                               asio::bind_executor(on, std::move(*this)));
+    }
+
+    std::shared_ptr<TlsSession> session_;
+    std::shared_ptr<Socket> socket_;
+    std::span<std::byte> into_;
+    Handler handler_;
   };
 
   template <typename MutableBuffers>
@@ -136,31 +188,24 @@ class LinkStream {
     return {};
   }
 
-  [[nodiscard]] static boost::system::error_code end_of_stream_as_eof(
-      const boost::system::error_code& error) noexcept;
-
-  // The first buffer of `buffers` when it fills a record, else as much of the sequence as fits
-  // in one record, copied into record_.
+  // Encrypts the start of `buffers`, up to TlsSession::kMaxWriteBytes, into the session's
+  // ciphertext: the plaintext bytes taken (0 when the session has failed).
   template <typename ConstBuffers>
-  asio::const_buffer gather(const ConstBuffers& buffers) {
-    auto it = asio::buffer_sequence_begin(buffers);
-    const auto end = asio::buffer_sequence_end(buffers);
-    while (it != end && asio::const_buffer(*it).size() == 0)
-      ++it;
-    if (it == end) return {};
-    if (asio::const_buffer(*it).size() >= kRecordBytes) return *it;
-    std::size_t used = 0;
-    for (; it != end && used < kRecordBytes; ++it)
-      used += asio::buffer_copy(asio::buffer(record_.get() + used, kRecordBytes - used),
-                                asio::const_buffer(*it));
-    return {record_.get(), used};
+  std::size_t encrypt(const ConstBuffers& buffers) {
+    std::size_t taken = 0;
+    for (auto it = asio::buffer_sequence_begin(buffers);
+         it != asio::buffer_sequence_end(buffers) && taken < TlsSession::kMaxWriteBytes; ++it) {
+      const asio::const_buffer buffer(*it);
+      const std::size_t n = std::min(buffer.size(), TlsSession::kMaxWriteBytes - taken);
+      if (!session_->add({static_cast<const std::byte*>(buffer.data()), n})) return 0;
+      taken += n;
+    }
+    return session_->seal() ? taken : 0;
   }
 
   std::shared_ptr<Socket> socket_;
   std::shared_ptr<TlsContext> tls_;
-  std::unique_ptr<TlsStream> tls_stream_;
-  std::unique_ptr<std::byte[]> record_;   // gathered plaintext of the record being written
-  std::shared_ptr<Plaintext> plaintext_;  // of the record being read
+  std::shared_ptr<TlsSession> session_;  // shared with the operations in flight
 };
 
 // Whether `error` (from secure() or a read or write after it) means TLS refused the peer (a

@@ -110,7 +110,7 @@ asio::awaitable<void> Mesh::serve(PendingConnection connection) {
   int claimed_lane = -1;
   bool authenticated = false;
   try {
-    LinkStream link(socket, core_.tls_);
+    LinkStream link(socket, core_.link_tls(*socket));
     const ServerHandshake result =
         co_await server_handshake(link, core_.options_.secret, [&](const Hello& hello) {
           authenticated = true;  // admit runs only once the client proved the secret
@@ -196,7 +196,7 @@ asio::awaitable<void> Mesh::connect_lane(int peer, int lane, Deadline deadline) 
           boost::system::error_code ignored;
           socket->close(ignored);
         });
-        LinkStream link(socket, core_.tls_);
+        LinkStream link(socket, core_.link_tls(*socket));
         count_handshake(co_await client_handshake(link, hello, core_.options_.secret));
         install_lane(peer, lane, std::move(link));
         co_return;

@@ -154,22 +154,56 @@ void Sender::start_write(Peer& peer, Lane& lane) {
 }
 
 void Sender::continue_write(Peer& peer, Lane& lane) {
+  if (core_.sends_limited_) {
+    const auto unwritten = lane.unwritten();
+    if (unwritten.empty()) return;
+    const asio::const_buffer first = unwritten.front();
+    const std::size_t allowed = limited_write(peer, lane, first.size());
+    if (allowed == 0) return;
+    lane.link.async_write_some(
+        asio::buffer(first.data(), allowed),
+        asio::bind_executor(peer.strand,
+                            [this, &peer, &lane, allowed](const boost::system::error_code& error,
+                                                          std::size_t written) {
+                              {
+                                const std::lock_guard lock(core_.mutex_);
+                                core_.send_budget_ += allowed - written;
+                              }
+                              on_written(peer, lane, error, written);
+                            }));
+    return;
+  }
   lane.link.async_write_some(
       lane.unwritten(),
       asio::bind_executor(peer.strand, [this, &peer, &lane](const boost::system::error_code& error,
                                                             std::size_t written) {
-        if (error) {
-          core_.on_lane_error(peer, lane, error, "sending");
-          return;
-        }
-        core_.wire_sent_ += written;
-        lane.last_write_progress = Clock::now();
-        if (lane.wrote(written)) {
-          batch_written(peer, lane);
-        } else {
-          continue_write(peer, lane);
-        }
+        on_written(peer, lane, error, written);
       }));
+}
+
+std::size_t Sender::limited_write(Peer& peer, Lane& lane, std::size_t wanted) {
+  const std::lock_guard lock(core_.mutex_);
+  if (!core_.sends_limited_) return wanted;
+  const std::size_t allowed =
+      static_cast<std::size_t>(std::min<std::uint64_t>(wanted, core_.send_budget_));
+  if (allowed == 0) core_.held_writes_.emplace_back(&peer, &lane);
+  core_.send_budget_ -= allowed;
+  return allowed;
+}
+
+void Sender::on_written(Peer& peer, Lane& lane, const boost::system::error_code& error,
+                        std::size_t written) {
+  if (error) {
+    core_.on_lane_error(peer, lane, error, "sending");
+    return;
+  }
+  core_.wire_sent_ += written;
+  lane.last_write_progress = Clock::now();
+  if (lane.wrote(written)) {
+    batch_written(peer, lane);
+  } else {
+    continue_write(peer, lane);
+  }
 }
 
 void Sender::batch_written(Peer& peer, Lane& lane) {

@@ -5,6 +5,8 @@
 // thread just before each write, or reused from the earlier operation an iforward names.
 #pragma once
 
+#include <boost/system/error_code.hpp>
+
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -34,6 +36,8 @@ class Sender {
   // On the peer's strand: `lane` writes its next batch, its goodbye, or shuts its write side,
   // whichever is due.
   void start_write(Peer& peer, Lane& lane);
+  // On the peer's strand: `lane` writes more of its batch.
+  void continue_write(Peer& peer, Lane& lane);
   // On the peer's strand: sends FIN on `lane` (after its goodbye, or the peer's).
   void shut_write_side(Lane& lane);
 
@@ -43,7 +47,11 @@ class Sender {
   static constexpr std::size_t kBatchFrames = 32;
 
   void deliver_to_self(Operation& op, std::span<const std::byte> data);
-  void continue_write(Peer& peer, Lane& lane);
+  // Under the test hook that holds writes (TcpTransport::hold_sends_after): what `lane` may
+  // write now (none: it is held), taken off the hook's budget.
+  [[nodiscard]] std::size_t limited_write(Peer& peer, Lane& lane, std::size_t wanted);
+  void on_written(Peer& peer, Lane& lane, const boost::system::error_code& error,
+                  std::size_t written);
   void batch_written(Peer& peer, Lane& lane);
   void write_goodbye(Peer& peer, Lane& lane);
 

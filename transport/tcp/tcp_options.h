@@ -84,6 +84,11 @@ struct TcpOptions {
   // Encryption of every TCP link (PULSELOCO_LINK_SECURITY) and the certificates for it.
   LinkSecurity link_security = LinkSecurity::automatic;
   TlsFiles tls_files;
+  // Data-plane links between two ranks of this host (same_host_link()) stay plaintext even when
+  // the others use TLS (PULSELOCO_SAME_HOST_PLAINTEXT; docs/operations.md, "Same-host links",
+  // says who can then read them). Every rank must agree: a link where one end encrypts and the
+  // other does not is refused as a link security mismatch.
+  bool same_host_plaintext = false;
 };
 
 [[nodiscard]] LinkSecurity effective_link_security(const TcpOptions& options) noexcept;

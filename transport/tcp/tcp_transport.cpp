@@ -143,11 +143,13 @@ void Core::protocol_violation(Peer& peer, const std::string& problem,
                               std::move(context))));
 }
 
-void Core::fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool log) {
+void Core::fail_peer_locked(Peer& peer, const std::exception_ptr& error, bool lost) {
   if (peer.failure) return;
   peer.failure = error;
-  if (log && !closing_ && !aborted_)
+  if (lost && !closing_ && !aborted_) {
+    lost_peers_.push_back(peer.rank);
     logger().warn("tcp transport: rank {}: {}", rank_, what_of(error));
+  }
   // Lost before the whole mesh is connected: the group cannot form. Waiting on for the other
   // connections until the connect deadline would only delay this rank's next try at forming
   // one (in an elastic run, possibly past the coordinator's regroup timeout).
@@ -185,7 +187,7 @@ void Core::close_lanes_on_strand(Peer& peer, const std::exception_ptr& orphan_er
   notify_waiters();
 }
 
-void Core::fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool log) {
+void Core::fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool lost) {
   // Close first: once the operations fail their buffers may be reused, and nothing may be read
   // into them any more.
   for (auto& lane : peer.lanes) {
@@ -193,7 +195,7 @@ void Core::fail_peer_on_strand(Peer& peer, const std::exception_ptr& error, bool
   }
   {
     const std::lock_guard lock(mutex_);
-    fail_peer_locked(peer, error, log);
+    fail_peer_locked(peer, error, lost);
   }
   close_lanes_on_strand(peer, error);
 }
@@ -482,16 +484,17 @@ void TcpTransport::abort(std::string_view reason) noexcept {
   core_->abort(reason);
 }
 
+std::vector<int> TcpTransport::lost_peers() const {
+  const std::lock_guard lock(core_->mutex_);
+  return core_->lost_peers_;
+}
+
 TransportStats TcpTransport::stats() const {
   return core_->stats();
 }
 
 std::uint16_t TcpTransport::listen_port() const noexcept {
   return core_->listen_port_;
-}
-
-const std::vector<PeerAddress>& TcpTransport::peer_addresses() const noexcept {
-  return core_->addresses_;
 }
 
 GroupId TcpTransport::group_id() const noexcept {
@@ -510,10 +513,6 @@ std::uint64_t TcpTransport::payload_bytes_copied() const noexcept {
   return core_->payload_copied_.load();
 }
 
-int TcpTransport::callers_waiting() const noexcept {
-  return core_->progress_.drivers();
-}
-
 void TcpTransport::retire_tag(Tag tag) noexcept {
   core_->retire_tag(tag);
 }
@@ -524,6 +523,14 @@ std::size_t TcpTransport::tag_counters() const {
 
 void TcpTransport::corrupt_outgoing_frame(CorruptFrame hook) {
   core_->corrupt_outgoing_frame(hook);
+}
+
+void TcpTransport::hold_sends_after(std::uint64_t bytes) {
+  core_->hold_sends_after(bytes);
+}
+
+void TcpTransport::release_sends() {
+  core_->release_sends();
 }
 
 }  // namespace pulseloco::transport

@@ -78,11 +78,13 @@ class TcpTransport final : public Transport {
   void retire_tag(Tag tag) noexcept override;
   void abort(std::string_view reason) noexcept override;
   [[nodiscard]] TransportStats stats() const override;
+  // In the order in which their connections failed here (read, write or handshake errors, a
+  // close without a goodbye, an abort frame, io_timeout, a protocol violation); a peer whose
+  // every connection said goodbye is not lost.
+  [[nodiscard]] std::vector<int> lost_peers() const override;
 
   // The port of the data listener (0 for a group of one).
   [[nodiscard]] std::uint16_t listen_port() const noexcept;
-  // Every rank's data listener, in rank order.
-  [[nodiscard]] const std::vector<PeerAddress>& peer_addresses() const noexcept;
   // The id every connection of this group presents.
   [[nodiscard]] GroupId group_id() const noexcept;
   // Connections refused by the data listener so far (authentication failures, strangers).
@@ -95,14 +97,18 @@ class TcpTransport final : public Transport {
   // irecv was posted, when copied out of the memory kept for it (bytes that also came through
   // the staging buffer count twice). Self-sends count too.
   [[nodiscard]] std::uint64_t payload_bytes_copied() const noexcept;
-  // Callers now inside a request's wait() (they drive the io_context; tcp/progress.h).
-  [[nodiscard]] int callers_waiting() const noexcept;
   // Message counters kept, one per (peer, tag, direction) in use (retire_tag drops them).
   [[nodiscard]] std::size_t tag_counters() const;
 
   // Test hook (test_hooks.h): flips one bit of the hook.frame_index-th data frame sent after
   // this call.
   void corrupt_outgoing_frame(CorruptFrame hook);
+  // Test hook: the data plane writes at most `bytes` more (frame headers included) to its
+  // peers, then holds every write until release_sends(), so that a test can have a message
+  // arrive in part. Goodbye and abort frames are not held; a transport whose writes are held
+  // cannot close cleanly (its goodbye waits for the held frames).
+  void hold_sends_after(std::uint64_t bytes);
+  void release_sends();
 
  private:
   // isend, and iforward with the earlier operation when it is one of this transport's.

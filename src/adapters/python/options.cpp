@@ -114,6 +114,7 @@ const Setters<EngineOptions>& engine_setters() {
                     integer(key, v, 1, std::numeric_limits<long long>::max())),
       PULSELOCO_SET(bf16_delta, kernels::parse_bf16_delta(text(key, v))),
       PULSELOCO_SET(overlap, parse_overlap(text(key, v))),
+      PULSELOCO_SET(exchange, parse_exchange(text(key, v))),
       PULSELOCO_SET(verify_digests, boolean(key, v)),
       PULSELOCO_SET(trace_dir, text(key, v)),
       PULSELOCO_SET(state_location, parse_state_location(text(key, v))),
@@ -202,6 +203,7 @@ const Setters<group::TransportOptions>& transport_setters() {
          o.tcp.link_security =
              choice<transport::LinkSecurity>(key, v, {"auto", "none", "hmac", "tls"});
        }},
+      PULSELOCO_SET_AS("same_host_plaintext", tcp.same_host_plaintext, boolean(key, v)),
       PULSELOCO_SET_AS("tls_cert", tcp.tls_files.cert, text(key, v)),
       PULSELOCO_SET_AS("tls_key", tcp.tls_files.key, text(key, v)),
       PULSELOCO_SET_AS("tls_ca", tcp.tls_files.ca, text(key, v)),

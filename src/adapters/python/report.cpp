@@ -42,6 +42,10 @@ nb::dict report_dict(const WindowReport& r) {
   d["density"] = r.density;
   d["payload_bytes"] = r.payload_bytes;
   d["received_bytes"] = r.received_bytes;
+  d["exchange"] = r.exchange;
+  d["union_entries"] = r.union_entries;
+  d["group_entries"] = r.group_entries;
+  d["union_ratio"] = r.union_ratio;
   d["wire_bytes_sent"] = r.wire_bytes_sent;
   d["wire_bytes_received"] = r.wire_bytes_received;
   d["diloco_bytes"] = r.diloco_bytes;
@@ -110,6 +114,16 @@ void bind_report(nb::module_& module) {
       .def_ro("density", &R::density, "entries_sent / parameters")
       .def_ro("payload_bytes", &R::payload_bytes, "this rank's encoded contribution")
       .def_ro("received_bytes", &R::received_bytes)
+      .def_ro("exchange", &R::exchange,
+              "how the applied window was exchanged: 'allgather' or 'reduction' (mode pulse), "
+              "'allreduce' (diloco, ddp); '' when none was applied")
+      .def_ro("union_entries", &R::union_entries,
+              "elements that at least one rank sent in the window applied at this boundary")
+      .def_ro("group_entries", &R::group_entries,
+              "the sum over ranks of the elements each sent in that window")
+      .def_ro("union_ratio", &R::union_ratio,
+              "union_entries / group_entries: 1 for disjoint sets, 1 / world_size for identical "
+              "ones; 0 when nothing was applied")
       .def_ro("wire_bytes_sent", &R::wire_bytes_sent)
       .def_ro("wire_bytes_received", &R::wire_bytes_received)
       .def_ro("diloco_bytes", &R::diloco_bytes, "dense DiLoCo payload: 4 B x parameters")
