@@ -8,6 +8,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/collectives/detail/call.h>
+#include <pulseloco/collectives/detail/chunks.h>
 #include <pulseloco/transport/native_collectives.h>
 
 namespace pulseloco::collectives {
@@ -18,31 +19,18 @@ using transport::Request;
 
 namespace {
 
-struct BroadcastPiece {
-  std::size_t offset = 0;
-  std::size_t bytes = 0;
-};
-
-[[nodiscard]] std::vector<BroadcastPiece> chunks_of(std::size_t size, std::size_t chunk) {
-  std::vector<BroadcastPiece> pieces;
-  for (std::size_t offset = 0; offset < size; offset += chunk) {
-    pieces.push_back({offset, std::min(chunk, size - offset)});
-  }
-  return pieces;
-}
-
 // The root sends every chunk straight to every rank.
 void direct_broadcast(Call& call, int root, std::span<std::byte> data) {
   const int r = call.rank();
-  const std::vector<BroadcastPiece> pieces =
-      chunks_of(data.size(), call.options().pipeline_chunk_bytes);
+  const std::vector<detail::MessageChunk> pieces =
+      detail::message_chunks(data.size(), call.options().pipeline_chunk_bytes);
   if (r == root) {
-    for (const BroadcastPiece& piece : pieces)
+    for (const detail::MessageChunk& piece : pieces)
       call.isend_to_every_peer(Phase::payload, data.subspan(piece.offset, piece.bytes));
     return;
   }
   std::vector<Request*> receives;
-  for (const BroadcastPiece& piece : pieces) {
+  for (const detail::MessageChunk& piece : pieces) {
     receives.push_back(&call.irecv(root, Phase::payload, data.subspan(piece.offset, piece.bytes)));
   }
   for (Request* receive : receives)
@@ -57,16 +45,16 @@ void chain_broadcast(Call& call, int root, std::span<std::byte> data) {
   const int previous = call.left_neighbour();
   const int next = call.right_neighbour();
   const bool last = (r - root + n) % n == n - 1;
-  const std::vector<BroadcastPiece> pieces =
-      chunks_of(data.size(), call.options().pipeline_chunk_bytes);
+  const std::vector<detail::MessageChunk> pieces =
+      detail::message_chunks(data.size(), call.options().pipeline_chunk_bytes);
   if (r == root) {
-    for (const BroadcastPiece& piece : pieces) {
+    for (const detail::MessageChunk& piece : pieces) {
       (void)call.isend(next, Phase::payload, data.subspan(piece.offset, piece.bytes));
     }
     return;
   }
   std::vector<Request*> receives;
-  for (const BroadcastPiece& piece : pieces) {
+  for (const detail::MessageChunk& piece : pieces) {
     receives.push_back(
         &call.irecv(previous, Phase::payload, data.subspan(piece.offset, piece.bytes)));
   }

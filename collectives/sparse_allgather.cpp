@@ -59,18 +59,14 @@ CollectiveAlgorithm choose_allgather_algorithm(std::span<const std::uint64_t> si
 namespace {
 
 // A piece of one rank's message.
-struct MessagePiece {
+struct MessagePiece : detail::MessageChunk {
   int origin = 0;
-  std::size_t offset = 0;
-  std::size_t bytes = 0;
-  [[nodiscard]] bool last_of(std::uint64_t size) const { return offset + bytes == size; }
 };
 
 void append_chunks(std::vector<MessagePiece>& out, int origin, std::uint64_t size,
                    std::size_t chunk) {
-  detail::for_each_chunk(0, size, chunk, [&](std::uint64_t begin, std::uint64_t end) {
-    out.push_back({origin, static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin)});
-  });
+  for (const detail::MessageChunk& piece : detail::message_chunks(size, chunk))
+    out.push_back({piece, origin});
 }
 
 // The exchange's first step, posted while the headers travel, so that exchanging the sizes

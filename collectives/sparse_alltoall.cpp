@@ -15,30 +15,13 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/collectives/detail/call.h>
+#include <pulseloco/collectives/detail/chunks.h>
 
 namespace pulseloco::collectives {
 
 using detail::Call;
 using detail::Phase;
 using transport::Request;
-
-namespace {
-
-struct Piece {
-  std::size_t offset = 0;
-  std::size_t bytes = 0;
-};
-
-std::vector<Piece> pieces_of(std::uint64_t size, std::size_t chunk) {
-  std::vector<Piece> pieces;
-  for (std::uint64_t offset = 0; offset < size; offset += chunk) {
-    pieces.push_back({static_cast<std::size_t>(offset),
-                      static_cast<std::size_t>(std::min<std::uint64_t>(chunk, size - offset))});
-  }
-  return pieces;
-}
-
-}  // namespace
 
 void sparse_alltoall(transport::Transport& transport,
                      std::span<const std::span<const std::byte>> to_rank,
@@ -89,7 +72,7 @@ void sparse_alltoall(transport::Transport& transport,
     for (int distance = 1; distance < n; ++distance) {
       const int peer = (r + distance) % n;
       const auto& message = to_rank[static_cast<std::size_t>(peer)];
-      for (const Piece& piece : pieces_of(message.size(), chunk))
+      for (const detail::MessageChunk& piece : detail::message_chunks(message.size(), chunk))
         (void)call.isend(peer, Phase::payload, message.subspan(piece.offset, piece.bytes));
     }
     (void)call.headers();
@@ -116,7 +99,7 @@ void sparse_alltoall(transport::Transport& transport,
                                           peer, buffers[index].size(), size),
                               {.rank = r});
       }
-      for (const Piece& piece : pieces_of(size, chunk)) {
+      for (const detail::MessageChunk& piece : detail::message_chunks(size, chunk)) {
         receives[index].push_back(
             &call.irecv(peer, Phase::payload, buffers[index].subspan(piece.offset, piece.bytes)));
       }
