@@ -110,4 +110,23 @@ void check_ranks_shape(std::span<const SparseEntries> ranks_in_order, std::strin
   }
 }
 
+void check_ranks_offsets(std::span<const SparseEntries> ranks_in_order, std::uint64_t count,
+                         std::string_view kernel) {
+  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
+    const SparseEntries& entries = ranks_in_order[r];
+    std::uint64_t next_allowed = 0;
+    for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
+      const std::uint64_t offset = entries.offsets[k];
+      if (offset < next_allowed || offset >= count) {
+        throw InvalidArgument(
+            fmt::format("{}: entry {} has offset {}; offsets must be strictly ascending and below "
+                        "the chunk length {}",
+                        kernel, k, offset, count),
+            ErrorContext{.peer = static_cast<int>(r), .index = k});
+      }
+      next_allowed = offset + 1;
+    }
+  }
+}
+
 }  // namespace pulseloco::kernels::detail

@@ -26,5 +26,9 @@ void check_outer_params(const OuterStepParams& params, std::string_view kernel);
 // offsets themselves are checked where they can be read: on the CPU before use, on the GPU by
 // a validation kernel.)
 void check_ranks_shape(std::span<const SparseEntries> ranks_in_order, std::string_view kernel);
+// Host entries only: every rank's offsets strictly ascending and below `count` (InvalidArgument
+// naming the rank as peer and the entry as index otherwise).
+void check_ranks_offsets(std::span<const SparseEntries> ranks_in_order, std::uint64_t count,
+                         std::string_view kernel);
 
 }  // namespace pulseloco::kernels::detail

@@ -210,21 +210,7 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
   const bool avx2 = use_avx2(isa, "aggregate");
   detail::check_ranks_shape(ranks_in_order, "aggregate");
   // Validate every rank's offsets before writing anything.
-  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
-    const SparseEntries& entries = ranks_in_order[r];
-    std::uint64_t next_allowed = 0;
-    for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
-      const std::uint64_t offset = entries.offsets[k];
-      if (offset < next_allowed || offset >= count) {
-        throw InvalidArgument(
-            fmt::format("aggregate: entry {} has offset {}; offsets must be strictly ascending "
-                        "and below the chunk length {}",
-                        k, offset, count),
-            ErrorContext{.peer = static_cast<int>(r), .index = k});
-      }
-      next_allowed = offset + 1;
-    }
-  }
+  detail::check_ranks_offsets(ranks_in_order, count, "aggregate");
   const IeeeFloatMode ieee_mode;
   std::fill_n(g, count, 0.0f);  // +0
   for (const SparseEntries& entries : ranks_in_order) {
@@ -248,21 +234,7 @@ std::uint64_t sparse_sum(std::span<const SparseEntries> ranks_in_order, std::uin
   check_pointer(sum, count, "sparse_sum", "sum scratch");
   check_pointer(seen, count, "sparse_sum", "seen scratch");
   detail::check_ranks_shape(ranks_in_order, "sparse_sum");
-  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
-    const SparseEntries& entries = ranks_in_order[r];
-    std::uint64_t next_allowed = 0;
-    for (std::size_t k = 0; k < entries.offsets.size(); ++k) {
-      const std::uint64_t offset = entries.offsets[k];
-      if (offset < next_allowed || offset >= count) {
-        throw InvalidArgument(
-            fmt::format("sparse_sum: entry {} has offset {}; offsets must be strictly ascending "
-                        "and below the chunk length {}",
-                        k, offset, count),
-            ErrorContext{.peer = static_cast<int>(r), .index = k});
-      }
-      next_allowed = offset + 1;
-    }
-  }
+  detail::check_ranks_offsets(ranks_in_order, count, "sparse_sum");
   const IeeeFloatMode ieee_mode;
   std::uint64_t lowest = count;
   std::uint64_t highest = 0;

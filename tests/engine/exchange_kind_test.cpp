@@ -38,7 +38,7 @@ TEST(ChooseExchange, ReductionWhenItsEstimatedTrafficIsBelowTheAdvantageThreshol
   // Identical sets (U = G/R) gain from 3 ranks on; disjoint ones (U = G) never do.
   EXPECT_EQ(choose_exchange(automatic(3, g, g / 3)), Exchange::reduction);
   EXPECT_EQ(choose_exchange(automatic(16, g, g)), Exchange::allgather);
-  // 16 ranks with the training example's overlap.
+  // 16 ranks whose union is an eighth of their sets' sum.
   EXPECT_EQ(choose_exchange(automatic(16, g, g / 8)), Exchange::reduction);
 }
 
