@@ -454,6 +454,14 @@ Coordinator::Coordinator(CoordinatorOptions options) {
       impl.options.max_workers == 0 ? std::string("unlimited")
                                     : std::to_string(impl.options.max_workers),
       impl.options.join_every_windows, impl.options.regroup_timeout.count());
+  if (impl.options.run_id.empty() && !tcp::is_loopback_host(host)) {
+    logger().warn(
+        "membership coordinator: listening beyond loopback with no run id (PULSELOCO_RUN_ID): a "
+        "worker of another job with the same secret that reaches {}:{} is admitted into this "
+        "run, and the two jobs then train together. Give every job its own PULSELOCO_RUN_ID, "
+        "the same on the coordinator and its workers",
+        host.empty() ? "*" : host, impl.listener->port());
+  }
   impl.listener->start(
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });
   impl.thread = std::thread([&impl] {

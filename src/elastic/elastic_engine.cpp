@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include <pulseloco/base/errors.h>
@@ -17,6 +19,7 @@
 #include <pulseloco/base/unique_fd.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous.h>
+#include <pulseloco/transport/tcp/exposure.h>
 
 namespace pulseloco {
 namespace {
@@ -42,28 +45,36 @@ std::string default_worker_id() {
   return fmt::format("{}-{}", host[0] != '\0' ? host.data() : "worker", ::getpid());
 }
 
-// A free TCP port on `address` ("" = every interface): bound once and released, so that every
-// generation's data listener can bind it (Asio's acceptor sets SO_REUSEADDR).
-std::uint16_t free_port(const std::string& address) {
-  const UniqueFd socket(::socket(AF_INET, SOCK_STREAM, 0));
-  if (socket.get() < 0) throw IoError("cannot create a socket to find a free data port");
+// This worker's data listening socket on `address` ("" = every interface) and `port` (0 = any
+// free port), held for the whole run: every generation's transport accepts on it, so no other
+// process can take the port between two generations.
+UniqueFd listen_for_data(const std::string& address, std::uint16_t port) {
+  UniqueFd socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (socket.get() < 0) throw IoError("cannot create the data listening socket");
   const int one = 1;
   (void)::setsockopt(socket.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in bound{};
   bound.sin_family = AF_INET;
-  bound.sin_port = 0;
+  bound.sin_port = htons(port);
   if (address.empty()) {
     bound.sin_addr.s_addr = htonl(INADDR_ANY);
   } else if (::inet_pton(AF_INET, address.c_str(), &bound.sin_addr) != 1) {
     throw InvalidArgument(
         fmt::format("listen address '{}' is not an IPv4 address (elastic runs)", address));
   }
-  if (::bind(socket.get(), reinterpret_cast<const sockaddr*>(&bound), sizeof(bound)) != 0) {
-    throw IoError(fmt::format("cannot bind a data port on '{}'", address));
+  if (::bind(socket.get(), reinterpret_cast<const sockaddr*>(&bound), sizeof(bound)) != 0 ||
+      ::listen(socket.get(), SOMAXCONN) != 0) {
+    throw IoError(fmt::format("cannot listen for the data plane on {}:{}: {}",
+                              address.empty() ? "*" : address, port, std::strerror(errno)));
   }
+  return socket;
+}
+
+std::uint16_t port_of(const UniqueFd& socket) {
+  sockaddr_in bound{};
   socklen_t length = sizeof(bound);
   if (::getsockname(socket.get(), reinterpret_cast<sockaddr*>(&bound), &length) != 0) {
-    throw IoError("getsockname failed on the data port");
+    throw IoError("getsockname failed on the data listening socket");
   }
   return ntohs(bound.sin_port);
 }
@@ -125,11 +136,8 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
   const transport::PeerAddress coordinator =
       transport::parse_peer_address(elastic_.coordinator, "PULSELOCO_COORDINATOR");
 
-  // Where this worker's data listener listens in every generation.
+  // The address the other workers reach this one's data listener at.
   transport::PeerAddress data;
-  data.port = elastic_.transport.tcp.listen_port != 0
-                  ? elastic_.transport.tcp.listen_port
-                  : free_port(elastic_.transport.tcp.listen_addr);
   if (!elastic_.transport.advertise_addr.empty()) {
     data.host = elastic_.transport.advertise_addr;
   } else if (!elastic_.transport.socket_ifname.empty()) {
@@ -140,7 +148,15 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
   } else {
     data.host = local_address_towards(coordinator.host);
   }
-  data_port_ = data.port;
+  // Where it listens, in every generation: the configured address, else loopback when that is
+  // where the others reach it (as a peer list's own loopback entry does for any TCP group), so
+  // that a single-host run is not reachable from elsewhere; else every interface.
+  std::string listen_addr = elastic_.transport.tcp.listen_addr;
+  if (listen_addr.empty() && transport::tcp::is_loopback_host(data.host))
+    listen_addr = data.host == "localhost" ? "127.0.0.1" : data.host;
+  data_socket_ =
+      std::make_unique<UniqueFd>(listen_for_data(listen_addr, elastic_.transport.tcp.listen_port));
+  data.port = port_of(*data_socket_);
 
   // Invalid parameters are refused before this worker registers anywhere.
   engine_ = std::make_unique<Engine>(std::move(parameters), std::move(options));
@@ -160,6 +176,10 @@ ElasticEngine::ElasticEngine(std::vector<NamedTensor> parameters, EngineOptions 
   regroup("join");
 }
 
+std::uint16_t ElasticEngine::data_port() const {
+  return port_of(*data_socket_);
+}
+
 ElasticEngine::~ElasticEngine() {
   leave();
 }
@@ -174,7 +194,7 @@ void ElasticEngine::leave() noexcept {
 void ElasticEngine::regroup(std::string reason) {
   if (left_) throw MembershipError("this worker has left the run");
   for (int attempt = 1;; ++attempt) {
-    engine_->detach();  // frees the data port for the next generation's listener
+    engine_->detach();  // the data socket stays listening for the next generation
     group_ = membership_->next_group(reason, transport::deadline_after(elastic_.admission_timeout));
     group::TransportOptions options = elastic_.transport;
     options.backend = transport::Backend::tcp;
@@ -185,7 +205,7 @@ void ElasticEngine::regroup(std::string reason) {
     options.rank = group_.rank;
     options.world_size = group_.size();
     options.group_key = group_.group_key;
-    options.tcp.listen_port = 0;  // peer_list: the port of this worker's entry
+    options.tcp.listen_socket = data_socket_->get();  // the port of this worker's entry
     try {
       engine_->attach(group::make_transport(options),
                       GroupInfo{.generation = group_.generation, .members = group_.worker_ids});

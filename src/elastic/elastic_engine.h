@@ -39,6 +39,8 @@
 
 namespace pulseloco {
 
+class UniqueFd;
+
 struct ElasticOptions {
   std::string coordinator;  // "host:port" of the coordinator (PULSELOCO_COORDINATOR)
   std::string worker_id;    // unique in the run; "" = "<hostname>-<pid>"
@@ -91,6 +93,8 @@ class ElasticEngine final : public WindowRunner {
   [[nodiscard]] Engine& engine() noexcept override { return *engine_; }
   [[nodiscard]] const elastic::GroupAssignment& group() const noexcept { return group_; }
   [[nodiscard]] const std::string& worker_id() const noexcept { return worker_id_; }
+  // The port of this worker's data listener, the same in every generation.
+  [[nodiscard]] std::uint16_t data_port() const;
   // Generations this worker has been part of (1 for a run without membership changes).
   [[nodiscard]] int groups_joined() const noexcept { return groups_joined_; }
 
@@ -102,7 +106,7 @@ class ElasticEngine final : public WindowRunner {
 
   ElasticOptions elastic_;
   std::string worker_id_;
-  std::uint16_t data_port_ = 0;
+  std::unique_ptr<UniqueFd> data_socket_;  // this worker's data port, open for every generation
   std::unique_ptr<elastic::MembershipClient> membership_;
   std::unique_ptr<Engine> engine_;
   elastic::GroupAssignment group_;

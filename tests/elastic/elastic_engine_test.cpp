@@ -3,8 +3,11 @@
 // window's digests agree and the survivors end identical. (Process-level faults: elastic_test.py.)
 #include <pulseloco/elastic/elastic_engine.h>
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +18,7 @@
 #include <thread>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/unique_fd.h>
 #include <pulseloco/elastic/coordinator.h>
 #include "engine/engine_test_util.h"
 
@@ -189,6 +193,77 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
   ASSERT_EQ(reports.final_digest.size(), 3u);
   for (const auto& [id, digest] : reports.final_digest)
     EXPECT_EQ(digest, reports.final_digest.begin()->second) << id;
+}
+
+// Whether another socket can bind and listen on 127.0.0.1:port (as another process picking
+// that port would, SO_REUSEADDR included).
+bool another_socket_can_listen_on(std::uint16_t port) {
+  const UniqueFd socket(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int one = 1;
+  (void)::setsockopt(socket.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return ::bind(socket.get(), reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0 &&
+         ::listen(socket.get(), 1) == 0;
+}
+
+TEST(ElasticEngine, TheDataPortStaysTakenFromOneGenerationToTheNext) {
+  // A group of one has no data listener: before the second worker arrives, the port this worker
+  // registered is held only by its own socket. Another process that took it then would break
+  // the next generation ("Address already in use").
+  elastic::Coordinator coordinator({.host = "127.0.0.1",
+                                    .initial_workers = 1,
+                                    .min_workers = 1,
+                                    .join_every_windows = 1,
+                                    .regroup_timeout = std::chrono::milliseconds(15'000),
+                                    .secret = "elastic-test"});
+  const std::uint16_t port = coordinator.port();
+  Reports reports;
+  reports.coordinator = &coordinator;
+  constexpr std::uint64_t kWindows = 3;
+  testing::LocalModel model = testing::make_model({0, 5, 3000, 2049}, DType::float32, 7);
+  ElasticEngine sync(testing::views_of(model), worker_options(), elastic_options(port, "w0"));
+  ASSERT_EQ(sync.group().size(), 1);
+  EXPECT_FALSE(another_socket_can_listen_on(sync.data_port()));
+
+  std::exception_ptr joiner_error;
+  std::thread joiner([&] {
+    try {
+      run_worker(port, "w1", 11, kWindows, std::nullopt, std::nullopt, reports,
+                 [&] { reports.set_joiner_registered(); });
+    } catch (...) {
+      joiner_error = std::current_exception();
+    }
+  });
+  std::uint32_t step = 0;
+  bool held = false;
+  try {
+    while (sync.engine().committed_windows() < kWindows) {
+      if (!held && sync.engine().committed_windows() == 1) {
+        held = true;  // the boundary after window 1 admits the joiner
+        if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never asked to join");
+      }
+      testing::local_training(model, 3e-5f, 1, 10 + 1000 * step++);
+      if (auto report = sync.after_optimizer_step()) reports.add(*report);
+    }
+  } catch (...) {
+    sync.leave();
+    joiner.join();
+    throw;
+  }
+  joiner.join();
+  if (joiner_error) std::rethrow_exception(joiner_error);
+  EXPECT_EQ(sync.groups_joined(), 2);
+  ASSERT_EQ(reports.by_window[2].size(), 2u);
+  for (const auto& report : reports.by_window[2]) {
+    EXPECT_EQ(report.world_size, 2);
+    EXPECT_EQ(report.digest, reports.by_window[2].front().digest);
+  }
+  EXPECT_EQ(reports.final_digest.at("w1"), sync.engine().state_digest());
+  sync.leave();
+  coordinator.wait();
 }
 
 TEST(ElasticEngine, RefusesTransportsThatCannotChangeMembership) {

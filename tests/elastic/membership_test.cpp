@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -17,11 +18,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 #include <pulseloco/elastic/coordinator.h>
 #include <pulseloco/elastic/membership_client.h>
 #include <pulseloco/transport/tcp/asio_util.h>
@@ -632,6 +635,37 @@ TEST(Membership, TheCoordinatorGoingAwayIsReportedAsLost) {
         << error.what();
   }
   EXPECT_THROW((void)a->next_group("again", deadline_after(kTimeout)), PeerLostError);
+}
+
+// What the log says at warning level and above while a coordinator listens on `host` with
+// `run_id`.
+std::string warnings_starting_a_coordinator(const std::string& host, const std::string& run_id) {
+  std::ostringstream lines;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(lines);
+  sink->set_level(spdlog::level::warn);
+  logger().sinks().push_back(sink);
+  {
+    CoordinatorOptions options = coordinator_options(1);
+    options.host = host;
+    options.run_id = run_id;
+    const Coordinator coordinator(options);
+  }
+  logger().sinks().pop_back();
+  return lines.str();
+}
+
+TEST(Membership, ACoordinatorReachableBeyondLoopbackWithoutARunIdWarnsThatAnotherJobCouldJoin) {
+  const std::string warnings = warnings_starting_a_coordinator("0.0.0.0", "");
+  EXPECT_NE(warnings.find("[warning]"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("listening beyond loopback with no run id (PULSELOCO_RUN_ID): a worker "
+                          "of another job with the same secret"),
+            std::string::npos)
+      << warnings;
+
+  const std::string with_run_id = warnings_starting_a_coordinator("0.0.0.0", "job-a");
+  EXPECT_EQ(with_run_id.find("PULSELOCO_RUN_ID"), std::string::npos) << with_run_id;
+  const std::string on_loopback = warnings_starting_a_coordinator("127.0.0.1", "");
+  EXPECT_EQ(on_loopback.find("PULSELOCO_RUN_ID"), std::string::npos) << on_loopback;
 }
 
 TEST(Membership, BadOptionsAreRejectedNamingTheField) {

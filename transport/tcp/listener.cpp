@@ -1,10 +1,14 @@
 #include <pulseloco/transport/tcp/listener.h>
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <vector>
@@ -28,7 +32,8 @@ struct PendingConnection::Shared {
   LogThrottle accept_log{1};      // failed accepts: one line per interval
   LogThrottle connection_log{5};  // refused and dropped connections
   std::atomic<std::size_t> failures{0};
-  bool closed = false;  // on the accept loop's executor
+  bool closed = false;    // on the accept loop's executor
+  bool borrowed = false;  // the acceptor holds a duplicate of the caller's listening socket
 };
 
 // One place for a connection in its handshake (or for an accept under way).
@@ -41,6 +46,24 @@ struct PendingConnection::Place {
 };
 
 namespace {
+
+// Closes the listening socket, or, for a borrowed one, deregisters and closes only the
+// duplicate: closing a duplicate does not take the socket out of the reactor's epoll set, so
+// release() must deregister it first, and the caller's socket stays bound and listening.
+void close_acceptor(PendingConnection::Shared& shared) noexcept {
+  boost::system::error_code ignored;
+  if (!shared.borrowed) {
+    shared.acceptor.close(ignored);
+    return;
+  }
+  if (!shared.acceptor.is_open()) return;
+  const int duplicate = shared.acceptor.release(ignored);
+  if (ignored) {
+    shared.acceptor.close(ignored);
+  } else if (duplicate >= 0) {
+    ::close(duplicate);
+  }
+}
 
 using Place = PendingConnection::Place;
 using Shared = PendingConnection::Shared;
@@ -232,15 +255,39 @@ Listener::Listener(asio::io_context& io, asio::any_io_executor executor, std::st
     acceptor.bind(endpoint);
     acceptor.listen(asio::socket_base::max_listen_connections);
     port_ = acceptor.local_endpoint().port();
+    host_ = host;
   } catch (const boost::system::system_error& error) {
     throw IoError(fmt::format("{}: cannot listen on {}:{}: {}", shared_->owner,
                               host.empty() ? "*" : host, port, error.code().message()));
   }
 }
 
+Listener::Listener(asio::io_context& io, asio::any_io_executor executor, std::string owner,
+                   int listening_socket, const TcpOptions& buffers)
+    : shared_(std::make_shared<Shared>(io, executor, std::move(owner))) {
+  const int duplicate = ::fcntl(listening_socket, F_DUPFD_CLOEXEC, 0);
+  if (duplicate < 0) {
+    throw IoError(fmt::format("{}: cannot use listening socket {}: {}", shared_->owner,
+                              listening_socket, std::strerror(errno)));
+  }
+  Acceptor& acceptor = shared_->acceptor;
+  try {
+    acceptor.assign(asio::ip::tcp::v4(), duplicate);
+    shared_->borrowed = true;
+    apply_buffer_sizes(acceptor, buffers);
+    const Endpoint bound = acceptor.local_endpoint();
+    port_ = bound.port();
+    if (!bound.address().is_unspecified()) host_ = bound.address().to_string();
+  } catch (const boost::system::system_error& error) {
+    if (!shared_->borrowed) ::close(duplicate);
+    close_acceptor(*shared_);
+    throw IoError(fmt::format("{}: cannot listen on socket {}: {}", shared_->owner,
+                              listening_socket, error.code().message()));
+  }
+}
+
 Listener::~Listener() {
-  boost::system::error_code ignored;
-  shared_->acceptor.close(ignored);
+  close_acceptor(*shared_);
 }
 
 std::size_t Listener::accept_failures() const noexcept {
@@ -255,8 +302,7 @@ void Listener::start(Serve serve) {
 void Listener::close() noexcept {
   auto& shared = *shared_;
   shared.closed = true;
-  boost::system::error_code ignored;
-  shared.acceptor.close(ignored);
+  close_acceptor(shared);
   shared.room.cancel();
   shared.pause.cancel();
 }

@@ -93,11 +93,18 @@ class Listener {
   // in log lines and errors ("tcp transport"). Throws IoError when the address cannot be bound.
   Listener(asio::io_context& io, asio::any_io_executor executor, std::string owner,
            const std::string& host, std::uint16_t port, const TcpOptions& buffers = {});
+  // Accepts on `listening_socket` instead (bound and listening; the caller keeps it open):
+  // the listener works on a duplicate and, when it closes, gives the socket up without closing
+  // it, so the port stays bound for the caller's next listener.
+  Listener(asio::io_context& io, asio::any_io_executor executor, std::string owner,
+           int listening_socket, const TcpOptions& buffers = {});
   ~Listener();  // closes the socket (call close() first when the accept loop may be running)
   Listener(const Listener&) = delete;
   Listener& operator=(const Listener&) = delete;
 
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+  // The address it listens on ("" = all interfaces).
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
   // Accepts that failed, and accepted connections closed at once for want of descriptors.
   [[nodiscard]] std::size_t accept_failures() const noexcept;
 
@@ -117,6 +124,7 @@ class Listener {
 
   std::shared_ptr<PendingConnection::Shared> shared_;
   std::uint16_t port_ = 0;
+  std::string host_;
 };
 
 }  // namespace pulseloco::transport::tcp

@@ -14,10 +14,19 @@
 namespace pulseloco::transport::tcp {
 
 std::uint16_t Mesh::listen(const std::string& host, std::uint16_t port) {
-  require_authentication_beyond_loopback("tcp transport", host,
-                                         effective_link_security(core_.options_),
-                                         core_.options_.allow_insecure);
-  listener_.emplace(core_.io_, core_.control_, "tcp transport", host, port, core_.options_);
+  const auto& options = core_.options_;
+  if (options.listen_socket >= 0) {
+    // The caller's socket: checked by the address it is bound to (nothing is accepted before
+    // start()).
+    listener_.emplace(core_.io_, core_.control_, "tcp transport", options.listen_socket, options);
+    require_authentication_beyond_loopback("tcp transport", listener_->host(),
+                                           effective_link_security(options),
+                                           options.allow_insecure);
+    return listener_->port();
+  }
+  require_authentication_beyond_loopback("tcp transport", host, effective_link_security(options),
+                                         options.allow_insecure);
+  listener_.emplace(core_.io_, core_.control_, "tcp transport", host, port, options);
   return listener_->port();
 }
 

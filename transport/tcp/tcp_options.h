@@ -41,6 +41,11 @@ struct TlsFiles {
 struct TcpOptions {
   std::string listen_addr;        // data listener address; "" = all interfaces
   std::uint16_t listen_port = 0;  // data listener port; 0 = any free port
+  // A listening socket the caller owns (bound and listening) to accept on instead of binding
+  // listen_addr:listen_port; -1: bind. The transport accepts on a duplicate and hands the
+  // socket back open when it ends, so a port held across transports (an elastic worker's data
+  // port, from one group generation to the next) is never free for another process to take.
+  int listen_socket = -1;
 
   int connections_per_peer = 2;  // parallel TCP connections per peer
   // Larger messages are striped: a 1 MiB message then travels as two 512 KiB frames on two
