@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The tables of bench/exchange_scaling.sh's records, one per local weight dtype: per worker count and window, the union
-ratio, the kind the automatic choice ran, the bytes rank 0 received under each kind and their
-ratios, and whether every kind ended on the same digest.
+"""The tables of bench/exchange_scaling.sh's records, one per local weight dtype: per worker
+count and window, the union ratio, the kind the automatic choice ran, the bytes rank 0 received
+under each kind and their ratios, and whether every kind ended on the same digest.
 
     python3 bench/exchange_report.py bench/results/exchange-scaling-example.jsonl
 """
