@@ -21,13 +21,13 @@ from torch import nn
 import pulseloco
 
 
-def scalars(report: pulseloco.WindowReport) -> dict[str, float]:
+def scalars(report: pulseloco.WindowReport) -> dict[str, int | float]:
     """The report's numbers, the phases' seconds as seconds/<phase>."""
     row = report.to_dict()
     out = {f"seconds/{phase}": value for phase, value in row.pop("seconds").items()}
     for name, value in row.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = float(value)
+            out[name] = value
     return out
 
 
