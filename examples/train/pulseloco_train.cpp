@@ -66,6 +66,7 @@ struct Settings {
   std::uint64_t pipeline_chunk_bytes = EngineOptions{}.pipeline_chunk_bytes;
   int local_workers = 0;
   std::string json_path;
+  std::string json_lines_path;
   std::string checkpoint_dir;
   int checkpoint_every = 0;
   std::uint32_t checkpoint_keep = CheckpointSave{}.keep;
@@ -283,6 +284,32 @@ nlohmann::json window_json(const WindowRow& row) {
   return out;
 }
 
+// --json-lines: one JSON object per window, the engine's report (docs/operations.md, "The
+// per-window report") with the example's losses, appended and flushed as each window completes,
+// so a run that dies keeps every completed window.
+class JsonLines {
+ public:
+  explicit JsonLines(const std::string& path) {
+    if (path.empty()) return;
+    file_.open(path, std::ios::app);
+    if (!file_) throw IoError("could not open --json-lines file " + path + " for appending");
+    path_ = path;
+  }
+  void write(const WindowRow& row) {
+    if (path_.empty()) return;
+    nlohmann::json line = to_json(row.report);
+    line["loss"] = row.eval_loss;
+    line["loss_bf16_weights"] = row.eval_loss_bf16;
+    line["train_loss"] = row.train_loss;
+    file_ << line.dump() << '\n' << std::flush;
+    if (!file_) throw IoError("could not write --json-lines file " + path_);
+  }
+
+ private:
+  std::string path_;
+  std::ofstream file_;
+};
+
 int run_worker(const Settings& settings) {
   auto transport = connect(settings);
   const int rank = transport->rank();
@@ -354,8 +381,8 @@ int run_worker(const Settings& settings) {
   if (!settings.resume_dir.empty()) {
     const LoadedCheckpoint loaded = sync.load_checkpoint(settings.resume_dir);
     libtorch::load_optimizer(trainer.optimizer(), loaded);
-    // The next boundary's window: one past the window in flight with overlapped windows.
-    first_window = static_cast<int>(sync.engine().next_window());
+    // Where the data continues: one past the window in flight with overlapped windows.
+    first_window = static_cast<int>(loaded.next_window);
     load_local_weights();
     if (rank == 0) fmt::print("resumed at window {} from {}\n", first_window, loaded.dir.string());
   }
@@ -370,6 +397,7 @@ int run_worker(const Settings& settings) {
                initial_loss);
   }
   std::vector<WindowRow> rows;
+  JsonLines json_lines(rank == 0 ? settings.json_lines_path : std::string());
   bool identical = true;
   for (int window = first_window; window < settings.windows; ++window) {
     double loss_sum = 0;
@@ -394,6 +422,7 @@ int run_worker(const Settings& settings) {
     }
     identical = identical && report->replicas_identical;
     if (rank == 0) print_row(row, !settings.publish_dir.empty());
+    json_lines.write(row);
     rows.push_back(row);
     if (!settings.checkpoint_dir.empty() && settings.checkpoint_every > 0 &&
         (window + 1) % settings.checkpoint_every == 0) {
@@ -535,6 +564,8 @@ int main(int argc, char** argv) {
                  "spawn this many workers on this machine over TCP (no mpirun needed)")
       ->check(flags::at_least(0));
   app.add_option("--json", settings.json_path, "rank 0 writes the run's report here");
+  app.add_option("--json-lines", settings.json_lines_path,
+                 "rank 0 appends one JSON object per window here as each window completes");
   app.add_option("--checkpoint-dir", settings.checkpoint_dir,
                  "checkpoint root: each checkpoint is a window-NNNNNN directory in it");
   app.add_option("--checkpoint-every", settings.checkpoint_every, "windows between checkpoints")

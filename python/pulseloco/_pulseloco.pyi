@@ -194,12 +194,14 @@ class WindowReport:
     def seconds(self) -> PhaseSeconds: ...
 
     @property
-    def digest(self) -> int:
-        """combined digest of the global weights and momentum"""
+    def digest(self) -> str:
+        """
+        combined digest of the global weights and momentum: 16 lowercase hex digits
+        """
 
     @property
-    def rank_digests(self) -> list[int]:
-        """every rank's digest (empty if not verified)"""
+    def rank_digests(self) -> list[str]:
+        """every rank's digest, as digest (empty if not verified)"""
 
     @property
     def replicas_identical(self) -> bool: ...
@@ -235,7 +237,9 @@ class WindowReport:
         """why a due version was not published; empty otherwise"""
 
     def to_dict(self) -> dict:
-        """The attributes as a dict (seconds as a nested dict)."""
+        """
+        The report as the JSON the C++ library writes (to_json; docs/operations.md, "The per-window report"): JSON-ready, digests as hex strings, seconds as a nested dict.
+        """
 
     def summary(self) -> str:
         """The one-line summary the C++ library logs."""
@@ -294,7 +298,9 @@ class _Synchronizer:
         """Writes a checkpoint under root (collective); returns its directory."""
 
     def load_checkpoint(self, path: str) -> tuple:
-        """Loads a checkpoint (collective); returns (directory, window, files)."""
+        """
+        Loads a checkpoint (collective); returns (directory, window, next_window, next_step, files).
+        """
 
     def save_global_weights(self, file: str) -> None:
         """Writes this rank's global weights to a safetensors file."""
@@ -333,7 +339,7 @@ class _Synchronizer:
     def state_location(self) -> str: ...
 
     @property
-    def digest(self) -> int: ...
+    def digest(self) -> str: ...
 
     @property
     def next_step_runs_window(self) -> bool: ...

@@ -7,7 +7,7 @@ import io
 import json
 import os
 import pathlib
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _pulseloco
 from ._pulseloco import InvalidArgument, TensorInfo, WindowReport
@@ -24,9 +24,15 @@ class LoadedCheckpoint:
     dir: pathlib.Path
     """The checkpoint directory loaded."""
     window: int
-    """Its window counter."""
+    """Windows it had committed (committed_windows at the save). Not where the data continues:
+    with overlapped windows a window was in flight, and next_window is one more."""
     files: Dict[str, bytes]
     """This rank's own files (save_checkpoint(files=...)), verified against the manifest."""
+    next_window: int
+    """The number the next boundary's window gets (sync.next_window after the load): the
+    window whose data the loop trains next."""
+    next_step: int
+    """The inner step the data loop continues from: next_window * inner_steps."""
 
 
 def _named_tensors(parameters: Any) -> List[Tuple[str, Any]]:
@@ -60,7 +66,8 @@ class Synchronizer:
     """Synchronises a model's parameters across a group with PULSELoCo, DiLoCo or DDP.
 
     Synchronizer(parameters, *, mode="pulse", inner_steps=8, outer_lr=0.7,
-                 outer_momentum=0.9, group=None, elastic=None, **engine_options)
+                 outer_momentum=0.9, group=None, elastic=None, on_report=None,
+                 **engine_options)
 
     parameters: model.named_parameters(), a dict name -> tensor, or an iterable of tensors
         (named "0", "1", ...). Each is contiguous, float32 or bfloat16, and has __dlpack__
@@ -85,6 +92,10 @@ class Synchronizer:
         outer step is applied at the next boundary (one window of staleness; see
         docs/operations.md, "Overlapped windows"). Call complete_in_flight() after the last
         step so that the final weights include the last window.
+    on_report: None, or a callable that receives every WindowReport this Synchronizer returns
+        (after_optimizer_step, run_window, complete_in_flight), on the calling thread, before
+        the call returns it: a metrics sink (report.to_dict() is JSON-ready; see
+        examples/python/metrics.py). An exception it raises propagates to the caller.
 
     Constructing it is collective: every rank constructs its Synchronizer with the same tensor
     table and options, and rank 0's weights become everyone's. Windows, checkpoints and group
@@ -97,7 +108,13 @@ class Synchronizer:
     def __init__(self, parameters: Any, *, mode: str = "pulse", inner_steps: int = 8,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  group: Optional[Dict[str, Any]] = None,
-                 elastic: Optional[Dict[str, Any]] = None, **engine_options: Any) -> None:
+                 elastic: Optional[Dict[str, Any]] = None,
+                 on_report: Optional[Callable[[WindowReport], Any]] = None,
+                 **engine_options: Any) -> None:
+        if on_report is not None and not callable(on_report):
+            raise InvalidArgument(
+                f"on_report: expected a callable or None, got a {type(on_report).__name__}")
+        self._on_report = on_report
         named = _named_tensors(parameters)
         self._parameters = [tensor for _, tensor in named]
         self._views = [(name, _engine_view(tensor)) for name, tensor in named]
@@ -119,11 +136,11 @@ class Synchronizer:
         """Call after every optimizer.step(): counts the step; every inner_steps-th call runs a
         window (collective), writes the new weights into the parameters and returns its report;
         otherwise returns None."""
-        return self._engine.after_optimizer_step()
+        return self._deliver(self._engine.after_optimizer_step())
 
     def run_window(self) -> WindowReport:
         """Runs a window now (collective), whatever the step count."""
-        return self._engine.run_window()
+        return self._deliver(self._engine.run_window())
 
     def complete_in_flight(self) -> Optional[WindowReport]:
         """Overlapped windows (overlap="delayed" or "eager"): finishes the window in flight and
@@ -132,7 +149,12 @@ class Synchronizer:
         into the parameters and returns that boundary's report (its window and applied_window
         are the applied window's); returns None when no window is in flight (blocking runs, or
         nothing since the last boundary was completed)."""
-        return self._engine.complete_in_flight()
+        return self._deliver(self._engine.complete_in_flight())
+
+    def _deliver(self, report: Optional[WindowReport]) -> Optional[WindowReport]:
+        if report is not None and self._on_report is not None:
+            self._on_report(report)
+        return report
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -154,8 +176,10 @@ class Synchronizer:
     def load_checkpoint(self, path: PathLike, *, optimizer: Any = None) -> LoadedCheckpoint:
         """Restores a checkpoint (collective): a checkpoint directory, or a root whose newest
         committed checkpoint is loaded. The parameters are reset to the checkpoint's weights;
-        optimizer: restored from the checkpoint's "optimizer.pt"."""
-        directory, window, own = self._engine.load_checkpoint(os.fspath(path))
+        optimizer: restored from the checkpoint's "optimizer.pt". The data loop continues at
+        the returned next_step (inner steps) or next_window (windows)."""
+        directory, window, next_window, next_step, own = self._engine.load_checkpoint(
+            os.fspath(path))
         if optimizer is not None:
             if OPTIMIZER_FILE not in own:
                 raise InvalidArgument(
@@ -164,7 +188,7 @@ class Synchronizer:
             import torch
 
             optimizer.load_state_dict(torch.load(io.BytesIO(own[OPTIMIZER_FILE])))
-        return LoadedCheckpoint(pathlib.Path(directory), window, own)
+        return LoadedCheckpoint(pathlib.Path(directory), window, own, next_window, next_step)
 
     def save_global_weights(self, file: PathLike) -> None:
         """Writes this rank's global weights to one safetensors file (not collective)."""
@@ -213,8 +237,9 @@ class Synchronizer:
         return self._engine.state_location
 
     @property
-    def digest(self) -> int:
-        """Combined digest of the global weights and momentum (equal on every rank)."""
+    def digest(self) -> str:
+        """Combined digest of the global weights and momentum (equal on every rank), as the
+        reports and the log print it: 16 lowercase hex digits."""
         return self._engine.digest
 
     @property

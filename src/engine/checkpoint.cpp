@@ -520,6 +520,8 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
                 loaded.dir.string(), state.committed_windows(), state.next_window(),
                 digest_hex(loaded_digest));
   loaded.window = loaded_window;
+  loaded.next_window = state.next_window();
+  loaded.next_step = loaded.next_window * options.steps_per_window;
   return loaded;
 }
 

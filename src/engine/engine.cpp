@@ -250,17 +250,29 @@ void Engine::load_trace_inputs(const std::filesystem::path& file) {
   if (impl_->strategy) impl_->strategy->state_loaded();
 }
 
+namespace {
+
+// EngineOptions::on_report sees every report the engine returns.
+WindowReport delivered(const EngineOptions& options, WindowReport report) {
+  if (options.on_report) options.on_report(report);
+  return report;
+}
+
+}  // namespace
+
 std::optional<WindowReport> Engine::after_optimizer_step() {
   if (++impl_->steps_in_window < impl_->options.steps_per_window) return std::nullopt;
-  return impl_->run_window();
+  return delivered(impl_->options, impl_->run_window());
 }
 
 WindowReport Engine::run_window() {
-  return impl_->run_window();
+  return delivered(impl_->options, impl_->run_window());
 }
 
 std::optional<WindowReport> Engine::complete_in_flight() {
-  return impl_->complete_in_flight();
+  std::optional<WindowReport> report = impl_->complete_in_flight();
+  if (report) return delivered(impl_->options, std::move(*report));
+  return report;
 }
 
 bool Engine::window_in_flight() const noexcept {

@@ -48,8 +48,14 @@ struct CheckpointSave {
 };
 
 struct LoadedCheckpoint {
-  std::filesystem::path dir;          // the checkpoint directory loaded
-  std::uint64_t window = 0;           // its window counter
+  std::filesystem::path dir;  // the checkpoint directory loaded
+  std::uint64_t window = 0;   // windows it had committed (Engine::committed_windows())
+  // Where the data loop continues: the number the next boundary's window gets
+  // (Engine::next_window()) and its first inner step, next_window * steps_per_window. With
+  // overlapped windows a window was in flight when the checkpoint was taken, so these run one
+  // ahead of `window`: resuming the data from `window` would train a window twice.
+  std::uint64_t next_window = 0;
+  std::uint64_t next_step = 0;
   std::vector<CheckpointFile> files;  // this rank's own files, verified
 };
 
@@ -148,7 +154,8 @@ class Engine final : public WindowRunner {
   // of the flat layout that predates manifests (docs/operations.md, "Resuming"). Verifies every
   // file this rank reads against the manifest and validates everything, and all ranks agree, before
   // changing any state; a damaged file is an error on every rank naming it. θ_l is reset to
-  // cast(θ_g). Returns the directory, its window and this rank's own files.
+  // cast(θ_g). Returns the directory, its window, where the data loop continues (next_window,
+  // next_step) and this rank's own files.
   LoadedCheckpoint load_checkpoint(const std::filesystem::path& path);
 
   // Writes this rank's θ_g to one safetensors file (not collective). Replicas that are

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,8 @@
 #include <pulseloco/kernels/window_kernels.h>
 
 namespace pulseloco {
+
+struct WindowReport;  // engine/report.h
 
 enum class Mode : std::uint8_t {
   pulse,   // PULSELoCo: sparse bf16-visible pseudo-gradient, error feedback, outer Nesterov step
@@ -115,6 +118,11 @@ struct EngineOptions {
   std::string publish_dir;
   std::uint64_t publish_every = 1;
   std::uint64_t anchor_every = 10;
+  // Called with every report the engine returns (after_optimizer_step, run_window,
+  // complete_in_flight), on the calling thread, before the call returns it: a metrics sink
+  // (to_json(report) is the report as JSON). Local to the rank and not serialised; an exception
+  // it throws propagates to the caller.
+  std::function<void(const WindowReport&)> on_report;
 
   // Throws InvalidArgument naming the first option that is out of range.
   void validate() const;

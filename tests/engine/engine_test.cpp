@@ -206,6 +206,33 @@ TEST(Engine, IsAWindowRunnerWhoseEngineIsItself) {
   }));
 }
 
+TEST(Engine, OnReportReceivesEveryReportTheEngineReturns) {
+  std::vector<LocalModel> models{testing::make_model({100}, DType::float32, 1),
+                                 testing::make_model({100}, DType::float32, 2)};
+  std::vector<std::vector<std::uint64_t>> received(2);
+  std::vector<EngineOptions> options(2, small_options());
+  for (int r = 0; r < 2; ++r) {
+    options[static_cast<std::size_t>(r)].steps_per_window = 2;
+    options[static_cast<std::size_t>(r)].on_report = [&received, r](const WindowReport& report) {
+      received[static_cast<std::size_t>(r)].push_back(report.window);
+    };
+  }
+  auto transports = transport::inproc::make_group(2);
+  std::vector<std::unique_ptr<Engine>> engines(2);
+  testing::rethrow_first(testing::run_ranks(2, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] = std::make_unique<Engine>(testing::views_of(models[i]), options[i],
+                                          std::move(transports[i]));
+    Engine& engine = *engines[i];
+    for (int step = 0; step < 4; ++step)
+      (void)engine.after_optimizer_step();
+    (void)engine.run_window();
+    EXPECT_FALSE(engine.complete_in_flight());  // blocking: nothing in flight, nothing delivered
+  }));
+  for (const auto& windows : received)
+    EXPECT_EQ(windows, (std::vector<std::uint64_t>{0, 1, 2}));
+}
+
 // Builds an engine on each of `world` ranks of one in-process group (a 10-element model each),
 // with small_options() as `adjust(rank, options)` changes them; returns each rank's error.
 std::vector<std::exception_ptr> construction_errors(

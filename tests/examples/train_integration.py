@@ -22,13 +22,18 @@ the model having learnt anything.
       file, and resuming from the intact one to 4 gives identical final weights and per-window
       digests. The checkpoint and trace files are then opened with the standard `safetensors`
       package and their names, shapes, dtypes and bytes checked; `pulseloco replay` reproduces
-      every traced window, and names the tensor and index of a value changed in a trace.
+      every traced window, and names the tensor and index of a value changed in a trace. Modes
+      diloco and ddp resume from a checkpoint to the uninterrupted run's digests too.
   ... bf16
       2 workers (--local-workers), weights stored in bf16 (--local-dtype bf16), 3 windows with
       each pseudo-gradient definition (--bf16-delta exact, authors): replicas identical every
       window and byte-identical final θ_g on both ranks; the two definitions end with different
       weights; `pulseloco replay` reproduces every traced window of the authors' run; an
       unknown --local-dtype is refused naming the choices.
+  ... json_lines
+      2 workers (--local-workers), --json-lines: rank 0, the file's writer, is SIGKILLed in the
+      middle of window 3's exchange (PULSELOCO_FAULT); the file holds windows 0 to 2, one valid
+      JSON object per line, with hex digests.
   ... kill
       3 workers started as plain processes (environment rendezvous). Once rank 2 has logged a
       finished window, it is SIGKILLed; ranks 0 and 1 must exit non-zero within the
@@ -261,6 +266,72 @@ def test_resume(args):
     check_files_with_safetensors(full, ranks)
     check_inspect(args, full / "trace")
     check_replay(args, full / "trace")
+    for mode in ("diloco", "ddp"):
+        check_resume_continues(args, mode)
+
+
+def check_resume_continues(args, mode):
+    """Mode `mode`, 2 workers: a run of 3 windows checkpointing every window, and a run resumed
+    from its first checkpoint (pulseloco_train continues the data at loaded.next_window) whose
+    windows have the uninterrupted run's digests."""
+    ranks = 2
+    base = args.work / "resume" / mode
+    common = ["--local-workers", str(ranks), "--mode", mode] + common_args(args,
+                                                                          args.work / "cache")
+    result = run([args.train, "--windows", "3", "--json", str(base / "full.json"),
+                  "--checkpoint-dir", str(base / "checkpoint"), "--checkpoint-every", "1",
+                  "--checkpoint-keep", "3"] + common, timeout=args.timeout)
+    if not check(result.returncode == 0, f"{mode}: uninterrupted run exited {result.returncode}"):
+        return
+    result = run([args.train, "--windows", "3", "--json", str(base / "resumed.json"),
+                  "--resume", str(base / "checkpoint" / "window-000001")] + common,
+                 timeout=args.timeout)
+    if not check(result.returncode == 0, f"{mode}: resumed run exited {result.returncode}"):
+        return
+    full = json.loads((base / "full.json").read_text())["windows"]
+    resumed = json.loads((base / "resumed.json").read_text())["windows"]
+    check([w["window"] for w in resumed] == [1, 2],
+          f"{mode}: the resumed run reports windows {[w['window'] for w in resumed]}")
+    check([w["digests"] for w in resumed] == [w["digests"] for w in full[1:]],
+          f"{mode}: resumed digests {[w['digests'] for w in resumed]} differ from the "
+          f"uninterrupted run's {[w['digests'] for w in full[1:]]}")
+
+
+def test_json_lines(args):
+    """--json-lines: rank 0 appends one JSON object per window as each completes. Rank 0 itself
+    is SIGKILLed in the middle of window 3's exchange (PULSELOCO_FAULT): the file holds windows
+    0, 1 and 2, one valid JSON object per line, with hex digests."""
+    ranks = 2
+    base = args.work / "json_lines"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    lines_file = base / "windows.jsonl"
+    env = dict(os.environ, PULSELOCO_FAULT="window=3,phase=exchange,action=kill,rank=0")
+    result = run([args.train, "--local-workers", str(ranks), "--mode", "pulse", "--windows", "6",
+                  "--timeout-ms", "20000", "--json-lines", str(lines_file)]
+                 + common_args(args, args.work / "cache"), timeout=args.timeout, env=env)
+    check(result.returncode != 0, "the run whose rank 0 was killed exited 0")
+    if not check(lines_file.exists(), f"no --json-lines file at {lines_file}"):
+        return
+    text = lines_file.read_text()
+    check(text.endswith("\n"), "the --json-lines file does not end with a complete line")
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            check(False, f"line {number} of {lines_file} is not JSON ({error}): {line!r}")
+    check([r.get("window") for r in rows] == [0, 1, 2],
+          f"the file holds windows {[r.get('window') for r in rows]}, expected [0, 1, 2]")
+    for r in rows:
+        for digest in [r.get("digest")] + list(r.get("digests", [])):
+            check(isinstance(digest, str) and len(digest) == 16
+                  and all(c in "0123456789abcdef" for c in digest),
+                  f"window {r.get('window')}: digest {digest!r} is not 16 lowercase hex digits")
+        check(len(r.get("digests", [])) == ranks and set(r["digests"]) == {r["digest"]},
+              f"window {r.get('window')}: digests {r.get('digests')} vs {r.get('digest')}")
+        for key in ("loss", "train_loss", "entries", "payload_bytes", "seconds"):
+            check(key in r, f"window {r.get('window')}: no {key!r} in {sorted(r)}")
 
 
 def test_bf16(args):
@@ -559,7 +630,8 @@ def run_tests(description, tests, add_arguments=lambda parser: None):
 
 def main():
     return run_tests(__doc__, {"replicas": test_replicas, "resume": test_resume,
-                               "kill": test_kill, "bf16": test_bf16})
+                               "kill": test_kill, "bf16": test_bf16,
+                               "json_lines": test_json_lines})
 
 
 if __name__ == "__main__":

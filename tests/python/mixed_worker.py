@@ -66,7 +66,7 @@ def main() -> None:
         step += 1
         report = sync.after_optimizer_step()
         if report is not None:
-            print(f"window {report.window} digest {report.digest:016x} "
+            print(f"window {report.window} digest {report.digest} "
                   f"identical {int(report.replicas_identical)}", flush=True)
     sync.close()
 

@@ -5,6 +5,7 @@ help text."""
 import ast
 import concurrent.futures
 import io
+import json
 import os
 import pathlib
 import re
@@ -259,13 +260,21 @@ def test_report_is_typed_and_has_a_dict_and_a_summary():
     with pulseloco.Synchronizer([np.ones(16, np.float32)], inner_steps=1) as sync:
         report = sync.after_optimizer_step()
     as_dict = report.to_dict()
+    # The dict is the JSON the C++ library writes: a few keys differ from the attributes.
+    renamed = {"entries": "entries_sent", "digests": "rank_digests"}
     for name, value in as_dict.items():
         if name == "seconds":
             assert value == report.seconds.to_dict()
+        elif name == "patch_anchor":
+            assert value == (report.patch_anchor_bytes > 0)
         else:
-            assert getattr(report, name) == value, name
-    assert {"window", "mode", "density", "payload_bytes", "digest", "rank_digests",
+            assert getattr(report, renamed.get(name, name)) == value, name
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert {"window", "mode", "density", "payload_bytes", "digest", "digests",
             "replicas_identical", "diloco_bytes", "ddp_bytes"} <= set(as_dict)
+    assert re.fullmatch("[0-9a-f]{16}", as_dict["digest"]) and as_dict["digests"] == [
+        as_dict["digest"]]
+    assert f"digest {report.digest}" in report.summary()
     assert (report.overlap, report.applied_window, report.seconds.exchange_in_flight) == \
         ("blocking", 0, 0.0)
     assert {"overlap", "applied_window"} <= set(as_dict)
@@ -273,6 +282,23 @@ def test_report_is_typed_and_has_a_dict_and_a_summary():
     assert report.summary().startswith("window 0 pulse")
     assert repr(report).startswith("WindowReport(window=0, mode='pulse'")
     assert report.digest == sync.digest == report.rank_digests[0]
+
+
+def test_on_report_receives_every_report_returned():
+    received = []
+    with pulseloco.Synchronizer([np.ones(16, np.float32)], inner_steps=2,
+                                on_report=received.append) as sync:
+        returned = [sync.after_optimizer_step() for _ in range(4)]
+        returned.append(sync.run_window())
+        assert sync.complete_in_flight() is None  # blocking: nothing in flight, nothing delivered
+    reports = [r for r in returned if r is not None]
+    assert [r.window for r in received] == [0, 1, 2]
+    assert [r.to_dict() for r in received] == [r.to_dict() for r in reports]
+
+
+def test_on_report_must_be_callable():
+    with pytest.raises(pulseloco.InvalidArgument, match="on_report"):
+        pulseloco.Synchronizer([np.ones(4, np.float32)], on_report="reports.jsonl")
 
 
 def test_loading_a_missing_checkpoint_is_an_io_error(tmp_path):
@@ -291,6 +317,7 @@ def test_a_damaged_checkpoint_is_a_protocol_error(tmp_path):
         assert path.parent == tmp_path and path.is_dir()
         loaded = sync.load_checkpoint(tmp_path)
         assert (loaded.dir, loaded.window, loaded.files) == (path, 1, {"notes.txt": b"hello"})
+        assert (loaded.next_window, loaded.next_step) == (1, 1)
         damaged = path / "global.safetensors"
         data = bytearray(damaged.read_bytes())
         data[-5] ^= 0x40
@@ -350,3 +377,32 @@ def test_publishing_reports_each_version(tmp_path):
     assert all(r.publish_error == "" for r in reports)
     assert "published v2" in reports[1].summary()
     assert (tmp_path / "manifest.json").exists()
+
+
+def documented_report_fields():
+    """The field names in the first column of docs/operations.md's per-window report table, and
+    that table's `seconds` row."""
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = text.split("## The per-window report", 1)[1].split("\n## ", 1)[0]
+    fields, seconds_row = [], ""
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        first, meaning = line.split("|")[1:3]
+        names = re.findall(r"`([^`]+)`", first)
+        fields += names
+        if names == ["seconds"]:
+            seconds_row = meaning
+    return fields, seconds_row
+
+
+def test_the_documented_report_table_lists_the_keys_of_to_dict():
+    with pulseloco.Synchronizer([np.ones(16, np.float32)], inner_steps=1) as sync:
+        report = sync.after_optimizer_step()
+    fields, seconds_row = documented_report_fields()
+    assert len(fields) == len(set(fields)), f"a field is documented twice: {sorted(fields)}"
+    keys = set(report.to_dict())
+    assert set(fields) == keys, (f"documented only: {sorted(set(fields) - keys)}; "
+                                 f"in to_dict() only: {sorted(keys - set(fields))}")
+    for phase in report.seconds.to_dict():
+        assert re.search(rf"\b{phase}\b", seconds_row), f"seconds.{phase} is not documented"

@@ -1,12 +1,14 @@
 """examples/python/train.py on 2 workers, under the launcher (blocking and overlapped windows)
 and under mpirun: it trains, rank 0 reports every window, and the final line gives the payload
 against DiLoCo and DDP and says the replicas stayed identical every window.
+examples/python/metrics.py writes a CSV row per window from its on_report sink.
 
 PYTHONPATH must reach the built package (ctest sets it).
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import shutil
@@ -65,3 +67,18 @@ def test_the_example_trains_under_mpirun():
                             env=clean_environment(), capture_output=True, text=True,
                             timeout=BOUND_SECONDS)
     check_output(result, "")
+
+
+def test_the_metrics_example_writes_a_csv_row_per_window(tmp_path):
+    metrics = EXAMPLE.parent / "metrics.py"
+    result = subprocess.run([sys.executable, "-m", "pulseloco.launch", "--nproc-per-node", "2",
+                             str(metrics), "--csv", "--out", str(tmp_path), "--windows", "3",
+                             "-H", "2"],
+                            env=clean_environment(), capture_output=True, text=True,
+                            timeout=BOUND_SECONDS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(tmp_path / "windows.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["window"] for row in rows] == ["0", "1", "2"]
+    assert all(re.fullmatch("[0-9a-f]{16}", row["digest"]) for row in rows)
+    assert all(float(row["payload_bytes"]) > 0 for row in rows)

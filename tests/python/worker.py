@@ -83,8 +83,9 @@ def main():
     step = 0
     if args.resume:
         loaded = sync.load_checkpoint(args.resume, optimizer=optimizer)
-        step = loaded.window * args.inner_steps
-        emit(event="loaded", rank=rank, window=loaded.window)
+        step = loaded.next_step  # the documented way: where the data continues
+        emit(event="loaded", rank=rank, window=loaded.window, next_window=loaded.next_window,
+             next_step=loaded.next_step)
     try:
         train(args, sync, model, optimizer, dtype, step)
     except KeyboardInterrupt:
@@ -115,8 +116,9 @@ def train(args, sync, model, optimizer, dtype, step):
     infinity_rank, infinity_window = rank_and_window(args.infinity)
     train.window_start = time.monotonic()
     first = next(model.parameters())
-    # Windows whose inner steps have ended (with overlapped windows one more than sync.committed_windows).
-    ended = sync.committed_windows
+    # Windows whose inner steps have ended (with overlapped windows one more than
+    # sync.committed_windows).
+    ended = sync.next_window
     while ended < args.windows:
         x, y = batch(rank, step, dtype)
         loss = ((model(x) - y) ** 2).mean()  # mse_loss has no bf16 kernel on the CPU in torch 1.13

@@ -6,7 +6,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <pulseloco/base/digest.h>
 #include <pulseloco/engine/report.h>
+#include <nlohmann/json.hpp>
 
 #include "bindings.h"
 
@@ -25,43 +27,18 @@ nb::dict seconds_dict(const PhaseSeconds& s) {
   return d;
 }
 
+// The report as the JSON the C++ library writes (to_json): the same keys and values in every
+// surface, digests as 16 hex digits (a u64 above 2^53 loses bits as a JSON number).
 nb::dict report_dict(const WindowReport& r) {
-  nb::dict d;
-  d["window"] = r.window;
-  d["applied_window"] = r.applied_window;
-  d["mode"] = std::string(mode_name(r.mode));
-  d["overlap"] = std::string(overlap_name(r.overlap));
-  d["rank"] = r.rank;
-  d["world_size"] = r.world_size;
-  d["generation"] = r.generation;
-  d["members"] = r.members;
-  d["parameters"] = r.parameters;
-  d["steps_per_window"] = r.steps_per_window;
-  d["state_location"] = r.state_location;
-  d["entries_sent"] = r.entries_sent;
-  d["density"] = r.density;
-  d["payload_bytes"] = r.payload_bytes;
-  d["received_bytes"] = r.received_bytes;
-  d["exchange"] = r.exchange;
-  d["union_entries"] = r.union_entries;
-  d["group_entries"] = r.group_entries;
-  d["union_ratio"] = r.union_ratio;
-  d["wire_bytes_sent"] = r.wire_bytes_sent;
-  d["wire_bytes_received"] = r.wire_bytes_received;
-  d["diloco_bytes"] = r.diloco_bytes;
-  d["ddp_bytes"] = r.ddp_bytes;
-  d["seconds"] = seconds_dict(r.seconds);
-  d["digest"] = r.digest;
-  d["rank_digests"] = r.rank_digests;
-  d["replicas_identical"] = r.replicas_identical;
-  d["published_version"] = r.published_version;
-  d["patch_changed"] = r.patch_changed;
-  d["patch_density"] = r.patch_density;
-  d["patch_delta_bytes"] = r.patch_delta_bytes;
-  d["patch_compact_bytes"] = r.patch_compact_bytes;
-  d["patch_anchor_bytes"] = r.patch_anchor_bytes;
-  d["publish_error"] = r.publish_error;
-  return d;
+  return nb::cast<nb::dict>(nb::module_::import_("json").attr("loads")(to_json(r).dump()));
+}
+
+std::vector<std::string> digests_hex(const std::vector<Digest>& digests) {
+  std::vector<std::string> out;
+  out.reserve(digests.size());
+  for (const Digest d : digests)
+    out.push_back(digest_hex(d));
+  return out;
 }
 
 }  // namespace
@@ -129,8 +106,12 @@ void bind_report(nb::module_& module) {
       .def_ro("diloco_bytes", &R::diloco_bytes, "dense DiLoCo payload: 4 B x parameters")
       .def_ro("ddp_bytes", &R::ddp_bytes, "dense DDP payload: H x 4 B x parameters")
       .def_ro("seconds", &R::seconds)
-      .def_ro("digest", &R::digest, "combined digest of the global weights and momentum")
-      .def_ro("rank_digests", &R::rank_digests, "every rank's digest (empty if not verified)")
+      .def_prop_ro(
+          "digest", [](const R& r) { return digest_hex(r.digest); },
+          "combined digest of the global weights and momentum: 16 lowercase hex digits")
+      .def_prop_ro(
+          "rank_digests", [](const R& r) { return digests_hex(r.rank_digests); },
+          "every rank's digest, as digest (empty if not verified)")
       .def_ro("replicas_identical", &R::replicas_identical)
       .def_ro("published_version", &R::published_version,
               "the version this window's global weights were published as (publish_dir, rank "
@@ -144,12 +125,14 @@ void bind_report(nb::module_& module) {
               "the anchor file; 0 when no anchor was written")
       .def_ro("publish_error", &R::publish_error,
               "why a due version was not published; empty otherwise")
-      .def("to_dict", &report_dict, "The attributes as a dict (seconds as a nested dict).")
+      .def("to_dict", &report_dict,
+           "The report as the JSON the C++ library writes (to_json; docs/operations.md, \"The "
+           "per-window report\"): JSON-ready, digests as hex strings, seconds as a nested dict.")
       .def("summary", &summary_line, "The one-line summary the C++ library logs.")
       .def("__repr__", [](const R& r) {
         return fmt::format(
             "WindowReport(window={}, mode='{}', rank={}, world_size={}, "
-            "density={:.6g}, payload_bytes={}, digest=0x{:016x}, "
+            "density={:.6g}, payload_bytes={}, digest='{:016x}', "
             "replicas_identical={})",
             r.window, mode_name(r.mode), r.rank, r.world_size, r.density, r.payload_bytes, r.digest,
             r.replicas_identical ? "True" : "False");

@@ -16,6 +16,7 @@
 #include <nanobind/stl/vector.h>
 #include <nlohmann/json.hpp>
 
+#include <pulseloco/base/digest.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/elastic/elastic_engine.h>
 #include <pulseloco/engine/engine.h>
@@ -205,7 +206,8 @@ class Synchronizer {
     for (const CheckpointFile& file : loaded.files) {
       files[file.name.c_str()] = nb::bytes(file.bytes.data(), file.bytes.size());
     }
-    return nb::make_tuple(loaded.dir.string(), loaded.window, files);
+    return nb::make_tuple(loaded.dir.string(), loaded.window, loaded.next_window, loaded.next_step,
+                          files);
   }
 
   void close() {
@@ -310,7 +312,8 @@ void bind_synchronizer(nb::module_& module) {
       .def("save_checkpoint", &S::save_checkpoint, nb::arg("root"), nb::arg("keep"),
            nb::arg("files"), "Writes a checkpoint under root (collective); returns its directory.")
       .def("load_checkpoint", &S::load_checkpoint, nb::arg("path"),
-           "Loads a checkpoint (collective); returns (directory, window, files).")
+           "Loads a checkpoint (collective); returns (directory, window, next_window, "
+           "next_step, files).")
       .def(
           "save_global_weights",
           [](S& s, const std::string& file) { s.engine().save_global_weights(file); },
@@ -333,7 +336,7 @@ void bind_synchronizer(nb::module_& module) {
       .def_prop_ro("committed_windows", [](S& s) { return s.engine().committed_windows(); })
       .def_prop_ro("parameter_count", [](S& s) { return s.engine().parameter_count(); })
       .def_prop_ro("state_location", [](S& s) { return s.engine().state_location(); })
-      .def_prop_ro("digest", [](S& s) { return s.engine().state_digest(); })
+      .def_prop_ro("digest", [](S& s) { return digest_hex(s.engine().state_digest()); })
       .def_prop_ro("next_step_runs_window", [](S& s) { return s.engine().next_step_runs_window(); })
       .def_prop_ro("window_in_flight", [](S& s) { return s.engine().window_in_flight(); })
       .def_prop_ro("next_window", [](S& s) { return s.engine().next_window(); })
