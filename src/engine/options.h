@@ -115,6 +115,10 @@ struct EngineOptions {
   std::string publish_dir;
   std::uint64_t publish_every = 1;
   std::uint64_t anchor_every = 10;
+  // A publish_dir that already holds versions when this run starts (not resumed from a
+  // checkpoint) is refused unless this is set: then this run publishes after them. Local to the
+  // rank like publish_dir, and not recorded in files.
+  bool publish_continue = false;
 
   // Throws InvalidArgument naming the first option that is out of range.
   void validate() const;
