@@ -350,3 +350,22 @@ def test_publishing_reports_each_version(tmp_path):
     assert all(r.publish_error == "" for r in reports)
     assert "published v2" in reports[1].summary()
     assert (tmp_path / "manifest.json").exists()
+
+
+def test_a_new_run_refuses_another_runs_versions_unless_publish_continue(tmp_path):
+    def run(steps, **options):
+        weights = np.linspace(-1, 1, 4096, dtype=np.float32)
+        with pulseloco.Synchronizer([weights], inner_steps=1, publish_dir=str(tmp_path),
+                                    **options) as sync:
+            reports = []
+            for step in range(steps):
+                weights[::7] += np.float32(0.05 * (step + 1))
+                reports.append(sync.after_optimizer_step())
+        return reports
+
+    assert [r.published_version for r in run(2)] == [1, 2]
+    refused = run(3)
+    assert [r.published_version for r in refused] == [None, None, None]
+    assert all("already holds versions 1 to 2" in r.publish_error for r in refused)
+    assert "publish_continue" in refused[0].publish_error
+    assert [r.published_version for r in run(3, publish_continue=True)] == [None, None, 3]
