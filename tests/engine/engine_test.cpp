@@ -277,12 +277,12 @@ TEST(Engine, MismatchedTensorTablesNameTheFirstDifferingTensorOnBothRanks) {
     } catch (const InvalidArgument& e) {
       EXPECT_EQ(e.context().ranks, (std::vector<int>{1, 2})) << e.what();
       const std::string what = e.what();
-      EXPECT_NE(what.find("tensor 1: rank 0 has 'tensor1' (5 elements, float32), rank 1 has "
-                          "'tensor1' (6 elements, float32)"),
+      EXPECT_NE(what.find("tensor 1: rank 0 has 'tensor1' (shape [5], 5 elements, float32), "
+                          "rank 1 has 'tensor1' (shape [6], 6 elements, float32)"),
                 std::string::npos)
           << what;
-      EXPECT_NE(what.find("tensor 0: rank 0 has 'tensor0' (10 elements, float32), rank 2 has "
-                          "'tensor0' (10 elements, bfloat16)"),
+      EXPECT_NE(what.find("tensor 0: rank 0 has 'tensor0' (shape [10], 10 elements, float32), "
+                          "rank 2 has 'tensor0' (shape [10], 10 elements, bfloat16)"),
                 std::string::npos)
           << what;
     }
