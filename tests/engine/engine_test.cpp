@@ -11,6 +11,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/inproc/inproc.h>
+#include "base/log_capture.h"
 #include "engine/engine_test_util.h"
 
 namespace pulseloco {
@@ -548,6 +549,33 @@ TEST(Engine, DdpWithoutAveragedGradientsNamesTheMissingCallOnEveryRank) {
       EXPECT_EQ(e.context().ranks, (std::vector<int>{0, 1})) << what;
     }
   }
+}
+
+// Without averaging, replicas that happen to stay identical (here: no training at all) raise
+// nothing, but the engine warns once that before_optimizer_step() was not called.
+TEST(Engine, DdpWithoutAveragedGradientsWarnsOnceEvenWhenReplicasAgree) {
+  const int world = 2;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({100}, DType::float32, 7));
+  auto options = small_options(Mode::ddp);
+  options.steps_per_window = 2;
+  auto engines = testing::start_engines(models, options);
+  std::string log;
+  {
+    const testing::LogCapture capture(spdlog::level::warn);
+    testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+      for (int step = 0; step < 4; ++step)
+        (void)engines[static_cast<std::size_t>(r)]->after_optimizer_step();
+    }));
+    log = capture.text();
+  }
+  const std::string warning = "ran 2 optimizer steps but averaged the gradients 0 times";
+  std::size_t count = 0;
+  for (auto at = log.find(warning); at != std::string::npos; at = log.find(warning, at + 1))
+    ++count;
+  EXPECT_EQ(count, 2U) << log;  // once per engine, not once per window
+  EXPECT_NE(log.find("before_optimizer_step()"), std::string::npos) << log;
 }
 
 }  // namespace
