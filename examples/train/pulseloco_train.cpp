@@ -74,6 +74,7 @@ struct Settings {
   std::string trace_dir;
   std::string publish_dir;
   std::uint64_t publish_every = EngineOptions{}.publish_every;
+  bool publish_continue = false;
   std::uint64_t anchor_every = EngineOptions{}.anchor_every;
   std::string state_location = "automatic";
   std::string final_weights_dir;
@@ -349,6 +350,7 @@ int run_worker(const Settings& settings) {
   options.trace_dir = settings.trace_dir;
   options.publish_dir = settings.publish_dir;
   options.publish_every = settings.publish_every;
+  options.publish_continue = settings.publish_continue;
   options.anchor_every = settings.anchor_every;
   options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
   options.overlap = parse_overlap(settings.overlap);
@@ -583,6 +585,8 @@ int main(int argc, char** argv) {
   app.add_option("--publish-every", settings.publish_every, "windows between published versions")
       ->check(flags::at_least(1))
       ->capture_default_str();
+  app.add_flag("--publish-continue", settings.publish_continue,
+               "publish after the versions --publish-dir already holds from an earlier run");
   app.add_option("--anchor-every", settings.anchor_every, "published versions between anchors")
       ->check(flags::at_least(1))
       ->capture_default_str();

@@ -1,7 +1,7 @@
 """Start N local processes of a training script, with the variables torchrun sets.
 
     python -m pulseloco.launch --nproc-per-node N [--master-addr 127.0.0.1]
-        [--master-port P] [--grace-period S] script.py ARGS...
+        [--master-port P] [--grace-period S] [--ranks 0,2-3] [--tee DIR] script.py ARGS...
     python -m pulseloco.launch --nproc-per-node N -m package.module ARGS...
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -9,7 +9,11 @@ Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, M
 set), PYTHONUNBUFFERED=1 (unless set) and, when the master address is a loopback address,
 PULSELOCO_LISTEN_ADDR (unless set) to it, so that `pulseloco.Synchronizer(...)` forms its group
 from the environment. Every line a process writes to stdout or stderr is copied to the
-launcher's stdout or stderr with the prefix "[rank N] ".
+launcher's stdout or stderr with the prefix "[rank N] ": of every rank, or of the ranks that
+--ranks names. --tee DIR also writes each rank's whole output, unprefixed, to DIR/rank-N.log.
+
+The library logs each window's line on rank 0 only (the other ranks at debug level, or all of
+them with PULSELOCO_LOG_ALL_RANKS=1), so the combined output holds one line per window.
 
 SIGINT and SIGTERM sent to the launcher are forwarded to every process. When a process fails
 (a non-zero exit status or a signal), the launcher names it, ends the others (SIGTERM, then
@@ -63,6 +67,12 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--grace-period", type=float, default=10.0, metavar="SECONDS",
                         help="how long the processes get to exit after SIGTERM before SIGKILL "
                         "(default: 10)")
+    parser.add_argument("--ranks", "--local-ranks-filter", "--local_ranks_filter",
+                        default=None, metavar="LIST", type=_rank_list,
+                        help="copy only these ranks' output, e.g. 0 or 0,2-3 (default: every "
+                        "rank)")
+    parser.add_argument("--tee", default=None, metavar="DIR",
+                        help="also write each rank's whole output to DIR/rank-N.log")
     parser.add_argument("-m", "--module", action="store_true",
                         help="run the target as a module (python -m target)")
     parser.add_argument("target", help="the script (or, with -m, the module) to run")
@@ -75,9 +85,31 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--master-port must be in 1..65535, not {options.master_port}")
     if options.grace_period < 0:
         parser.error(f"--grace-period must not be negative, not {options.grace_period}")
+    if options.ranks is not None:
+        beyond = sorted(r for r in options.ranks if r >= options.nproc_per_node)
+        if beyond:
+            parser.error(f"--ranks names ranks {beyond}, beyond the {options.nproc_per_node} "
+                         f"processes")
     if not options.module and not os.path.isfile(options.target):
         parser.error(f"the script '{options.target}' does not exist")
     return options
+
+
+def _rank_list(text: str) -> frozenset[int]:
+    """ "0,2-3" -> {0, 2, 3}."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            low = int(first)
+            high = int(last) if dash else low
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"'{text}' is not a list of ranks (e.g. 0 or 0,2-3)") from None
+        if low < 0 or high < low:
+            raise argparse.ArgumentTypeError(f"'{part}' in '{text}' is not a rank or a range")
+        ranks.update(range(low, high + 1))
+    return frozenset(ranks)
 
 
 def _free_port(address: str) -> int:
@@ -133,7 +165,8 @@ class _Stream:
     """One process' stdout or stderr: the bytes after its last complete line."""
 
     rank: int
-    sink: BinaryIO
+    sink: Optional[BinaryIO]  # None: this rank's lines are not copied (--ranks)
+    tee: Optional[BinaryIO] = None  # its --tee file, shared by its stdout and stderr
     pending: bytes = b""
 
     def write(self, data: bytes) -> None:
@@ -152,6 +185,11 @@ class _Stream:
 
     def _emit(self, lines: list[bytes]) -> None:
         if not lines:
+            return
+        if self.tee is not None:
+            self.tee.write(b"".join(line + b"\n" for line in lines))
+            self.tee.flush()
+        if self.sink is None:
             return
         prefix = f"[rank {self.rank}] ".encode()
         try:
@@ -221,6 +259,12 @@ class _Launch:
 
 def _run(options: argparse.Namespace) -> int:
     port = options.master_port or _free_port(options.master_addr)
+    if options.tee is not None:
+        try:
+            os.makedirs(options.tee, exist_ok=True)
+        except OSError as error:
+            raise SystemExit(f"{_PREFIX}cannot create the --tee directory '{options.tee}': "
+                             f"{error}") from None
     command = [sys.executable]
     command += ["-m", options.target] if options.module else [options.target]
     command += options.arguments
@@ -235,6 +279,7 @@ def _run(options: argparse.Namespace) -> int:
     previous_handlers = {signum: signal.signal(signum, lambda *_: None) for signum in handled}
     selector = selectors.DefaultSelector()
     launch = _Launch(ranks=[], grace_period=options.grace_period)
+    tees: list[BinaryIO] = []
     try:
         selector.register(wake_read, selectors.EVENT_READ)
         for rank, environment in enumerate(_rank_environment(options, port)):
@@ -242,10 +287,15 @@ def _run(options: argparse.Namespace) -> int:
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        start_new_session=True)
             launch.ranks.append(_Rank(rank, process))
+            tee = None
+            if options.tee is not None:
+                tee = open(os.path.join(options.tee, f"rank-{rank}.log"), "wb")
+                tees.append(tee)
+            shown = options.ranks is None or rank in options.ranks
             for pipe, sink in ((process.stdout, sys.stdout.buffer),
                                (process.stderr, sys.stderr.buffer)):
                 os.set_blocking(pipe.fileno(), False)
-                launch.streams[pipe.fileno()] = _Stream(rank, sink)
+                launch.streams[pipe.fileno()] = _Stream(rank, sink if shown else None, tee)
                 selector.register(pipe, selectors.EVENT_READ)
         _loop(launch, selector, wake_read)
     finally:
@@ -255,6 +305,8 @@ def _run(options: argparse.Namespace) -> int:
                 rank.status = rank.process.wait()
         for stream in launch.streams.values():
             stream.close()
+        for tee in tees:
+            tee.close()
         selector.close()
         for rank in launch.ranks:
             for pipe in (rank.process.stdout, rank.process.stderr):

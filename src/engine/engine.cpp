@@ -5,10 +5,14 @@
 #include <pulseloco/engine/engine_impl.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
-#include <map>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
@@ -19,6 +23,21 @@
 #include <pulseloco/engine/trace.h>
 
 namespace pulseloco {
+
+namespace {
+
+// The level of a line that every rank writes alike (a window's summary, the engine's start):
+// info on rank 0; debug on the other ranks unless PULSELOCO_LOG_ALL_RANKS is 1, so that a
+// group's combined log holds one such line per event. Warnings stay every rank's own.
+spdlog::level::level_enum shared_line_level(int rank) {
+  static const bool all_ranks = [] {
+    const char* env = std::getenv("PULSELOCO_LOG_ALL_RANKS");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  return rank == 0 || all_ranks ? spdlog::level::info : spdlog::level::debug;
+}
+
+}  // namespace
 
 using engine_detail::AttachedGroup;
 using engine_detail::seconds_since;
@@ -57,9 +76,11 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
   const engine_detail::StateAccess access(state);
   if (engine_detail::join_group(attached_group(), state, options, pool, setup_error)) {
     steps_in_window = 0;
+    publishing.state_loaded();  // the group's state, and so its publications, are this rank's
   }
   stats_at_window_start = transport->stats();
-  logger().info(
+  logger().log(
+      shared_line_level(rank),
       "engine ready: rank {}/{} (group generation {}), mode {}, {} windows committed, next window "
       "{}, {} tensors, {} parameters, H={}, {} chunks, state on {}",
       rank, world, group.generation, mode_name(options.mode), state.committed_windows(),
@@ -72,22 +93,66 @@ void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) c
   if (options.verify_digests) {
     report.rank_digests =
         collectives::allgather_u64(attached.transport(), report.digest, attached.collective());
-    std::map<Digest, int> votes;
-    for (Digest d : report.rank_digests)
-      ++votes[d];
-    const Digest majority =
-        std::max_element(votes.begin(), votes.end(), [](const auto& a, const auto& b) {
-          return a.second < b.second || (a.second == b.second && a.first > b.first);
-        })->first;
-    std::vector<int> diverging;
+    // Ranks per digest, in order of their first rank.
+    std::vector<std::pair<Digest, std::vector<int>>> holders;
     for (int r = 0; r < world; ++r) {
-      if (report.rank_digests[static_cast<std::size_t>(r)] != majority) diverging.push_back(r);
+      const Digest d = report.rank_digests[static_cast<std::size_t>(r)];
+      auto found = std::find_if(holders.begin(), holders.end(),
+                                [&](const auto& entry) { return entry.first == d; });
+      if (found == holders.end()) {
+        holders.push_back({d, {r}});
+      } else {
+        found->second.push_back(r);
+      }
     }
-    report.replicas_identical = diverging.empty();
-    if (!diverging.empty()) {
+    report.replicas_identical = holders.size() == 1;
+    if (!report.replicas_identical) {
+      Digest majority = 0;
+      std::size_t majority_count = 0;
+      for (const auto& [digest, ranks] : holders) {
+        if (ranks.size() > majority_count) {
+          majority = digest;
+          majority_count = ranks.size();
+        }
+      }
+      std::vector<int> diverging;
+      std::string which;
+      if (2 * majority_count > static_cast<std::size_t>(world)) {
+        for (int r = 0; r < world; ++r) {
+          if (report.rank_digests[static_cast<std::size_t>(r)] != majority) diverging.push_back(r);
+        }
+        which = fmt::format("{} {} differ from the majority's digest {}",
+                            diverging.size() == 1 ? "rank" : "ranks", fmt::join(diverging, ", "),
+                            digest_hex(majority));
+      } else {
+        // No majority (e.g. two ranks): no digest is more right than another.
+        for (int r = 0; r < world; ++r)
+          diverging.push_back(r);
+        std::vector<std::string> groups;
+        for (const auto& [digest, ranks] : holders)
+          groups.push_back(fmt::format("{} on {} {}", digest_hex(digest),
+                                       ranks.size() == 1 ? "rank" : "ranks",
+                                       fmt::join(ranks, ", ")));
+        which = fmt::format("no digest is held by a majority: {}", fmt::join(groups, "; "));
+      }
+      std::string cause;
+      if (options.mode == Mode::ddp) {
+        // The usual cause in ddp mode: gradients that were not averaged on some rank.
+        const auto missed = collectives::allgather_u64(
+            attached.transport(), gradients_not_averaged ? 1 : 0, attached.collective());
+        std::vector<int> missing;
+        for (int r = 0; r < world; ++r) {
+          if (missed[static_cast<std::size_t>(r)] != 0) missing.push_back(r);
+        }
+        if (!missing.empty())
+          cause = fmt::format(
+              ". ddp mode averages the gradients in before_optimizer_step() "
+              "(Engine::average_gradients()), and {} {} did not call it on every optimizer step of "
+              "this window: call it after backward() and before optimizer.step() on every step",
+              missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "));
+      }
       throw DivergenceError(
-          fmt::format("replica digests differ after window {} (majority digest {})", report.window,
-                      digest_hex(majority)),
+          fmt::format("replica digests differ after window {}: {}{}", report.window, which, cause),
           {.rank = rank, .ranks = diverging});
     }
   }
@@ -123,6 +188,16 @@ WindowReport Engine::Impl::run_window() {
   WindowReport report = new_report();
   const engine_detail::StateAccess access(state);
 
+  const std::uint64_t averages = gradient_averages;
+  gradients_not_averaged = options.mode == Mode::ddp && averages < steps_in_window;
+  if (gradients_not_averaged && !warned_gradients_not_averaged) {
+    warned_gradients_not_averaged = true;
+    logger().warn(
+        "ddp mode: window {} ran {} optimizer steps but averaged the gradients {} times: call "
+        "before_optimizer_step() (Engine::average_gradients()) after backward() and before "
+        "optimizer.step() on every step, or the replicas diverge",
+        report.window, steps_in_window, averages);
+  }
   const bool tracing = !options.trace_dir.empty();
   if (tracing) engine_detail::write_trace_inputs(state, options, attached, report.window);
   strategy->run(attached, report);
@@ -134,6 +209,7 @@ WindowReport Engine::Impl::run_window() {
     report.applied_window = report.window;
   }
   steps_in_window = 0;
+  gradient_averages = 0;
   if (tracing) {
     engine_detail::write_trace_outputs(state, options, attached, report);
   }
@@ -157,7 +233,7 @@ void Engine::Impl::finish_boundary(const AttachedGroup& attached, WindowReport& 
   stats_at_window_start = now;
   report.seconds.total =
       seconds_since(start) + (strategy->exchanges_during_steps() ? report.seconds.exchange : 0.0);
-  logger().info("{}", summary_line(report));
+  logger().log(shared_line_level(rank), "{}", summary_line(report));
   // The window in flight's exchange runs from here until the next boundary (overlapped
   // windows): nothing else uses the transport meanwhile.
   strategy->start_in_flight(attached);
@@ -229,6 +305,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
   LoadedCheckpoint loaded =
       engine_detail::load_checkpoint(impl_->state, impl_->options, group, impl_->pool, path);
   impl_->steps_in_window = 0;
+  impl_->publishing.state_loaded();
   if (impl_->strategy) {
     // A window in flight when the checkpoint was taken is sent again, as it was then.
     impl_->strategy->state_loaded();
@@ -283,6 +360,7 @@ void Engine::average_gradients(std::span<const TensorView> gradients) {
   const AttachedGroup group = impl_->attached_group();
   const engine_detail::StateAccess access(impl_->state);  // device state: after the caller's stream
   impl_->strategy->average_gradients(group, gradients);
+  ++impl_->gradient_averages;
 }
 
 int Engine::rank() const noexcept {

@@ -34,6 +34,12 @@ struct Engine::Impl {
   std::exception_ptr setup_error;
   std::optional<WindowReport> committed_report;  // see Engine::take_committed_report()
   std::uint64_t steps_in_window = 0;             // optimizer steps since the last window
+  // ddp: average_gradients() calls since the last window, and whether the window being finished
+  // had fewer of them than optimizer steps (a forgotten before_optimizer_step(), named in the
+  // warning and in a DivergenceError).
+  std::uint64_t gradient_averages = 0;
+  bool gradients_not_averaged = false;
+  bool warned_gradients_not_averaged = false;
   transport::TransportStats stats_at_window_start{};
   // PULSELOCO_FAULT's injector (engine/fault_injection.h) in tests; null in production.
   std::unique_ptr<PhaseObserver> phase_observer;
@@ -56,7 +62,8 @@ struct Engine::Impl {
                        engine_detail::SteadyClock::time_point start);
   // No exchange of a window in flight runs when this returns.
   void wait_in_flight() noexcept;
-  // Step 10: every rank's digest compared (DivergenceError naming the ranks off the majority).
+  // Step 10: every rank's digest compared (DivergenceError naming the ranks off the majority,
+  // or every digest and its ranks when no digest has a majority).
   void verify(const engine_detail::AttachedGroup& group, WindowReport& report) const;
 };
 

@@ -164,6 +164,75 @@ std::string describe_option_differences(const AttachedGroup& group, const Engine
   return fmt::format("options differ across ranks: {}", fmt::join(lines, "; "));
 }
 
+// "'w' (shape [64, 64], 4096 elements, float32)".
+std::string describe_tensor(const nlohmann::json& entry) {
+  return fmt::format("'{}' (shape [{}], {} elements, {})", entry.at(0).get<std::string>(),
+                     fmt::join(entry.at(3).get<std::vector<std::uint64_t>>(), ", "),
+                     entry.at(1).get<std::uint64_t>(), entry.at(2).get<std::string>());
+}
+
+// Collective, once the parameter tables' digests differ: every rank's table, and per rank whose
+// table differs from rank 0's, the first tensor that differs on both ranks. (The digest covers
+// names, element counts and dtypes; shapes are named to help find the tensor.)
+std::string describe_table_differences(const AttachedGroup& group, const ReplicatedState& state,
+                                       const std::vector<int>& differing) {
+  nlohmann::json table = nlohmann::json::array();
+  for (std::size_t t = 0; t < state.tensor_count(); ++t) {
+    const TensorInfo& info = state.layout().tensors()[t];
+    table.push_back({info.name, info.numel, std::string(dtype_name(info.dtype)), state.shape(t)});
+  }
+  const std::string mine = table.dump();
+  collectives::CollectiveOptions exchange = group.collective();
+  exchange.max_message_bytes = std::max<std::uint64_t>(exchange.max_message_bytes, mine.size());
+  const auto texts =
+      collectives::sparse_allgather(group.transport(), std::as_bytes(std::span(mine)), exchange);
+  const auto table_of = [&](int r) {
+    const auto& bytes = texts[static_cast<std::size_t>(r)];
+    auto parsed = nlohmann::json::parse(
+        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), nullptr,
+        /*allow_exceptions=*/false);
+    const bool well_formed =
+        parsed.is_array() && std::all_of(parsed.begin(), parsed.end(), [](const auto& entry) {
+          return entry.is_array() && entry.size() == 4 && entry[0].is_string() &&
+                 entry[1].is_number_unsigned() && entry[2].is_string() && entry[3].is_array() &&
+                 std::all_of(entry[3].begin(), entry[3].end(),
+                             [](const auto& extent) { return extent.is_number_unsigned(); });
+        });
+    if (!well_formed)
+      throw ProtocolError("rank's parameter table is not a JSON array of tensors",
+                          {.rank = group.rank(), .peer = r});
+    return parsed;
+  };
+  const nlohmann::json reference = table_of(0);
+  std::vector<std::string> lines;
+  for (const int r : differing) {
+    const nlohmann::json theirs = table_of(r);
+    std::size_t i = 0;
+    // Name, elements and dtype (what the digest covers; shapes only describe the tensor).
+    const auto same = [](const nlohmann::json& a, const nlohmann::json& b) {
+      return a[0] == b[0] && a[1] == b[1] && a[2] == b[2];
+    };
+    while (i < reference.size() && i < theirs.size() && same(reference[i], theirs[i]))
+      ++i;
+    if (i < reference.size() && i < theirs.size()) {
+      lines.push_back(fmt::format("tensor {}: rank 0 has {}, rank {} has {}", i,
+                                  describe_tensor(reference[i]), r, describe_tensor(theirs[i])));
+    } else if (i < reference.size()) {
+      lines.push_back(fmt::format("rank 0 has {} tensors, rank {} has {}; the first missing is {}",
+                                  reference.size(), r, theirs.size(),
+                                  describe_tensor(reference[i])));
+    } else if (i < theirs.size()) {
+      lines.push_back(fmt::format("rank 0 has {} tensors, rank {} has {}; the first extra is {}",
+                                  reference.size(), r, theirs.size(), describe_tensor(theirs[i])));
+    }
+  }
+  if (lines.empty()) return "parameter tables (names, sizes, dtypes) differ from rank 0's";
+  return fmt::format(
+      "parameter tables (names, sizes, dtypes) differ from rank 0's: {} (every rank must pass "
+      "the same tensors in the same order)",
+      fmt::join(lines, "; "));
+}
+
 // Sends `buffers` of every tensor from `source` to every rank, tensor by tensor, in pieces of at
 // most one bucket (collective). The bucket is staged in host memory: how the state's memory
 // splits a range differs between ranks (host or device), the broadcast's pieces must not.
@@ -332,9 +401,8 @@ bool join_group(const AttachedGroup& group, ReplicatedState& state, const Engine
                           {.rank = group.rank(), .ranks = differing});
   if (auto differing = disagreeing_ranks(group, state.layout().table_digest() | 1u, nullptr);
       !differing.empty())
-    throw InvalidArgument(
-        "parameter tables (names, sizes, dtypes) differ from rank 0's on these ranks",
-        {.rank = group.rank(), .ranks = differing});
+    throw InvalidArgument(describe_table_differences(group, state, differing),
+                          {.rank = group.rank(), .ranks = differing});
 
   MemberStatus mine;
   mine.has_state = state.has_contents();

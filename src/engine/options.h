@@ -123,6 +123,10 @@ struct EngineOptions {
   // (to_json(report) is the report as JSON). Local to the rank and not serialised; an exception
   // it throws propagates to the caller.
   std::function<void(const WindowReport&)> on_report;
+  // A publish_dir that already holds versions when this run starts (not resumed from a
+  // checkpoint) is refused unless this is set: then this run publishes after them. Local to the
+  // rank like publish_dir, and not recorded in files.
+  bool publish_continue = false;
 
   // Throws InvalidArgument naming the first option that is out of range.
   void validate() const;

@@ -74,6 +74,12 @@ std::string publish_summary(const WindowReport& report) {
   return line;
 }
 
+bool completes_in_flight(const WindowReport& report) {
+  // Any other overlapped boundary applies the window before the one whose steps end there.
+  return report.overlap != Overlap::blocking && report.applied_window &&
+         *report.applied_window == report.window;
+}
+
 std::string human_bytes(double bytes) {
   if (bytes < 1e3) return fmt::format("{:.0f} B", bytes);
   if (bytes < 1e6) return fmt::format("{:.1f} kB", bytes / 1e3);
@@ -108,6 +114,18 @@ std::string overlap_summary(const WindowReport& report) {
 }  // namespace
 
 std::string summary_line(const WindowReport& report) {
+  if (completes_in_flight(report)) {
+    // complete_in_flight(): no inner steps ended and nothing was sent; the boundary applied the
+    // window whose exchange ran during the steps before it.
+    return fmt::format(
+        "window {} {}: completed in flight (overlap {}): outer step applied, nothing sent, {:.3f} "
+        "s (finishing the exchange {:.3f}, apply {:.3f}, verify {:.3f}; in flight {:.3f} s), "
+        "digest {}{}{}",
+        report.window, mode_name(report.mode), overlap_name(report.overlap), report.seconds.total,
+        report.seconds.exchange, report.seconds.apply, report.seconds.verify,
+        report.seconds.exchange_in_flight, digest_hex(report.digest),
+        report.replicas_identical ? "" : " REPLICAS DIFFER", publish_summary(report));
+  }
   const double payload = static_cast<double>(report.payload_bytes);
   const double vs_diloco = payload > 0 ? static_cast<double>(report.diloco_bytes) / payload : 0;
   const double vs_ddp = payload > 0 ? static_cast<double>(report.ddp_bytes) / payload : 0;

@@ -85,8 +85,13 @@ struct WindowReport {
 
 [[nodiscard]] nlohmann::json to_json(const WindowReport& report);
 
-// One log line: "window 3 pulse: density 1.23%, 1.2 MB sent (DiLoCo 40.0 MB = 33.3x), ...".
+// One log line: "window 3 pulse: density 1.23%, 1.2 MB sent (DiLoCo 40.0 MB = 33.3x), ...";
+// the report of complete_in_flight() says that it completed the window in flight instead.
 [[nodiscard]] std::string summary_line(const WindowReport& report);
+
+// The report is complete_in_flight()'s: an overlapped boundary that applied the window it is
+// numbered by, with no inner steps ended and nothing sent.
+[[nodiscard]] bool completes_in_flight(const WindowReport& report);
 
 // ", published v3: patch 1.234% (12.0 kB delta, 4.1 kB compact), anchor 2.00 MB" when the
 // window was published (", published v1: anchor 2.00 MB" for the first version), ", NOT

@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/patch/manifest.h>
 #include <pulseloco/patch/publisher.h>
 
 namespace pulseloco::engine_detail {
@@ -21,6 +23,7 @@ void WeightPublishing::after_window(const ReplicatedState& state, int rank, Wind
   if (rank != 0) {
     // One publisher per job: a rank that is no longer 0 (a new group) lets the new rank 0 go on.
     publisher_.reset();
+    if (state.committed_windows() % options_.publish_every == 0) continues_run_ = true;
     return;
   }
   if (state.committed_windows() % options_.publish_every != 0) return;
@@ -40,6 +43,19 @@ void WeightPublishing::after_window(const ReplicatedState& state, int rank, Wind
 void WeightPublishing::publish(const ReplicatedState& state, WindowReport& report) {
   const std::uint64_t version = state.committed_windows();
   if (!publisher_) {
+    const std::filesystem::path directory(options_.publish_dir);
+    if (!continues_run_ && !options_.publish_continue &&
+        std::filesystem::exists(directory / patch::kManifestName)) {
+      const patch::Manifest existing = patch::read_manifest(directory);
+      if (!existing.versions.empty()) {
+        throw InvalidArgument(fmt::format(
+            "publish_dir '{}' already holds versions {} to {}, published before this run "
+            "started: publish into an empty directory, or set publish_continue "
+            "(pulseloco_train --publish-continue) to publish this run's versions after them",
+            options_.publish_dir, existing.versions.front().version,
+            existing.versions.back().version));
+      }
+    }
     publisher_ = std::make_unique<patch::Publisher>(
         options_.publish_dir,
         patch::PublisherOptions{
@@ -73,6 +89,7 @@ void WeightPublishing::publish(const ReplicatedState& state, WindowReport& repor
         {.name = state.name(t), .shape = state.shape(t), .data = data, .dtype = DType::float32});
   }
   const patch::PublishedVersion published = publisher_->publish(weights, version);
+  continues_run_ = true;
   report.published_version = published.version;
   report.patch_changed = published.changed;
   report.patch_density = report.parameters > 0 ? static_cast<double>(published.changed) /

@@ -3,6 +3,9 @@
 // window, as version = the window counter, through one patch::Publisher that it opens at its
 // first publication: on a directory that holds versions (a resumed run, or a new rank 0 after a
 // membership change) it continues their sequence from the newest one, reloaded and verified.
+// A directory that already held versions when a new run started (another run's) is refused
+// unless EngineOptions::publish_continue says to publish after them: a new run never appends
+// onto another run's versions unasked.
 //
 // A publication that fails (a full disk, a directory of another model) is not an error of the
 // window, which has committed on every rank: the report says so (publish_error) and the log
@@ -35,12 +38,18 @@ class WeightPublishing {
   // window counter is due, filling the report's publishing fields. Never throws for a failed
   // publication (see above).
   void after_window(const ReplicatedState& state, int rank, WindowReport& report);
+  // The state was restored from a checkpoint or taken from the group's other members: the
+  // directory's versions are this run's.
+  void state_loaded() noexcept { continues_run_ = true; }
 
  private:
   void publish(const ReplicatedState& state, WindowReport& report);
 
   const EngineOptions& options_;
   std::unique_ptr<patch::Publisher> publisher_;  // rank 0's, once it has published
+  // Versions in the directory are this run's to continue: the state came from a checkpoint, or
+  // this engine saw (as another rank) or made publications of this run.
+  bool continues_run_ = false;
 };
 
 }  // namespace pulseloco::engine_detail

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
@@ -85,6 +86,24 @@ std::string configured_advertise_address(const TransportOptions& options) {
   return {};
 }
 
+// Which variable the master port came from, and what to do when something else holds it
+// (torchrun's store listens on MASTER_PORT itself).
+std::string master_port_hint(const TransportOptions& options) {
+  const char* pulseloco_port = std::getenv("PULSELOCO_MASTER_PORT");
+  const char* torch_port = std::getenv("MASTER_PORT");
+  const std::string port = std::to_string(options.master_port);
+  std::string source = "the master_port option";
+  if (pulseloco_port != nullptr && port == pulseloco_port) {
+    source = "PULSELOCO_MASTER_PORT";
+  } else if (torch_port != nullptr && port == torch_port) {
+    source = "MASTER_PORT";
+  }
+  return fmt::format(
+      "port {} comes from {}; when another program listens there (torchrun's store listens on "
+      "MASTER_PORT), give pulseloco a free port of its own with PULSELOCO_MASTER_PORT",
+      port, source);
+}
+
 void require_rank_and_size(const TransportOptions& options, std::string_view method) {
   if (options.world_size < 1)
     throw InvalidArgument(fmt::format(
@@ -127,6 +146,7 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
   const ErrorContext context{.rank = options.rank};
   const auto tls = tcp::TlsContext::make(options.tcp);
   auto backoff = std::chrono::milliseconds(20);
+  bool answered = false;  // the server answered a handshake: it is a rendezvous server
   std::string last_problem = "no attempt";
   for (;;) {
     if (Clock::now() >= deadline)
@@ -172,6 +192,7 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
     try {
       tcp::LinkStream link(socket, tls);
       (void)co_await tcp::client_handshake(link, hello, options.tcp.secret);
+      answered = true;
       const std::vector<std::byte> registration = encode_registration(mine);
       co_await asio::async_write(link, asio::buffer(registration), asio::use_awaitable);
 
@@ -187,6 +208,13 @@ asio::awaitable<GroupTable> register_with_server(asio::io_context& io,
       throw ProtocolError(fmt::format("rendezvous server at {}: {}", server, refused.message()),
                           context);
     } catch (const boost::system::system_error& io_error) {
+      if (watchdog.fired() && !answered)
+        throw TimeoutError(
+            fmt::format("rendezvous: the server at {} accepted the connection but "
+                        "did not answer the handshake within {} ms: is another "
+                        "program listening there? ({})",
+                        server, elapsed_ms(options.connect_timeout), master_port_hint(options)),
+            context);
       if (watchdog.fired())
         throw TimeoutError(fmt::format("rendezvous: the server at {} did not send the table "
                                        "within {} ms (other ranks have not registered yet?)",
@@ -233,10 +261,16 @@ GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t
         "PULSELOCO_MASTER_PORT) must be set");
   const Deadline deadline = transport::deadline_after(options.connect_timeout);
   std::unique_ptr<RendezvousServer> server;
-  if (options.rank == 0 && !options.external_rendezvous_server)
-    server = std::make_unique<RendezvousServer>(server_host_for(options.master_addr),
-                                                options.master_port, options.world_size,
-                                                options.tcp, deadline, options.run_id);
+  if (options.rank == 0 && !options.external_rendezvous_server) {
+    try {
+      server = std::make_unique<RendezvousServer>(server_host_for(options.master_addr),
+                                                  options.master_port, options.world_size,
+                                                  options.tcp, deadline, options.run_id);
+    } catch (const IoError& error) {
+      throw IoError(fmt::format("{} ({})", error.message(), master_port_hint(options)),
+                    error.context());
+    }
+  }
   asio::io_context io;
   auto result = asio::co_spawn(io, register_with_server(io, options, listen_port, deadline),
                                asio::use_future);

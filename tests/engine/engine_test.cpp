@@ -11,6 +11,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/transport/inproc/inproc.h>
+#include "base/log_capture.h"
 #include "engine/engine_test_util.h"
 
 namespace pulseloco {
@@ -287,17 +288,32 @@ TEST(Engine, AnOptionMismatchNamesEachDifferingOptionWithEveryValueAndItsRanks) 
   }
 }
 
-TEST(Engine, MismatchedTensorTablesAreRejected) {
+TEST(Engine, MismatchedTensorTablesNameTheFirstDifferingTensorOnBothRanks) {
   std::vector<LocalModel> models{testing::make_model({10, 5}, DType::float32, 1),
-                                 testing::make_model({10, 6}, DType::float32, 2)};
-  auto transports = transport::inproc::make_group(2);
-  const auto errors = testing::run_ranks(2, [&](int r) {
+                                 testing::make_model({10, 6}, DType::float32, 2),
+                                 testing::make_model({10, 5}, DType::bfloat16, 3),
+                                 testing::make_model({10, 5}, DType::float32, 4)};
+  auto transports = transport::inproc::make_group(4);
+  const auto errors = testing::run_ranks(4, [&](int r) {
     Engine engine(testing::views_of(models[static_cast<std::size_t>(r)]), small_options(),
                   std::move(transports[static_cast<std::size_t>(r)]));
   });
   for (const auto& error : errors) {
     ASSERT_TRUE(error);
-    EXPECT_THROW(std::rethrow_exception(error), InvalidArgument);
+    try {
+      std::rethrow_exception(error);
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.context().ranks, (std::vector<int>{1, 2})) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find("tensor 1: rank 0 has 'tensor1' (shape [5], 5 elements, float32), "
+                          "rank 1 has 'tensor1' (shape [6], 6 elements, float32)"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("tensor 0: rank 0 has 'tensor0' (shape [10], 10 elements, float32), "
+                          "rank 2 has 'tensor0' (shape [10], 10 elements, bfloat16)"),
+                std::string::npos)
+          << what;
+    }
   }
 }
 
@@ -527,6 +543,66 @@ TEST(Engine, DdpModeAveragesGradientsAcrossRanks) {
     ASSERT_TRUE(reports[static_cast<std::size_t>(r)].has_value());
     EXPECT_EQ(reports[static_cast<std::size_t>(r)]->payload_bytes, 2 * 3010 * 4u);
   }
+}
+
+// ddp without average_gradients() (a forgotten before_optimizer_step()): each rank steps on its
+// own gradients, and the divergence names the missing call instead of an arbitrary majority.
+TEST(Engine, DdpWithoutAveragedGradientsNamesTheMissingCallOnEveryRank) {
+  const int world = 2;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({3000, 10}, DType::float32, 300));
+  auto options = small_options(Mode::ddp);
+  options.steps_per_window = 2;
+  auto engines = testing::start_engines(models, options);
+  const auto errors = testing::run_ranks(world, [&](int r) {
+    for (int step = 0; step < 2; ++step) {
+      testing::local_training(models[static_cast<std::size_t>(r)], 0.01f, 1,
+                              static_cast<std::uint32_t>(10 * r + step));
+      (void)engines[static_cast<std::size_t>(r)]->after_optimizer_step();
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+    } catch (const DivergenceError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("ranks 0, 1 did not call it on every optimizer step"), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("before_optimizer_step()"), std::string::npos) << what;
+      // Two ranks: neither digest is the right one.
+      EXPECT_NE(what.find("no digest is held by a majority"), std::string::npos) << what;
+      EXPECT_EQ(e.context().ranks, (std::vector<int>{0, 1})) << what;
+    }
+  }
+}
+
+// Without averaging, replicas that happen to stay identical (here: no training at all) raise
+// nothing, but the engine warns once that before_optimizer_step() was not called.
+TEST(Engine, DdpWithoutAveragedGradientsWarnsOnceEvenWhenReplicasAgree) {
+  const int world = 2;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({100}, DType::float32, 7));
+  auto options = small_options(Mode::ddp);
+  options.steps_per_window = 2;
+  auto engines = testing::start_engines(models, options);
+  std::string log;
+  {
+    const testing::LogCapture capture(spdlog::level::warn);
+    testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+      for (int step = 0; step < 4; ++step)
+        (void)engines[static_cast<std::size_t>(r)]->after_optimizer_step();
+    }));
+    log = capture.text();
+  }
+  const std::string warning = "ran 2 optimizer steps but averaged the gradients 0 times";
+  std::size_t count = 0;
+  for (auto at = log.find(warning); at != std::string::npos; at = log.find(warning, at + 1))
+    ++count;
+  EXPECT_EQ(count, 2U) << log;  // once per engine, not once per window
+  EXPECT_NE(log.find("before_optimizer_step()"), std::string::npos) << log;
 }
 
 }  // namespace

@@ -196,6 +196,7 @@ TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
       EXPECT_TRUE(report.replicas_identical);
       EXPECT_EQ(report.digest, reports[0].digest);
       EXPECT_GT(report.entries_sent, 0u);
+      EXPECT_FALSE(completes_in_flight(report));
     }
     for (const auto& engine : engines) {
       EXPECT_TRUE(engine->window_in_flight());
@@ -218,6 +219,11 @@ TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
     EXPECT_EQ(last[r]->applied_window, std::optional<std::uint64_t>(windows - 1));
     EXPECT_EQ(last[r]->payload_bytes, 0u);
     EXPECT_TRUE(last[r]->replicas_identical);
+    // Its log line says what it was, not an empty window's "density 0.000%, payload 0 B".
+    EXPECT_TRUE(completes_in_flight(*last[r]));
+    const std::string line = summary_line(*last[r]);
+    EXPECT_NE(line.find("completed in flight"), std::string::npos) << line;
+    EXPECT_EQ(line.find("density"), std::string::npos) << line;
     EXPECT_FALSE(engines[r]->window_in_flight());
     EXPECT_EQ(engines[r]->committed_windows(), static_cast<std::uint64_t>(windows));
     EXPECT_FALSE(engines[r]->complete_in_flight());  // nothing in flight any more

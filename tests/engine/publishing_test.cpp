@@ -1,7 +1,8 @@
 // Publishing θ_g from training (EngineOptions::publish_dir): rank 0 publishes every due window
 // as version = the window counter, a patch::Receiver reconstructs each version byte-identical
 // to bf16(θ_g) of that window, a failed publication is the report's and not the window's, and a
-// resumed run continues the directory's version sequence.
+// resumed run continues the directory's version sequence, and a new run does not append onto
+// another run's versions unasked.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -213,6 +214,39 @@ TEST(Publishing, AResumedRunContinuesTheDirectorysVersionSequence) {
   EXPECT_EQ(listed_versions(dir), (std::vector<std::uint64_t>{1, 2, 3, 4, 5, 6}));
   fs::remove_all(dir);
   fs::remove_all(checkpoints);
+}
+
+// A new run (not resumed from a checkpoint) into a directory of another run's versions: every
+// due window is refused, saying why and what to do, and nothing is appended even once the
+// run's versions pass the directory's; with publish_continue it publishes after them.
+TEST(Publishing, ANewRunRefusesAnotherRunsDirectoryUnlessAskedToContinue) {
+  const fs::path dir = testing::fresh_test_dir("publish_other_run");
+  {
+    TrainingRun first(publishing_options(dir), 91);
+    for (int w = 0; w < 2; ++w)
+      (void)run_window(first, w);
+  }
+  {
+    TrainingRun second(publishing_options(dir), 92);
+    for (int w = 0; w < 4; ++w) {
+      const WindowReport report = run_window(second, w)[0];
+      EXPECT_FALSE(report.published_version) << "window " << w;
+      EXPECT_NE(report.publish_error.find("already holds versions 1 to 2"), std::string::npos)
+          << report.publish_error;
+      EXPECT_NE(report.publish_error.find("publish_continue"), std::string::npos)
+          << report.publish_error;
+    }
+  }
+  EXPECT_EQ(listed_versions(dir), (std::vector<std::uint64_t>{1, 2}));
+  {
+    EngineOptions options = publishing_options(dir);
+    options.publish_continue = true;
+    TrainingRun third(options, 93);
+    for (int w = 0; w < 3; ++w)
+      (void)run_window(third, w);
+  }
+  EXPECT_EQ(listed_versions(dir), (std::vector<std::uint64_t>{1, 2, 3}));
+  fs::remove_all(dir);
 }
 
 TEST(Publishing, OptionsAreRankLocalAndDoNotChangeTheState) {

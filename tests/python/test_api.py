@@ -406,3 +406,22 @@ def test_the_documented_report_table_lists_the_keys_of_to_dict():
                                  f"in to_dict() only: {sorted(keys - set(fields))}")
     for phase in report.seconds.to_dict():
         assert re.search(rf"\b{phase}\b", seconds_row), f"seconds.{phase} is not documented"
+
+
+def test_a_new_run_refuses_another_runs_versions_unless_publish_continue(tmp_path):
+    def run(steps, **options):
+        weights = np.linspace(-1, 1, 4096, dtype=np.float32)
+        with pulseloco.Synchronizer([weights], inner_steps=1, publish_dir=str(tmp_path),
+                                    **options) as sync:
+            reports = []
+            for step in range(steps):
+                weights[::7] += np.float32(0.05 * (step + 1))
+                reports.append(sync.after_optimizer_step())
+        return reports
+
+    assert [r.published_version for r in run(2)] == [1, 2]
+    refused = run(3)
+    assert [r.published_version for r in refused] == [None, None, None]
+    assert all("already holds versions 1 to 2" in r.publish_error for r in refused)
+    assert "publish_continue" in refused[0].publish_error
+    assert [r.published_version for r in run(3, publish_continue=True)] == [None, None, 3]

@@ -167,6 +167,30 @@ def test_output_lines_are_prefixed_with_the_rank(tmp_path):
     assert all(line.startswith("[rank ") for line in result.stdout.splitlines())
 
 
+def test_ranks_filters_the_copied_output_and_tee_keeps_every_ranks_whole_output(tmp_path):
+    script = write_script(tmp_path, "talk.py", """
+        import os, sys
+        rank = os.environ["RANK"]
+        print(f"out {rank}")
+        print(f"err {rank}", file=sys.stderr)
+    """)
+    logs = tmp_path / "logs"
+    result = launch(["--nproc-per-node", "4", "--ranks", "0,2-3", "--tee", str(logs),
+                     str(script)])
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 2, 3):
+        assert f"[rank {rank}] out {rank}\n" in result.stdout
+        assert f"[rank {rank}] err {rank}\n" in result.stderr
+    assert "[rank 1]" not in result.stdout + result.stderr
+    for rank in range(4):
+        lines = (logs / f"rank-{rank}.log").read_text().splitlines()
+        assert sorted(lines) == [f"err {rank}", f"out {rank}"], lines
+    # torchrun's spelling of the filter.
+    result = launch(["--nproc-per-node", "2", "--local-ranks-filter", "1", str(script)])
+    assert result.returncode == 0, result.stderr
+    assert "[rank 0]" not in result.stdout and "[rank 1] out 1\n" in result.stdout
+
+
 def test_script_arguments_and_module_mode(tmp_path):
     package = tmp_path / "users_package"
     package.mkdir()
@@ -186,6 +210,8 @@ def test_script_arguments_and_module_mode(tmp_path):
     (["--nproc-per-node", "2", "no-such-script.py"], "'no-such-script.py' does not exist"),
     (["--nproc-per-node", "2", "--master-port", "70000", "x.py"], "--master-port"),
     (["script.py"], "--nproc-per-node"),
+    (["--nproc-per-node", "2", "--ranks", "1,x", "x.py"], "'1,x' is not a list of ranks"),
+    (["--nproc-per-node", "2", "--ranks", "0,2-3", "x.py"], "--ranks names ranks [2, 3]"),
 ])
 def test_bad_arguments_are_named(tmp_path, arguments, complaint):
     (tmp_path / "x.py").write_text("")

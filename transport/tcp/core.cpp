@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <pulseloco/base/log.h>
+#include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/waiting.h>
 
 namespace pulseloco::transport::tcp {
@@ -34,7 +35,13 @@ void Core::form(GroupTable table, Deadline deadline) {
     for (int index = 0; index < lanes_per_peer_; ++index)
       peers_.back()->lanes.push_back(std::make_unique<Lane>(io_, index));
   }
-  if (effective_link_security(options_) == LinkSecurity::none && size_ > 1 && rank_ == 0)
+  // Without a secret, anyone who can reach a rank's port could join; a group whose every rank
+  // is on loopback is reachable from this host only, so it is not worth a warning.
+  const bool all_loopback = std::all_of(addresses_.begin(), addresses_.end(), [](const auto& peer) {
+    return is_loopback_host(peer.host);
+  });
+  if (effective_link_security(options_) == LinkSecurity::none && size_ > 1 && rank_ == 0 &&
+      !all_loopback)
     logger().warn(
         "tcp transport: no shared secret (PULSELOCO_SECRET): connections are not authenticated");
   if (tls_ && options_.same_host_plaintext && size_ > 1 && rank_ == 0)

@@ -120,6 +120,7 @@ const Setters<EngineOptions>& engine_setters() {
       PULSELOCO_SET(state_location, parse_state_location(text(key, v))),
       PULSELOCO_SET(publish_dir, text(key, v)),
       PULSELOCO_SET(publish_every, integer(key, v, 1, std::numeric_limits<long long>::max())),
+      PULSELOCO_SET(publish_continue, boolean(key, v)),
       PULSELOCO_SET(anchor_every, integer(key, v, 1, std::numeric_limits<long long>::max())),
       {"encoding", [](auto& o, const std::string& key,
                       nb::handle v) { o.codec.encoding = parse_encoding(text(key, v)); }},
