@@ -128,8 +128,10 @@ class Transport {
   // Numbers the collective calls made under base tag `base_tag` on this transport: 0, 1, 2, ...
   // Every rank makes the same calls in the same order under one base tag, so all ranks agree on
   // the numbers (as with Gloo's Context::nextSlot); collectives put them into their tags so that
-  // a failed call's stragglers can never be taken for a later call's messages.
-  [[nodiscard]] std::uint64_t next_sequence(Tag base_tag) {
+  // a failed call's stragglers can never be taken for a later call's messages. A view over
+  // another transport (SubgroupTransport, subgroup.h) numbers its calls from a first number of
+  // its own, so that they do not reuse its parent's tags.
+  [[nodiscard]] virtual std::uint64_t next_sequence(Tag base_tag) {
     const std::lock_guard lock(sequence_mutex_);
     return sequences_[base_tag]++;
   }
