@@ -71,11 +71,18 @@ class ViewRequest final : public Request {
       if (const int rank = view_.rank_of(parent_rank); rank >= 0) ranks.push_back(rank);
     }
     context.ranks = std::move(ranks);
-    throw_error_of_kind(
-        error.kind(),
-        fmt::format("{} (ranks numbered as in the parent group; this view holds {})",
-                    error.message(), view_.describe()),
-        std::move(context));
+    std::string note;
+    if (const auto parent_peer = error.context().peer) {
+      note = context.peer ? fmt::format(
+                                " (said by the parent transport: its peer {} is rank {} "
+                                "of this view of {})",
+                                *parent_peer, *context.peer, view_.describe())
+                          : fmt::format(
+                                " (said by the parent transport; its peer {} is not in "
+                                "this view of {})",
+                                *parent_peer, view_.describe());
+    }
+    throw_error_of_kind(error.kind(), error.message() + note, std::move(context));
   }
 
   const SubgroupTransport& view_;
@@ -164,7 +171,15 @@ void SubgroupTransport::abort(std::string_view reason) noexcept {
       }
     });
   }
-  parent_.abort(reason);
+  // The reason travels to the parent's peers (TCP tells them why), and it numbers the view's
+  // ranks: say which they are.
+  std::string said;
+  try {
+    said = fmt::format("{} (ranks numbered within the view of {})", reason, describe());
+  } catch (...) {
+    said.clear();
+  }
+  parent_.abort(said.empty() ? reason : std::string_view(said));
 }
 
 std::vector<int> SubgroupTransport::lost_peers() const {
@@ -196,11 +211,11 @@ void SubgroupTransport::rethrow_in_parent_numbering(const Error& error,
   context.ranks = std::move(ranks);
   std::string culprit;
   if (context.peer) culprit = fmt::format(", blaming rank {}", *context.peer);
-  throw_error_of_kind(
-      error.kind(),
-      fmt::format("{} among {} failed{}: {} (in that message rank i is the view's i-th member)",
-                  what, describe(), culprit, error.message()),
-      std::move(context));
+  throw_error_of_kind(error.kind(),
+                      fmt::format("{} among {} failed{}; in the view's numbering (rank i is the "
+                                  "i-th of those ranks): {}",
+                                  what, describe(), culprit, error.message()),
+                      std::move(context));
 }
 
 }  // namespace pulseloco::transport

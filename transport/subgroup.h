@@ -8,10 +8,10 @@
 // reports (operations, errors' ErrorContext, lost_peers()) is in the view's numbering, and
 // parent_rank() / rethrow_in_parent_numbering() translate back.
 //
-// Failure: abort() aborts the parent, so that a failure in any view ends every exchange over
-// the parent (a collective aborts its transport when it fails, and the parent's operations
-// posted through the view can be withdrawn no other way). An optional hook runs first, while
-// the parent can still send.
+// Failure: abort() aborts the parent (with a reason that names the view's members), so that a
+// failure in any view ends every exchange over the parent (a collective aborts its transport
+// when it fails, and the parent's operations posted through the view can be withdrawn no other
+// way). An optional hook runs first, while the parent can still send.
 //
 // Sequence numbers: the view numbers its own collective calls from `first_sequence` (every
 // base tag alike). Collectives put these numbers into their tags, so two views with a pair of

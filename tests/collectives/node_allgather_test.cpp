@@ -463,5 +463,36 @@ INSTANTIATE_TEST_SUITE_P(
                          param.param.abort_instead ? "aborted" : "killed");
     });
 
+// Over TCP loopback: a rank aborts its transport when its rail has brought it the first message
+// of another rank (from its callback, as an engine giving up would).
+TEST(NodeAllGatherFaultOverTcp, ARankThatAbortsIsNamedByEverySurvivorInTime) {
+  const std::vector<int> nodes{0, 1, 2, 0, 1, 2};
+  constexpr int kVictim = 4;
+  auto group = make_test_group("tcp", 6);
+  std::atomic<transport::Clock::rep> aborted_at{0};
+  const CollectiveOptions options{.timeout = kTimeout, .pipeline_chunk_bytes = 512};
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    (void)sparse_allgather_nodes(
+        t, {nodes}, pattern_bytes(3000, t.rank()), options,
+        [&](int rank, std::span<const std::byte>) {
+          if (t.rank() == kVictim && rank != kVictim && aborted_at.load() == 0) {
+            aborted_at.store(transport::Clock::now().time_since_epoch().count());
+            t.abort("the engine gave up");
+          }
+        });
+  });
+  ASSERT_NE(aborted_at.load(), 0) << "the victim never aborted";
+  const transport::Clock::time_point fault{transport::Clock::duration{aborted_at.load()}};
+  for (int rank = 0; rank < 6; ++rank) {
+    if (rank == kVictim) continue;
+    const RankOutcome& outcome = outcomes[static_cast<std::size_t>(rank)];
+    const auto error = caught_error(outcome);
+    ASSERT_TRUE(error) << "rank " << rank << ": " << describe(outcome);
+    EXPECT_EQ(error->kind, ErrorKind::peer_lost) << "rank " << rank << ": " << error->what;
+    EXPECT_EQ(error->context.peer, kVictim) << "rank " << rank << ": " << error->what;
+    EXPECT_LE(outcome.finished - fault, 2 * kTimeout) << "rank " << rank << ": " << error->what;
+  }
+}
+
 }  // namespace
 }  // namespace pulseloco::collectives
