@@ -142,8 +142,9 @@ struct NodeLayout {
 // Every rank passes the same layout (checked first, with one allgather_u64: InvalidArgument
 // naming the rank that disagrees); a layout of the wrong size or with a negative node is
 // refused before anything is sent. Not over an order-matching transport (InvalidArgument).
-// buffer_for and on_message run on the calling thread, once per rank: the own message first
-// (stored where buffer_for says), then each other rank's as it arrives in step 1 or step 2.
+// buffer_for runs on the calling thread once per rank, before that rank's message is stored
+// (in step 1 as its rail's all-gather asks, in step 2 as bundles arrive); on_message runs once
+// per rank, the own message first, then each other rank's as it arrives in step 1 or step 2.
 // Failure rules as for every collective, with ranks named in `transport`'s numbering. Calls
 // under options.tag draw several sequence numbers (one per rail and step): every rank must make
 // the same calls, as always.

@@ -179,12 +179,6 @@ class Channel {
     }
   }
 
-  // The notice of `peer` if it has come (without waiting).
-  [[nodiscard]] std::optional<Notice> notice(int peer) {
-    poll(peer);
-    return notices_[static_cast<std::size_t>(peer)];
-  }
-
   // Follows the failure notices from `culprit`: a rank that says another rank failed passes
   // the blame on. Waits at most the settle time for a notice that has not come.
   [[nodiscard]] std::pair<int, ErrorKind> resolve(int culprit, ErrorKind kind) {
