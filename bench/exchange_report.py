@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""The table of bench/exchange_scaling.sh's records: per worker count and window, the union
-ratio, the kind the automatic choice ran, the bytes rank 0 received under each kind and their
-ratios, and whether every kind ended on the same digest.
+"""The tables of bench/exchange_scaling.sh's records, one per local weight dtype: per worker
+count and window, the union ratio, the kind the automatic choice ran, the bytes rank 0 received
+under each kind and their ratios, and whether every kind ended on the same digest.
 
     python3 bench/exchange_report.py bench/results/exchange-scaling-example.jsonl
 """
@@ -11,6 +11,12 @@ import sys
 
 def main(path):
     records = [json.loads(line) for line in open(path) if line.strip()]
+    for dtype in sorted({r.get("local_dtype", "bf16") for r in records}):
+        print(f"local weights: {dtype}")
+        table([r for r in records if r.get("local_dtype", "bf16") == dtype])
+
+
+def table(records):
     cells = {}
     for r in records:
         cells[(r["ranks"], r["window"], r["option"])] = r

@@ -25,8 +25,9 @@
 namespace pulseloco {
 namespace {
 
-EngineOptions worker_options() {
+EngineOptions worker_options(Exchange exchange = Exchange::automatic) {
   EngineOptions options;
+  options.exchange = exchange;
   options.steps_per_window = 2;
   options.chunk_elements = 1024;
   options.bucket_elements = 4096;
@@ -95,11 +96,11 @@ struct Reports {
 void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
                 std::uint64_t windows, std::optional<std::uint64_t> leave_after,
                 std::optional<std::uint64_t> hold_at, Reports& reports,
-                std::function<void()> on_registered = {}) {
+                std::function<void()> on_registered = {}, Exchange exchange = Exchange::automatic) {
   testing::LocalModel model = testing::make_model({0, 5, 3000, 2049}, DType::float32, 7);
   ElasticOptions elastic = elastic_options(port, id);
   elastic.on_registered = std::move(on_registered);
-  ElasticEngine sync(testing::views_of(model), worker_options(), elastic);
+  ElasticEngine sync(testing::views_of(model), worker_options(exchange), elastic);
   // The loop sees only the interface it shares with Engine.
   WindowRunner& runner = sync;
   std::uint32_t step = 0;
@@ -122,7 +123,11 @@ void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
   reports.final_digest[id] = runner.engine().state_digest();
 }
 
-TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
+// Every exchange kind across regroups: the owner ranges follow each generation's size.
+class ElasticExchange : public ::testing::TestWithParam<Exchange> {};
+
+TEST_P(ElasticExchange, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
+  const Exchange exchange = GetParam();
   elastic::Coordinator coordinator({.host = "127.0.0.1",
                                     .initial_workers = 3,
                                     .min_workers = 2,
@@ -143,7 +148,7 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
         // that the boundary after window 4 admits it.
         run_worker(port, fmt::format("w{}", w), 10 + static_cast<std::uint32_t>(w), kWindows,
                    w == 2 ? std::optional<std::uint64_t>(2) : std::nullopt,
-                   w == 2 ? std::nullopt : std::optional<std::uint64_t>(4), reports);
+                   w == 2 ? std::nullopt : std::optional<std::uint64_t>(4), reports, {}, exchange);
       } catch (...) {
         errors[static_cast<std::size_t>(w)] = std::current_exception();
       }
@@ -153,8 +158,9 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
   const bool window_3 = reports.wait_for_window(3);
   threads.emplace_back([&] {
     try {
-      run_worker(port, "w3", 13, kWindows, std::nullopt, std::nullopt, reports,
-                 [&] { reports.set_joiner_registered(); });
+      run_worker(
+          port, "w3", 13, kWindows, std::nullopt, std::nullopt, reports,
+          [&] { reports.set_joiner_registered(); }, exchange);
     } catch (...) {
       errors[3] = std::current_exception();
     }
@@ -173,6 +179,9 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
     for (const auto& report : list) {
       EXPECT_EQ(report.digest, list.front().digest) << "window " << window;
       EXPECT_TRUE(report.replicas_identical);
+      if (exchange != Exchange::automatic) {
+        EXPECT_EQ(report.exchange, exchange_name(exchange)) << "window " << window;
+      }
     }
     if (window < 2) {
       EXPECT_EQ(list.front().world_size, 3) << "window " << window;
@@ -194,6 +203,12 @@ TEST(ElasticEngine, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
   for (const auto& [id, digest] : reports.final_digest)
     EXPECT_EQ(digest, reports.final_digest.begin()->second) << id;
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ElasticExchange,
+                         ::testing::Values(Exchange::allgather, Exchange::reduction),
+                         [](const ::testing::TestParamInfo<Exchange>& kind) {
+                           return std::string(exchange_name(kind.param));
+                         });
 
 // Whether another socket can bind and listen on 127.0.0.1:port (as another process picking
 // that port would, SO_REUSEADDR included).
