@@ -319,12 +319,16 @@ struct Failure {
   std::optional<std::pair<int, ErrorKind>> known;
 
   // Tells every rank who failed, as far as this rank knows, before the parent is aborted: the
-  // known culprit, else the first peer the parent has lost (following the notices from there).
-  void tell() {
+  // known culprit, else the one the view's collective blamed (`blamed`, -1 for none), else the
+  // first peer the parent has lost (following the notices from there).
+  void tell(int blamed = -1, ErrorKind blamed_kind = ErrorKind::peer_lost) {
     int culprit = -1;
     ErrorKind kind = ErrorKind::peer_lost;
     if (known) {
       std::tie(culprit, kind) = *known;
+    } else if (blamed >= 0) {
+      culprit = blamed;
+      kind = blamed_kind;
     } else {
       for (const int peer : parent.lost_peers()) {
         if (peer != parent.rank()) {
@@ -423,12 +427,18 @@ void sparse_allgather_nodes(Transport& parent, const NodeLayout& layout,
   const Nodes nodes = sort_into_nodes(layout, world, me);
   require_same_layout(parent, allgather_u64(parent, layout_hash(nodes), options));
 
-  // The call's sequence numbers under options.tag: the channel's, one per rail, the node's.
-  const std::uint64_t channel_sequence = parent.next_sequence(options.tag);
+  // The call's sequence numbers under options.tag: the channel's, one per rail, the node's. Each
+  // follows an unused one: a collective that fails after its `done` sends its verdict to the
+  // next call's tag too, which must not be another step's (a view numbers ranks differently).
+  const auto reserve = [&] {
+    (void)parent.next_sequence(options.tag);
+    return parent.next_sequence(options.tag);
+  };
+  const std::uint64_t channel_sequence = reserve();
   std::vector<std::uint64_t> rail_sequence(static_cast<std::size_t>(nodes.largest));
   for (auto& sequence : rail_sequence)
-    sequence = parent.next_sequence(options.tag);
-  const std::uint64_t node_sequence = parent.next_sequence(options.tag);
+    sequence = reserve();
+  const std::uint64_t node_sequence = reserve();
 
   const int my_node = nodes.node_of[static_cast<std::size_t>(me)];
   const int my_local = nodes.local_of[static_cast<std::size_t>(me)];
@@ -442,7 +452,9 @@ void sparse_allgather_nodes(Transport& parent, const NodeLayout& layout,
   Channel channel(parent, detail::make_tag(options.tag, channel_sequence, detail::Phase::notice),
                   options.timeout);
   Failure failure{.parent = parent, .channel = channel, .known = std::nullopt};
-  const auto before_abort = [&failure](std::string_view) { failure.tell(); };
+  const auto before_abort = [&failure](int blamed, ErrorKind kind, std::string_view) {
+    failure.tell(blamed, kind);
+  };
 
   // The caller's callbacks: an error there is this rank's own.
   const auto own_error = [&]() -> ParentNumbered {

@@ -107,21 +107,24 @@ TEST(SubgroupTransport, LostPeersAndErrorsNameTheViewsRanks) {
   }
 }
 
-TEST(SubgroupTransport, AbortAbortsTheParentAfterItsHook) {
+TEST(SubgroupTransport, AbortAbortsTheParentAfterItsHookWhichLearnsTheCulprit) {
   auto group = transport::inproc::make_group(3);
   int hooks = 0;
   bool parent_usable_in_hook = false;
-  SubgroupTransport view(*group[1], {1, 2}, 0, [&](std::string_view reason) {
-    ++hooks;
-    EXPECT_EQ(reason, "stop");
-    std::vector<std::byte> out{std::byte{1}};
-    try {
-      (void)group[1]->isend(0, 9, out)->test();
-      parent_usable_in_hook = true;
-    } catch (const Error&) {
-    }
-  });
-  view.abort("stop");
+  SubgroupTransport view(*group[1], {1, 2}, 0,
+                         [&](int culprit, ErrorKind kind, std::string_view reason) {
+                           ++hooks;
+                           EXPECT_EQ(culprit, 2);  // the view's rank 1
+                           EXPECT_EQ(kind, ErrorKind::timeout);
+                           EXPECT_EQ(reason, "stop");
+                           std::vector<std::byte> out{std::byte{1}};
+                           try {
+                             (void)group[1]->isend(0, 9, out)->test();
+                             parent_usable_in_hook = true;
+                           } catch (const Error&) {
+                           }
+                         });
+  view.abort_blaming(1, ErrorKind::timeout, "stop");
   view.abort("again");
   EXPECT_EQ(hooks, 1);
   EXPECT_TRUE(parent_usable_in_hook);
