@@ -132,6 +132,42 @@ TEST(SubgroupTransport, AbortAbortsTheParentAfterItsHookWhichLearnsTheCulprit) {
   EXPECT_THROW(group[1]->irecv(0, 2, in)->wait(transport::deadline_after(kTimeout)), AbortedError);
 }
 
+// A collective over a view that fails passes its verdict to the view's hook, in the parent's
+// numbering, and its error names the culprit in the parent's numbering once translated.
+TEST(SubgroupTransport, ACollectivesVerdictReachesTheHookAndTheErrorInTheParentsNumbering) {
+  auto faults = std::make_shared<FaultInjector>();
+  auto group = transport::inproc::make_group(4, {.faults = faults});
+  const std::vector<int> members{3, 1, 2};
+  faults->set_hook([](const MessageEvent& m) {
+    return m.from == 2 && (m.tag & 0xFF) == 3 ? FaultAction::stall_sender : FaultAction::deliver;
+  });
+  std::mutex mutex;
+  std::map<int, std::pair<int, ErrorKind>> blamed;  // by parent rank
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    if (t.rank() == 0) return;
+    const int me = t.rank();
+    SubgroupTransport view(t, members, 0, [&](int culprit, ErrorKind kind, std::string_view) {
+      const std::lock_guard lock(mutex);
+      blamed[me] = {culprit, kind};
+    });
+    try {
+      (void)sparse_allgather(view, pattern_bytes(100, me), {.timeout = kTimeout});
+    } catch (const Error& error) {
+      view.rethrow_in_parent_numbering(error, "the test's all-gather");
+    }
+  });
+  for (const int rank : {3, 1}) {
+    ASSERT_TRUE(blamed.contains(rank)) << "rank " << rank;
+    EXPECT_EQ(blamed[rank].first, 2) << "rank " << rank;
+    EXPECT_EQ(blamed[rank].second, ErrorKind::timeout) << "rank " << rank;
+    const auto error = caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << "rank " << rank;
+    EXPECT_EQ(error->kind, ErrorKind::timeout) << error->what;
+    EXPECT_EQ(error->context.peer, 2) << error->what;
+    EXPECT_EQ(error->context.rank, rank) << error->what;
+  }
+}
+
 // Views over one parent, one after the other (with the numbers drawn from the parent) and at
 // the same time from two threads per rank (distinct base tags), run collectives correctly.
 TEST(SubgroupTransport, ViewsRunCollectivesInTurnAndAtTheSameTime) {
