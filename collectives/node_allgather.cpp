@@ -17,6 +17,7 @@
 #include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/collectives/detail/group_channel.h>
 #include <pulseloco/collectives/detail/packets.h>
 #include <pulseloco/transport/subgroup.h>
 
@@ -24,8 +25,7 @@ namespace pulseloco::collectives {
 
 namespace {
 
-using transport::Clock;
-using transport::Request;
+using detail::GroupChannel;
 using transport::SubgroupTransport;
 using transport::Transport;
 
@@ -118,213 +118,24 @@ struct ParentNumbered {
   std::exception_ptr error;
 };
 
-// The group-wide channel of one call: one notice per rank to every rank, `done` at the end or
-// `failure` naming the culprit before the rank aborts.
-class Channel {
- public:
-  enum class Type : std::uint8_t { done = 1, failure = 2 };
-  struct Notice {
-    Type type = Type::done;
-    ErrorKind kind = ErrorKind::peer_lost;
-    int culprit = -1;
-  };
-  static constexpr std::size_t kBytes = 16;
-  static constexpr std::uint32_t kMagic = 0x4E444E50;  // "PNDN"
-
-  Channel(Transport& transport, transport::Tag tag, std::chrono::milliseconds timeout)
-      : transport_(transport),
-        tag_(tag),
-        timeout_(timeout),
-        slice_(
-            std::clamp(timeout / 16, std::chrono::milliseconds{1}, std::chrono::milliseconds{25})),
-        in_(static_cast<std::size_t>(transport.size())),
-        receives_(static_cast<std::size_t>(transport.size())),
-        notices_(static_cast<std::size_t>(transport.size())),
-        broken_(static_cast<std::size_t>(transport.size()), false) {
-    for (int peer = 0; peer < transport_.size(); ++peer) {
-      if (peer == transport_.rank()) continue;
-      const auto index = static_cast<std::size_t>(peer);
-      receives_[index] = transport_.irecv(peer, tag_, in_[index]);
-    }
-  }
-
-  // Sends this rank's notice to every peer, once per call (best effort).
-  void tell(Type type, ErrorKind kind, int culprit) {
-    if (told_) return;
-    told_ = true;
-    ByteWriter(out_)
-        .put(kMagic)
-        .put(static_cast<std::uint8_t>(type))
-        .put(static_cast<std::uint8_t>(kind))
-        .zeros(2)
-        .put(static_cast<std::int32_t>(culprit))
-        .zeros(4);
-    for (int peer = 0; peer < transport_.size(); ++peer) {
-      if (peer == transport_.rank()) continue;
-      try {
-        sends_.push_back(transport_.isend(peer, tag_, out_));
-      } catch (const Error&) {
-        // The failure path learns nothing more from a broken link.
-      }
-    }
-  }
-  // Before an abort: lets the failure notices leave, for at most the settle time.
-  void flush_failure() {
-    const auto until = Clock::now() + settle();
-    for (auto& send : sends_) {
-      try {
-        send->wait(until);
-      } catch (const Error&) {
-      }
-    }
-  }
-
-  // Follows the failure notices from `culprit`: a rank that says another rank failed passes
-  // the blame on. Waits at most the settle time for a notice that has not come.
-  [[nodiscard]] std::pair<int, ErrorKind> resolve(int culprit, ErrorKind kind) {
-    const auto until = Clock::now() + settle();
-    std::vector<bool> seen(static_cast<std::size_t>(transport_.size()), false);
-    while (culprit >= 0 && culprit < transport_.size() && culprit != transport_.rank() &&
-           !seen[static_cast<std::size_t>(culprit)]) {
-      seen[static_cast<std::size_t>(culprit)] = true;
-      const std::optional<Notice> said = await(culprit, until);
-      if (!said || said->type != Type::failure || said->culprit < 0 || said->culprit == culprit) {
-        break;
-      }
-      kind = said->kind;
-      culprit = said->culprit;
-    }
-    return {culprit, kind};
-  }
-
-  // The completion round: says `done` and waits for every peer's notice, each for at most
-  // options.timeout after the last one came. Throws, naming the culprit, if one reports a
-  // failure, its link breaks or it says nothing in time.
-  void complete() {
-    tell(Type::done, ErrorKind::peer_lost, -1);
-    auto until = Clock::now() + timeout_;
-    for (;;) {
-      int pending = -1;
-      bool progressed = false;
-      for (int peer = 0; peer < transport_.size(); ++peer) {
-        if (peer == transport_.rank()) continue;
-        const bool had = notices_[static_cast<std::size_t>(peer)].has_value();
-        poll(peer);
-        const auto& said = notices_[static_cast<std::size_t>(peer)];
-        if (said && said->type == Type::failure) {
-          fail_naming(said->culprit >= 0 ? said->culprit : peer, said->kind,
-                      fmt::format("rank {} reports that the call failed", peer));
-        }
-        if (broken_[static_cast<std::size_t>(peer)])
-          fail_naming(peer, ErrorKind::peer_lost, "its link broke in the completion round");
-        if (!said && pending < 0) pending = peer;
-        if (said && !had) progressed = true;
-      }
-      if (pending < 0) break;
-      if (progressed) until = Clock::now() + timeout_;
-      if (Clock::now() >= until) {
-        fail_naming(pending, ErrorKind::timeout,
-                    fmt::format("no completion notice within {} ms", timeout_.count()));
-      }
-      try {
-        receives_[static_cast<std::size_t>(pending)]->wait(std::min(until, Clock::now() + slice_));
-      } catch (const TimeoutError&) {
-      } catch (const Error&) {
-        // poll() records it.
-      }
-    }
-    for (std::size_t i = 0; i < sends_.size(); ++i) {
-      try {
-        sends_[i]->wait(Clock::now() + timeout_);
-      } catch (const Error& error) {
-        const int peer = error.context().peer.value_or(-1);
-        fail_naming(peer, error.kind(), error.message());
-      }
-    }
-    transport_.retire_tag(tag_);
-  }
-
- private:
-  [[nodiscard]] std::chrono::milliseconds settle() const {
-    return std::min(timeout_ / 4, std::chrono::milliseconds{250});
-  }
-  void poll(int peer) {
-    const auto index = static_cast<std::size_t>(peer);
-    if (peer == transport_.rank() || notices_[index] || broken_[index]) return;
-    try {
-      if (!receives_[index]->test()) return;
-    } catch (const Error&) {
-      broken_[index] = true;
-      return;
-    }
-    ByteReader in(in_[index], {.rank = transport_.rank(), .peer = peer});
-    const auto magic = in.get<std::uint32_t>("magic");
-    const auto type = in.get<std::uint8_t>("type");
-    const auto kind = in.get<std::uint8_t>("kind");
-    (void)in.get<std::uint16_t>("padding");
-    const auto culprit = in.get<std::int32_t>("culprit");
-    if (magic != kMagic || (type != 1 && type != 2) ||
-        kind > static_cast<std::uint8_t>(ErrorKind::aborted) || culprit < -1 ||
-        culprit >= transport_.size()) {
-      notices_[index] = Notice{.type = Type::failure, .kind = ErrorKind::protocol, .culprit = peer};
-      return;
-    }
-    notices_[index] = Notice{
-        .type = static_cast<Type>(type), .kind = static_cast<ErrorKind>(kind), .culprit = culprit};
-  }
-  [[nodiscard]] std::optional<Notice> await(int peer, Clock::time_point until) {
-    const auto index = static_cast<std::size_t>(peer);
-    while (!notices_[index] && !broken_[index] && Clock::now() < until) {
-      try {
-        receives_[index]->wait(std::min(until, Clock::now() + slice_));
-      } catch (const Error&) {
-      }
-      poll(peer);
-      if (!notices_[index] && !broken_[index]) {
-        try {
-          if (receives_[index]->test()) poll(peer);
-        } catch (const Error&) {
-          broken_[index] = true;
-        }
-      }
-    }
-    return notices_[index];
-  }
-  [[noreturn]] void fail_naming(int culprit, ErrorKind kind, std::string_view detail) {
-    const auto [blamed, blamed_kind] = resolve(culprit, kind);
-    transport::throw_error_of_kind(
-        blamed_kind == ErrorKind::aborted ? ErrorKind::peer_lost : blamed_kind,
-        fmt::format("{} failed: rank {} failed ({})", kWhat, blamed, detail),
-        {.rank = transport_.rank(), .peer = blamed});
-  }
-
-  Transport& transport_;
-  transport::Tag tag_;
-  std::chrono::milliseconds timeout_;
-  std::chrono::milliseconds slice_;
-  std::vector<std::array<std::byte, kBytes>> in_;
-  std::vector<std::unique_ptr<Request>> receives_;
-  std::vector<std::optional<Notice>> notices_;
-  std::vector<bool> broken_;
-  std::array<std::byte, kBytes> out_{};
-  bool told_ = false;
-  std::vector<std::unique_ptr<Request>> sends_;
-};
-
 // What the views' abort hooks share: the channel, and the culprit when this rank knows it
 // before the view's collective does (a callback's error, an invalid bundle).
 struct Failure {
   Transport& parent;
-  Channel& channel;
+  GroupChannel& channel;
   std::optional<std::pair<int, ErrorKind>> known;
 
   // Tells every rank who failed, as far as this rank knows, before the parent is aborted: the
-  // known culprit, else the first peer the parent has lost (following the notices from there).
-  void tell() {
+  // known culprit, else the one the view's collective blamed (`blamed`, -1 for none), else the
+  // first peer the parent has lost (following the notices from there).
+  void tell(int blamed = -1, ErrorKind blamed_kind = ErrorKind::peer_lost) {
     int culprit = -1;
     ErrorKind kind = ErrorKind::peer_lost;
     if (known) {
       std::tie(culprit, kind) = *known;
+    } else if (blamed >= 0) {
+      culprit = blamed;
+      kind = blamed_kind;
     } else {
       for (const int peer : parent.lost_peers()) {
         if (peer != parent.rank()) {
@@ -335,7 +146,7 @@ struct Failure {
     }
     if (culprit >= 0 && culprit != parent.rank())
       std::tie(culprit, kind) = channel.resolve(culprit, kind);
-    channel.tell(Channel::Type::failure, kind, culprit);
+    channel.tell(GroupChannel::Type::failure, kind, culprit);
     channel.flush_failure();
   }
 };
@@ -343,7 +154,7 @@ struct Failure {
 // Runs `exchange` (a collective over `view`); an error it throws names the view's ranks and
 // is thrown again in the parent's numbering, blaming the rank that the failure notices point to.
 template <typename Exchange>
-void run_over_view(SubgroupTransport& view, std::string_view what, Channel& channel,
+void run_over_view(SubgroupTransport& view, std::string_view what, GroupChannel& channel,
                    Exchange&& exchange) {
   try {
     exchange();
@@ -423,12 +234,18 @@ void sparse_allgather_nodes(Transport& parent, const NodeLayout& layout,
   const Nodes nodes = sort_into_nodes(layout, world, me);
   require_same_layout(parent, allgather_u64(parent, layout_hash(nodes), options));
 
-  // The call's sequence numbers under options.tag: the channel's, one per rail, the node's.
-  const std::uint64_t channel_sequence = parent.next_sequence(options.tag);
+  // The call's sequence numbers under options.tag: the channel's, one per rail, the node's. Each
+  // follows an unused one: a collective that fails after its `done` sends its verdict to the
+  // next call's tag too, which must not be another step's (a view numbers ranks differently).
+  const auto reserve = [&] {
+    (void)parent.next_sequence(options.tag);
+    return parent.next_sequence(options.tag);
+  };
+  const std::uint64_t channel_sequence = reserve();
   std::vector<std::uint64_t> rail_sequence(static_cast<std::size_t>(nodes.largest));
   for (auto& sequence : rail_sequence)
-    sequence = parent.next_sequence(options.tag);
-  const std::uint64_t node_sequence = parent.next_sequence(options.tag);
+    sequence = reserve();
+  const std::uint64_t node_sequence = reserve();
 
   const int my_node = nodes.node_of[static_cast<std::size_t>(me)];
   const int my_local = nodes.local_of[static_cast<std::size_t>(me)];
@@ -439,10 +256,13 @@ void sparse_allgather_nodes(Transport& parent, const NodeLayout& layout,
   std::vector<std::span<std::byte>> buffers(static_cast<std::size_t>(world));
   std::vector<std::byte> bundle_out;
   std::vector<std::vector<std::byte>> bundles_in(static_cast<std::size_t>(g));
-  Channel channel(parent, detail::make_tag(options.tag, channel_sequence, detail::Phase::notice),
-                  options.timeout);
+  GroupChannel channel(parent,
+                       detail::make_tag(options.tag, channel_sequence, detail::Phase::notice),
+                       options.timeout, kWhat);
   Failure failure{.parent = parent, .channel = channel, .known = std::nullopt};
-  const auto before_abort = [&failure](std::string_view) { failure.tell(); };
+  const auto before_abort = [&failure](int blamed, ErrorKind kind, std::string_view) {
+    failure.tell(blamed, kind);
+  };
 
   // The caller's callbacks: an error there is this rank's own.
   const auto own_error = [&]() -> ParentNumbered {

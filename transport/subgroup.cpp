@@ -162,10 +162,15 @@ std::unique_ptr<Request> SubgroupTransport::iforward(int peer, Tag tag,
 }
 
 void SubgroupTransport::abort(std::string_view reason) noexcept {
+  abort_blaming(-1, ErrorKind::peer_lost, reason);
+}
+
+void SubgroupTransport::abort_blaming(int peer, ErrorKind kind, std::string_view reason) noexcept {
   if (before_abort_) {
+    const int culprit = peer >= 0 && peer < size() ? members_[static_cast<std::size_t>(peer)] : -1;
     std::call_once(before_abort_once_, [&] {
       try {
-        before_abort_(reason);
+        before_abort_(culprit, kind, reason);
       } catch (...) {
         // Best effort: the abort below is what must happen.
       }

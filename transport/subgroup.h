@@ -38,8 +38,10 @@ namespace pulseloco::transport {
 
 class SubgroupTransport final : public Transport {
  public:
-  // Runs before the parent is aborted, with the abort's reason.
-  using BeforeAbort = std::function<void(std::string_view reason)>;
+  // Runs before the parent is aborted (once), with the peer the caller blamed in the parent's
+  // numbering (abort_blaming; -1 for none, a non-member, or a plain abort()), the kind of its
+  // failure and the abort's reason.
+  using BeforeAbort = std::function<void(int culprit, ErrorKind kind, std::string_view reason)>;
 
   // `members`: the parent ranks of the view's ranks, in order, without repeats, the parent's
   // own rank among them (InvalidArgument otherwise). `parent` must outlive the view.
@@ -63,6 +65,7 @@ class SubgroupTransport final : public Transport {
                                                   const Request& earlier) override;
   void retire_tag(Tag tag) noexcept override { parent_.retire_tag(tag); }
   void abort(std::string_view reason) noexcept override;
+  void abort_blaming(int peer, ErrorKind kind, std::string_view reason) noexcept override;
   // The parent's lost peers that are members, in the view's numbering and the parent's order.
   // A lost non-member is left out: it is no peer of the view (its loss shows in the parent and
   // in the views it belongs to).

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <pulseloco/base/device.h>
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::transport {
 
@@ -106,6 +107,15 @@ class Transport {
 
   // Fails every pending and future operation with AbortedError(reason).
   virtual void abort(std::string_view reason) noexcept = 0;
+  // abort(), saying which peer the caller holds responsible and how it failed (the collectives'
+  // verdict; -1: none). A view of a larger group (SubgroupTransport, subgroup.h) passes it to its
+  // owner, who can tell the rest of the group before the parent goes down; any other transport
+  // just aborts.
+  virtual void abort_blaming(int peer, ErrorKind kind, std::string_view reason) noexcept {
+    (void)peer;
+    (void)kind;
+    abort(reason);
+  }
 
   // The peers this transport has lost, in the order in which it found out: their connections
   // closed without a goodbye (the peer died, or aborted), broke, or were failed by the transport

@@ -38,7 +38,12 @@ using transport::inproc::FaultAction;
 using transport::inproc::FaultInjector;
 using transport::inproc::MessageEvent;
 
+// The timeout of the failure tests, as in collectives_fault_test.cpp (survivors must fail
+// within twice it); where no timeout is under test, waits get kPatience, so that a loaded
+// machine does not fail them; the stalled member's peers wait kStallTimeout for it.
 constexpr std::chrono::milliseconds kTimeout = 1000ms;
+constexpr std::chrono::milliseconds kPatience = 30'000ms;
+constexpr std::chrono::milliseconds kStallTimeout = 3000ms;
 
 void expect_all_succeeded(const std::vector<RankOutcome>& outcomes) {
   for (std::size_t rank = 0; rank < outcomes.size(); ++rank) {
@@ -58,7 +63,7 @@ TEST(SubgroupTransport, NumbersItsMembersInOrderAndMovesTheirMessages) {
     EXPECT_EQ(view.size(), 3);
     EXPECT_EQ(view.parent_rank(view.rank()), t.rank());
     EXPECT_EQ(view.backend(), t.backend());
-    const auto deadline = transport::deadline_after(kTimeout);
+    const auto deadline = transport::deadline_after(kPatience);
     // Each member sends its parent rank to the next member (in the view's numbering).
     const int right = (view.rank() + 1) % 3;
     const int left = (view.rank() + 2) % 3;
@@ -100,33 +105,72 @@ TEST(SubgroupTransport, LostPeersAndErrorsNameTheViewsRanks) {
   faults->kill(4);
   EXPECT_EQ(view.lost_peers(), std::vector<int>{0});
   try {
-    receive->wait(transport::deadline_after(kTimeout));
+    receive->wait(transport::deadline_after(kPatience));
     FAIL() << "the receive from a killed member completed";
   } catch (const PeerLostError& error) {
     EXPECT_EQ(error.context().peer, 0) << error.what();
   }
 }
 
-TEST(SubgroupTransport, AbortAbortsTheParentAfterItsHook) {
+TEST(SubgroupTransport, AbortAbortsTheParentAfterItsHookWhichLearnsTheCulprit) {
   auto group = transport::inproc::make_group(3);
   int hooks = 0;
   bool parent_usable_in_hook = false;
-  SubgroupTransport view(*group[1], {1, 2}, 0, [&](std::string_view reason) {
-    ++hooks;
-    EXPECT_EQ(reason, "stop");
-    std::vector<std::byte> out{std::byte{1}};
-    try {
-      (void)group[1]->isend(0, 9, out)->test();
-      parent_usable_in_hook = true;
-    } catch (const Error&) {
-    }
-  });
-  view.abort("stop");
+  SubgroupTransport view(*group[1], {1, 2}, 0,
+                         [&](int culprit, ErrorKind kind, std::string_view reason) {
+                           ++hooks;
+                           EXPECT_EQ(culprit, 2);  // the view's rank 1
+                           EXPECT_EQ(kind, ErrorKind::timeout);
+                           EXPECT_EQ(reason, "stop");
+                           std::vector<std::byte> out{std::byte{1}};
+                           try {
+                             (void)group[1]->isend(0, 9, out)->test();
+                             parent_usable_in_hook = true;
+                           } catch (const Error&) {
+                           }
+                         });
+  view.abort_blaming(1, ErrorKind::timeout, "stop");
   view.abort("again");
   EXPECT_EQ(hooks, 1);
   EXPECT_TRUE(parent_usable_in_hook);
   std::vector<std::byte> in(1);
-  EXPECT_THROW(group[1]->irecv(0, 2, in)->wait(transport::deadline_after(kTimeout)), AbortedError);
+  EXPECT_THROW(group[1]->irecv(0, 2, in)->wait(transport::deadline_after(kPatience)), AbortedError);
+}
+
+// A collective over a view that fails passes its verdict to the view's hook, in the parent's
+// numbering, and its error names the culprit in the parent's numbering once translated.
+TEST(SubgroupTransport, ACollectivesVerdictReachesTheHookAndTheErrorInTheParentsNumbering) {
+  auto faults = std::make_shared<FaultInjector>();
+  auto group = transport::inproc::make_group(4, {.faults = faults});
+  const std::vector<int> members{3, 1, 2};
+  faults->set_hook([](const MessageEvent& m) {
+    return m.from == 2 && (m.tag & 0xFF) == 3 ? FaultAction::stall_sender : FaultAction::deliver;
+  });
+  std::mutex mutex;
+  std::map<int, std::pair<int, ErrorKind>> blamed;  // by parent rank
+  const auto outcomes = run_ranks(group, [&](Transport& t) {
+    if (t.rank() == 0) return;
+    const int me = t.rank();
+    SubgroupTransport view(t, members, 0, [&](int culprit, ErrorKind kind, std::string_view) {
+      const std::lock_guard lock(mutex);
+      blamed[me] = {culprit, kind};
+    });
+    try {
+      (void)sparse_allgather(view, pattern_bytes(100, me), {.timeout = kStallTimeout});
+    } catch (const Error& error) {
+      view.rethrow_in_parent_numbering(error, "the test's all-gather");
+    }
+  });
+  for (const int rank : {3, 1}) {
+    ASSERT_TRUE(blamed.contains(rank)) << "rank " << rank;
+    EXPECT_EQ(blamed[rank].first, 2) << "rank " << rank;
+    EXPECT_EQ(blamed[rank].second, ErrorKind::timeout) << "rank " << rank;
+    const auto error = caught_error(outcomes[static_cast<std::size_t>(rank)]);
+    ASSERT_TRUE(error) << "rank " << rank;
+    EXPECT_EQ(error->kind, ErrorKind::timeout) << error->what;
+    EXPECT_EQ(error->context.peer, 2) << error->what;
+    EXPECT_EQ(error->context.rank, rank) << error->what;
+  }
 }
 
 // Views over one parent, one after the other (with the numbers drawn from the parent) and at
@@ -134,7 +178,7 @@ TEST(SubgroupTransport, AbortAbortsTheParentAfterItsHook) {
 TEST(SubgroupTransport, ViewsRunCollectivesInTurnAndAtTheSameTime) {
   auto group = transport::inproc::make_group(4);
   const auto outcomes = run_ranks(group, [&](Transport& t) {
-    const CollectiveOptions options{.timeout = kTimeout};
+    const CollectiveOptions options{.timeout = kPatience};
     const auto mine = pattern_bytes(3000, t.rank());
     for (int round = 0; round < 3; ++round) {
       // Evens and odds, then everyone, over the same parent.
@@ -155,8 +199,8 @@ TEST(SubgroupTransport, ViewsRunCollectivesInTurnAndAtTheSameTime) {
     std::vector<std::vector<std::byte>> a;
     std::vector<std::vector<std::byte>> b;
     std::jthread other(
-        [&] { b = sparse_allgather(second, mine, {.timeout = kTimeout, .tag = 2}); });
-    a = sparse_allgather(first, mine, {.timeout = kTimeout, .tag = 1});
+        [&] { b = sparse_allgather(second, mine, {.timeout = kPatience, .tag = 2}); });
+    a = sparse_allgather(first, mine, {.timeout = kPatience, .tag = 1});
     other.join();
     for (int r = 0; r < 4; ++r) {
       EXPECT_EQ(a[static_cast<std::size_t>(r)], pattern_bytes(3000, r));
@@ -285,7 +329,7 @@ TEST(NodeAllGatherLarge, MessagesOfSeveralChunksOverTcp) {
 TEST(NodeAllGatherLarge, AllEmpty) {
   auto group = make_test_group("inproc", 6);
   const auto outcomes = run_ranks(group, [&](Transport& t) {
-    const auto got = sparse_allgather_nodes(t, {{0, 0, 1, 1, 1, 2}}, {}, {.timeout = kTimeout});
+    const auto got = sparse_allgather_nodes(t, {{0, 0, 1, 1, 1, 2}}, {}, {.timeout = kPatience});
     for (const auto& message : got)
       EXPECT_TRUE(message.empty());
   });
@@ -380,7 +424,7 @@ TEST(NodeAllGatherLayout, ThatOneRankDisagreesWithIsNamedEverywhere) {
   const auto outcomes = run_ranks(group, [&](Transport& t) {
     const std::vector<int> layout =
         t.rank() == 3 ? std::vector<int>{0, 0, 1, 1, 0} : std::vector<int>{0, 0, 1, 1, 1};
-    (void)sparse_allgather_nodes(t, {layout}, {}, {.timeout = kTimeout});
+    (void)sparse_allgather_nodes(t, {layout}, {}, {.timeout = kPatience});
   });
   for (int rank = 0; rank < 5; ++rank) {
     const auto error = caught_error(outcomes[static_cast<std::size_t>(rank)]);
