@@ -135,10 +135,10 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::vector<int>{0, 1, 0, 2, 1, 0}),  // unequal
                        ::testing::Values(DType::float32, DType::bfloat16),
                        ::testing::Values(Exchange::allgather, Exchange::reduction)),
-    [](const ::testing::TestParamInfo<NodesParam>& info) {
-      return "nodes_" + layout_name(std::get<0>(info.param)) + "_" +
-             (std::get<1>(info.param) == DType::float32 ? "fp32" : "bf16") + "_" +
-             std::string(exchange_name(std::get<2>(info.param)));
+    [](const ::testing::TestParamInfo<NodesParam>& param) {
+      return "nodes_" + layout_name(std::get<0>(param.param)) + "_" +
+             (std::get<1>(param.param) == DType::float32 ? "fp32" : "bf16") + "_" +
+             std::string(exchange_name(std::get<2>(param.param)));
     });
 
 }  // namespace
