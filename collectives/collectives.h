@@ -124,6 +124,39 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
                            const MessageBuffer& buffer_for, const CollectiveOptions& options,
                            const OnMessage& on_message = {});
 
+// Which node every rank runs on: node_of_rank[r] is rank r's node, any non-negative number
+// (equal numbers, equal node). A node's ranks need not be contiguous and nodes may differ in
+// size. Its local ranks are its ranks in ascending order; nodes are ordered by their lowest rank.
+struct NodeLayout {
+  std::vector<int> node_of_rank;
+};
+
+// sparse_allgather_into for ranks grouped in nodes whose links to each other are the slow
+// part: every rank still obtains every rank's exact message, but each message crosses into
+// each other node once instead of once per rank there (docs/collectives.md, "The node-aware
+// all-gather"). Step 1: rail l (the l-th local rank of every node; a node with G ranks puts its
+// local rank l mod G there, with an empty message when l >= G) runs sparse_allgather; step 2:
+// the ranks of each node all-gather what their rails brought (a bundle per rank, framed with
+// its messages' sizes); a completion round over the whole group ends the call.
+//
+// Every rank passes the same layout (checked first, with one allgather_u64: InvalidArgument
+// naming the rank that disagrees); a layout of the wrong size or with a negative node is
+// refused before anything is sent. Not over an order-matching transport (InvalidArgument).
+// buffer_for runs on the calling thread once per rank, before that rank's message is stored
+// (in step 1 as its rail's all-gather asks, in step 2 as bundles arrive); on_message runs once
+// per rank, the own message first, then each other rank's as it arrives in step 1 or step 2.
+// Failure rules as for every collective, with ranks named in `transport`'s numbering. Calls
+// under options.tag draw several sequence numbers (one per rail and step): every rank must make
+// the same calls, as always.
+void sparse_allgather_nodes(transport::Transport& transport, const NodeLayout& layout,
+                            std::span<const std::byte> mine, const MessageBuffer& buffer_for,
+                            const CollectiveOptions& options, const OnMessage& on_message = {});
+
+// The same, returning every rank's message in rank order.
+[[nodiscard]] std::vector<std::vector<std::byte>> sparse_allgather_nodes(
+    transport::Transport& transport, const NodeLayout& layout, std::span<const std::byte> mine,
+    const CollectiveOptions& options, const OnMessage& on_message = {});
+
 // Variable-size all-to-all: `to_rank[p]` is this rank's message for rank p (its own included,
 // delivered by a copy); rank p's message for this rank is stored where buffer_for(p, size) says,
 // called once per rank on the calling thread as soon as that size is known. The sizes travel

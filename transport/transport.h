@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <pulseloco/base/device.h>
+#include <pulseloco/base/errors.h>
 
 namespace pulseloco::transport {
 
@@ -106,6 +107,15 @@ class Transport {
 
   // Fails every pending and future operation with AbortedError(reason).
   virtual void abort(std::string_view reason) noexcept = 0;
+  // abort(), saying which peer the caller holds responsible and how it failed (the collectives'
+  // verdict; -1: none). A view of a larger group (SubgroupTransport, subgroup.h) passes it to its
+  // owner, who can tell the rest of the group before the parent goes down; any other transport
+  // just aborts.
+  virtual void abort_blaming(int peer, ErrorKind kind, std::string_view reason) noexcept {
+    (void)peer;
+    (void)kind;
+    abort(reason);
+  }
 
   // The peers this transport has lost, in the order in which it found out: their connections
   // closed without a goodbye (the peer died, or aborted), broke, or were failed by the transport
@@ -128,8 +138,10 @@ class Transport {
   // Numbers the collective calls made under base tag `base_tag` on this transport: 0, 1, 2, ...
   // Every rank makes the same calls in the same order under one base tag, so all ranks agree on
   // the numbers (as with Gloo's Context::nextSlot); collectives put them into their tags so that
-  // a failed call's stragglers can never be taken for a later call's messages.
-  [[nodiscard]] std::uint64_t next_sequence(Tag base_tag) {
+  // a failed call's stragglers can never be taken for a later call's messages. A view over
+  // another transport (SubgroupTransport, subgroup.h) numbers its calls from a first number of
+  // its own, so that they do not reuse its parent's tags.
+  [[nodiscard]] virtual std::uint64_t next_sequence(Tag base_tag) {
     const std::lock_guard lock(sequence_mutex_);
     return sequences_[base_tag]++;
   }

@@ -186,10 +186,10 @@ Request* Diagnosis::awaited_notice(int peer) const {
   return receives_[index].request;
 }
 
-void Diagnosis::abort_transport(std::string_view reason) noexcept {
+void Diagnosis::abort_transport(std::string_view reason, int culprit, ErrorKind kind) noexcept {
   if (aborted_) return;
   aborted_ = true;
-  call_.transport.abort(reason);
+  call_.transport.abort_blaming(culprit, kind, reason);
 }
 
 bool Diagnosis::await_notices(const std::function<bool()>& done) {
@@ -384,7 +384,8 @@ void Diagnosis::tell_and_abort(NoticeType type, ErrorKind kind, int subject, int
       // A peer that cannot take the notice learns of the failure from its own waits.
     }
   }
-  abort_transport(reason);
+  // A culprit notice blames its subject; an aborted notice, this rank itself.
+  abort_transport(reason, subject, kind);
 }
 
 void Diagnosis::fail_without_notices(std::exception_ptr error, const CallState& state) {

@@ -149,8 +149,10 @@ class Diagnosis {
   // rank observed (every rank has every header there, so a disagreement names the same culprit
   // everywhere); the peers find out by their own waits, within their timeout.
   [[noreturn]] void fail_without_notices(std::exception_ptr error, const CallState& state);
-  // Aborts the transport once (the only way to withdraw operations still posted).
-  void abort_transport(std::string_view reason) noexcept;
+  // Aborts the transport once (the only way to withdraw operations still posted), blaming
+  // `culprit` (-1: none) for a failure of `kind` (Transport::abort_blaming).
+  void abort_transport(std::string_view reason, int culprit = -1,
+                       ErrorKind kind = ErrorKind::peer_lost) noexcept;
 
  private:
   struct NoticeReceive {

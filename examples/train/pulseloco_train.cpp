@@ -52,6 +52,7 @@ struct Settings {
   std::string bf16_delta = "exact";
   std::string overlap = "blocking";
   std::string exchange = "auto";
+  bool node_aware = true;
   std::string transport = "auto";
   int windows = 10;
   std::uint32_t steps_per_window = 8;
@@ -355,6 +356,7 @@ int run_worker(const Settings& settings) {
   options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
   options.overlap = parse_overlap(settings.overlap);
   options.exchange = parse_exchange(settings.exchange);
+  options.node_aware = settings.node_aware;
   options.state_location = parse_state_location(settings.state_location);
 
   // bf16 local weights: the synchronizer sees the bf16 tensors; the model computes on their
@@ -526,6 +528,11 @@ int main(int argc, char** argv) {
                  "(chosen per window from the last window's overlap), allgather, or reduction "
                  "(each rank sums one range of the model, then the ranges are all-gathered)")
       ->check(flags::one_of({"auto", "allgather", "reduction"}))
+      ->capture_default_str();
+  app.add_option("--node-aware", settings.node_aware,
+                 "when ranks share nodes (PULSELOCO_NODE, else the host name): each message "
+                 "crosses into each other node once, not once per rank there (the same bits "
+                 "either way)")
       ->capture_default_str();
   app.add_option("--transport", settings.transport, "auto (tcp), tcp or mpi")
       ->check(CLI::IsMember({"auto", "tcp", "mpi"}))

@@ -85,8 +85,9 @@ class Synchronizer:
         max_attempts_per_window): an elastic worker whose group may lose and gain members.
     engine_options: the C++ EngineOptions by name: chunk_elements, bucket_elements, threads,
         timeout (s), allgather, pipeline_chunk_bytes, bf16_delta, overlap, exchange,
-        verify_digests, trace_dir, state_location, publish_dir, publish_every, publish_continue,
-        anchor_every, encoding, zstd_level, index_coding. Unknown names raise InvalidArgument.
+        node_aware, verify_digests, trace_dir, state_location, publish_dir, publish_every,
+        publish_continue, anchor_every, encoding, zstd_level, index_coding. Unknown names raise
+        InvalidArgument.
     overlap: "blocking" (the default), "delayed" or "eager" (mode "pulse" only): with the
         latter two a window's exchange runs while the next window's inner steps run, and its
         outer step is applied at the next boundary (one window of staleness; see

@@ -9,7 +9,8 @@ constexpr transport::Tag kEngineTag = 7;
 }  // namespace
 
 AttachedGroup::AttachedGroup(transport::Transport& transport, const EngineOptions& options,
-                             const GroupInfo& info, PhaseObserver* observer)
+                             const GroupInfo& info, const collectives::NodeLayout* nodes,
+                             PhaseObserver* observer)
     : transport_(&transport),
       rank_(transport.rank()),
       world_(transport.size()),
@@ -17,6 +18,7 @@ AttachedGroup::AttachedGroup(transport::Transport& transport, const EngineOption
       worker_(static_cast<std::size_t>(rank_) < info.members.size()
                   ? std::string_view(info.members[static_cast<std::size_t>(rank_)])
                   : std::string_view{}),
+      nodes_(nodes),
       observer_(observer) {
   collective_.timeout = options.timeout;
   collective_.algorithm = options.allgather;

@@ -17,7 +17,8 @@ class AttachedGroup {
  public:
   // `observer` may be null (production). Every reference must outlive this object.
   AttachedGroup(transport::Transport& transport, const EngineOptions& options,
-                const GroupInfo& info, PhaseObserver* observer);
+                const GroupInfo& info, const collectives::NodeLayout* nodes,
+                PhaseObserver* observer);
 
   [[nodiscard]] transport::Transport& transport() const noexcept { return *transport_; }
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -28,6 +29,9 @@ class AttachedGroup {
   [[nodiscard]] const collectives::CollectiveOptions& collective() const noexcept {
     return collective_;
   }
+
+  // The group's nodes when pulse windows exchange node-aware; null: flat.
+  [[nodiscard]] const collectives::NodeLayout* nodes() const noexcept { return nodes_; }
 
   // Tells the phase observer, if there is one, that this rank reached `phase` of `window`.
   void reached(WindowPhase phase, std::uint64_t window) const {
@@ -43,6 +47,7 @@ class AttachedGroup {
   std::uint64_t generation_;
   std::string_view worker_;
   collectives::CollectiveOptions collective_;
+  const collectives::NodeLayout* nodes_;
   PhaseObserver* observer_;
 };
 

@@ -20,6 +20,7 @@
 #include <pulseloco/engine/checkpoint.h>
 #include <pulseloco/engine/fault_injection.h>
 #include <pulseloco/engine/group_join.h>
+#include <pulseloco/engine/node_layout.h>
 #include <pulseloco/engine/trace.h>
 
 namespace pulseloco {
@@ -61,7 +62,7 @@ AttachedGroup Engine::Impl::attached_group() const {
         "this engine is not attached to a group (call attach() with a connected transport)",
         {.rank = rank});
   }
-  return AttachedGroup(*transport, options, group, phase_observer.get());
+  return AttachedGroup(*transport, options, group, nodes ? &*nodes : nullptr, phase_observer.get());
 }
 
 void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, GroupInfo info) {
@@ -71,6 +72,7 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
   rank = transport->rank();
   world = transport->size();
   group = std::move(info);
+  nodes.reset();
   committed_report.reset();
   strategy = engine_detail::make_window_strategy(state, options, pool);
   const engine_detail::StateAccess access(state);
@@ -78,14 +80,19 @@ void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, Gro
     steps_in_window = 0;
     publishing.state_loaded();  // the group's state, and so its publications, are this rank's
   }
+  nodes = engine_detail::agree_on_nodes(
+      *transport, attached_group().collective(), options.node_aware,
+      options.node_aware ? engine_detail::node_name(group.node) : std::string());
   stats_at_window_start = transport->stats();
   logger().log(
       shared_line_level(rank),
       "engine ready: rank {}/{} (group generation {}), mode {}, {} windows committed, next window "
-      "{}, {} tensors, {} parameters, H={}, {} chunks, state on {}",
+      "{}, {} tensors, {} parameters, H={}, {} chunks, state on {}, exchange {}",
       rank, world, group.generation, mode_name(options.mode), state.committed_windows(),
       state.next_window(), state.tensor_count(), state.layout().parameters(),
-      options.steps_per_window, state.layout().chunks().size(), state.location());
+      options.steps_per_window, state.layout().chunks().size(), state.location(),
+      nodes ? fmt::format("node-aware over {} nodes", engine_detail::node_count(*nodes))
+            : std::string("flat"));
 }
 
 void Engine::Impl::verify(const AttachedGroup& attached, WindowReport& report) const {

@@ -63,6 +63,9 @@ struct LoadedCheckpoint {
 struct GroupInfo {
   std::uint64_t generation = 0;      // 0 for a fixed group; 1, 2, ... in an elastic run
   std::vector<std::string> members;  // worker ids in rank order; empty: "rank-<r>"
+  // This rank's node: ranks with the same name share a host and its link to the others
+  // (EngineOptions::node_aware). Empty: PULSELOCO_NODE, else the host name.
+  std::string node;
 };
 
 class Engine final : public WindowRunner {

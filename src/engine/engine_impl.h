@@ -29,6 +29,9 @@ struct Engine::Impl {
   int rank = 0;
   int world = 1;
   GroupInfo group;
+  // The group's nodes when pulse windows exchange node-aware (engine/node_layout.h), set by
+  // attach(); empty: flat.
+  std::optional<collectives::NodeLayout> nodes;
   // An invalid parameter table found by the constructor, reported in the first attach's
   // agreement round so that every rank fails at once.
   std::exception_ptr setup_error;

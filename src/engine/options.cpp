@@ -167,6 +167,7 @@ nlohmann::json to_json(const EngineOptions& options) {
       {"bf16_delta", kernels::bf16_delta_name(options.bf16_delta)},
       {"overlap", overlap_name(options.overlap)},
       {"exchange", exchange_name(options.exchange)},
+      {"node_aware", options.node_aware},
       {"verify_digests", options.verify_digests},
       {"trace_dir", options.trace_dir},
       {"publish_dir", options.publish_dir},
@@ -199,6 +200,8 @@ EngineOptions options_from_json(const nlohmann::json& json) {
     options.overlap = parse_overlap(json.value("overlap", std::string("blocking")));
     // Absent before the exchange kinds existed: those runs all-gathered (the same bits).
     options.exchange = parse_exchange(json.value("exchange", std::string("automatic")));
+    // Absent before node-aware exchanges existed: those runs were flat (the same bits).
+    options.node_aware = json.value("node_aware", true);
     options.verify_digests = json.at("verify_digests").get<bool>();
     options.trace_dir = json.at("trace_dir").get<std::string>();
     // Absent before publishing existed: off.
@@ -217,7 +220,7 @@ std::vector<std::string> options_that_change_the_state(const EngineOptions& save
   static constexpr std::string_view kTransportOnly[] = {
       "threads",      "trace_dir",   "timeout_ms",     "allgather",   "pipeline_chunk_bytes",
       "encoding",     "codec_level", "verify_digests", "publish_dir", "publish_every",
-      "anchor_every", "exchange",
+      "anchor_every", "exchange",    "node_aware",
   };
   const nlohmann::json a = to_json(saved);
   const nlohmann::json b = to_json(now);

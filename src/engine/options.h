@@ -105,6 +105,11 @@ struct EngineOptions {
   // How pulse windows combine the messages. Changes no bit of the state, so a run may resume
   // with another value; every rank must use the same.
   Exchange exchange = Exchange::automatic;
+  // Pulse windows of a group that spans several nodes with several ranks on some node: each
+  // message (and each reduced range) crosses into each other node once, not once per rank
+  // there (collectives::sparse_allgather_nodes). A rank's node is GroupInfo::node. Changes no
+  // bit of the state (a run may resume with another value); every rank must use the same.
+  bool node_aware = true;
   bool verify_digests = true;  // step 10: exchange and compare θ_g/m digests every window
   std::string trace_dir;       // when set, write per-rank window traces (inputs and outputs)
   // Where this rank keeps its state. Local to the rank (a GPU rank and a CPU rank share a group

@@ -96,6 +96,23 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
   return message;
 }
 
+namespace {
+
+// The window's all-gathers of messages and reduced ranges: node-aware when the group is
+// (AttachedGroup::nodes()), with the same result either way.
+std::vector<std::vector<std::byte>> gather_messages(const AttachedGroup& group,
+                                                    std::span<const std::byte> mine,
+                                                    const collectives::CollectiveOptions& options,
+                                                    const collectives::OnMessage& on_message = {}) {
+  if (const collectives::NodeLayout* nodes = group.nodes()) {
+    return collectives::sparse_allgather_nodes(group.transport(), *nodes, mine, options,
+                                               on_message);
+  }
+  return collectives::sparse_allgather(group.transport(), mine, options, on_message);
+}
+
+}  // namespace
+
 ReceivedMessages PulseWindow::exchange(const AttachedGroup& group, const OutgoingMessage& mine) {
   const bool ordered = group.transport().matches_by_order();
   ExchangeInputs inputs{
@@ -183,8 +200,8 @@ ReceivedMessages PulseWindow::allgather(const AttachedGroup& group, const Outgoi
     // refused before anything is allocated for it (docs/wire-format.md, "Decoding limits").
     collectives::CollectiveOptions exchange = group.collective();
     exchange.max_message_bytes = largest_message_bytes(state_.layout());
-    received.bytes = collectives::sparse_allgather(
-        group.transport(), mine.bytes, exchange, [&](int sender, std::span<const std::byte> bytes) {
+    received.bytes = gather_messages(
+        group, mine.bytes, exchange, [&](int sender, std::span<const std::byte> bytes) {
           if (sender != rank) group.reached(WindowPhase::exchange, mine.window);
           auto validation = std::make_shared<Validation>();
           validation->data = bytes.data();
@@ -334,7 +351,7 @@ ReceivedMessages PulseWindow::reduce_by_owners(const AttachedGroup& group,
 
   // Every owner's range.
   exchange.max_message_bytes = kRangePrefixBytes + largest_message_bytes(state_.layout());
-  received.bytes = collectives::sparse_allgather(group.transport(), reduced, exchange);
+  received.bytes = gather_messages(group, reduced, exchange);
   try {
     if (own_error) std::rethrow_exception(own_error);
     for (int owner = 0; owner < world; ++owner) {

@@ -60,7 +60,7 @@ RunResult run_group(Mode mode, DType dtype, std::uint64_t piece_bytes, const fs:
     testing::LocalModel& model = models[static_cast<std::size_t>(rank)];
     ReplicatedState state(testing::views_of(model), options, memory);
     const engine_detail::AttachedGroup group(*transports[static_cast<std::size_t>(rank)], options,
-                                             GroupInfo{}, nullptr);
+                                             GroupInfo{}, nullptr, nullptr);
     (void)engine_detail::join_group(group, state, options, pool, nullptr);
     const auto strategy = engine_detail::make_window_strategy(state, options, pool);
     for (int w = 0; w < kWindows; ++w) {
@@ -139,7 +139,7 @@ TEST(PiecewiseHostAccess, LoadsACheckpointAndATraceInPieces) {
     ReplicatedState state(testing::views_of(models[static_cast<std::size_t>(rank)]), options,
                           memory);
     const engine_detail::AttachedGroup group(*transports[static_cast<std::size_t>(rank)], options,
-                                             GroupInfo{}, nullptr);
+                                             GroupInfo{}, nullptr, nullptr);
     (void)engine_detail::join_group(group, state, options, pool, nullptr);
     engine_detail::load_checkpoint(state, options, group, pool, dir / "checkpoint");
     loaded[static_cast<std::size_t>(rank)] = state.digest(pool);

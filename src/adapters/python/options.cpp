@@ -115,6 +115,7 @@ const Setters<EngineOptions>& engine_setters() {
       PULSELOCO_SET(bf16_delta, kernels::parse_bf16_delta(text(key, v))),
       PULSELOCO_SET(overlap, parse_overlap(text(key, v))),
       PULSELOCO_SET(exchange, parse_exchange(text(key, v))),
+      PULSELOCO_SET(node_aware, boolean(key, v)),
       PULSELOCO_SET(verify_digests, boolean(key, v)),
       PULSELOCO_SET(trace_dir, text(key, v)),
       PULSELOCO_SET(state_location, parse_state_location(text(key, v))),
