@@ -3,12 +3,24 @@
     python -m pulseloco.launch --nproc-per-node N [--master-addr 127.0.0.1]
         [--master-port P] [--grace-period S] [--ranks 0,2-3] [--tee DIR] script.py ARGS...
     python -m pulseloco.launch --nproc-per-node N -m package.module ARGS...
+    python -m pulseloco.launch --nnodes M --node-rank K --nproc-per-node N
+        --master-addr HOST --master-port P script.py ARGS...      (on each of M nodes)
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 (default: a free port), PULSELOCO_SECRET and PULSELOCO_RUN_ID (fresh and random unless already
 set), PYTHONUNBUFFERED=1 (unless set) and, when the master address is a loopback address,
 PULSELOCO_LISTEN_ADDR (unless set) to it, so that `pulseloco.Synchronizer(...)` forms its group
-from the environment. Every line a process writes to stdout or stderr is copied to the
+from the environment.
+
+With --nnodes M (torchrun's static multi-node launch), run the launcher once on each node with
+its --node-rank K (0 .. M-1), the same --nproc-per-node, and the address and port of node 0's
+rank 0, which serves the rendezvous. Rank = K * N + local rank, WORLD_SIZE = M * N, GROUP_RANK
+= K, and PULSELOCO_NODE (unless set) = "node-K", so that the ranks of one launcher form one
+node for node-aware exchanges (docs/operations.md, "Nodes"). Every node must then share
+PULSELOCO_SECRET and PULSELOCO_RUN_ID: the launcher refuses to start without them (and without
+--master-port) instead of generating values the other nodes cannot know.
+
+Every line a process writes to stdout or stderr is copied to the
 launcher's stdout or stderr with the prefix "[rank N] ": of every rank, or of the ranks that
 --ranks names. --tee DIR also writes each rank's whole output, unprefixed, to DIR/rank-N.log.
 
@@ -60,6 +72,10 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
     # torchrun spells its options both ways; so does this launcher.
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, required=True,
                         metavar="N", help="number of processes to start (>= 1)")
+    parser.add_argument("--nnodes", type=int, default=1, metavar="M",
+                        help="number of nodes, one launcher on each (default: 1)")
+    parser.add_argument("--node-rank", "--node_rank", type=int, default=0, metavar="K",
+                        help="this node's place among the nodes, 0 .. M-1 (default: 0)")
     parser.add_argument("--master-addr", "--master_addr", default="127.0.0.1",
                         help="MASTER_ADDR (default: 127.0.0.1)")
     parser.add_argument("--master-port", "--master_port", type=int, default=None,
@@ -69,7 +85,7 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
                         "(default: 10)")
     parser.add_argument("--ranks", "--local-ranks-filter", "--local_ranks_filter",
                         default=None, metavar="LIST", type=_rank_list,
-                        help="copy only these ranks' output, e.g. 0 or 0,2-3 (default: every "
+                        help="copy only these local ranks' output, e.g. 0 or 0,2-3 (default: every "
                         "rank)")
     parser.add_argument("--tee", default=None, metavar="DIR",
                         help="also write each rank's whole output to DIR/rank-N.log")
@@ -81,6 +97,20 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
     options = parser.parse_args(argv)
     if options.nproc_per_node < 1:
         parser.error(f"--nproc-per-node must be at least 1, not {options.nproc_per_node}")
+    if options.nnodes < 1:
+        parser.error(f"--nnodes must be at least 1, not {options.nnodes}")
+    if not 0 <= options.node_rank < options.nnodes:
+        parser.error(f"--node-rank must be in 0..{options.nnodes - 1}, not {options.node_rank}")
+    if options.nnodes > 1:
+        if options.master_port is None:
+            parser.error("--nnodes above 1 needs --master-port: every node's launcher must name "
+                         "the same port of node 0's rank 0")
+        missing = [name for name in ("PULSELOCO_SECRET", "PULSELOCO_RUN_ID")
+                   if not os.environ.get(name) and
+                   not (name == "PULSELOCO_SECRET" and os.environ.get("PULSELOCO_SECRET_FILE"))]
+        if missing:
+            parser.error(f"--nnodes above 1 needs {' and '.join(missing)} set, the same on "
+                         f"every node (a value generated here would differ on each node)")
     if options.master_port is not None and not 0 < options.master_port < 65536:
         parser.error(f"--master-port must be in 1..65535, not {options.master_port}")
     if options.grace_period < 0:
@@ -131,7 +161,8 @@ def _is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
-def _rank_environment(options: argparse.Namespace, port: int) -> list[dict[str, str]]:
+def _rank_environment(options: argparse.Namespace, port: int) -> list[tuple[int, dict[str, str]]]:
+    """Each process' rank in the group and its environment, in local rank order."""
     shared = dict(os.environ)
     shared.setdefault("PULSELOCO_SECRET", secrets.token_hex(16))
     shared.setdefault("PULSELOCO_RUN_ID", "launch-" + secrets.token_hex(8))
@@ -139,11 +170,15 @@ def _rank_environment(options: argparse.Namespace, port: int) -> list[dict[str, 
     if _is_loopback(options.master_addr):
         # Every rank is on this host: nothing needs to listen beyond loopback.
         shared.setdefault("PULSELOCO_LISTEN_ADDR", options.master_addr)
-    world = str(options.nproc_per_node)
-    shared.update(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, MASTER_ADDR=options.master_addr,
+    per_node = options.nproc_per_node
+    if options.nnodes > 1:
+        shared.setdefault("PULSELOCO_NODE", f"node-{options.node_rank}")
+    shared.update(WORLD_SIZE=str(options.nnodes * per_node), LOCAL_WORLD_SIZE=str(per_node),
+                  GROUP_RANK=str(options.node_rank), MASTER_ADDR=options.master_addr,
                   MASTER_PORT=str(port))
-    return [dict(shared, RANK=str(rank), LOCAL_RANK=str(rank))
-            for rank in range(options.nproc_per_node)]
+    first = options.node_rank * per_node
+    return [(first + local, dict(shared, RANK=str(first + local), LOCAL_RANK=str(local)))
+            for local in range(per_node)]
 
 
 def _describe(status: int) -> str:
@@ -282,7 +317,7 @@ def _run(options: argparse.Namespace) -> int:
     tees: list[BinaryIO] = []
     try:
         selector.register(wake_read, selectors.EVENT_READ)
-        for rank, environment in enumerate(_rank_environment(options, port)):
+        for local, (rank, environment) in enumerate(_rank_environment(options, port)):
             process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        start_new_session=True)
@@ -291,7 +326,7 @@ def _run(options: argparse.Namespace) -> int:
             if options.tee is not None:
                 tee = open(os.path.join(options.tee, f"rank-{rank}.log"), "wb")
                 tees.append(tee)
-            shown = options.ranks is None or rank in options.ranks
+            shown = options.ranks is None or local in options.ranks
             for pipe, sink in ((process.stdout, sys.stdout.buffer),
                                (process.stderr, sys.stderr.buffer)):
                 os.set_blocking(pipe.fileno(), False)

@@ -86,9 +86,9 @@ def pids_in(output: str, marker: str) -> list[int]:
 
 ENVIRONMENT_SCRIPT = """
     import json, os
-    names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+    names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
              "MASTER_PORT", "PULSELOCO_SECRET", "PULSELOCO_RUN_ID", "PYTHONUNBUFFERED",
-             "PULSELOCO_LISTEN_ADDR"]
+             "PULSELOCO_LISTEN_ADDR", "PULSELOCO_NODE"]
     print("env " + json.dumps({name: os.environ.get(name) for name in names}))
 """
 
@@ -148,6 +148,47 @@ def test_no_listen_address_is_chosen_for_a_master_beyond_loopback(tmp_path):
                      "29500", str(script)], env=env)
     assert result.returncode == 0, result.stderr
     assert environments(result.stdout)[0]["PULSELOCO_LISTEN_ADDR"] is None
+
+
+def test_each_node_of_a_multi_node_launch_gets_its_ranks_and_names_its_node(tmp_path):
+    script = write_script(tmp_path, "env.py", ENVIRONMENT_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "PULSELOCO_NODE"}
+    env.update(PULSELOCO_SECRET="the-users-secret", PULSELOCO_RUN_ID="run-8")
+    seen = {}
+    for node in (0, 1):
+        result = launch(["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "3",
+                         "--master-port", "29124", str(script)], env=env)
+        assert result.returncode == 0, result.stderr
+        for rank, variables in environments(result.stdout).items():
+            seen[rank] = variables
+            assert variables["RANK"] == str(rank)
+            assert variables["LOCAL_RANK"] == str(rank - 3 * node)
+            assert variables["GROUP_RANK"] == str(node)
+            assert variables["PULSELOCO_NODE"] == f"node-{node}"
+            assert variables["WORLD_SIZE"] == "6"
+            assert variables["LOCAL_WORLD_SIZE"] == "3"
+            assert variables["PULSELOCO_RUN_ID"] == "run-8"
+    assert sorted(seen) == list(range(6))
+    # A node name the user set is kept.
+    result = launch(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+                     "--master-port", "29124", str(script)], env=dict(env, PULSELOCO_NODE="rack-3"))
+    assert environments(result.stdout)[1]["PULSELOCO_NODE"] == "rack-3"
+
+
+def test_a_multi_node_launch_without_a_shared_port_secret_or_run_id_is_refused(tmp_path):
+    (tmp_path / "x.py").write_text("")
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PULSELOCO_SECRET", "PULSELOCO_SECRET_FILE", "PULSELOCO_RUN_ID")}
+    no_port = launch(["--nnodes", "2", "--nproc-per-node", "1", "x.py"], env=clean, cwd=tmp_path)
+    assert no_port.returncode == 2
+    assert "--nnodes above 1 needs --master-port" in no_port.stderr
+    no_ids = launch(["--nnodes", "2", "--nproc-per-node", "1", "--master-port", "29125", "x.py"],
+                    env=clean, cwd=tmp_path)
+    assert no_ids.returncode == 2
+    assert "needs PULSELOCO_SECRET and PULSELOCO_RUN_ID set" in no_ids.stderr
+    no_run_id = launch(["--nnodes", "2", "--nproc-per-node", "1", "--master-port", "29125",
+                        "x.py"], env=dict(clean, PULSELOCO_SECRET="s"), cwd=tmp_path)
+    assert "needs PULSELOCO_RUN_ID set" in no_run_id.stderr
 
 
 def test_output_lines_are_prefixed_with_the_rank(tmp_path):
@@ -212,6 +253,9 @@ def test_script_arguments_and_module_mode(tmp_path):
     (["script.py"], "--nproc-per-node"),
     (["--nproc-per-node", "2", "--ranks", "1,x", "x.py"], "'1,x' is not a list of ranks"),
     (["--nproc-per-node", "2", "--ranks", "0,2-3", "x.py"], "--ranks names ranks [2, 3]"),
+    (["--nproc-per-node", "2", "--nnodes", "0", "x.py"], "--nnodes must be at least 1"),
+    (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "x.py"],
+     "--node-rank must be in 0..1, not 2"),
 ])
 def test_bad_arguments_are_named(tmp_path, arguments, complaint):
     (tmp_path / "x.py").write_text("")
