@@ -4,6 +4,7 @@ help text."""
 
 import ast
 import concurrent.futures
+import gc
 import io
 import json
 import os
@@ -135,7 +136,11 @@ def collective_threads():
 def test_collective_calls_run_on_one_thread_per_synchronizer_until_it_closes():
     # ddp averages the gradients at every optimizer step: every call runs on the same thread,
     # which lives as long as the synchroniser is open, and none is left once it is closed.
-    assert collective_threads() == []
+    # A synchroniser of an earlier test that only a reference cycle keeps alive (an exception's
+    # traceback) still has its thread until the cycle is collected: collect now, and count only
+    # threads that were not there before.
+    gc.collect()
+    before = set(collective_threads())
     model = linear()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = set()
@@ -144,14 +149,14 @@ def test_collective_calls_run_on_one_thread_per_synchronizer_until_it_closes():
             optimizer.zero_grad()
             model(torch.ones(2, 6)).sum().backward()
             sync.before_optimizer_step()
-            seen.update(collective_threads())
+            seen.update(set(collective_threads()) - before)
             optimizer.step()
             report = sync.after_optimizer_step()
             assert (report is None) == (step % 2 == 0)
-            seen.update(collective_threads())
+            seen.update(set(collective_threads()) - before)
         assert len(seen) == 1, seen
-        assert collective_threads() == list(seen)
-    assert collective_threads() == []
+        assert seen <= set(collective_threads())
+    assert not seen & set(collective_threads())
 
 
 def test_every_engine_option_reaches_the_engine(tmp_path):
