@@ -21,8 +21,18 @@
 // rank-independent stream), the rest independent per rank: the ranks' sets then overlap as much
 // as the bf16 gate makes real workers' sets overlap (docs/algorithm.md, "Exchange kinds"), and
 // --exchanges runs pulse once per exchange kind.
-// ddp's window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what DDP moves
-// per inner step), followed by the engine's window bookkeeping (digest check).
+//
+// Nodes (docs/operations.md, "Nodes"): a rank's node is PULSELOCO_NODE, else its host name, as the
+// engine names it. --topologies flat,nodes runs pulse once with flat exchanges and once
+// node-aware (EngineOptions::node_aware). Every record says how many nodes the group spans and,
+// from a transport decorator (node_inbound_transport.h) that counts the bytes each rank receives
+// from other nodes during the timed window, the busiest node's inbound bytes beside what the
+// all-gather must bring into that node: each remote rank's message once. (The flat all-gather
+// brings each remote message into a node once per rank there with the direct algorithm; the
+// ring over nodes of consecutive ranks already brings it in about once: --allgather picks.) The
+// bench exits 1 when a window's replicas differ or two pulse runs of one density end in different
+// states. ddp's window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what
+// DDP moves per inner step), followed by the engine's window bookkeeping (digest check).
 //
 // Overlapped windows (--compute-ratios, --overlaps; docs/benchmarks.md, "Overlapped windows"):
 // mode pulse with a stand-in for the inner steps, several windows in a row per run
@@ -39,6 +49,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,9 +63,11 @@
 #include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/engine.h>
+#include <pulseloco/engine/node_layout.h>
 #include <pulseloco/engine/report.h>
 #include <pulseloco/group/make_transport.h>
 #include "bench_random.h"
+#include "node_inbound_transport.h"
 
 namespace {
 
@@ -67,6 +80,8 @@ struct Settings {
   std::vector<double> densities = {0.05};  // pulse runs once per density
   double shared = 0;  // fraction of each rank's moved elements every rank moves
   std::vector<std::string> exchanges = {"allgather"};  // pulse runs once per kind
+  std::vector<std::string> topologies = {"nodes"};     // pulse runs once per topology
+  std::string allgather = "auto";                      // EngineOptions::allgather
   std::vector<std::string> modes = {"pulse", "diloco", "ddp"};
   std::vector<std::string> rates = {"none"};
   std::uint32_t ddp_steps = 2;
@@ -263,13 +278,31 @@ std::unique_ptr<transport::Transport> connect_unshaped(const Settings& s, std::u
   return transport;
 }
 
-// One window of `mode` at `rate`; rank 0 returns the record.
+// Every rank's node, as the engine names it (engine_detail::node_name: PULSELOCO_NODE, else the
+// host name), agreed with one all-gather of the names' digests: node_of_rank[r] is the lowest
+// rank on rank r's node.
+std::vector<int> agree_on_node_ids(transport::Transport& transport, const Settings& s) {
+  const std::string name = engine_detail::node_name("");
+  const Digest mine = digest_bytes(std::as_bytes(std::span(name.data(), name.size())));
+  const std::vector<std::uint64_t> all =
+      collectives::allgather_u64(transport, mine, control_options(s));
+  std::map<std::uint64_t, int> first_rank;
+  std::vector<int> node_of_rank;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    node_of_rank.push_back(first_rank.try_emplace(all[r], static_cast<int>(r)).first->second);
+  return node_of_rank;
+}
+
+// One window of `mode` at `rate` (node-aware exchanges or not); rank 0 returns the record.
 nlohmann::json run_one(const Settings& s, const std::string& rate, const std::string& mode,
-                       double density, const std::string& exchange, std::uint16_t port,
-                       ThreadPool& pool) {
-  auto transport = connect_unshaped(s, port);
-  const int rank = transport->rank();
-  const int world = transport->size();
+                       double density, const std::string& exchange, bool node_aware,
+                       std::uint16_t port, ThreadPool& pool) {
+  auto unshaped = connect_unshaped(s, port);
+  const int rank = unshaped->rank();
+  const int world = unshaped->size();
+  const std::vector<int> node_of_rank = agree_on_node_ids(*unshaped, s);
+  auto transport = std::make_unique<bench::NodeInboundTransport>(std::move(unshaped), node_of_rank);
+  bench::NodeInboundTransport& counted = *transport;  // owned by the engine below
 
   Model model = make_model(s, pool);
   EngineOptions options;
@@ -279,6 +312,8 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   options.pipeline_chunk_bytes = s.pipeline_chunk_bytes;
   options.timeout = std::chrono::seconds(s.timeout_s);
   options.exchange = parse_exchange(exchange);
+  options.node_aware = node_aware;
+  options.allgather = parse_allgather(s.allgather);
   Engine engine(model.named(), options, std::move(transport));
   if (mode == "ddp") {
     fill_gradients(model, s, rank, pool);
@@ -292,6 +327,7 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   collectives::barrier(engine.transport(), control_options(s));
   if (rank == 0) run_hook(s, rate);
   collectives::barrier(engine.transport(), control_options(s));
+  counted.reset();
 
   const auto start = Clock::now();
   WindowReport report;
@@ -306,6 +342,7 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
     report = engine.run_window();
   }
   const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::uint64_t inbound = counted.inbound_bytes();  // before the gathers below
 
   // Every rank's numbers, gathered on every rank (rank 0 prints them).
   const std::vector<std::uint64_t> mine = {s_to_ns(wall),
@@ -317,7 +354,10 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
                                            report.payload_bytes,
                                            report.received_bytes,
                                            report.wire_bytes_sent,
-                                           report.wire_bytes_received};
+                                           report.wire_bytes_received,
+                                           inbound,
+                                           report.digest,
+                                           report.replicas_identical ? 1U : 0U};
   std::vector<std::vector<std::uint64_t>> all(mine.size());
   for (std::size_t f = 0; f < mine.size(); ++f)
     all[f] = collectives::allgather_u64(engine.transport(), mine[f], control_options(s));
@@ -347,6 +387,30 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   } else {
     bound_bytes = s.ddp_steps * ring_bytes;
   }
+  // Per node (in order of their lowest rank): the bytes its ranks received from other nodes,
+  // and what the all-gather must bring in, each remote rank's message once.
+  std::map<int, std::pair<std::uint64_t, std::uint64_t>> per_node;  // inbound, expected
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    per_node[node_of_rank[i]].first += all[10][i];
+  }
+  for (auto& [node, bytes] : per_node) {
+    for (std::size_t q = 0; q < node_of_rank.size(); ++q) {
+      if (node_of_rank[q] != node) bytes.second += all[6][q];
+    }
+  }
+  std::vector<std::uint64_t> node_inbound, node_expected;
+  for (const auto& [node, bytes] : per_node) {
+    node_inbound.push_back(bytes.first);
+    node_expected.push_back(bytes.second);
+  }
+  const auto busiest = static_cast<std::size_t>(
+      std::max_element(node_inbound.begin(), node_inbound.end()) - node_inbound.begin());
+  bool replicas_identical = true;
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    replicas_identical = replicas_identical && all[12][i] == 1 && all[11][i] == all[11][0];
+  }
   const double window_s = ns_to_s(max_of(all[0]));
   // A rank's exchange phase starts when its own gate is done, so it includes waiting for slower
   // ranks (4 ranks share 2 cores here, and their compute phases drift apart). The rank that
@@ -363,6 +427,10 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
       {"target_density", density},
       {"shared", s.shared},
       {"exchange", report.exchange},
+      {"topology", node_aware ? "nodes" : "flat"},
+      {"node_aware", node_aware},
+      {"allgather_algorithm", s.allgather},
+      {"nodes", per_node.size()},
       {"union_ratio", report.union_ratio},
       {"density", mode == "pulse" ? static_cast<double>(sum_of(all[5])) / world / p : 1.0},
       {"threads_per_rank", s.threads},
@@ -385,11 +453,22 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
       {"wire_bytes_sent_max", max_of(all[8])},
       {"wire_bytes_received_max", max_of(all[9])},
       {"bound_bytes", bound_bytes},
+      {"node_inbound_bytes_max", node_inbound[busiest]},
+      {"node_inbound_expected_allgather", node_expected[busiest]},
+      {"node_inbound_ratio", node_expected[busiest] > 0
+                                 ? static_cast<double>(node_inbound[busiest]) /
+                                       static_cast<double>(node_expected[busiest])
+                                 : 0.0},
+      {"digest", digest_hex(all[11][0])},
+      {"replicas_identical", replicas_identical},
       {"per_rank",
        {{"window_seconds", all[0]},
         {"exchange_ns", all[2]},
         {"payload_bytes", all[6]},
-        {"wire_bytes_received", all[9]}}},
+        {"wire_bytes_received", all[9]},
+        {"node", node_of_rank},
+        {"node_inbound_bytes", all[10]}}},
+      {"per_node", {{"inbound_bytes", node_inbound}, {"expected_allgather", node_expected}}},
   };
   if (mbit > 0) {
     const double bound_s = bound_bytes * 8 / (mbit * 1e6);
@@ -594,6 +673,16 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(flags::one_of({"allgather", "reduction"}))
       ->capture_default_str();
+  app.add_option("--topologies", s.topologies,
+                 "pulse: flat,nodes: exchanges flat or node-aware (EngineOptions::node_aware; "
+                 "one run each; dense modes run once, with the first)")
+      ->delimiter(',')
+      ->check(flags::one_of({"flat", "nodes"}))
+      ->capture_default_str();
+  app.add_option("--allgather", s.allgather,
+                 "the all-gather's algorithm (EngineOptions::allgather): auto, ring or direct")
+      ->check(flags::one_of({"auto", "ring", "direct"}))
+      ->capture_default_str();
   app.add_option("--modes", s.modes, "pulse,diloco,ddp")
       ->delimiter(',')
       ->check(CLI::IsMember({"pulse", "diloco", "ddp"}));
@@ -635,6 +724,7 @@ int main(int argc, char** argv) {
 
   try {
     if (s.densities.empty()) throw InvalidArgument("--densities needs at least one value");
+    if (s.topologies.empty()) throw InvalidArgument("--topologies needs at least one value");
     if (s.parameters < 1 || s.tensor_elements < 1024 || s.tensor_elements > (1ull << 31)) {
       throw InvalidArgument("--parameters must be >= 1 and --tensor-elements in [1024, 2^31]");
     }
@@ -653,46 +743,74 @@ int main(int argc, char** argv) {
     }
     int k = 0;
     bool printed_header = false;
+    // Every pulse run of one density ends in the same state, whatever the rate, exchange kind
+    // or topology: rank 0 checks that their digests agree.
+    std::map<double, std::string> pulse_digest;
+    bool all_agree = true;
     for (const std::string& rate : s.rates) {
-      std::vector<std::tuple<std::string, double, std::string>> runs;
+      std::vector<std::tuple<std::string, double, std::string, std::string>> runs;
       for (const std::string& mode : s.modes) {
         if (mode == "pulse") {
           for (double density : s.densities) {
-            for (const std::string& exchange : s.exchanges)
-              runs.emplace_back(mode, density, exchange);
+            for (const std::string& exchange : s.exchanges) {
+              for (const std::string& topology : s.topologies)
+                runs.emplace_back(mode, density, exchange, topology);
+            }
           }
         } else {
-          // Dense: the density and the exchange change nothing.
-          runs.emplace_back(mode, s.densities.front(), "allgather");
+          // Dense: the density, the exchange and the topology change nothing.
+          runs.emplace_back(mode, s.densities.front(), "allgather", s.topologies.front());
         }
       }
-      for (const auto& [mode, density, exchange] : runs) {
-        const nlohmann::json j = run_one(s, rate, mode, density, exchange,
+      for (const auto& [mode, density, exchange, topology] : runs) {
+        const nlohmann::json j = run_one(s, rate, mode, density, exchange, topology == "nodes",
                                          static_cast<std::uint16_t>(base_port + k++), pool);
         if (j.is_null()) continue;
+        if (!j["replicas_identical"].get<bool>()) {
+          std::fprintf(stderr, "pulseloco_bench_sync: %s %s %s: REPLICAS DIFFER\n", rate.c_str(),
+                       mode.c_str(), topology.c_str());
+          all_agree = false;
+        }
+        if (mode == "pulse") {
+          const std::string digest = j["digest"].get<std::string>();
+          const auto [first, inserted] = pulse_digest.try_emplace(density, digest);
+          if (!inserted && first->second != digest) {
+            std::fprintf(stderr,
+                         "pulseloco_bench_sync: %s %s %s: digest %s differs from %s (the first "
+                         "pulse run at density %g)\n",
+                         rate.c_str(), exchange.c_str(), topology.c_str(), digest.c_str(),
+                         first->second.c_str(), density);
+            all_agree = false;
+          }
+        }
         if (s.json) {
           fmt::print("{}\n", j.dump());
         } else {
           if (!printed_header) {
-            fmt::print("{:<8} {:<7} {:<9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9}\n",
-                       "rate", "mode", "exchange", "window s", "exch. s", "compute s", "bound s",
-                       "wire recv", "Mbit/s", "x bound", "density");
+            fmt::print(
+                "{:<8} {:<7} {:<9} {:<5} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>9} {:>9} {:>12} "
+                "{:>9}\n",
+                "rate", "mode", "exchange", "topo", "window s", "exch. s", "compute s", "bound s",
+                "wire recv", "Mbit/s", "x bound", "density", "node in", "x once");
             printed_header = true;
           }
           const double window = j["window_seconds"].get<double>();
           const double exchange_s = j["exchange_seconds"].get<double>();
           fmt::print(
-              "{:<8} {:<7} {:<9} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} {:>9.2f} "
-              "{:>8.3f}%\n",
-              rate, mode, j["exchange"].get<std::string>(), window, exchange_s, window - exchange_s,
-              j.value("bound_seconds", 0.0),
+              "{:<8} {:<7} {:<9} {:<5} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} "
+              "{:>9.2f} {:>8.3f}% {:>12} {:>9.2f}\n",
+              rate, mode, j["exchange"].get<std::string>(), topology, window, exchange_s,
+              window - exchange_s, j.value("bound_seconds", 0.0),
               human_bytes(static_cast<double>(j["wire_bytes_received_max"].get<std::uint64_t>())),
               j.value("goodput_mbit", 0.0), j.value("ratio_window_to_bound", 0.0),
-              100.0 * j["density"].get<double>());
+              100.0 * j["density"].get<double>(),
+              human_bytes(static_cast<double>(j["node_inbound_bytes_max"].get<std::uint64_t>())),
+              j["node_inbound_ratio"].get<double>());
         }
         std::fflush(stdout);
       }
     }
+    if (!all_agree) return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pulseloco_bench_sync: %s\n", e.what());
     return 1;

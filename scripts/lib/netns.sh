@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Shaped test networks for the benchmarks (sourced by scripts/bench_collectives_netns and
 # scripts/bench_sync_netns; run as a program by the hook of bench_sync_netns):
-# RANKS network namespaces <prefix>r0 .. r<RANKS-1>, each with eth0 = <subnet>.<i+1>/24, joined
-# by the bridge br0 in the namespace <prefix>br; tbf on both ends of every veth.
+# RANKS network namespaces <prefix>r0 .. r<RANKS-1> (one per rank, or one per node of several
+# ranks), each with eth0 = <subnet>.<i+1>/24, joined by the bridge br0 in the namespace
+# <prefix>br; tbf on both ends of every veth.
 #
 #   source scripts/lib/netns.sh
 #   netns_create PREFIX SUBNET RANKS     # e.g. plc123 10.77.0 4; netns_delete undoes it
