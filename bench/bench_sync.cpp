@@ -454,11 +454,6 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
       {"wire_bytes_received_max", max_of(all[9])},
       {"bound_bytes", bound_bytes},
       {"node_inbound_bytes_max", node_inbound[busiest]},
-      {"node_inbound_expected_allgather", node_expected[busiest]},
-      {"node_inbound_ratio", node_expected[busiest] > 0
-                                 ? static_cast<double>(node_inbound[busiest]) /
-                                       static_cast<double>(node_expected[busiest])
-                                 : 0.0},
       {"digest", digest_hex(all[11][0])},
       {"replicas_identical", replicas_identical},
       {"per_rank",
@@ -468,7 +463,7 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
         {"wire_bytes_received", all[9]},
         {"node", node_of_rank},
         {"node_inbound_bytes", all[10]}}},
-      {"per_node", {{"inbound_bytes", node_inbound}, {"expected_allgather", node_expected}}},
+      {"per_node", {{"inbound_bytes", node_inbound}}},
   };
   if (mbit > 0) {
     const double bound_s = bound_bytes * 8 / (mbit * 1e6);
@@ -479,6 +474,19 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
     const double goodput = static_cast<double>(max_of(all[9])) * 8 / exchange_s / 1e6;
     j["goodput_mbit"] = goodput;
     j["goodput_of_link"] = goodput / mbit;
+  }
+  if (mode == "pulse") {
+    // What the all-gather must bring into each node (each remote message once; the reduction's
+    // due is other), beside what came in.
+    j["node_inbound_expected_allgather"] = node_expected[busiest];
+    j["node_inbound_ratio"] = node_expected[busiest] > 0
+                                  ? static_cast<double>(node_inbound[busiest]) /
+                                        static_cast<double>(node_expected[busiest])
+                                  : 0.0;
+    j["per_node"]["expected_allgather"] = node_expected;
+    // A node's ranks share its link: that due into the busiest node at the rate.
+    if (mbit > 0)
+      j["node_bound_seconds"] = static_cast<double>(node_expected[busiest]) * 8 / (mbit * 1e6);
   }
   if (!s.label.empty()) j["setup"] = s.label;
   return j;
@@ -798,14 +806,16 @@ int main(int argc, char** argv) {
           const double exchange_s = j["exchange_seconds"].get<double>();
           fmt::print(
               "{:<8} {:<7} {:<9} {:<5} {:>9.3f} {:>9.3f} {:>9.3f} {:>9.3f} {:>12} {:>9.1f} "
-              "{:>9.2f} {:>8.3f}% {:>12} {:>9.2f}\n",
+              "{:>9.2f} {:>8.3f}% {:>12} {:>9}\n",
               rate, mode, j["exchange"].get<std::string>(), topology, window, exchange_s,
               window - exchange_s, j.value("bound_seconds", 0.0),
               human_bytes(static_cast<double>(j["wire_bytes_received_max"].get<std::uint64_t>())),
               j.value("goodput_mbit", 0.0), j.value("ratio_window_to_bound", 0.0),
               100.0 * j["density"].get<double>(),
               human_bytes(static_cast<double>(j["node_inbound_bytes_max"].get<std::uint64_t>())),
-              j["node_inbound_ratio"].get<double>());
+              j.contains("node_inbound_ratio")
+                  ? fmt::format("{:.2f}", j["node_inbound_ratio"].get<double>())
+                  : std::string("-"));
         }
         std::fflush(stdout);
       }
