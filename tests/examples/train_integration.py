@@ -527,7 +527,9 @@ def check_killed_worker(args, extra=(), fault=None, timeouts=1):
     for rank in range(ranks):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PULSELOCO_RENDEZVOUS="env",
-                   PULSELOCO_LOG_LEVEL="info")  # the event below is an info line
+                   # The event below is the victim's own window line: an info line, which ranks
+                   # other than 0 log only when asked.
+                   PULSELOCO_LOG_LEVEL="info", PULSELOCO_LOG_ALL_RANKS="1")
         env.pop("PULSELOCO_FAULT", None)
         if fault and rank == victim:
             env["PULSELOCO_FAULT"] = fault
