@@ -541,8 +541,16 @@ def check_killed_worker(args, extra=(), fault=None, timeouts=1):
         selector.register(process.stdout, selectors.EVENT_READ, rank)
         processes.append(process)
 
+    def note_exits():
+        for rank, process in enumerate(processes):
+            if rank not in exited_at and process.poll() is not None:
+                exited_at[rank] = time.monotonic()
+
     def pump(until, predicate):
-        """Reads output until predicate() holds or the deadline passes; returns predicate()."""
+        """Reads output until predicate() holds or the deadline passes; returns predicate().
+        Exits are noted before every evaluation, so a predicate on exited_at sees each exit
+        together with its time."""
+        note_exits()
         while not predicate() and time.monotonic() < until:
             for key, _ in selector.select(timeout=max(0.0, min(1.0, until - time.monotonic()))):
                 chunk = key.fileobj.read()
@@ -551,16 +559,13 @@ def check_killed_worker(args, extra=(), fault=None, timeouts=1):
                 elif chunk == b"":
                     selector.unregister(key.fileobj)
                     open_ranks.discard(key.data)
-            for rank, process in enumerate(processes):
-                if rank not in exited_at and process.poll() is not None:
-                    exited_at[rank] = time.monotonic()
+            note_exits()
         return predicate()
 
     try:
         if fault:
             # Event: the victim's exit (it SIGKILLs itself where the fault says).
-            died = pump(time.monotonic() + args.timeout,
-                        lambda: processes[victim].poll() is not None)
+            died = pump(time.monotonic() + args.timeout, lambda: victim in exited_at)
             if not check(died and processes[victim].returncode == -signal.SIGKILL,
                          f"rank {victim} did not die of the fault {fault}: exit "
                          f"{processes[victim].poll()}\n{logs[victim][-2000:]}"):
@@ -582,8 +587,7 @@ def check_killed_worker(args, extra=(), fault=None, timeouts=1):
         # that failed). Either way within the bound (waiting up to twice as long, to report how
         # late a survivor was rather than only that it was).
         bound = timeouts * timeout_ms / 1000.0
-        pump(killed_at + 2 * bound,
-             lambda: all(processes[r].poll() is not None for r in survivors))
+        pump(killed_at + 2 * bound, lambda: all(r in exited_at for r in survivors))
         for r in survivors:
             code = processes[r].poll()
             if not check(code is not None, f"rank {r} still runs {2 * bound:.0f} s after the kill"):
