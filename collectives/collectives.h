@@ -112,6 +112,10 @@ using OnMessage = std::function<void(int rank, std::span<const std::byte> messag
 // bytes that stays valid and untouched by the caller until the collective returns.
 using MessageBuffer = std::function<std::span<std::byte>(int rank, std::size_t bytes)>;
 
+// A MessageBuffer that stores rank r's message in messages[r], resized to its size (`messages`
+// holds one vector per rank and outlives the collective).
+[[nodiscard]] MessageBuffer store_in(std::vector<std::vector<std::byte>>& messages);
+
 // The same exchange into storage the caller provides (a reusable arena avoids allocating and
 // first-touching fresh pages on every call). Over a GPU transport `mine` and the buffers may be
 // device memory (moved device to device) or host memory (staged by the transport). `buffer_for` is

@@ -410,14 +410,7 @@ std::vector<std::vector<std::byte>> sparse_allgather_nodes(Transport& transport,
                                                            const CollectiveOptions& options,
                                                            const OnMessage& on_message) {
   std::vector<std::vector<std::byte>> messages(static_cast<std::size_t>(transport.size()));
-  sparse_allgather_nodes(
-      transport, layout, mine,
-      [&](int rank, std::size_t bytes) {
-        auto& message = messages[static_cast<std::size_t>(rank)];
-        message.resize(bytes);
-        return std::span<std::byte>(message);
-      },
-      options, on_message);
+  sparse_allgather_nodes(transport, layout, mine, store_in(messages), options, on_message);
   return messages;
 }
 

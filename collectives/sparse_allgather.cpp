@@ -381,19 +381,20 @@ void sparse_allgather_into(transport::Transport& transport, std::span<const std:
   });
 }
 
+MessageBuffer store_in(std::vector<std::vector<std::byte>>& messages) {
+  return [&messages](int rank, std::size_t bytes) {
+    auto& message = messages.at(static_cast<std::size_t>(rank));
+    message.resize(bytes);
+    return std::span<std::byte>(message);
+  };
+}
+
 std::vector<std::vector<std::byte>> sparse_allgather(transport::Transport& transport,
                                                      std::span<const std::byte> mine,
                                                      const CollectiveOptions& options,
                                                      const OnMessage& on_message) {
   std::vector<std::vector<std::byte>> messages(static_cast<std::size_t>(transport.size()));
-  sparse_allgather_into(
-      transport, mine,
-      [&](int rank, std::size_t bytes) {
-        auto& message = messages[static_cast<std::size_t>(rank)];
-        message.resize(bytes);
-        return std::span<std::byte>(message);
-      },
-      options, on_message);
+  sparse_allgather_into(transport, mine, store_in(messages), options, on_message);
   return messages;
 }
 

@@ -15,10 +15,10 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/transport/forwarding.h>
 #include <pulseloco/transport/inproc/inproc.h>
 #include <pulseloco/transport/native_collectives.h>
 #include "rank_harness.h"
-#include "transport/forwarding_transport.h"
 
 namespace pulseloco::collectives {
 namespace {
@@ -428,7 +428,7 @@ TEST(AfterFailure, InputsAreUnchangedAndTheTransportIsAborted) {
 
 // An in-process transport that also offers a native all-gather (plain sends and receives under
 // a tag of its own), failing at its deadline without naming a peer, as MPI's does.
-class NativeInproc final : public transport::testing::ForwardingTransport,
+class NativeInproc final : public transport::ForwardingTransport,
                            public transport::NativeCollectives {
  public:
   static constexpr transport::Tag kTag = 77;

@@ -16,11 +16,11 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/transport/forwarding.h>
 #include <pulseloco/transport/inproc/inproc.h>
 #include <pulseloco/transport/subgroup.h>
 #include "rank_harness.h"
 #include "test_groups.h"
-#include "transport/forwarding_transport.h"
 
 namespace pulseloco::collectives {
 namespace {
@@ -341,7 +341,7 @@ TEST(NodeAllGatherLarge, AllEmpty) {
 
 // Counts the payload bytes this rank receives from ranks of other nodes (posted receives of
 // the payload phase, collectives/detail/packets.h; every one completes in a successful call).
-class CountingTransport : public transport::testing::ForwardingTransport {
+class CountingTransport : public transport::ForwardingTransport {
  public:
   CountingTransport(std::unique_ptr<Transport> inner, std::vector<int> nodes)
       : ForwardingTransport(std::move(inner)), nodes_(std::move(nodes)) {}

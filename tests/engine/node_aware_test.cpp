@@ -9,9 +9,9 @@
 #include <vector>
 
 #include <pulseloco/engine/node_layout.h>
+#include <pulseloco/transport/forwarding.h>
 #include "collectives/test_groups.h"
 #include "engine/engine_test_util.h"
-#include "transport/forwarding_transport.h"
 
 namespace pulseloco {
 namespace {
@@ -32,7 +32,7 @@ TEST(NodeLayout, OnlyGroupsOfSeveralNodesWithSomeSharedNodeGain) {
 
 // Counts the bytes each rank receives from ranks of other nodes (every tag: payload, headers,
 // notices), as a node's link to the others would carry them.
-class RemoteBytes : public transport::testing::ForwardingTransport {
+class RemoteBytes : public transport::ForwardingTransport {
  public:
   RemoteBytes(std::unique_ptr<transport::Transport> inner, std::vector<int> nodes,
               std::atomic<std::uint64_t>& into_node)

@@ -16,11 +16,11 @@
 
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/group/make_transport.h>
+#include <pulseloco/transport/forwarding.h>
 #include <pulseloco/transport/inproc/inproc.h>
 #include <pulseloco/transport/native_collectives.h>
 #include "gpu/device_model.h"
 #include "gpu/gpu_test_util.h"
-#include "transport/forwarding_transport.h"
 
 namespace pulseloco {
 namespace {
@@ -43,7 +43,7 @@ bool is_device_memory(const void* pointer) {
 }
 
 // Forwards everything to the NCCL transport and records where the all-reduce's buffers live.
-class RecordingTransport final : public transport::testing::ForwardingTransport,
+class RecordingTransport final : public transport::ForwardingTransport,
                                  public transport::NativeCollectives {
  public:
   explicit RecordingTransport(std::unique_ptr<Transport> inner)

@@ -1,7 +1,9 @@
-// Test helper: a transport that forwards every call to another, the base of decorators that
-// watch or extend one (a test overrides what it needs and reaches the inner one by inner()).
+// A transport that forwards every call to another: the base of decorators that watch or extend
+// one (counting bytes per peer, recording calls). A decorator overrides what it needs and
+// reaches the inner transport through inner().
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -10,7 +12,7 @@
 
 #include <pulseloco/transport/transport.h>
 
-namespace pulseloco::transport::testing {
+namespace pulseloco::transport {
 
 class ForwardingTransport : public Transport {
  public:
@@ -31,9 +33,22 @@ class ForwardingTransport : public Transport {
                                                std::span<std::byte> data) override {
     return inner_->irecv(peer, tag, data);
   }
+  // The requests are the inner transport's (isend and irecv return them unwrapped).
+  [[nodiscard]] std::unique_ptr<Request> iforward(int peer, Tag tag,
+                                                  std::span<const std::byte> data,
+                                                  const Request& earlier) override {
+    return inner_->iforward(peer, tag, data, earlier);
+  }
+  void retire_tag(Tag tag) noexcept override { inner_->retire_tag(tag); }
   void abort(std::string_view reason) noexcept override { inner_->abort(reason); }
-  [[nodiscard]] TransportStats stats() const override { return inner_->stats(); }
+  void abort_blaming(int peer, ErrorKind kind, std::string_view reason) noexcept override {
+    inner_->abort_blaming(peer, kind, reason);
+  }
   [[nodiscard]] std::vector<int> lost_peers() const override { return inner_->lost_peers(); }
+  [[nodiscard]] TransportStats stats() const override { return inner_->stats(); }
+  [[nodiscard]] std::uint64_t next_sequence(Tag base_tag) override {
+    return inner_->next_sequence(base_tag);
+  }
 
  protected:
   [[nodiscard]] Transport& inner() const noexcept { return *inner_; }
@@ -42,4 +57,4 @@ class ForwardingTransport : public Transport {
   std::unique_ptr<Transport> inner_;
 };
 
-}  // namespace pulseloco::transport::testing
+}  // namespace pulseloco::transport
