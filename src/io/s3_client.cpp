@@ -141,8 +141,8 @@ std::size_t on_body(char* data, std::size_t, std::size_t size, void* user) {
     if (to_sink) {
       transfer.received += size;
       if (transfer.received > transfer.request->max_bytes) {
-        throw IoError(fmt::format("the object is larger than {} bytes",
-                                  transfer.request->max_bytes));
+        throw IoError(
+            fmt::format("the object is larger than {} bytes", transfer.request->max_bytes));
       }
       transfer.request->sink->write(std::as_bytes(std::span(data, size)));
     } else {
@@ -211,8 +211,8 @@ struct S3Client::Impl {
       base = fmt::format("{}/{}", endpoint, request.bucket);
     } else {
       const std::size_t host = endpoint.find("://") + 3;
-      base = fmt::format("{}{}.{}", endpoint.substr(0, host), request.bucket,
-                         endpoint.substr(host));
+      base =
+          fmt::format("{}{}.{}", endpoint.substr(0, host), request.bucket, endpoint.substr(host));
     }
     if (path.empty()) path.push_back('/');
     return request.query.empty() ? fmt::format("{}{}", base, path)
@@ -234,14 +234,14 @@ struct S3Client::Impl {
     curl_easy_setopt(curl, CURLOPT_URL, address.c_str());
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    if (std::getenv("PULSELOCO_S3_VERBOSE")) curl_easy_setopt(curl, CURLOPT_VERBOSE, 1L);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(settings.connect_timeout.count()));
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-    curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME,
-                     static_cast<long>(std::max<std::int64_t>(
-                         1, std::chrono::duration_cast<std::chrono::seconds>(
-                                settings.stall_timeout)
-                                .count())));
+    curl_easy_setopt(
+        curl, CURLOPT_LOW_SPEED_TIME,
+        static_cast<long>(std::max<std::int64_t>(
+            1, std::chrono::duration_cast<std::chrono::seconds>(settings.stall_timeout).count())));
     curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &on_body);
     curl_easy_setopt(curl, CURLOPT_WRITEDATA, &transfer);
     curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, &on_header);
@@ -258,16 +258,18 @@ struct S3Client::Impl {
     } else {
       curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, request.method);
     }
-    // curl signs the headers named x-amz-* and takes the payload's hash from this one.
-    std::vector<std::string> lines{fmt::format("x-amz-content-sha256: {}", sha256_hex(request.body)),
-                                   "Content-Type: application/octet-stream", "Expect:"};
+    // curl signs every header given here (so none may be an empty "Name:", which removes the
+    // header but would still be signed) and takes the payload's hash from this one.
+    std::vector<std::string> lines{
+        fmt::format("x-amz-content-sha256: {}", sha256_hex(request.body)),
+        "Content-Type: application/octet-stream"};
     if (!settings.session_token.empty())
       lines.push_back(fmt::format("x-amz-security-token: {}", settings.session_token));
     curl_slist* headers = nullptr;
     for (const std::string& line : lines)
       headers = curl_slist_append(headers, line.c_str());
     const std::unique_ptr<curl_slist, decltype(&curl_slist_free_all)> owned(headers,
-                                                                           &curl_slist_free_all);
+                                                                            &curl_slist_free_all);
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
     const std::string sigv4 = fmt::format("aws:amz:{}:s3", settings.region);
     if (!settings.access_key.empty()) {
@@ -305,9 +307,8 @@ struct S3Client::Impl {
         const std::optional<XmlLeaves> answer = parse_xml(response.body);
         response.code = answer ? answer->find("Error/Code") : std::string();
         const std::string message = answer ? answer->find("Error/Message") : response.body;
-        problem = fmt::format("HTTP {}{}{}{}{}", response.status,
-                              response.code.empty() ? "" : " ", response.code,
-                              message.empty() ? "" : ": ", message);
+        problem = fmt::format("HTTP {}{}{}{}{}", response.status, response.code.empty() ? "" : " ",
+                              response.code, message.empty() ? "" : ": ", message);
         const bool retry =
             response.status == 429 || response.status >= 500 || retryable_code(response.code);
         if (!retry) {
@@ -322,8 +323,8 @@ struct S3Client::Impl {
                                   where(request.bucket), attempt_number, problem));
       }
       logger().info("{} ({}): {}; retrying in {} ms (attempt {} of {})", describe(request),
-                     where(request.bucket), problem, pause.count(), attempt_number + 1,
-                     max_attempts);
+                    where(request.bucket), problem, pause.count(), attempt_number + 1,
+                    max_attempts);
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, settings.max_backoff);
     }
@@ -340,9 +341,10 @@ struct S3Client::Impl {
           settings.region));
     }
     if (code == "AccessDenied" || code == "AllAccessDisabled" || response.status == 403) {
-      throw InvalidArgument(fmt::format("{}: access denied to {} ({}; access key id '{}')",
-                                        describe(request), where(request.bucket), problem,
-                                        settings.access_key.empty() ? "none" : settings.access_key));
+      throw InvalidArgument(
+          fmt::format("{}: access denied to {} ({}; access key id '{}')", describe(request),
+                      where(request.bucket), problem,
+                      settings.access_key.empty() ? "none" : settings.access_key));
     }
     if (code == "NoSuchBucket") {
       throw InvalidArgument(fmt::format("{}: {} does not exist ({})", describe(request),
@@ -361,8 +363,7 @@ struct S3Client::Impl {
     const Response response = perform(request);
     if (response.status == 404 || response.etag.empty()) {
       throw IoError(fmt::format("{} part {} ({}): the answer has no ETag (HTTP {})",
-                                describe(request), number, where(request.bucket),
-                                response.status));
+                                describe(request), number, where(request.bucket), response.status));
     }
     return response.etag;
   }
@@ -377,9 +378,13 @@ S3Client::S3Client(S3Settings settings) : impl_(std::make_unique<Impl>()) {
 
 S3Client::~S3Client() = default;
 
-const S3Settings& S3Client::settings() const noexcept { return impl_->settings; }
+const S3Settings& S3Client::settings() const noexcept {
+  return impl_->settings;
+}
 
-std::string S3Client::where(std::string_view bucket) const { return impl_->where(bucket); }
+std::string S3Client::where(std::string_view bucket) const {
+  return impl_->where(bucket);
+}
 
 void S3Client::put_object(std::string_view bucket, std::string_view key,
                           std::span<const std::byte> bytes) {
@@ -418,14 +423,14 @@ FileChecksum S3Client::put_file(std::string_view bucket, std::string_view key,
     std::string complete = "<CompleteMultipartUpload>";
     int number = 0;
     for (std::uint64_t offset = 0; offset < input.size(); offset += part_bytes) {
-      const std::span<std::byte> part(buffer.data(),
-                                      static_cast<std::size_t>(std::min(part_bytes, input.size() - offset)));
+      const std::span<std::byte> part(
+          buffer.data(), static_cast<std::size_t>(std::min(part_bytes, input.size() - offset)));
       input.read_at(offset, part);
       digest.update(part);
       ++number;
       const std::string etag = impl_->upload_part(base, number, upload_id, part);
-      complete += fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", number,
-                              etag);
+      complete +=
+          fmt::format("<Part><PartNumber>{}</PartNumber><ETag>{}</ETag></Part>", number, etag);
       if (part_hook) part_hook(number);
     }
     complete += "</CompleteMultipartUpload>";
@@ -448,7 +453,7 @@ FileChecksum S3Client::put_file(std::string_view bucket, std::string_view key,
       (void)impl_->perform(abort, 1);  // best effort: S3's lifecycle rules clean up the rest
     } catch (const std::exception& error) {
       logger().warn("aborting the multipart upload of s3://{}/{} failed: {}", bucket, key,
-                     error.what());
+                    error.what());
     }
     throw;
   }
@@ -483,9 +488,9 @@ std::vector<std::string> S3Client::list_keys(std::string_view bucket, std::strin
   std::vector<std::string> keys;
   std::string token;
   for (;;) {
-    std::string query =
-        token.empty() ? std::string()
-                      : fmt::format("continuation-token={}&", escaped(impl_->curl, token));
+    std::string query = token.empty()
+                            ? std::string()
+                            : fmt::format("continuation-token={}&", escaped(impl_->curl, token));
     query.append(fmt::format("list-type=2&prefix={}", escaped(impl_->curl, prefix)));
     const Request request{.method = "GET", .bucket = std::string(bucket), .query = query};
     const Response response = impl_->perform(request);

@@ -47,8 +47,7 @@ class S3Client {
   // "bucket 'NAME' at endpoint 'URL'", for errors.
   [[nodiscard]] std::string where(std::string_view bucket) const;
 
-  void put_object(std::string_view bucket, std::string_view key,
-                  std::span<const std::byte> bytes);
+  void put_object(std::string_view bucket, std::string_view key, std::span<const std::byte> bytes);
   // Uploads a local file, in one request up to settings().part_bytes, else as a multipart
   // upload (aborted when it fails). Returns the size and xxh3-64 of the bytes sent.
   FileChecksum put_file(std::string_view bucket, std::string_view key,

@@ -21,10 +21,11 @@ const S3Settings& S3Client::settings() const noexcept {
   return none;
 }
 
-std::string S3Client::where(std::string_view) const { return {}; }
+std::string S3Client::where(std::string_view) const {
+  return {};
+}
 void S3Client::put_object(std::string_view, std::string_view, std::span<const std::byte>) {}
-FileChecksum S3Client::put_file(std::string_view, std::string_view,
-                                const std::filesystem::path&) {
+FileChecksum S3Client::put_file(std::string_view, std::string_view, const std::filesystem::path&) {
   return {};
 }
 bool S3Client::get_object(std::string_view, std::string_view, ObjectSink&, std::uint64_t) {
@@ -34,7 +35,9 @@ std::optional<std::vector<std::byte>> S3Client::get_bytes(std::string_view, std:
                                                           std::uint64_t) {
   return std::nullopt;
 }
-std::vector<std::string> S3Client::list_keys(std::string_view, std::string_view) { return {}; }
+std::vector<std::string> S3Client::list_keys(std::string_view, std::string_view) {
+  return {};
+}
 void S3Client::delete_object(std::string_view, std::string_view) {}
 
 }  // namespace pulseloco::io

@@ -106,7 +106,9 @@ std::string S3Address::url(std::string_view relative) const {
   return path.empty() ? fmt::format("s3://{}", bucket) : fmt::format("s3://{}/{}", bucket, path);
 }
 
-bool is_s3_address(std::string_view text) noexcept { return text.starts_with(kScheme); }
+bool is_s3_address(std::string_view text) noexcept {
+  return text.starts_with(kScheme);
+}
 
 S3Address parse_s3_address(std::string_view text) {
   if (!is_s3_address(text))
@@ -119,15 +121,15 @@ S3Address parse_s3_address(std::string_view text) {
     prefix.remove_suffix(1);
   address.prefix = std::string(prefix);
   const std::string& bucket = address.bucket;
-  const bool bucket_ok =
-      bucket.size() >= 3 && bucket.size() <= 63 &&
-      std::all_of(bucket.begin(), bucket.end(),
-                  [](char c) {
-                    return std::islower(static_cast<unsigned char>(c)) ||
-                           std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == '-';
-                  }) &&
-      std::isalnum(static_cast<unsigned char>(bucket.front())) &&
-      std::isalnum(static_cast<unsigned char>(bucket.back()));
+  const bool bucket_ok = bucket.size() >= 3 && bucket.size() <= 63 &&
+                         std::all_of(bucket.begin(), bucket.end(),
+                                     [](char c) {
+                                       return std::islower(static_cast<unsigned char>(c)) ||
+                                              std::isdigit(static_cast<unsigned char>(c)) ||
+                                              c == '.' || c == '-';
+                                     }) &&
+                         std::isalnum(static_cast<unsigned char>(bucket.front())) &&
+                         std::isalnum(static_cast<unsigned char>(bucket.back()));
   if (!bucket_ok) {
     throw InvalidArgument(fmt::format(
         "'{}': '{}' is not a bucket name (3 to 63 lower-case letters, digits, '.' or '-')", text,
@@ -208,8 +210,8 @@ S3Settings S3Settings::from_environment() {
       throw InvalidArgument(fmt::format("PULSELOCO_S3_PATH_STYLE='{}' is not 0 or 1", path_style));
     settings.path_style = path_style == "1";
   }
-  settings.max_attempts =
-      static_cast<int>(std::min<std::uint64_t>(positive_variable("PULSELOCO_S3_MAX_ATTEMPTS", 6), 100));
+  settings.max_attempts = static_cast<int>(
+      std::min<std::uint64_t>(positive_variable("PULSELOCO_S3_MAX_ATTEMPTS", 6), 100));
   settings.part_bytes = positive_variable("PULSELOCO_S3_PART_BYTES", settings.part_bytes);
   return settings;
 }

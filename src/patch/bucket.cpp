@@ -58,8 +58,8 @@ TemporaryDirectory::TemporaryDirectory(std::string_view purpose) {
       (std::filesystem::temp_directory_path() / fmt::format("pulseloco-{}-XXXXXX", purpose))
           .string();
   if (::mkdtemp(pattern.data()) == nullptr) {
-    throw IoError(fmt::format("cannot create a temporary directory '{}': {}", pattern,
-                              std::strerror(errno)));
+    throw IoError(
+        fmt::format("cannot create a temporary directory '{}': {}", pattern, std::strerror(errno)));
   }
   path_ = pattern;
 }
@@ -98,8 +98,7 @@ void fetch_listed_object(io::S3Client& client, const io::S3Address& address,
 }
 
 UpdateReport update_from_bucket(Receiver& receiver, io::S3Client& client,
-                                const io::S3Address& address,
-                                std::optional<std::uint64_t> target) {
+                                const io::S3Address& address, std::optional<std::uint64_t> target) {
   const std::optional<std::vector<std::byte>> bytes =
       client.get_bytes(address.bucket, address.key(kManifestName), kMaxManifestBytes);
   if (!bytes) {

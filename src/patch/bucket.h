@@ -40,8 +40,7 @@ void fetch_listed_object(io::S3Client& client, const io::S3Address& address,
 // into a temporary directory (TMPDIR; removed on return), each checked as it arrives, then
 // applied by Receiver::update with every check of a directory. Errors name the version.
 UpdateReport update_from_bucket(Receiver& receiver, io::S3Client& client,
-                                const io::S3Address& address,
-                                std::optional<std::uint64_t> target);
+                                const io::S3Address& address, std::optional<std::uint64_t> target);
 
 // A private temporary directory, removed with everything in it when destroyed.
 class TemporaryDirectory {

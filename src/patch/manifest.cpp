@@ -38,8 +38,8 @@ Digest parse_hex(std::string_view path, const std::string& text) {
   return value;
 }
 
-std::optional<ManifestFile> parse_file(std::string_view path,
-                                       const nlohmann::json& json, const char* key) {
+std::optional<ManifestFile> parse_file(std::string_view path, const nlohmann::json& json,
+                                       const char* key) {
   if (!json.contains(key) || json.at(key).is_null()) return std::nullopt;
   const nlohmann::json& entry = json.at(key);
   ManifestFile file{.path = entry.at("path").get<std::string>(),
@@ -73,8 +73,8 @@ void check_file_checksum(std::string_view name, const ManifestFile& file,
                          const io::FileChecksum& found) {
   if (found.size != file.bytes || found.digest != file.checksum) {
     throw ProtocolError(fmt::format(
-        "'{}' is corrupted: {} bytes with checksum {}, the manifest records {} bytes with {}",
-        name, found.size, digest_hex(found.digest), file.bytes, digest_hex(file.checksum)));
+        "'{}' is corrupted: {} bytes with checksum {}, the manifest records {} bytes with {}", name,
+        found.size, digest_hex(found.digest), file.bytes, digest_hex(file.checksum)));
   }
 }
 

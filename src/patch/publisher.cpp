@@ -52,8 +52,8 @@ Publisher::Publisher(std::filesystem::path directory, PublisherOptions options)
   pool_ = std::make_unique<ThreadPool>(options_.threads);
   if (!existing) return;
   if (!options_.continue_existing) {
-    throw InvalidArgument(fmt::format("'{}' already holds published versions (a {})",
-                                      location(), kManifestName));
+    throw InvalidArgument(
+        fmt::format("'{}' already holds published versions (a {})", location(), kManifestName));
   }
   continue_from_directory();
 }

@@ -8,8 +8,8 @@
 // whenever the publisher stops. The destination may be an s3://bucket/prefix address
 // (bucket.h): each file is written to a private temporary directory, uploaded (a multipart
 // upload for a file above S3Settings::part_bytes, one part in memory at a time) and removed,
-// and the manifest is uploaded after the version's files. The publisher keeps one bf16 snapshot (2 bytes per
-// parameter) of the last published version; the patch kernel (kernels/patch_kernels.h)
+// and the manifest is uploaded after the version's files. The publisher keeps one bf16 snapshot (2
+// bytes per parameter) of the last published version; the patch kernel (kernels/patch_kernels.h)
 // compares the current weights with it chunk by chunk on a thread pool.
 #pragma once
 
@@ -69,10 +69,11 @@ struct PublishedVersion {
 
 class Publisher {
  public:
-  // `directory` (a directory, created when missing, or an s3:// address whose bucket exists) One that holds a manifest is refused (InvalidArgument)
-  // unless options.continue_existing, which reloads its newest version (the Receiver's errors
-  // when a file or digest is wrong) and continues its sequence: the next delta's parent is that
-  // version, and anchors fall due as if this publisher had written the versions since the last.
+  // `directory` (a directory, created when missing, or an s3:// address whose bucket exists) One
+  // that holds a manifest is refused (InvalidArgument) unless options.continue_existing, which
+  // reloads its newest version (the Receiver's errors when a file or digest is wrong) and continues
+  // its sequence: the next delta's parent is that version, and anchors fall due as if this
+  // publisher had written the versions since the last.
   Publisher(std::filesystem::path directory, PublisherOptions options);
   ~Publisher();
   Publisher(const Publisher&) = delete;
@@ -82,8 +83,8 @@ class Publisher {
   // above the previous one. Throws NonFiniteError naming the tensor and index for a NaN,
   // InvalidArgument for tensors other than the first version's or a version not above the
   // last, IoError when a file cannot be written or uploaded (InvalidArgument naming the bucket
-  // and the endpoint when the bucket refuses the credentials or is missing). On any error nothing is published and the
-  // snapshot is unchanged.
+  // and the endpoint when the bucket refuses the credentials or is missing). On any error nothing
+  // is published and the snapshot is unchanged.
   PublishedVersion publish(std::span<const WeightsView> weights, std::uint64_t version);
 
   [[nodiscard]] const Bf16State& snapshot() const noexcept { return snapshot_; }

@@ -1,0 +1,150 @@
+// io::S3Client against a real S3-compatible server (Swift with s3api, tests/io/s3_test_server.h):
+// objects round-trip (one request and multipart), listings page, refused credentials and a
+// missing bucket are errors naming the bucket and the endpoint, and a multipart upload cut off
+// by the server stopping fails, leaves no object, and succeeds once the server is back.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <pulseloco/base/errors.h>
+#include <pulseloco/io/s3_client.h>
+#include <pulseloco/io/s3_settings.h>
+#include "io/s3_test_server.h"
+#include "io/test_files.h"
+
+namespace pulseloco::testing {
+namespace {
+
+std::string pattern(std::size_t size, unsigned seed) {
+  std::string bytes(size, '\0');
+  for (std::size_t i = 0; i < size; ++i)
+    bytes[i] = static_cast<char>((i * 131 + seed * 7 + (i >> 9)) & 0xff);
+  return bytes;
+}
+
+std::string as_string(const std::vector<std::byte>& bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+template <typename Action>
+std::string expect_error(ErrorKind kind, Action action) {
+  try {
+    action();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), kind) << error.what();
+    return error.what();
+  }
+  ADD_FAILURE() << "no error";
+  return {};
+}
+
+TEST(S3Address, ParsesBucketAndPrefix) {
+  const io::S3Address address = io::parse_s3_address("s3://my-bucket/runs/a/");
+  EXPECT_EQ(address.bucket, "my-bucket");
+  EXPECT_EQ(address.prefix, "runs/a");
+  EXPECT_EQ(address.key("manifest.json"), "runs/a/manifest.json");
+  EXPECT_EQ(io::parse_s3_address("s3://bucket").key("x"), "x");
+  for (const char* bad :
+       {"s3://", "s3://B/x", "s3://ab", "s3://bucket/a//b", "s3://bucket/../x", "/tmp/x"}) {
+    EXPECT_THROW((void)io::parse_s3_address(bad), InvalidArgument) << bad;
+  }
+}
+
+TEST(S3Client, ObjectsRoundTripInOnePartAndInSeveral) {
+  PULSELOCO_S3_SERVER_OR_SKIP(server);
+  io::S3Client client(server->settings());
+  const io::S3Address address = io::parse_s3_address(S3TestServer::fresh_address("client"));
+  const std::string small = pattern(1000, 1);
+  client.put_object(address.bucket, address.key("small"),
+                    std::as_bytes(std::span(small.data(), small.size())));
+  EXPECT_EQ(as_string(*client.get_bytes(address.bucket, address.key("small"), 1 << 20)), small);
+
+  io::test::TempDir dir;
+  const std::string large = pattern(S3TestServer::kPartBytes * 3 + 12345, 2);  // four parts
+  io::test::write_file_bytes(dir.path() / "large", large);
+  int parts = 0;
+  client.part_hook = [&](int) { ++parts; };
+  const io::FileChecksum sent =
+      client.put_file(address.bucket, address.key("dir/large"), dir.path() / "large");
+  EXPECT_EQ(parts, 4);
+  EXPECT_EQ(sent.size, large.size());
+  EXPECT_EQ(sent.digest, io::file_checksum(dir.path() / "large").digest);
+  EXPECT_EQ(as_string(*client.get_bytes(address.bucket, address.key("dir/large"), 1 << 24)), large);
+  // An object above the reader's bound is refused, not received.
+  expect_error(ErrorKind::io,
+               [&] { (void)client.get_bytes(address.bucket, address.key("dir/large"), 1000); });
+
+  EXPECT_FALSE(client.get_bytes(address.bucket, address.key("absent"), 1 << 20));
+  std::vector<std::string> keys = client.list_keys(address.bucket, address.prefix + "/");
+  EXPECT_EQ(keys, (std::vector<std::string>{address.key("dir/large"), address.key("small")}));
+  client.delete_object(address.bucket, address.key("small"));
+  client.delete_object(address.bucket, address.key("small"));  // absent: no error
+  EXPECT_FALSE(client.get_bytes(address.bucket, address.key("small"), 1 << 20));
+}
+
+TEST(S3Client, RefusedCredentialsNameTheBucketAndTheEndpoint) {
+  PULSELOCO_S3_SERVER_OR_SKIP(server);
+  io::S3Settings settings = server->settings();
+  settings.secret_key = "not-the-secret";
+  io::S3Client client(settings);
+  const std::string what = expect_error(ErrorKind::invalid_argument, [&] {
+    (void)client.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20);
+  });
+  EXPECT_NE(what.find("credentials"), std::string::npos) << what;
+  EXPECT_NE(what.find(S3TestServer::kBucket), std::string::npos) << what;
+  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+
+  settings = server->settings();
+  settings.access_key = "nobody:none";
+  io::S3Client stranger(settings);
+  expect_error(ErrorKind::invalid_argument, [&] {
+    (void)stranger.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20);
+  });
+}
+
+TEST(S3Client, MissingBucketNamesTheBucketAndTheEndpoint) {
+  PULSELOCO_S3_SERVER_OR_SKIP(server);
+  io::S3Client client(server->settings());
+  const std::string what = expect_error(ErrorKind::invalid_argument, [&] {
+    const std::string bytes = "x";
+    client.put_object("pulseloco-no-such-bucket", "k",
+                      std::as_bytes(std::span(bytes.data(), bytes.size())));
+  });
+  EXPECT_NE(what.find("pulseloco-no-such-bucket"), std::string::npos) << what;
+  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+  EXPECT_NE(what.find("does not exist"), std::string::npos) << what;
+  // Another account's user does not see this account's bucket.
+  io::S3Settings settings = server->settings();
+  settings.access_key = server->other_access_key();
+  settings.secret_key = server->other_secret_key();
+  io::S3Client other(settings);
+  expect_error(ErrorKind::invalid_argument,
+               [&] { (void)other.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20); });
+}
+
+TEST(S3Client, ServerStoppedDuringAMultipartUpload) {
+  PULSELOCO_S3_SERVER_OR_SKIP(server);
+  io::S3Client client(server->settings());
+  const io::S3Address address = io::parse_s3_address(S3TestServer::fresh_address("stopped"));
+  io::test::TempDir dir;
+  const std::string large = pattern(S3TestServer::kPartBytes * 2 + 10, 3);
+  io::test::write_file_bytes(dir.path() / "large", large);
+  client.part_hook = [&](int part) {
+    if (part == 1) server->stop();
+  };
+  const std::string what = expect_error(ErrorKind::io, [&] {
+    (void)client.put_file(address.bucket, address.key("large"), dir.path() / "large");
+  });
+  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+  EXPECT_NE(what.find("attempts"), std::string::npos) << what;
+  server->start();
+  client.part_hook = nullptr;
+  EXPECT_FALSE(client.get_bytes(address.bucket, address.key("large"), 1 << 24));
+  (void)client.put_file(address.bucket, address.key("large"), dir.path() / "large");
+  EXPECT_EQ(as_string(*client.get_bytes(address.bucket, address.key("large"), 1 << 24)), large);
+}
+
+}  // namespace
+}  // namespace pulseloco::testing
