@@ -129,7 +129,8 @@ struct Transfer {
   const Request* request = nullptr;
   Response response;
   std::uint64_t received = 0;
-  std::exception_ptr failure;  // thrown by the sink or the size bound; not retried
+  std::string bound;           // the size bound that stopped the transfer; not retried
+  std::exception_ptr failure;  // thrown by the sink; not retried
 };
 
 std::size_t on_body(char* data, std::size_t, std::size_t size, void* user) {
@@ -137,22 +138,25 @@ std::size_t on_body(char* data, std::size_t, std::size_t size, void* user) {
   long status = 0;
   curl_easy_getinfo(transfer.curl, CURLINFO_RESPONSE_CODE, &status);
   const bool to_sink = transfer.request->sink != nullptr && status >= 200 && status < 300;
-  try {
-    if (to_sink) {
-      transfer.received += size;
-      if (transfer.received > transfer.request->max_bytes) {
-        throw IoError(
-            fmt::format("the object is larger than {} bytes", transfer.request->max_bytes));
-      }
-      transfer.request->sink->write(std::as_bytes(std::span(data, size)));
-    } else {
-      if (transfer.response.body.size() + size > kMaxAnswerBytes)
-        throw IoError(fmt::format("an answer larger than {} bytes", kMaxAnswerBytes));
-      transfer.response.body.append(data, size);
+  if (to_sink) {
+    transfer.received += size;
+    if (transfer.received > transfer.request->max_bytes) {
+      transfer.bound =
+          fmt::format("the object is larger than {} bytes", transfer.request->max_bytes);
+      return 0;  // aborts the transfer
     }
-  } catch (...) {
-    transfer.failure = std::current_exception();
-    return 0;  // aborts the transfer
+    try {
+      transfer.request->sink->write(std::as_bytes(std::span(data, size)));
+    } catch (...) {
+      transfer.failure = std::current_exception();
+      return 0;
+    }
+  } else {
+    if (transfer.response.body.size() + size > kMaxAnswerBytes) {
+      transfer.bound = fmt::format("an answer larger than {} bytes", kMaxAnswerBytes);
+      return 0;
+    }
+    transfer.response.body.append(data, size);
   }
   return size;
 }
@@ -292,14 +296,11 @@ struct S3Client::Impl {
       if (request.sink != nullptr) request.sink->reset();
       Transfer transfer{.curl = curl, .request = &request};
       const CURLcode result = attempt(transfer, request);
-      if (transfer.failure) {
-        try {
-          std::rethrow_exception(transfer.failure);
-        } catch (const Error& error) {
-          throw IoError(fmt::format("{} ({}): {}", describe(request), where(request.bucket),
-                                    error.message()));
-        }
+      if (!transfer.bound.empty()) {
+        throw IoError(
+            fmt::format("{} ({}): {}", describe(request), where(request.bucket), transfer.bound));
       }
+      if (transfer.failure) std::rethrow_exception(transfer.failure);  // the sink's, as it is
       Response& response = transfer.response;
       if (result != CURLE_OK) {
         problem = curl_easy_strerror(result);

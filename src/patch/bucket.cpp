@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <system_error>
 
 #include <pulseloco/base/errors.h>
@@ -17,7 +18,9 @@ namespace {
 // Hashes an object as it arrives and writes it to a local file, when one is given.
 class CheckedSink final : public io::ObjectSink {
  public:
-  explicit CheckedSink(const std::optional<std::filesystem::path>& local) : local_(local) {
+  CheckedSink(const std::optional<std::filesystem::path>& local, std::string url,
+              const ManifestFile& listed)
+      : local_(local), url_(std::move(url)), listed_(listed) {
     reset();
   }
   void reset() override {
@@ -31,6 +34,10 @@ class CheckedSink final : public io::ObjectSink {
   void write(std::span<const std::byte> bytes) override {
     digest_.update(bytes);
     size_ += bytes.size();
+    if (size_ > listed_.bytes) {
+      throw ProtocolError(fmt::format(
+          "'{}' is corrupted: more than the {} bytes the manifest records", url_, listed_.bytes));
+    }
     if (!local_) return;
     file_.write(reinterpret_cast<const char*>(bytes.data()),
                 static_cast<std::streamsize>(bytes.size()));
@@ -46,6 +53,8 @@ class CheckedSink final : public io::ObjectSink {
 
  private:
   std::optional<std::filesystem::path> local_;
+  std::string url_;
+  const ManifestFile& listed_;
   std::ofstream file_;
   DigestStream digest_;
   std::uint64_t size_ = 0;
@@ -90,9 +99,10 @@ std::optional<Manifest> find_manifest(const std::string& location) {
 void fetch_listed_object(io::S3Client& client, const io::S3Address& address,
                          const ManifestFile& file,
                          const std::optional<std::filesystem::path>& local) {
-  CheckedSink sink(local);
-  // One byte more than listed is enough to know that the object differs.
-  if (!client.get_object(address.bucket, address.key(file.path), sink, file.bytes + 1))
+  CheckedSink sink(local, address.url(file.path), file);
+  // The sink refuses a byte beyond the listed size (a ProtocolError): nothing more is received.
+  if (!client.get_object(address.bucket, address.key(file.path), sink,
+                         std::numeric_limits<std::uint64_t>::max()))
     throw IoError(fmt::format("'{}' is missing", address.url(file.path)));
   check_file_checksum(address.url(file.path), file, sink.finish());
 }
