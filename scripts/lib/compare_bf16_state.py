@@ -5,6 +5,8 @@
 that differs.
 
   compare_bf16_state.py STATE.safetensors FINAL.safetensors
+
+Needs NumPy (the repository's .venv has it).
 """
 import json
 import sys
@@ -31,7 +33,9 @@ def bf16_of_f32(raw):
 def compare(state_path, final_path):
     """None when they match, else what differs."""
     state, header = tensors(state_path)
-    final, _ = tensors(final_path)
+    # θ_g's names in a --final-weights file carry the prefix "global.".
+    final = {name.removeprefix("global."): tensor
+             for name, tensor in tensors(final_path)[0].items()}
     if set(state) != set(final):
         return f"tensors differ: {sorted(set(state) ^ set(final))[:5]}"
     for name, (dtype, shape, raw) in final.items():

@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,8 +32,16 @@ class S3TestServer {
  public:
   static constexpr const char* kBucket = "pulseloco-tests";
 
-  // The running server; nullptr (with skip_reason()) when Swift is not installed.
+  // The running server; nullptr (with skip_reason()) when Swift is not installed. Under ctest,
+  // the one its fixture started for every test (PULSELOCO_TEST_S3_SERVER names its state
+  // file); otherwise this process's own.
   static S3TestServer* instance() {
+    static std::unique_ptr<S3TestServer> shared = attach();
+    if (shared) return shared.get();
+    return own();
+  }
+  // A server of this process's own, for tests that stop and start it.
+  static S3TestServer* own() {
     static std::unique_ptr<S3TestServer> server = launch();
     return server.get();
   }
@@ -81,10 +91,12 @@ class S3TestServer {
 
   // Stops the S3 endpoint (the proxy) and returns once it has exited; start() brings it back
   // on the same port and returns once it answers.
+  // Only a server of this process's own (own()).
   void stop() { command("stop", "stopped"); }
   void start() { command("start", "started"); }
 
   ~S3TestServer() {
+    if (!child_) return;
     // End of input: the fixture stops Swift and removes its directory.
     child_->close_stdin();
     (void)child_->wait_exit(ChildClock::now() + std::chrono::seconds(60));
@@ -114,16 +126,40 @@ class S3TestServer {
       skip_reason() = line->substr(6);
       return nullptr;
     }
-    const nlohmann::json info = nlohmann::json::parse(*line);
-    server->endpoint_ = info.at("endpoint").get<std::string>();
-    server->access_key_ = info.at("access_key").get<std::string>();
-    server->secret_key_ = info.at("secret_key").get<std::string>();
-    server->other_access_key_ = info.at("other_access_key").get<std::string>();
-    server->other_secret_key_ = info.at("other_secret_key").get<std::string>();
+    server->read_info(*line);
     return server;
   }
 
+  // The server ctest's fixture started (tests/io/CMakeLists.txt), when there is one.
+  static std::unique_ptr<S3TestServer> attach() {
+    const char* state = std::getenv("PULSELOCO_TEST_S3_SERVER");
+    if (state == nullptr || !PULSELOCO_HAS_S3) return nullptr;
+    std::ifstream file(state);
+    std::string line;
+    if (!std::getline(file, line)) {
+      throw std::runtime_error(std::string("the S3 server fixture wrote no ") + state +
+                               " (its setup test failed)");
+    }
+    if (line.rfind("SKIP:", 0) == 0) {
+      skip_reason() = line.substr(6);
+      return nullptr;
+    }
+    std::unique_ptr<S3TestServer> server(new S3TestServer());
+    server->read_info(line);
+    return server;
+  }
+
+  void read_info(const std::string& line) {
+    const nlohmann::json info = nlohmann::json::parse(line);
+    endpoint_ = info.at("endpoint").get<std::string>();
+    access_key_ = info.at("access_key").get<std::string>();
+    secret_key_ = info.at("secret_key").get<std::string>();
+    other_access_key_ = info.at("other_access_key").get<std::string>();
+    other_secret_key_ = info.at("other_secret_key").get<std::string>();
+  }
+
   void command(const std::string& what, const std::string& answer) {
+    if (!child_) throw std::runtime_error("stop() and start() need a server of one's own");
     if (!child_->write_line(what)) throw std::runtime_error("the Swift S3 server is gone");
     const std::string line = child_->expect(answer, ChildClock::now() + std::chrono::seconds(180));
     if (line != answer) throw std::runtime_error("the Swift S3 server did not answer " + answer);

@@ -4,6 +4,8 @@ swift-account, swift-container, swift-object) with its s3api middleware and temp
 replica, every file in a temporary directory that is removed on exit.
 
 Usage: swift_s3_server.py [--bucket NAME]... [--start-timeout S]
+       swift_s3_server.py --daemon STATE [--bucket NAME]...   (ctest's FIXTURES_SETUP)
+       swift_s3_server.py --stop STATE                          (ctest's FIXTURES_CLEANUP)
 
 Once every server answers (polled, bounded by --start-timeout) and the buckets exist, it prints
 one JSON line: {"endpoint", "region", "access_key", "secret_key", "other_access_key",
@@ -13,6 +15,11 @@ buckets. Then it reads commands, one a line, answering each with one line:
   start  starts it again on the same port; answers "started" once it answers
 End of input, SIGTERM or SIGINT stops every server and removes the directory. Each server is
 started with PR_SET_PDEATHSIG, so a fixture that is killed takes its servers with it.
+
+With --daemon, the server detaches once ready, writes that JSON line (with its "pid") to STATE
+and the command exits; --stop STATE ends it (bounded wait) and removes STATE. Tests share one
+such server through ctest's fixtures (s3_test_server.h); a daemon ends by itself after
+--max-lifetime seconds, so an interrupted ctest leaves nothing running for long.
 
 Exits 77 (ctest's skip code) naming what is missing when Debian's Swift is not installed.
 """
@@ -238,19 +245,70 @@ use = egg:swift#dlo
             time.sleep(0.05)  # a poll interval: readiness is observed, not assumed
 
 
+def stop_daemon(state):
+    try:
+        with open(state) as f:
+            pid = json.loads(f.readline())["pid"]
+    except (OSError, ValueError, KeyError):
+        return 0  # nothing was started (a skipped or failed setup)
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)  # raises once it is gone
+            time.sleep(0.05)  # polls the exit, bounded by the deadline
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.unlink(state)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bucket", action="append", default=[])
-    parser.add_argument("--start-timeout", type=float, default=120.0)
+    parser.add_argument("--start-timeout", type=float, default=240.0)
+    parser.add_argument("--daemon", metavar="STATE")
+    parser.add_argument("--stop", metavar="STATE")
+    parser.add_argument("--max-lifetime", type=float, default=3 * 3600.0)
     args = parser.parse_args()
+    if args.stop:
+        return stop_daemon(args.stop)
     try:
         import swift.common.ring  # noqa: F401
         import swift.common.middleware.s3api  # noqa: F401
     except ImportError as error:
-        print(f"SKIP: Debian's OpenStack Swift is not installed ({error}); scripts/deps "
-              "installs swift-proxy swift-account swift-container swift-object python3-swift",
-              flush=True)
+        line = (f"SKIP: Debian's OpenStack Swift is not installed ({error}); scripts/deps "
+                "installs swift-proxy swift-account swift-container swift-object python3-swift")
+        print(line, flush=True)
+        if args.daemon:
+            with open(args.daemon, "w") as f:  # the tests that share it skip, saying why
+                f.write(line + "\n")
+            return 0
         return SKIP
+    ready_write = None
+    if args.daemon:
+        ready_read, ready_write = os.pipe()
+        if os.fork() != 0:
+            # The parent: waits for the daemon's first line, records it, and exits.
+            os.close(ready_write)
+            with os.fdopen(ready_read) as ready:
+                line = ready.readline()
+            if not line.startswith("{"):
+                print(f"the S3 server did not start: {line.strip()}", flush=True)
+                return 1
+            with open(args.daemon + ".tmp", "w") as f:
+                f.write(line)
+            os.replace(args.daemon + ".tmp", args.daemon)
+            print(line.strip(), flush=True)
+            return 0
+        os.close(ready_read)
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        signal.signal(signal.SIGALRM, lambda signum, frame: os.kill(os.getpid(), signal.SIGTERM))
+        signal.alarm(int(args.max_lifetime))
     root = tempfile.mkdtemp(prefix="pulseloco-swift-")
     swift = None
 
@@ -264,12 +322,19 @@ def main():
         for name in ("account", "container", "object", "proxy"):
             swift.start(name)
         swift.wait_ready(time.monotonic() + args.start_timeout, args.bucket)
-        print(json.dumps({
+        info = json.dumps({
             "endpoint": f"http://127.0.0.1:{swift.ports['proxy']}",
             "region": "us-east-1",
             "access_key": USER, "secret_key": KEY,
             "other_access_key": OTHER_USER, "other_secret_key": OTHER_KEY,
-            "buckets": args.bucket}), flush=True)
+            "buckets": args.bucket, "pid": os.getpid()})
+        if ready_write is not None:
+            os.write(ready_write, (info + "\n").encode())
+            os.close(ready_write)
+            ready_write = None
+            while True:
+                signal.pause()  # until SIGTERM (--stop) or the lifetime's alarm
+        print(info, flush=True)
         for line in sys.stdin:
             command = line.strip()
             if command == "stop":
@@ -282,6 +347,11 @@ def main():
             elif command:
                 print(f"unknown command '{command}'", flush=True)
         return 0
+    except Exception as error:
+        if ready_write is None:
+            raise
+        os.write(ready_write, f"error: {error}\n".encode())
+        return 1
     finally:
         if swift is not None:
             swift.stop_all()

@@ -30,8 +30,9 @@ using io::test::TempDir;
 
 class Bucket : public ::testing::Test {
  protected:
-  void SetUp() override {
-    server_ = S3TestServer::instance();
+  void SetUp() override { attach(S3TestServer::instance()); }
+  void attach(S3TestServer* server) {
+    server_ = server;
     if (server_ == nullptr) GTEST_SKIP() << S3TestServer::skip_reason();
     server_->set_environment();
     client_ = std::make_unique<io::S3Client>(server_->settings());
@@ -104,12 +105,14 @@ TEST_F(Bucket, HoldsTheDirectorysLayoutAndEveryVersion) {
 // The child publishes versions 1-3, then stops for good once version 4's files are uploaded,
 // before its manifest: the parent waits for that event on a pipe and SIGKILLs it.
 TEST_F(Bucket, PublisherKilledBetweenFilesAndManifestIsInvisible) {
+  TempDir staging;  // the killed publisher's temporary directory goes here, and is removed
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     ::close(ready[0]);
+    ::setenv("TMPDIR", staging.path().c_str(), 1);
     PatchRun run(7);
     std::uint64_t publishing = 0;
     patch::Publisher publisher(url_, {.anchor_every = 3, .fault_hook = [&](std::string_view point) {
@@ -148,7 +151,13 @@ TEST_F(Bucket, PublisherKilledBetweenFilesAndManifestIsInvisible) {
   EXPECT_EQ(receiver.state().digest(), run.expected().digest());
 }
 
-TEST_F(Bucket, ServerStoppedDuringAnUploadFailsThatVersionOnly) {
+// A server of the test's own, which it stops and starts.
+class OwnBucket : public Bucket {
+ protected:
+  void SetUp() override { attach(S3TestServer::own()); }
+};
+
+TEST_F(OwnBucket, ServerStoppedDuringAnUploadFailsThatVersionOnly) {
   PatchRun run(7);
   std::uint64_t publishing = 0;
   bool stopped = false;

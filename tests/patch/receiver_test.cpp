@@ -167,7 +167,8 @@ TEST_P(PublishedRun, EveryVersionFromEveryStartingVersion) {
       if (from > 0 && from <= to && to - from <= 1) {
         // One delta at most: never an anchor (an anchor is larger than a delta here).
         for (const patch::UpdateStep& step : report.steps) {
-          EXPECT_EQ(step.kind, GetParam().compact ? patch::StepKind::compact : patch::StepKind::delta)
+          EXPECT_EQ(step.kind,
+                    GetParam().compact ? patch::StepKind::compact : patch::StepKind::delta)
               << where;
         }
       }
