@@ -28,18 +28,6 @@ std::string as_string(const std::vector<std::byte>& bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
-template <typename Action>
-std::string expect_error(ErrorKind kind, Action action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), kind) << error.what();
-    return error.what();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
-}
-
 TEST(S3Address, ParsesBucketAndPrefix) {
   const io::S3Address address = io::parse_s3_address("s3://my-bucket/runs/a/");
   EXPECT_EQ(address.bucket, "my-bucket");

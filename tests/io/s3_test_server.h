@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <string>
 
+#include <pulseloco/base/errors.h>
 #include <pulseloco/build_config.h>
 #include <pulseloco/io/s3_settings.h>
 #include "transport/child_process.h"
@@ -172,6 +173,19 @@ class S3TestServer {
   std::string other_access_key_;
   std::string other_secret_key_;
 };
+
+// Runs `action`, which must throw an Error of `kind`; returns its text.
+template <typename Action>
+std::string expect_error(ErrorKind kind, Action action) {
+  try {
+    action();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), kind) << error.what();
+    return error.what();
+  }
+  ADD_FAILURE() << "no error";
+  return {};
+}
 
 // In a test body or SetUp: the running server, or a skip saying why there is none.
 #define PULSELOCO_S3_SERVER_OR_SKIP(server)                                                    \

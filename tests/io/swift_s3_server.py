@@ -134,6 +134,9 @@ class Swift:
                 f.write(f"[DEFAULT]\n{common}bind_port = {self.ports[name]}\n"
                         f"[pipeline:main]\npipeline = {name}-server\n"
                         f"[app:{name}-server]\nuse = egg:swift#{name}\n")
+        filters = "".join(f"[filter:{name}]\nuse = egg:swift#{name.replace('-', '_')}\n"
+                          for name in ("catch_errors", "gatekeeper", "healthcheck",
+                                       "proxy-logging", "listing_formats", "copy", "slo", "dlo"))
         with open(os.path.join(root, "proxy-server.conf"), "w") as f:
             f.write(f"""[DEFAULT]
 {common}bind_port = {self.ports['proxy']}
@@ -154,23 +157,7 @@ use = egg:swift#s3api
 location = us-east-1
 # Multipart uploads with small parts, so that tests need no large files.
 min_segment_size = 1
-[filter:catch_errors]
-use = egg:swift#catch_errors
-[filter:gatekeeper]
-use = egg:swift#gatekeeper
-[filter:healthcheck]
-use = egg:swift#healthcheck
-[filter:proxy-logging]
-use = egg:swift#proxy_logging
-[filter:listing_formats]
-use = egg:swift#listing_formats
-[filter:copy]
-use = egg:swift#copy
-[filter:slo]
-use = egg:swift#slo
-[filter:dlo]
-use = egg:swift#dlo
-""")
+{filters}""")
 
     def build_rings(self):
         from swift.common.ring import RingBuilder

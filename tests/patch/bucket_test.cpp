@@ -21,6 +21,7 @@
 #include <pulseloco/patch/receiver.h>
 #include "io/s3_test_server.h"
 #include "io/test_files.h"
+#include "patch/killed_publisher.h"
 #include "patch/patch_run.h"
 
 namespace pulseloco::testing {
@@ -61,18 +62,6 @@ std::set<std::string> file_names(const std::filesystem::path& directory) {
   return names;
 }
 
-template <typename Action>
-std::string expect_error(ErrorKind kind, Action action) {
-  try {
-    action();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), kind) << error.what();
-    return error.what();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
-}
-
 TEST_F(Bucket, HoldsTheDirectorysLayoutAndEveryVersion) {
   const patch::PublisherOptions options{.anchor_every = 3, .chunk_elements = 4096};
   const std::vector<patch::Bf16State> expected = publish_run(url_, 6, 7, options);
@@ -102,42 +91,10 @@ TEST_F(Bucket, HoldsTheDirectorysLayoutAndEveryVersion) {
   EXPECT_EQ(continued.snapshot().digest(), expected.back().digest());
 }
 
-// The child publishes versions 1-3, then stops for good once version 4's files are uploaded,
-// before its manifest: the parent waits for that event on a pipe and SIGKILLs it.
 TEST_F(Bucket, PublisherKilledBetweenFilesAndManifestIsInvisible) {
   TempDir staging;  // the killed publisher's temporary directory goes here, and is removed
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(ready[0]);
-    ::setenv("TMPDIR", staging.path().c_str(), 1);
-    PatchRun run(7);
-    std::uint64_t publishing = 0;
-    patch::Publisher publisher(url_, {.anchor_every = 3, .fault_hook = [&](std::string_view point) {
-                                        if (publishing == 4 && point == "files written") {
-                                          const char byte = 'k';
-                                          (void)!::write(ready[1], &byte, 1);
-                                          for (;;)
-                                            ::pause();  // until SIGKILL
-                                        }
-                                      }});
-    for (std::uint64_t v = 1; v <= 4; ++v) {
-      if (v > 1) run.step();
-      publishing = v;
-      (void)publisher.publish(run.views(), v);
-    }
-    ::_exit(3);  // not reached
-  }
-  ::close(ready[1]);
-  char byte = 0;
-  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
-  ::close(ready[0]);
-  ASSERT_EQ(::kill(child, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  publish_and_kill_before_manifest(url_, [&] { ::setenv("TMPDIR", staging.path().c_str(), 1); });
+  if (HasFatalFailure()) return;
 
   // Version 4's objects are in the bucket (an anchor is due at 4 too) but not listed.
   const std::set<std::string> names = object_names();
