@@ -5,7 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pulseloco/base/errors.h>
@@ -37,6 +42,110 @@ TEST(S3Address, ParsesBucketAndPrefix) {
   for (const char* bad :
        {"s3://", "s3://B/x", "s3://ab", "s3://bucket/a//b", "s3://bucket/../x", "/tmp/x"}) {
     EXPECT_THROW((void)io::parse_s3_address(bad), InvalidArgument) << bad;
+  }
+}
+
+// Sets variables for the scope of a test and puts back what was there.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(std::initializer_list<std::pair<const char*, const char*>> values) {
+    for (const auto& [name, value] : values) {
+      const char* before = std::getenv(name);
+      saved_.emplace_back(name, before == nullptr ? std::optional<std::string>()
+                                                  : std::optional<std::string>(before));
+      if (value == nullptr) {
+        ::unsetenv(name);
+      } else {
+        ::setenv(name, value, 1);
+      }
+    }
+  }
+  ~ScopedEnvironment() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        ::setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        ::unsetenv(name.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+TEST(S3Settings, VariablesProfilesAndEndpoints) {
+  io::test::TempDir home;
+  std::filesystem::create_directories(home.path() / ".aws");
+  io::test::write_file_bytes(home.path() / ".aws" / "credentials",
+                             "[default]\naws_access_key_id = DEFAULTKEY\n"
+                             "aws_secret_access_key = defaultsecret\n"
+                             "[team]\naws_access_key_id = TEAMKEY\n"
+                             "aws_secret_access_key = teamsecret\naws_session_token = tok\n");
+  io::test::write_file_bytes(home.path() / ".aws" / "config",
+                             "[profile team]\nregion = eu-west-3\n"
+                             "endpoint_url = https://r2.example.com\n");
+  const std::string home_path = home.path().string();
+  const std::initializer_list<std::pair<const char*, const char*>> clean = {
+      {"HOME", home_path.c_str()},
+      {"AWS_ACCESS_KEY_ID", nullptr},
+      {"AWS_SECRET_ACCESS_KEY", nullptr},
+      {"AWS_SESSION_TOKEN", nullptr},
+      {"AWS_PROFILE", nullptr},
+      {"AWS_REGION", nullptr},
+      {"AWS_DEFAULT_REGION", nullptr},
+      {"AWS_ENDPOINT_URL", nullptr},
+      {"AWS_ENDPOINT_URL_S3", nullptr},
+      {"PULSELOCO_S3_ENDPOINT", nullptr},
+      {"PULSELOCO_S3_PATH_STYLE", nullptr},
+      {"AWS_SHARED_CREDENTIALS_FILE", nullptr},
+      {"AWS_CONFIG_FILE", nullptr},
+      {"PULSELOCO_S3_MAX_ATTEMPTS", nullptr},
+      {"PULSELOCO_S3_PART_BYTES", nullptr}};
+  {
+    ScopedEnvironment environment(clean);
+    const io::S3Settings settings = io::S3Settings::from_environment();
+    EXPECT_EQ(settings.access_key, "DEFAULTKEY");
+    EXPECT_EQ(settings.region, "us-east-1");
+    EXPECT_EQ(settings.endpoint_url(), "https://s3.us-east-1.amazonaws.com");
+    EXPECT_FALSE(settings.path_style);
+  }
+  {
+    ScopedEnvironment environment(clean);
+    ScopedEnvironment profile({{"AWS_PROFILE", "team"}});
+    const io::S3Settings settings = io::S3Settings::from_environment();
+    EXPECT_EQ(settings.access_key, "TEAMKEY");
+    EXPECT_EQ(settings.session_token, "tok");
+    EXPECT_EQ(settings.region, "eu-west-3");
+    EXPECT_EQ(settings.endpoint, "https://r2.example.com");
+    EXPECT_TRUE(settings.path_style);
+  }
+  {
+    // Variables win over the profile; an endpoint without a scheme is HTTPS.
+    ScopedEnvironment environment(clean);
+    ScopedEnvironment variables({{"AWS_ACCESS_KEY_ID", "VARKEY"},
+                                 {"AWS_SECRET_ACCESS_KEY", "varsecret"},
+                                 {"AWS_DEFAULT_REGION", "ap-south-1"},
+                                 {"AWS_ENDPOINT_URL", "minio.local:9000"},
+                                 {"PULSELOCO_S3_PATH_STYLE", "0"}});
+    const io::S3Settings settings = io::S3Settings::from_environment();
+    EXPECT_EQ(settings.access_key, "VARKEY");
+    EXPECT_EQ(settings.secret_key, "varsecret");
+    EXPECT_EQ(settings.region, "ap-south-1");
+    EXPECT_EQ(settings.endpoint, "https://minio.local:9000");
+    EXPECT_FALSE(settings.path_style);
+  }
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"PULSELOCO_S3_ENDPOINT", "ftp://host"},
+           {"PULSELOCO_S3_ENDPOINT", "https://host/path"},
+           {"PULSELOCO_S3_PATH_STYLE", "yes"},
+           {"PULSELOCO_S3_MAX_ATTEMPTS", "0"},
+           {"AWS_ACCESS_KEY_ID", "only-the-id"}}) {
+    ScopedEnvironment environment(clean);
+    ScopedEnvironment bad({{name, value}});
+    const std::string what =
+        expect_error(ErrorKind::invalid_argument, [] { (void)io::S3Settings::from_environment(); });
+    EXPECT_NE(what.find(name), std::string::npos) << what;
   }
 }
 
@@ -90,6 +199,20 @@ TEST(S3Client, RefusedCredentialsNameTheBucketAndTheEndpoint) {
   expect_error(ErrorKind::invalid_argument, [&] {
     (void)stranger.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20);
   });
+}
+
+TEST(S3Client, DeniedAccessNamesTheBucketAndTheEndpoint) {
+  PULSELOCO_S3_SERVER_OR_SKIP(server);
+  io::S3Settings settings = server->settings();
+  settings.access_key = server->reader_access_key();
+  settings.secret_key = server->reader_secret_key();
+  io::S3Client reader(settings);
+  const std::string what = expect_error(ErrorKind::invalid_argument, [&] {
+    (void)reader.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20);
+  });
+  EXPECT_NE(what.find("access denied"), std::string::npos) << what;
+  EXPECT_NE(what.find(S3TestServer::kBucket), std::string::npos) << what;
+  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
 }
 
 TEST(S3Client, MissingBucketNamesTheBucketAndTheEndpoint) {

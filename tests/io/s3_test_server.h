@@ -82,6 +82,8 @@ class S3TestServer {
   [[nodiscard]] const std::string& endpoint() const { return endpoint_; }
   [[nodiscard]] const std::string& other_access_key() const { return other_access_key_; }
   [[nodiscard]] const std::string& other_secret_key() const { return other_secret_key_; }
+  [[nodiscard]] const std::string& reader_access_key() const { return reader_access_key_; }
+  [[nodiscard]] const std::string& reader_secret_key() const { return reader_secret_key_; }
 
   // A prefix no other test of any process uses.
   [[nodiscard]] static std::string fresh_address(const std::string& name) {
@@ -157,6 +159,8 @@ class S3TestServer {
     secret_key_ = info.at("secret_key").get<std::string>();
     other_access_key_ = info.at("other_access_key").get<std::string>();
     other_secret_key_ = info.at("other_secret_key").get<std::string>();
+    reader_access_key_ = info.at("reader_access_key").get<std::string>();
+    reader_secret_key_ = info.at("reader_secret_key").get<std::string>();
   }
 
   void command(const std::string& what, const std::string& answer) {
@@ -172,6 +176,8 @@ class S3TestServer {
   std::string secret_key_;
   std::string other_access_key_;
   std::string other_secret_key_;
+  std::string reader_access_key_;
+  std::string reader_secret_key_;
 };
 
 // Runs `action`, which must throw an Error of `kind`; returns its text.

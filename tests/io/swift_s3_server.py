@@ -9,8 +9,8 @@ Usage: swift_s3_server.py [--bucket NAME]... [--start-timeout S]
 
 Once every server answers (polled, bounded by --start-timeout) and the buckets exist, it prints
 one JSON line: {"endpoint", "region", "access_key", "secret_key", "other_access_key",
-"other_secret_key", "buckets"}. "other" is a user of another account, who may not use the
-buckets. Then it reads commands, one a line, answering each with one line:
+"other_secret_key", "reader_access_key", "reader_secret_key", "buckets"}. "other" is a user of another account, who does not see the
+buckets; "reader" a user of their account without the admin group, who is denied access. Then it reads commands, one a line, answering each with one line:
   stop   stops the proxy (the S3 endpoint); answers "stopped" once it has exited
   start  starts it again on the same port; answers "started" once it answers
 End of input, SIGTERM or SIGINT stops every server and removes the directory. Each server is
@@ -41,6 +41,8 @@ import urllib.request
 SKIP = 77
 USER, KEY = "test:tester", "testing"
 OTHER_USER, OTHER_KEY = "other:viewer", "viewing"
+# A user of the buckets' account without the admin group: denied access to its buckets.
+READER_USER, READER_KEY = "test:reader", "reading"
 
 # A dict for the proxy's "swift.cache": tempauth requires a cache, and a memcached server would
 # be one more process and port. Lives in the temporary directory, on the proxy's PYTHONPATH.
@@ -152,6 +154,7 @@ paste.filter_factory = pulseloco_swift_cache:filter_factory
 use = egg:swift#tempauth
 user_test_tester = {KEY} .admin
 user_other_viewer = {OTHER_KEY} .admin
+user_test_reader = {READER_KEY}
 [filter:s3api]
 use = egg:swift#s3api
 location = us-east-1
@@ -314,6 +317,7 @@ def main():
             "region": "us-east-1",
             "access_key": USER, "secret_key": KEY,
             "other_access_key": OTHER_USER, "other_secret_key": OTHER_KEY,
+            "reader_access_key": READER_USER, "reader_secret_key": READER_KEY,
             "buckets": args.bucket, "pid": os.getpid()})
         if ready_write is not None:
             os.write(ready_write, (info + "\n").encode())
