@@ -258,5 +258,25 @@ TEST(S3Client, ServerStoppedDuringAMultipartUpload) {
   EXPECT_EQ(as_string(*client.get_bytes(address.bucket, address.key("large"), 1 << 24)), large);
 }
 
+TEST(S3Client, ServerErrorsAreRetriedThenReported) {
+  S3TestServer* server = S3TestServer::own();  // stopped and started: not a shared one
+  if (server == nullptr) GTEST_SKIP() << S3TestServer::skip_reason();
+  io::S3Client client(server->settings());
+  const io::S3Address address = io::parse_s3_address(S3TestServer::fresh_address("5xx"));
+  const std::string bytes = pattern(100, 4);
+  const auto put = [&] {
+    client.put_object(address.bucket, address.key("x"),
+                      std::as_bytes(std::span(bytes.data(), bytes.size())));
+  };
+  server->stop("object");  // the proxy answers, but cannot store objects: a 5xx
+  const std::string what = expect_error(ErrorKind::io, put);
+  EXPECT_NE(what.find("HTTP 5"), std::string::npos) << what;
+  EXPECT_NE(what.find("after 2 attempts"), std::string::npos) << what;
+  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+  server->start("object");
+  put();
+  EXPECT_EQ(as_string(*client.get_bytes(address.bucket, address.key("x"), 1 << 20)), bytes);
+}
+
 }  // namespace
 }  // namespace pulseloco::testing

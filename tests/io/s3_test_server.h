@@ -94,9 +94,10 @@ class S3TestServer {
 
   // Stops the S3 endpoint (the proxy) and returns once it has exited; start() brings it back
   // on the same port and returns once it answers.
-  // Only a server of this process's own (own()).
-  void stop() { command("stop", "stopped"); }
-  void start() { command("start", "started"); }
+  // Only a server of this process's own (own()). `server`: "proxy" (the S3 endpoint: requests
+  // fail to connect), or "object" (the proxy answers 503).
+  void stop(const std::string& server = "proxy") { command("stop " + server, "stopped"); }
+  void start(const std::string& server = "proxy") { command("start " + server, "started"); }
 
   ~S3TestServer() {
     if (!child_) return;

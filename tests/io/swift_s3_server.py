@@ -11,8 +11,10 @@ Once every server answers (polled, bounded by --start-timeout) and the buckets e
 one JSON line: {"endpoint", "region", "access_key", "secret_key", "other_access_key",
 "other_secret_key", "reader_access_key", "reader_secret_key", "buckets"}. "other" is a user of another account, who does not see the
 buckets; "reader" a user of their account without the admin group, who is denied access. Then it reads commands, one a line, answering each with one line:
-  stop   stops the proxy (the S3 endpoint); answers "stopped" once it has exited
-  start  starts it again on the same port; answers "started" once it answers
+  stop [SERVER]   stops the proxy (the S3 endpoint), or the account, container or object
+                  server; answers "stopped" once it has exited
+  start [SERVER]  starts it again on the same port; answers "started" once every server
+                  answers
 End of input, SIGTERM or SIGINT stops every server and removes the directory. Each server is
 started with PR_SET_PDEATHSIG, so a fixture that is killed takes its servers with it.
 
@@ -148,6 +150,9 @@ pipeline = catch_errors gatekeeper healthcheck proxy-logging cache listing_forma
 use = egg:swift#proxy
 account_autocreate = true
 allow_account_management = true
+# A backend server the tests stop and start is used again as soon as it answers (by default the
+# proxy leaves a failed node alone for 60 s).
+error_suppression_limit = 1000000
 [filter:cache]
 paste.filter_factory = pulseloco_swift_cache:filter_factory
 [filter:tempauth]
@@ -327,16 +332,17 @@ def main():
                 signal.pause()  # until SIGTERM (--stop) or the lifetime's alarm
         print(info, flush=True)
         for line in sys.stdin:
-            command = line.strip()
-            if command == "stop":
-                swift.stop("proxy")
+            command, _, name = line.strip().partition(" ")
+            name = name or "proxy"
+            if command == "stop" and name in swift.ports:
+                swift.stop(name)
                 print("stopped", flush=True)
-            elif command == "start":
-                swift.start("proxy")
+            elif command == "start" and name in swift.ports:
+                swift.start(name)
                 swift.wait_ready(time.monotonic() + args.start_timeout)
                 print("started", flush=True)
             elif command:
-                print(f"unknown command '{command}'", flush=True)
+                print(f"unknown command '{line.strip()}'", flush=True)
         return 0
     except Exception as error:
         if ready_write is None:
