@@ -35,6 +35,7 @@ pulseloco_feature_option(CUDA "Build the CUDA kernels and GPU support")
 pulseloco_feature_option(NCCL "Build the NCCL transport (needs CUDA)")
 pulseloco_feature_option(MPI "Build the MPI transport and MPI rendezvous")
 pulseloco_feature_option(TORCH "Build the libtorch adapter, the training example and reference tests")
+pulseloco_feature_option(S3 "Publish and receive weight patches through S3-compatible buckets (libcurl, expat)")
 
 # --- CUDA --------------------------------------------------------------------------------------
 if(NOT PULSELOCO_WITH_CUDA STREQUAL "OFF")
@@ -98,12 +99,23 @@ if(NOT PULSELOCO_WITH_TORCH STREQUAL "OFF")
   endif()
 endif()
 
+# --- S3 buckets (libcurl signs SigV4, expat parses S3's XML) ----------------------------------
+if(NOT PULSELOCO_WITH_S3 STREQUAL "OFF")
+  find_package(CURL 7.75 QUIET)   # libcurl4-openssl-dev (CURLOPT_AWS_SIGV4: 7.75)
+  find_package(EXPAT QUIET)       # libexpat1-dev
+  if(CURL_FOUND AND EXPAT_FOUND)
+    pulseloco_feature_result(S3 TRUE "libcurl ${CURL_VERSION_STRING}, expat ${EXPAT_VERSION_STRING}")
+  else()
+    pulseloco_feature_result(S3 FALSE "needs libcurl >= 7.75 and expat (libcurl4-openssl-dev, libexpat1-dev)")
+  endif()
+endif()
+
 function(pulseloco_print_summary)
   message(STATUS "")
   message(STATUS "pulseloco ${PROJECT_VERSION} configuration")
   message(STATUS "  build type    : ${CMAKE_BUILD_TYPE}")
   message(STATUS "  C++ compiler  : ${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}")
-  foreach(feature CUDA NCCL MPI TORCH)
+  foreach(feature CUDA NCCL MPI TORCH S3)
     if(PULSELOCO_HAS_${feature})
       set(_state "yes")
     else()

@@ -10,6 +10,9 @@
 // shared secret, run id and link security from the training group's variables
 // (PULSELOCO_SECRET / PULSELOCO_SECRET_FILE, PULSELOCO_RUN_ID, PULSELOCO_LINK_SECURITY), and
 // subscribe its connect timeout (PULSELOCO_CONNECT_TIMEOUT_MS).
+// DIR of apply and inspect, and SERVER of subscribe, may be a bucket, s3://bucket/prefix
+// (credentials and endpoint from the AWS variables, io/s3_settings.h): subscribe then reads the
+// manifest every --poll-ms and brings its state to each newer version.
 #include <fmt/format.h>
 
 #include <charconv>
@@ -21,10 +24,15 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 #include <pulseloco/cli/commands.h>
 #include <pulseloco/group/options.h>
+#include <pulseloco/io/s3_client.h>
+#include <pulseloco/io/s3_settings.h>
+#include <pulseloco/patch/bucket.h>
 #include <pulseloco/patch/manifest.h>
 #include <pulseloco/patch/push_server.h>
 #include <pulseloco/patch/receiver.h>
@@ -83,11 +91,16 @@ struct InspectPatchesOptions {
   bool json = false;
 };
 
-// The check of one listed file: "ok" or the error.
+// The check of one listed file (of a directory, or an object of a bucket, read and hashed):
+// "ok" or the error.
 std::string check_file(const std::string& directory, const patch::ManifestFile& file,
-                       std::optional<std::string>& first_error) {
+                       std::optional<std::string>& first_error, io::S3Client* client) {
   try {
-    patch::check_listed_file(directory, file);
+    if (client != nullptr) {
+      patch::fetch_listed_object(*client, io::parse_s3_address(directory), file, std::nullopt);
+    } else {
+      patch::check_listed_file(directory, file);
+    }
     return "ok";
   } catch (const Error& error) {
     if (!first_error) first_error = error.what();
@@ -96,7 +109,20 @@ std::string check_file(const std::string& directory, const patch::ManifestFile& 
 }
 
 void inspect_patches(const InspectPatchesOptions& options) {
-  const patch::Manifest manifest = patch::read_manifest(options.directory);
+  std::unique_ptr<io::S3Client> client;
+  patch::Manifest manifest;
+  if (io::is_s3_address(options.directory)) {
+    client = std::make_unique<io::S3Client>(io::S3Settings::from_environment());
+    const io::S3Address address = io::parse_s3_address(options.directory);
+    std::optional<patch::Manifest> found = patch::read_bucket_manifest(*client, address);
+    if (!found) {
+      throw IoError(fmt::format("'{}' is missing ({})", address.url(patch::kManifestName),
+                                client->where(address.bucket)));
+    }
+    manifest = std::move(*found);
+  } else {
+    manifest = patch::read_manifest(options.directory);
+  }
   std::optional<std::string> first_error;
   nlohmann::json versions = nlohmann::json::array();
   for (const patch::ManifestVersion& entry : manifest.versions) {
@@ -113,7 +139,7 @@ void inspect_patches(const InspectPatchesOptions& options) {
       if (!file) continue;
       row[key] = {{"path", file->path},
                   {"bytes", file->bytes},
-                  {"status", check_file(options.directory, *file, first_error)}};
+                  {"status", check_file(options.directory, *file, first_error, client.get())}};
     }
     versions.push_back(std::move(row));
   }
@@ -200,12 +226,59 @@ void serve(const ServeOptions& options) {
 }
 
 struct SubscribeOptions {
-  std::string server;
+  std::string server;  // HOST:PORT, or an s3://bucket/prefix address
   std::string out;
   std::optional<std::uint64_t> until;
+  std::uint64_t poll_ms = 2000;  // a bucket's manifest is read this often
 };
 
+// Writes the held state to `out` atomically as an anchor file and prints its line.
+void write_held(const std::string& out, const patch::Bf16State& state, std::uint64_t version,
+                std::string_view kind, std::uint64_t bytes) {
+  const Digest digest = state.digest();
+  (void)patch::write_anchor_file(out, state, version, digest, patch::IndexEncoding::gap_delta);
+  fmt::print("version {} ({} of {} bytes), digest {}\n", version, kind, bytes, digest_hex(digest));
+  std::fflush(stdout);
+}
+
+// Follows a bucket: reads its manifest every poll interval and, when it lists a newer version,
+// brings the state there with Receiver's checks. A bucket that cannot be reached (after the
+// client's retries) is tried again at the next poll; a damaged or foreign version ends it.
+void subscribe_bucket(const SubscribeOptions& options) {
+  io::S3Client client(io::S3Settings::from_environment());
+  const io::S3Address address = io::parse_s3_address(options.server);
+  patch::Receiver receiver;
+  if (std::filesystem::exists(options.out)) {
+    patch::Anchor held = patch::read_anchor_file(options.out);
+    receiver = patch::Receiver(std::move(held.state), held.version);
+  }
+  const auto done = [&] {
+    return options.until && receiver.version() && *receiver.version() >= *options.until;
+  };
+  while (!done()) {
+    try {
+      const std::optional<patch::Manifest> manifest = patch::read_bucket_manifest(client, address);
+      if (manifest && !manifest->versions.empty() &&
+          receiver.version() != manifest->versions.back().version) {
+        const patch::UpdateReport report =
+            patch::update_from_bucket(receiver, client, address, std::nullopt);
+        write_held(options.out, receiver.state(), report.to,
+                   report.steps.empty() ? "none" : patch::step_kind_name(report.steps.back().kind),
+                   report.bytes());
+        continue;
+      }
+    } catch (const IoError& error) {
+      logger().warn("{}: {}; trying again in {} ms", options.server, error.what(), options.poll_ms);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(options.poll_ms));
+  }
+}
+
 void subscribe(const SubscribeOptions& options) {
+  if (io::is_s3_address(options.server)) {
+    subscribe_bucket(options);
+    return;
+  }
   const group::TransportOptions environment = group::from_environment();
   const patch::SubscriberOptions connection{.server = options.server,
                                             .secret = environment.tcp.secret,
@@ -224,12 +297,8 @@ void subscribe(const SubscribeOptions& options) {
   while (!options.until || !subscriber->version() || *subscriber->version() < *options.until) {
     const patch::ReceivedVersion received =
         subscriber->receive(transport::Clock::now() + std::chrono::hours(24 * 365));
-    const Digest digest = subscriber->state().digest();
-    (void)patch::write_anchor_file(options.out, subscriber->state(), received.version, digest,
-                                   patch::IndexEncoding::gap_delta);
-    fmt::print("version {} ({} of {} bytes), digest {}\n", received.version,
-               patch::push_type_name(received.type), received.bytes, digest_hex(digest));
-    std::fflush(stdout);
+    write_held(options.out, subscriber->state(), received.version,
+               patch::push_type_name(received.type), received.bytes);
   }
 }
 
@@ -241,7 +310,10 @@ void add_patch_command(CLI::App& app) {
   auto apply_options = std::make_shared<ApplyOptions>();
   auto* apply_command = command->add_subcommand(
       "apply", "Bring a bf16 state to a published version and write it as an anchor file");
-  apply_command->add_option("DIR", apply_options->directory, "A publishing directory")->required();
+  apply_command
+      ->add_option("DIR", apply_options->directory,
+                   "A publishing directory or bucket (s3://bucket/prefix)")
+      ->required();
   apply_command->add_option("--out", apply_options->out, "The state to write")->required();
   apply_command->add_option("--from", apply_options->from,
                             "A state a previous apply wrote (default: none, start from an anchor)");
@@ -252,7 +324,9 @@ void add_patch_command(CLI::App& app) {
   auto inspect_options = std::make_shared<InspectPatchesOptions>();
   auto* inspect_command = command->add_subcommand(
       "inspect", "List a publishing directory's versions and check every listed file");
-  inspect_command->add_option("DIR", inspect_options->directory, "A publishing directory")
+  inspect_command
+      ->add_option("DIR", inspect_options->directory,
+                   "A publishing directory or bucket (s3://bucket/prefix)")
       ->required();
   inspect_command->add_flag("--json", inspect_options->json, "Print machine-readable JSON");
   inspect_command->callback([inspect_options] { inspect_patches(*inspect_options); });
@@ -281,7 +355,14 @@ void add_patch_command(CLI::App& app) {
   auto subscribe_options = std::make_shared<SubscribeOptions>();
   auto* subscribe_command = command->add_subcommand(
       "subscribe", "Receive versions from a patch push server, writing each as an anchor file");
-  subscribe_command->add_option("SERVER", subscribe_options->server, "HOST:PORT")->required();
+  subscribe_command
+      ->add_option("SERVER", subscribe_options->server,
+                   "HOST:PORT of a push server, or a bucket: s3://bucket/prefix")
+      ->required();
+  subscribe_command
+      ->add_option("--poll-ms", subscribe_options->poll_ms,
+                   "How often a bucket's manifest is read, in milliseconds")
+      ->check(CLI::PositiveNumber);
   subscribe_command
       ->add_option("--out", subscribe_options->out,
                    "The state to write (read first, when it exists, to resume)")

@@ -10,6 +10,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/patch/bucket.h>
 #include <pulseloco/patch/manifest.h>
 #include <pulseloco/patch/publisher.h>
 
@@ -43,11 +44,10 @@ void WeightPublishing::after_window(const ReplicatedState& state, int rank, Wind
 void WeightPublishing::publish(const ReplicatedState& state, WindowReport& report) {
   const std::uint64_t version = state.committed_windows();
   if (!publisher_) {
-    const std::filesystem::path directory(options_.publish_dir);
-    if (!continues_run_ && !options_.publish_continue &&
-        std::filesystem::exists(directory / patch::kManifestName)) {
-      const patch::Manifest existing = patch::read_manifest(directory);
-      if (!existing.versions.empty()) {
+    if (!continues_run_ && !options_.publish_continue) {
+      const std::optional<patch::Manifest> found = patch::find_manifest(options_.publish_dir);
+      if (found && !found->versions.empty()) {
+        const patch::Manifest& existing = *found;
         throw InvalidArgument(fmt::format(
             "publish_dir '{}' already holds versions {} to {}, published before this run "
             "started: publish into an empty directory, or set publish_continue "

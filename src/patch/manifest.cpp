@@ -14,8 +14,6 @@ namespace {
 
 constexpr std::string_view kManifestFormat = "pulseloco-patches";
 constexpr int kManifestFormatVersion = 1;
-// A manifest lists a few hundred bytes per version.
-constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{256} << 20;
 
 nlohmann::json file_json(const ManifestFile& file) {
   return {{"path", file.path}, {"bytes", file.bytes}, {"checksum", digest_hex(file.checksum)}};
@@ -28,11 +26,11 @@ Digest body_checksum(const nlohmann::json& body) {
   return digest_bytes(std::as_bytes(std::span(text.data(), text.size())));
 }
 
-[[noreturn]] void bad_manifest(const std::filesystem::path& path, std::string_view reason) {
-  throw ProtocolError(fmt::format("'{}' is not a valid manifest: {}", path.string(), reason));
+[[noreturn]] void bad_manifest(std::string_view path, std::string_view reason) {
+  throw ProtocolError(fmt::format("'{}' is not a valid manifest: {}", path, reason));
 }
 
-Digest parse_hex(const std::filesystem::path& path, const std::string& text) {
+Digest parse_hex(std::string_view path, const std::string& text) {
   Digest value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value, 16);
   if (text.size() != 16 || error != std::errc() || end != text.data() + text.size())
@@ -40,8 +38,8 @@ Digest parse_hex(const std::filesystem::path& path, const std::string& text) {
   return value;
 }
 
-std::optional<ManifestFile> parse_file(const std::filesystem::path& path,
-                                       const nlohmann::json& json, const char* key) {
+std::optional<ManifestFile> parse_file(std::string_view path, const nlohmann::json& json,
+                                       const char* key) {
   if (!json.contains(key) || json.at(key).is_null()) return std::nullopt;
   const nlohmann::json& entry = json.at(key);
   ManifestFile file{.path = entry.at("path").get<std::string>(),
@@ -68,16 +66,19 @@ void check_listed_file(const std::filesystem::path& directory, const ManifestFil
   const std::filesystem::path path = directory / file.path;
   if (!std::filesystem::is_regular_file(path))
     throw IoError(fmt::format("'{}' is missing", path.string()));
-  const io::FileChecksum found = io::file_checksum(path);
+  check_file_checksum(path.string(), file, io::file_checksum(path));
+}
+
+void check_file_checksum(std::string_view name, const ManifestFile& file,
+                         const io::FileChecksum& found) {
   if (found.size != file.bytes || found.digest != file.checksum) {
     throw ProtocolError(fmt::format(
-        "'{}' is corrupted: {} bytes with checksum {}, the manifest records {} bytes with {}",
-        path.string(), found.size, digest_hex(found.digest), file.bytes,
-        digest_hex(file.checksum)));
+        "'{}' is corrupted: {} bytes with checksum {}, the manifest records {} bytes with {}", name,
+        found.size, digest_hex(found.digest), file.bytes, digest_hex(file.checksum)));
   }
 }
 
-void write_manifest(const std::filesystem::path& directory, const Manifest& manifest) {
+std::string manifest_text(const Manifest& manifest) {
   nlohmann::json versions = nlohmann::json::array();
   for (const ManifestVersion& entry : manifest.versions) {
     versions.push_back({{"version", entry.version},
@@ -92,14 +93,21 @@ void write_manifest(const std::filesystem::path& directory, const Manifest& mani
                       {"total_elements", manifest.total_elements},
                       {"versions", versions}};
   json["checksum"] = digest_hex(body_checksum(json));
-  const std::string text = json.dump(1) + "\n";
+  return json.dump(1) + "\n";
+}
+
+void write_manifest(const std::filesystem::path& directory, const Manifest& manifest) {
+  const std::string text = manifest_text(manifest);
   (void)io::write_file_atomically(directory / kManifestName,
                                   std::as_bytes(std::span(text.data(), text.size())));
 }
 
 Manifest read_manifest(const std::filesystem::path& directory) {
   const std::filesystem::path path = directory / kManifestName;
-  const std::vector<std::byte> bytes = io::read_file(path, kMaxManifestBytes);
+  return parse_manifest(io::read_file(path, kMaxManifestBytes), path.string());
+}
+
+Manifest parse_manifest(std::span<const std::byte> bytes, std::string_view path) {
   Manifest manifest;
   try {
     nlohmann::json json =

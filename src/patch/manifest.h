@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <pulseloco/base/digest.h>
+#include <pulseloco/io/atomic_file.h>
 
 namespace pulseloco::patch {
 
@@ -38,11 +39,22 @@ struct Manifest {
   [[nodiscard]] const ManifestVersion* find(std::uint64_t version) const noexcept;
 };
 
-// Writes `directory`/manifest.json atomically. The JSON carries its own xxh3-64.
+// The largest manifest a reader accepts.
+inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{256} << 20;
+
+// The manifest's JSON text, which carries its own xxh3-64.
+[[nodiscard]] std::string manifest_text(const Manifest& manifest);
+// Writes `directory`/manifest.json atomically.
 void write_manifest(const std::filesystem::path& directory, const Manifest& manifest);
 // Reads and checks it (syntax, fields, its checksum, ascending versions, files inside the
 // directory). IoError when it cannot be read, ProtocolError naming it when it is not valid.
 [[nodiscard]] Manifest read_manifest(const std::filesystem::path& directory);
+// The same checks of a manifest's bytes read from `source` (named in errors).
+[[nodiscard]] Manifest parse_manifest(std::span<const std::byte> bytes, std::string_view source);
+
+// ProtocolError naming `name` when `found` is not the size and checksum the manifest records.
+void check_file_checksum(std::string_view name, const ManifestFile& file,
+                         const io::FileChecksum& found);
 
 // Checks that a listed file is there with the size and checksum the manifest records: IoError
 // naming it when it is missing or unreadable, ProtocolError when it differs.

@@ -8,6 +8,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/kernels/patch_kernels.h>
 #include <pulseloco/kernels/window_kernels.h>
+#include <pulseloco/patch/bucket.h>
 #include <pulseloco/patch/compact_files.h>
 #include <pulseloco/patch/receiver.h>
 
@@ -35,31 +36,72 @@ Publisher::Publisher(std::filesystem::path directory, PublisherOptions options)
     throw InvalidArgument(
         fmt::format("chunk_elements must be in [1, {}]", kernels::kMaxChunkElements));
   }
+  bool existing = false;
+  if (io::is_s3_address(directory_.native())) {
+    bucket_ = io::parse_s3_address(directory_.native());
+    client_ = std::make_unique<io::S3Client>(io::S3Settings::from_environment());
+    staging_ = std::make_unique<TemporaryDirectory>("publish");
+    existing = read_bucket_manifest(*client_, *bucket_).has_value();
+    directory_ = staging_->path();
+  } else {
+    existing = std::filesystem::exists(directory_ / kManifestName);
+  }
   std::filesystem::create_directories(directory_ / "anchors");
   std::filesystem::create_directories(directory_ / "deltas");
   if (options_.compact) std::filesystem::create_directories(directory_ / "compact");
   pool_ = std::make_unique<ThreadPool>(options_.threads);
-  if (!std::filesystem::exists(directory_ / kManifestName)) return;
+  if (!existing) return;
   if (!options_.continue_existing) {
-    throw InvalidArgument(fmt::format("'{}' already holds published versions (a {})",
-                                      directory_.string(), kManifestName));
+    throw InvalidArgument(
+        fmt::format("'{}' already holds published versions (a {})", location(), kManifestName));
   }
   continue_from_directory();
 }
 
+Publisher::~Publisher() = default;
+
+std::string Publisher::location() const {
+  return bucket_ ? bucket_->url() : directory_.string();
+}
+
 void Publisher::continue_from_directory() {
   Receiver receiver;
-  receiver.update(directory_);
-  Manifest manifest = read_manifest(directory_);
+  receiver.update(location());
+  std::optional<Manifest> manifest =
+      bucket_ ? read_bucket_manifest(*client_, *bucket_) : read_manifest(directory_);
   // Another publisher may not write here meanwhile: the reloaded state must be the newest.
-  if (manifest.versions.empty() || manifest.versions.back().version != receiver.version()) {
+  if (!manifest || manifest->versions.empty() ||
+      manifest->versions.back().version != receiver.version()) {
     throw ProtocolError(
-        fmt::format("'{}' changed while its newest version was reloaded", directory_.string()));
+        fmt::format("'{}' changed while its newest version was reloaded", location()));
   }
-  for (const ManifestVersion& entry : manifest.versions)
+  for (const ManifestVersion& entry : manifest->versions)
     count_towards_anchor(entry);
   snapshot_ = receiver.state();
-  manifest_ = std::move(manifest);
+  manifest_ = std::move(*manifest);
+}
+
+void Publisher::upload_files(const ManifestVersion& entry) {
+  if (!bucket_) return;
+  for (const std::optional<ManifestFile>* file : {&entry.delta, &entry.compact, &entry.anchor}) {
+    if (!file->has_value()) continue;
+    const std::filesystem::path local = directory_ / (*file)->path;
+    const io::FileChecksum sent =
+        client_->put_file(bucket_->bucket, bucket_->key((*file)->path), local);
+    check_file_checksum(local.string(), **file, sent);  // the staged file changed meanwhile
+    std::filesystem::remove(local);
+    if (options_.fault_hook) options_.fault_hook("file uploaded");
+  }
+}
+
+void Publisher::publish_manifest(const Manifest& manifest) {
+  if (!bucket_) {
+    write_manifest(directory_, manifest);
+    return;
+  }
+  const std::string text = manifest_text(manifest);
+  client_->put_object(bucket_->bucket, bucket_->key(kManifestName),
+                      std::as_bytes(std::span(text.data(), text.size())));
 }
 
 Publisher::Extracted Publisher::extract(std::span<const WeightsView> weights) {
@@ -217,14 +259,23 @@ PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::u
           .path = anchor_file_name(version).string(), .bytes = file.size, .checksum = file.digest};
       published.anchor_bytes = file.size;
     }
+    upload_files(entry);
     if (options_.fault_hook) options_.fault_hook("files written");
     Manifest next = manifest_;
     next.total_elements = snapshot_.total_elements();
     next.versions.push_back(entry);
-    write_manifest(directory_, next);
+    publish_manifest(next);
     manifest_ = std::move(next);
   } catch (...) {
     undo();
+    if (bucket_) {
+      // The staging directory holds one version at a time.
+      std::error_code ignored;
+      for (const char* folder : {"anchors", "deltas", "compact"}) {
+        for (const auto& file : std::filesystem::directory_iterator(directory_ / folder, ignored))
+          std::filesystem::remove(file.path(), ignored);
+      }
+    }
     throw;
   }
   count_towards_anchor(entry);

@@ -5,8 +5,11 @@
 //
 // Each version's files are written atomically (a temporary name, fsync, rename), then the
 // manifest, atomically too, last: a reader never sees a version whose files are incomplete,
-// whenever the publisher stops. The publisher keeps one bf16 snapshot (2 bytes per
-// parameter) of the last published version; the patch kernel (kernels/patch_kernels.h)
+// whenever the publisher stops. The destination may be an s3://bucket/prefix address
+// (bucket.h): each file is written to a private temporary directory, uploaded (a multipart
+// upload for a file above S3Settings::part_bytes, one part in memory at a time) and removed,
+// and the manifest is uploaded after the version's files. The publisher keeps one bf16 snapshot (2
+// bytes per parameter) of the last published version; the patch kernel (kernels/patch_kernels.h)
 // compares the current weights with it chunk by chunk on a thread pool.
 #pragma once
 
@@ -14,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -21,11 +25,15 @@
 
 #include <pulseloco/base/tensor_view.h>
 #include <pulseloco/base/thread_pool.h>
+#include <pulseloco/io/s3_client.h>
+#include <pulseloco/io/s3_settings.h>
 #include <pulseloco/patch/bf16_state.h>
 #include <pulseloco/patch/manifest.h>
 #include <pulseloco/patch/trl_files.h>
 
 namespace pulseloco::patch {
+
+class TemporaryDirectory;  // bucket.h
 
 struct PublisherOptions {
   std::uint64_t anchor_every = 10;  // versions between anchors (>= 1)
@@ -37,7 +45,8 @@ struct PublisherOptions {
   // through a Receiver (every file and digest checked) and publishes after it.
   bool continue_existing = false;
   // Called with "files written" once a version's files are in place and before the manifest
-  // names them (tests stop the process there); empty in production.
+  // names them, and for a bucket with "file uploaded" after each of its files (tests stop the
+  // process or the server there); empty in production.
   std::function<void(std::string_view point)> fault_hook;
 };
 
@@ -60,33 +69,47 @@ struct PublishedVersion {
 
 class Publisher {
  public:
-  // `directory` is created when missing. One that holds a manifest is refused (InvalidArgument)
-  // unless options.continue_existing, which reloads its newest version (the Receiver's errors
-  // when a file or digest is wrong) and continues its sequence: the next delta's parent is that
-  // version, and anchors fall due as if this publisher had written the versions since the last.
+  // `directory` (a directory, created when missing, or an s3:// address whose bucket exists) One
+  // that holds a manifest is refused (InvalidArgument) unless options.continue_existing, which
+  // reloads its newest version (the Receiver's errors when a file or digest is wrong) and continues
+  // its sequence: the next delta's parent is that version, and anchors fall due as if this
+  // publisher had written the versions since the last.
   Publisher(std::filesystem::path directory, PublisherOptions options);
+  ~Publisher();
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
 
   // Publishes `weights` (the same tensors every time, in any order) as `version`, which must be
   // above the previous one. Throws NonFiniteError naming the tensor and index for a NaN,
   // InvalidArgument for tensors other than the first version's or a version not above the
-  // last, IoError when a file cannot be written. On any error nothing is published and the
-  // snapshot is unchanged.
+  // last, IoError when a file cannot be written or uploaded (InvalidArgument naming the bucket
+  // and the endpoint when the bucket refuses the credentials or is missing). On any error nothing
+  // is published and the snapshot is unchanged.
   PublishedVersion publish(std::span<const WeightsView> weights, std::uint64_t version);
 
   [[nodiscard]] const Bf16State& snapshot() const noexcept { return snapshot_; }
   [[nodiscard]] const Manifest& manifest() const noexcept { return manifest_; }
+  // The directory or the s3:// address published to.
+  [[nodiscard]] std::string location() const;
 
  private:
   struct Extracted;
   void continue_from_directory();
+  // Uploads the version's files (bucket only), then removes them from the staging directory.
+  void upload_files(const ManifestVersion& entry);
+  void publish_manifest(const Manifest& manifest);
   Extracted extract(std::span<const WeightsView> weights);
   [[nodiscard]] bool anchor_due(std::uint64_t delta_bytes) const;
   // Counts a published version (written here, or found in the directory) towards the next
   // anchor.
   void count_towards_anchor(const ManifestVersion& entry);
 
-  std::filesystem::path directory_;
+  std::filesystem::path directory_;  // the files are written here (a bucket's staging directory)
   PublisherOptions options_;
+  // A bucket: its address, client and staging directory.
+  std::optional<io::S3Address> bucket_;
+  std::unique_ptr<io::S3Client> client_;
+  std::unique_ptr<TemporaryDirectory> staging_;
   std::unique_ptr<ThreadPool> pool_;
   Bf16State snapshot_;
   Manifest manifest_;

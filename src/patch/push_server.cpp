@@ -59,18 +59,6 @@ PushType push_type_of(StepKind kind) {
   return PushType::delta;
 }
 
-const ManifestFile& step_file(const ManifestVersion& entry, StepKind kind) {
-  switch (kind) {
-    case StepKind::anchor:
-      return *entry.anchor;
-    case StepKind::compact:
-      return *entry.compact;
-    case StepKind::delta:
-      break;
-  }
-  return *entry.delta;
-}
-
 }  // namespace
 
 struct PushServer::Impl {

@@ -6,14 +6,14 @@
 #include <numeric>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/io/s3_client.h>
+#include <pulseloco/patch/bucket.h>
 #include <pulseloco/patch/compact_files.h>
 #include <pulseloco/patch/trl_files.h>
 
 namespace pulseloco::patch {
-namespace {
 
-// The same error with the version it concerns in front of its message.
-[[noreturn]] void rethrow_for_version(const Error& error, std::uint64_t version) {
+void rethrow_for_version(const Error& error, std::uint64_t version) {
   const std::string message = fmt::format("version {}: {}", version, error.message());
   switch (error.kind()) {
     case ErrorKind::io:
@@ -24,6 +24,8 @@ namespace {
       throw ProtocolError(message, error.context());
   }
 }
+
+namespace {
 
 // The elements one delta overwrote, to put back when a later step fails.
 struct Undo {
@@ -99,6 +101,18 @@ Delta read_patch_file(const std::filesystem::path& path, StepKind kind, const Bf
 }
 
 }  // namespace
+
+const ManifestFile& step_file(const ManifestVersion& entry, StepKind kind) {
+  switch (kind) {
+    case StepKind::anchor:
+      return *entry.anchor;
+    case StepKind::compact:
+      return *entry.compact;
+    case StepKind::delta:
+      break;
+  }
+  return *entry.delta;
+}
 
 std::string_view step_kind_name(StepKind kind) noexcept {
   switch (kind) {
@@ -176,6 +190,10 @@ Receiver::Receiver(Bf16State state, std::uint64_t version)
 
 UpdateReport Receiver::update(const std::filesystem::path& directory,
                               std::optional<std::uint64_t> target) {
+  if (io::is_s3_address(directory.native())) {
+    io::S3Client client(io::S3Settings::from_environment());
+    return update_from_bucket(*this, client, io::parse_s3_address(directory.native()), target);
+  }
   const Manifest manifest = read_manifest(directory);
   if (manifest.versions.empty())
     throw InvalidArgument(fmt::format("'{}' holds no published version", directory.string()));

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include <pulseloco/base/errors.h>
 #include <pulseloco/patch/bf16_state.h>
 #include <pulseloco/patch/manifest.h>
 #include <pulseloco/patch/trl_files.h>
@@ -44,6 +45,9 @@ class Receiver {
   Receiver(Bf16State state, std::uint64_t version);
 
   // Brings the state to `target` (default: the newest version the manifest lists).
+  // `directory` may be an s3://bucket/prefix address (bucket.h): the manifest and the files
+  // of the path are fetched, checked against the manifest as they arrive, then applied with
+  // the same checks as a directory's.
   // ProtocolError for a corrupted, reordered or foreign file or a state the directory did not
   // publish, IoError for a file that is missing or cannot be read, InvalidArgument for a target
   // the manifest does not list. Each names the version concerned.
@@ -65,6 +69,12 @@ class Receiver {
   Bf16State state_;
   std::optional<std::uint64_t> version_;
 };
+
+// Throws the same kind of error with "version V: " in front of its message.
+[[noreturn]] void rethrow_for_version(const Error& error, std::uint64_t version);
+
+// The file a step of `entry` reads (the manifest lists it: plan_update's steps).
+[[nodiscard]] const ManifestFile& step_file(const ManifestVersion& entry, StepKind kind);
 
 // The steps update() takes from `from` to `target`: the fewest bytes (deltas first on a tie;
 // of a version's TRL delta and compact patch, the smaller).

@@ -30,6 +30,11 @@ the model having learnt anything.
       window and byte-identical final θ_g on both ranks; the two definitions end with different
       weights; `pulseloco replay` reproduces every traced window of the authors' run; an
       unknown --local-dtype is refused naming the choices.
+  ... bucket
+      2 workers (--local-workers), 3 windows published into a bucket of a local Swift with
+      s3api while `pulseloco patch subscribe s3://...` in a second process follows the run: it
+      ends holding the last version, bf16 of --final-weights; `pulseloco patch inspect` checks
+      every object. Skipped only when Swift is not installed.
   ... json_lines
       2 workers (--local-workers), --json-lines: rank 0, the file's writer, is SIGKILLed in the
       middle of window 3's exchange (PULSELOCO_FAULT); the file holds windows 0 to 2, one valid
@@ -332,6 +337,73 @@ def test_json_lines(args):
               f"window {r.get('window')}: digests {r.get('digests')} vs {r.get('digest')}")
         for key in ("loss", "train_loss", "entries", "payload_bytes", "seconds"):
             check(key in r, f"window {r.get('window')}: no {key!r} in {sorted(r)}")
+
+
+def test_bucket(args):
+    """--publish-dir s3://...: 2 workers publish 3 windows into a bucket of a local Swift with
+    s3api (tests/io/swift_s3_server.py) while `pulseloco patch subscribe s3://...`, started
+    before the run in a second process, follows it; the subscriber ends holding version 3, which
+    is bf16 of the run's --final-weights (scripts/lib/compare_bf16_state.py), and `pulseloco
+    patch inspect` checks every object. Skipped (77) only when Swift is not installed."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts" / "lib"))
+    from compare_bf16_state import compare
+
+    ranks, windows = 2, 3
+    base = args.work / "bucket"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "io" / "swift_s3_server.py"
+    server = subprocess.Popen(["/usr/bin/python3", str(fixture), "--bucket", "pulseloco-train"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    subscriber = None
+    try:
+        line = server.stdout.readline()  # bounded by the fixture's own start timeout
+        if line.startswith("SKIP:"):
+            print(line.strip(), flush=True)
+            sys.exit(77)
+        if not check(line.startswith("{"), f"the S3 server did not start: {line!r}"):
+            return
+        info = json.loads(line)
+        env = dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
+                   AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"])
+        address = f"s3://pulseloco-train/run-{os.getpid()}"
+        state = base / "subscribed.safetensors"
+        subscriber = subprocess.Popen(
+            [args.pulseloco, "patch", "subscribe", address, "--out", str(state), "--until",
+             str(windows), "--poll-ms", "200"], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        result = run([args.train, "--local-workers", str(ranks), "--mode", "pulse", "--windows",
+                      str(windows), "--publish-dir", address, "--json", str(base / "report.json"),
+                      "--final-weights", str(base / "final")]
+                     + common_args(args, args.work / "cache"), timeout=args.timeout, env=env)
+        if not check(result.returncode == 0, f"the run exited {result.returncode}"):
+            return
+        report = check_report(base / "report.json", ranks, windows, "bucket")
+        if report is not None:
+            versions = [row["published_version"] for row in report["windows"]]
+            check(versions == list(range(1, windows + 1)), f"published versions {versions}")
+            check(all(row["publish_error"] == "" for row in report["windows"]),
+                  f"publish errors: {[row['publish_error'] for row in report['windows']]}")
+        try:
+            output, _ = subscriber.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            check(False, "the subscriber did not reach the last version")
+            return
+        check(subscriber.returncode == 0, f"the subscriber exited {subscriber.returncode}: {output}")
+        check(f"version {windows} " in output, f"the subscriber printed: {output}")
+        final = base / "final" / "global-rank-00000.safetensors"
+        if check(state.exists() and final.exists(), "no subscribed state or final weights"):
+            problem = compare(state, final)
+            check(problem is None, f"the subscribed state: {problem}")
+        inspect = run([args.pulseloco, "patch", "inspect", address], timeout=args.timeout,
+                      env=env)
+        check(inspect.returncode == 0, f"patch inspect exited {inspect.returncode}")
+    finally:
+        if subscriber is not None and subscriber.poll() is None:
+            subscriber.kill()
+            subscriber.wait()
+        server.stdin.close()  # the fixture stops Swift and removes its directory
+        server.wait(timeout=120)
 
 
 def test_bf16(args):
@@ -637,7 +709,7 @@ def run_tests(description, tests, add_arguments=lambda parser: None):
 def main():
     return run_tests(__doc__, {"replicas": test_replicas, "resume": test_resume,
                                "kill": test_kill, "bf16": test_bf16,
-                               "json_lines": test_json_lines})
+                               "json_lines": test_json_lines, "bucket": test_bucket})
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@
 #include <set>
 
 #include <pulseloco/base/bf16.h>
-#include "io/python_check.h"
 #include <pulseloco/io/safetensors.h>
+#include "io/python_check.h"
 #include "io/test_files.h"
 
 namespace pulseloco::io {

@@ -26,7 +26,7 @@ THIRD_PARTY = {
     "openssl": "OpenSSL", "mpi.h": "MPI", "nccl.h": "NCCL", "cuda.h": "CUDA",
     "cuda_runtime.h": "CUDA", "cuda_runtime_api.h": "CUDA", "cuda_bf16.h": "CUDA",
     "cub": "CUDA", "thrust": "CUDA", "torch": "libtorch", "ATen": "libtorch", "c10": "libtorch",
-    "CLI": "CLI11", "nanobind": "nanobind",
+    "CLI": "CLI11", "nanobind": "nanobind", "curl": "libcurl", "expat.h": "expat",
 }
 
 
@@ -45,7 +45,8 @@ RULES = (
     Rule("pulseloco_kernels_cuda", "kernels/cuda", ("base", "kernels", "CUDA"),
          "codec, transport, ranks, files"),
     Rule("pulseloco_codec", "src/codec", ("base", "zstd", "xxhash"), "kernels, transport"),
-    Rule("pulseloco_io", "src/io", ("base", "nlohmann-json"), "everything else"),
+    Rule("pulseloco_io", "src/io", ("base", "nlohmann-json", "libcurl", "expat", "OpenSSL"),
+         "everything else"),
     Rule("pulseloco_transport", "transport", ("base", "Boost.Asio", "OpenSSL"),
          "tensors, windows, codec, everything above it"),
     Rule("pulseloco_transport_mpi", "transport/mpi", ("base", "transport", "MPI"),

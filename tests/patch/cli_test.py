@@ -7,7 +7,9 @@ every version and checks every file; a damaged delta makes both exit 1 naming th
 apply then leaves --out as it was. `pulseloco patch serve` pushes the run to
 `pulseloco patch subscribe`, which reaches the newest version byte-identically from nothing and
 resumes from the state it wrote; a subscriber with another secret, or speaking plaintext to the
-server's TLS, exits 1 naming why.
+server's TLS, exits 1 naming why. With --bucket, apply and inspect run over a bucket of the
+suite's Swift instead (the fixture's PULSELOCO_TEST_S3_SERVER), the damaged objects written
+through Swift's own API.
 
   cli_test.py --pulseloco PATH --publisher PATH --work DIR
 """
@@ -19,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +36,9 @@ def bf16_state(path: Path) -> dict[str, bytes]:
         return {k: f.get_tensor(k).view(torch.int16).numpy().tobytes() for k in f.keys()}
 
 
-def run(args: list[str], expect: int = 0) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, capture_output=True, text=True, timeout=120)
+def run(args: list[str], expect: int = 0,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == expect, (args, result.returncode, result.stdout, result.stderr)
     return result
 
@@ -87,53 +91,114 @@ def push(pulseloco: str, published: Path, work: Path, expected: dict[str, bytes]
     assert server.wait(timeout=60) == 0
 
 
+def apply_and_inspect(pulseloco: str, location: str, expected_dir: Path, work: Path,
+                      env: dict[str, str] | None = None) -> Path:
+    """apply from nothing to 3 and from there to the newest, and inspect, over `location` (a
+    directory or a bucket); returns the newest state written."""
+    expected = bf16_state(expected_dir / f"step_{VERSIONS:06d}.safetensors")
+    at3 = work / "at3.safetensors"
+    report = json.loads(run([pulseloco, "patch", "apply", location, "--out", str(at3),
+                             "--to", "3", "--json"], env=env).stdout)
+    assert report["from"] is None and report["to"] == 3 and report["steps"][0]["kind"] == "anchor"
+    assert bf16_state(at3) == bf16_state(expected_dir / "step_000003.safetensors")
+    newest = work / "newest.safetensors"
+    report = json.loads(run([pulseloco, "patch", "apply", location, "--from", str(at3),
+                             "--out", str(newest), "--json"], env=env).stdout)
+    assert report["from"] == 3 and report["to"] == VERSIONS, report
+    assert {step["kind"] for step in report["steps"]} == {"compact"}, report
+    assert bf16_state(newest) == expected
+
+    listing = json.loads(run([pulseloco, "patch", "inspect", location, "--json"],
+                             env=env).stdout)
+    assert [v["version"] for v in listing["versions"]] == list(range(1, VERSIONS + 1))
+    assert all(v[k]["status"] == "ok" for v in listing["versions"]
+               for k in ("delta", "compact", "anchor") if k in v)
+    assert all(0 < v["density"] < 0.2 for v in listing["versions"][1:]), listing
+    return newest
+
+
+def flip_bit(data: bytes) -> bytes:
+    changed = bytearray(data)
+    changed[-3] ^= 0x04
+    return bytes(changed)
+
+
+def check_refused(pulseloco: str, location: str, work: Path, env: dict[str, str] | None = None):
+    """After version 5's files are damaged: inspect and apply exit 1 naming them, and apply
+    leaves --out as it was."""
+    failed = run([pulseloco, "patch", "inspect", location], expect=1, env=env)
+    assert "step_000005" in failed.stderr, failed.stderr
+    newest = work / "newest.safetensors"
+    before = newest.read_bytes()
+    failed = run([pulseloco, "patch", "apply", location, "--from", str(work / "at3.safetensors"),
+                  "--out", str(newest)], expect=1, env=env)
+    assert "version 5" in failed.stderr, failed.stderr
+    assert newest.read_bytes() == before
+
+
+def bucket(args: argparse.Namespace, work: Path) -> int:
+    """The same over a bucket of the suite's Swift (PULSELOCO_TEST_S3_SERVER, its state file);
+    the damaged objects are written through Swift's own API, as any writer of the bucket could."""
+    line = Path(os.environ["PULSELOCO_TEST_S3_SERVER"]).read_text().splitlines()[0]
+    if line.startswith("SKIP:"):
+        print(line)
+        return 77
+    info = json.loads(line)
+    env = dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
+               AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"])
+    prefix = f"cli-{os.getpid()}"
+    location = f"s3://pulseloco-tests/{prefix}"
+    expected = work / "expected"
+    run([args.publisher, location, "gap_delta", str(VERSIONS), "4"], env=env)
+    # The same run in a directory, for its expected states.
+    run([args.publisher, str(expected), "gap_delta", str(VERSIONS), "4"])
+    apply_and_inspect(args.pulseloco, location, expected / "expected", work, env)
+
+    auth = urllib.request.Request(f"{info['endpoint']}/auth/v1.0", headers={
+        "X-Auth-User": info["access_key"], "X-Auth-Key": info["secret_key"]})
+    with urllib.request.urlopen(auth, timeout=30) as response:
+        token = response.headers["X-Auth-Token"]
+        storage = response.headers["X-Storage-Url"]
+    for key in ("deltas/step_000005.safetensors", "compact/step_000005.plsp"):
+        url = f"{storage}/pulseloco-tests/{prefix}/{key}"
+        with urllib.request.urlopen(urllib.request.Request(
+                url, headers={"X-Auth-Token": token}), timeout=30) as response:
+            data = response.read()
+        urllib.request.urlopen(urllib.request.Request(
+            url, data=flip_bit(data), method="PUT", headers={"X-Auth-Token": token}),
+            timeout=30).close()
+    check_refused(args.pulseloco, location, work, env)
+    print("ok")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--pulseloco", required=True)
     parser.add_argument("--publisher", required=True)
     parser.add_argument("--work", required=True)
+    parser.add_argument("--bucket", action="store_true",
+                        help="over a bucket of the suite's S3 server instead of a directory")
     args = parser.parse_args()
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    if args.bucket:
+        return bucket(args, work)
     published = work / "published"
     run([args.publisher, str(published), "gap_delta", str(VERSIONS), "4"])
     expected = bf16_state(published / "expected" / f"step_{VERSIONS:06d}.safetensors")
 
     # From nothing to version 3, then from that state to the newest.
-    at3 = work / "at3.safetensors"
-    report = json.loads(run([args.pulseloco, "patch", "apply", str(published), "--out", str(at3),
-                             "--to", "3", "--json"]).stdout)
-    assert report["from"] is None and report["to"] == 3 and report["steps"][0]["kind"] == "anchor"
-    assert bf16_state(at3) == bf16_state(published / "expected" / "step_000003.safetensors")
-    newest = work / "newest.safetensors"
-    report = json.loads(run([args.pulseloco, "patch", "apply", str(published), "--from", str(at3),
-                             "--out", str(newest), "--json"]).stdout)
-    assert report["from"] == 3 and report["to"] == VERSIONS, report
-    assert {step["kind"] for step in report["steps"]} == {"compact"}, report
-    assert bf16_state(newest) == expected
-
-    listing = json.loads(run([args.pulseloco, "patch", "inspect", str(published), "--json"]).stdout)
-    assert [v["version"] for v in listing["versions"]] == list(range(1, VERSIONS + 1))
-    assert all(v[k]["status"] == "ok" for v in listing["versions"]
-               for k in ("delta", "compact", "anchor") if k in v)
-    assert all(0 < v["density"] < 0.2 for v in listing["versions"][1:]), listing
+    apply_and_inspect(args.pulseloco, str(published), published / "expected", work)
 
     push(args.pulseloco, published, work, expected)
 
     # A bit flipped in version 5's TRL delta and in its compact patch (which apply reads).
     for delta in (published / "deltas" / "step_000005.safetensors",
                   published / "compact" / "step_000005.plsp"):
-        data = bytearray(delta.read_bytes())
-        data[-3] ^= 0x04
-        delta.write_bytes(bytes(data))
-    failed = run([args.pulseloco, "patch", "inspect", str(published)], expect=1)
-    assert "step_000005" in failed.stderr, failed.stderr
-    before = newest.read_bytes()
-    failed = run([args.pulseloco, "patch", "apply", str(published), "--from", str(at3),
-                  "--out", str(newest)], expect=1)
-    assert "version 5" in failed.stderr, failed.stderr
-    assert newest.read_bytes() == before
+        delta.write_bytes(flip_bit(delta.read_bytes()))
+    check_refused(args.pulseloco, str(published), work)
     print("ok")
     return 0
 

@@ -17,6 +17,7 @@
 #include <pulseloco/patch/publisher.h>
 #include <pulseloco/patch/receiver.h>
 #include "io/test_files.h"
+#include "patch/killed_publisher.h"
 #include "patch/patch_run.h"
 
 namespace pulseloco::testing {
@@ -140,41 +141,10 @@ TEST(Publisher, VersionsMustAscendAndTensorsStayTheSame) {
   EXPECT_THROW(patch::Publisher(dir.path(), {}), InvalidArgument);  // the directory is in use
 }
 
-// The child publishes versions 1-3, then stops for good once version 4's files are written,
-// before its manifest: the parent waits for that event on a pipe and SIGKILLs it.
 TEST(Publisher, KilledBetweenFilesAndManifestIsInvisible) {
   TempDir dir;
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(ready[0]);
-    PatchRun run(7);
-    std::uint64_t publishing = 0;
-    patch::Publisher publisher(dir.path(), {.anchor_every = 3, .fault_hook = [&](std::string_view) {
-                                              if (publishing == 4) {
-                                                const char byte = 'k';
-                                                (void)!::write(ready[1], &byte, 1);
-                                                for (;;)
-                                                  ::pause();  // until SIGKILL
-                                              }
-                                            }});
-    for (std::uint64_t v = 1; v <= 4; ++v) {
-      if (v > 1) run.step();
-      publishing = v;
-      (void)publisher.publish(run.views(), v);
-    }
-    ::_exit(3);  // not reached
-  }
-  ::close(ready[1]);
-  char byte = 0;
-  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
-  ::close(ready[0]);
-  ASSERT_EQ(::kill(child, SIGKILL), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  publish_and_kill_before_manifest(dir.path().string());
+  if (HasFatalFailure()) return;
 
   // Version 4's files are complete on disk (an anchor is due at 4 too) but not listed.
   EXPECT_TRUE(std::filesystem::exists(dir.path() / patch::delta_file_name(4)));

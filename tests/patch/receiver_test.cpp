@@ -2,19 +2,27 @@
 // starting version byte-identically, by the shortest path; and every way a file can be wrong
 // (missing, reordered, truncated, bit-flipped, foreign, wrong parent, an index out of range or
 // unsorted, a NaN value, a digest that does not match) is an error naming the version that
-// leaves the receiver's state and version exactly as they were.
+// leaves the receiver's state and version exactly as they were. Each test that reads a
+// directory runs again on a bucket (tests/io/s3_test_server.h): the directory, as the test
+// changed it, is mirrored to the bucket (the changed files, then the manifest, and the removed
+// ones deleted) before each update, which then reads the bucket.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/io/s3_client.h>
 #include <pulseloco/patch/compact_files.h>
 #include <pulseloco/patch/receiver.h>
 #include <pulseloco/patch/trl_files.h>
+#include "io/s3_test_server.h"
 #include "io/test_files.h"
 #include "patch/patch_run.h"
 
@@ -42,8 +50,15 @@ void expect_state(const patch::Bf16State& state, const patch::Bf16State& expecte
 // when they are published (PublishedRun's parameter) and the TRL deltas otherwise.
 class PublishedRunBase : public ::testing::Test {
  protected:
-  void publish(bool compact) {
+  void publish(bool compact, bool bucket = false) {
     compact_ = compact;
+    if (bucket) {
+      S3TestServer* server = S3TestServer::instance();
+      if (server == nullptr) GTEST_SKIP() << S3TestServer::skip_reason();
+      server->set_environment();
+      client_ = std::make_unique<io::S3Client>(server->settings());
+      bucket_ = io::parse_s3_address(S3TestServer::fresh_address("receiver"));
+    }
     expected_ =
         publish_run(dir_.path(), kVersions, 7,
                     {.anchor_every = 4, .compact = compact, .chunk_elements = 4096, .threads = 2});
@@ -61,10 +76,40 @@ class PublishedRunBase : public ::testing::Test {
                                         const patch::Bf16State& held) const {
     return compact_ ? patch::read_compact_file(path, held) : patch::read_delta_file(path, held);
   }
-  [[nodiscard]] patch::Receiver receiver_at(std::uint64_t version) const {
+  [[nodiscard]] patch::Receiver receiver_at(std::uint64_t version) {
     patch::Receiver receiver;
-    (void)receiver.update(dir_.path(), version);
+    (void)receiver.update(source(), version);
     return receiver;
+  }
+
+  // What a receiver reads: the directory, or the bucket after the directory is mirrored there.
+  [[nodiscard]] std::filesystem::path source() {
+    if (!bucket_) return dir_.path();
+    std::map<std::string, Digest> files;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir_.path())) {
+      if (!entry.is_regular_file()) continue;
+      const std::string relative = entry.path().lexically_relative(dir_.path()).generic_string();
+      files[relative] = io::file_checksum(entry.path()).digest;
+    }
+    const std::string manifest(patch::kManifestName);
+    const auto upload = [&](const std::string& relative) {
+      const auto sent = mirrored_.find(relative);
+      if (sent != mirrored_.end() && sent->second == files.at(relative)) return;
+      (void)client_->put_file(bucket_->bucket, bucket_->key(relative), dir_.path() / relative);
+      mirrored_[relative] = files.at(relative);
+    };
+    for (const auto& [relative, digest] : files)
+      if (relative != manifest) upload(relative);
+    if (files.count(manifest) != 0) upload(manifest);
+    for (auto it = mirrored_.begin(); it != mirrored_.end();) {
+      if (files.count(it->first) != 0) {
+        ++it;
+        continue;
+      }
+      client_->delete_object(bucket_->bucket, bucket_->key(it->first));
+      it = mirrored_.erase(it);
+    }
+    return bucket_->url();
   }
 
   // `action` throws an Error of `kind` whose message names `version`; the receiver (at
@@ -90,11 +135,19 @@ class PublishedRunBase : public ::testing::Test {
   TempDir dir_;
   bool compact_ = false;
   std::vector<patch::Bf16State> expected_;
+  std::unique_ptr<io::S3Client> client_;
+  std::optional<io::S3Address> bucket_;
+  std::map<std::string, Digest> mirrored_;  // what the bucket holds: path -> checksum
 };
 
-class PublishedRun : public PublishedRunBase, public ::testing::WithParamInterface<bool> {
+struct Source {
+  bool compact = false;
+  bool bucket = false;
+};
+
+class PublishedRun : public PublishedRunBase, public ::testing::WithParamInterface<Source> {
  protected:
-  void SetUp() override { publish(GetParam()); }
+  void SetUp() override { publish(GetParam().compact, GetParam().bucket); }
 };
 
 TEST_P(PublishedRun, EveryVersionFromEveryStartingVersion) {
@@ -102,11 +155,11 @@ TEST_P(PublishedRun, EveryVersionFromEveryStartingVersion) {
     for (std::uint64_t to = 1; to <= kVersions; ++to) {
       patch::Receiver receiver;
       if (from > 0) {
-        const patch::UpdateReport first = receiver.update(dir_.path(), from);
+        const patch::UpdateReport first = receiver.update(source(), from);
         ASSERT_EQ(first.steps.front().kind,
                   patch::StepKind::anchor);  // a fresh receiver starts from an anchor
       }
-      const patch::UpdateReport report = receiver.update(dir_.path(), to);
+      const patch::UpdateReport report = receiver.update(source(), to);
       const std::string where = "from " + std::to_string(from) + " to " + std::to_string(to);
       ASSERT_EQ(receiver.version(), to) << where;
       expect_state(receiver.state(), expected(to), where);
@@ -114,7 +167,8 @@ TEST_P(PublishedRun, EveryVersionFromEveryStartingVersion) {
       if (from > 0 && from <= to && to - from <= 1) {
         // One delta at most: never an anchor (an anchor is larger than a delta here).
         for (const patch::UpdateStep& step : report.steps) {
-          EXPECT_EQ(step.kind, GetParam() ? patch::StepKind::compact : patch::StepKind::delta)
+          EXPECT_EQ(step.kind,
+                    GetParam().compact ? patch::StepKind::compact : patch::StepKind::delta)
               << where;
         }
       }
@@ -122,7 +176,7 @@ TEST_P(PublishedRun, EveryVersionFromEveryStartingVersion) {
   }
   // With no target the receiver goes to the newest version.
   patch::Receiver receiver = receiver_at(2);
-  EXPECT_EQ(receiver.update(dir_.path()).to, kVersions);
+  EXPECT_EQ(receiver.update(source()).to, kVersions);
   expect_state(receiver.state(), expected(kVersions), "newest");
 }
 
@@ -144,7 +198,7 @@ TEST_P(PublishedRun, ShortestPathPrefersAnAnchorOverALongerChain) {
 TEST_P(PublishedRun, MissingVersionIsRefused) {
   patch::Receiver receiver = receiver_at(2);
   std::filesystem::remove(delta(4));
-  expect_refused(receiver, 2, ErrorKind::io, 4, [&] { (void)receiver.update(dir_.path(), 4); });
+  expect_refused(receiver, 2, ErrorKind::io, 4, [&] { (void)receiver.update(source(), 4); });
 }
 
 TEST_P(PublishedRun, ReorderedDeltasAreRefused) {
@@ -152,8 +206,7 @@ TEST_P(PublishedRun, ReorderedDeltasAreRefused) {
   const std::string third = read_file_bytes(delta(3));
   write_file_bytes(delta(3), read_file_bytes(delta(4)));
   write_file_bytes(delta(4), third);
-  expect_refused(receiver, 2, ErrorKind::protocol, 3,
-                 [&] { (void)receiver.update(dir_.path(), 4); });
+  expect_refused(receiver, 2, ErrorKind::protocol, 3, [&] { (void)receiver.update(source(), 4); });
 }
 
 TEST_P(PublishedRun, TruncatedFileIsRefused) {
@@ -161,8 +214,7 @@ TEST_P(PublishedRun, TruncatedFileIsRefused) {
   std::string bytes = read_file_bytes(delta(3));
   bytes.resize(bytes.size() - 9);
   write_file_bytes(delta(3), bytes);
-  expect_refused(receiver, 2, ErrorKind::protocol, 3,
-                 [&] { (void)receiver.update(dir_.path(), 4); });
+  expect_refused(receiver, 2, ErrorKind::protocol, 3, [&] { (void)receiver.update(source(), 4); });
   // Fed the file directly (no manifest to compare with), the file itself is invalid.
   try {
     receiver.apply_file(delta(3));
@@ -178,8 +230,7 @@ TEST_P(PublishedRun, BitFlippedFileIsRefused) {
   std::string bytes = read_file_bytes(delta(3));
   bytes[bytes.size() - 2] = static_cast<char>(bytes[bytes.size() - 2] ^ 0x01);  // a value bit
   write_file_bytes(delta(3), bytes);
-  expect_refused(receiver, 2, ErrorKind::protocol, 3,
-                 [&] { (void)receiver.update(dir_.path(), 4); });
+  expect_refused(receiver, 2, ErrorKind::protocol, 3, [&] { (void)receiver.update(source(), 4); });
   // Without the manifest, the state's digest after applying it is not the one the file names:
   // the elements it changed are put back.
   expect_refused(receiver, 2, ErrorKind::protocol, 3, [&] { receiver.apply_file(delta(3)); });
@@ -192,7 +243,7 @@ TEST_P(PublishedRun, BitFlippedAnchorIsRefused) {
   bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
   write_file_bytes(anchor, bytes);
   try {
-    (void)receiver.update(dir_.path(), 6);
+    (void)receiver.update(source(), 6);
     ADD_FAILURE() << "a corrupted anchor was loaded";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::protocol) << error.what();
@@ -223,7 +274,7 @@ TEST_P(PublishedRun, ForeignPatchIsRefused) {
   (void)stranger.update(other.path(), 2);
   const patch::Bf16State before = stranger.state();
   try {
-    (void)stranger.update(dir_.path());
+    (void)stranger.update(source());
     ADD_FAILURE() << "a foreign state was updated";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::protocol) << error.what();
@@ -321,8 +372,7 @@ TEST_P(PublishedRun, FailureAfterSeveralDeltasRestoresTheStartingState) {
   }
   patch::write_manifest(dir_.path(), manifest);
   patch::Receiver receiver = receiver_at(1);
-  expect_refused(receiver, 1, ErrorKind::protocol, 4,
-                 [&] { (void)receiver.update(dir_.path(), 4); });
+  expect_refused(receiver, 1, ErrorKind::protocol, 4, [&] { (void)receiver.update(source(), 4); });
 }
 
 TEST_P(PublishedRun, CorruptedManifestIsRefused) {
@@ -334,7 +384,7 @@ TEST_P(PublishedRun, CorruptedManifestIsRefused) {
   write_file_bytes(path, text);
   patch::Receiver receiver;
   try {
-    (void)receiver.update(dir_.path());
+    (void)receiver.update(source());
     ADD_FAILURE() << "a corrupted manifest was read";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::protocol) << error.what();
@@ -342,9 +392,12 @@ TEST_P(PublishedRun, CorruptedManifestIsRefused) {
   EXPECT_FALSE(receiver.version());
 }
 
-INSTANTIATE_TEST_SUITE_P(DeltaFiles, PublishedRun, ::testing::Values(false, true),
+INSTANTIATE_TEST_SUITE_P(DeltaFiles, PublishedRun,
+                         ::testing::Values(Source{false, false}, Source{true, false},
+                                           Source{false, true}, Source{true, true}),
                          [](const auto& param_info) {
-                           return param_info.param ? std::string("compact") : std::string("trl");
+                           return std::string(param_info.param.compact ? "compact" : "trl") +
+                                  (param_info.param.bucket ? "_bucket" : "");
                          });
 
 }  // namespace

@@ -134,6 +134,22 @@ class Child {
   }
 
   void signal(int sig) const { ::kill(pid_, sig); }
+  // Writes `line` and a newline to the child's stdin; false when the child has closed it.
+  bool write_line(const std::string& line) {
+    const std::string text = line + "\n";
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const auto n = ::write(stdin_fd_, text.data() + done, text.size() - done);
+      if (n <= 0) return false;
+      done += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+  // Closes the child's stdin: it sees end of input.
+  void close_stdin() {
+    if (stdin_fd_ >= 0) ::close(stdin_fd_);
+    stdin_fd_ = -1;
+  }
   [[nodiscard]] const std::vector<std::string>& lines() const { return lines_; }
 
  private:
