@@ -12,6 +12,7 @@
 #include <string>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/codec/context_coding.h>
 #include <pulseloco/codec/index_coding.h>
 #include <pulseloco/codec/value_planes.h>
 #include <pulseloco/codec/wire.h>
@@ -35,6 +36,9 @@ struct EncodeState {
   std::vector<std::byte> planes;        // 4 dense planes
   std::array<std::vector<std::byte>, 4> sparse;
   std::array<std::vector<std::byte>, 4> plane_packed;
+  std::vector<std::uint8_t> symbols;                    // context: D bytes, then U bytes
+  std::vector<std::byte> raw_bits;                      // context: the raw bit stream
+  std::array<std::vector<std::byte>, 2> symbol_packed;  // ... and the symbols' zstd frames
 };
 
 EncodeState& encode_state() {
@@ -76,6 +80,10 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
             entries.begin + offset);
     }
     next = std::uint64_t{offset} + 1;
+  }
+  if (options.encoding == Encoding::context && entries.context.size() != entries.length) {
+    error("the context encoding needs the chunk's " + std::to_string(entries.length) +
+          " context values, " + std::to_string(entries.context.size()) + " given");
   }
   const std::size_t bad = detail::first_non_finite(entries.values);
   if (bad != entries.values.size()) {
@@ -174,19 +182,16 @@ StoredStream store_stream(ZSTD_CCtx* cctx, std::span<const std::byte> raw,
   return {raw, false};
 }
 
-std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
-  const std::size_t n = entries.offsets.size();
-  if (n == 0) {
-    std::vector<std::byte> frame(kFramePrefixBytes);
-    frame.reserve(kFrameOverheadBytes);
-    write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
-    append_checksum(frame);
-    return frame;
-  }
-  EncodeState& state = encode_state();
-  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
-  std::array<StoredStream, wire::kPulseStreams> stored{};
+// A frame's index stream, coded and stored.
+struct IndexStream {
+  IndexCoding coding = IndexCoding::varint;
+  std::uint64_t raw_bytes = 0;
+  StoredStream stored;
+};
 
+IndexStream store_index_stream(EncodeState& state, const FrameEntries& entries,
+                               const EncodeOptions& options, int level) {
+  const std::size_t n = entries.offsets.size();
   // Indices. The varint gaps are compressed and compared with the raw sizes of bit-packing and
   // Elias-Fano, whose bits zstd rarely shrinks on real traces (so they are compressed only
   // once chosen); the fewest bytes win, ties going to the lower code. Deterministic, one zstd
@@ -205,10 +210,10 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
                         state.index_packed, level);
   };
   IndexCoding coding = options.index_coding.value_or(IndexCoding::varint);
-  stored[wire::kIndexStream] = encode_and_store(coding);
+  StoredStream stored = encode_and_store(coding);
   if (!options.index_coding) {
     IndexCoding best = IndexCoding::varint;
-    std::uint64_t best_bytes = stored[wire::kIndexStream].bytes.size();
+    std::uint64_t best_bytes = stored.bytes.size();
     for (const IndexCoding candidate : {IndexCoding::bitpack, IndexCoding::elias_fano}) {
       if (sizes.of(candidate) < best_bytes) {
         best = candidate;
@@ -217,10 +222,29 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
     }
     if (best != IndexCoding::varint) {
       coding = best;
-      stored[wire::kIndexStream] = encode_and_store(coding);
+      stored = encode_and_store(coding);
     }
   }
-  const std::uint64_t index_raw_bytes = sizes.of(coding);
+  return {.coding = coding, .raw_bytes = sizes.of(coding), .stored = stored};
+}
+
+std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
+  const std::size_t n = entries.offsets.size();
+  if (n == 0) {
+    std::vector<std::byte> frame(kFramePrefixBytes);
+    frame.reserve(kFrameOverheadBytes);
+    write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
+    append_checksum(frame);
+    return frame;
+  }
+  EncodeState& state = encode_state();
+  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+  std::array<StoredStream, wire::kPulseStreams> stored{};
+
+  const IndexStream index = store_index_stream(state, entries, options, level);
+  stored[wire::kIndexStream] = index.stored;
+  const IndexCoding coding = index.coding;
+  const std::uint64_t index_raw_bytes = index.raw_bytes;
 
   // Values: four byte planes; a plane that is mostly zero bytes goes in its sparse form.
   grow(state.planes, 4 * n);
@@ -271,11 +295,70 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
   return frame;
 }
 
+// Value streams of a context frame above this many bytes per entry: the context predicts the
+// values poorly, so the chunk is also coded as a pulse frame and the smaller frame is sent.
+constexpr std::uint64_t kContextFallbackValueBytesPerEntry = 3;
+
+std::vector<std::byte> encode_context(const FrameEntries& entries, const EncodeOptions& options) {
+  const std::size_t n = entries.offsets.size();
+  if (n == 0) return encode_pulse(entries, options);  // an empty chunk is an empty pulse frame
+  EncodeState& state = encode_state();
+  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+  std::array<StoredStream, detail::kContextStreams> stored{};
+  const IndexStream index = store_index_stream(state, entries, options, level);
+  stored[detail::kContextIndexStream] = index.stored;
+
+  if (state.symbols.size() < 2 * n) state.symbols.resize(2 * n);
+  grow(state.raw_bits, detail::raw_bits_capacity(n));
+  std::uint8_t* d = state.symbols.data();
+  std::uint8_t* u = state.symbols.data() + n;
+  const std::uint64_t bits = detail::split_against_context(
+      entries.offsets, entries.values, entries.context, d, u, state.raw_bits.data());
+  for (std::size_t k = 0; k < 2; ++k) {
+    const auto raw = std::as_bytes(std::span(state.symbols.data() + k * n, n));
+    stored[1 + k] = store_stream(state.cctx.get(), raw, state.symbol_packed[k], level);
+  }
+  stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8), false};
+  const std::uint64_t digest = detail::values_digest(entries.values);
+
+  std::uint8_t zstd_streams = 0;
+  for (int s = 0; s < detail::kContextStreams; ++s) {
+    if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
+  }
+  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + detail::kContextStreams) + 8> directory{};
+  std::byte* p = wire::put_varint(directory.data(), index.raw_bytes);
+  for (const auto& stream : stored)
+    p = wire::put_varint(p, stream.bytes.size());
+  store_le<std::uint64_t>(p, digest);
+  p += 8;
+  const auto directory_bytes = static_cast<std::size_t>(p - directory.data());
+  std::uint64_t payload = directory_bytes;
+  for (const auto& stream : stored)
+    payload += stream.bytes.size();
+  const std::uint64_t value_bytes = payload - directory_bytes - index.stored.bytes.size();
+
+  std::vector<std::byte> frame;
+  frame.reserve(kFrameOverheadBytes + payload);
+  frame.resize(kFramePrefixBytes);
+  write_frame_prefix(frame.data(), entries, Encoding::context, index.coding, zstd_streams, 0,
+                     payload);
+  frame.insert(frame.end(), directory.begin(), directory.begin() + directory_bytes);
+  for (const auto& stream : stored)
+    frame.insert(frame.end(), stream.bytes.begin(), stream.bytes.end());
+  append_checksum(frame);
+  if (value_bytes > kContextFallbackValueBytesPerEntry * n) {
+    std::vector<std::byte> pulse = encode_pulse(entries, options);
+    if (pulse.size() < frame.size()) return pulse;
+  }
+  return frame;
+}
+
 }  // namespace
 
 std::vector<std::byte> encode_frame(const FrameEntries& entries, const EncodeOptions& options) {
   validate_frame_entries(entries, options);
   if (options.encoding == Encoding::pulse) return encode_pulse(entries, options);
+  if (options.encoding == Encoding::context) return encode_context(entries, options);
   return encode_plain(entries, options.encoding);
 }
 
@@ -311,7 +394,7 @@ std::vector<std::byte> encode_header(const MessageHeader& header, std::uint32_t 
   out.reserve(kHeaderPrefixBytes + 8 * header.tensor_numels.size() + kChecksumBytes);
   std::byte* p = out.data();
   std::memcpy(p, wire::kMagic, sizeof wire::kMagic);
-  store_le<std::uint16_t>(p + kHeaderVersionAt, kFormatVersion);
+  store_le<std::uint16_t>(p + kHeaderVersionAt, format_version_of(header.encoding));
   p[kHeaderEncodingAt] = static_cast<std::byte>(header.encoding);
   p[kHeaderFlagsAt] = std::byte{0};
   store_le<std::uint64_t>(p + kHeaderWindowAt, header.window);
