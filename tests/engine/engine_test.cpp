@@ -51,17 +51,20 @@ struct PulseCase {
   int world;
   DType dtype;
   kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
+  codec::Encoding encoding = codec::Encoding::pulse;
+  Exchange exchange = Exchange::automatic;
 };
 
 void PrintTo(const PulseCase& c, std::ostream* out) {
   *out << "world " << c.world << ", " << dtype_name(c.dtype) << ", bf16_delta "
-       << kernels::bf16_delta_name(c.bf16_delta);
+       << kernels::bf16_delta_name(c.bf16_delta) << ", encoding "
+       << codec::encoding_name(c.encoding) << ", exchange " << exchange_name(c.exchange);
 }
 
 class EnginePulse : public ::testing::TestWithParam<PulseCase> {};
 
 TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
-  const auto [world, dtype, bf16_delta] = GetParam();
+  const auto [world, dtype, bf16_delta, encoding, exchange] = GetParam();
   // Sizes: empty, one element, odd, several chunks, a non-multiple of the chunk size.
   const std::vector<std::uint64_t> sizes{0, 1, 37, 3000, 4097};
   const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;  // bf16 models need visible steps
@@ -71,6 +74,8 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
   }
   EngineOptions options = small_options();
   options.bf16_delta = bf16_delta;
+  options.codec.encoding = encoding;
+  options.exchange = exchange;
   auto engines = testing::start_engines(models, options);
   // After start-up every replica holds rank 0's weights.
   for (int r = 1; r < world; ++r) {
@@ -110,16 +115,26 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
 
 INSTANTIATE_TEST_SUITE_P(
     WorldsAndDtypes, EnginePulse,
-    ::testing::Values(PulseCase{1, DType::float32}, PulseCase{2, DType::float32},
-                      PulseCase{3, DType::bfloat16}, PulseCase{4, DType::float32},
-                      PulseCase{5, DType::bfloat16},
-                      PulseCase{2, DType::float32, kernels::Bf16Delta::authors},
-                      PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors},
-                      PulseCase{4, DType::bfloat16, kernels::Bf16Delta::authors}),
+    ::testing::Values(
+        PulseCase{1, DType::float32}, PulseCase{2, DType::float32}, PulseCase{3, DType::bfloat16},
+        PulseCase{4, DType::float32}, PulseCase{5, DType::bfloat16},
+        PulseCase{2, DType::float32, kernels::Bf16Delta::authors},
+        PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors},
+        PulseCase{4, DType::bfloat16, kernels::Bf16Delta::authors},
+        // Values coded against θ_g: the same bits, over both exchange kinds.
+        PulseCase{2, DType::float32, kernels::Bf16Delta::exact, codec::Encoding::context},
+        PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors, codec::Encoding::context},
+        PulseCase{4, DType::bfloat16, kernels::Bf16Delta::exact, codec::Encoding::context,
+                  Exchange::reduction},
+        PulseCase{3, DType::float32, kernels::Bf16Delta::exact, codec::Encoding::context,
+                  Exchange::allgather}),
     [](const ::testing::TestParamInfo<PulseCase>& param_info) {
       const PulseCase& c = param_info.param;
       std::string name = "R" + std::to_string(c.world) + "_" + std::string(dtype_name(c.dtype));
       if (c.bf16_delta == kernels::Bf16Delta::authors) name += "_authors";
+      if (c.encoding != codec::Encoding::pulse)
+        name += "_" + std::string(codec::encoding_name(c.encoding));
+      if (c.exchange != Exchange::automatic) name += "_" + std::string(exchange_name(c.exchange));
       return name;
     });
 
