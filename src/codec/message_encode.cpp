@@ -228,129 +228,136 @@ IndexStream store_index_stream(EncodeState& state, const FrameEntries& entries,
   return {.coding = coding, .raw_bytes = sizes.of(coding), .stored = stored};
 }
 
-std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
-  const std::size_t n = entries.offsets.size();
-  if (n == 0) {
-    std::vector<std::byte> frame(kFramePrefixBytes);
-    frame.reserve(kFrameOverheadBytes);
-    write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
-    append_checksum(frame);
-    return frame;
-  }
-  EncodeState& state = encode_state();
-  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+// A frame's streams and stream directory, ready to be written: a pulse frame's (index, four
+// value planes) or a context frame's (index, D, U, raw bits).
+struct FrameStreams {
+  Encoding encoding = Encoding::pulse;
+  IndexCoding coding = IndexCoding::varint;
+  std::uint8_t zstd_streams = 0;
+  std::uint8_t sparse_planes = 0;
+  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + 4 + wire::kPulseStreams) + 8> directory{};
+  std::size_t directory_bytes = 0;
   std::array<StoredStream, wire::kPulseStreams> stored{};
+  std::size_t streams = 0;
 
-  const IndexStream index = store_index_stream(state, entries, options, level);
-  stored[wire::kIndexStream] = index.stored;
-  const IndexCoding coding = index.coding;
-  const std::uint64_t index_raw_bytes = index.raw_bytes;
+  [[nodiscard]] std::uint64_t payload() const {
+    std::uint64_t bytes = directory_bytes;
+    for (std::size_t s = 0; s < streams; ++s)
+      bytes += stored[s].bytes.size();
+    return bytes;
+  }
+  void flag_compressed() {
+    for (std::size_t s = 0; s < streams; ++s) {
+      if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
+    }
+  }
+};
 
+FrameStreams pulse_streams(EncodeState& state, const FrameEntries& entries,
+                           const IndexStream& index, int level) {
+  const std::size_t n = entries.offsets.size();
+  FrameStreams out;
+  out.coding = index.coding;
+  out.streams = wire::kPulseStreams;
+  out.stored[wire::kIndexStream] = index.stored;
   // Values: four byte planes; a plane that is mostly zero bytes goes in its sparse form.
   grow(state.planes, 4 * n);
   detail::split_planes(entries.values, state.planes.data());
-  std::uint8_t sparse_planes = 0;
   std::array<std::uint64_t, 4> nonzero{};
   for (std::size_t k = 0; k < 4; ++k) {
     const std::byte* plane = state.planes.data() + k * n;
     const std::size_t zeros = detail::count_zero_bytes(plane, n);
     std::span<const std::byte> raw(plane, n);
     if (2 * zeros > n) {
-      sparse_planes |= static_cast<std::uint8_t>(1u << k);
+      out.sparse_planes |= static_cast<std::uint8_t>(1u << k);
       nonzero[k] = n - zeros;
       const std::size_t bytes = detail::sparse_plane_bytes(n, nonzero[k]);
       grow(state.sparse[k], bytes);
       detail::encode_sparse_plane(plane, n, state.sparse[k].data());
       raw = std::span<const std::byte>(state.sparse[k].data(), bytes);
     }
-    stored[1 + k] = store_stream(state.cctx.get(), raw, state.plane_packed[k], level);
+    out.stored[1 + k] = store_stream(state.cctx.get(), raw, state.plane_packed[k], level);
   }
-
-  std::uint8_t zstd_streams = 0;
-  for (int s = 0; s < wire::kPulseStreams; ++s) {
-    if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
-  }
-  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + 4 + wire::kPulseStreams)> directory{};
-  std::byte* d = wire::put_varint(directory.data(), index_raw_bytes);
+  out.flag_compressed();
+  std::byte* d = wire::put_varint(out.directory.data(), index.raw_bytes);
   for (std::size_t k = 0; k < 4; ++k) {
-    if (((sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
+    if (((out.sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
   }
-  for (const auto& stream : stored)
+  for (const auto& stream : out.stored)
     d = wire::put_varint(d, stream.bytes.size());
-  const auto directory_bytes = static_cast<std::size_t>(d - directory.data());
-  std::uint64_t payload = directory_bytes;
-  for (const auto& stream : stored)
-    payload += stream.bytes.size();
+  out.directory_bytes = static_cast<std::size_t>(d - out.directory.data());
+  return out;
+}
 
+FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
+                             const IndexStream& index, int level) {
+  const std::size_t n = entries.offsets.size();
+  FrameStreams out;
+  out.encoding = Encoding::context;
+  out.coding = index.coding;
+  out.streams = detail::kContextStreams;
+  out.stored[detail::kContextIndexStream] = index.stored;
+  if (state.symbols.size() < 2 * n) state.symbols.resize(2 * n);
+  grow(state.raw_bits, detail::raw_bits_capacity(n));
+  const std::uint64_t bits = detail::split_against_context(
+      entries.offsets, entries.values, entries.context, state.symbols.data(),
+      state.symbols.data() + n, state.raw_bits.data());
+  for (std::size_t k = 0; k < 2; ++k) {
+    const auto raw = std::as_bytes(std::span(state.symbols.data() + k * n, n));
+    out.stored[1 + k] = store_stream(state.cctx.get(), raw, state.symbol_packed[k], level);
+  }
+  out.stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8),
+                                               false};
+  out.flag_compressed();
+  std::byte* d = wire::put_varint(out.directory.data(), index.raw_bytes);
+  for (std::size_t s = 0; s < out.streams; ++s)
+    d = wire::put_varint(d, out.stored[s].bytes.size());
+  store_le<std::uint64_t>(d, detail::values_digest(entries.values));
+  out.directory_bytes = static_cast<std::size_t>(d + 8 - out.directory.data());
+  return out;
+}
+
+std::vector<std::byte> write_frame(const FrameEntries& entries, const FrameStreams& streams) {
+  const std::uint64_t payload = streams.payload();
   std::vector<std::byte> frame;
   frame.reserve(kFrameOverheadBytes + payload);
   frame.resize(kFramePrefixBytes);
-  write_frame_prefix(frame.data(), entries, Encoding::pulse, coding, zstd_streams, sparse_planes,
-                     payload);
-  frame.insert(frame.end(), directory.begin(), directory.begin() + directory_bytes);
-  for (const auto& stream : stored) {
-    frame.insert(frame.end(), stream.bytes.begin(), stream.bytes.end());
-  }
+  write_frame_prefix(frame.data(), entries, streams.encoding, streams.coding, streams.zstd_streams,
+                     streams.sparse_planes, payload);
+  frame.insert(frame.end(), streams.directory.begin(),
+               streams.directory.begin() + static_cast<std::ptrdiff_t>(streams.directory_bytes));
+  for (std::size_t s = 0; s < streams.streams; ++s)
+    frame.insert(frame.end(), streams.stored[s].bytes.begin(), streams.stored[s].bytes.end());
   append_checksum(frame);
   return frame;
 }
 
-// Value streams of a context frame above this many bytes per entry: the context predicts the
-// values poorly, so the chunk is also coded as a pulse frame and the smaller frame is sent.
-constexpr std::uint64_t kContextFallbackValueBytesPerEntry = 3;
+std::vector<std::byte> empty_frame(const FrameEntries& entries) {
+  std::vector<std::byte> frame(kFramePrefixBytes);
+  frame.reserve(kFrameOverheadBytes);
+  write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
+  append_checksum(frame);
+  return frame;
+}
 
-std::vector<std::byte> encode_context(const FrameEntries& entries, const EncodeOptions& options) {
-  const std::size_t n = entries.offsets.size();
-  if (n == 0) return encode_pulse(entries, options);  // an empty chunk is an empty pulse frame
+std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
+  if (entries.offsets.empty()) return empty_frame(entries);
   EncodeState& state = encode_state();
   const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
-  std::array<StoredStream, detail::kContextStreams> stored{};
   const IndexStream index = store_index_stream(state, entries, options, level);
-  stored[detail::kContextIndexStream] = index.stored;
+  return write_frame(entries, pulse_streams(state, entries, index, level));
+}
 
-  if (state.symbols.size() < 2 * n) state.symbols.resize(2 * n);
-  grow(state.raw_bits, detail::raw_bits_capacity(n));
-  std::uint8_t* d = state.symbols.data();
-  std::uint8_t* u = state.symbols.data() + n;
-  const std::uint64_t bits = detail::split_against_context(
-      entries.offsets, entries.values, entries.context, d, u, state.raw_bits.data());
-  for (std::size_t k = 0; k < 2; ++k) {
-    const auto raw = std::as_bytes(std::span(state.symbols.data() + k * n, n));
-    stored[1 + k] = store_stream(state.cctx.get(), raw, state.symbol_packed[k], level);
-  }
-  stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8), false};
-  const std::uint64_t digest = detail::values_digest(entries.values);
-
-  std::uint8_t zstd_streams = 0;
-  for (int s = 0; s < detail::kContextStreams; ++s) {
-    if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
-  }
-  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + detail::kContextStreams) + 8> directory{};
-  std::byte* p = wire::put_varint(directory.data(), index.raw_bytes);
-  for (const auto& stream : stored)
-    p = wire::put_varint(p, stream.bytes.size());
-  store_le<std::uint64_t>(p, digest);
-  p += 8;
-  const auto directory_bytes = static_cast<std::size_t>(p - directory.data());
-  std::uint64_t payload = directory_bytes;
-  for (const auto& stream : stored)
-    payload += stream.bytes.size();
-  const std::uint64_t value_bytes = payload - directory_bytes - index.stored.bytes.size();
-
-  std::vector<std::byte> frame;
-  frame.reserve(kFrameOverheadBytes + payload);
-  frame.resize(kFramePrefixBytes);
-  write_frame_prefix(frame.data(), entries, Encoding::context, index.coding, zstd_streams, 0,
-                     payload);
-  frame.insert(frame.end(), directory.begin(), directory.begin() + directory_bytes);
-  for (const auto& stream : stored)
-    frame.insert(frame.end(), stream.bytes.begin(), stream.bytes.end());
-  append_checksum(frame);
-  if (value_bytes > kContextFallbackValueBytesPerEntry * n) {
-    std::vector<std::byte> pulse = encode_pulse(entries, options);
-    if (pulse.size() < frame.size()) return pulse;
-  }
-  return frame;
+// Both codings share the index stream; the chunk goes context-coded only when that is smaller
+// than its pulse frame (the fallback), and an empty chunk is an empty pulse frame.
+std::vector<std::byte> encode_context(const FrameEntries& entries, const EncodeOptions& options) {
+  if (entries.offsets.empty()) return empty_frame(entries);
+  EncodeState& state = encode_state();
+  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+  const IndexStream index = store_index_stream(state, entries, options, level);
+  const FrameStreams context = context_streams(state, entries, index, level);
+  const FrameStreams pulse = pulse_streams(state, entries, index, level);
+  return write_frame(entries, context.payload() < pulse.payload() ? context : pulse);
 }
 
 }  // namespace
