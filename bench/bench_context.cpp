@@ -166,12 +166,8 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
         const kernels::GateResult result =
             kernels::gate(traced.gate_chunk(c), offsets.data(), values.data());
         if (result.non_finite_offset) throw std::runtime_error("a traced window diverged");
-        const codec::FrameEntries entries{.tensor = static_cast<std::uint32_t>(chunk.tensor),
-                                          .begin = chunk.begin,
-                                          .length = chunk.length,
-                                          .offsets = std::span(offsets.data(), result.fired),
-                                          .values = std::span(values.data(), result.fired),
-                                          .context = traced.global_of(c)};
+        const codec::FrameEntries entries = traced.frame_entries(
+            c, std::span(offsets.data(), result.fired), std::span(values.data(), result.fired));
         for (std::size_t k = 0; k < kCodecs.size(); ++k)
           encode_checked(entries, kCodecs[k], traced.numels, sizes[c][k]);
         entropy[c] = estimate(entries.offsets, entries.values, entries.context);

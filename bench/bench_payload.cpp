@@ -206,12 +206,8 @@ Message rederive(const fs::path& trace_dir, std::uint64_t window, int rank, Thre
       throw std::runtime_error("traced window has a non-finite pseudo-gradient");
     }
     fired[c] = result.fired;
-    const codec::FrameEntries entries{.tensor = static_cast<std::uint32_t>(chunk.tensor),
-                                      .begin = chunk.begin,
-                                      .length = chunk.length,
-                                      .offsets = std::span(offsets.data(), result.fired),
-                                      .values = std::span(values.data(), result.fired),
-                                      .context = traced.global_of(c)};
+    const codec::FrameEntries entries = traced.frame_entries(
+        c, std::span(offsets.data(), result.fired), std::span(values.data(), result.fired));
     frames[c] = encode_frame_checked(entries, codec, numels, true);
   });
   codec::MessageHeader header;

@@ -26,6 +26,18 @@ std::span<const float> TracedWindow::global_of(std::size_t c) const {
   return std::span(global[chunk.tensor]).subspan(chunk.begin, chunk.length);
 }
 
+codec::FrameEntries TracedWindow::frame_entries(std::size_t c,
+                                                std::span<const std::uint32_t> offsets,
+                                                std::span<const float> values) const {
+  const TracedChunk& chunk = chunks[c];
+  return {.tensor = static_cast<std::uint32_t>(chunk.tensor),
+          .begin = chunk.begin,
+          .length = chunk.length,
+          .offsets = offsets,
+          .values = values,
+          .context = global_of(c)};
+}
+
 TracedWindow load_traced_window(const std::filesystem::path& trace_dir, std::uint64_t window,
                                 int rank) {
   const io::SafetensorsReader in(state_files::trace_file(trace_dir, window, rank, true));

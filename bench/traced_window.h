@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <pulseloco/base/tensor_view.h>
+#include <pulseloco/codec/message.h>
 #include <pulseloco/engine/options.h>
 #include <pulseloco/kernels/window_kernels.h>
 
@@ -35,6 +36,10 @@ struct TracedWindow {
   [[nodiscard]] kernels::GateChunk gate_chunk(std::size_t c) const;
   // θ_g of chunk c.
   [[nodiscard]] std::span<const float> global_of(std::size_t c) const;
+  // Chunk c's fired entries as a frame's, with θ_g as their context.
+  [[nodiscard]] codec::FrameEntries frame_entries(std::size_t c,
+                                                  std::span<const std::uint32_t> offsets,
+                                                  std::span<const float> values) const;
 };
 
 // Reads rank `rank`'s inputs of `window` from `trace_dir`. Throws ProtocolError for a file that
