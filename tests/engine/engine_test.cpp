@@ -371,6 +371,38 @@ TEST(Engine, NonFinitePseudoGradientIsReportedAndNothingChanges) {
   EXPECT_EQ(engines[0]->committed_windows(), 0u);
 }
 
+TEST(Engine, AContextCodedWindowWithAReceiverOfOtherWeightsIsRejectedNamingTheDigest) {
+  // Rank 1's θ_g differs from rank 0's (every weight of tensor 0 doubled, which changes its
+  // exponents): rank 0's context frames decode on rank 1 to other values, which the frames'
+  // value digests refuse; the window commits nowhere instead of applying them.
+  const int world = 2;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({3000, 17}, DType::float32, 60 + r));
+  EngineOptions options = small_options();
+  options.codec.encoding = codec::Encoding::context;
+  options.timeout = std::chrono::milliseconds(2000);
+  auto engines = testing::start_engines(models, options);
+  for (int r = 0; r < world; ++r)
+    testing::local_training(models[static_cast<std::size_t>(r)], 3e-5f, 4, 80 + r);
+  const std::span<const float> global = engines[1]->global_weights(0);
+  float* writable = const_cast<float*>(global.data());  // the replica diverges
+  for (std::size_t i = 0; i < global.size(); ++i)
+    writable[i] *= 2.0f;
+  const auto errors = testing::run_ranks(
+      world, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " committed";
+    EXPECT_EQ(engines[static_cast<std::size_t>(r)]->committed_windows(), 0u);
+  }
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("value digest"), std::string::npos) << e.what();
+    EXPECT_EQ(e.context().peer, 0);
+  }
+}
+
 TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried) {
   const int world = 3;
   std::vector<LocalModel> models;
