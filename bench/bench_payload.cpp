@@ -37,6 +37,7 @@
 #include <pulseloco/kernels/window_kernels.h>
 #include "payload_generator.h"
 #include "qwen_shapes.h"
+#include "traced_window.h"
 
 namespace {
 
@@ -52,6 +53,7 @@ struct Settings {
   bool json = false;
   double min_ratio = 3.0;
   std::string label = "qwen-synthetic";  // the "source" of the generator's records
+  std::string encoding;                  // empty: the traced runs' own, pulse for the generator
 };
 
 // One worker's message of one window, whatever its source.
@@ -176,80 +178,42 @@ void print_header(bool json) {
 
 // --- real traces -------------------------------------------------------------------------------
 
-struct TracedTensor {
-  std::string name;
-  DType dtype = DType::float32;
-  std::uint64_t numel = 0;
-};
-
 // Re-derives one rank's message of one traced window from its inputs (θ_g, e, θ_l), exactly as
 // Engine::Impl::gate_and_encode does: the engine's chunks, the gate kernel and the run's codec
 // options; every frame decoded again and compared.
-Message rederive(const fs::path& trace_dir, std::uint64_t window, int rank, ThreadPool& pool) {
-  const io::SafetensorsReader in(state_files::trace_file(trace_dir, window, rank, true));
-  const EngineOptions options = options_from_json(
-      nlohmann::json::parse(state_files::require(in.metadata(), "options", in.path())));
-  std::vector<TracedTensor> tensors;
-  const std::string local_prefix(state_files::kLocal);
-  for (const io::TensorInfo& info : in.tensors()) {
-    if (info.spec.name.rfind(local_prefix, 0) != 0) continue;
-    const auto dtype = io::to_core_dtype(info.spec.dtype);
-    if (!dtype) throw ProtocolError(in.path().string() + ": local tensor of unsupported dtype");
-    tensors.push_back({info.spec.name.substr(local_prefix.size()), *dtype, info.spec.numel()});
-  }
-  std::vector<std::uint64_t> numels;
-  struct Chunk {
-    std::size_t tensor;
-    std::uint64_t begin;
-    std::uint64_t length;
-  };
-  std::vector<Chunk> chunks;
-  std::vector<std::vector<float>> global(tensors.size());
-  std::vector<std::vector<float>> residual(tensors.size());
-  std::vector<std::vector<std::byte>> local(tensors.size());
-  for (std::size_t t = 0; t < tensors.size(); ++t) {
-    const TracedTensor& tensor = tensors[t];
-    numels.push_back(tensor.numel);
-    global[t].resize(tensor.numel);
-    residual[t].resize(tensor.numel);
-    local[t].resize(tensor.numel * dtype_size(tensor.dtype));
-    in.read_as(std::string(state_files::kGlobal) + tensor.name, std::span(global[t]));
-    in.read_as(std::string(state_files::kResidual) + tensor.name, std::span(residual[t]));
-    in.read(local_prefix + tensor.name, local[t]);
-    for (std::uint64_t begin = 0; begin < tensor.numel; begin += options.chunk_elements) {
-      chunks.push_back({t, begin, std::min(options.chunk_elements, tensor.numel - begin)});
-    }
-  }
+Message rederive(const fs::path& trace_dir, std::uint64_t window, int rank, ThreadPool& pool,
+                 std::optional<codec::Encoding> encoding) {
+  const TracedWindow traced = load_traced_window(trace_dir, window, rank);
+  const EngineOptions& options = traced.options;
+  // The run's codec options, or another encoding of the same entries (then there is no engine
+  // record to compare with).
+  codec::EncodeOptions codec = options.codec;
+  if (encoding) codec.encoding = *encoding;
+  const bool as_sent = codec.encoding == options.codec.encoding;
+  const auto& chunks = traced.chunks;
+  const auto& numels = traced.numels;
   std::vector<EncodedFrame> frames(chunks.size());
   std::vector<std::uint64_t> fired(chunks.size());
   pool.parallel_for(chunks.size(), [&](std::size_t c) {
-    const Chunk& chunk = chunks[c];
-    const std::size_t element = dtype_size(tensors[chunk.tensor].dtype);
+    const TracedChunk& chunk = chunks[c];
     thread_local std::vector<std::uint32_t> offsets;
     thread_local std::vector<float> values;
     offsets.resize(chunk.length);
     values.resize(chunk.length);
-    const kernels::GateChunk gate_chunk{.global = global[chunk.tensor].data() + chunk.begin,
-                                        .local = local[chunk.tensor].data() + chunk.begin * element,
-                                        .local_dtype = tensors[chunk.tensor].dtype,
-                                        .residual = residual[chunk.tensor].data() + chunk.begin,
-                                        .count = chunk.length};
+    const kernels::GateChunk gate_chunk = traced.gate_chunk(c);
     const kernels::GateResult result = kernels::gate(gate_chunk, offsets.data(), values.data());
     if (result.non_finite_offset) {
       throw std::runtime_error("traced window has a non-finite pseudo-gradient");
     }
     fired[c] = result.fired;
-    const codec::FrameEntries entries{.tensor = static_cast<std::uint32_t>(chunk.tensor),
-                                      .begin = chunk.begin,
-                                      .length = chunk.length,
-                                      .offsets = std::span(offsets.data(), result.fired),
-                                      .values = std::span(values.data(), result.fired)};
-    frames[c] = encode_frame_checked(entries, options.codec, numels, true);
+    const codec::FrameEntries entries = traced.frame_entries(
+        c, std::span(offsets.data(), result.fired), std::span(values.data(), result.fired));
+    frames[c] = encode_frame_checked(entries, codec, numels, true);
   });
   codec::MessageHeader header;
   header.window = window;
   header.sender_rank = static_cast<std::uint32_t>(rank);
-  header.encoding = options.codec.encoding;
+  header.encoding = codec.encoding;
   header.tensor_numels = numels;
   Message message;
   message.rank = rank;
@@ -263,7 +227,7 @@ Message rederive(const fs::path& trace_dir, std::uint64_t window, int rank, Thre
   }
   // What the engine itself sent in this window (recorded in the outputs' report).
   const fs::path out_path = state_files::trace_file(trace_dir, window, rank, false);
-  if (fs::exists(out_path)) {
+  if (as_sent && fs::exists(out_path)) {
     const io::SafetensorsReader out(out_path);
     const auto report =
         nlohmann::json::parse(state_files::require(out.metadata(), "report", out.path()));
@@ -279,7 +243,8 @@ Message rederive(const fs::path& trace_dir, std::uint64_t window, int rank, Thre
   return message;
 }
 
-std::vector<Row> trace_rows(const fs::path& dir, double lr, ThreadPool& pool) {
+std::vector<Row> trace_rows(const fs::path& dir, double lr, ThreadPool& pool,
+                            std::optional<codec::Encoding> encoding) {
   std::vector<Row> rows;
   for (std::uint64_t window : traced_windows(dir)) {
     const auto start = std::chrono::steady_clock::now();
@@ -298,13 +263,16 @@ std::vector<Row> trace_rows(const fs::path& dir, double lr, ThreadPool& pool) {
       if (info.spec.name.rfind(state_files::kLocal, 0) == 0) row.parameters += info.spec.numel();
     }
     for (int r = 0; r < world; ++r)
-      row.messages.push_back(rederive(dir, window, r, pool));
+      row.messages.push_back(rederive(dir, window, r, pool, encoding));
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // rederive() throws on a mismatch, so every message with the engine's record matched it.
     const bool all_recorded =
         std::all_of(row.messages.begin(), row.messages.end(),
                     [](const Message& m) { return m.engine_bytes.has_value(); });
-    row.extra = {{"trace_dir", dir.string()}, {"engine_bytes_checked", all_recorded}};
+    row.extra = {{"trace_dir", dir.string()},
+                 {"engine_bytes_checked", all_recorded},
+                 {"encoding", codec::encoding_name(encoding.value_or(options.codec.encoding))},
+                 {"bf16_delta", kernels::bf16_delta_name(options.bf16_delta)}};
     rows.push_back(std::move(row));
   }
   if (rows.empty()) throw InvalidArgument("no traced windows in " + dir.string());
@@ -355,6 +323,7 @@ std::vector<Row> qwen_rows(const QwenConfig& model, const GeneratorConfig& base,
     }
     row.seconds = result.seconds;  // the whole run (every window)
     row.extra = {{"generator", generator_json(config)},
+                 {"encoding", codec::encoding_name(config.codec.encoding)},
                  {"tensors", config.tensors.size()},
                  {"published_parameters", model.published_parameters}};
     rows.push_back(std::move(row));
@@ -403,6 +372,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--label", s.label, "the 'source' field of the generator's records")
       ->capture_default_str();
+  app.add_option("--encoding", s.encoding,
+                 "encode with this encoding (pulse, context, ...) instead of the traced run's "
+                 "(traces) or pulse (generator)");
   app.add_flag("--json", s.json, "one JSON record per line");
   CLI11_PARSE(app, argc, argv);
 
@@ -426,9 +398,14 @@ int main(int argc, char** argv) {
       }
       print_row(j, s.json);
     };
+    std::optional<codec::Encoding> encoding;
+    if (!s.encoding.empty()) {
+      encoding = parse_encoding(s.encoding);
+      g.codec.encoding = *encoding;
+    }
     ThreadPool pool(g.threads);
     for (std::size_t i = 0; i < s.traces.size(); ++i) {
-      for (const Row& row : trace_rows(s.traces[i], s.trace_lrs[i], pool))
+      for (const Row& row : trace_rows(s.traces[i], s.trace_lrs[i], pool, encoding))
         emit(row);
     }
     for (const QwenConfig* model : models) {

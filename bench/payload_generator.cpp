@@ -142,7 +142,7 @@ EncodedFrame encode_frame_checked(const codec::FrameEntries& entries,
   thread_local std::vector<float> values;
   offsets.resize(info.entries);
   values.resize(info.entries);
-  const std::uint64_t n = view.decode_frame(0, offsets, values, scratch);
+  const std::uint64_t n = view.decode_frame(0, offsets, values, scratch, entries.context);
   const auto where = [&] {
     return "tensor " + std::to_string(entries.tensor) + " chunk at " +
            std::to_string(entries.begin);
@@ -293,7 +293,8 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
                                           .begin = chunk.begin,
                                           .length = n,
                                           .offsets = std::span(w.offsets.data(), w.fired),
-                                          .values = std::span(w.values.data(), w.fired)};
+                                          .values = std::span(w.values.data(), w.fired),
+                                          .context = std::span(s.global.data(), n)};
         const std::size_t slot = (c * windows + window) * workers + r;
         frames[slot] = encode_frame_checked(entries, config.codec, numels, config.verify_decode);
         fired[slot] = w.fired;

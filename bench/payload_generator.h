@@ -93,7 +93,8 @@ struct EncodedFrame {
   std::uint64_t value_bytes = 0;  // filled when verified
 };
 
-// Encodes one chunk's entries with `options`. With `verify`, wraps the frame in a one-frame
+// Encodes one chunk's entries with `options` (the context encoding against entries.context,
+// which decoding uses too). With `verify`, wraps the frame in a one-frame
 // message over the tensor table `numels`, decodes it with the reference decoder and compares
 // offsets and value bits with `entries` (std::runtime_error naming the chunk on a mismatch).
 [[nodiscard]] EncodedFrame encode_frame_checked(const codec::FrameEntries& entries,

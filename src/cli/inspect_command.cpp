@@ -47,6 +47,8 @@ struct Summary {
   std::uint64_t index_bytes = 0;
   std::uint64_t value_bytes = 0;
   std::size_t invalid = 0;
+  // Context frames: checked up to their stream directory (their values need θ_g).
+  std::uint64_t context_frames = 0;
   std::optional<ProtocolError> first_error;
 };
 
@@ -86,6 +88,7 @@ Summary summarise(codec::MessageReader& reader) {
                    tensor.entries += info.entries;
                    tensor.bytes += info.byte_size;
                    ++summary.frames;
+                   if (info.encoding == codec::Encoding::context) ++summary.context_frames;
                    summary.entries += info.entries;
                    summary.index_bytes += info.index_bytes;
                    summary.value_bytes += info.value_bytes;
@@ -143,7 +146,7 @@ Summary report(const InspectOptions& options, const io::InputFile& file) {
     nlohmann::json out;
     out["file"] = options.path;
     out["bytes"] = bytes;
-    out["header"] = {{"format_version", codec::kFormatVersion},
+    out["header"] = {{"format_version", codec::format_version_of(header.encoding)},
                      {"encoding", std::string(codec::encoding_name(header.encoding))},
                      {"window", header.window},
                      {"sender_rank", header.sender_rank},
@@ -151,6 +154,7 @@ Summary report(const InspectOptions& options, const io::InputFile& file) {
                      {"frames", summary.frames},
                      {"bytes", header_bytes}};
     out["entries"] = summary.entries;
+    out["context_frames"] = summary.context_frames;
     out["index_bytes"] = summary.index_bytes;
     out["value_bytes"] = summary.value_bytes;
     out["framing_bytes"] = framing_bytes;
@@ -183,7 +187,7 @@ Summary report(const InspectOptions& options, const io::InputFile& file) {
     }
   } else {
     fmt::print("{}: {} bytes, pulseloco message format v{}\n", options.path, bytes,
-               codec::kFormatVersion);
+               codec::format_version_of(header.encoding));
     fmt::print("  encoding   {}\n", codec::encoding_name(header.encoding));
     fmt::print("  window     {}\n", header.window);
     fmt::print("  sender     rank {}\n", header.sender_rank);
@@ -215,6 +219,12 @@ Summary report(const InspectOptions& options, const io::InputFile& file) {
     if (summary.invalid == 0) {
       fmt::print("\nverified: all {} frames decode ({} entries)\n", summary.frames,
                  summary.entries);
+      if (summary.context_frames > 0) {
+        fmt::print(
+            "({} context-coded frames checked up to their stream directory: their values "
+            "decode only against the sender's θ_g)\n",
+            summary.context_frames);
+      }
     }
   }
   return summary;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/codec/context_coding.h>
 #include <pulseloco/codec/index_coding.h>
 #include <pulseloco/codec/message_parse.h>
 #include <pulseloco/codec/value_planes.h>
@@ -122,12 +123,16 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
          frame_offset + kFrameTensorAt);
   }
   const auto encoding_code = static_cast<std::uint8_t>(p[kFrameEncodingAt]);
-  if (encoding_code != static_cast<std::uint8_t>(header.encoding)) {
+  // A context message's chunks fall back to pulse frames where context coding does not pay.
+  const bool fallback = header.encoding == Encoding::context &&
+                        encoding_code == static_cast<std::uint8_t>(Encoding::pulse);
+  if (encoding_code != static_cast<std::uint8_t>(header.encoding) && !fallback) {
     fail(where + ": encoding " + std::to_string(encoding_code) + " differs from the message's (" +
              std::to_string(static_cast<int>(header.encoding)) + ")",
          frame_offset + kFrameEncodingAt);
   }
-  info.encoding = header.encoding;
+  info.encoding = static_cast<Encoding>(encoding_code);
+  const bool streams = (info.encoding == Encoding::pulse || info.encoding == Encoding::context);
   const auto coding_code = static_cast<std::uint8_t>(p[kFrameIndexCodingAt]);
   const auto zstd_streams = static_cast<std::uint8_t>(p[kFrameZstdStreamsAt]);
   const auto sparse_planes = static_cast<std::uint8_t>(p[kFrameSparsePlanesAt]);
@@ -154,16 +159,21 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
              std::to_string(info.length) + " elements",
          frame_offset + kFrameEntriesAt);
   }
-  if (header.encoding == Encoding::pulse && info.entries > 0) {
+  if (info.encoding == Encoding::context && info.entries == 0) {
+    fail(where + ": a context frame without entries (an empty chunk is a pulse frame)",
+         frame_offset + kFrameEncodingAt);
+  }
+  if (streams && info.entries > 0) {
+    const bool context = info.encoding == Encoding::context;
     if (!valid_index_coding(coding_code)) {
       fail(where + ": unknown index coding " + std::to_string(coding_code),
            frame_offset + kFrameIndexCodingAt);
     }
-    if ((zstd_streams & ~kZstdStreamsMask) != 0) {
+    if ((zstd_streams & ~(context ? detail::kContextZstdMask : kZstdStreamsMask)) != 0) {
       fail(where + ": unknown stream flags " + std::to_string(zstd_streams),
            frame_offset + kFrameZstdStreamsAt);
     }
-    if ((sparse_planes & ~kSparsePlanesMask) != 0) {
+    if ((sparse_planes & ~(context ? 0 : kSparsePlanesMask)) != 0) {
       fail(where + ": unknown plane flags " + std::to_string(sparse_planes),
            frame_offset + kFrameSparsePlanesAt);
     }
@@ -187,7 +197,7 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
   // against what can still fit in the message before it is added to anything).
   std::uint64_t expected_payload = 0;
   bool payload_size_fixed = false;
-  if (header.encoding != Encoding::pulse) {
+  if (!streams) {
     expected_payload = info.entries * (plain_index_bytes(header.encoding) + 4);
     payload_size_fixed = true;
   } else if (info.entries == 0) {
@@ -221,7 +231,12 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
     return result;
   }
   const auto payload = available.subspan(kFramePrefixBytes, payload_bytes);
-  if (header.encoding == Encoding::pulse) {
+  if (info.encoding == Encoding::context) {
+    const detail::ContextLayout layout = detail::parse_context_layout(
+        payload, frame_offset + kFramePrefixBytes, info, zstd_streams, frame_index);
+    info.index_bytes = layout.directory_bytes + layout.stored[detail::kContextIndexStream].size();
+    info.value_bytes = payload_bytes - info.index_bytes;
+  } else if (info.encoding == Encoding::pulse) {
     if (info.entries > 0) {
       const PulseLayout layout = parse_pulse_layout(payload, frame_offset + kFramePrefixBytes, info,
                                                     zstd_streams, sparse_planes, frame_index);
@@ -249,14 +264,19 @@ detail::HeaderPrefix detail::parse_header_prefix(std::span<const std::byte> byte
     fail("bad magic: not a pulseloco message", 0);
   }
   const auto version = load_le<std::uint16_t>(p + kHeaderVersionAt);
-  if (version != kFormatVersion) {
+  if (version != kFormatVersion && version != kContextFormatVersion) {
     fail("unsupported format version " + std::to_string(version) + " (this build reads " +
-             std::to_string(kFormatVersion) + ")",
+             std::to_string(kFormatVersion) + " and " + std::to_string(kContextFormatVersion) + ")",
          kHeaderVersionAt);
   }
   const auto encoding_code = static_cast<std::uint8_t>(p[kHeaderEncodingAt]);
   if (!valid_encoding(encoding_code)) {
     fail("unknown encoding " + std::to_string(encoding_code), kHeaderEncodingAt);
+  }
+  if (version != format_version_of(static_cast<Encoding>(encoding_code))) {
+    fail("encoding " + std::to_string(encoding_code) + " is not a format version " +
+             std::to_string(version) + " encoding",
+         kHeaderVersionAt);
   }
   if (p[kHeaderFlagsAt] != std::byte{0}) fail("header flags are not zero", kHeaderFlagsAt);
   if (load_le<std::uint32_t>(p + kHeaderReservedAt) != 0) {
@@ -369,6 +389,8 @@ std::string_view encoding_name(Encoding encoding) noexcept {
       return "plain_i64_f32";
     case Encoding::plain_i32_f32:
       return "plain_i32_f32";
+    case Encoding::context:
+      return "context";
   }
   return "unknown";
 }
@@ -394,6 +416,8 @@ struct DecodeScratch::Impl {
   std::vector<std::byte> planes;     // value planes that are not used in place
   std::vector<std::byte> sparse;     // a decompressed sparse plane
   std::vector<std::uint32_t> offsets;
+  std::vector<std::uint8_t> symbols;  // a context frame's D and U bytes
+  std::vector<float> values;          // a context frame's values before their digest is checked
 };
 
 DecodeScratch::DecodeScratch() : impl_(std::make_unique<Impl>()) {}
@@ -512,6 +536,32 @@ std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t pay
   return n;
 }
 
+// Decodes a frame's index stream (as stored, at `stored_offset` in the message) into
+// scratch.offsets.
+void decode_index_stream(const FrameInfo& info, std::uint64_t index_raw_bytes,
+                         std::span<const std::byte> stored, bool compressed,
+                         std::uint64_t stored_offset, const std::string& where,
+                         DecodeScratch::Impl& scratch) {
+  // Stage the raw stream with zero padding (the bit-level decoders read whole words).
+  const auto raw_bytes = static_cast<std::size_t>(index_raw_bytes);
+  grow(scratch.index_raw, raw_bytes + detail::kIndexPadding);
+  const std::span<std::byte> index_raw(scratch.index_raw.data(), raw_bytes);
+  if (compressed) {
+    detail::zstd_decompress_exact(scratch.dctx.get(), stored, index_raw, stored_offset,
+                                  where + " index stream");
+  } else {
+    std::memcpy(index_raw.data(), stored.data(), raw_bytes);
+  }
+  std::fill_n(scratch.index_raw.data() + raw_bytes, detail::kIndexPadding, std::byte{0});
+  if (scratch.offsets.size() < info.entries) scratch.offsets.resize(info.entries);
+  try {
+    detail::decode_indices(info.index_coding, index_raw, info.entries, info.length,
+                           scratch.offsets.data(), stored_offset, compressed);
+  } catch (const ProtocolError& e) {
+    throw ProtocolError(where + " " + e.message(), e.context());
+  }
+}
+
 std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t payload_offset,
                            const FrameInfo& info, std::uint8_t zstd_streams,
                            std::uint8_t sparse_planes, std::size_t frame_index,
@@ -534,27 +584,9 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
     }
   }
 
-  // Indices: stage the raw stream with zero padding (the bit-level decoders read whole words).
-  const auto raw_bytes = static_cast<std::size_t>(layout.index_raw_bytes);
-  grow(scratch.index_raw, raw_bytes + detail::kIndexPadding);
-  const std::span<std::byte> index_raw(scratch.index_raw.data(), raw_bytes);
-  const auto& index_stored = layout.stored[wire::kIndexStream];
-  if (layout.compressed[wire::kIndexStream]) {
-    detail::zstd_decompress_exact(scratch.dctx.get(), index_stored, index_raw,
-                                  layout.offset[wire::kIndexStream],
-                                  stream_name(wire::kIndexStream));
-  } else {
-    std::memcpy(index_raw.data(), index_stored.data(), raw_bytes);
-  }
-  std::fill_n(scratch.index_raw.data() + raw_bytes, detail::kIndexPadding, std::byte{0});
-  if (scratch.offsets.size() < n) scratch.offsets.resize(n);
-  try {
-    detail::decode_indices(info.index_coding, index_raw, n, info.length, scratch.offsets.data(),
-                           layout.offset[wire::kIndexStream],
-                           layout.compressed[wire::kIndexStream]);
-  } catch (const ProtocolError& e) {
-    throw ProtocolError(where + " " + e.message(), e.context());
-  }
+  decode_index_stream(info, layout.index_raw_bytes, layout.stored[wire::kIndexStream],
+                      layout.compressed[wire::kIndexStream], layout.offset[wire::kIndexStream],
+                      where, scratch);
 
   // Values: dense planes stored raw are used in place; the others are rebuilt in scratch.
   grow(scratch.planes, 4 * n);
@@ -596,11 +628,93 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
   return n;
 }
 
+// A context frame: indices as a pulse frame's, values rebuilt against `context` and checked
+// against the frame's value digest before the caller's buffers are written.
+std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t payload_offset,
+                             const FrameInfo& info, std::uint8_t zstd_streams,
+                             std::size_t frame_index, std::span<std::uint32_t> out_offsets,
+                             std::span<float> out_values, std::span<const float> context,
+                             DecodeScratch::Impl& scratch) {
+  const std::string where = frame_text(frame_index);
+  if (context.size() != info.length) {
+    throw InvalidArgument(where + " is context-coded: decoding it needs the chunk's " +
+                          std::to_string(info.length) + " context values (θ_g), " +
+                          std::to_string(context.size()) + " given");
+  }
+  const std::size_t n = info.entries;
+  const detail::ContextLayout layout =
+      detail::parse_context_layout(payload, payload_offset, info, zstd_streams, frame_index);
+  constexpr std::array<const char*, 2> kSymbolNames = {" exponent stream", " zero-run stream"};
+  for (int s = 0; s < detail::kContextRawBitsStream; ++s) {
+    if (layout.compressed[s]) {
+      detail::check_zstd_frame(
+          layout.stored[s], layout.decoded[s], layout.offset[s],
+          where + (s == 0 ? std::string(" index stream") : std::string(kSymbolNames[s - 1])));
+    }
+  }
+  decode_index_stream(info, layout.index_raw_bytes, layout.stored[detail::kContextIndexStream],
+                      layout.compressed[detail::kContextIndexStream],
+                      layout.offset[detail::kContextIndexStream], where, scratch);
+  if (scratch.symbols.size() < 2 * n) scratch.symbols.resize(2 * n);
+  std::array<const std::uint8_t*, 2> symbols{};
+  for (int k = 0; k < 2; ++k) {
+    const int s = 1 + k;
+    std::uint8_t* target = scratch.symbols.data() + k * n;
+    if (layout.compressed[s]) {
+      detail::zstd_decompress_exact(scratch.dctx.get(), layout.stored[s],
+                                    std::as_writable_bytes(std::span(target, n)), layout.offset[s],
+                                    where + kSymbolNames[k]);
+      symbols[k] = target;
+    } else {
+      symbols[k] = reinterpret_cast<const std::uint8_t*>(layout.stored[s].data());
+    }
+  }
+  const detail::RawBitsNeed need = detail::raw_bits_needed(symbols[0], symbols[1], n);
+  if (need.bad_entry != n) {
+    fail(where + ": entry " + std::to_string(need.bad_entry) +
+             ": zero-run symbol gives more than 23 trailing zeros",
+         layout.offset[2]);
+  }
+  const auto& bits = layout.stored[detail::kContextRawBitsStream];
+  const std::uint64_t bits_at = layout.offset[detail::kContextRawBitsStream];
+  if (bits.size() != (need.bits + 7) / 8) {
+    fail(where + ": raw bit stream of " + std::to_string(bits.size()) +
+             " bytes, its entries need " + std::to_string(need.bits) + " bits",
+         bits_at);
+  }
+  if ((need.bits & 7) != 0 && (std::to_integer<unsigned>(bits.back()) >> (need.bits & 7)) != 0) {
+    fail(where + ": non-zero padding bits in the raw bit stream", bits_at + bits.size() - 1);
+  }
+  // The raw bits are the payload's last stream, followed by the frame's 8-byte checksum: the
+  // word reads of join_against_context stay inside the frame.
+  if (scratch.values.size() < n) scratch.values.resize(n);
+  const std::span<const std::uint32_t> offsets(scratch.offsets.data(), n);
+  const std::size_t bad = detail::join_against_context(offsets, context, symbols[0], symbols[1],
+                                                       bits.data(), scratch.values.data());
+  const std::span<const float> values(scratch.values.data(), n);
+  if (detail::values_digest(values) != layout.digest) {
+    fail(where +
+             ": the values decoded against this receiver's context do not match the "
+             "sender's value digest (the receiver's θ_g differs from the sender's, or the "
+             "streams are corrupt)",
+         payload_offset + layout.directory_bytes - 8);
+  }
+  if (bad != n) {
+    throw ProtocolError(
+        where + ": entry " + std::to_string(bad) + ": value is not finite",
+        ErrorContext{.index = info.begin + scratch.offsets[bad], .byte_offset = bits_at});
+  }
+  std::memcpy(out_offsets.data(), scratch.offsets.data(), n * sizeof(std::uint32_t));
+  std::memcpy(out_values.data(), scratch.values.data(), n * sizeof(float));
+  return n;
+}
+
 }  // namespace
 
 std::uint64_t detail::decode_frame(std::span<const std::byte> frame, const FrameInfo& info,
                                    std::size_t frame_index, std::span<std::uint32_t> out_offsets,
-                                   std::span<float> out_values, DecodeScratch& scratch) {
+                                   std::span<float> out_values, DecodeScratch& scratch,
+                                   std::span<const float> context) {
   if (out_offsets.size() < info.entries || out_values.size() < info.entries) {
     throw InvalidArgument("decode_frame: frame " + std::to_string(frame_index) + " has " +
                           std::to_string(info.entries) + " entries; the output holds " +
@@ -614,6 +728,11 @@ std::uint64_t detail::decode_frame(std::span<const std::byte> frame, const Frame
   if (info.entries == 0) return 0;
   const auto payload = frame.subspan(kFramePrefixBytes, checksum_at - kFramePrefixBytes);
   const std::uint64_t payload_offset = info.byte_offset + kFramePrefixBytes;
+  if (info.encoding == Encoding::context) {
+    const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
+    return decode_context(payload, payload_offset, info, zstd_streams, frame_index, out_offsets,
+                          out_values, context, scratch.impl());
+  }
   if (info.encoding == Encoding::pulse) {
     const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
     const auto sparse_planes = static_cast<std::uint8_t>(frame[kFrameSparsePlanesAt]);
@@ -624,10 +743,11 @@ std::uint64_t detail::decode_frame(std::span<const std::byte> frame, const Frame
 }
 
 std::uint64_t MessageView::decode_frame(std::size_t i, std::span<std::uint32_t> out_offsets,
-                                        std::span<float> out_values, DecodeScratch& scratch) const {
+                                        std::span<float> out_values, DecodeScratch& scratch,
+                                        std::span<const float> context) const {
   const FrameInfo& info = frames_.at(i);
   return detail::decode_frame(bytes_.subspan(info.byte_offset, info.byte_size), info, i,
-                              out_offsets, out_values, scratch);
+                              out_offsets, out_values, scratch, context);
 }
 
 }  // namespace pulseloco::codec

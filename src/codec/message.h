@@ -27,6 +27,10 @@ enum class Encoding : std::uint8_t {
   pulse = 0,          // ours: gap-coded indices, fp32 values split into byte planes, zstd
   plain_i64_f32 = 1,  // the PULSE authors' exchange: int64 index + fp32 value, 12 B per entry
   plain_i32_f32 = 2,  // int32 index + fp32 value, 8 B per entry
+  // Values coded against the bits every receiver holds at the same elements (θ_g): needs
+  // FrameEntries::context to encode and the same context to decode. A chunk where that does not
+  // pay goes as a pulse frame (format version 2).
+  context = 3,
 };
 
 [[nodiscard]] std::string_view encoding_name(Encoding encoding) noexcept;
@@ -40,9 +44,13 @@ enum class IndexCoding : std::uint8_t {
 
 [[nodiscard]] std::string_view index_coding_name(IndexCoding coding) noexcept;
 
-// The format version this library writes and the only one it reads (docs/wire-format.md,
-// "Versioning").
+// The format versions this library writes and reads (docs/wire-format.md, "Versioning"): a
+// message of encoding `context` is version 2, every other message version 1.
 inline constexpr std::uint16_t kFormatVersion = 1;
+inline constexpr std::uint16_t kContextFormatVersion = 2;
+[[nodiscard]] constexpr std::uint16_t format_version_of(Encoding encoding) noexcept {
+  return encoding == Encoding::context ? kContextFormatVersion : kFormatVersion;
+}
 // A chunk (frame) covers at most this many elements: offsets are uint32.
 inline constexpr std::uint64_t kMaxFrameElements = std::uint64_t{1} << 31;
 // zstd level used when EncodeOptions::zstd_level is 0, chosen by measurement
@@ -74,12 +82,16 @@ struct FrameEntries {
   std::uint64_t length = 0;  // elements the chunk covers; every offset is < length
   std::span<const std::uint32_t> offsets;
   std::span<const float> values;
+  // Encoding::context only: the chunk's context, `length` values (the sender's θ_g of the
+  // chunk); a receiver decodes the frame against the same bits.
+  std::span<const float> context;
 };
 
 // Encodes one frame. Pure and thread-safe: frames of one message may be encoded concurrently.
 // Throws InvalidArgument (naming the entry) unless offsets are strictly ascending and < length,
-// values are finite, offsets and values have the same size, length <= kMaxFrameElements and
-// the zstd level is 0 or 1..kMaxZstdLevel.
+// values are finite, offsets and values have the same size, length <= kMaxFrameElements,
+// the zstd level is 0 or 1..kMaxZstdLevel and, for Encoding::context, the context holds
+// `length` values.
 [[nodiscard]] std::vector<std::byte> encode_frame(const FrameEntries& entries,
                                                   const EncodeOptions& options);
 
@@ -124,7 +136,8 @@ struct FrameInfo {
   std::uint64_t entries = 0;      // validated against length
   std::uint64_t byte_offset = 0;  // where the frame starts in the message
   std::uint64_t byte_size = 0;    // the whole frame, header included
-  // How the entries are stored (index_coding is varint for plain frames and empty frames).
+  // How the entries are stored (index_coding is varint for plain frames and empty frames). In a
+  // message of encoding `context`, a frame is `context` or, where that did not pay, `pulse`.
   Encoding encoding = Encoding::pulse;
   IndexCoding index_coding = IndexCoding::varint;
   std::uint64_t index_bytes = 0;  // payload bytes holding the indices (stream table included)
@@ -142,7 +155,7 @@ inline constexpr std::size_t kChecksumBytes = 8;
                                                 const DecodeLimits& limits = {});
 
 // Per-thread scratch for decoding (zstd contexts, staging buffers); reuse it across frames.
-// Its memory grows to at most 13 bytes per entry of the largest frame decoded with it.
+// Its memory grows to at most 15 bytes per entry of the largest frame decoded with it.
 class DecodeScratch {
  public:
   DecodeScratch();
@@ -187,9 +200,13 @@ class MessageView {
   // the checksum, decompresses, and checks that offsets are strictly ascending and < length
   // and that values are finite, all before the first write to `out_offsets`/`out_values`.
   // Returns the entry count. Throws ProtocolError (with the byte offset) on any violation and
-  // InvalidArgument when an output span is too small.
+  // InvalidArgument when an output span is too small. A frame of encoding `context` decodes
+  // against `context` (the chunk's θ_g as the receiver holds it, frame(i).length values;
+  // InvalidArgument when it has another size); a receiver whose context differs from the
+  // sender's gets a ProtocolError (the frame's value digest), never other values.
   std::uint64_t decode_frame(std::size_t i, std::span<std::uint32_t> out_offsets,
-                             std::span<float> out_values, DecodeScratch& scratch) const;
+                             std::span<float> out_values, DecodeScratch& scratch,
+                             std::span<const float> context = {}) const;
 
  private:
   static MessageView parse_impl(std::span<const std::byte> bytes, const DecodeLimits& limits,

@@ -12,6 +12,7 @@
 #include <string>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/codec/context_coding.h>
 #include <pulseloco/codec/index_coding.h>
 #include <pulseloco/codec/value_planes.h>
 #include <pulseloco/codec/wire.h>
@@ -35,6 +36,9 @@ struct EncodeState {
   std::vector<std::byte> planes;        // 4 dense planes
   std::array<std::vector<std::byte>, 4> sparse;
   std::array<std::vector<std::byte>, 4> plane_packed;
+  std::vector<std::uint8_t> symbols;                    // context: D bytes, then U bytes
+  std::vector<std::byte> raw_bits;                      // context: the raw bit stream
+  std::array<std::vector<std::byte>, 2> symbol_packed;  // ... and the symbols' zstd frames
 };
 
 EncodeState& encode_state() {
@@ -76,6 +80,10 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
             entries.begin + offset);
     }
     next = std::uint64_t{offset} + 1;
+  }
+  if (options.encoding == Encoding::context && entries.context.size() != entries.length) {
+    error("the context encoding needs the chunk's " + std::to_string(entries.length) +
+          " context values, " + std::to_string(entries.context.size()) + " given");
   }
   const std::size_t bad = detail::first_non_finite(entries.values);
   if (bad != entries.values.size()) {
@@ -174,19 +182,16 @@ StoredStream store_stream(ZSTD_CCtx* cctx, std::span<const std::byte> raw,
   return {raw, false};
 }
 
-std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
-  const std::size_t n = entries.offsets.size();
-  if (n == 0) {
-    std::vector<std::byte> frame(kFramePrefixBytes);
-    frame.reserve(kFrameOverheadBytes);
-    write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
-    append_checksum(frame);
-    return frame;
-  }
-  EncodeState& state = encode_state();
-  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
-  std::array<StoredStream, wire::kPulseStreams> stored{};
+// A frame's index stream, coded and stored.
+struct IndexStream {
+  IndexCoding coding = IndexCoding::varint;
+  std::uint64_t raw_bytes = 0;
+  StoredStream stored;
+};
 
+IndexStream store_index_stream(EncodeState& state, const FrameEntries& entries,
+                               const EncodeOptions& options, int level) {
+  const std::size_t n = entries.offsets.size();
   // Indices. The varint gaps are compressed and compared with the raw sizes of bit-packing and
   // Elias-Fano, whose bits zstd rarely shrinks on real traces (so they are compressed only
   // once chosen); the fewest bytes win, ties going to the lower code. Deterministic, one zstd
@@ -205,10 +210,10 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
                         state.index_packed, level);
   };
   IndexCoding coding = options.index_coding.value_or(IndexCoding::varint);
-  stored[wire::kIndexStream] = encode_and_store(coding);
+  StoredStream stored = encode_and_store(coding);
   if (!options.index_coding) {
     IndexCoding best = IndexCoding::varint;
-    std::uint64_t best_bytes = stored[wire::kIndexStream].bytes.size();
+    std::uint64_t best_bytes = stored.bytes.size();
     for (const IndexCoding candidate : {IndexCoding::bitpack, IndexCoding::elias_fano}) {
       if (sizes.of(candidate) < best_bytes) {
         best = candidate;
@@ -217,58 +222,142 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
     }
     if (best != IndexCoding::varint) {
       coding = best;
-      stored[wire::kIndexStream] = encode_and_store(coding);
+      stored = encode_and_store(coding);
     }
   }
-  const std::uint64_t index_raw_bytes = sizes.of(coding);
+  return {.coding = coding, .raw_bytes = sizes.of(coding), .stored = stored};
+}
 
+// A frame's streams and stream directory, ready to be written: a pulse frame's (index, four
+// value planes) or a context frame's (index, D, U, raw bits).
+struct FrameStreams {
+  Encoding encoding = Encoding::pulse;
+  IndexCoding coding = IndexCoding::varint;
+  std::uint8_t zstd_streams = 0;
+  std::uint8_t sparse_planes = 0;
+  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + 4 + wire::kPulseStreams) + 8> directory{};
+  std::size_t directory_bytes = 0;
+  std::array<StoredStream, wire::kPulseStreams> stored{};
+  std::size_t streams = 0;
+
+  [[nodiscard]] std::uint64_t payload() const {
+    std::uint64_t bytes = directory_bytes;
+    for (std::size_t s = 0; s < streams; ++s)
+      bytes += stored[s].bytes.size();
+    return bytes;
+  }
+  void flag_compressed() {
+    for (std::size_t s = 0; s < streams; ++s) {
+      if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
+    }
+  }
+};
+
+FrameStreams pulse_streams(EncodeState& state, const FrameEntries& entries,
+                           const IndexStream& index, int level) {
+  const std::size_t n = entries.offsets.size();
+  FrameStreams out;
+  out.coding = index.coding;
+  out.streams = wire::kPulseStreams;
+  out.stored[wire::kIndexStream] = index.stored;
   // Values: four byte planes; a plane that is mostly zero bytes goes in its sparse form.
   grow(state.planes, 4 * n);
   detail::split_planes(entries.values, state.planes.data());
-  std::uint8_t sparse_planes = 0;
   std::array<std::uint64_t, 4> nonzero{};
   for (std::size_t k = 0; k < 4; ++k) {
     const std::byte* plane = state.planes.data() + k * n;
     const std::size_t zeros = detail::count_zero_bytes(plane, n);
     std::span<const std::byte> raw(plane, n);
     if (2 * zeros > n) {
-      sparse_planes |= static_cast<std::uint8_t>(1u << k);
+      out.sparse_planes |= static_cast<std::uint8_t>(1u << k);
       nonzero[k] = n - zeros;
       const std::size_t bytes = detail::sparse_plane_bytes(n, nonzero[k]);
       grow(state.sparse[k], bytes);
       detail::encode_sparse_plane(plane, n, state.sparse[k].data());
       raw = std::span<const std::byte>(state.sparse[k].data(), bytes);
     }
-    stored[1 + k] = store_stream(state.cctx.get(), raw, state.plane_packed[k], level);
+    out.stored[1 + k] = store_stream(state.cctx.get(), raw, state.plane_packed[k], level);
   }
-
-  std::uint8_t zstd_streams = 0;
-  for (int s = 0; s < wire::kPulseStreams; ++s) {
-    if (stored[s].compressed) zstd_streams |= static_cast<std::uint8_t>(1u << s);
-  }
-  std::array<std::byte, wire::kMaxVarint64Bytes*(1 + 4 + wire::kPulseStreams)> directory{};
-  std::byte* d = wire::put_varint(directory.data(), index_raw_bytes);
+  out.flag_compressed();
+  std::byte* d = wire::put_varint(out.directory.data(), index.raw_bytes);
   for (std::size_t k = 0; k < 4; ++k) {
-    if (((sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
+    if (((out.sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
   }
-  for (const auto& stream : stored)
+  for (const auto& stream : out.stored)
     d = wire::put_varint(d, stream.bytes.size());
-  const auto directory_bytes = static_cast<std::size_t>(d - directory.data());
-  std::uint64_t payload = directory_bytes;
-  for (const auto& stream : stored)
-    payload += stream.bytes.size();
+  out.directory_bytes = static_cast<std::size_t>(d - out.directory.data());
+  return out;
+}
 
+FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
+                             const IndexStream& index, int level) {
+  const std::size_t n = entries.offsets.size();
+  FrameStreams out;
+  out.encoding = Encoding::context;
+  out.coding = index.coding;
+  out.streams = detail::kContextStreams;
+  out.stored[detail::kContextIndexStream] = index.stored;
+  if (state.symbols.size() < 2 * n) state.symbols.resize(2 * n);
+  grow(state.raw_bits, detail::raw_bits_capacity(n));
+  const std::uint64_t bits = detail::split_against_context(
+      entries.offsets, entries.values, entries.context, state.symbols.data(),
+      state.symbols.data() + n, state.raw_bits.data());
+  for (std::size_t k = 0; k < 2; ++k) {
+    const auto raw = std::as_bytes(std::span(state.symbols.data() + k * n, n));
+    out.stored[1 + k] = store_stream(state.cctx.get(), raw, state.symbol_packed[k], level);
+  }
+  out.stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8),
+                                               false};
+  out.flag_compressed();
+  std::byte* d = wire::put_varint(out.directory.data(), index.raw_bytes);
+  for (std::size_t s = 0; s < out.streams; ++s)
+    d = wire::put_varint(d, out.stored[s].bytes.size());
+  store_le<std::uint64_t>(d, detail::values_digest(entries.values));
+  out.directory_bytes = static_cast<std::size_t>(d + 8 - out.directory.data());
+  return out;
+}
+
+std::vector<std::byte> write_frame(const FrameEntries& entries, const FrameStreams& streams) {
+  const std::uint64_t payload = streams.payload();
   std::vector<std::byte> frame;
   frame.reserve(kFrameOverheadBytes + payload);
   frame.resize(kFramePrefixBytes);
-  write_frame_prefix(frame.data(), entries, Encoding::pulse, coding, zstd_streams, sparse_planes,
-                     payload);
-  frame.insert(frame.end(), directory.begin(), directory.begin() + directory_bytes);
-  for (const auto& stream : stored) {
-    frame.insert(frame.end(), stream.bytes.begin(), stream.bytes.end());
-  }
+  write_frame_prefix(frame.data(), entries, streams.encoding, streams.coding, streams.zstd_streams,
+                     streams.sparse_planes, payload);
+  frame.insert(frame.end(), streams.directory.begin(),
+               streams.directory.begin() + static_cast<std::ptrdiff_t>(streams.directory_bytes));
+  for (std::size_t s = 0; s < streams.streams; ++s)
+    frame.insert(frame.end(), streams.stored[s].bytes.begin(), streams.stored[s].bytes.end());
   append_checksum(frame);
   return frame;
+}
+
+std::vector<std::byte> empty_frame(const FrameEntries& entries) {
+  std::vector<std::byte> frame(kFramePrefixBytes);
+  frame.reserve(kFrameOverheadBytes);
+  write_frame_prefix(frame.data(), entries, Encoding::pulse, IndexCoding::varint, 0, 0, 0);
+  append_checksum(frame);
+  return frame;
+}
+
+std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOptions& options) {
+  if (entries.offsets.empty()) return empty_frame(entries);
+  EncodeState& state = encode_state();
+  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+  const IndexStream index = store_index_stream(state, entries, options, level);
+  return write_frame(entries, pulse_streams(state, entries, index, level));
+}
+
+// Both codings share the index stream; the chunk goes context-coded only when that is smaller
+// than its pulse frame (the fallback), and an empty chunk is an empty pulse frame.
+std::vector<std::byte> encode_context(const FrameEntries& entries, const EncodeOptions& options) {
+  if (entries.offsets.empty()) return empty_frame(entries);
+  EncodeState& state = encode_state();
+  const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
+  const IndexStream index = store_index_stream(state, entries, options, level);
+  const FrameStreams context = context_streams(state, entries, index, level);
+  const FrameStreams pulse = pulse_streams(state, entries, index, level);
+  return write_frame(entries, context.payload() < pulse.payload() ? context : pulse);
 }
 
 }  // namespace
@@ -276,6 +365,7 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
 std::vector<std::byte> encode_frame(const FrameEntries& entries, const EncodeOptions& options) {
   validate_frame_entries(entries, options);
   if (options.encoding == Encoding::pulse) return encode_pulse(entries, options);
+  if (options.encoding == Encoding::context) return encode_context(entries, options);
   return encode_plain(entries, options.encoding);
 }
 
@@ -311,7 +401,7 @@ std::vector<std::byte> encode_header(const MessageHeader& header, std::uint32_t 
   out.reserve(kHeaderPrefixBytes + 8 * header.tensor_numels.size() + kChecksumBytes);
   std::byte* p = out.data();
   std::memcpy(p, wire::kMagic, sizeof wire::kMagic);
-  store_le<std::uint16_t>(p + kHeaderVersionAt, kFormatVersion);
+  store_le<std::uint16_t>(p + kHeaderVersionAt, format_version_of(header.encoding));
   p[kHeaderEncodingAt] = static_cast<std::byte>(header.encoding);
   p[kHeaderFlagsAt] = std::byte{0};
   store_le<std::uint64_t>(p + kHeaderWindowAt, header.window);

@@ -62,9 +62,11 @@ void check_message_size(std::uint64_t size, const DecodeLimits& limits);
 [[noreturn]] void fail_checksum(std::size_t frame_index, std::uint64_t checksum_offset);
 
 // Decodes a parsed frame, `frame` being its info.byte_size bytes: checksum, streams, entries,
-// all before the first write to the outputs (each with room for info.entries).
+// all before the first write to the outputs (each with room for info.entries). A context frame
+// decodes against `context` (info.length values).
 std::uint64_t decode_frame(std::span<const std::byte> frame, const FrameInfo& info,
                            std::size_t frame_index, std::span<std::uint32_t> out_offsets,
-                           std::span<float> out_values, DecodeScratch& scratch);
+                           std::span<float> out_values, DecodeScratch& scratch,
+                           std::span<const float> context = {});
 
 }  // namespace pulseloco::codec::detail

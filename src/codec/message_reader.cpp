@@ -88,7 +88,8 @@ void MessageReader::verify_checksum_in_pieces() {
 }
 
 FrameInfo MessageReader::decode_frame(std::vector<std::uint32_t>& offsets,
-                                      std::vector<float>& values, DecodeScratch& scratch) {
+                                      std::vector<float>& values, DecodeScratch& scratch,
+                                      std::span<const float> context) {
   PULSELOCO_CHECK(current_.has_value(), "MessageReader::decode_frame without a frame");
   const std::size_t index = next_index_ - 1;
   const FrameInfo& announced = *current_;
@@ -104,9 +105,14 @@ FrameInfo MessageReader::decode_frame(std::vector<std::uint32_t>& offsets,
   }
   const detail::FrameParse parsed =
       detail::parse_frame(frame, announced.byte_offset, header_, limits_, index);
+  if (parsed.info.encoding == Encoding::context && context.empty()) {
+    offsets.clear();
+    values.clear();
+    return parsed.info;
+  }
   offsets.resize(static_cast<std::size_t>(parsed.info.entries));
   values.resize(static_cast<std::size_t>(parsed.info.entries));
-  (void)detail::decode_frame(frame, parsed.info, index, offsets, values, scratch);
+  (void)detail::decode_frame(frame, parsed.info, index, offsets, values, scratch, context);
   return parsed.info;
 }
 

@@ -50,9 +50,12 @@ class MessageReader {
 
   // Verifies and decodes the frame next_frame() returned into `offsets` and `values`, resized to
   // its entries only once its checksum matched; returns its description with index_bytes and
-  // value_bytes. ProtocolError when the frame does not decode; next_frame() can go on.
+  // value_bytes. ProtocolError when the frame does not decode; next_frame() can go on. A frame
+  // of encoding `context` decodes against `context` (its chunk's θ_g, frame length values);
+  // given none (a reader without the model's state), only its checksum and stream directory are
+  // checked and no entries are returned.
   FrameInfo decode_frame(std::vector<std::uint32_t>& offsets, std::vector<float>& values,
-                         DecodeScratch& scratch);
+                         DecodeScratch& scratch, std::span<const float> context = {});
 
  private:
   // The message's `n` bytes (at most one piece) from `offset`, from the read-ahead window, which

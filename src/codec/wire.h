@@ -103,7 +103,7 @@ static_assert(kHeaderReservedAt + 4 == kHeaderPrefixBytes);
 static_assert(kFramePayloadBytesAt + 8 == kFramePrefixBytes);
 
 [[nodiscard]] inline bool valid_encoding(std::uint8_t code) noexcept {
-  return code <= 2;
+  return code <= 3;
 }
 [[nodiscard]] inline bool valid_index_coding(std::uint8_t code) noexcept {
   return code <= 2;

@@ -98,8 +98,8 @@ collectives::CollectiveAlgorithm parse_allgather(std::string_view name) {
 }
 
 codec::Encoding parse_encoding(std::string_view name) {
-  for (auto encoding :
-       {codec::Encoding::pulse, codec::Encoding::plain_i64_f32, codec::Encoding::plain_i32_f32}) {
+  for (auto encoding : {codec::Encoding::pulse, codec::Encoding::plain_i64_f32,
+                        codec::Encoding::plain_i32_f32, codec::Encoding::context}) {
     if (codec::encoding_name(encoding) == name) return encoding;
   }
   throw InvalidArgument("encoding '" + std::string(name) + "' is unknown");
@@ -135,6 +135,12 @@ void EngineOptions::validate() const {
   if (overlap != Overlap::blocking && mode != Mode::pulse) {
     throw InvalidArgument(std::string("overlap ") + std::string(overlap_name(overlap)) +
                           " runs mode pulse; this run is mode " + std::string(mode_name(mode)));
+  }
+  if (codec.encoding == codec::Encoding::context && overlap != Overlap::blocking) {
+    // An overlapped window's own message is decoded again after the window it was gated in,
+    // and a context frame decodes only against the θ_g it was encoded with.
+    throw InvalidArgument("encoding context runs blocking windows only; this run has overlap " +
+                          std::string(overlap_name(overlap)));
   }
   if (exchange != Exchange::automatic && exchange != Exchange::allgather &&
       exchange != Exchange::reduction) {

@@ -72,6 +72,7 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
         .length = chunk.length,
         .offsets = std::span(scratch->offsets.data(), result.fired),
         .values = std::span(scratch->values.data(), result.fired),
+        .context = context_of(chunk, scratch->context),
     };
     frames[c] = codec::encode_frame(entries_view, options_.codec);
   });
@@ -140,7 +141,8 @@ PulseWindow::UnionEstimate PulseWindow::estimate_union(const AttachedGroup& grou
     const std::uint64_t n = own.frame(c).entries;
     scratch->offsets.resize(n);
     scratch->values.resize(n);
-    (void)own.decode_frame(c, scratch->offsets, scratch->values, scratch->decode);
+    (void)own.decode_frame(c, scratch->offsets, scratch->values, scratch->decode,
+                           context_of(state_.layout().chunks()[c], scratch->context));
     for (const std::uint32_t offset : std::span(scratch->offsets.data(), n))
       sketches[c].add(c, offset);
   });
@@ -413,11 +415,12 @@ PulseWindow::ReducedRange PulseWindow::reduce_range(std::span<const codec::Messa
     std::vector<kernels::SparseEntries> per_rank;
     per_rank.reserve(pieces.size());
     std::uint64_t at = 0;
+    const std::span<const float> context = context_of(chunk, scratch->context);
     for (const auto& view : pieces) {
       const std::uint64_t n = view.frame(i).entries;
       const std::span offsets(scratch->offsets.data() + at, n);
       const std::span values(scratch->values.data() + at, n);
-      (void)view.decode_frame(i, offsets, values, scratch->decode);  // validated already
+      (void)view.decode_frame(i, offsets, values, scratch->decode, context);  // validated
       per_rank.push_back({offsets, values});
       at += n;
     }
@@ -442,6 +445,7 @@ PulseWindow::ReducedRange PulseWindow::reduce_range(std::span<const codec::Messa
             .length = chunk.length,
             .offsets = std::span(scratch->sum_offsets.data(), n),
             .values = values,
+            .context = context,
         },
         options_.codec);
   });
@@ -450,6 +454,21 @@ PulseWindow::ReducedRange PulseWindow::reduce_range(std::span<const codec::Messa
     if (finite[i] == 0) range.finite = false;
   }
   return range;
+}
+
+std::span<const float> PulseWindow::context_of(const ChunkRef& chunk,
+                                               std::vector<float>& staging) const {
+  if (options_.codec.encoding != codec::Encoding::context) return {};
+  if (state_.memory().device().kind == DeviceKind::cpu) {
+    return state_.host_values(StateBuffer::global, chunk.tensor).subspan(chunk.begin, chunk.length);
+  }
+  staging.resize(chunk.length);
+  state_.read_host(StateBuffer::global, chunk.tensor, {chunk.begin, chunk.length},
+                   [&](std::uint64_t offset, std::span<const std::byte> piece) {
+                     std::memcpy(reinterpret_cast<std::byte*>(staging.data()) + offset,
+                                 piece.data(), piece.size());
+                   });
+  return staging;
 }
 
 codec::DecodeLimits PulseWindow::decode_limits() const {
@@ -512,7 +531,8 @@ codec::MessageView PulseWindow::validate_message(int rank, int sender, std::uint
       scratch->offsets.resize(n);
       scratch->values.resize(n);
       const std::uint64_t decoded =
-          view.decode_frame(c, scratch->offsets, scratch->values, scratch->decode);
+          view.decode_frame(c, scratch->offsets, scratch->values, scratch->decode,
+                            context_of(chunks[c], scratch->context));
       if (decoded != n) {
         throw ProtocolError(
             fmt::format("frame {} decoded to {} entries, announced {}", c, decoded, n),
@@ -587,11 +607,13 @@ SetOverlap PulseWindow::apply(const ReceivedMessages& received, bool commit_resi
     std::vector<kernels::SparseEntries> per_rank;
     per_rank.reserve(static_cast<std::size_t>(received.world));
     std::uint64_t at = 0;
+    // Decoded before this chunk's outer step moves θ_g.
+    const std::span<const float> context = context_of(chunk, scratch->context);
     for (const auto& [view, frame] : frames) {
       const std::uint64_t n = view->frame(frame).entries;
       const std::span offsets(scratch->offsets.data() + at, n);
       const std::span values(scratch->values.data() + at, n);
-      (void)view->decode_frame(frame, offsets, values, scratch->decode);  // validated already
+      (void)view->decode_frame(frame, offsets, values, scratch->decode, context);  // validated
       per_rank.push_back({offsets, values});
       at += n;
     }

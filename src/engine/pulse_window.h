@@ -69,6 +69,7 @@ class PulseWindow final : public WindowStrategy {
   struct GateScratch {
     std::vector<std::uint32_t> offsets;
     std::vector<float> values;
+    std::vector<float> context;  // θ_g of a device state's chunk (the context encoding)
   };
   // Decoded entries of one chunk: every rank's when applying or reducing, one rank's when
   // validating; an owner's sums when reducing.
@@ -79,6 +80,7 @@ class PulseWindow final : public WindowStrategy {
     std::vector<float> sum_values;
     std::vector<float> sum;
     codec::DecodeScratch decode;
+    std::vector<float> context;  // θ_g of a device state's chunk (the context encoding)
     std::vector<std::uint8_t>
         seen;  // elements of the chunk counted in the union (all 0 between uses)
   };
@@ -105,6 +107,10 @@ class PulseWindow final : public WindowStrategy {
                                           std::size_t first, std::size_t count);
 
   [[nodiscard]] codec::DecodeLimits decode_limits() const;
+  // The chunk's θ_g on the host for the context encoding (empty for the others): the state's
+  // own buffer when it is in host memory, else staged into `staging` (device state).
+  [[nodiscard]] std::span<const float> context_of(const ChunkRef& chunk,
+                                                  std::vector<float>& staging) const;
   // Parses rank `sender`'s message and checks everything about it, frame by frame, so that the
   // apply phase cannot fail: a message of chunks [first_chunk, first_chunk + chunk_count), by
   // default every chunk. Throws ProtocolError naming the sender.

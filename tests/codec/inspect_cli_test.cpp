@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -157,6 +159,42 @@ TEST_F(InspectCli, ReportsAndVerifiesAValidMessage) {
     EXPECT_NE(run.output.find("5368709120"), std::string::npos) << "64-bit begin: " << run.output;
     EXPECT_NE(run.output.find("verified: all 3 frames decode"), std::string::npos) << run.output;
   }
+}
+
+TEST_F(InspectCli, AContextMessageIsCheckedWithoutTheSendersWeights) {
+  // One chunk of bf16-rounded weights whose fired values are about a bf16 half-ulp: the frame
+  // is context-coded, and inspect (which holds no θ_g) checks it up to its stream directory.
+  constexpr std::uint32_t kLength = 20000;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> weight(0.0f, 0.02f);
+  std::vector<float> context(kLength);
+  for (float& w : context)
+    w = std::bit_cast<float>(std::bit_cast<std::uint32_t>(weight(rng)) & 0xFFFF0000u);
+  testing::Chunk chunk{.tensor = 0, .begin = 0, .length = kLength};
+  for (std::uint32_t i = 0; i < kLength; i += 37) {
+    if (context[i] == 0.0f) continue;
+    chunk.offsets.push_back(i);
+    chunk.values.push_back(
+        std::ldexp(1.0f + static_cast<float>(i % 97) / 128.0f, std::ilogb(context[i]) - 8));
+  }
+  MessageHeader h{.window = 5, .encoding = Encoding::context, .tensor_numels = {kLength}};
+  Bytes bytes = encode_header(h, 1);
+  FrameEntries entries = chunk.entries();
+  entries.context = context;
+  testing::append(bytes, encode_frame(entries, {.encoding = Encoding::context}));
+  ASSERT_EQ(MessageView::parse(bytes).frame(0).encoding, Encoding::context);
+  const CliRun run = run_cli("inspect " + write("context.msg", bytes));
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("format v2"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("encoding   context"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("1 context-coded frames checked up to their stream directory"),
+            std::string::npos)
+      << run.output;
+  const auto json =
+      nlohmann::json::parse(run_cli("inspect --json " + write("c.msg", bytes)).output);
+  EXPECT_EQ(json["header"]["format_version"].get<int>(), 2);
+  EXPECT_EQ(json["context_frames"].get<int>(), 1);
+  EXPECT_EQ(json["entries"].get<std::size_t>(), chunk.offsets.size());
 }
 
 TEST_F(InspectCli, JsonAgreesWithTheMessage) {

@@ -51,17 +51,20 @@ struct PulseCase {
   int world;
   DType dtype;
   kernels::Bf16Delta bf16_delta = kernels::Bf16Delta::exact;
+  codec::Encoding encoding = codec::Encoding::pulse;
+  Exchange exchange = Exchange::automatic;
 };
 
 void PrintTo(const PulseCase& c, std::ostream* out) {
   *out << "world " << c.world << ", " << dtype_name(c.dtype) << ", bf16_delta "
-       << kernels::bf16_delta_name(c.bf16_delta);
+       << kernels::bf16_delta_name(c.bf16_delta) << ", encoding "
+       << codec::encoding_name(c.encoding) << ", exchange " << exchange_name(c.exchange);
 }
 
 class EnginePulse : public ::testing::TestWithParam<PulseCase> {};
 
 TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
-  const auto [world, dtype, bf16_delta] = GetParam();
+  const auto [world, dtype, bf16_delta, encoding, exchange] = GetParam();
   // Sizes: empty, one element, odd, several chunks, a non-multiple of the chunk size.
   const std::vector<std::uint64_t> sizes{0, 1, 37, 3000, 4097};
   const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;  // bf16 models need visible steps
@@ -71,6 +74,8 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
   }
   EngineOptions options = small_options();
   options.bf16_delta = bf16_delta;
+  options.codec.encoding = encoding;
+  options.exchange = exchange;
   auto engines = testing::start_engines(models, options);
   // After start-up every replica holds rank 0's weights.
   for (int r = 1; r < world; ++r) {
@@ -110,16 +115,26 @@ TEST_P(EnginePulse, MatchesTheReferenceBitForBitOverSeveralWindows) {
 
 INSTANTIATE_TEST_SUITE_P(
     WorldsAndDtypes, EnginePulse,
-    ::testing::Values(PulseCase{1, DType::float32}, PulseCase{2, DType::float32},
-                      PulseCase{3, DType::bfloat16}, PulseCase{4, DType::float32},
-                      PulseCase{5, DType::bfloat16},
-                      PulseCase{2, DType::float32, kernels::Bf16Delta::authors},
-                      PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors},
-                      PulseCase{4, DType::bfloat16, kernels::Bf16Delta::authors}),
+    ::testing::Values(
+        PulseCase{1, DType::float32}, PulseCase{2, DType::float32}, PulseCase{3, DType::bfloat16},
+        PulseCase{4, DType::float32}, PulseCase{5, DType::bfloat16},
+        PulseCase{2, DType::float32, kernels::Bf16Delta::authors},
+        PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors},
+        PulseCase{4, DType::bfloat16, kernels::Bf16Delta::authors},
+        // Values coded against θ_g: the same bits, over both exchange kinds.
+        PulseCase{2, DType::float32, kernels::Bf16Delta::exact, codec::Encoding::context},
+        PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors, codec::Encoding::context},
+        PulseCase{4, DType::bfloat16, kernels::Bf16Delta::exact, codec::Encoding::context,
+                  Exchange::reduction},
+        PulseCase{3, DType::float32, kernels::Bf16Delta::exact, codec::Encoding::context,
+                  Exchange::allgather}),
     [](const ::testing::TestParamInfo<PulseCase>& param_info) {
       const PulseCase& c = param_info.param;
       std::string name = "R" + std::to_string(c.world) + "_" + std::string(dtype_name(c.dtype));
       if (c.bf16_delta == kernels::Bf16Delta::authors) name += "_authors";
+      if (c.encoding != codec::Encoding::pulse)
+        name += "_" + std::string(codec::encoding_name(c.encoding));
+      if (c.exchange != Exchange::automatic) name += "_" + std::string(exchange_name(c.exchange));
       return name;
     });
 
@@ -354,6 +369,38 @@ TEST(Engine, NonFinitePseudoGradientIsReportedAndNothingChanges) {
   EXPECT_EQ(std::vector<float>(engines[0]->residual(1).begin(), engines[0]->residual(1).end()),
             residual_before);
   EXPECT_EQ(engines[0]->committed_windows(), 0u);
+}
+
+TEST(Engine, AContextCodedWindowWithAReceiverOfOtherWeightsIsRejectedNamingTheDigest) {
+  // Rank 1's θ_g differs from rank 0's (every weight of tensor 0 doubled, which changes its
+  // exponents): rank 0's context frames decode on rank 1 to other values, which the frames'
+  // value digests refuse; the window commits nowhere instead of applying them.
+  const int world = 2;
+  std::vector<LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({3000, 17}, DType::float32, 60 + r));
+  EngineOptions options = small_options();
+  options.codec.encoding = codec::Encoding::context;
+  options.timeout = std::chrono::milliseconds(2000);
+  auto engines = testing::start_engines(models, options);
+  for (int r = 0; r < world; ++r)
+    testing::local_training(models[static_cast<std::size_t>(r)], 3e-5f, 4, 80 + r);
+  const std::span<const float> global = engines[1]->global_weights(0);
+  float* writable = const_cast<float*>(global.data());  // the replica diverges
+  for (std::size_t i = 0; i < global.size(); ++i)
+    writable[i] *= 2.0f;
+  const auto errors = testing::run_ranks(
+      world, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " committed";
+    EXPECT_EQ(engines[static_cast<std::size_t>(r)]->committed_windows(), 0u);
+  }
+  try {
+    std::rethrow_exception(errors[1]);
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("value digest"), std::string::npos) << e.what();
+    EXPECT_EQ(e.context().peer, 0);
+  }
 }
 
 TEST(Engine, ACorruptedExchangeLeavesEveryStateUnchangedAndTheWindowCanBeRetried) {

@@ -8,6 +8,7 @@
 // ProtocolError, any sanitizer report and any broken invariant is a finding.
 //   build: tests/codec/sanitized (clang-14, -fsanitize=fuzzer,address,undefined)
 //   run:   see docs/wire-format.md, "Fuzzing"
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -38,6 +39,11 @@ void run(std::span<const std::byte> bytes) {
   for (const Encoding encoding :
        {Encoding::pulse, Encoding::plain_i64_f32, Encoding::plain_i32_f32}) {
     fuzz::check_round_trip(header, frames, {.encoding = encoding});
+  }
+  if (std::all_of(frames.begin(), frames.end(), [](const fuzz::DecodedFrame& f) {
+        return f.info.length <= fuzz::kMaxFuzzContext;
+      })) {
+    fuzz::check_round_trip(header, frames, {.encoding = Encoding::context});
   }
   fuzz::check_round_trip(header, frames,
                          {.encoding = Encoding::pulse, .index_coding = IndexCoding::elias_fano});

@@ -33,6 +33,25 @@ inline DecodeLimits fuzz_limits() {
   std::abort();
 }
 
+// The context (θ_g) the harnesses encode and decode context frames against: a fixed function
+// of the element, mostly weights' exponents with every other bit pattern (NaN, infinity, zero,
+// subnormals) among them.
+inline std::vector<float> fuzz_context(std::uint64_t begin, std::uint64_t length) {
+  std::vector<float> context(length);
+  for (std::uint64_t i = 0; i < length; ++i) {
+    std::uint64_t z = (begin + i) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+    const auto bits = static_cast<std::uint32_t>(z >> 32);
+    context[i] = std::bit_cast<float>((bits >> 28) == 0xF
+                                          ? bits * 0x85EBCA6Bu
+                                          : ((112u + (bits & 15u)) << 23) | (bits & 0x807FFFFFu));
+  }
+  return context;
+}
+
+// Frames longer than this are not encoded with a context by the harnesses (its memory).
+inline constexpr std::uint64_t kMaxFuzzContext = std::uint64_t{1} << 20;
+
 struct DecodedFrame {
   FrameInfo info;
   std::vector<std::uint32_t> offsets;
@@ -65,8 +84,11 @@ inline bool decode_all(std::span<const std::byte> bytes, std::vector<DecodedFram
     DecodedFrame frame{.info = info};
     frame.offsets.assign(info.entries, kPoison);
     frame.values.assign(info.entries, std::bit_cast<float>(kPoison));
+    const std::vector<float> context = info.encoding == Encoding::context
+                                           ? fuzz_context(info.begin, info.length)
+                                           : std::vector<float>{};
     try {
-      if (view->decode_frame(i, frame.offsets, frame.values, scratch) != info.entries) {
+      if (view->decode_frame(i, frame.offsets, frame.values, scratch, context) != info.entries) {
         violated("entry count");
       }
     } catch (const ProtocolError&) {
@@ -110,10 +132,13 @@ inline void check_reader_agrees(std::span<const std::byte> bytes, bool decoded,
         bytes.size(), fuzz_limits());
     read_header = reader.header();
     DecodeScratch scratch;
-    while (reader.next_frame()) {
+    while (const std::optional<FrameInfo> announced = reader.next_frame()) {
       DecodedFrame frame;
+      const std::vector<float> context = announced->encoding == Encoding::context
+                                             ? fuzz_context(announced->begin, announced->length)
+                                             : std::vector<float>{};
       try {
-        frame.info = reader.decode_frame(frame.offsets, frame.values, scratch);
+        frame.info = reader.decode_frame(frame.offsets, frame.values, scratch, context);
       } catch (const ProtocolError& error) {
         if (!error.context().byte_offset || *error.context().byte_offset > bytes.size()) {
           violated("reader: frame error without a byte offset inside the message");
@@ -150,11 +175,15 @@ inline void check_round_trip(const MessageHeader& header, const std::vector<Deco
   h.encoding = options.encoding;
   testing::Bytes message = encode_header(h, static_cast<std::uint32_t>(frames.size()));
   for (const DecodedFrame& f : frames) {
+    const std::vector<float> context = options.encoding == Encoding::context
+                                           ? fuzz_context(f.info.begin, f.info.length)
+                                           : std::vector<float>{};
     testing::append(message, encode_frame({.tensor = f.info.tensor,
                                            .begin = f.info.begin,
                                            .length = f.info.length,
                                            .offsets = f.offsets,
-                                           .values = f.values},
+                                           .values = f.values,
+                                           .context = context},
                                           options));
   }
   std::vector<DecodedFrame> again;

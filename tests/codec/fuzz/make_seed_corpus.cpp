@@ -10,8 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "codec/codec_test_util.h"
 #include <pulseloco/codec/message.h>
+#include "codec/codec_test_util.h"
+#include "codec/fuzz/fuzz_common.h"
 
 namespace {
 
@@ -38,8 +39,14 @@ Bytes message_of(const MessageHeader& header, const std::vector<Chunk>& chunks,
   MessageHeader h = header;
   h.encoding = options.encoding;
   Bytes out = encode_header(h, static_cast<std::uint32_t>(chunks.size()));
-  for (const Chunk& c : chunks)
-    testing::append(out, encode_frame(c.entries(), options));
+  for (const Chunk& c : chunks) {
+    FrameEntries entries = c.entries();
+    const std::vector<float> context = options.encoding == Encoding::context
+                                           ? fuzz::fuzz_context(c.begin, c.length)
+                                           : std::vector<float>{};
+    entries.context = context;
+    testing::append(out, encode_frame(entries, options));
+  }
   return out;
 }
 
@@ -64,6 +71,7 @@ int main(int argc, char** argv) {
                                         {.encoding = Encoding::plain_i32_f32}};
   for (const auto coding : {IndexCoding::varint, IndexCoding::bitpack, IndexCoding::elias_fano}) {
     options.push_back({.encoding = Encoding::pulse, .index_coding = coding});
+    options.push_back({.encoding = Encoding::context, .index_coding = coding});
   }
   for (const EncodeOptions& o : options) {
     // Tiny: one entry; empty chunks; a zero-element tensor.
@@ -84,6 +92,22 @@ int main(int argc, char** argv) {
                             .offsets = {0, 7, (1u << 20) - 1},
                             .values = {1.0f, -0.0f, 3e-40f}}},
                      o));
+  }
+  // Context frames proper: values near half an ulp of bf16(θ_g) on θ_g's fp32 grid, so that
+  // coding them against fuzz_context pays (random values fall back to pulse frames).
+  for (const auto coding : {IndexCoding::varint, IndexCoding::bitpack, IndexCoding::elias_fano}) {
+    Chunk chunk = chunk_of(rng, 0, 0, 3000, 0.1, false);
+    const std::vector<float> context = fuzz::fuzz_context(0, 3000);
+    for (std::size_t i = 0; i < chunk.offsets.size(); ++i) {
+      const auto c = std::bit_cast<std::uint32_t>(context[chunk.offsets[i]]);
+      const std::uint32_t exponent = (c >> 23) & 0xFFu;
+      const std::uint32_t v = std::bit_cast<std::uint32_t>(chunk.values[i]);
+      chunk.values[i] = exponent > 16 && exponent < 255
+                            ? std::bit_cast<float>((v & 0x807FFF00u) | ((exponent - 8) << 23))
+                            : 0.5f;
+    }
+    write(message_of(MessageHeader{.tensor_numels = {3000}}, {chunk},
+                     {.encoding = Encoding::context, .index_coding = coding}));
   }
   std::printf("wrote %d seeds to %s\n", written, dir.c_str());
   return 0;

@@ -1,6 +1,6 @@
 // libFuzzer target: the encoder and decoder on arbitrary entries. The input describes a chunk
 // (length, gaps, value bits) and the encode options; the decoded frame must equal it bit for
-// bit in every encoding.
+// bit in every encoding (the context encoding against fuzz_context).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -16,7 +16,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t options_byte = data[0];
   std::uint32_t length_bits;
   std::memcpy(&length_bits, data + 1, 4);
-  const std::uint64_t length = 1 + length_bits % (std::uint64_t{1} << 31);
+  // Options byte % 4 == 3: the context encoding, over chunks of at most kMaxFuzzContext.
+  const bool context = options_byte % 4 == 3;
+  const std::uint64_t length =
+      1 + length_bits % (context ? fuzz::kMaxFuzzContext : (std::uint64_t{1} << 31));
   std::vector<std::uint32_t> offsets;
   std::vector<float> values;
   std::uint64_t next = 0;
@@ -50,8 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   frame.values = values;
   const std::vector<fuzz::DecodedFrame> frames = {frame};
   EncodeOptions options;
-  options.encoding = static_cast<Encoding>(options_byte % 3);
-  if (options.encoding == Encoding::pulse && (options_byte & 0x0C) != 0) {
+  options.encoding = static_cast<Encoding>(options_byte % 4);
+  if ((options.encoding == Encoding::pulse || context) && (options_byte & 0x0C) != 0) {
     options.index_coding = static_cast<IndexCoding>(((options_byte >> 2) & 3) - 1);
   }
   options.zstd_level = 1 + ((options_byte >> 4) & 3);

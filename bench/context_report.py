@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Tables of docs/benchmarks.md, "Context-coded messages", from the records of
+scripts/bench_payload --context (bench/results/context-sizes.jsonl) and of
+pulseloco_bench_context --parameters (bench/results/context-speed.jsonl).
+
+    bench/context_report.py bench/results/context-sizes.jsonl bench/results/context-speed.jsonl
+"""
+import json
+import sys
+
+
+def records(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def generator_table(rows):
+    by_config = {}
+    for r in rows:
+        if r.get("benchmark") != "payload":
+            continue
+        by_config.setdefault((r["lr"], r["H"]), {})[r["encoding"]] = r
+    print("| lr | H | density | pulse B/entry (index + value) | context B/entry (index + value) "
+          "| pulse / context |")
+    print("|---:|---:|---:|---|---|---:|")
+    for (lr, h), pair in sorted(by_config.items(), key=lambda kv: kv[1]["pulse"]["density"]):
+        p, c = pair["pulse"], pair["context"]
+        pb, cb = p["bytes_per_entry"], c["bytes_per_entry"]
+        print(f"| {lr:.0e} | {h} | {100 * p['density']:.3f}% | {pb['ours']:.3f} "
+              f"({pb['ours_index']:.3f} + {pb['ours_values']:.3f}) | **{cb['ours']:.3f}** "
+              f"({cb['ours_index']:.3f} + {cb['ours_values']:.3f}) | {pb['ours'] / cb['ours']:.3f} |")
+
+
+def trace_table(rows):
+    print("| locals | window | rank | density | pulse: index + value = B/entry "
+          "| context: index + value = B/entry | pulse / context "
+          "| H index: positions / given θ_g exponent | H value (context model) |")
+    print("|---|---:|---:|---:|---|---|---:|---|---:|")
+    for r in rows:
+        if r.get("benchmark") != "context-trace":
+            continue
+        p, c, h = r["pulse"], r["context"], r["entropy_bytes_per_entry"]
+        print(f"| {r['label']} | {r['window']} | {r['rank']} | {100 * r['density']:.3f}% "
+              f"| {p['index_bytes_per_entry']:.3f} + {p['value_bytes_per_entry']:.3f} = "
+              f"{p['bytes_per_entry']:.3f} | {c['index_bytes_per_entry']:.3f} + "
+              f"{c['value_bytes_per_entry']:.3f} = **{c['bytes_per_entry']:.3f}** "
+              f"| {r['ratio_pulse_over_context']:.3f} | {h['index_positions']:.3f} / "
+              f"{h['index_given_exponent']:.3f} | {h['value_context_model']:.3f} |")
+
+
+def speed_table(rows):
+    print("| parameters | threads | density | gate s | apply s | pulse: encode + decode s "
+          "| pulse / (gate + apply) | context: encode + decode s | context / (gate + apply) "
+          "| context / pulse time |")
+    print("|---:|---:|---:|---:|---:|---|---:|---|---:|---:|")
+    for r in rows:
+        if r.get("benchmark") != "context-speed":
+            continue
+        p, c = r["pulse"], r["context"]
+        pt, ct = p["encode_s"] + p["decode_s"], c["encode_s"] + c["decode_s"]
+        print(f"| {r['parameters']:.0e} | {r['threads']} | {100 * r['density']:.2f}% "
+              f"| {r['gate_s']:.4f} | {r['apply_s']:.4f} | {p['encode_s']:.4f} + "
+              f"{p['decode_s']:.4f} | {100 * p['codec_over_compute']:.1f}% | {c['encode_s']:.4f} + "
+              f"{c['decode_s']:.4f} | **{100 * c['codec_over_compute']:.1f}%** | {ct / pt:.2f}x |")
+
+
+def main():
+    for path in sys.argv[1:]:
+        rows = records(path)
+        if any(r.get("benchmark") == "payload" for r in rows):
+            generator_table(rows)
+            print()
+        if any(r.get("benchmark") == "context-trace" for r in rows):
+            trace_table(rows)
+            print()
+        if any(r.get("benchmark") == "context-speed" for r in rows):
+            speed_table(rows)
+            print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+#include <pulseloco/codec/context_coding.h>
+
+#include <xxhash.h>
+
+#include <bit>
+#include <cstring>
+#include <string>
+
+#include <pulseloco/base/byte_io.h>
+#include <pulseloco/codec/index_coding.h>
+#include <pulseloco/codec/message_parse.h>
+#include <pulseloco/codec/wire.h>
+
+namespace pulseloco::codec::detail {
+
+namespace {
+
+constexpr std::uint32_t kMantissaMask = 0x7FFFFFu;
+constexpr std::size_t kPrefetchAhead = 16;  // entries
+
+inline std::uint32_t exponent_of(std::uint32_t bits) noexcept {
+  return (bits >> 23) & 0xFFu;
+}
+
+// Raw bits of an entry whose mantissa has `tz` trailing zeros (23: the mantissa is zero): the
+// sign, then the mantissa bits above the lowest set one.
+inline unsigned raw_width(unsigned tz) noexcept {
+  return tz >= 22 ? 1u : 23u - tz;
+}
+
+}  // namespace
+
+std::uint64_t split_against_context(std::span<const std::uint32_t> offsets,
+                                    std::span<const float> values, std::span<const float> context,
+                                    std::uint8_t* d, std::uint8_t* u, std::byte* bits) noexcept {
+  const std::size_t n = values.size();
+  const float* ctx = context.data();
+  std::uint64_t acc = 0;
+  unsigned pending = 0;  // bits in acc, < 32 between entries
+  std::byte* out = bits;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    // Fired elements are tens of elements apart: each context read is a cache miss unless
+    // fetched ahead.
+    if (i + kPrefetchAhead < n) __builtin_prefetch(ctx + offsets[i + kPrefetchAhead]);
+    const auto v = std::bit_cast<std::uint32_t>(values[i]);
+    const auto c = std::bit_cast<std::uint32_t>(ctx[offsets[i]]);
+    const std::uint32_t delta = (exponent_of(v) - exponent_of(c)) & 0xFFu;
+    const std::uint32_t mantissa = v & kMantissaMask;
+    const auto tz = static_cast<unsigned>(std::countr_zero(mantissa | (kMantissaMask + 1)));
+    d[i] = static_cast<std::uint8_t>(delta);
+    u[i] = static_cast<std::uint8_t>(delta + tz);
+    const unsigned width = raw_width(tz);
+    const std::uint64_t payload =
+        (v >> 31) | (tz >= 22 ? 0u : static_cast<std::uint64_t>(mantissa >> (tz + 1)) << 1);
+    acc |= payload << pending;
+    pending += width;
+    total += width;
+    if (pending >= 32) {
+      store_le<std::uint32_t>(out, static_cast<std::uint32_t>(acc));
+      out += 4;
+      acc >>= 32;
+      pending -= 32;
+    }
+  }
+  for (; pending > 0; pending = pending > 8 ? pending - 8 : 0) {
+    *out++ = static_cast<std::byte>(acc & 0xFFu);
+    acc >>= 8;
+  }
+  return total;
+}
+
+RawBitsNeed raw_bits_needed(const std::uint8_t* d, const std::uint8_t* u, std::size_t n) noexcept {
+  RawBitsNeed need{.bits = 0, .bad_entry = n};
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto tz = static_cast<std::uint8_t>(u[i] - d[i]);
+    if (tz > 23) {
+      need.bad_entry = i;
+      return need;
+    }
+    need.bits += raw_width(tz);
+  }
+  return need;
+}
+
+std::size_t join_against_context(std::span<const std::uint32_t> offsets,
+                                 std::span<const float> context, const std::uint8_t* d,
+                                 const std::uint8_t* u, const std::byte* bits,
+                                 float* out) noexcept {
+  const std::size_t n = offsets.size();
+  const float* ctx = context.data();
+  std::size_t first_bad = n;
+  std::uint64_t position = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) __builtin_prefetch(ctx + offsets[i + kPrefetchAhead]);
+    const auto c = std::bit_cast<std::uint32_t>(ctx[offsets[i]]);
+    const auto tz = static_cast<unsigned>(static_cast<std::uint8_t>(u[i] - d[i]));
+    const std::uint32_t exponent = (exponent_of(c) + d[i]) & 0xFFu;
+    const unsigned width = raw_width(tz);
+    const std::uint64_t word = load_le<std::uint64_t>(bits + (position >> 3)) >> (position & 7);
+    const auto x = static_cast<std::uint32_t>(word & ((std::uint64_t{1} << width) - 1));
+    position += width;
+    const std::uint32_t mantissa =
+        tz == 23 ? 0u : ((tz == 22 ? 0u : (x >> 1) << (tz + 1)) | (1u << tz));
+    const std::uint32_t v = ((x & 1u) << 31) | (exponent << 23) | mantissa;
+    if (exponent == 0xFFu && first_bad == n) first_bad = i;
+    out[i] = std::bit_cast<float>(v);
+  }
+  return first_bad;
+}
+
+std::uint64_t values_digest(std::span<const float> values) noexcept {
+  static_assert(std::endian::native == std::endian::little);
+  return XXH3_64bits(values.data(), values.size_bytes());
+}
+
+ContextLayout parse_context_layout(std::span<const std::byte> payload, std::uint64_t payload_offset,
+                                   const FrameInfo& info, std::uint8_t zstd_streams,
+                                   std::size_t frame_index) {
+  const std::string where = frame_text(frame_index);
+  wire::Reader reader(payload, payload_offset);
+  ContextLayout layout;
+  const std::uint64_t raw_at = reader.offset();
+  layout.index_raw_bytes = reader.varint(where + " index stream size");
+  const SizeRange range = index_raw_size_range(info.index_coding, info.entries, info.length);
+  if (layout.index_raw_bytes < range.min || layout.index_raw_bytes > range.max) {
+    wire::fail(where + ": " + std::string(index_coding_name(info.index_coding)) +
+                   " index stream of " + std::to_string(info.entries) + " entries cannot be " +
+                   std::to_string(layout.index_raw_bytes) + " bytes (allowed " +
+                   std::to_string(range.min) + ".." + std::to_string(range.max) + ")",
+               raw_at);
+  }
+  layout.decoded = {layout.index_raw_bytes, info.entries, info.entries, 0};
+  std::array<std::uint64_t, kContextStreams> stored_size{};
+  std::array<std::uint64_t, kContextStreams> size_at{};
+  for (int s = 0; s < kContextStreams; ++s) {
+    size_at[s] = reader.offset();
+    stored_size[s] = reader.varint(where + " stream " + std::to_string(s) + " size");
+  }
+  layout.digest = reader.get<std::uint64_t>(where + " value digest");
+  layout.directory_bytes = reader.offset() - payload_offset;
+  // Every entry takes 1 to kContextMaxBitsPerEntry raw bits.
+  const std::uint64_t bits_min = (info.entries + 7) / 8;
+  const std::uint64_t bits_max = (info.entries * kContextMaxBitsPerEntry + 7) / 8;
+  if (stored_size[kContextRawBitsStream] < bits_min ||
+      stored_size[kContextRawBitsStream] > bits_max) {
+    wire::fail(where + ": raw bit stream of " + std::to_string(info.entries) +
+                   " entries cannot be " + std::to_string(stored_size[kContextRawBitsStream]) +
+                   " bytes (allowed " + std::to_string(bits_min) + ".." + std::to_string(bits_max) +
+                   ")",
+               size_at[kContextRawBitsStream]);
+  }
+  layout.decoded[kContextRawBitsStream] = stored_size[kContextRawBitsStream];
+  for (int s = 0; s < kContextStreams; ++s) {
+    layout.compressed[s] = ((zstd_streams >> s) & 1u) != 0;
+    if (!layout.compressed[s] && stored_size[s] != layout.decoded[s]) {
+      wire::fail(where + ": uncompressed stream " + std::to_string(s) + " stores " +
+                     std::to_string(stored_size[s]) + " bytes, it decodes to " +
+                     std::to_string(layout.decoded[s]),
+                 size_at[s]);
+    }
+    if (layout.compressed[s] && stored_size[s] == 0) {
+      wire::fail(where + ": compressed stream " + std::to_string(s) + " is empty", size_at[s]);
+    }
+    layout.offset[s] = reader.offset();
+    layout.stored[s] = reader.take(stored_size[s], where + " stream " + std::to_string(s));
+  }
+  if (reader.remaining() != 0) {
+    wire::fail(
+        where + ": " + std::to_string(reader.remaining()) + " payload bytes after the streams",
+        reader.offset());
+  }
+  return layout;
+}
+
+}  // namespace pulseloco::codec::detail

@@ -1,0 +1,265 @@
+// The context encoding: values coded against the receiver's θ_g (docs/wire-format.md, "Payload:
+// context"). Round trips of every kind of bit pattern, the per-chunk fallback to pulse frames,
+// the version rules, and what a receiver whose context differs from the sender's gets.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <pulseloco/base/byte_io.h>
+#include <pulseloco/base/errors.h>
+#include <pulseloco/codec/message.h>
+#include "codec_test_util.h"
+
+namespace pulseloco::codec::context_test {
+
+using testing::Bytes;
+
+float from_bits(std::uint32_t bits) {
+  return std::bit_cast<float>(bits);
+}
+
+// A chunk as the gate gives it: θ_g rounded to bf16 values, the fired values near half an ulp
+// of bf16(θ_g) or more, on θ_g's fp32 grid.
+struct Chunk {
+  std::vector<float> context;
+  std::vector<std::uint32_t> offsets;
+  std::vector<float> values;
+};
+
+Chunk realistic_chunk(std::uint32_t length, double density, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> weight(0.0f, 0.02f);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  Chunk chunk;
+  chunk.context.resize(length);
+  for (float& w : chunk.context) {
+    w = weight(rng);
+  }
+  for (std::uint32_t i = 0; i < length; ++i) {
+    if (uniform(rng) >= density) continue;
+    const float theta = chunk.context[i];
+    const float ulp = std::ldexp(1.0f, std::ilogb(theta) - 7);  // bf16 ulp of θ_g
+    const float grid = std::ldexp(1.0f, std::ilogb(theta) - 23);
+    const double scale = 0.5 + 3.0 * uniform(rng) * uniform(rng);
+    float s = static_cast<float>(scale * ulp * (uniform(rng) < 0.5 ? -1 : 1));
+    s = std::round(s / grid) * grid;
+    if (s == 0.0f) s = grid;
+    chunk.offsets.push_back(i);
+    chunk.values.push_back(s);
+  }
+  return chunk;
+}
+
+Bytes encode_message(const Chunk& chunk, Encoding encoding = Encoding::context) {
+  const auto length = static_cast<std::uint64_t>(chunk.context.size());
+  MessageHeader header{
+      .window = 3, .sender_rank = 1, .encoding = encoding, .tensor_numels = {length}};
+  Bytes message = encode_header(header, 1);
+  const Bytes frame = encode_frame({.tensor = 0,
+                                    .begin = 0,
+                                    .length = length,
+                                    .offsets = chunk.offsets,
+                                    .values = chunk.values,
+                                    .context = chunk.context},
+                                   {.encoding = encoding});
+  message.insert(message.end(), frame.begin(), frame.end());
+  return message;
+}
+
+struct Decoded {
+  std::vector<std::uint32_t> offsets;
+  std::vector<float> values;
+};
+
+Decoded decode_message(const Bytes& message, std::span<const float> context) {
+  const MessageView view = MessageView::parse(message);
+  Decoded out;
+  out.offsets.resize(view.frame(0).entries);
+  out.values.resize(view.frame(0).entries);
+  DecodeScratch scratch;
+  EXPECT_EQ(view.decode_frame(0, out.offsets, out.values, scratch, context), out.offsets.size());
+  return out;
+}
+
+void expect_same_bits(const Chunk& chunk, const Decoded& decoded) {
+  ASSERT_EQ(decoded.offsets, chunk.offsets);
+  ASSERT_EQ(decoded.values.size(), chunk.values.size());
+  for (std::size_t i = 0; i < chunk.values.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(decoded.values[i]),
+              std::bit_cast<std::uint32_t>(chunk.values[i]))
+        << "entry " << i;
+  }
+}
+
+Encoding frame_encoding(const Bytes& message) {
+  return MessageView::parse(message).frame(0).encoding;
+}
+
+TEST(CodecContext, RealisticChunkRoundTripsAndBeatsPulse) {
+  for (const double density : {0.003, 0.01, 0.03, 0.2}) {
+    const Chunk chunk = realistic_chunk(1 << 16, density, 7);
+    const Bytes context = encode_message(chunk);
+    EXPECT_EQ(frame_encoding(context), Encoding::context) << density;
+    expect_same_bits(chunk, decode_message(context, chunk.context));
+    EXPECT_LT(context.size(), encode_message(chunk, Encoding::pulse).size()) << density;
+  }
+}
+
+TEST(CodecContext, EveryBitPatternOfValueAndContextRoundTrips) {
+  // Contexts: NaN, ±infinity, ±0, subnormals, the extremes; values: ±0, subnormals, the
+  // largest finite, and random bits, against every context.
+  const std::vector<std::uint32_t> special = {0x00000000, 0x80000000, 0x00000001, 0x807FFFFF,
+                                              0x00400000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000,
+                                              0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x7F800001,
+                                              0x3F800000, 0x00800000, 0x3C23D70A, 0xBC23D70A};
+  std::mt19937_64 rng(11);
+  Chunk chunk;
+  for (const std::uint32_t c : special) {
+    for (int k = 0; k < 40; ++k) {
+      std::uint32_t v = k < static_cast<int>(special.size()) ? special[k] : rng();
+      if ((v & 0x7F800000u) == 0x7F800000u) v &= 0xBFFFFFFFu;  // keep values finite
+      chunk.offsets.push_back(static_cast<std::uint32_t>(chunk.context.size()));
+      chunk.context.push_back(from_bits(c));
+      chunk.values.push_back(from_bits(v));
+    }
+  }
+  chunk.context.push_back(0.0f);  // an element that did not fire
+  for (const auto& [offsets, values] :
+       {std::pair{chunk.offsets, chunk.values},
+        std::pair{std::vector<std::uint32_t>{}, std::vector<float>{}}}) {
+    Chunk c = chunk;
+    c.offsets = offsets;
+    c.values = values;
+    const Bytes message = encode_message(c);
+    expect_same_bits(c, decode_message(message, c.context));
+  }
+}
+
+TEST(CodecContext, ValuesTheContextDoesNotPredictFallBackToAPulseFrame) {
+  // Random value bits against an all-zero context: a context frame would cost more than the
+  // pulse frame, so the chunk goes as a pulse frame, which decodes without a context.
+  std::mt19937 rng(3);
+  Chunk chunk;
+  chunk.context.assign(5000, 0.0f);
+  for (std::uint32_t i = 0; i < 5000; i += 3) {
+    chunk.offsets.push_back(i);
+    chunk.values.push_back(from_bits(rng() & 0xBF7FFFFFu));
+  }
+  const Bytes message = encode_message(chunk);
+  EXPECT_EQ(frame_encoding(message), Encoding::pulse);
+  expect_same_bits(chunk, decode_message(message, {}));
+  expect_same_bits(chunk, decode_message(message, chunk.context));
+}
+
+TEST(CodecContext, AnEmptyChunkIsAnEmptyPulseFrame) {
+  Chunk chunk;
+  chunk.context.assign(100, 1.0f);
+  const Bytes message = encode_message(chunk);
+  EXPECT_EQ(frame_encoding(message), Encoding::pulse);
+  EXPECT_EQ(MessageView::parse(message).frame(0).entries, 0u);
+}
+
+TEST(CodecContext, MessagesOfTheContextEncodingAreVersion2) {
+  const Chunk chunk = realistic_chunk(4096, 0.05, 1);
+  Bytes message = encode_message(chunk);
+  EXPECT_EQ(load_le<std::uint16_t>(message.data() + 4), kContextFormatVersion);
+  EXPECT_EQ(load_le<std::uint16_t>(encode_message(chunk, Encoding::pulse).data() + 4),
+            kFormatVersion);
+  // Version 1 with the context encoding, or version 2 with another, is refused.
+  Bytes v1 = message;
+  testing::poke<std::uint16_t>(v1, 4, 1);
+  testing::refresh_checksums(v1);
+  EXPECT_THROW((void)MessageView::parse(v1), ProtocolError);
+  Bytes v2 = encode_message(chunk, Encoding::pulse);
+  testing::poke<std::uint16_t>(v2, 4, 2);
+  testing::refresh_checksums(v2);
+  EXPECT_THROW((void)MessageView::parse(v2), ProtocolError);
+}
+
+TEST(CodecContext, DecodingWithoutTheContextIsRefused) {
+  const Chunk chunk = realistic_chunk(4096, 0.05, 2);
+  const Bytes message = encode_message(chunk);
+  const MessageView view = MessageView::parse(message);
+  std::vector<std::uint32_t> offsets(view.frame(0).entries);
+  std::vector<float> values(offsets.size());
+  DecodeScratch scratch;
+  EXPECT_THROW((void)view.decode_frame(0, offsets, values, scratch), InvalidArgument);
+  const std::vector<float> short_context(chunk.context.begin(), chunk.context.end() - 1);
+  EXPECT_THROW((void)view.decode_frame(0, offsets, values, scratch, short_context),
+               InvalidArgument);
+}
+
+TEST(CodecContext, AReceiverWithOtherContextBitsFailsOrGetsTheSameValues) {
+  // A receiver whose θ_g differs from the sender's: every change of one element's bits either
+  // leaves the decoded values as sent (the coding reads only θ_g's exponents) or is refused
+  // by the frame's value digest. It never yields other values.
+  const Chunk chunk = realistic_chunk(2048, 0.1, 5);
+  const Bytes message = encode_message(chunk);
+  ASSERT_EQ(frame_encoding(message), Encoding::context);
+  std::mt19937 rng(9);
+  int refused = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::vector<float> other = chunk.context;
+    const std::uint32_t at = chunk.offsets[rng() % chunk.offsets.size()];
+    const std::uint32_t bit = 1u << (rng() % 32);
+    other[at] = from_bits(std::bit_cast<std::uint32_t>(other[at]) ^ bit);
+    const MessageView view = MessageView::parse(message);
+    std::vector<std::uint32_t> offsets(view.frame(0).entries);
+    std::vector<float> values(offsets.size());
+    DecodeScratch scratch;
+    try {
+      (void)view.decode_frame(0, offsets, values, scratch, other);
+      expect_same_bits(chunk, Decoded{offsets, values});
+      // Only θ_g's exponent bits are read: a changed exponent bit must have been refused.
+      EXPECT_EQ(bit & 0x7F800000u, 0u) << "an exponent bit of θ_g changed unnoticed";
+    } catch (const ProtocolError& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find("digest"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(refused, 0);
+}
+
+TEST(CodecContext, CorruptedFramesAreRefusedOrDecodeToValidEntries) {
+  // Every byte of a context message changed, the checksums recomputed: the decoder refuses the
+  // message (ProtocolError) or returns entries that keep its promises (offsets ascending below
+  // the chunk length, finite values).
+  const Chunk chunk = realistic_chunk(1024, 0.1, 8);
+  const Bytes message = encode_message(chunk);
+  ASSERT_EQ(frame_encoding(message), Encoding::context);
+  int refused = 0;
+  for (std::size_t at = 0; at < message.size(); ++at) {
+    for (const unsigned flip : {0x01u, 0x80u, 0xFFu}) {
+      Bytes bad = message;
+      bad[at] ^= static_cast<std::byte>(flip);
+      testing::refresh_checksums(bad);
+      try {
+        const MessageView view = MessageView::parse(bad);
+        const FrameInfo& info = view.frame(0);
+        std::vector<std::uint32_t> offsets(info.entries);
+        std::vector<float> values(offsets.size());
+        DecodeScratch scratch;
+        std::vector<float> context(chunk.context);
+        context.resize(info.length, 0.0f);
+        (void)view.decode_frame(0, offsets, values, scratch, context);
+        for (std::size_t i = 0; i < offsets.size(); ++i) {
+          ASSERT_LT(offsets[i], info.length);
+          if (i > 0) {
+            ASSERT_GT(offsets[i], offsets[i - 1]);
+          }
+          ASSERT_TRUE(std::isfinite(values[i]));
+        }
+      } catch (const ProtocolError&) {
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
+}
+
+}  // namespace pulseloco::codec::context_test
