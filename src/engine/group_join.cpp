@@ -333,10 +333,10 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
   const std::uint64_t committed = state.committed_windows();
   const bool up_to_date = has_state && committed == latest;
   if (up_to_date && state.in_flight()) {
-    logger().log(shared_line_level(group.rank()),
-                 "window {} was in flight when the group changed: dropped, its entries back "
-                 "in the residual",
-                 state.in_flight()->window);
+    logger().info(
+        "window {} was in flight when the group changed: dropped, its entries back "
+        "in the residual",
+        state.in_flight()->window);
     drop_in_flight(state, pool);
   }
   if (!up_to_date) {
@@ -345,8 +345,7 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
     if (accepted_the_committed_window && state.in_flight()) {
       // Overlapped windows: the committed window is the one this rank had in flight, whose
       // residual was committed when it was gated; its message is in the others' θ_g.
-      logger().log(
-          shared_line_level(group.rank()),
+      logger().info(
           "window {} (in flight here) was applied in the old group after this rank had accepted "
           "it: taking θ_g and m from rank {}",
           state.in_flight()->window, source);
@@ -355,10 +354,10 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
       // The old group committed the window this rank had accepted (its message is in the
       // others' aggregate): commit the residual exactly as the window would have.
       state.commit_residual(pool);
-      logger().log(shared_line_level(group.rank()),
-                   "window {} committed in the old group after this rank had accepted it: residual "
-                   "committed, taking θ_g and m from rank {}",
-                   state.next_window(), source);
+      logger().info(
+          "window {} committed in the old group after this rank had accepted it: residual "
+          "committed, taking θ_g and m from rank {}",
+          state.next_window(), source);
     } else if (!accepted_the_committed_window) {
       if (has_state) {
         logger().warn(
