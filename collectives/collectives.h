@@ -215,6 +215,14 @@ void broadcast(transport::Transport& transport, int root, std::span<std::byte> d
 
 void barrier(transport::Transport& transport, const CollectiveOptions& options);
 
+// Seconds that the calling thread's collective calls have spent waiting for their peers to
+// join: in each call, from its start until the headers it first waits for had all arrived
+// (every peer's, except in the all-reduce: its left neighbour's, the one header it exchanges).
+// A peer's header leaves as soon as that peer enters the call, so this is the time a call
+// waited for the last of those peers to arrive; what follows is the transfer. Cumulative over
+// the thread's life: a caller takes the difference around the calls it measures.
+[[nodiscard]] double header_wait_seconds() noexcept;
+
 // Every rank's value in rank order (fixed-size all-gather, e.g. of digests).
 [[nodiscard]] std::vector<std::uint64_t> allgather_u64(transport::Transport& transport,
                                                        std::uint64_t mine,

@@ -6,6 +6,21 @@
 #include <exception>
 #include <utility>
 
+#include <pulseloco/base/log.h>
+
+namespace pulseloco::collectives {
+namespace {
+
+thread_local double header_wait_total = 0;  // header_wait_seconds()
+
+}  // namespace
+
+double header_wait_seconds() noexcept {
+  return header_wait_total;
+}
+
+}  // namespace pulseloco::collectives
+
 namespace pulseloco::collectives::detail {
 
 using transport::Clock;
@@ -124,10 +139,37 @@ void Call::wait_watching_notices(Request& request, int peer) {
             peer, ErrorKind::timeout, true,
             fmt::format("no progress from peer {} for {} ms", peer, options().timeout.count()));
       }
+      if (progress_.due()) log_progress(peer);
     } catch (const Error& error) {
       throw_observed(error, peer);
     }
   }
+}
+
+void Call::log_progress(int peer) {
+  std::vector<int> not_joined;
+  for (std::size_t r = 0; r < header_receives_.size(); ++r) {
+    Request* receive = header_receives_[r];
+    if (receive == nullptr) continue;
+    bool arrived = false;
+    try {
+      arrived = receive->test();
+    } catch (const Error&) {
+      // A failed receive: the wait in progress reports it.
+    }
+    if (!arrived) not_joined.push_back(static_cast<int>(r));
+  }
+  const std::string joined =
+      not_joined.empty()
+          ? std::string("every peer it exchanges headers with has joined")
+          : fmt::format("no header yet from {} {}", not_joined.size() == 1 ? "rank" : "ranks",
+                        fmt::join(not_joined, ", "));
+  logger().warn("{}: still waiting after {:.1f} s, now for rank {}; {}", context_.describe(),
+                progress_.seconds(), peer, joined);
+}
+
+void Call::add_header_wait() const {
+  header_wait_total += std::chrono::duration<double>(Clock::now() - started_).count();
 }
 
 void Call::run_native(const std::function<void(transport::Deadline)>& collective) {
@@ -211,13 +253,17 @@ const std::vector<Header>& Call::headers() {
   // (Over an order-matching transport every header is checked below instead: no rank could
   // ask the others for theirs.)
   if (!context_.ordered && !agrees_with_mine(headers_[left_index])) throw LeftDisagreement();
-  if (header_exchange_ == HeaderExchange::left_neighbour) return headers_;
+  if (header_exchange_ == HeaderExchange::left_neighbour) {
+    add_header_wait();
+    return headers_;
+  }
   for (int distance = 1; distance + 1 < size(); ++distance) {
     const int peer = (rank() + distance) % size();
     const auto index = static_cast<std::size_t>(peer);
     wait_watching_notices(*header_receives_[index], peer);
     headers_[index] = Header::decode(headers_in_[index], rank(), peer);
   }
+  add_header_wait();
   // Checked once every header is in, so that every rank names the same culprit.
   check_all_headers(headers_);
   return headers_;

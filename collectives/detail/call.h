@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log_lines.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/collectives/detail/diagnosis.h>
 #include <pulseloco/collectives/detail/packets.h>
@@ -138,6 +139,12 @@ class Call {
 
  private:
   void wait_watching_notices(transport::Request& request, int peer);
+  // A long wait's progress line (WaitProgress): whom the call waits for now, and which ranks'
+  // headers have not arrived (those ranks have not entered the call).
+  void log_progress(int peer);
+  // Adds the time from the call's start until now (every header it waits for is in) to the
+  // calling thread's header_wait_seconds().
+  void add_header_wait() const;
   // Whether `theirs` is for this very call with this rank's options (operation, call number,
   // chunk size, algorithm).
   [[nodiscard]] bool same_call_and_options(const Header& theirs) const;
@@ -147,6 +154,8 @@ class Call {
   void check_all_headers(const std::vector<Header>& headers) const;
 
   CallContext context_;
+  transport::Clock::time_point started_ = transport::Clock::now();
+  WaitProgress progress_;
   // The header exchange (post_headers): pending until headers() has checked it.
   bool headers_pending_ = false;
   std::vector<Header> headers_;

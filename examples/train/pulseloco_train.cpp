@@ -281,7 +281,7 @@ nlohmann::json window_json(const WindowRow& row) {
   for (const char* key :
        {"applied_window", "overlap", "exchange", "union_entries", "group_entries", "union_ratio",
         "published_version", "patch_changed", "patch_density", "patch_delta_bytes",
-        "patch_compact_bytes", "patch_anchor_bytes", "patch_anchor", "publish_error"})
+        "patch_compact_bytes", "patch_anchor_bytes", "patch_anchor", "publish_error", "seconds"})
     out[key] = report.at(key);
   return out;
 }

@@ -65,6 +65,16 @@ class PhaseSeconds:
         """
 
     @property
+    def exchange_wait(self) -> float:
+        """
+        of exchange: waiting for the slowest peer to join it (until the last peer's header had arrived)
+        """
+
+    @property
+    def exchange_transfer(self) -> float:
+        """of exchange: the rest, exchange - exchange_wait"""
+
+    @property
     def exchange_in_flight(self) -> float:
         """
         overlapped windows: how long the applied window's exchange ran in the background

@@ -34,15 +34,17 @@ std::string_view error_kind_name(ErrorKind kind) noexcept {
 
 std::string format_error(ErrorKind kind, std::string_view message, const ErrorContext& context) {
   std::vector<std::string> parts;
-  if (context.rank) parts.push_back(fmt::format("rank {}", *context.rank));
+  if (context.rank) parts.push_back(fmt::format("raised on rank {}", *context.rank));
   if (context.peer) parts.push_back(fmt::format("peer {}", *context.peer));
   if (!context.tensor.empty()) parts.push_back(fmt::format("tensor '{}'", context.tensor));
   if (context.index) parts.push_back(fmt::format("index {}", *context.index));
   if (context.byte_offset) parts.push_back(fmt::format("byte offset {}", *context.byte_offset));
-  if (!context.ranks.empty())
-    parts.push_back(fmt::format("ranks {}", fmt::join(context.ranks, ",")));
+  if (!context.ranks.empty()) {
+    parts.push_back(fmt::format("{} involved: {}", context.ranks.size() == 1 ? "rank" : "ranks",
+                                fmt::join(context.ranks, ", ")));
+  }
   if (parts.empty()) return fmt::format("{}: {}", error_kind_name(kind), message);
-  return fmt::format("{}: {} [{}]", error_kind_name(kind), message, fmt::join(parts, ", "));
+  return fmt::format("{}: {} ({})", error_kind_name(kind), message, fmt::join(parts, "; "));
 }
 
 Error::Error(ErrorKind kind, std::string_view message, ErrorContext context)

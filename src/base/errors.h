@@ -88,7 +88,8 @@ class AbortedError : public PeerLostError {
       : PeerLostError(ErrorKind::aborted, reason, std::move(context)) {}
 };
 
-// Formats "kind: message [rank 1, peer 2, tensor 'w', index 7, byte offset 9]".
+// Formats "kind: message (raised on rank 1; peer 2; tensor 'w'; index 7; byte offset 9; ranks
+// involved: 1, 3)".
 [[nodiscard]] std::string format_error(ErrorKind kind, std::string_view message,
                                        const ErrorContext& context);
 

@@ -1,7 +1,9 @@
 #include <pulseloco/base/log.h>
+#include <pulseloco/base/log_lines.h>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -82,6 +84,49 @@ void tag_log_with_group_rank(int rank) {
   const std::lock_guard lock(tag.mutex);
   if (tag.chosen_by_program || tag.rank == rank) return;
   apply_rank_tag(tag, rank);
+}
+
+spdlog::level::level_enum shared_line_level(int rank) {
+  static const bool all_ranks = [] {
+    const char* env = std::getenv("PULSELOCO_LOG_ALL_RANKS");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  return rank == 0 || all_ranks ? spdlog::level::info : spdlog::level::debug;
+}
+
+std::chrono::milliseconds wait_progress_interval() {
+  constexpr std::chrono::milliseconds kDefault{10'000};
+  const char* env = std::getenv("PULSELOCO_WAIT_LOG_SECONDS");
+  if (env == nullptr || *env == '\0') return kDefault;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  if (end == env || *end != '\0' || !(seconds >= 0) || seconds > 86'400) {
+    static std::once_flag warned;
+    std::call_once(warned, [env] {
+      logger().warn(
+          "PULSELOCO_WAIT_LOG_SECONDS='{}' is not a number of seconds from 0 to 86400; using 10",
+          env);
+    });
+    return kDefault;
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+WaitProgress::WaitProgress() : WaitProgress(wait_progress_interval()) {}
+
+WaitProgress::WaitProgress(std::chrono::milliseconds interval)
+    : start_(std::chrono::steady_clock::now()), next_(start_ + interval), interval_(interval) {}
+
+bool WaitProgress::due() {
+  if (interval_.count() <= 0) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_) return false;
+  next_ = now + interval_;
+  return true;
+}
+
+double WaitProgress::seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
 std::optional<int> log_rank() {

@@ -7,6 +7,7 @@
 #include <pulseloco/elastic/coordinator.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <openssl/rand.h>
 
 #include <array>
@@ -22,6 +23,7 @@
 #include <pulseloco/base/thread_name.h>
 #include <pulseloco/elastic/membership_messages.h>
 #include <pulseloco/elastic/membership_policy.h>
+#include <pulseloco/group/progress_lines.h>
 #include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
@@ -113,6 +115,7 @@ struct Coordinator::Impl {
   std::optional<tcp::Listener> listener;
   asio::steady_timer regroup_timer;
   asio::steady_timer shutdown_timer;
+  std::optional<group::ProgressLines> regroup_progress;  // while a regroup is pending
   std::thread thread;
 
   // --- State of the io thread --------------------------------------------------------------
@@ -367,6 +370,25 @@ struct Coordinator::Impl {
       outcome.complete(reason ? std::make_exception_ptr(MembershipError(*reason)) : nullptr);
     }
     arm_regroup_timer();
+    watch_regroup();
+  }
+
+  // While a regroup is pending: progress lines naming the members it waits for.
+  void watch_regroup() {
+    if (!policy.deadline() || shutting_down) {
+      regroup_progress.reset();
+      return;
+    }
+    if (regroup_progress) return;
+    regroup_progress.emplace(io, [this](double seconds) {
+      const std::vector<std::string> awaited = policy.awaited_members();
+      if (awaited.empty()) return;
+      logger().warn(
+          "membership coordinator: the regroup of generation {} has waited {:.1f} s so far for "
+          "{} {} to ask for the next group (it goes on without them at its deadline)",
+          policy.generation(), seconds, awaited.size() == 1 ? "worker" : "workers",
+          fmt::join(awaited, ", "));
+    });
   }
 
   // Gives the generation a fresh group key and tells each member its place.
@@ -419,6 +441,7 @@ struct Coordinator::Impl {
     shutting_down = true;
     listener->close();
     regroup_timer.cancel();
+    regroup_progress.reset();
     for (const auto& connection :
          std::vector<ConnectionPtr>(connections.begin(), connections.end())) {
       if (connection->writing) {

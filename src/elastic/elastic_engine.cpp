@@ -16,6 +16,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/base/log_lines.h>
 #include <pulseloco/base/unique_fd.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous.h>
@@ -210,9 +211,10 @@ void ElasticEngine::regroup(std::string reason) {
       engine_->attach(group::make_transport(options),
                       GroupInfo{.generation = group_.generation, .members = group_.worker_ids});
       ++groups_joined_;
-      logger().info("worker {}: rank {} of {} in group generation {} (joined: [{}], lost: [{}])",
-                    worker_id_, group_.rank, group_.size(), group_.generation,
-                    fmt::join(group_.joined, ", "), fmt::join(group_.lost, ", "));
+      logger().log(shared_line_level(group_.rank),
+                   "worker {}: rank {} of {} in group generation {} (joined: [{}], lost: [{}])",
+                   worker_id_, group_.rank, group_.size(), group_.generation,
+                   fmt::join(group_.joined, ", "), fmt::join(group_.lost, ", "));
       return;
     } catch (const Error& error) {
       if (!recoverable(error) || attempt >= elastic_.max_attempts_per_window) throw;

@@ -10,6 +10,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/elastic/membership_messages.h>
+#include <pulseloco/group/progress_lines.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/tls_context.h>
@@ -359,7 +360,16 @@ GroupAssignment MembershipClient::next_group(std::string_view reason, Deadline d
     impl.write_message(Json{{"type", "next_group"}, {"reason", std::string(reason)}}, deadline);
     impl.outstanding = Impl::Request::next_group;
   }
-  const Json reply = impl.await_reply(deadline, "with a new group", budget_ms);
+  Json reply;
+  {
+    const group::ProgressLines progress(impl.io, [&impl](double seconds) {
+      logger().warn(
+          "membership: worker {} has waited {:.1f} s so far for the coordinator at {} to form the "
+          "next group (the coordinator logs which workers it waits for)",
+          impl.options.worker_id, seconds, to_string(impl.coordinator));
+    });
+    reply = impl.await_reply(deadline, "with a new group", budget_ms);
+  }
   if (reply["type"] != "group") impl.unexpected(reply, "group");
   GroupAssignment group = impl.parse_group(reply);
   impl.generation = group.generation;

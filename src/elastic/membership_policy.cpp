@@ -399,4 +399,14 @@ void MembershipPolicy::stop(std::string reason, Decisions& out) {
   out.ended = RunEnd{end_reason_};
 }
 
+std::vector<std::string> MembershipPolicy::awaited_members() const {
+  std::vector<std::string> ids;
+  if (!regroup_deadline_) return ids;
+  for (const WorkerKey key : members_) {
+    const Worker& member = worker(key);
+    if (member.standing == Standing::member) ids.push_back(member.id);
+  }
+  return ids;
+}
+
 }  // namespace pulseloco::elastic

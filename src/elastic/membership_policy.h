@@ -165,6 +165,10 @@ class MembershipPolicy {
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
   [[nodiscard]] const std::vector<WorkerKey>& members() const noexcept { return members_; }
   [[nodiscard]] std::size_t waiting() const noexcept { return joiners_.size(); }
+  // While a regroup is pending: the ids of the current generation's members that have not asked
+  // for the next group, left or been lost, in rank order (whom the regroup waits for); else
+  // none.
+  [[nodiscard]] std::vector<std::string> awaited_members() const;
   // A worker's standing; nullopt once the policy has forgotten it (its connection closed and
   // it is not a member of the current generation).
   [[nodiscard]] std::optional<Standing> standing(WorkerKey worker) const;

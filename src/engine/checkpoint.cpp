@@ -11,6 +11,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/base/log_lines.h>
 #include <pulseloco/engine/checkpoint_commit.h>
 #include <pulseloco/engine/in_flight_file.h>
 #include <pulseloco/engine/state_files.h>
@@ -320,8 +321,8 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
   }
   (void)agree(group, error, nullptr, what, unchanged);
   if (rank == 0) remove_old_checkpoints(root, dir, save.keep);
-  logger().info("checkpoint of window {} committed in {} (state digest {})", window, dir.string(),
-                digest_hex(state.digest(pool)));
+  logger().log(shared_line_level(rank), "checkpoint of window {} committed in {} (state digest {})",
+               window, dir.string(), digest_hex(state.digest(pool)));
   return dir;
 }
 
@@ -516,9 +517,10 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
   }
   state.set_progress(loaded_window, loaded_momentum_initialised);
   state.set_windows_dropped(loaded_dropped);
-  logger().info("resumed from {}: {} windows committed, the next is window {} (state digest {})",
-                loaded.dir.string(), state.committed_windows(), state.next_window(),
-                digest_hex(loaded_digest));
+  logger().log(shared_line_level(rank),
+               "resumed from {}: {} windows committed, the next is window {} (state digest {})",
+               loaded.dir.string(), state.committed_windows(), state.next_window(),
+               digest_hex(loaded_digest));
   loaded.window = loaded_window;
   loaded.next_window = state.next_window();
   loaded.next_step = loaded.next_window * options.steps_per_window;

@@ -11,6 +11,7 @@ void DdpSync::run(const AttachedGroup& group, WindowReport& report) {
   report.payload_bytes = payload_bytes_;
   report.received_bytes = received_bytes_;
   report.seconds.exchange = exchange_seconds_;
+  report.seconds.exchange_wait = exchange_wait_seconds_;
   report.density = 1.0;  // every element, every step
   set_overlap(report,
               {report.entries_sent, report.entries_sent * static_cast<std::uint64_t>(group.world()),
@@ -18,6 +19,7 @@ void DdpSync::run(const AttachedGroup& group, WindowReport& report) {
   payload_bytes_ = 0;
   received_bytes_ = 0;
   exchange_seconds_ = 0;
+  exchange_wait_seconds_ = 0;
 }
 
 void DdpSync::average_gradients(const AttachedGroup& group, std::span<const TensorView> gradients) {
@@ -39,6 +41,7 @@ void DdpSync::average_gradients(const AttachedGroup& group, std::span<const Tens
     }
   }
   const auto start = SteadyClock::now();
+  const double waited_before = collectives::header_wait_seconds();
   const auto& chunks = layout.chunks();
   const auto divisor = static_cast<float>(group.world());
   for (const BucketRef& bucket : layout.buckets()) {
@@ -60,6 +63,7 @@ void DdpSync::average_gradients(const AttachedGroup& group, std::span<const Tens
   }
   payload_bytes_ += layout.parameters() * sizeof(float);
   exchange_seconds_ += seconds_since(start);
+  exchange_wait_seconds_ += collectives::header_wait_seconds() - waited_before;
 }
 
 }  // namespace pulseloco::engine_detail

@@ -30,6 +30,7 @@ class DdpSync final : public WindowStrategy {
   std::uint64_t payload_bytes_ = 0;
   std::uint64_t received_bytes_ = 0;
   double exchange_seconds_ = 0;
+  double exchange_wait_seconds_ = 0;  // of exchange_seconds_: waiting for peers to join
 };
 
 }  // namespace pulseloco::engine_detail

@@ -9,6 +9,7 @@ namespace pulseloco::engine_detail {
 void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
   group.reached(WindowPhase::gate, report.window);
   auto phase = SteadyClock::now();
+  const double waited_before = collectives::header_wait_seconds();
   const Exchanged exchanged = exchange(group);
   double exchange_seconds = exchanged.seconds;
   const auto agree_start = SteadyClock::now();
@@ -16,6 +17,7 @@ void DilocoWindow::run(const AttachedGroup& group, WindowReport& report) {
   agree_to_commit(group, true, nullptr);
   exchange_seconds += seconds_since(agree_start);
   report.seconds.exchange = exchange_seconds;
+  report.seconds.exchange_wait = collectives::header_wait_seconds() - waited_before;
   report.seconds.gate = seconds_since(phase) - exchange_seconds;
   group.reached(WindowPhase::aggregate, report.window);
   const std::uint64_t parameters = state_.layout().parameters();

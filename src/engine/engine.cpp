@@ -16,6 +16,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/base/log_lines.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/checkpoint.h>
 #include <pulseloco/engine/fault_injection.h>
@@ -24,21 +25,6 @@
 #include <pulseloco/engine/trace.h>
 
 namespace pulseloco {
-
-namespace {
-
-// The level of a line that every rank writes alike (a window's summary, the engine's start):
-// info on rank 0; debug on the other ranks unless PULSELOCO_LOG_ALL_RANKS is 1, so that a
-// group's combined log holds one such line per event. Warnings stay every rank's own.
-spdlog::level::level_enum shared_line_level(int rank) {
-  static const bool all_ranks = [] {
-    const char* env = std::getenv("PULSELOCO_LOG_ALL_RANKS");
-    return env != nullptr && std::string_view(env) == "1";
-  }();
-  return rank == 0 || all_ranks ? spdlog::level::info : spdlog::level::debug;
-}
-
-}  // namespace
 
 using engine_detail::AttachedGroup;
 using engine_detail::seconds_since;
@@ -196,8 +182,11 @@ WindowReport Engine::Impl::run_window() {
   const engine_detail::StateAccess access(state);
 
   const std::uint64_t averages = gradient_averages;
-  gradients_not_averaged = options.mode == Mode::ddp && averages < steps_in_window;
-  if (gradients_not_averaged && !warned_gradients_not_averaged) {
+  // A window that averaged nothing counts too: a loop that runs its windows with run_window()
+  // counts no optimizer steps, but still stepped on its own gradients if it trained at all.
+  gradients_not_averaged =
+      options.mode == Mode::ddp && (averages < steps_in_window || averages == 0);
+  if (averages < steps_in_window && options.mode == Mode::ddp && !warned_gradients_not_averaged) {
     warned_gradients_not_averaged = true;
     logger().warn(
         "ddp mode: window {} ran {} optimizer steps but averaged the gradients {} times: call "
@@ -238,6 +227,9 @@ void Engine::Impl::finish_boundary(const AttachedGroup& attached, WindowReport& 
   report.wire_bytes_sent = now.wire_bytes_sent - stats_at_window_start.wire_bytes_sent;
   report.wire_bytes_received = now.wire_bytes_received - stats_at_window_start.wire_bytes_received;
   stats_at_window_start = now;
+  report.seconds.exchange_wait =
+      std::clamp(report.seconds.exchange_wait, 0.0, report.seconds.exchange);
+  report.seconds.exchange_transfer = report.seconds.exchange - report.seconds.exchange_wait;
   report.seconds.total =
       seconds_since(start) + (strategy->exchanges_during_steps() ? report.seconds.exchange : 0.0);
   logger().log(shared_line_level(rank), "{}", summary_line(report));

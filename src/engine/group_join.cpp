@@ -17,6 +17,7 @@
 #include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
+#include <pulseloco/base/log_lines.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/overlapped_window.h>
 
@@ -379,7 +380,8 @@ bool catch_up(const AttachedGroup& group, ReplicatedState& state, const EngineOp
       state.set_progress(latest, members[static_cast<std::size_t>(source)].momentum_initialised);
       state.set_has_contents(true);
     }
-    logger().info(
+    logger().log(
+        shared_line_level(group.rank()),
         "group generation {}: ranks {} received θ_g and m ({} windows committed) from rank {}",
         group.generation(), fmt::join(behind, ", "), latest, source);
   }

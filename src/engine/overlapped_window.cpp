@@ -1,5 +1,7 @@
 #include <pulseloco/engine/overlapped_window.h>
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -88,9 +90,16 @@ void OverlappedPulseWindow::run(const AttachedGroup& group, WindowReport& report
 
 ReceivedMessages OverlappedPulseWindow::finish(const AttachedGroup& group, WindowReport& report) {
   const auto start = SteadyClock::now();
+  const double waited_before = collectives::header_wait_seconds();
   Exchanged done;
+  // Of this boundary's time, what went to waiting for peers to join the exchange in flight: in
+  // the background, the part of its wait that was still running when the boundary began.
+  double waited = 0;
   if (exchange_.valid()) {
     done = exchange_.get();  // its failure keeps the window in flight
+    const double wait_end =
+        std::chrono::duration<double>(done.started - start).count() + done.wait_seconds;
+    waited = std::clamp(wait_end, 0.0, seconds_since(start));
   } else {
     done.received = window_.exchange(group, *state_.in_flight());
     done.seconds = seconds_since(start);
@@ -106,6 +115,7 @@ ReceivedMessages OverlappedPulseWindow::finish(const AttachedGroup& group, Windo
   report.received_bytes = done.received.received_bytes;
   report.seconds.exchange_in_flight = done.seconds;
   report.seconds.exchange = seconds_since(start);
+  report.seconds.exchange_wait = waited + (collectives::header_wait_seconds() - waited_before);
   group.reached(WindowPhase::aggregate, done.received.window);
   return std::move(done.received);
 }
@@ -131,10 +141,12 @@ void OverlappedPulseWindow::start_in_flight(const AttachedGroup& group) {
   const OutgoingMessage* message = &*state_.in_flight();
   exchange_ = std::async(std::launch::async, [this, group, message] {
     set_this_thread_name("pl-exchange");
-    const auto start = SteadyClock::now();
     Exchanged done;
+    done.started = SteadyClock::now();
+    const double waited_before = collectives::header_wait_seconds();
     done.received = window_.exchange(group, *message);
-    done.seconds = seconds_since(start);
+    done.seconds = seconds_since(done.started);
+    done.wait_seconds = collectives::header_wait_seconds() - waited_before;
     return done;
   });
 }

@@ -37,6 +37,8 @@ class OverlappedPulseWindow final : public WindowStrategy {
   struct Exchanged {
     ReceivedMessages received;
     double seconds = 0;
+    SteadyClock::time_point started;  // when the exchange began
+    double wait_seconds = 0;          // of `seconds`: its first part, waiting for peers to join
   };
 
   // Waits for the window in flight's exchange (runs it here when none runs: a retry, or the

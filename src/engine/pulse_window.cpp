@@ -42,10 +42,12 @@ void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   report.density = density_of(report);
 
   phase = SteadyClock::now();
+  const double waited_before = collectives::header_wait_seconds();
   const ReceivedMessages received = exchange(group, message);
   report.received_bytes = received.received_bytes;
   vote(group, received);
   report.seconds.exchange = seconds_since(phase);
+  report.seconds.exchange_wait = collectives::header_wait_seconds() - waited_before;
   group.reached(WindowPhase::aggregate, received.window);
 
   phase = SteadyClock::now();

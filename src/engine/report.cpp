@@ -38,6 +38,8 @@ nlohmann::json to_json(const WindowReport& report) {
       {"seconds",
        {{"gate", report.seconds.gate},
         {"exchange", report.seconds.exchange},
+        {"exchange_wait", report.seconds.exchange_wait},
+        {"exchange_transfer", report.seconds.exchange_transfer},
         {"exchange_in_flight", report.seconds.exchange_in_flight},
         {"apply", report.seconds.apply},
         {"verify", report.seconds.verify},
@@ -119,27 +121,29 @@ std::string summary_line(const WindowReport& report) {
     // window whose exchange ran during the steps before it.
     return fmt::format(
         "window {} {}: completed in flight (overlap {}): outer step applied, nothing sent, {:.3f} "
-        "s (finishing the exchange {:.3f}, apply {:.3f}, verify {:.3f}; in flight {:.3f} s), "
-        "digest {}{}{}",
+        "s (finishing the exchange {:.3f} = wait {:.3f} + transfer {:.3f}, apply {:.3f}, verify "
+        "{:.3f}; in flight {:.3f} s), digest {}{}{}",
         report.window, mode_name(report.mode), overlap_name(report.overlap), report.seconds.total,
-        report.seconds.exchange, report.seconds.apply, report.seconds.verify,
-        report.seconds.exchange_in_flight, digest_hex(report.digest),
-        report.replicas_identical ? "" : " REPLICAS DIFFER", publish_summary(report));
+        report.seconds.exchange, report.seconds.exchange_wait, report.seconds.exchange_transfer,
+        report.seconds.apply, report.seconds.verify, report.seconds.exchange_in_flight,
+        digest_hex(report.digest), report.replicas_identical ? "" : " REPLICAS DIFFER",
+        publish_summary(report));
   }
   const double payload = static_cast<double>(report.payload_bytes);
   const double vs_diloco = payload > 0 ? static_cast<double>(report.diloco_bytes) / payload : 0;
   const double vs_ddp = payload > 0 ? static_cast<double>(report.ddp_bytes) / payload : 0;
   return fmt::format(
       "window {} {}: density {:.3f}%, payload {} (DiLoCo {} = {:.1f}x, DDP {} = {:.1f}x), "
-      "received {}{}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f}, apply {:.3f}, "
-      "verify {:.3f}), digest {}{}{}{}{}",
+      "received {}{}, wire {} out / {} in, {:.3f} s (gate {:.3f}, exchange {:.3f} = wait {:.3f} + "
+      "transfer {:.3f}, apply {:.3f}, verify {:.3f}), digest {}{}{}{}{}",
       report.window, mode_name(report.mode), 100.0 * report.density, human_bytes(payload),
       human_bytes(static_cast<double>(report.diloco_bytes)), vs_diloco,
       human_bytes(static_cast<double>(report.ddp_bytes)), vs_ddp,
       human_bytes(static_cast<double>(report.received_bytes)), union_summary(report),
       human_bytes(static_cast<double>(report.wire_bytes_sent)),
       human_bytes(static_cast<double>(report.wire_bytes_received)), report.seconds.total,
-      report.seconds.gate, report.seconds.exchange, report.seconds.apply, report.seconds.verify,
+      report.seconds.gate, report.seconds.exchange, report.seconds.exchange_wait,
+      report.seconds.exchange_transfer, report.seconds.apply, report.seconds.verify,
       digest_hex(report.digest), overlap_summary(report),
       report.replicas_identical ? "" : " REPLICAS DIFFER",
       report.generation > 0

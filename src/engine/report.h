@@ -18,6 +18,12 @@ struct PhaseSeconds {
   double gate = 0;      // gate + encode (pulse) or pseudo-gradient (diloco)
   double exchange = 0;  // the collective(s), decoding that overlaps them included; overlapped:
                         // the time this boundary waited for the window in flight and the vote
+  // `exchange` split in two: exchange_wait, the part spent waiting for the slowest peer to join
+  // the exchange (until the last peer's header had arrived: collectives::header_wait_seconds;
+  // overlapped, the part of the boundary before the window in flight's last peer had joined),
+  // and exchange_transfer, the rest (exchange = exchange_wait + exchange_transfer).
+  double exchange_wait = 0;
+  double exchange_transfer = 0;
   // Overlapped windows: how long the applied window's exchange ran in the background.
   double exchange_in_flight = 0;
   double apply = 0;    // decode + aggregate + residual commit + outer step + reset

@@ -15,9 +15,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 #include <pulseloco/group/linked_backends.h>
+#include <pulseloco/group/progress_lines.h>
 #include <pulseloco/group/rendezvous_messages.h>
 #include <pulseloco/group/rendezvous_server.h>
 #include <pulseloco/transport/tcp/exposure.h>
@@ -253,6 +256,24 @@ std::string interface_address(const std::string& ifname) {
   return found;
 }
 
+// register_with_server, logging at wait_progress_interval() while it waits (rank 0's server
+// names the ranks that have not registered; `quiet` when it runs in this process).
+asio::awaitable<GroupTable> register_logging_progress(asio::io_context& io,
+                                                      const TransportOptions& options,
+                                                      std::uint16_t listen_port, Deadline deadline,
+                                                      bool quiet) {
+  std::optional<ProgressLines> progress;
+  if (!quiet) {
+    progress.emplace(io, [&options](double seconds) {
+      logger().warn(
+          "rendezvous: rank {} has waited {:.1f} s so far for the group of {} to form at {}:{} "
+          "(rank 0 logs which ranks have not registered)",
+          options.rank, seconds, options.world_size, options.master_addr, options.master_port);
+    });
+  }
+  co_return co_await register_with_server(io, options, listen_port, deadline);
+}
+
 GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t listen_port) {
   require_rank_and_size(options, "environment");
   if (options.master_addr.empty() || options.master_port == 0)
@@ -272,8 +293,9 @@ GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t
     }
   }
   asio::io_context io;
-  auto result = asio::co_spawn(io, register_with_server(io, options, listen_port, deadline),
-                               asio::use_future);
+  auto result = asio::co_spawn(
+      io, register_logging_progress(io, options, listen_port, deadline, server != nullptr),
+      asio::use_future);
   io.run();
   GroupTable table;
   try {

@@ -5,12 +5,14 @@
 #include <openssl/rand.h>
 
 #include <atomic>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/base/thread_name.h>
+#include <pulseloco/group/progress_lines.h>
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/group/rendezvous_messages.h>
 #include <pulseloco/transport/tcp/exposure.h>
@@ -90,8 +92,25 @@ struct RendezvousServer::Impl {
   std::atomic<int> refused{0};
 
   tcp::ServerOutcome outcome;
-  tcp::ServerOutcome closed;  // completes when the listener is closed for good
+  tcp::ServerOutcome closed;              // completes when the listener is closed for good
+  std::optional<ProgressLines> progress;  // while ranks are missing: which
   std::thread thread;
+
+  // A progress line of a long wait: the ranks that have not registered yet.
+  void log_missing(double seconds) {
+    if (finished) {
+      progress->stop();
+      return;
+    }
+    std::vector<int> missing;
+    for (std::size_t rank = 0; rank < members.size(); ++rank)
+      if (!members[rank].registered) missing.push_back(static_cast<int>(rank));
+    logger().warn(
+        "rendezvous server: waiting {:.1f} s so far for {} {} to register ({} of {} "
+        "registered)",
+        seconds, missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "), registered,
+        world_size);
+  }
 
   void complete(std::exception_ptr error) { outcome.complete(std::move(error)); }
 
@@ -256,8 +275,9 @@ struct RendezvousServer::Impl {
     for (std::size_t rank = 0; rank < members.size(); ++rank)
       if (!members[rank].registered) missing.push_back(static_cast<int>(rank));
     const std::string message =
-        fmt::format("rendezvous: ranks {} did not register in time ({} of {} registered){}",
-                    fmt::join(missing, ", "), registered, world_size, refusals.summary());
+        fmt::format("rendezvous: {} {} did not register in time ({} of {} registered){}",
+                    missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "), registered,
+                    world_size, refusals.summary());
     co_await fail_now(timed_out(message, missing), RendezvousFailure::timed_out, message);
   }
 
@@ -297,6 +317,7 @@ RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, 
   auto& impl = *impl_;
   impl.listener.start(
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });
+  impl.progress.emplace(impl.io, [&impl](double seconds) { impl.log_missing(seconds); });
   impl.timer.expires_at(deadline);
   impl.timer.async_wait([&impl](const boost::system::error_code& error) {
     if (error || impl.finished) return;

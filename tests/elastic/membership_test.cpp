@@ -31,6 +31,7 @@
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/tls_context.h>
+#include "base/log_capture.h"
 #include "transport/test_pki.h"
 
 namespace pulseloco::elastic {
@@ -394,6 +395,35 @@ TEST(Membership, AMemberThatDoesNotAskWithinTheRegroupTimeoutIsRemoved) {
   const auto third = joined.get();
   EXPECT_EQ(third.generation, 3u);
   EXPECT_EQ(third.joined, std::vector<std::string>{"stalled"});
+}
+
+// A regroup that waits for a member names it while it waits (on the coordinator), and each
+// waiting worker says that it waits (PULSELOCO_WAIT_LOG_SECONDS); the test lets the late member
+// ask once both lines appeared, and it is placed with the others.
+TEST(Membership, ARegroupWaitingForAMemberNamesItWhileItWaits) {
+  ::setenv("PULSELOCO_WAIT_LOG_SECONDS", "0.1", 1);
+  const pulseloco::testing::LogCapture log(spdlog::level::warn);
+  auto options = coordinator_options(3);
+  options.regroup_timeout = kTimeout;
+  Coordinator coordinator(options);
+  auto a = connect(coordinator, "a");
+  auto b = connect(coordinator, "b");
+  auto late = connect(coordinator, "late");
+  (void)next_generation({a.get(), b.get(), late.get()}, "join");
+  auto a_next = ask(*a, "the collective failed");
+  auto b_next = ask(*b, "the collective failed");
+  const bool late_named = log.wait_for("for worker late to ask for the next group", kTimeout);
+  const bool a_said_it_waits = log.wait_for("membership: worker a has waited", kTimeout);
+  const GroupAssignment late_group =
+      late->next_group("the collective failed", deadline_after(kTimeout));
+  const GroupAssignment a_group = a_next.get();
+  (void)b_next.get();
+  ::unsetenv("PULSELOCO_WAIT_LOG_SECONDS");
+  EXPECT_TRUE(late_named) << log.text();
+  EXPECT_TRUE(a_said_it_waits) << log.text();
+  EXPECT_EQ(late_group.generation, 2u);
+  EXPECT_EQ(a_group.generation, 2u);
+  EXPECT_TRUE(late_group.lost.empty());
 }
 
 TEST(Membership, FallingBelowTheMinimumStopsTheRun) {

@@ -1,8 +1,13 @@
 // The per-window report's byte counts agree with what the transport moved and with the other
-// ranks' reports, over the in-process and the TCP transport, in every mode.
+// ranks' reports, over the in-process and the TCP transport, in every mode; a peer that joins the
+// exchange late shows as waiting, not transfer, and is named while it is awaited.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <stdexcept>
+
 #include <pulseloco/engine/engine.h>
+#include "base/log_capture.h"
 #include "collectives/test_groups.h"
 #include "engine/engine_test_util.h"
 
@@ -122,6 +127,58 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(param_info.param) + "_" +
              std::string(mode_name(std::get<1>(param_info.param)));
     });
+
+class ReportWait : public ::testing::TestWithParam<Mode> {};
+
+// Rank 0 enters its window only once rank 1 has logged that it waits for rank 0's header, which
+// it does after a whole progress interval (PULSELOCO_WAIT_LOG_SECONDS) in its exchange: rank 1's
+// exchange_wait is at least that interval. Every rank's exchange is its wait plus its transfer.
+TEST_P(ReportWait, APeerThatJoinsLateIsWaitNotTransferAndIsNamed) {
+  const Mode mode = GetParam();
+  const testing::ScopedVariable interval("PULSELOCO_WAIT_LOG_SECONDS", "0.2");
+  const int world = 2;
+  std::vector<testing::LocalModel> models;
+  for (int r = 0; r < world; ++r)
+    models.push_back(testing::make_model({4096, 17}, DType::float32, 7));
+  EngineOptions options = testing::small_options(mode);
+  options.steps_per_window = 1;
+  auto engines = testing::start_engines(models, options);
+  std::vector<std::vector<std::vector<float>>> gradients(world);
+  for (int r = 0; r < world; ++r) {
+    for (const auto& t : models[static_cast<std::size_t>(r)])
+      gradients[static_cast<std::size_t>(r)].emplace_back(t.numel(), 0.25f);
+  }
+  std::vector<WindowReport> reports(world);
+  const testing::LogCapture log(spdlog::level::warn);
+  testing::rethrow_first(testing::run_ranks(world, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (r == 0 && !log.wait_for("no header yet from rank 0", std::chrono::seconds(120))) {
+      throw std::runtime_error("rank 1 never said that it waits for rank 0");
+    }
+    if (mode == Mode::ddp) {
+      std::vector<TensorView> views;
+      for (auto& g : gradients[i])
+        views.push_back({g.data(), g.size(), DType::float32, Device{}});
+      engines[i]->average_gradients(views);
+      reports[i] = engines[i]->after_optimizer_step().value();
+    } else {
+      reports[i] = engines[i]->run_window();
+    }
+  }));
+  EXPECT_NE(log.text().find("now for rank 0"), std::string::npos) << log.text();
+  EXPECT_GE(reports[1].seconds.exchange_wait, 0.2);
+  for (int r = 0; r < world; ++r) {
+    const PhaseSeconds& s = reports[static_cast<std::size_t>(r)].seconds;
+    EXPECT_GE(s.exchange_wait, 0.0) << "rank " << r;
+    EXPECT_GE(s.exchange_transfer, 0.0) << "rank " << r;
+    EXPECT_NEAR(s.exchange_wait + s.exchange_transfer, s.exchange, 1e-9) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ReportWait, ::testing::Values(Mode::pulse, Mode::diloco, Mode::ddp),
+                         [](const ::testing::TestParamInfo<Mode>& param_info) {
+                           return std::string(mode_name(param_info.param));
+                         });
 
 }  // namespace
 }  // namespace pulseloco

@@ -337,6 +337,11 @@ def test_json_lines(args):
               f"window {r.get('window')}: digests {r.get('digests')} vs {r.get('digest')}")
         for key in ("loss", "train_loss", "entries", "payload_bytes", "seconds"):
             check(key in r, f"window {r.get('window')}: no {key!r} in {sorted(r)}")
+        seconds = r.get("seconds", {})
+        check(abs(seconds.get("exchange_wait", -1) + seconds.get("exchange_transfer", -1)
+                  - seconds.get("exchange", 0)) < 1e-9,
+              f"window {r.get('window')}: exchange is not exchange_wait + exchange_transfer in "
+              f"{seconds}")
 
 
 def test_bucket(args):

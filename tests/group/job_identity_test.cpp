@@ -387,7 +387,7 @@ TEST(RendezvousFailures, AWrongSecretCannotEndRankZerosRendezvousButItsTimeoutNa
   EXPECT_TRUE(contains(stranger.what, "authentication failed")) << stranger.what;
   const Failure failure = rank_0.get();
   EXPECT_EQ(failure.kind, ErrorKind::timeout) << failure.what;
-  EXPECT_TRUE(contains(failure.what, "ranks 1 did not register")) << failure.what;
+  EXPECT_TRUE(contains(failure.what, "rank 1 did not register")) << failure.what;
   EXPECT_TRUE(contains(failure.what, "refused in the meantime: 127.0.0.1:")) << failure.what;
   // Under TLS the wrong key is refused before the hello names a rank.
   EXPECT_TRUE(contains(failure.what, "failed authentication")) << failure.what;

@@ -19,6 +19,8 @@ nb::dict seconds_dict(const PhaseSeconds& s) {
   nb::dict d;
   d["gate"] = s.gate;
   d["exchange"] = s.exchange;
+  d["exchange_wait"] = s.exchange_wait;
+  d["exchange_transfer"] = s.exchange_transfer;
   d["exchange_in_flight"] = s.exchange_in_flight;
   d["apply"] = s.apply;
   d["verify"] = s.verify;
@@ -49,6 +51,11 @@ void bind_report(nb::module_& module) {
       .def_ro("exchange", &PhaseSeconds::exchange,
               "the collectives; overlapped: the time this boundary waited for the window in "
               "flight and the vote")
+      .def_ro("exchange_wait", &PhaseSeconds::exchange_wait,
+              "of exchange: waiting for the slowest peer to join it (until the last peer's "
+              "header had arrived)")
+      .def_ro("exchange_transfer", &PhaseSeconds::exchange_transfer,
+              "of exchange: the rest, exchange - exchange_wait")
       .def_ro("exchange_in_flight", &PhaseSeconds::exchange_in_flight,
               "overlapped windows: how long the applied window's exchange ran in the background")
       .def_ro("apply", &PhaseSeconds::apply, "decode, aggregate, residual, outer step, reset")
@@ -58,9 +65,11 @@ void bind_report(nb::module_& module) {
       .def("to_dict", &seconds_dict)
       .def("__repr__", [](const PhaseSeconds& s) {
         return fmt::format(
-            "PhaseSeconds(gate={:.6f}, exchange={:.6f}, exchange_in_flight={:.6f}, "
-            "apply={:.6f}, verify={:.6f}, publish={:.6f}, total={:.6f})",
-            s.gate, s.exchange, s.exchange_in_flight, s.apply, s.verify, s.publish, s.total);
+            "PhaseSeconds(gate={:.6f}, exchange={:.6f}, exchange_wait={:.6f}, "
+            "exchange_transfer={:.6f}, exchange_in_flight={:.6f}, apply={:.6f}, verify={:.6f}, "
+            "publish={:.6f}, total={:.6f})",
+            s.gate, s.exchange, s.exchange_wait, s.exchange_transfer, s.exchange_in_flight, s.apply,
+            s.verify, s.publish, s.total);
       });
 
   using R = WindowReport;
