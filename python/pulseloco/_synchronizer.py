@@ -9,7 +9,7 @@ import os
 import pathlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _pulseloco
+from . import _pulseloco, _worker
 from ._pulseloco import InvalidArgument, TensorInfo, WindowReport
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -111,17 +111,91 @@ class Synchronizer:
                  group: Optional[Dict[str, Any]] = None,
                  elastic: Optional[Dict[str, Any]] = None,
                  on_report: Optional[Callable[[WindowReport], Any]] = None,
+                 worker: Any = None,
                  **engine_options: Any) -> None:
         if on_report is not None and not callable(on_report):
             raise InvalidArgument(
                 f"on_report: expected a callable or None, got a {type(on_report).__name__}")
         self._on_report = on_report
+        self._worker: Optional[_worker.Worker] = None
         named = _named_tensors(parameters)
         self._parameters = [tensor for _, tensor in named]
+        if worker is not None:
+            self._engine = self._start_worker(named, worker, mode, inner_steps, outer_lr,
+                                              outer_momentum, dict(engine_options), group,
+                                              elastic)
+            return
         self._views = [(name, _engine_view(tensor)) for name, tensor in named]
         self._engine = _pulseloco._Synchronizer(
             self._views, mode, inner_steps, outer_lr, outer_momentum, dict(engine_options),
             group, elastic)
+
+    def _start_worker(self, named: List[Tuple[str, Any]], worker: Any, mode: str,
+                      inner_steps: int, outer_lr: float, outer_momentum: float,
+                      options: Dict[str, Any], group: Optional[Dict[str, Any]],
+                      elastic: Optional[Dict[str, Any]]) -> Any:
+        """A local rank of a worker of several ranks (docs/design.md, "A worker of several
+        ranks"): the engine over this local rank's share, in the group of the workers' same
+        local ranks; then the worker's ranks agree and bring each other up to date."""
+        settings = _worker.parse_worker(worker)
+        refused = [what for what, bad in (
+            ("mode 'ddp'", mode == "ddp"), ("elastic", elastic is not None),
+            ("overlap", options.get("overlap", "blocking") != "blocking"),
+            ("publish_dir", bool(options.get("publish_dir")))) if bad]
+        if refused:
+            raise InvalidArgument(f"worker: a worker of several ranks does not support "
+                                  f"{', '.join(refused)}")
+        dist = _worker._torch_distributed()
+        count = settings["ranks_per_worker"]
+        world, rank = dist.get_world_size(), dist.get_rank()
+        layout = _worker.WorkerLayout(count, world // count, rank // count, rank % count)
+        table = [(name, _worker._numel(tensor), str(getattr(tensor, "dtype", "")))
+                 for name, tensor in named]
+        _worker.check_layouts(dist, layout, table)
+        if world % count != 0:
+            raise InvalidArgument(f"worker: ranks_per_worker {count} does not divide the "
+                                  f"{world} ranks of the default torch.distributed group")
+        timeout = float(options.get("timeout", 60.0))
+        process_group = settings.get("process_group") or _worker.worker_process_group(
+            count, timeout=2 * timeout)
+        shares = _worker.split_shares(named, count)
+        self._worker = _worker.Worker(dist, layout, process_group, self._parameters, shares)
+        if options.get("trace_dir"):
+            options["trace_dir"] = os.path.join(options["trace_dir"], self._share_directory())
+        self._views = [(piece.name, view) for piece, view in
+                       zip(shares[layout.local_rank], self._worker.views(layout.local_rank))]
+        try:
+            engine = _pulseloco._Synchronizer(
+                self._views, mode, inner_steps, outer_lr, outer_momentum, options,
+                _worker.group_overrides(layout, settings, group), None)
+        except _pulseloco.Error as error:
+            self._worker.exchange_status("", _worker.name_engine_error(error, layout))
+            raise  # exchange_status raised already
+        self._worker.exchange_status(engine.digest, None)
+        self._worker.broadcast_shares()
+        return engine
+
+    def _share_directory(self) -> str:
+        layout = self._worker.layout
+        return f"local-{layout.local_rank}-of-{layout.ranks_per_worker}"
+
+    def _worker_call(self, call: Callable[[], Any], broadcast: bool = True) -> Any:
+        """call() on the engine; in a worker of several ranks, then the status exchange and
+        (broadcast) the shares' broadcasts inside the worker."""
+        if self._worker is None:
+            return call()
+        try:
+            result = call()
+        except _pulseloco.Error as error:
+            self._worker.exchange_status(
+                "", _worker.name_engine_error(error, self._worker.layout))
+            raise  # exchange_status raised already
+        if result is None:
+            return None
+        self._worker.exchange_status(self._engine.digest, None)
+        if broadcast:
+            self._worker.broadcast_shares()
+        return result
 
     # --- the training loop -------------------------------------------------------------------
 
@@ -137,11 +211,11 @@ class Synchronizer:
         """Call after every optimizer.step(): counts the step; every inner_steps-th call runs a
         window (collective), writes the new weights into the parameters and returns its report;
         otherwise returns None."""
-        return self._deliver(self._engine.after_optimizer_step())
+        return self._deliver(self._worker_call(self._engine.after_optimizer_step))
 
     def run_window(self) -> WindowReport:
         """Runs a window now (collective), whatever the step count."""
-        return self._deliver(self._engine.run_window())
+        return self._deliver(self._worker_call(self._engine.run_window))
 
     def complete_in_flight(self) -> Optional[WindowReport]:
         """Overlapped windows (overlap="delayed" or "eager"): finishes the window in flight and
@@ -172,15 +246,20 @@ class Synchronizer:
             buffer = io.BytesIO()
             torch.save(optimizer.state_dict(), buffer)
             own[OPTIMIZER_FILE] = buffer.getvalue()
-        return pathlib.Path(self._engine.save_checkpoint(os.fspath(root), keep, own))
+        if self._worker is not None:
+            root = os.path.join(os.fspath(root), self._share_directory())
+        return pathlib.Path(self._worker_call(
+            lambda: self._engine.save_checkpoint(os.fspath(root), keep, own), broadcast=False))
 
     def load_checkpoint(self, path: PathLike, *, optimizer: Any = None) -> LoadedCheckpoint:
         """Restores a checkpoint (collective): a checkpoint directory, or a root whose newest
         committed checkpoint is loaded. The parameters are reset to the checkpoint's weights;
         optimizer: restored from the checkpoint's "optimizer.pt". The data loop continues at
         the returned next_step (inner steps) or next_window (windows)."""
-        directory, window, next_window, next_step, own = self._engine.load_checkpoint(
-            os.fspath(path))
+        if self._worker is not None:
+            path = os.path.join(os.fspath(path), self._share_directory())
+        directory, window, next_window, next_step, own = self._worker_call(
+            lambda: self._engine.load_checkpoint(os.fspath(path)))
         if optimizer is not None:
             if OPTIMIZER_FILE not in own:
                 raise InvalidArgument(
@@ -212,12 +291,16 @@ class Synchronizer:
 
     @property
     def rank(self) -> int:
-        """This process's rank in the group."""
+        """This process's rank in the group (a worker of several ranks: its global rank)."""
+        if self._worker is not None:
+            return self._worker.layout.rank
         return self._engine.rank
 
     @property
     def world_size(self) -> int:
-        """Ranks in the group."""
+        """Ranks in the group (workers of several ranks: every rank of every worker)."""
+        if self._worker is not None:
+            return self._worker.layout.workers * self._worker.layout.ranks_per_worker
         return self._engine.world_size
 
     @property
@@ -240,8 +323,30 @@ class Synchronizer:
     @property
     def digest(self) -> str:
         """Combined digest of the global weights and momentum (equal on every rank), as the
-        reports and the log print it: 16 lowercase hex digits."""
+        reports and the log print it: 16 lowercase hex digits. A worker of several ranks: the
+        worker's digest, of its local ranks' share digests in order (equal on every rank of
+        every worker), as of the last window, checkpoint or construction."""
+        if self._worker is not None:
+            return self._worker.digest
         return self._engine.digest
+
+    @property
+    def worker(self) -> Optional[_worker.WorkerLayout]:
+        """Where this rank sits in a worker of several ranks (ranks_per_worker, workers, worker,
+        local_rank); None otherwise."""
+        return None if self._worker is None else self._worker.layout
+
+    @property
+    def process_group(self) -> Any:
+        """A worker of several ranks: the torch.distributed group of this worker's ranks (for
+        the user's DDP inside the worker); None otherwise."""
+        return None if self._worker is None else self._worker.process_group
+
+    @property
+    def share_digests(self) -> List[str]:
+        """A worker of several ranks: each local rank's share digest, in local rank order (as
+        of the last window); empty otherwise."""
+        return [] if self._worker is None else list(self._worker.share_digests)
 
     @property
     def next_step_runs_window(self) -> bool:
