@@ -67,7 +67,7 @@ class Synchronizer:
 
     Synchronizer(parameters, *, mode="pulse", inner_steps=8, outer_lr=0.7,
                  outer_momentum=0.9, group=None, elastic=None, on_report=None,
-                 **engine_options)
+                 worker=None, **engine_options)
 
     parameters: model.named_parameters(), a dict name -> tensor, or an iterable of tensors
         (named "0", "1", ...). Each is contiguous, float32 or bfloat16, and has __dlpack__
@@ -93,6 +93,16 @@ class Synchronizer:
         outer step is applied at the next boundary (one window of staleness; see
         docs/operations.md, "Overlapped windows"). Call complete_in_flight() after the last
         step so that the final weights include the last window.
+    worker: None (one rank is one worker; PULSELOCO_RANKS_PER_WORKER, which the launcher's
+        --ranks-per-worker sets, counts as worker=G), G (every G consecutive ranks of the default
+        torch.distributed group form one worker) or a dict (ranks_per_worker, process_group: the
+        worker's torch group, default one made here; master_ports: the G rendezvous ports of the
+        local ranks' groups, default PULSELOCO_WORKER_PORTS or MASTER_PORT+1 .. MASTER_PORT+G).
+        The worker's ranks train one replica together (the user's DDP over sync.process_group);
+        local rank j runs the window over the j-th of G contiguous ranges of the model's
+        elements with local rank j of every worker, then the worker's ranks broadcast their
+        ranges to each other. torch.distributed must be initialised over every rank first. See
+        docs/operations.md, "A worker of several GPUs".
     on_report: None, or a callable that receives every WindowReport this Synchronizer returns
         (after_optimizer_step, run_window, complete_in_flight), on the calling thread, before
         the call returns it: a metrics sink (report.to_dict() is JSON-ready; see
@@ -120,6 +130,8 @@ class Synchronizer:
         self._worker: Optional[_worker.Worker] = None
         named = _named_tensors(parameters)
         self._parameters = [tensor for _, tensor in named]
+        if worker is None:
+            worker = _worker.from_environment()
         if worker is not None:
             self._engine = self._start_worker(named, worker, mode, inner_steps, outer_lr,
                                               outer_momentum, dict(engine_options), group,

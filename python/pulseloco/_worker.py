@@ -130,6 +130,18 @@ def worker_process_group(ranks_per_worker: int, timeout: Optional[float] = None)
     return mine
 
 
+def from_environment() -> Optional[int]:
+    """PULSELOCO_RANKS_PER_WORKER (set by the launcher's --ranks-per-worker), or None."""
+    text = os.environ.get("PULSELOCO_RANKS_PER_WORKER", "")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgument(f"PULSELOCO_RANKS_PER_WORKER: '{text}' is not a number of "
+                              "ranks") from None
+
+
 def parse_worker(worker: Any) -> Dict[str, Any]:
     """worker=G or worker={"ranks_per_worker": G, "process_group": pg, "master_ports": [...]}."""
     if isinstance(worker, int) and not isinstance(worker, bool):

@@ -5,6 +5,7 @@
     python -m pulseloco.launch --nproc-per-node N -m package.module ARGS...
     python -m pulseloco.launch --nnodes M --node-rank K --nproc-per-node N
         --master-addr HOST --master-port P script.py ARGS...      (on each of M nodes)
+    python -m pulseloco.launch ... --nproc-per-node G --ranks-per-worker G script.py ARGS...
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 (default: a free port), PULSELOCO_SECRET and PULSELOCO_RUN_ID (fresh and random unless already
@@ -19,6 +20,13 @@ rank 0, which serves the rendezvous. Rank = K * N + local rank, WORLD_SIZE = M *
 node for node-aware exchanges (docs/operations.md, "Nodes"). Every node must then share
 PULSELOCO_SECRET and PULSELOCO_RUN_ID: the launcher refuses to start without them (and without
 --master-port) instead of generating values the other nodes cannot know.
+
+With --ranks-per-worker G (G divides N), every G consecutive ranks of a node form one worker
+of several ranks (docs/operations.md, "A worker of several GPUs"): each process also gets
+PULSELOCO_RANKS_PER_WORKER = G, which makes `pulseloco.Synchronizer(...)` a local rank of its
+worker, and PULSELOCO_WORKER_PORTS, the G rendezvous ports of the local ranks' groups: free
+ports on the master address, or with --master-port P the ports P+1 .. P+G (P itself is left to
+torch.distributed's store).
 
 Every line a process writes to stdout or stderr is copied to the
 launcher's stdout or stderr with the prefix "[rank N] ": of every rank, or of the ranks that
@@ -80,6 +88,10 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
                         help="MASTER_ADDR (default: 127.0.0.1)")
     parser.add_argument("--master-port", "--master_port", type=int, default=None,
                         help="MASTER_PORT (default: a free port on the master address)")
+    parser.add_argument("--ranks-per-worker", "--ranks_per_worker", type=int, default=None,
+                        metavar="G", help="every G consecutive ranks of a node form one worker "
+                        "(G divides --nproc-per-node): sets PULSELOCO_RANKS_PER_WORKER and "
+                        "PULSELOCO_WORKER_PORTS")
     parser.add_argument("--grace-period", type=float, default=10.0, metavar="SECONDS",
                         help="how long the processes get to exit after SIGTERM before SIGKILL "
                         "(default: 10)")
@@ -111,6 +123,10 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
         if missing:
             parser.error(f"--nnodes above 1 needs {' and '.join(missing)} set, the same on "
                          f"every node (a value generated here would differ on each node)")
+    if options.ranks_per_worker is not None and not (
+            options.ranks_per_worker >= 1 and options.nproc_per_node % options.ranks_per_worker == 0):
+        parser.error(f"--ranks-per-worker must be at least 1 and divide --nproc-per-node "
+                     f"{options.nproc_per_node}, not {options.ranks_per_worker}")
     if options.master_port is not None and not 0 < options.master_port < 65536:
         parser.error(f"--master-port must be in 1..65535, not {options.master_port}")
     if options.grace_period < 0:
@@ -142,16 +158,21 @@ def _rank_list(text: str) -> frozenset[int]:
     return frozenset(ranks)
 
 
-def _free_port(address: str) -> int:
-    """A port nothing listens on now (rank 0's rendezvous binds it shortly after)."""
+def _free_ports(address: str, count: int) -> list[int]:
+    """count distinct ports nothing listens on now (the rendezvous bind them shortly after)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    probes = []
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-            return probe.getsockname()[1]
+        for _ in range(count):
+            probes.append(socket.socket(family, socket.SOCK_STREAM))
+            probes[-1].bind((address, 0))
+        return [probe.getsockname()[1] for probe in probes]
     except OSError as error:
         raise SystemExit(f"{_PREFIX}cannot bind the master address '{address}' to find a free "
                          f"port: {error}") from None
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _is_loopback(address: str) -> bool:
@@ -161,9 +182,13 @@ def _is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
-def _rank_environment(options: argparse.Namespace, port: int) -> list[tuple[int, dict[str, str]]]:
+def _rank_environment(options: argparse.Namespace, port: int,
+                      worker_ports: list[int]) -> list[tuple[int, dict[str, str]]]:
     """Each process' rank in the group and its environment, in local rank order."""
     shared = dict(os.environ)
+    if options.ranks_per_worker is not None:
+        shared.update(PULSELOCO_RANKS_PER_WORKER=str(options.ranks_per_worker),
+                      PULSELOCO_WORKER_PORTS=",".join(map(str, worker_ports)))
     shared.setdefault("PULSELOCO_SECRET", secrets.token_hex(16))
     shared.setdefault("PULSELOCO_RUN_ID", "launch-" + secrets.token_hex(8))
     shared.setdefault("PYTHONUNBUFFERED", "1")
@@ -293,7 +318,16 @@ class _Launch:
 
 
 def _run(options: argparse.Namespace) -> int:
-    port = options.master_port or _free_port(options.master_addr)
+    workers = options.ranks_per_worker or 0
+    if options.master_port is None:
+        port, *worker_ports = _free_ports(options.master_addr, 1 + workers)
+    else:
+        # Every node derives the same ports: the master port's successors.
+        port = options.master_port
+        worker_ports = [port + 1 + j for j in range(workers)]
+        if worker_ports and worker_ports[-1] > 65535:
+            raise SystemExit(f"{_PREFIX}--master-port {port} leaves no room for the "
+                             f"{workers} ports after it that the workers' groups use")
     if options.tee is not None:
         try:
             os.makedirs(options.tee, exist_ok=True)
@@ -317,7 +351,7 @@ def _run(options: argparse.Namespace) -> int:
     tees: list[BinaryIO] = []
     try:
         selector.register(wake_read, selectors.EVENT_READ)
-        for local, (rank, environment) in enumerate(_rank_environment(options, port)):
+        for local, (rank, environment) in enumerate(_rank_environment(options, port, worker_ports)):
             process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        start_new_session=True)

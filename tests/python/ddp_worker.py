@@ -18,6 +18,7 @@ Prints one JSON line per event on stdout.
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -75,7 +76,8 @@ def main():
 
     torch.set_num_threads(1)
     model = build_model()
-    worker_mode = args.ranks_per_worker > 0
+    # Under the launcher's --ranks-per-worker, the Synchronizer takes G from the environment.
+    worker_mode = args.ranks_per_worker > 0 or bool(os.environ.get("PULSELOCO_RANKS_PER_WORKER"))
     if worker_mode:
         import torch.distributed as dist
 
@@ -83,7 +85,7 @@ def main():
         try:
             sync = pulseloco.Synchronizer(
                 model.named_parameters(), mode=args.mode, inner_steps=args.inner_steps,
-                threads=1, timeout=args.timeout, worker=args.ranks_per_worker)
+                threads=1, timeout=args.timeout, worker=args.ranks_per_worker or None)
         except pulseloco.Error as error:
             emit(event="error", type=type(error).__name__, message=str(error), elapsed=0.0)
             return 3

@@ -17,9 +17,11 @@ difference (Sterbenz) and a multiple of theta_g's half-ulp with under 2^20 units
 three is exact in any order.
 """
 
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -147,3 +149,24 @@ def test_mismatched_worker_layouts_are_refused_naming_both_sides():
         assert error["type"] == "InvalidArgument", error
         assert "ranks 0, 1 have 2" in error["message"], error
         assert "ranks 2, 3 have 1" in error["message"], error
+
+
+def test_the_launcher_forms_workers_of_its_ranks():
+    launcher = HERE.parents[1] / "python" / "pulseloco" / "launch.py"
+    result = subprocess.run(
+        [sys.executable, str(launcher), "--nproc-per-node", "4", "--ranks-per-worker", "2",
+         str(SCRIPT), "--windows", "2"],
+        env=clean_environment(), capture_output=True, text=True, timeout=BOUND_SECONDS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    windows = {}
+    for line in result.stdout.splitlines():
+        prefix, _, rest = line.partition("] ")
+        if rest.startswith("{"):
+            event = json.loads(rest)
+            if event["event"] == "window":
+                windows.setdefault(event["window"], {})[prefix] = event
+    assert sorted(windows) == [0, 1], result.stdout
+    for by_rank in windows.values():
+        assert len(by_rank) == 4, by_rank
+        assert len({e["digest"] for e in by_rank.values()}) == 1, by_rank
+        assert len({e["parameters"] for e in by_rank.values()}) == 1, by_rank
