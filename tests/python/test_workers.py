@@ -170,3 +170,24 @@ def test_the_launcher_forms_workers_of_its_ranks():
         assert len(by_rank) == 4, by_rank
         assert len({e["digest"] for e in by_rank.values()}) == 1, by_rank
         assert len({e["parameters"] for e in by_rank.values()}) == 1, by_rank
+
+
+def test_a_worker_checkpoint_resumes_to_the_uninterrupted_runs_windows(tmp_path):
+    root = str(tmp_path / "checkpoints")
+    args = ["--windows", "3"]
+    whole = run(spawn_workers(2, 2, [*args, "--save", root, "--save-after", "1"]))
+    # Each local rank's share is a checkpoint of its own under the root.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
+        ["local-0-of-2", "local-1-of-2"]
+    resumed = run(spawn_workers(2, 2, [*args, "--resume", root]))
+    first = events(whole, "window")
+    for process in resumed:
+        loaded = process.event("loaded")
+        assert loaded["window"] == 1, process.log()
+        assert loaded["digest"] == first[0][0]["digest"]
+        assert loaded["parameters"] == first[0][0]["parameters"]
+        later = {e["window"]: e for e in process.events if e["event"] == "window"}
+        assert sorted(later) == [1, 2], process.log()
+        for window in (1, 2):
+            assert later[window]["digest"] == first[0][window]["digest"]
+            assert later[window]["parameters"] == first[0][window]["parameters"]
