@@ -72,6 +72,7 @@ def main():
     parser.add_argument("--save", help="checkpoint root: save after --save-after windows")
     parser.add_argument("--save-after", type=int, default=0)
     parser.add_argument("--resume", help="checkpoint root to load before training")
+    parser.add_argument("--trace-dir", default="", help="the engine's trace_dir")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -85,7 +86,8 @@ def main():
         try:
             sync = pulseloco.Synchronizer(
                 model.named_parameters(), mode=args.mode, inner_steps=args.inner_steps,
-                threads=1, timeout=args.timeout, worker=args.ranks_per_worker or None)
+                threads=1, timeout=args.timeout, worker=args.ranks_per_worker or None,
+                trace_dir=args.trace_dir)
         except pulseloco.Error as error:
             emit(event="error", type=type(error).__name__, message=str(error), elapsed=0.0)
             return 3

@@ -175,10 +175,15 @@ def test_the_launcher_forms_workers_of_its_ranks():
 def test_a_worker_checkpoint_resumes_to_the_uninterrupted_runs_windows(tmp_path):
     root = str(tmp_path / "checkpoints")
     args = ["--windows", "3"]
-    whole = run(spawn_workers(2, 2, [*args, "--save", root, "--save-after", "1"]))
-    # Each local rank's share is a checkpoint of its own under the root.
+    traces = tmp_path / "traces"
+    whole = run(spawn_workers(2, 2, [*args, "--save", root, "--save-after", "1", "--trace-dir",
+                                     str(traces)]))
+    # Each local rank's share is a checkpoint of its own under the root, and a trace of its own.
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
         ["local-0-of-2", "local-1-of-2"]
+    assert sorted(p.name for p in traces.iterdir()) == ["local-0-of-2", "local-1-of-2"]
+    for share in traces.iterdir():
+        assert any(share.iterdir()), share
     resumed = run(spawn_workers(2, 2, [*args, "--resume", root]))
     first = events(whole, "window")
     for process in resumed:
