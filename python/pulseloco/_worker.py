@@ -258,6 +258,7 @@ class Worker:
             status = {"ok": True, "digest": share_digest}
         else:
             status = {"ok": False, "type": type(error).__name__,
+                      "kind": getattr(error, "kind", None),
                       "message": str(error)[:_STATUS_BYTES - 200]}
         mine = torch.zeros(_STATUS_BYTES, dtype=torch.uint8, device=self._device)
         encoded = json.dumps(status).encode()[:_STATUS_BYTES]
@@ -292,8 +293,9 @@ class Worker:
             theirs = received.get(j)
             if theirs is not None and not theirs["ok"]:
                 cls = getattr(_pulseloco, theirs["type"], _pulseloco.Error)
-                raise _named(cls(f"{layout.describe(layout.worker, j)} failed its window: "
-                                 f"{theirs['message']}"), layout.global_rank(layout.worker, j))
+                raise _named(cls(f"{layout.describe(layout.worker, j)} failed: "
+                                 f"{theirs['message']}"), layout.global_rank(layout.worker, j),
+                             theirs.get("kind"))
         if unreachable:
             j = unreachable[0]
             raise _named(_pulseloco.PeerLostError(
@@ -305,35 +307,38 @@ class Worker:
 
     def broadcast_shares(self) -> None:
         """Every owner's new local weights to the worker's other ranks (collective inside the
-        worker): one broadcast per share and dtype."""
+        worker): one broadcast per share, of its pieces' bytes (so that any dtype goes, bf16
+        included, which gloo cannot reduce or broadcast as such)."""
         import torch
 
         layout = self.layout
         for j in range(layout.ranks_per_worker):
-            views = self.views(j)
-            for dtype in sorted({view.dtype for view in views}, key=str):
-                same = [view for view in views if view.dtype == dtype]
-                flat = torch.cat(same) if j == layout.local_rank else torch.empty(
-                    sum(view.numel() for view in same), dtype=dtype, device=same[0].device)
-                try:
-                    self.dist.broadcast(flat, src=layout.global_rank(layout.worker, j),
-                                        group=self.process_group)
-                except RuntimeError as error:
-                    raise _named(_pulseloco.PeerLostError(
-                        f"bringing the worker up to date after the window: the broadcast of "
-                        f"{layout.describe(layout.worker, j)}'s share failed: {error}"),
-                        layout.global_rank(layout.worker, j)) from None
-                if j != layout.local_rank:
-                    offset = 0
-                    with torch.no_grad():
-                        for view in same:
-                            view.copy_(flat[offset:offset + view.numel()])
-                            offset += view.numel()
+            views = [view.view(torch.uint8) for view in self.views(j)]
+            if j == layout.local_rank:
+                flat = torch.cat(views)
+            else:
+                flat = torch.empty(sum(view.numel() for view in views), dtype=torch.uint8,
+                                   device=views[0].device)
+            try:
+                self.dist.broadcast(flat, src=layout.global_rank(layout.worker, j),
+                                    group=self.process_group)
+            except RuntimeError as error:
+                raise _named(_pulseloco.PeerLostError(
+                    f"bringing the worker up to date after the window: the broadcast of "
+                    f"{layout.describe(layout.worker, j)}'s share failed: {error}"),
+                    layout.global_rank(layout.worker, j)) from None
+            if j != layout.local_rank:
+                offset = 0
+                for view in views:
+                    view.copy_(flat[offset:offset + view.numel()])
+                    offset += view.numel()
 
 
-def _named(error: BaseException, rank: int) -> BaseException:
-    error.kind = getattr(error, "kind", None)  # type: ignore[attr-defined]
+def _named(error: BaseException, rank: int, kind: Optional[str] = "peer_lost") -> BaseException:
+    """error with the context attributes every pulseloco error has; rank: the one it names."""
+    error.kind = kind  # type: ignore[attr-defined]
     error.peer = rank  # type: ignore[attr-defined]
+    error.ranks = [rank]  # type: ignore[attr-defined]
     return error
 
 

@@ -51,7 +51,9 @@ def build_model():
 def parameters_sha(model):
     digest = hashlib.sha256()
     for parameter in model.parameters():
-        digest.update(parameter.detach().numpy().tobytes())
+        digest.update(parameter.detach().view(-1).view(torch.int16 if parameter.dtype ==
+                                                       torch.bfloat16 else torch.int32)
+                      .numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -73,10 +75,15 @@ def main():
     parser.add_argument("--save-after", type=int, default=0)
     parser.add_argument("--resume", help="checkpoint root to load before training")
     parser.add_argument("--trace-dir", default="", help="the engine's trace_dir")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--no-ddp", action="store_true",
+                        help="worker mode without DDP: every local rank trains on micro-batch 0, "
+                        "so the worker's replicas take the same steps (gloo has no bf16 DDP)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    model = build_model()
+    dtype = getattr(torch, args.dtype)
+    model = build_model().to(dtype)
     # Under the launcher's --ranks-per-worker, the Synchronizer takes G from the environment.
     worker_mode = args.ranks_per_worker > 0 or bool(os.environ.get("PULSELOCO_RANKS_PER_WORKER"))
     if worker_mode:
@@ -93,8 +100,11 @@ def main():
             return 3
         layout = sync.worker
         worker, local, micro_batches = layout.worker, layout.local_rank, 1
-        trained = torch.nn.parallel.DistributedDataParallel(model,
-                                                            process_group=sync.process_group)
+        if args.no_ddp:
+            trained = model
+        else:
+            trained = torch.nn.parallel.DistributedDataParallel(
+                model, process_group=sync.process_group)
     else:
         sync = pulseloco.Synchronizer(model.named_parameters(), mode=args.mode,
                                       inner_steps=args.inner_steps, threads=1,
@@ -113,7 +123,8 @@ def main():
     try:
         while sync.committed_windows < args.windows:
             if micro_batches == 1:
-                x, y = batch(worker, step, local)
+                micro = 0 if args.no_ddp else local
+                x, y = (t.to(dtype) for t in batch(worker, step, micro))
                 loss_of(trained, x, y).backward()
             else:
                 parameters = list(model.parameters())

@@ -196,3 +196,15 @@ def test_a_worker_checkpoint_resumes_to_the_uninterrupted_runs_windows(tmp_path)
         for window in (1, 2):
             assert later[window]["digest"] == first[0][window]["digest"]
             assert later[window]["parameters"] == first[0][window]["parameters"]
+
+
+def test_bf16_replicas_are_brought_up_to_date_inside_the_worker():
+    # gloo has neither bf16 all-reduces (DDP) nor bf16 broadcasts: the worker's replicas take the
+    # same steps here without DDP, and the shares travel inside the worker as bytes.
+    processes = run(spawn_workers(2, 2, ["--dtype", "bfloat16", "--no-ddp", "--windows", "2"]))
+    for window in events(processes, "window"):
+        assert [e["window"] for e in window] == [0, 1]
+    for window in range(2):
+        by_rank = [windows[window] for windows in events(processes, "window")]
+        assert len({e["digest"] for e in by_rank}) == 1, by_rank
+        assert len({e["parameters"] for e in by_rank}) == 1, by_rank
