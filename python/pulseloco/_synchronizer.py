@@ -150,23 +150,34 @@ class Synchronizer:
         ranks"): the engine over this local rank's share, in the group of the workers' same
         local ranks; then the worker's ranks agree and bring each other up to date."""
         settings = _worker.parse_worker(worker)
-        refused = [what for what, bad in (
-            ("mode 'ddp'", mode == "ddp"), ("elastic", elastic is not None),
-            ("overlap", options.get("overlap", "blocking") != "blocking"),
-            ("publish_dir", bool(options.get("publish_dir")))) if bad]
-        if refused:
-            raise InvalidArgument(f"worker: a worker of several ranks does not support "
-                                  f"{', '.join(refused)}")
         dist = _worker._torch_distributed()
         count = settings["ranks_per_worker"]
         world, rank = dist.get_world_size(), dist.get_rank()
         layout = _worker.WorkerLayout(count, world // count, rank // count, rank % count)
         table = [(name, _worker._numel(tensor), str(getattr(tensor, "dtype", "")))
                  for name, tensor in named]
-        _worker.check_layouts(dist, layout, table)
-        if world % count != 0:
-            raise InvalidArgument(f"worker: ranks_per_worker {count} does not divide the "
-                                  f"{world} ranks of the default torch.distributed group")
+        # What this rank cannot do is told to every rank in the layout check (collective), so
+        # that no rank waits for one that gave up.
+        problem = None
+        refused = [what for what, bad in (
+            ("mode 'ddp'", mode == "ddp"), ("elastic", elastic is not None),
+            ("overlap", options.get("overlap", "blocking") != "blocking"),
+            ("publish_dir", bool(options.get("publish_dir")))) if bad]
+        not_torch = [(name, tensor) for name, tensor in named if not hasattr(tensor, "detach")]
+        if refused:
+            problem = f"worker: a worker of several ranks does not support {', '.join(refused)}"
+        elif not_torch:
+            problem = (f"worker: a worker of several ranks takes torch tensors; "
+                       f"'{not_torch[0][0]}' is a {type(not_torch[0][1]).__name__}")
+        elif world % count != 0:
+            problem = (f"worker: ranks_per_worker {count} does not divide the {world} ranks of "
+                       f"the default torch.distributed group")
+        else:
+            try:
+                overrides = _worker.group_overrides(layout, settings, group)
+            except InvalidArgument as error:
+                problem = str(error)
+        _worker.check_layouts(dist, layout, table, problem)
         timeout = float(options.get("timeout", 60.0))
         process_group = settings.get("process_group") or _worker.worker_process_group(
             count, timeout=2 * timeout)
@@ -179,7 +190,7 @@ class Synchronizer:
         try:
             engine = _pulseloco._Synchronizer(
                 self._views, mode, inner_steps, outer_lr, outer_momentum, options,
-                _worker.group_overrides(layout, settings, group), None)
+                overrides, None)
         except _pulseloco.Error as error:
             self._worker.exchange_status("", _worker.name_engine_error(error, layout))
             raise  # exchange_status raised already

@@ -159,10 +159,13 @@ def parse_worker(worker: Any) -> Dict[str, Any]:
     return dict(worker)
 
 
-def check_layouts(dist: Any, layout: WorkerLayout, table: List[Tuple[str, int, str]]) -> None:
-    """Every rank of the default group must hold the same ranks_per_worker and parameter table
-    (collective). Raises InvalidArgument on every rank, naming the ranks on each side."""
-    mine = {"ranks_per_worker": layout.ranks_per_worker,
+def check_layouts(dist: Any, layout: WorkerLayout, table: List[Tuple[str, int, str]],
+                  problem: Optional[str]) -> None:
+    """Every rank of the default group must hold the same ranks_per_worker and parameter table,
+    and none may have a problem (what keeps it from starting; collective). Raises
+    InvalidArgument on every rank, naming the ranks on each side, or the rank and its
+    problem."""
+    mine = {"problem": problem, "ranks_per_worker": layout.ranks_per_worker,
             "table": hashlib.sha256(json.dumps(table).encode()).hexdigest()[:16],
             "tensors": len(table), "elements": sum(numel for _, numel, _ in table)}
     everyone: List[Any] = [None] * dist.get_world_size()
@@ -183,6 +186,13 @@ def check_layouts(dist: Any, layout: WorkerLayout, table: List[Tuple[str, int, s
             lines.append(f"{what}: {'; '.join(sides)}")
     if lines:
         raise InvalidArgument("worker layouts differ across ranks: " + " | ".join(lines))
+    if problem is not None:
+        raise InvalidArgument(problem)
+    failed = [(rank, theirs["problem"]) for rank, theirs in enumerate(everyone)
+              if theirs["problem"] is not None]
+    if failed:
+        rank, text = failed[0]
+        raise InvalidArgument(f"rank {rank} cannot start its worker: {text}")
 
 
 def group_overrides(layout: WorkerLayout, worker: Dict[str, Any],

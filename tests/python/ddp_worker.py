@@ -75,6 +75,7 @@ def main():
     parser.add_argument("--save-after", type=int, default=0)
     parser.add_argument("--resume", help="checkpoint root to load before training")
     parser.add_argument("--trace-dir", default="", help="the engine's trace_dir")
+    parser.add_argument("--overlap", default="blocking")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--no-ddp", action="store_true",
                         help="worker mode without DDP: every local rank trains on micro-batch 0, "
@@ -94,7 +95,7 @@ def main():
             sync = pulseloco.Synchronizer(
                 model.named_parameters(), mode=args.mode, inner_steps=args.inner_steps,
                 threads=1, timeout=args.timeout, worker=args.ranks_per_worker or None,
-                trace_dir=args.trace_dir)
+                trace_dir=args.trace_dir, overlap=args.overlap)
         except pulseloco.Error as error:
             emit(event="error", type=type(error).__name__, message=str(error), elapsed=0.0)
             return 3
@@ -164,6 +165,8 @@ def main():
          global_weights="".join(sync.global_weights(i).tobytes().hex() for i in range(count)),
          momentum="".join(sync.momentum(i).tobytes().hex() for i in range(count)))
     sync.close()
+    if worker_mode:
+        dist.destroy_process_group()
     return 0
 
 

@@ -208,3 +208,18 @@ def test_bf16_replicas_are_brought_up_to_date_inside_the_worker():
         by_rank = [windows[window] for windows in events(processes, "window")]
         assert len({e["digest"] for e in by_rank}) == 1, by_rank
         assert len({e["parameters"] for e in by_rank}) == 1, by_rank
+
+
+def test_a_rank_that_cannot_start_its_worker_is_named_to_every_rank():
+    # Rank 3 asks for overlapped windows, which workers of several ranks refuse: it says why, and
+    # the others, instead of waiting for it, name it.
+    processes = spawn_workers(2, 2, ["--windows", "1"], per_rank_args={
+        3: ["--ranks-per-worker", "2", "--overlap", "delayed"]})
+    codes = finish_all(processes, BOUND_SECONDS)
+    for rank, (process, code) in enumerate(zip(processes, codes)):
+        assert code == 3, process.log()
+        error = process.event("error")
+        assert error["type"] == "InvalidArgument", error
+        assert "does not support overlap" in error["message"], error
+        if rank != 3:
+            assert error["message"].startswith("rank 3 cannot start its worker: "), error
