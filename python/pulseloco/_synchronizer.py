@@ -335,7 +335,11 @@ class Synchronizer:
 
     @property
     def parameter_count(self) -> int:
-        """Elements in the model."""
+        """Elements in the model (a worker of several ranks: the whole model, of which
+        tensor_table() and the state accessors hold this local rank's share)."""
+        if self._worker is not None:
+            return sum(piece.end - piece.begin for share in self._worker.shares
+                       for piece in share)
         return self._engine.parameter_count
 
     @property

@@ -277,11 +277,15 @@ class Worker:
         received: Dict[int, Dict[str, Any]] = {layout.local_rank: status}
         unreachable: List[int] = []
         for j in range(layout.ranks_per_worker):
-            if j != layout.local_rank:
+            if j == layout.local_rank:
+                continue
+            try:
                 sends.append(self.dist.isend(mine, dst=layout.global_rank(layout.worker, j),
                                              group=self.process_group))
+            except RuntimeError:  # gloo fails at once when the connection is gone
+                unreachable.append(j)
         for j in range(layout.ranks_per_worker):
-            if j == layout.local_rank:
+            if j == layout.local_rank or j in unreachable:
                 continue
             theirs = torch.zeros(_STATUS_BYTES, dtype=torch.uint8, device=self._device)
             try:

@@ -25,8 +25,9 @@ With --ranks-per-worker G (G divides N), every G consecutive ranks of a node for
 of several ranks (docs/operations.md, "A worker of several GPUs"): each process also gets
 PULSELOCO_RANKS_PER_WORKER = G, which makes `pulseloco.Synchronizer(...)` a local rank of its
 worker, and PULSELOCO_WORKER_PORTS, the G rendezvous ports of the local ranks' groups: free
-ports on the master address, or with --master-port P the ports P+1 .. P+G (P itself is left to
-torch.distributed's store).
+ports on the master address below the system's ephemeral port range (which the ranks' own
+connections and listeners draw from before those groups form), or with --master-port P the
+ports P+1 .. P+G (P itself is left to torch.distributed's store).
 
 Every line a process writes to stdout or stderr is copied to the
 launcher's stdout or stderr with the prefix "[rank N] ": of every rank, or of the ranks that
@@ -49,6 +50,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import random
 import secrets
 import selectors
 import signal
@@ -173,6 +175,37 @@ def _free_ports(address: str, count: int) -> list[int]:
     finally:
         for probe in probes:
             probe.close()
+
+
+def _ports_below_ephemeral(address: str, count: int) -> list[int]:
+    """count distinct free ports below the range the system hands out for bind(0) and outgoing
+    connections: the ranks open many of those (torch.distributed's connections, pulseloco's
+    listeners) before the local ranks' groups bind their rendezvous ports, and one of them could
+    take a port that bind(0) had found free. Falls back to _free_ports when that range starts
+    too low to leave room."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            low = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low <= 10000 + 100 * count:
+        return _free_ports(address, count)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    chooser = random.SystemRandom()
+    found: list[int] = []
+    for _ in range(100 * count):
+        port = chooser.randrange(10000, low)
+        if port in found:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    return _free_ports(address, count)
 
 
 def _is_loopback(address: str) -> bool:
@@ -320,7 +353,8 @@ class _Launch:
 def _run(options: argparse.Namespace) -> int:
     workers = options.ranks_per_worker or 0
     if options.master_port is None:
-        port, *worker_ports = _free_ports(options.master_addr, 1 + workers)
+        port = _free_ports(options.master_addr, 1)[0]
+        worker_ports = _ports_below_ephemeral(options.master_addr, workers) if workers else []
     else:
         # Every node derives the same ports: the master port's successors.
         port = options.master_port

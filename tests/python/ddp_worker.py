@@ -113,7 +113,8 @@ def main():
         worker, local, micro_batches = sync.rank, 0, args.micro_batches
         trained = model
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    emit(event="ready", rank=sync.rank, worker=worker, local_rank=local, digest=sync.digest)
+    emit(event="ready", rank=sync.rank, worker=worker, local_rank=local, digest=sync.digest,
+         parameter_count=sync.parameter_count)
     step = 0
     if args.resume:
         loaded = sync.load_checkpoint(args.resume, optimizer=optimizer)
