@@ -30,6 +30,7 @@ from ._pulseloco import (
     features,
 )
 from ._synchronizer import LoadedCheckpoint, Synchronizer
+from ._worker import WorkerLayout, worker_process_group
 
 __all__ = [
     "AbortedError",
@@ -47,6 +48,8 @@ __all__ = [
     "TensorInfo",
     "TimeoutError",
     "WindowReport",
+    "WorkerLayout",
     "__version__",
     "features",
+    "worker_process_group",
 ]

@@ -9,7 +9,7 @@ import os
 import pathlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _pulseloco
+from . import _pulseloco, _worker
 from ._pulseloco import InvalidArgument, TensorInfo, WindowReport
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -67,7 +67,7 @@ class Synchronizer:
 
     Synchronizer(parameters, *, mode="pulse", inner_steps=8, outer_lr=0.7,
                  outer_momentum=0.9, group=None, elastic=None, on_report=None,
-                 **engine_options)
+                 worker=None, **engine_options)
 
     parameters: model.named_parameters(), a dict name -> tensor, or an iterable of tensors
         (named "0", "1", ...). Each is contiguous, float32 or bfloat16, and has __dlpack__
@@ -93,6 +93,16 @@ class Synchronizer:
         outer step is applied at the next boundary (one window of staleness; see
         docs/operations.md, "Overlapped windows"). Call complete_in_flight() after the last
         step so that the final weights include the last window.
+    worker: None (one rank is one worker; PULSELOCO_RANKS_PER_WORKER, which the launcher's
+        --ranks-per-worker sets, counts as worker=G), G (every G consecutive ranks of the default
+        torch.distributed group form one worker) or a dict (ranks_per_worker, process_group: the
+        worker's torch group, default one made here; master_ports: the G rendezvous ports of the
+        local ranks' groups, default PULSELOCO_WORKER_PORTS or MASTER_PORT+1 .. MASTER_PORT+G).
+        The worker's ranks train one replica together (the user's DDP over sync.process_group);
+        local rank j runs the window over the j-th of G contiguous ranges of the model's
+        elements with local rank j of every worker, then the worker's ranks broadcast their
+        ranges to each other. torch.distributed must be initialised over every rank first. See
+        docs/operations.md, "A worker of several GPUs".
     on_report: None, or a callable that receives every WindowReport this Synchronizer returns
         (after_optimizer_step, run_window, complete_in_flight), on the calling thread, before
         the call returns it: a metrics sink (report.to_dict() is JSON-ready; see
@@ -111,17 +121,104 @@ class Synchronizer:
                  group: Optional[Dict[str, Any]] = None,
                  elastic: Optional[Dict[str, Any]] = None,
                  on_report: Optional[Callable[[WindowReport], Any]] = None,
+                 worker: Any = None,
                  **engine_options: Any) -> None:
         if on_report is not None and not callable(on_report):
             raise InvalidArgument(
                 f"on_report: expected a callable or None, got a {type(on_report).__name__}")
         self._on_report = on_report
+        self._worker: Optional[_worker.Worker] = None
         named = _named_tensors(parameters)
         self._parameters = [tensor for _, tensor in named]
+        if worker is None:
+            worker = _worker.from_environment()
+        if worker is not None:
+            self._engine = self._start_worker(named, worker, mode, inner_steps, outer_lr,
+                                              outer_momentum, dict(engine_options), group,
+                                              elastic)
+            return
         self._views = [(name, _engine_view(tensor)) for name, tensor in named]
         self._engine = _pulseloco._Synchronizer(
             self._views, mode, inner_steps, outer_lr, outer_momentum, dict(engine_options),
             group, elastic)
+
+    def _start_worker(self, named: List[Tuple[str, Any]], worker: Any, mode: str,
+                      inner_steps: int, outer_lr: float, outer_momentum: float,
+                      options: Dict[str, Any], group: Optional[Dict[str, Any]],
+                      elastic: Optional[Dict[str, Any]]) -> Any:
+        """A local rank of a worker of several ranks (docs/design.md, "A worker of several
+        ranks"): the engine over this local rank's share, in the group of the workers' same
+        local ranks; then the worker's ranks agree and bring each other up to date."""
+        settings = _worker.parse_worker(worker)
+        dist = _worker._torch_distributed()
+        count = settings["ranks_per_worker"]
+        world, rank = dist.get_world_size(), dist.get_rank()
+        layout = _worker.WorkerLayout(count, world // count, rank // count, rank % count)
+        table = [(name, _worker._numel(tensor), str(getattr(tensor, "dtype", "")))
+                 for name, tensor in named]
+        # What this rank cannot do is told to every rank in the layout check (collective), so
+        # that no rank waits for one that gave up.
+        problem = None
+        refused = [what for what, bad in (
+            ("mode 'ddp'", mode == "ddp"), ("elastic", elastic is not None),
+            ("overlap", options.get("overlap", "blocking") != "blocking"),
+            ("publish_dir", bool(options.get("publish_dir")))) if bad]
+        not_torch = [(name, tensor) for name, tensor in named if not hasattr(tensor, "detach")]
+        if refused:
+            problem = f"worker: a worker of several ranks does not support {', '.join(refused)}"
+        elif not_torch:
+            problem = (f"worker: a worker of several ranks takes torch tensors; "
+                       f"'{not_torch[0][0]}' is a {type(not_torch[0][1]).__name__}")
+        elif world % count != 0:
+            problem = (f"worker: ranks_per_worker {count} does not divide the {world} ranks of "
+                       f"the default torch.distributed group")
+        else:
+            try:
+                overrides = _worker.group_overrides(layout, settings, group)
+            except InvalidArgument as error:
+                problem = str(error)
+        _worker.check_layouts(dist, layout, table, problem)
+        timeout = float(options.get("timeout", 60.0))
+        process_group = settings.get("process_group") or _worker.worker_process_group(
+            count, timeout=2 * timeout)
+        shares = _worker.split_shares(named, count)
+        self._worker = _worker.Worker(dist, layout, process_group, self._parameters, shares)
+        if options.get("trace_dir"):
+            options["trace_dir"] = os.path.join(options["trace_dir"], self._share_directory())
+        self._views = [(piece.name, view) for piece, view in
+                       zip(shares[layout.local_rank], self._worker.views(layout.local_rank))]
+        try:
+            engine = _pulseloco._Synchronizer(
+                self._views, mode, inner_steps, outer_lr, outer_momentum, options,
+                overrides, None)
+        except _pulseloco.Error as error:
+            self._worker.exchange_status("", _worker.name_engine_error(error, layout))
+            raise  # exchange_status raised already
+        self._worker.exchange_status(engine.digest, None)
+        self._worker.broadcast_shares()
+        return engine
+
+    def _share_directory(self) -> str:
+        layout = self._worker.layout
+        return f"local-{layout.local_rank}-of-{layout.ranks_per_worker}"
+
+    def _worker_call(self, call: Callable[[], Any], broadcast: bool = True) -> Any:
+        """call() on the engine; in a worker of several ranks, then the status exchange and
+        (broadcast) the shares' broadcasts inside the worker."""
+        if self._worker is None:
+            return call()
+        try:
+            result = call()
+        except _pulseloco.Error as error:
+            self._worker.exchange_status(
+                "", _worker.name_engine_error(error, self._worker.layout))
+            raise  # exchange_status raised already
+        if result is None:
+            return None
+        self._worker.exchange_status(self._engine.digest, None)
+        if broadcast:
+            self._worker.broadcast_shares()
+        return result
 
     # --- the training loop -------------------------------------------------------------------
 
@@ -137,11 +234,11 @@ class Synchronizer:
         """Call after every optimizer.step(): counts the step; every inner_steps-th call runs a
         window (collective), writes the new weights into the parameters and returns its report;
         otherwise returns None."""
-        return self._deliver(self._engine.after_optimizer_step())
+        return self._deliver(self._worker_call(self._engine.after_optimizer_step))
 
     def run_window(self) -> WindowReport:
         """Runs a window now (collective), whatever the step count."""
-        return self._deliver(self._engine.run_window())
+        return self._deliver(self._worker_call(self._engine.run_window))
 
     def complete_in_flight(self) -> Optional[WindowReport]:
         """Overlapped windows (overlap="delayed" or "eager"): finishes the window in flight and
@@ -172,15 +269,20 @@ class Synchronizer:
             buffer = io.BytesIO()
             torch.save(optimizer.state_dict(), buffer)
             own[OPTIMIZER_FILE] = buffer.getvalue()
-        return pathlib.Path(self._engine.save_checkpoint(os.fspath(root), keep, own))
+        if self._worker is not None:
+            root = os.path.join(os.fspath(root), self._share_directory())
+        return pathlib.Path(self._worker_call(
+            lambda: self._engine.save_checkpoint(os.fspath(root), keep, own), broadcast=False))
 
     def load_checkpoint(self, path: PathLike, *, optimizer: Any = None) -> LoadedCheckpoint:
         """Restores a checkpoint (collective): a checkpoint directory, or a root whose newest
         committed checkpoint is loaded. The parameters are reset to the checkpoint's weights;
         optimizer: restored from the checkpoint's "optimizer.pt". The data loop continues at
         the returned next_step (inner steps) or next_window (windows)."""
-        directory, window, next_window, next_step, own = self._engine.load_checkpoint(
-            os.fspath(path))
+        if self._worker is not None:
+            path = os.path.join(os.fspath(path), self._share_directory())
+        directory, window, next_window, next_step, own = self._worker_call(
+            lambda: self._engine.load_checkpoint(os.fspath(path)))
         if optimizer is not None:
             if OPTIMIZER_FILE not in own:
                 raise InvalidArgument(
@@ -212,12 +314,16 @@ class Synchronizer:
 
     @property
     def rank(self) -> int:
-        """This process's rank in the group."""
+        """This process's rank in the group (a worker of several ranks: its global rank)."""
+        if self._worker is not None:
+            return self._worker.layout.rank
         return self._engine.rank
 
     @property
     def world_size(self) -> int:
-        """Ranks in the group."""
+        """Ranks in the group (workers of several ranks: every rank of every worker)."""
+        if self._worker is not None:
+            return self._worker.layout.workers * self._worker.layout.ranks_per_worker
         return self._engine.world_size
 
     @property
@@ -229,7 +335,11 @@ class Synchronizer:
 
     @property
     def parameter_count(self) -> int:
-        """Elements in the model."""
+        """Elements in the model (a worker of several ranks: the whole model, of which
+        tensor_table() and the state accessors hold this local rank's share)."""
+        if self._worker is not None:
+            return sum(piece.end - piece.begin for share in self._worker.shares
+                       for piece in share)
         return self._engine.parameter_count
 
     @property
@@ -240,8 +350,30 @@ class Synchronizer:
     @property
     def digest(self) -> str:
         """Combined digest of the global weights and momentum (equal on every rank), as the
-        reports and the log print it: 16 lowercase hex digits."""
+        reports and the log print it: 16 lowercase hex digits. A worker of several ranks: the
+        worker's digest, of its local ranks' share digests in order (equal on every rank of
+        every worker), as of the last window, checkpoint or construction."""
+        if self._worker is not None:
+            return self._worker.digest
         return self._engine.digest
+
+    @property
+    def worker(self) -> Optional[_worker.WorkerLayout]:
+        """Where this rank sits in a worker of several ranks (ranks_per_worker, workers, worker,
+        local_rank); None otherwise."""
+        return None if self._worker is None else self._worker.layout
+
+    @property
+    def process_group(self) -> Any:
+        """A worker of several ranks: the torch.distributed group of this worker's ranks (for
+        the user's DDP inside the worker); None otherwise."""
+        return None if self._worker is None else self._worker.process_group
+
+    @property
+    def share_digests(self) -> List[str]:
+        """A worker of several ranks: each local rank's share digest, in local rank order (as
+        of the last window); empty otherwise."""
+        return [] if self._worker is None else list(self._worker.share_digests)
 
     @property
     def next_step_runs_window(self) -> bool:

@@ -5,6 +5,7 @@
     python -m pulseloco.launch --nproc-per-node N -m package.module ARGS...
     python -m pulseloco.launch --nnodes M --node-rank K --nproc-per-node N
         --master-addr HOST --master-port P script.py ARGS...      (on each of M nodes)
+    python -m pulseloco.launch ... --nproc-per-node G --ranks-per-worker G script.py ARGS...
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 (default: a free port), PULSELOCO_SECRET and PULSELOCO_RUN_ID (fresh and random unless already
@@ -19,6 +20,14 @@ rank 0, which serves the rendezvous. Rank = K * N + local rank, WORLD_SIZE = M *
 node for node-aware exchanges (docs/operations.md, "Nodes"). Every node must then share
 PULSELOCO_SECRET and PULSELOCO_RUN_ID: the launcher refuses to start without them (and without
 --master-port) instead of generating values the other nodes cannot know.
+
+With --ranks-per-worker G (G divides N), every G consecutive ranks of a node form one worker
+of several ranks (docs/operations.md, "A worker of several GPUs"): each process also gets
+PULSELOCO_RANKS_PER_WORKER = G, which makes `pulseloco.Synchronizer(...)` a local rank of its
+worker, and PULSELOCO_WORKER_PORTS, the G rendezvous ports of the local ranks' groups: free
+ports on the master address below the system's ephemeral port range (which the ranks' own
+connections and listeners draw from before those groups form), or with --master-port P the
+ports P+1 .. P+G (P itself is left to torch.distributed's store).
 
 Every line a process writes to stdout or stderr is copied to the
 launcher's stdout or stderr with the prefix "[rank N] ": of every rank, or of the ranks that
@@ -41,6 +50,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import random
 import secrets
 import selectors
 import signal
@@ -80,6 +90,10 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
                         help="MASTER_ADDR (default: 127.0.0.1)")
     parser.add_argument("--master-port", "--master_port", type=int, default=None,
                         help="MASTER_PORT (default: a free port on the master address)")
+    parser.add_argument("--ranks-per-worker", "--ranks_per_worker", type=int, default=None,
+                        metavar="G", help="every G consecutive ranks of a node form one worker "
+                        "(G divides --nproc-per-node): sets PULSELOCO_RANKS_PER_WORKER and "
+                        "PULSELOCO_WORKER_PORTS")
     parser.add_argument("--grace-period", type=float, default=10.0, metavar="SECONDS",
                         help="how long the processes get to exit after SIGTERM before SIGKILL "
                         "(default: 10)")
@@ -111,6 +125,10 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
         if missing:
             parser.error(f"--nnodes above 1 needs {' and '.join(missing)} set, the same on "
                          f"every node (a value generated here would differ on each node)")
+    if options.ranks_per_worker is not None and not (
+            options.ranks_per_worker >= 1 and options.nproc_per_node % options.ranks_per_worker == 0):
+        parser.error(f"--ranks-per-worker must be at least 1 and divide --nproc-per-node "
+                     f"{options.nproc_per_node}, not {options.ranks_per_worker}")
     if options.master_port is not None and not 0 < options.master_port < 65536:
         parser.error(f"--master-port must be in 1..65535, not {options.master_port}")
     if options.grace_period < 0:
@@ -142,16 +160,52 @@ def _rank_list(text: str) -> frozenset[int]:
     return frozenset(ranks)
 
 
-def _free_port(address: str) -> int:
-    """A port nothing listens on now (rank 0's rendezvous binds it shortly after)."""
+def _free_ports(address: str, count: int) -> list[int]:
+    """count distinct ports nothing listens on now (the rendezvous bind them shortly after)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    probes = []
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind((address, 0))
-            return probe.getsockname()[1]
+        for _ in range(count):
+            probes.append(socket.socket(family, socket.SOCK_STREAM))
+            probes[-1].bind((address, 0))
+        return [probe.getsockname()[1] for probe in probes]
     except OSError as error:
         raise SystemExit(f"{_PREFIX}cannot bind the master address '{address}' to find a free "
                          f"port: {error}") from None
+    finally:
+        for probe in probes:
+            probe.close()
+
+
+def _ports_below_ephemeral(address: str, count: int) -> list[int]:
+    """count distinct free ports below the range the system hands out for bind(0) and outgoing
+    connections: the ranks open many of those (torch.distributed's connections, pulseloco's
+    listeners) before the local ranks' groups bind their rendezvous ports, and one of them could
+    take a port that bind(0) had found free. Falls back to _free_ports when that range starts
+    too low to leave room."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            low = int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    if low <= 10000 + 100 * count:
+        return _free_ports(address, count)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    chooser = random.SystemRandom()
+    found: list[int] = []
+    for _ in range(100 * count):
+        port = chooser.randrange(10000, low)
+        if port in found:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == count:
+            return found
+    return _free_ports(address, count)
 
 
 def _is_loopback(address: str) -> bool:
@@ -161,9 +215,13 @@ def _is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
-def _rank_environment(options: argparse.Namespace, port: int) -> list[tuple[int, dict[str, str]]]:
+def _rank_environment(options: argparse.Namespace, port: int,
+                      worker_ports: list[int]) -> list[tuple[int, dict[str, str]]]:
     """Each process' rank in the group and its environment, in local rank order."""
     shared = dict(os.environ)
+    if options.ranks_per_worker is not None:
+        shared.update(PULSELOCO_RANKS_PER_WORKER=str(options.ranks_per_worker),
+                      PULSELOCO_WORKER_PORTS=",".join(map(str, worker_ports)))
     shared.setdefault("PULSELOCO_SECRET", secrets.token_hex(16))
     shared.setdefault("PULSELOCO_RUN_ID", "launch-" + secrets.token_hex(8))
     shared.setdefault("PYTHONUNBUFFERED", "1")
@@ -293,7 +351,17 @@ class _Launch:
 
 
 def _run(options: argparse.Namespace) -> int:
-    port = options.master_port or _free_port(options.master_addr)
+    workers = options.ranks_per_worker or 0
+    if options.master_port is None:
+        port = _free_ports(options.master_addr, 1)[0]
+        worker_ports = _ports_below_ephemeral(options.master_addr, workers) if workers else []
+    else:
+        # Every node derives the same ports: the master port's successors.
+        port = options.master_port
+        worker_ports = [port + 1 + j for j in range(workers)]
+        if worker_ports and worker_ports[-1] > 65535:
+            raise SystemExit(f"{_PREFIX}--master-port {port} leaves no room for the "
+                             f"{workers} ports after it that the workers' groups use")
     if options.tee is not None:
         try:
             os.makedirs(options.tee, exist_ok=True)
@@ -317,7 +385,7 @@ def _run(options: argparse.Namespace) -> int:
     tees: list[BinaryIO] = []
     try:
         selector.register(wake_read, selectors.EVENT_READ)
-        for local, (rank, environment) in enumerate(_rank_environment(options, port)):
+        for local, (rank, environment) in enumerate(_rank_environment(options, port, worker_ports)):
             process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        start_new_session=True)

@@ -254,6 +254,8 @@ def test_script_arguments_and_module_mode(tmp_path):
     (["--nproc-per-node", "2", "--ranks", "1,x", "x.py"], "'1,x' is not a list of ranks"),
     (["--nproc-per-node", "2", "--ranks", "0,2-3", "x.py"], "--ranks names ranks [2, 3]"),
     (["--nproc-per-node", "2", "--nnodes", "0", "x.py"], "--nnodes must be at least 1"),
+    (["--nproc-per-node", "4", "--ranks-per-worker", "3", "x.py"],
+     "--ranks-per-worker must be at least 1 and divide --nproc-per-node 4, not 3"),
     (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "x.py"],
      "--node-rank must be in 0..1, not 2"),
 ])
@@ -373,3 +375,31 @@ def test_the_launcher_runs_as_a_module_of_the_package(tmp_path):
                             timeout=BOUND_SECONDS)
     assert result.returncode == 0, result.stderr
     assert sorted(environments(result.stdout)) == [0, 1]
+
+
+WORKER_SCRIPT = """
+    import json, os
+    names = ["RANK", "MASTER_PORT", "PULSELOCO_RANKS_PER_WORKER", "PULSELOCO_WORKER_PORTS"]
+    print("env " + json.dumps({name: os.environ.get(name) for name in names}))
+"""
+
+
+def test_ranks_per_worker_names_the_worker_size_and_its_groups_ports(tmp_path):
+    script = write_script(tmp_path, "env.py", WORKER_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSELOCO_")}
+    chosen = environments(launch(["--nproc-per-node", "4", "--ranks-per-worker", "2",
+                                  str(script)], env=env).stdout)
+    assert sorted(chosen) == [0, 1, 2, 3]
+    ports = chosen[0]["PULSELOCO_WORKER_PORTS"].split(",")
+    assert len(set(ports + [chosen[0]["MASTER_PORT"]])) == 3  # distinct free ports
+    for variables in chosen.values():
+        assert variables["PULSELOCO_RANKS_PER_WORKER"] == "2"
+        assert variables["PULSELOCO_WORKER_PORTS"] == chosen[0]["PULSELOCO_WORKER_PORTS"]
+    # With --master-port P every node derives the same ports: P+1 .. P+G.
+    given = environments(launch(["--nproc-per-node", "2", "--ranks-per-worker", "2",
+                                 "--master-port", "29130", str(script)], env=env).stdout)
+    assert given[1]["PULSELOCO_WORKER_PORTS"] == "29131,29132"
+    assert given[1]["MASTER_PORT"] == "29130"
+    # Without the option nothing is set.
+    plain = environments(launch(["--nproc-per-node", "1", str(script)], env=env).stdout)
+    assert plain[0]["PULSELOCO_RANKS_PER_WORKER"] is None

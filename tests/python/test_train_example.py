@@ -82,3 +82,19 @@ def test_the_metrics_example_writes_a_csv_row_per_window(tmp_path):
     assert [row["window"] for row in rows] == ["0", "1", "2"]
     assert all(re.fullmatch("[0-9a-f]{16}", row["digest"]) for row in rows)
     assert all(float(row["payload_bytes"]) > 0 for row in rows)
+
+
+@pytest.mark.parametrize("mode", ["pulse", "diloco"])
+def test_the_ddp_worker_example_trains_two_workers_of_two_ranks(mode):
+    example = EXAMPLE.parent / "train_ddp_worker.py"
+    result = subprocess.run([sys.executable, "-m", "pulseloco.launch", "--nproc-per-node", "4",
+                             "--ranks-per-worker", "2", str(example), "--mode", mode,
+                             *ARGUMENTS],
+                            env=clean_environment(), capture_output=True, text=True,
+                            timeout=BOUND_SECONDS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"[rank 0] {mode}: 2 workers x 2 ranks" in result.stdout, result.stdout
+    for window in range(3):
+        assert f"[rank 0] window {window}: loss " in result.stdout, result.stdout
+    assert re.search(r"^\[rank 0\] summary: 3 windows, payload per worker .* in total, replicas "
+                     r"bit-identical every window$", result.stdout, re.MULTILINE), result.stdout

@@ -1,0 +1,224 @@
+"""Workers of several ranks: DDP (gloo) inside each worker, pulseloco between workers, each local
+rank carrying its share of the window.
+
+What the equivalence tests compare, and why it is exact: a run of W workers x 2 local ranks
+against a reference run of W ranks, one per worker, whose rank computes the gradients of its
+worker's 2 micro-batches and averages them as DDP does (each multiplied by 1/2, then summed).
+DDP's all-reduce of two ranks computes the same sum (fp32 addition of two terms is
+commutative), so every worker's replica takes the reference rank's inner steps bit for bit. The
+windows then differ only in how the elements are laid out: each local rank's engine holds a
+contiguous range of the model. pulse aggregates every element in rank order whatever its
+position, so its windows are bit-identical for any data. diloco's all-reduce sums each segment
+of a bucket starting at a different rank, so an element's summation order depends on its
+position; over 2 workers that is a sum of two terms (commutative), and over 3 it is exact only
+because every partial sum is representable: the reference checks before each window that every
+|theta_l - theta_g| is at most 2^-6 |theta_g|, which makes every pseudo-gradient an exact
+difference (Sterbenz) and a multiple of theta_g's half-ulp with under 2^20 units, so each sum of
+three is exact in any order.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from group_helpers import HERE, Process, clean_environment, finish_all
+from pulseloco.launch import _ports_below_ephemeral
+
+SCRIPT = HERE / "ddp_worker.py"
+BOUND_SECONDS = 300  # up to nine interpreters importing torch on two busy cores
+
+
+def free_ports(count):
+    """count distinct ports that were free a moment ago, below the ephemeral range (the ranks'
+    own connections and listeners cannot take them before the rendezvous bind them)."""
+    return _ports_below_ephemeral("127.0.0.1", count)
+
+
+def spawn_workers(workers, ranks_per_worker, args, per_rank_args=None):
+    """workers x ranks_per_worker processes in worker mode (torch.distributed over all)."""
+    world = workers * ranks_per_worker
+    torch_port, *ports = free_ports(1 + ranks_per_worker)
+    processes = []
+    for rank in range(world):
+        env = clean_environment(dict(
+            RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(torch_port), PULSELOCO_WORKER_PORTS=",".join(map(str, ports))))
+        rank_args = (per_rank_args or {}).get(rank, ["--ranks-per-worker", str(ranks_per_worker)])
+        processes.append(Process([sys.executable, str(SCRIPT), *args, *rank_args], env))
+    return processes
+
+
+def spawn_reference(workers, micro_batches, args):
+    """One rank per worker, each with the worker's whole batch as micro_batches micro-batches."""
+    (port,) = free_ports(1)
+    return [Process([sys.executable, str(SCRIPT), *args, "--micro-batches", str(micro_batches)],
+                    clean_environment(dict(RANK=str(rank), WORLD_SIZE=str(workers),
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))))
+            for rank in range(workers)]
+
+
+def run(processes):
+    codes = finish_all(processes, BOUND_SECONDS)
+    for process, code in zip(processes, codes):
+        assert code == 0, process.log()
+    return processes
+
+
+def events(processes, name):
+    return [[e for e in process.events if e["event"] == name] for process in processes]
+
+
+@pytest.mark.parametrize("mode", ["pulse", "diloco"])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_worker_of_two_ddp_ranks_equals_one_rank_with_the_whole_batch(mode, workers):
+    args = ["--mode", mode, "--windows", "3", "--inner-steps", "2"]
+    grouped = run(spawn_workers(workers, 2, args))
+    reference = run(spawn_reference(workers, 2, args))
+
+    counts = {process.event("ready")["parameter_count"] for process in grouped + reference}
+    assert counts == {161}, counts  # the whole model on every rank
+    for gap in events(reference[:1], "gap")[0]:
+        assert gap["largest_ratio"] <= 2.0 ** -6, gap
+    reference_windows = events(reference, "window")
+    worker_windows = events(grouped, "window")
+    for window in range(3):
+        by_rank = [windows[window] for windows in worker_windows]
+        assert all(e["window"] == window for e in by_rank), by_rank
+        # Every rank of every worker: one worker digest, and one model.
+        assert len({e["digest"] for e in by_rank}) == 1, by_rank
+        assert len({e["parameters"] for e in by_rank}) == 1, by_rank
+        # The reference's model after the same window.
+        expected = {windows[window]["parameters"] for windows in reference_windows}
+        assert expected == {by_rank[0]["parameters"]}, (window, expected, by_rank[0])
+        # Each share's digest is the same on every worker.
+        for local in range(2):
+            assert len({e["share_digest"] for e in by_rank[local::2]}) == 1, by_rank
+        if mode == "diloco":
+            # One worker's message: its shares together carry the reference rank's bytes.
+            for worker in range(workers):
+                shares = by_rank[2 * worker:2 * worker + 2]
+                assert sum(e["payload_bytes"] for e in shares) == \
+                    reference_windows[worker][window]["payload_bytes"], (shares, reference_windows)
+
+    done = [process.event("done") for process in grouped]
+    expected = reference[0].event("done")
+    for worker in range(workers):
+        shares = sorted(done[2 * worker:2 * worker + 2], key=lambda e: e["local_rank"])
+        assert "".join(e["global_weights"] for e in shares) == expected["global_weights"]
+        assert "".join(e["momentum"] for e in shares) == expected["momentum"]
+    assert len({e["digest"] for e in done}) == 1
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_killed_local_rank_fails_every_other_rank_naming_it(workers):
+    timeout = 10.0
+    processes = spawn_workers(workers, 2, ["--windows", "3", "--announce", "--timeout",
+                                           str(timeout)])
+    victim = processes[3]  # worker 1's local rank 1
+    try:
+        entering = [victim.wait_for("entering", BOUND_SECONDS) for _ in range(2)]
+        assert entering[-1]["window"] == 1
+        os.kill(victim.popen.pid, signal.SIGKILL)
+    except BaseException:
+        finish_all(processes, 1)
+        raise
+    codes = finish_all(processes, BOUND_SECONDS)
+    assert codes[3] == -signal.SIGKILL
+    survivors = [(p, c) for rank, (p, c) in enumerate(zip(processes, codes)) if rank != 3]
+    for process, code in survivors:
+        assert code == 3, process.log()
+        error = process.event("error")
+        assert error["type"] in ("PeerLostError", "AbortedError", "TimeoutError"), error
+        assert "rank 3" in error["message"], error
+        assert error["elapsed"] <= 2 * timeout, error
+
+
+def test_mismatched_worker_layouts_are_refused_naming_both_sides():
+    # Ranks 0 and 1 say a worker has 2 ranks, ranks 2 and 3 that it has 1.
+    one = ["--ranks-per-worker", "1"]
+    processes = spawn_workers(2, 2, ["--windows", "1"], per_rank_args={2: one, 3: one})
+    codes = finish_all(processes, BOUND_SECONDS)
+    for process, code in zip(processes, codes):
+        assert code == 3, process.log()
+        error = process.event("error")
+        assert error["type"] == "InvalidArgument", error
+        assert "ranks 0, 1 have 2" in error["message"], error
+        assert "ranks 2, 3 have 1" in error["message"], error
+
+
+def test_the_launcher_forms_workers_of_its_ranks():
+    launcher = HERE.parents[1] / "python" / "pulseloco" / "launch.py"
+    result = subprocess.run(
+        [sys.executable, str(launcher), "--nproc-per-node", "4", "--ranks-per-worker", "2",
+         str(SCRIPT), "--windows", "2"],
+        env=clean_environment(), capture_output=True, text=True, timeout=BOUND_SECONDS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    windows = {}
+    for line in result.stdout.splitlines():
+        prefix, _, rest = line.partition("] ")
+        if rest.startswith("{"):
+            event = json.loads(rest)
+            if event["event"] == "window":
+                windows.setdefault(event["window"], {})[prefix] = event
+    assert sorted(windows) == [0, 1], result.stdout
+    for by_rank in windows.values():
+        assert len(by_rank) == 4, by_rank
+        assert len({e["digest"] for e in by_rank.values()}) == 1, by_rank
+        assert len({e["parameters"] for e in by_rank.values()}) == 1, by_rank
+
+
+def test_a_worker_checkpoint_resumes_to_the_uninterrupted_runs_windows(tmp_path):
+    root = str(tmp_path / "checkpoints")
+    args = ["--windows", "3"]
+    traces = tmp_path / "traces"
+    whole = run(spawn_workers(2, 2, [*args, "--save", root, "--save-after", "1", "--trace-dir",
+                                     str(traces)]))
+    # Each local rank's share is a checkpoint of its own under the root, and a trace of its own.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == \
+        ["local-0-of-2", "local-1-of-2"]
+    assert sorted(p.name for p in traces.iterdir()) == ["local-0-of-2", "local-1-of-2"]
+    for share in traces.iterdir():
+        assert any(share.iterdir()), share
+    resumed = run(spawn_workers(2, 2, [*args, "--resume", root]))
+    first = events(whole, "window")
+    for process in resumed:
+        loaded = process.event("loaded")
+        assert loaded["window"] == 1, process.log()
+        assert loaded["digest"] == first[0][0]["digest"]
+        assert loaded["parameters"] == first[0][0]["parameters"]
+        later = {e["window"]: e for e in process.events if e["event"] == "window"}
+        assert sorted(later) == [1, 2], process.log()
+        for window in (1, 2):
+            assert later[window]["digest"] == first[0][window]["digest"]
+            assert later[window]["parameters"] == first[0][window]["parameters"]
+
+
+def test_bf16_replicas_are_brought_up_to_date_inside_the_worker():
+    # gloo has neither bf16 all-reduces (DDP) nor bf16 broadcasts: the worker's replicas take the
+    # same steps here without DDP, and the shares travel inside the worker as bytes.
+    processes = run(spawn_workers(2, 2, ["--dtype", "bfloat16", "--no-ddp", "--windows", "2"]))
+    for window in events(processes, "window"):
+        assert [e["window"] for e in window] == [0, 1]
+    for window in range(2):
+        by_rank = [windows[window] for windows in events(processes, "window")]
+        assert len({e["digest"] for e in by_rank}) == 1, by_rank
+        assert len({e["parameters"] for e in by_rank}) == 1, by_rank
+
+
+def test_a_rank_that_cannot_start_its_worker_is_named_to_every_rank():
+    # Rank 3 asks for overlapped windows, which workers of several ranks refuse: it says why, and
+    # the others, instead of waiting for it, name it.
+    processes = spawn_workers(2, 2, ["--windows", "1"], per_rank_args={
+        3: ["--ranks-per-worker", "2", "--overlap", "delayed"]})
+    codes = finish_all(processes, BOUND_SECONDS)
+    for rank, (process, code) in enumerate(zip(processes, codes)):
+        assert code == 3, process.log()
+        error = process.event("error")
+        assert error["type"] == "InvalidArgument", error
+        assert "does not support overlap" in error["message"], error
+        if rank != 3:
+            assert error["message"].startswith("rank 3 cannot start its worker: "), error
