@@ -189,6 +189,7 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     for (const std::string& name : stale) {
       const std::lock_guard lock(client_mutex_);
       client_.delete_object(address_.bucket, address_.key(name));
+      ++requests_.deletes;
     }
   }
 
@@ -200,6 +201,7 @@ class BucketTransport final : public transport::Transport, public transport::Nat
       const std::lock_guard lock(client_mutex_);
       sealed =
           client_.get_bytes(address_.bucket, address_.key(name), data.size() + io::kSealOverhead);
+      ++(sealed ? requests_.gets : requests_.misses);
       if (sealed) {
         stats_.wire_bytes_received += sealed->size();
         stats_.payload_bytes_received += data.size();
@@ -233,6 +235,10 @@ class BucketTransport final : public transport::Transport, public transport::Nat
   }
 
   [[nodiscard]] const BucketGroupOptions& options() const noexcept { return options_; }
+  [[nodiscard]] BucketRequests requests() const {
+    const std::lock_guard lock(client_mutex_);
+    return requests_;
+  }
   [[nodiscard]] std::string url(const std::string& name) const { return address_.url(name); }
 
  private:
@@ -263,6 +269,7 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     stats_.wire_bytes_sent += sealed.size();
     stats_.payload_bytes_sent += payload.size();
     ++stats_.messages_sent;
+    ++requests_.puts;
     if (name.rfind(options_.job_id + "/w", 0) == 0) written_[window_].push_back(name);
   }
 
@@ -318,6 +325,7 @@ class BucketTransport final : public transport::Transport, public transport::Nat
   mutable std::mutex client_mutex_;
   io::S3Client client_;
   transport::TransportStats stats_;
+  BucketRequests requests_;
   std::vector<std::uint64_t> sent_;
   std::vector<std::uint64_t> received_;
   std::uint64_t collectives_ = 0;
@@ -399,6 +407,12 @@ std::unique_ptr<transport::Transport> join_bucket_group(BucketGroupOptions optio
 
 void label_bucket_window(transport::Transport& transport, std::uint64_t window) {
   if (auto* bucket = dynamic_cast<BucketTransport*>(&transport)) bucket->label(window);
+}
+
+BucketRequests bucket_requests(const transport::Transport& transport) {
+  if (const auto* bucket = dynamic_cast<const BucketTransport*>(&transport))
+    return bucket->requests();
+  return {};
 }
 
 bool is_bucket_group(const transport::Transport& transport) noexcept {

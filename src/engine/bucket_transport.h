@@ -64,6 +64,16 @@ struct BucketGroupOptions {
 // no-op on other transports), and deletes this rank's objects of windows before window - 1.
 void label_bucket_window(transport::Transport& transport, std::uint64_t window);
 
+// The requests a bucket group's transport has made: objects written, objects read, reads that
+// found no object yet (polls), objects deleted. All zero for another transport.
+struct BucketRequests {
+  std::uint64_t puts = 0;
+  std::uint64_t gets = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t deletes = 0;
+};
+[[nodiscard]] BucketRequests bucket_requests(const transport::Transport& transport);
+
 // True when `transport` is a bucket group's.
 [[nodiscard]] bool is_bucket_group(const transport::Transport& transport) noexcept;
 

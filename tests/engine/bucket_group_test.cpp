@@ -1,9 +1,13 @@
 // A group exchanging through a bucket of a real S3-compatible server (Swift with s3api,
 // tests/io/s3_test_server.h; engine/bucket_transport.h): four ranks stay bit-identical to the
-// same job over TCP, window by window; a rank that stops writing is named by the others within
-// 2x the timeout; forged and replayed objects are refused naming the object and the rank; each
-// rank removes its objects two windows after writing them.
+// same job over TCP, window by window; a rank killed in the middle of a window is named by the
+// others within 2x the timeout; dense modes run through it; overlapped windows are refused; forged
+// and replayed objects are refused naming the object and the rank; each rank removes its objects
+// two windows after writing them.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -129,38 +133,60 @@ TEST_F(BucketGroup, FourRanksStayBitIdenticalToTcpForTenWindows) {
   EXPECT_EQ(object_names().count("job-identical/hello/r3"), 1u);
 }
 
-TEST_F(BucketGroup, ARankThatStopsIsNamedWithinTwiceTheTimeout) {
+TEST_F(BucketGroup, ARankKilledMidWindowIsNamedWithinTwiceTheTimeout) {
   constexpr int kWorld = 4;
-  constexpr int kStopped = 2;
-  auto transports = group(kWorld, "job-stopped");
-  std::vector<LocalModel> models;
-  for (int r = 0; r < kWorld; ++r)
-    models.push_back(make_model({3000}, DType::float32, r == 0 ? 7 : 1000 + r));
-  EngineOptions options = small_options();
-  options.timeout = std::chrono::milliseconds(3'000);
+  constexpr int kKilled = 2;
+  const std::string job = "job-killed";
+  EngineOptions engine_options = small_options();
+  engine_options.timeout = std::chrono::milliseconds(3'000);
+  const auto model_of = [](int r) {
+    return make_model({3000}, DType::float32, r == 0 ? 7 : 1000 + static_cast<std::uint32_t>(r));
+  };
+  // Rank 2 is a process of its own, which SIGKILLs itself in the middle of window 1's exchange
+  // (PULSELOCO_FAULT). Forked before this process starts any thread.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int code = 3;  // the fault did not fire
+    try {
+      ::setenv("PULSELOCO_FAULT", "window=1,phase=exchange,action=kill", 1);
+      LocalModel model = model_of(kKilled);
+      Engine engine(views_of(model), engine_options,
+                    join_bucket_group(options(kKilled, kWorld, job)));
+      for (int window = 0; window < 2; ++window) {
+        local_training(model, 3e-5f, 4, static_cast<std::uint32_t>(10 * window + kKilled));
+        (void)engine.run_window();
+      }
+    } catch (...) {
+      code = 4;
+    }
+    ::_exit(code);
+  }
+  std::vector<LocalModel> models(kWorld);
   std::vector<std::unique_ptr<Engine>> engines(kWorld);
-  rethrow_first(run_ranks(kWorld, [&](int r) {
-    const auto i = static_cast<std::size_t>(r);
-    engines[i] = std::make_unique<Engine>(views_of(models[i]), options, std::move(transports[i]));
-  }));
-  rethrow_first(
-      run_ranks(kWorld, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); }));
-  // Window 1: rank 2 is gone (a killed process writes nothing more; nothing of the bucket
-  // group notices the difference between a dead process and a rank that stops).
-  engines[kStopped].reset();
   const auto errors = run_ranks(kWorld, [&](int r) {
-    if (r == kStopped) return;
-    local_training(models[static_cast<std::size_t>(r)], 3e-5f, 4, static_cast<std::uint32_t>(r));
+    if (r == kKilled) return;
+    const auto i = static_cast<std::size_t>(r);
+    models[i] = model_of(r);
+    engines[i] = std::make_unique<Engine>(views_of(models[i]), engine_options,
+                                          join_bucket_group(options(r, kWorld, job)));
+    local_training(models[i], 3e-5f, 4, static_cast<std::uint32_t>(r));
+    (void)engines[i]->run_window();
+    local_training(models[i], 3e-5f, 4, static_cast<std::uint32_t>(10 + r));
     const auto start = std::chrono::steady_clock::now();
     try {
-      (void)engines[static_cast<std::size_t>(r)]->run_window();
-      ADD_FAILURE() << "rank " << r << " finished a window without rank " << kStopped;
+      (void)engines[i]->run_window();
+      ADD_FAILURE() << "rank " << r << " finished window 1 without rank " << kKilled;
     } catch (const Error& error) {
-      EXPECT_LT(std::chrono::steady_clock::now() - start, 2 * options.timeout) << error.what();
+      EXPECT_LT(std::chrono::steady_clock::now() - start, 2 * engine_options.timeout)
+          << error.what();
       EXPECT_EQ(error.kind(), ErrorKind::timeout) << error.what();
-      EXPECT_EQ(error.context().peer, kStopped) << error.what();
+      EXPECT_EQ(error.context().peer, kKilled) << error.what();
     }
   });
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
   rethrow_first(errors);
 }
 
@@ -242,6 +268,72 @@ TEST_F(BucketGroup, AJobIdUsedBeforeIsRefused) {
     FAIL() << "a job id used before was accepted";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::invalid_argument) << error.what();
+  }
+}
+
+TEST_F(BucketGroup, DilocoWindowsRunThroughTheBucket) {
+  constexpr int kWorld = 3;
+  auto transports = group(kWorld, "job-diloco");
+  std::vector<LocalModel> models;
+  for (int r = 0; r < kWorld; ++r)
+    models.push_back(make_model({3000, 10}, DType::float32, r == 0 ? 7 : 1000 + r));
+  const EngineOptions options = small_options(Mode::diloco);
+  std::vector<std::unique_ptr<Engine>> engines(kWorld);
+  rethrow_first(run_ranks(kWorld, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] = std::make_unique<Engine>(views_of(models[i]), options, std::move(transports[i]));
+  }));
+  for (int window = 0; window < 2; ++window) {
+    rethrow_first(run_ranks(kWorld, [&](int r) {
+      const auto i = static_cast<std::size_t>(r);
+      local_training(models[i], 3e-5f, 4, static_cast<std::uint32_t>(10 * window + r));
+      const WindowReport report = engines[i]->run_window();
+      EXPECT_TRUE(report.replicas_identical);
+    }));
+  }
+  for (int r = 1; r < kWorld; ++r)
+    EXPECT_EQ(models[static_cast<std::size_t>(r)][0].f32, models[0][0].f32);
+}
+
+TEST_F(BucketGroup, DdpAveragesGradientsThroughTheBucket) {
+  constexpr int kWorld = 3;
+  auto transports = group(kWorld, "job-ddp");
+  std::vector<LocalModel> models;
+  for (int r = 0; r < kWorld; ++r)
+    models.push_back(make_model({3000, 10}, DType::float32, 300 + r));
+  EngineOptions options = small_options(Mode::ddp);
+  options.steps_per_window = 1;
+  std::vector<std::unique_ptr<Engine>> engines(kWorld);
+  rethrow_first(run_ranks(kWorld, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] = std::make_unique<Engine>(views_of(models[i]), options, std::move(transports[i]));
+  }));
+  rethrow_first(run_ranks(kWorld, [&](int r) {
+    std::vector<std::vector<float>> grads;
+    std::vector<TensorView> views;
+    for (const auto& t : models[static_cast<std::size_t>(r)])
+      grads.emplace_back(t.numel(), static_cast<float>(r + 1) * 0.25f);
+    for (auto& g : grads)
+      views.push_back({g.data(), g.size(), DType::float32, Device{}});
+    engines[static_cast<std::size_t>(r)]->average_gradients(views);
+    for (const auto& g : grads)
+      for (const float v : g)
+        ASSERT_EQ(v, 0.5f);  // (0.25 + 0.5 + 0.75) / 3, exact
+    (void)engines[static_cast<std::size_t>(r)]->after_optimizer_step();
+  }));
+}
+
+TEST_F(BucketGroup, OverlappedWindowsAreRefusedNamingTheOption) {
+  auto transports = group(1, "job-overlap");
+  std::vector<LocalModel> models{make_model({10}, DType::float32, 7)};
+  EngineOptions options = small_options();
+  options.overlap = Overlap::delayed;
+  try {
+    Engine engine(views_of(models[0]), options, std::move(transports[0]));
+    FAIL() << "overlap delayed was accepted through a bucket";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::invalid_argument) << error.what();
+    EXPECT_NE(error.message().find("overlap"), std::string::npos) << error.what();
   }
 }
 
