@@ -27,11 +27,17 @@
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/options.h>
+#include "tests/engine/engine_test_util.h"
 
 namespace {
 
 using namespace pulseloco;
 using Clock = std::chrono::steady_clock;
+
+// Runs fn(rank) on one thread per rank; rethrows the lowest rank's exception.
+void run_ranks(int world, const std::function<void(int)>& fn) {
+  testing::rethrow_first(testing::run_ranks(world, fn));
+}
 
 struct Settings {
   std::string address;
@@ -42,25 +48,6 @@ struct Settings {
   int rounds = 5;
   int first_port = 29'600;
 };
-
-// Runs fn(rank) on one thread per rank; rethrows the first exception.
-void run_ranks(int world, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads)
-    t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 struct Result {
   double median_s = 0;
