@@ -40,6 +40,8 @@ class BucketGroup : public ::testing::Test {
     address_ = io::parse_s3_address(url_);
   }
 
+  void expect_killed_rank_named(const std::string& phase);
+
   [[nodiscard]] BucketGroupOptions options(int rank, int world, const std::string& job) const {
     BucketGroupOptions options;
     options.address = url_;
@@ -130,23 +132,25 @@ TEST_F(BucketGroup, FourRanksStayBitIdenticalToTcpForTenWindows) {
   EXPECT_EQ(object_names().count("job-identical/hello/r3"), 1u);
 }
 
-TEST_F(BucketGroup, ARankKilledMidWindowIsNamedWithinTwiceTheTimeout) {
+// Rank 2 of four is a process of its own, which SIGKILLs itself at `phase` of window 1
+// (PULSELOCO_FAULT): the three others fail within 2x the timeout, naming it.
+void BucketGroup::expect_killed_rank_named(const std::string& phase) {
   constexpr int kWorld = 4;
   constexpr int kKilled = 2;
-  const std::string job = "job-killed";
+  const std::string job = "job-killed-" + phase;
   EngineOptions engine_options = small_options();
   engine_options.timeout = std::chrono::milliseconds(3'000);
   const auto model_of = [](int r) {
     return make_model({3000}, DType::float32, r == 0 ? 7 : 1000 + static_cast<std::uint32_t>(r));
   };
-  // Rank 2 is a process of its own, which SIGKILLs itself in the middle of window 1's exchange
-  // (PULSELOCO_FAULT). Forked before this process starts any thread.
+  // Forked before this process starts any thread.
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     int code = 3;  // the fault did not fire
     try {
-      ::setenv("PULSELOCO_FAULT", "window=1,phase=exchange,action=kill", 1);
+      const std::string fault = "window=1,phase=" + phase + ",action=kill";
+      ::setenv("PULSELOCO_FAULT", fault.c_str(), 1);
       LocalModel model = model_of(kKilled);
       Engine engine(views_of(model), engine_options,
                     join_bucket_group(options(kKilled, kWorld, job)));
@@ -185,6 +189,33 @@ TEST_F(BucketGroup, ARankKilledMidWindowIsNamedWithinTwiceTheTimeout) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
   rethrow_first(errors);
+}
+
+// Killed before it wrote its window message: the others wait for that object.
+TEST_F(BucketGroup, ARankKilledBeforeItsMessageIsNamedWithinTwiceTheTimeout) {
+  expect_killed_rank_named("gate");
+}
+
+// Killed in the middle of the exchange, its message written: the others wait for its vote.
+TEST_F(BucketGroup, ARankKilledMidExchangeIsNamedWithinTwiceTheTimeout) {
+  expect_killed_rank_named("exchange");
+}
+
+TEST_F(BucketGroup, ARankThatNeverJoinsIsNamed) {
+  auto errors = run_ranks(2, [&](int r) {
+    BucketGroupOptions o = options(r, 3, "job-absent");
+    o.form_timeout = std::chrono::milliseconds(1'000);
+    (void)join_bucket_group(o);
+  });
+  for (const auto& error : errors) {
+    try {
+      ASSERT_TRUE(error);
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::timeout) << e.what();
+      EXPECT_EQ(e.context().peer, 2) << e.what();
+    }
+  }
 }
 
 TEST_F(BucketGroup, AForgedHelloIsRefusedNamingTheObjectAndTheRank) {
