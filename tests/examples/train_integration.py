@@ -406,6 +406,46 @@ def test_bucket(args):
         server.wait(timeout=120)
 
 
+def test_exchange_bucket(args):
+    """--exchange-bucket s3://...: 2 workers run 3 windows through a bucket of a local Swift with
+    s3api, no port open between them, and end with final weights byte-identical to the same run
+    over TCP. Skipped (77) only when Swift is not installed."""
+    ranks, windows = 2, 3
+    base = args.work / "exchange_bucket"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "io" / "swift_s3_server.py"
+    server = subprocess.Popen(["/usr/bin/python3", str(fixture), "--bucket", "pulseloco-train"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()  # bounded by the fixture's own start timeout
+        if line.startswith("SKIP:"):
+            print(line.strip(), flush=True)
+            sys.exit(77)
+        if not check(line.startswith("{"), f"the S3 server did not start: {line!r}"):
+            return
+        info = json.loads(line)
+        env = dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
+                   AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"],
+                   PULSELOCO_SECRET="exchange-bucket-test")
+        finals = {}
+        for name, extra in (("tcp", []),
+                            ("bucket", ["--exchange-bucket",
+                                        f"s3://pulseloco-train/exchange-{os.getpid()}"])):
+            result = run([args.train, "--local-workers", str(ranks), "--mode", "pulse",
+                          "--windows", str(windows), "--final-weights", str(base / name)]
+                         + extra + common_args(args, args.work / "cache"),
+                         timeout=args.timeout, env=env)
+            if not check(result.returncode == 0, f"the {name} run exited {result.returncode}"):
+                return
+            finals[name] = (base / name / "global-rank-00000.safetensors").read_bytes()
+        check(finals["tcp"] == finals["bucket"],
+              "the run through the bucket ended with other weights than over TCP")
+    finally:
+        server.stdin.close()  # the fixture stops Swift and removes its directory
+        server.wait(timeout=120)
+
+
 def test_bf16(args):
     ranks, windows = 2, 3
     cache = args.work / "cache"
@@ -709,7 +749,8 @@ def run_tests(description, tests, add_arguments=lambda parser: None):
 def main():
     return run_tests(__doc__, {"replicas": test_replicas, "resume": test_resume,
                                "kill": test_kill, "bf16": test_bf16,
-                               "json_lines": test_json_lines, "bucket": test_bucket})
+                               "json_lines": test_json_lines, "bucket": test_bucket,
+                               "exchange_bucket": test_exchange_bucket})
 
 
 if __name__ == "__main__":
