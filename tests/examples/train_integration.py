@@ -35,6 +35,10 @@ the model having learnt anything.
       s3api while `pulseloco patch subscribe s3://...` in a second process follows the run: it
       ends holding the last version, bf16 of --final-weights; `pulseloco patch inspect` checks
       every object. Skipped only when Swift is not installed.
+  ... exchange_bucket
+      2 workers (--local-workers), 3 windows with --exchange-bucket s3://... (a local Swift with
+      s3api, no port open between the workers): final weights byte-identical to the same run
+      over TCP. Skipped only when Swift is not installed.
   ... json_lines
       2 workers (--local-workers), --json-lines: rank 0, the file's writer, is SIGKILLed in the
       middle of window 3's exchange (PULSELOCO_FAULT); the file holds windows 0 to 2, one valid
@@ -48,6 +52,7 @@ Synchronisation is on events (log lines, process exits), never on sleeps; every 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -339,6 +344,30 @@ def test_json_lines(args):
             check(key in r, f"window {r.get('window')}: no {key!r} in {sorted(r)}")
 
 
+@contextlib.contextmanager
+def swift_environment(bucket):
+    """A local Swift with s3api (tests/io/swift_s3_server.py) holding `bucket`: yields the
+    environment its clients need (endpoint, region, credentials), or None when it did not start
+    (a failed check). Exits 77 (skipped) only when Swift is not installed."""
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "io" / "swift_s3_server.py"
+    server = subprocess.Popen(["/usr/bin/python3", str(fixture), "--bucket", bucket],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()  # bounded by the fixture's own start timeout
+        if line.startswith("SKIP:"):
+            print(line.strip(), flush=True)
+            sys.exit(77)
+        if not check(line.startswith("{"), f"the S3 server did not start: {line!r}"):
+            yield None
+            return
+        info = json.loads(line)
+        yield dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
+                   AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"])
+    finally:
+        server.stdin.close()  # the fixture stops Swift and removes its directory
+        server.wait(timeout=120)
+
+
 def test_bucket(args):
     """--publish-dir s3://...: 2 workers publish 3 windows into a bucket of a local Swift with
     s3api (tests/io/swift_s3_server.py) while `pulseloco patch subscribe s3://...`, started
@@ -352,20 +381,15 @@ def test_bucket(args):
     base = args.work / "bucket"
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
-    fixture = pathlib.Path(__file__).resolve().parents[1] / "io" / "swift_s3_server.py"
-    server = subprocess.Popen(["/usr/bin/python3", str(fixture), "--bucket", "pulseloco-train"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with swift_environment("pulseloco-train") as env:
+        if env is not None:
+            follow_bucket(args, base, env, ranks, windows, compare)
+
+
+def follow_bucket(args, base, env, ranks, windows, compare):
+    """test_bucket's run and subscriber, against the server whose environment is `env`."""
     subscriber = None
     try:
-        line = server.stdout.readline()  # bounded by the fixture's own start timeout
-        if line.startswith("SKIP:"):
-            print(line.strip(), flush=True)
-            sys.exit(77)
-        if not check(line.startswith("{"), f"the S3 server did not start: {line!r}"):
-            return
-        info = json.loads(line)
-        env = dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
-                   AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"])
         address = f"s3://pulseloco-train/run-{os.getpid()}"
         state = base / "subscribed.safetensors"
         subscriber = subprocess.Popen(
@@ -402,8 +426,6 @@ def test_bucket(args):
         if subscriber is not None and subscriber.poll() is None:
             subscriber.kill()
             subscriber.wait()
-        server.stdin.close()  # the fixture stops Swift and removes its directory
-        server.wait(timeout=120)
 
 
 def test_exchange_bucket(args):
@@ -414,20 +436,10 @@ def test_exchange_bucket(args):
     base = args.work / "exchange_bucket"
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
-    fixture = pathlib.Path(__file__).resolve().parents[1] / "io" / "swift_s3_server.py"
-    server = subprocess.Popen(["/usr/bin/python3", str(fixture), "--bucket", "pulseloco-train"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        line = server.stdout.readline()  # bounded by the fixture's own start timeout
-        if line.startswith("SKIP:"):
-            print(line.strip(), flush=True)
-            sys.exit(77)
-        if not check(line.startswith("{"), f"the S3 server did not start: {line!r}"):
+    with swift_environment("pulseloco-train") as env:
+        if env is None:
             return
-        info = json.loads(line)
-        env = dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
-                   AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"],
-                   PULSELOCO_SECRET="exchange-bucket-test")
+        env["PULSELOCO_SECRET"] = "exchange-bucket-test"
         finals = {}
         for name, extra in (("tcp", []),
                             ("bucket", ["--exchange-bucket",
@@ -441,9 +453,6 @@ def test_exchange_bucket(args):
             finals[name] = (base / name / "global-rank-00000.safetensors").read_bytes()
         check(finals["tcp"] == finals["bucket"],
               "the run through the bucket ended with other weights than over TCP")
-    finally:
-        server.stdin.close()  # the fixture stops Swift and removes its directory
-        server.wait(timeout=120)
 
 
 def test_bf16(args):
