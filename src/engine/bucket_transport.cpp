@@ -279,7 +279,6 @@ class BucketTransport final : public transport::Transport, public transport::Nat
               Deadline deadline) {
     const std::uint64_t call = collectives_;
     put(collective_name(rank()), mine);
-    std::vector<std::vector<std::byte>> empty;
     std::vector<std::span<std::byte>> empty_slots;
     if (slots.empty()) {
       empty_slots.resize(static_cast<std::size_t>(size()));
