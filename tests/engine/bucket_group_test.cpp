@@ -365,5 +365,32 @@ TEST_F(BucketGroup, OverlappedWindowsAreRefusedNamingTheOption) {
   }
 }
 
+TEST_F(BucketGroup, TheOwnerReductionIsRefusedNamingTheOption) {
+  constexpr int kWorld = 2;
+  auto transports = group(kWorld, "job-reduction");
+  std::vector<LocalModel> models;
+  for (int r = 0; r < kWorld; ++r)
+    models.push_back(make_model({3000}, DType::float32, 7));
+  EngineOptions options = small_options();
+  options.exchange = Exchange::reduction;
+  options.timeout = std::chrono::milliseconds(5'000);
+  std::vector<std::unique_ptr<Engine>> engines(kWorld);
+  rethrow_first(run_ranks(kWorld, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    engines[i] = std::make_unique<Engine>(views_of(models[i]), options, std::move(transports[i]));
+  }));
+  rethrow_first(run_ranks(kWorld, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    local_training(models[i], 3e-5f, 4, static_cast<std::uint32_t>(r));
+    try {
+      (void)engines[i]->run_window();
+      ADD_FAILURE() << "exchange reduction ran through a bucket";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.kind(), ErrorKind::invalid_argument) << error.what();
+      EXPECT_NE(error.message().find("exchange=reduction"), std::string::npos) << error.what();
+    }
+  }));
+}
+
 }  // namespace
 }  // namespace pulseloco::testing
