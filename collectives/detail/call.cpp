@@ -178,7 +178,8 @@ void Call::run_native(const std::function<void(transport::Deadline)>& collective
   try {
     collective(transport::deadline_after(options().timeout));
   } catch (const TimeoutError& error) {
-    throw ObservedFailure(-1, ErrorKind::timeout, true, error.message());
+    throw ObservedFailure(error.context().peer.value_or(-1), ErrorKind::timeout, true,
+                          error.message());
   } catch (const Error& error) {
     if (error.kind() == ErrorKind::aborted) throw;
     throw ObservedFailure(error.context().peer.value_or(-1), error.kind(), false, error.message());

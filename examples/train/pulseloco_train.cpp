@@ -34,6 +34,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/collectives/collectives.h>
+#include <pulseloco/engine/bucket_transport.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
 #include <pulseloco/group/make_transport.h>
@@ -47,6 +48,7 @@ namespace fs = std::filesystem;
 using namespace pulseloco;
 
 struct Settings {
+  std::string exchange_bucket;  // s3://bucket/prefix: the group exchanges through it, no ports
   std::string mode = "pulse";
   std::string local_dtype = "fp32";
   std::string bf16_delta = "exact";
@@ -161,6 +163,22 @@ int run_local_workers(int workers, int argc, char** argv) {
 
 std::unique_ptr<transport::Transport> connect(const Settings& settings) {
   group::TransportOptions options = group::from_environment();
+  if (!settings.exchange_bucket.empty()) {
+    // No rendezvous and no sockets: rank and world size from the launcher, the job id and
+    // secret from the group's variables, objects in the bucket for everything else.
+    if (settings.transport != "auto") {
+      throw InvalidArgument(fmt::format("--exchange-bucket and --transport {} exclude each other",
+                                        settings.transport));
+    }
+    BucketGroupOptions bucket;
+    bucket.address = settings.exchange_bucket;
+    bucket.job_id = options.run_id;
+    bucket.secret = options.tcp.secret;
+    bucket.rank = options.rank;
+    bucket.world_size = options.world_size;
+    bucket.form_timeout = options.connect_timeout;
+    return join_bucket_group(std::move(bucket));
+  }
   if (settings.transport != "auto") {
     const auto backend = transport::parse_backend(settings.transport);
     if (!backend) throw InvalidArgument("--transport must be auto, tcp or mpi");
@@ -534,6 +552,9 @@ int main(int argc, char** argv) {
                  "crosses into each other node once, not once per rank there (the same bits "
                  "either way)")
       ->capture_default_str();
+  app.add_option("--exchange-bucket", settings.exchange_bucket,
+                 "s3://bucket/prefix: exchange every window through this bucket (no rank "
+                 "listens on a port; needs RANK, WORLD_SIZE, PULSELOCO_RUN_ID and the secret)");
   app.add_option("--transport", settings.transport, "auto (tcp), tcp or mpi")
       ->check(CLI::IsMember({"auto", "tcp", "mpi"}))
       ->capture_default_str();

@@ -80,7 +80,10 @@ class Synchronizer:
         MASTER_PORT as torchrun sets them, mpirun's, PULSELOCO_*), or a dict of overrides with
         the C++ TransportOptions / TcpOptions field names: backend, rendezvous, rank,
         world_size, master_addr, master_port, peers, run_id, connect_timeout (s), secret,
-        listen_addr, listen_port, connections_per_peer, io_timeout (s), ...
+        listen_addr, listen_port, connections_per_peer, io_timeout (s), ...; and
+        exchange_bucket "s3://bucket/prefix": the group forms and exchanges through that
+        bucket, no rank listening on a port (rank, world_size, run_id and secret required; not
+        with elastic; docs/operations.md, "A group through a bucket").
     elastic: None, or a dict (coordinator "host:port", worker_id, admission_timeout (s),
         max_attempts_per_window): an elastic worker whose group may lose and gain members.
     engine_options: the C++ EngineOptions by name: chunk_elements, bucket_elements, threads,

@@ -2,6 +2,7 @@
 // counter, the digests and their comparison) around the mode's strategy, and Engine's calls.
 #include <pulseloco/engine/engine.h>
 
+#include <pulseloco/engine/bucket_transport.h>
 #include <pulseloco/engine/engine_impl.h>
 
 #include <fmt/format.h>
@@ -53,6 +54,14 @@ AttachedGroup Engine::Impl::attached_group() const {
 
 void Engine::Impl::attach(std::unique_ptr<transport::Transport> replacement, GroupInfo info) {
   if (!replacement) throw InvalidArgument("attach() needs a connected transport");
+  if (is_bucket_group(*replacement) && options.overlap != Overlap::blocking) {
+    // The bucket's object names carry the window, which an exchange in flight across a
+    // boundary would see change under it.
+    throw InvalidArgument(fmt::format("overlap '{}' is not supported through an exchange bucket "
+                                      "(use overlap blocking)",
+                                      overlap_name(options.overlap)),
+                          {.rank = replacement->rank()});
+  }
   wait_in_flight();  // an exchange still running on the old transport
   transport = std::move(replacement);
   rank = transport->rank();
@@ -196,6 +205,7 @@ WindowReport Engine::Impl::run_window() {
   }
   const bool tracing = !options.trace_dir.empty();
   if (tracing) engine_detail::write_trace_inputs(state, options, attached, report.window);
+  label_bucket_window(attached.transport(), report.window);
   strategy->run(attached, report);
   if (options.overlap == Overlap::blocking) {
     // The window has committed on this rank: θ_g, m, e and θ_l hold its results. What follows

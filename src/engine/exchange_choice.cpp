@@ -76,7 +76,7 @@ Exchange choose_exchange(const ExchangeInputs& inputs) {
   if (inputs.option == Exchange::reduction && inputs.ordered_transport) {
     throw InvalidArgument(
         "exchange=reduction needs a transport that matches messages by tag (TCP, MPI, "
-        "in-process); this one matches them by order (NCCL)");
+        "in-process); this one matches them by order (NCCL, a group through a bucket)");
   }
   if (inputs.option != Exchange::automatic) return inputs.option;
   if (!choice_needs_sketches(inputs.option, inputs.world, inputs.ordered_transport) ||

@@ -1,6 +1,7 @@
 // The bucket client of a build without libcurl and expat (PULSELOCO_WITH_S3=OFF or not found):
 // every s3:// address is refused with an error that says so.
 #include <pulseloco/io/s3_client.h>
+#include <pulseloco/io/sealed_object.h>
 
 #include <pulseloco/base/errors.h>
 
@@ -39,5 +40,14 @@ std::vector<std::string> S3Client::list_keys(std::string_view, std::string_view)
   return {};
 }
 void S3Client::delete_object(std::string_view, std::string_view) {}
+
+// Sealed objects live only in buckets: without a client there is nothing to seal.
+std::vector<std::byte> seal_object(std::string_view, std::string_view, std::span<const std::byte>) {
+  throw InvalidArgument("this build of pulseloco has no S3 support (PULSELOCO_WITH_S3)");
+}
+std::optional<std::span<const std::byte>> open_sealed_object(std::string_view, std::string_view,
+                                                             std::span<const std::byte>) {
+  return std::nullopt;
+}
 
 }  // namespace pulseloco::io

@@ -35,6 +35,10 @@ the model having learnt anything.
       s3api while `pulseloco patch subscribe s3://...` in a second process follows the run: it
       ends holding the last version, bf16 of --final-weights; `pulseloco patch inspect` checks
       every object. Skipped only when Swift is not installed.
+  ... exchange_bucket
+      2 workers (--local-workers), 3 windows with --exchange-bucket s3://... (a local Swift with
+      s3api, no port open between the workers): final weights byte-identical to the same run
+      over TCP. Skipped only when Swift is not installed.
   ... json_lines
       2 workers (--local-workers), --json-lines: rank 0, the file's writer, is SIGKILLed in the
       middle of window 3's exchange (PULSELOCO_FAULT); the file holds windows 0 to 2, one valid
@@ -48,6 +52,7 @@ Synchronisation is on events (log lines, process exits), never on sleeps; every 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -344,6 +349,30 @@ def test_json_lines(args):
               f"{seconds}")
 
 
+@contextlib.contextmanager
+def swift_environment(bucket):
+    """A local Swift with s3api (tests/io/swift_s3_server.py) holding `bucket`: yields the
+    environment its clients need (endpoint, region, credentials), or None when it did not start
+    (a failed check). Exits 77 (skipped) only when Swift is not installed."""
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "io" / "swift_s3_server.py"
+    server = subprocess.Popen(["/usr/bin/python3", str(fixture), "--bucket", bucket],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()  # bounded by the fixture's own start timeout
+        if line.startswith("SKIP:"):
+            print(line.strip(), flush=True)
+            sys.exit(77)
+        if not check(line.startswith("{"), f"the S3 server did not start: {line!r}"):
+            yield None
+            return
+        info = json.loads(line)
+        yield dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
+                   AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"])
+    finally:
+        server.stdin.close()  # the fixture stops Swift and removes its directory
+        server.wait(timeout=120)
+
+
 def test_bucket(args):
     """--publish-dir s3://...: 2 workers publish 3 windows into a bucket of a local Swift with
     s3api (tests/io/swift_s3_server.py) while `pulseloco patch subscribe s3://...`, started
@@ -357,20 +386,15 @@ def test_bucket(args):
     base = args.work / "bucket"
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
-    fixture = pathlib.Path(__file__).resolve().parents[1] / "io" / "swift_s3_server.py"
-    server = subprocess.Popen(["/usr/bin/python3", str(fixture), "--bucket", "pulseloco-train"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with swift_environment("pulseloco-train") as env:
+        if env is not None:
+            follow_bucket(args, base, env, ranks, windows, compare)
+
+
+def follow_bucket(args, base, env, ranks, windows, compare):
+    """test_bucket's run and subscriber, against the server whose environment is `env`."""
     subscriber = None
     try:
-        line = server.stdout.readline()  # bounded by the fixture's own start timeout
-        if line.startswith("SKIP:"):
-            print(line.strip(), flush=True)
-            sys.exit(77)
-        if not check(line.startswith("{"), f"the S3 server did not start: {line!r}"):
-            return
-        info = json.loads(line)
-        env = dict(os.environ, PULSELOCO_S3_ENDPOINT=info["endpoint"], AWS_REGION=info["region"],
-                   AWS_ACCESS_KEY_ID=info["access_key"], AWS_SECRET_ACCESS_KEY=info["secret_key"])
         address = f"s3://pulseloco-train/run-{os.getpid()}"
         state = base / "subscribed.safetensors"
         subscriber = subprocess.Popen(
@@ -407,8 +431,33 @@ def test_bucket(args):
         if subscriber is not None and subscriber.poll() is None:
             subscriber.kill()
             subscriber.wait()
-        server.stdin.close()  # the fixture stops Swift and removes its directory
-        server.wait(timeout=120)
+
+
+def test_exchange_bucket(args):
+    """--exchange-bucket s3://...: 2 workers run 3 windows through a bucket of a local Swift with
+    s3api, no port open between them, and end with final weights byte-identical to the same run
+    over TCP. Skipped (77) only when Swift is not installed."""
+    ranks, windows = 2, 3
+    base = args.work / "exchange_bucket"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    with swift_environment("pulseloco-train") as env:
+        if env is None:
+            return
+        env["PULSELOCO_SECRET"] = "exchange-bucket-test"
+        finals = {}
+        for name, extra in (("tcp", []),
+                            ("bucket", ["--exchange-bucket",
+                                        f"s3://pulseloco-train/exchange-{os.getpid()}"])):
+            result = run([args.train, "--local-workers", str(ranks), "--mode", "pulse",
+                          "--windows", str(windows), "--final-weights", str(base / name)]
+                         + extra + common_args(args, args.work / "cache"),
+                         timeout=args.timeout, env=env)
+            if not check(result.returncode == 0, f"the {name} run exited {result.returncode}"):
+                return
+            finals[name] = (base / name / "global-rank-00000.safetensors").read_bytes()
+        check(finals["tcp"] == finals["bucket"],
+              "the run through the bucket ended with other weights than over TCP")
 
 
 def test_bf16(args):
@@ -714,7 +763,8 @@ def run_tests(description, tests, add_arguments=lambda parser: None):
 def main():
     return run_tests(__doc__, {"replicas": test_replicas, "resume": test_resume,
                                "kill": test_kill, "bf16": test_bf16,
-                               "json_lines": test_json_lines, "bucket": test_bucket})
+                               "json_lines": test_json_lines, "bucket": test_bucket,
+                               "exchange_bucket": test_exchange_bucket})
 
 
 if __name__ == "__main__":

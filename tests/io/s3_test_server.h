@@ -15,11 +15,13 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/build_config.h>
+#include <pulseloco/io/s3_client.h>
 #include <pulseloco/io/s3_settings.h>
 #include "transport/child_process.h"
 
@@ -198,5 +200,13 @@ std::string expect_error(ErrorKind kind, Action action) {
 #define PULSELOCO_S3_SERVER_OR_SKIP(server)                                                    \
   ::pulseloco::testing::S3TestServer* server = ::pulseloco::testing::S3TestServer::instance(); \
   if (server == nullptr) GTEST_SKIP() << ::pulseloco::testing::S3TestServer::skip_reason()
+
+// The names of the objects under `address`, relative to its prefix.
+inline std::set<std::string> object_names(io::S3Client& client, const io::S3Address& address) {
+  std::set<std::string> names;
+  for (const std::string& key : client.list_keys(address.bucket, address.prefix + "/"))
+    names.insert(key.substr(address.prefix.size() + 1));
+  return names;
+}
 
 }  // namespace pulseloco::testing

@@ -42,10 +42,7 @@ class Bucket : public ::testing::Test {
   }
 
   [[nodiscard]] std::set<std::string> object_names() {
-    std::set<std::string> names;
-    for (const std::string& key : client_->list_keys(address_.bucket, address_.prefix + "/"))
-      names.insert(key.substr(address_.prefix.size() + 1));
-    return names;
+    return testing::object_names(*client_, address_);
   }
 
   S3TestServer* server_ = nullptr;

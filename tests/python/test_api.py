@@ -231,6 +231,11 @@ def test_every_group_option_is_accepted():
     (dict(overlap="sometimes"), "sometimes"),
     (dict(overlap=True), "overlap"),
     (dict(mode="diloco", overlap="delayed"), "overlap"),
+    (dict(group={"exchange_bucket": "http://example/b"}), "http://example/b"),
+    (dict(group={"exchange_bucket": "s3://b/p", "rank": 0, "world_size": 1, "run_id": "r",
+                 "secret": ""}), "PULSELOCO_SECRET"),
+    (dict(group={"exchange_bucket": "s3://b/p"}, elastic={"coordinator": "127.0.0.1:1"}),
+     "elastic membership is not supported through a bucket"),
 ])
 def test_bad_options_raise_invalid_argument_naming_them(kwargs, needle):
     with pytest.raises(pulseloco.InvalidArgument) as caught:

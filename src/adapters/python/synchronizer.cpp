@@ -21,6 +21,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/elastic/elastic_engine.h>
+#include <pulseloco/engine/bucket_transport.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/rendezvous.h>
@@ -147,7 +148,42 @@ class Synchronizer {
       tensors.push_back(tensor);
       table_.push_back(tensor);
     }
-    if (!elastic.is_none()) {
+    // group={"exchange_bucket": "s3://bucket/prefix", ...}: the group forms and exchanges
+    // through the bucket (engine/bucket_transport.h); the other keys are the group's as usual.
+    std::string exchange_bucket;
+    nb::object group_rest = nb::borrow(group);
+    if (PyDict_Check(group.ptr())) {
+      const auto given = nb::borrow<nb::dict>(group);
+      if (given.contains("exchange_bucket")) {
+        exchange_bucket = nb::cast<std::string>(given["exchange_bucket"]);
+        nb::dict rest;
+        for (auto [key, value] : given)
+          if (nb::cast<std::string>(key) != "exchange_bucket") rest[key] = value;
+        group_rest = rest;
+      }
+    }
+    if (!exchange_bucket.empty() && !elastic.is_none()) {
+      throw InvalidArgument(
+          "group option exchange_bucket: elastic membership is not supported through a bucket "
+          "(its group is fixed at WORLD_SIZE; see docs/operations.md, \"A group through a "
+          "bucket\")");
+    }
+    if (!exchange_bucket.empty()) {
+      const group::TransportOptions transport = transport_options(group_rest);
+      BucketGroupOptions bucket;
+      bucket.address = exchange_bucket;
+      bucket.job_id = transport.run_id;
+      bucket.secret = transport.tcp.secret;
+      bucket.rank = transport.rank;
+      bucket.world_size = transport.world_size;
+      bucket.form_timeout = transport.connect_timeout;
+      runner_ = collective_.run(
+          [&]() -> std::unique_ptr<WindowRunner> {
+            return std::make_unique<Engine>(std::move(tensors), engine_options,
+                                            join_bucket_group(std::move(bucket)));
+          },
+          [] {});
+    } else if (!elastic.is_none()) {
       if (!PyDict_Check(elastic.ptr())) {
         throw InvalidArgument("elastic must be a dict (coordinator, worker_id, ...) or None");
       }
