@@ -40,6 +40,9 @@ enum class IndexCoding : std::uint8_t {
   varint = 0,      // LEB128 gaps
   bitpack = 1,     // gaps bit-packed in blocks of 128 with a per-block width
   elias_fano = 2,  // Elias-Fano over the offsets
+  // Context frames only: the offsets grouped by the exponent of their context value, each
+  // group's count and Rice-coded ranks (decoding needs the context).
+  exponent_groups = 3,
 };
 
 [[nodiscard]] std::string_view index_coding_name(IndexCoding coding) noexcept;
@@ -61,8 +64,10 @@ inline constexpr int kMaxZstdLevel = 19;
 struct EncodeOptions {
   Encoding encoding = Encoding::pulse;
   int zstd_level = 0;  // 0 = the measured default (see docs/benchmarks.md); 1..19 otherwise
-  // pulse only: force one index coding (tests, benchmarks). Unset: per frame, the coding with
-  // the fewest bytes (deterministic: ties go to the lower code).
+  // pulse and context: force one index coding (tests, benchmarks; exponent_groups only with
+  // the context encoding, and a chunk that falls back to a pulse frame then picks its own).
+  // Unset: per frame, the coding with the fewest bytes (deterministic: ties go to the lower
+  // code).
   std::optional<IndexCoding> index_coding;
 };
 

@@ -349,6 +349,9 @@ Bytes pulse_frame(
     case IndexCoding::elias_fano:
       streams.index = testing::elias_fano_index(offsets, length);
       break;
+    case IndexCoding::exponent_groups:  // context frames only: a pulse frame announcing it fails
+      streams.index = testing::varint_index(offsets);
+      break;
   }
   for (int k = 0; k < 4; ++k)
     streams.planes[k] = testing::plane_of(values, k);
