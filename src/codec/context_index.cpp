@@ -31,57 +31,57 @@ void exponents_of(std::span<const float> context, std::uint8_t* out) noexcept {
   return (length + 63) / 64;
 }
 
-void membership_portable(const std::uint8_t* exponents, std::size_t length, std::uint8_t group,
-                         std::uint64_t* words) noexcept {
-  const std::size_t full = length / 64;
-  for (std::size_t w = 0; w < full; ++w) {
+// Bit k of words[w] is set where element 64w+k belongs to `group`; prefix[w] counts the members
+// before word w. Returns the group's size.
+std::uint64_t membership_portable(const std::uint8_t* exponents, std::size_t length,
+                                  std::uint8_t group, std::uint64_t* words,
+                                  std::uint32_t* prefix) noexcept {
+  std::uint32_t members = 0;
+  for (std::size_t w = 0; w < word_count(length); ++w) {
     std::uint64_t word = 0;
-    for (unsigned k = 0; k < 64; ++k)
+    const std::size_t end = std::min<std::size_t>(64, length - 64 * w);
+    for (std::size_t k = 0; k < end; ++k)
       word |= static_cast<std::uint64_t>(exponents[64 * w + k] == group) << k;
     words[w] = word;
+    prefix[w] = members;
+    members += static_cast<std::uint32_t>(std::popcount(word));
   }
-  if (full * 64 < length) {
-    std::uint64_t word = 0;
-    for (std::size_t k = 0; full * 64 + k < length; ++k)
-      word |= static_cast<std::uint64_t>(exponents[64 * full + k] == group) << k;
-    words[full] = word;
-  }
+  return members;
 }
 
-__attribute__((target("avx2"))) void membership_avx2(const std::uint8_t* exponents,
-                                                     std::size_t length, std::uint8_t group,
-                                                     std::uint64_t* words) noexcept {
+__attribute__((target("avx2,popcnt"))) std::uint64_t membership_avx2(
+    const std::uint8_t* exponents, std::size_t length, std::uint8_t group, std::uint64_t* words,
+    std::uint32_t* prefix) noexcept {
   const __m256i needle = _mm256_set1_epi8(static_cast<char>(group));
   const std::size_t full = length / 64;
+  std::uint64_t members = 0;
   for (std::size_t w = 0; w < full; ++w) {
     const auto* p = reinterpret_cast<const __m256i*>(exponents + 64 * w);
     const auto lo = static_cast<std::uint32_t>(
         _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(p), needle)));
     const auto hi = static_cast<std::uint32_t>(
         _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(p + 1), needle)));
-    words[w] = (static_cast<std::uint64_t>(hi) << 32) | lo;
+    const std::uint64_t word = (static_cast<std::uint64_t>(hi) << 32) | lo;
+    words[w] = word;
+    prefix[w] = static_cast<std::uint32_t>(members);
+    members += static_cast<std::uint64_t>(_mm_popcnt_u64(word));
   }
   if (full * 64 < length) {
     std::uint64_t word = 0;
     for (std::size_t k = 0; full * 64 + k < length; ++k)
       word |= static_cast<std::uint64_t>(exponents[64 * full + k] == group) << k;
     words[full] = word;
+    prefix[full] = static_cast<std::uint32_t>(members);
+    members += static_cast<std::uint64_t>(_mm_popcnt_u64(word));
   }
+  return members;
 }
 
-// Bit w*64+k of `words` is set where element w*64+k belongs to `group`; returns the group's size.
 std::uint64_t membership(const std::uint8_t* exponents, std::size_t length, std::uint8_t group,
-                         std::uint64_t* words) noexcept {
+                         std::uint64_t* words, std::uint32_t* prefix) noexcept {
   static const bool avx2 = active_cpu_isa() == CpuIsa::avx2;
-  if (avx2) {
-    membership_avx2(exponents, length, group, words);
-  } else {
-    membership_portable(exponents, length, group, words);
-  }
-  std::uint64_t size = 0;
-  for (std::size_t w = 0; w < word_count(length); ++w)
-    size += static_cast<std::uint64_t>(std::popcount(words[w]));
-  return size;
+  return avx2 ? membership_avx2(exponents, length, group, words, prefix)
+              : membership_portable(exponents, length, group, words, prefix);
 }
 
 // The position of the r-th set bit (r < popcount) of `word`.
@@ -91,33 +91,30 @@ std::uint64_t membership(const std::uint8_t* exponents, std::size_t length, std:
   return static_cast<unsigned>(std::countr_zero(word));
 }
 
-// Walks the set bits of a membership bitmap by ascending rank.
+// Ranks and selects in a membership bitmap through its per-word prefix counts.
 class RankCursor {
  public:
-  explicit RankCursor(const std::uint64_t* words) noexcept : words_(words) {}
-  // Rank of the member at `position` (the positions asked must ascend).
-  [[nodiscard]] std::uint64_t rank_of(std::uint64_t position) noexcept {
+  RankCursor(const std::uint64_t* words, const std::uint32_t* prefix,
+             std::size_t word_count) noexcept
+      : words_(words), prefix_(prefix), words_n_(word_count) {}
+  // Rank of the member at `position`.
+  [[nodiscard]] std::uint64_t rank_of(std::uint64_t position) const noexcept {
     const std::uint64_t w = position / 64;
-    for (; word_ < w; ++word_)
-      before_ += static_cast<std::uint64_t>(std::popcount(words_[word_]));
     const std::uint64_t below = (std::uint64_t{1} << (position % 64)) - 1;
-    return before_ + static_cast<std::uint64_t>(std::popcount(words_[w] & below));
+    return prefix_[w] + static_cast<std::uint64_t>(std::popcount(words_[w] & below));
   }
   // Position of the member of rank r (the ranks asked must ascend; r below the group's size).
   [[nodiscard]] std::uint64_t position_of(std::uint64_t r) noexcept {
-    for (;;) {
-      const auto in_word = static_cast<std::uint64_t>(std::popcount(words_[word_]));
-      if (r < before_ + in_word) break;
-      before_ += in_word;
+    while (word_ + 1 < words_n_ && prefix_[word_ + 1] <= r)
       ++word_;
-    }
-    return 64 * word_ + select_in_word(words_[word_], r - before_);
+    return 64 * word_ + select_in_word(words_[word_], r - prefix_[word_]);
   }
 
  private:
   const std::uint64_t* words_;
-  std::uint64_t word_ = 0;
-  std::uint64_t before_ = 0;  // members in words_[0, word_)
+  const std::uint32_t* prefix_;
+  std::size_t words_n_;
+  std::size_t word_ = 0;
 };
 
 class BitWriter {
@@ -199,15 +196,17 @@ std::uint64_t encode_grouped_indices(std::span<const std::uint32_t> offsets,
   groups.clear();
   if (scratch.words.size() < word_count(length)) scratch.words.resize(word_count(length));
   std::uint64_t* words = scratch.words.data();
+  if (scratch.prefix.size() < word_count(length)) scratch.prefix.resize(word_count(length));
+  std::uint32_t* prefix = scratch.prefix.data();
   std::uint64_t bound_bits = 0;
   for (std::size_t e = 0; e < kGroups; ++e) {
     if (start[e + 1] == start[e]) continue;
     Group g{.exponent = static_cast<std::uint8_t>(e),
             .fired = start[e + 1] - start[e],
-            .size = membership(exponents, length, static_cast<std::uint8_t>(e), words),
+            .size = membership(exponents, length, static_cast<std::uint8_t>(e), words, prefix),
             .parameter = 0,
             .first = start[e]};
-    RankCursor cursor(words);
+    const RankCursor cursor(words, prefix, word_count(length));
     for (std::size_t j = g.first; j < g.first + g.fired; ++j)
       scratch.sorted[j] = static_cast<std::uint32_t>(cursor.rank_of(scratch.ranks[j]));
     if (g.fired < g.size) {
@@ -375,9 +374,11 @@ void decode_grouped_indices(std::span<const std::byte> raw, std::uint64_t n,
   if (scratch.words.size() < words_n) scratch.words.resize(words_n);
   std::uint64_t* fired = scratch.fired.data();
   std::uint64_t* words = scratch.words.data();
+  if (scratch.prefix.size() < words_n) scratch.prefix.resize(words_n);
+  std::uint32_t* prefix = scratch.prefix.data();
   for (std::size_t i = 0; i < groups.size(); ++i) {
     Group& g = groups[i];
-    g.size = membership(scratch.exponents.data(), length, g.exponent, words);
+    g.size = membership(scratch.exponents.data(), length, g.exponent, words, prefix);
     if (g.fired > g.size) {
       fail("group " + std::to_string(i) + " (exponent " + std::to_string(g.exponent) +
                "): " + std::to_string(g.fired) + " fired of its " + std::to_string(g.size) +
@@ -394,7 +395,7 @@ void decode_grouped_indices(std::span<const std::byte> raw, std::uint64_t n,
     const unsigned k = g.parameter & kGroupRiceMask;
     const bool complement = (g.parameter & kGroupComplement) != 0;
     const std::uint64_t coded = complement ? g.size - g.fired : g.fired;
-    RankCursor cursor(words);
+    RankCursor cursor(words, prefix, words_n);
     std::uint64_t next = 0;  // the smallest rank the next code may give
     if (!complement) {
       for (std::uint64_t j = 0; j < coded; ++j) {

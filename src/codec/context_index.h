@@ -35,6 +35,7 @@ struct GroupScratch {
   std::vector<std::uint32_t> ranks;     // the fired offsets, ordered by group
   std::vector<std::uint32_t> sorted;    // their group-local ranks
   std::vector<std::uint64_t> words;     // one group's membership bitmap
+  std::vector<std::uint32_t> prefix;    // ... and its members before each word
   std::vector<std::uint64_t> fired;     // the fired elements' bitmap
   std::vector<ExponentGroup> group_list;
 };
