@@ -213,8 +213,7 @@ TEST(CodecContext, MalformedExponentGroupsAreRefusedNamingTheField) {
   };
   const auto count0 = std::to_integer<unsigned>(message[group0 + 1]);
   ASSERT_LT(count0, 127u);
-  expect_refused(edited(index, static_cast<std::byte>(groups - 1)), chunk.context,
-                 "counts sum to");
+  expect_refused(edited(index, static_cast<std::byte>(groups - 1)), chunk.context, "counts sum to");
   expect_refused(edited(group0 + 1, static_cast<std::byte>(count0 + 1)), chunk.context,
                  "fired (allowed 1..");
   expect_refused(edited(group0 + 1, std::byte{0}), chunk.context, "fired (allowed 1..");
@@ -283,21 +282,23 @@ TEST(CodecContext, AnEmptyChunkIsAnEmptyPulseFrame) {
   EXPECT_EQ(MessageView::parse(message).frame(0).entries, 0u);
 }
 
-TEST(CodecContext, MessagesOfTheContextEncodingAreVersion2) {
+TEST(CodecContext, MessagesOfTheContextEncodingAreVersion3) {
   const Chunk chunk = realistic_chunk(4096, 0.05, 1);
   Bytes message = encode_message(chunk);
   EXPECT_EQ(load_le<std::uint16_t>(message.data() + 4), kContextFormatVersion);
   EXPECT_EQ(load_le<std::uint16_t>(encode_message(chunk, Encoding::pulse).data() + 4),
             kFormatVersion);
-  // Version 1 with the context encoding, or version 2 with another, is refused.
-  Bytes v1 = message;
-  testing::poke<std::uint16_t>(v1, 4, 1);
-  testing::refresh_checksums(v1);
-  EXPECT_THROW((void)MessageView::parse(v1), ProtocolError);
-  Bytes v2 = encode_message(chunk, Encoding::pulse);
-  testing::poke<std::uint16_t>(v2, 4, 2);
-  testing::refresh_checksums(v2);
-  EXPECT_THROW((void)MessageView::parse(v2), ProtocolError);
+  // Version 1 or 2 with the context encoding, or version 3 with another, is refused.
+  for (const std::uint16_t version : {1, 2}) {
+    Bytes older = message;
+    testing::poke<std::uint16_t>(older, 4, version);
+    testing::refresh_checksums(older);
+    EXPECT_THROW((void)MessageView::parse(older), ProtocolError) << version;
+  }
+  Bytes v3 = encode_message(chunk, Encoding::pulse);
+  testing::poke<std::uint16_t>(v3, 4, 3);
+  testing::refresh_checksums(v3);
+  EXPECT_THROW((void)MessageView::parse(v3), ProtocolError);
 }
 
 TEST(CodecContext, DecodingWithoutTheContextIsRefused) {
