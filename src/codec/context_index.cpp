@@ -6,11 +6,12 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <string_view>
 
-#include <pulseloco/base/cpu_features.h>
 #include <pulseloco/codec/wire.h>
 
 namespace pulseloco::codec::detail {
@@ -77,9 +78,18 @@ __attribute__((target("avx2,popcnt"))) std::uint64_t membership_avx2(
   return members;
 }
 
+// AVX2 and POPCNT when the CPU has them, unless PULSELOCO_CPU_ISA=portable asks for the
+// fallback as it does of the kernels (base/cpu_features.h). Read here rather than through
+// active_cpu_isa() so that the codec's sanitized build needs no more of base than its errors.
+bool use_avx2() noexcept {
+  const char* isa = std::getenv("PULSELOCO_CPU_ISA");
+  if (isa != nullptr && std::string_view(isa) == "portable") return false;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
+}
+
 std::uint64_t membership(const std::uint8_t* exponents, std::size_t length, std::uint8_t group,
                          std::uint64_t* words, std::uint32_t* prefix) noexcept {
-  static const bool avx2 = active_cpu_isa() == CpuIsa::avx2;
+  static const bool avx2 = use_avx2();
   return avx2 ? membership_avx2(exponents, length, group, words, prefix)
               : membership_portable(exponents, length, group, words, prefix);
 }
