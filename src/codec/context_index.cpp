@@ -405,34 +405,24 @@ void decode_grouped_indices(std::span<const std::byte> raw, std::uint64_t n,
     const unsigned k = g.parameter & kGroupRiceMask;
     const bool complement = (g.parameter & kGroupComplement) != 0;
     const std::uint64_t coded = complement ? g.size - g.fired : g.fired;
-    RankCursor cursor(words, prefix, words_n);
-    std::uint64_t next = 0;  // the smallest rank the next code may give
-    if (!complement) {
-      for (std::uint64_t j = 0; j < coded; ++j) {
-        const std::uint64_t rank = next + rice(k, g.size, i);
-        if (rank >= g.size) {
-          fail("group " + std::to_string(i) + ": rank " + std::to_string(rank) + " beyond its " +
-                   std::to_string(g.size) + " elements in this receiver's context",
-               bits_at + position / 8);
-        }
-        const std::uint64_t at = cursor.position_of(rank);
-        fired[at / 64] |= std::uint64_t{1} << (at % 64);
-        next = rank + 1;
-      }
-    } else {
+    // The coded members' bits are toggled: set where they fired, or cleared from the whole
+    // group where they are the members that did not fire.
+    if (complement) {
       for (std::size_t w = 0; w < words_n; ++w)
         fired[w] |= words[w];
-      for (std::uint64_t j = 0; j < coded; ++j) {
-        const std::uint64_t rank = next + rice(k, g.size, i);
-        if (rank >= g.size) {
-          fail("group " + std::to_string(i) + ": rank " + std::to_string(rank) + " beyond its " +
-                   std::to_string(g.size) + " elements in this receiver's context",
-               bits_at + position / 8);
-        }
-        const std::uint64_t at = cursor.position_of(rank);
-        fired[at / 64] &= ~(std::uint64_t{1} << (at % 64));
-        next = rank + 1;
+    }
+    RankCursor cursor(words, prefix, words_n);
+    std::uint64_t next = 0;  // the smallest rank the next code may give
+    for (std::uint64_t j = 0; j < coded; ++j) {
+      const std::uint64_t rank = next + rice(k, g.size, i);
+      if (rank >= g.size) {
+        fail("group " + std::to_string(i) + ": rank " + std::to_string(rank) + " beyond its " +
+                 std::to_string(g.size) + " elements in this receiver's context",
+             bits_at + position / 8);
       }
+      const std::uint64_t at = cursor.position_of(rank);
+      fired[at / 64] ^= std::uint64_t{1} << (at % 64);
+      next = rank + 1;
     }
   }
   if ((position + 7) / 8 != raw.size() - bits_at) {
