@@ -115,8 +115,12 @@ class RankCursor {
   }
   // Position of the member of rank r (the ranks asked must ascend; r below the group's size).
   [[nodiscard]] std::uint64_t position_of(std::uint64_t r) noexcept {
-    while (word_ + 1 < words_n_ && prefix_[word_ + 1] <= r)
-      ++word_;
+    // The word holding it is the last whose prefix count is at most r: a binary search, so
+    // that a group of few members costs no walk over the whole chunk.
+    if (word_ + 1 < words_n_ && prefix_[word_ + 1] <= r) {
+      word_ = static_cast<std::size_t>(
+          std::upper_bound(prefix_ + word_ + 1, prefix_ + words_n_, r) - prefix_ - 1);
+    }
     return 64 * word_ + select_in_word(words_[word_], r - prefix_[word_]);
   }
 
