@@ -114,6 +114,13 @@ std::uint64_t values_digest(std::span<const float> values) noexcept {
   return XXH3_64bits(values.data(), values.size_bytes());
 }
 
+std::uint64_t entries_digest(std::span<const std::uint32_t> offsets,
+                             std::span<const float> values) noexcept {
+  static_assert(std::endian::native == std::endian::little);
+  return XXH3_64bits_withSeed(values.data(), values.size_bytes(),
+                              XXH3_64bits(offsets.data(), offsets.size_bytes()));
+}
+
 ContextLayout parse_context_layout(std::span<const std::byte> payload, std::uint64_t payload_offset,
                                    const FrameInfo& info, std::uint8_t zstd_streams,
                                    std::size_t frame_index) {

@@ -57,7 +57,11 @@ std::size_t join_against_context(std::span<const std::uint32_t> offsets,
 
 // The xxh3-64 of n values' bit patterns (little-endian), carried by a context frame so that a
 // receiver decoding against different context bits fails instead of returning other values.
+// A frame whose indices are coded against the context (exponent_groups) digests its offsets too:
+// the xxh3-64 of the values seeded with the xxh3-64 of the offsets (uint32, little-endian).
 [[nodiscard]] std::uint64_t values_digest(std::span<const float> values) noexcept;
+[[nodiscard]] std::uint64_t entries_digest(std::span<const std::uint32_t> offsets,
+                                           std::span<const float> values) noexcept;
 
 // Where the streams of a context frame are, after its directory was checked against the frame.
 struct ContextLayout {

@@ -233,6 +233,8 @@ std::uint64_t IndexCodingSizes::of(IndexCoding coding) const noexcept {
       return bitpack;
     case IndexCoding::elias_fano:
       return elias_fano;
+    case IndexCoding::exponent_groups:
+      break;
   }
   return 0;
 }
@@ -293,6 +295,10 @@ SizeRange index_raw_size_range(IndexCoding coding, std::uint64_t n, std::uint64_
       const std::uint64_t bytes = elias_fano_bytes(n, length);
       return {bytes, bytes};
     }
+    case IndexCoding::exponent_groups:
+      // A group count, then per group its exponent, count and parameter; the encoder uses it
+      // only when it takes at most 5 bytes per entry (varint's most).
+      return {4, 5 * n};
   }
   return {1, 0};  // empty range: rejects everything
 }
@@ -336,6 +342,8 @@ void encode_indices(IndexCoding coding, std::span<const std::uint32_t> offsets,
       }
       return;
     }
+    case IndexCoding::exponent_groups:
+      return;  // coded against the context: encode_grouped_indices
   }
 }
 
@@ -352,6 +360,8 @@ void decode_indices(IndexCoding coding, std::span<const std::byte> raw, std::uin
     case IndexCoding::elias_fano:
       decode_elias_fano(raw, n, length, out, stream_offset, stream_was_compressed);
       return;
+    case IndexCoding::exponent_groups:
+      break;  // decoded against the context: decode_grouped_indices
   }
   wire::fail("unknown index coding", stream_offset);
 }

@@ -11,6 +11,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/codec/context_coding.h>
+#include <pulseloco/codec/context_index.h>
 #include <pulseloco/codec/index_coding.h>
 #include <pulseloco/codec/message_parse.h>
 #include <pulseloco/codec/value_planes.h>
@@ -165,7 +166,8 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
   }
   if (streams && info.entries > 0) {
     const bool context = info.encoding == Encoding::context;
-    if (!valid_index_coding(coding_code)) {
+    if (!valid_index_coding(coding_code) &&
+        !(context && coding_code == static_cast<std::uint8_t>(IndexCoding::exponent_groups))) {
       fail(where + ": unknown index coding " + std::to_string(coding_code),
            frame_offset + kFrameIndexCodingAt);
     }
@@ -403,6 +405,8 @@ std::string_view index_coding_name(IndexCoding coding) noexcept {
       return "bitpack";
     case IndexCoding::elias_fano:
       return "elias_fano";
+    case IndexCoding::exponent_groups:
+      return "exponent_groups";
   }
   return "unknown";
 }
@@ -418,6 +422,7 @@ struct DecodeScratch::Impl {
   std::vector<std::uint32_t> offsets;
   std::vector<std::uint8_t> symbols;  // a context frame's D and U bytes
   std::vector<float> values;          // a context frame's values before their digest is checked
+  detail::GroupScratch groups;        // a context frame's exponent_groups coding
 };
 
 DecodeScratch::DecodeScratch() : impl_(std::make_unique<Impl>()) {}
@@ -541,7 +546,7 @@ std::uint64_t decode_plain(std::span<const std::byte> payload, std::uint64_t pay
 void decode_index_stream(const FrameInfo& info, std::uint64_t index_raw_bytes,
                          std::span<const std::byte> stored, bool compressed,
                          std::uint64_t stored_offset, const std::string& where,
-                         DecodeScratch::Impl& scratch) {
+                         DecodeScratch::Impl& scratch, std::span<const float> context = {}) {
   // Stage the raw stream with zero padding (the bit-level decoders read whole words).
   const auto raw_bytes = static_cast<std::size_t>(index_raw_bytes);
   grow(scratch.index_raw, raw_bytes + detail::kIndexPadding);
@@ -555,6 +560,11 @@ void decode_index_stream(const FrameInfo& info, std::uint64_t index_raw_bytes,
   std::fill_n(scratch.index_raw.data() + raw_bytes, detail::kIndexPadding, std::byte{0});
   if (scratch.offsets.size() < info.entries) scratch.offsets.resize(info.entries);
   try {
+    if (info.index_coding == IndexCoding::exponent_groups) {
+      detail::decode_grouped_indices(index_raw, info.entries, context, scratch.offsets.data(),
+                                     scratch.groups, stored_offset, compressed);
+      return;
+    }
     detail::decode_indices(info.index_coding, index_raw, info.entries, info.length,
                            scratch.offsets.data(), stored_offset, compressed);
   } catch (const ProtocolError& e) {
@@ -654,7 +664,7 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   }
   decode_index_stream(info, layout.index_raw_bytes, layout.stored[detail::kContextIndexStream],
                       layout.compressed[detail::kContextIndexStream],
-                      layout.offset[detail::kContextIndexStream], where, scratch);
+                      layout.offset[detail::kContextIndexStream], where, scratch, context);
   if (scratch.symbols.size() < 2 * n) scratch.symbols.resize(2 * n);
   std::array<const std::uint8_t*, 2> symbols{};
   for (int k = 0; k < 2; ++k) {
@@ -692,7 +702,10 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   const std::size_t bad = detail::join_against_context(offsets, context, symbols[0], symbols[1],
                                                        bits.data(), scratch.values.data());
   const std::span<const float> values(scratch.values.data(), n);
-  if (detail::values_digest(values) != layout.digest) {
+  const std::uint64_t digest = info.index_coding == IndexCoding::exponent_groups
+                                   ? detail::entries_digest(offsets, values)
+                                   : detail::values_digest(values);
+  if (digest != layout.digest) {
     fail(where +
              ": the values decoded against this receiver's context do not match the "
              "sender's value digest (the receiver's θ_g differs from the sender's, or the "

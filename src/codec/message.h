@@ -29,7 +29,7 @@ enum class Encoding : std::uint8_t {
   plain_i32_f32 = 2,  // int32 index + fp32 value, 8 B per entry
   // Values coded against the bits every receiver holds at the same elements (θ_g): needs
   // FrameEntries::context to encode and the same context to decode. A chunk where that does not
-  // pay goes as a pulse frame (format version 2).
+  // pay goes as a pulse frame (format version 3).
   context = 3,
 };
 
@@ -40,14 +40,18 @@ enum class IndexCoding : std::uint8_t {
   varint = 0,      // LEB128 gaps
   bitpack = 1,     // gaps bit-packed in blocks of 128 with a per-block width
   elias_fano = 2,  // Elias-Fano over the offsets
+  // Context frames only: the offsets grouped by the exponent of their context value, each
+  // group's count and Rice-coded ranks (decoding needs the context).
+  exponent_groups = 3,
 };
 
 [[nodiscard]] std::string_view index_coding_name(IndexCoding coding) noexcept;
 
 // The format versions this library writes and reads (docs/wire-format.md, "Versioning"): a
-// message of encoding `context` is version 2, every other message version 1.
+// message of encoding `context` is version 3 (its frames may code indices by exponent_groups),
+// every other message version 1. Version 2 (context frames without exponent_groups) is not read.
 inline constexpr std::uint16_t kFormatVersion = 1;
-inline constexpr std::uint16_t kContextFormatVersion = 2;
+inline constexpr std::uint16_t kContextFormatVersion = 3;
 [[nodiscard]] constexpr std::uint16_t format_version_of(Encoding encoding) noexcept {
   return encoding == Encoding::context ? kContextFormatVersion : kFormatVersion;
 }
@@ -61,8 +65,10 @@ inline constexpr int kMaxZstdLevel = 19;
 struct EncodeOptions {
   Encoding encoding = Encoding::pulse;
   int zstd_level = 0;  // 0 = the measured default (see docs/benchmarks.md); 1..19 otherwise
-  // pulse only: force one index coding (tests, benchmarks). Unset: per frame, the coding with
-  // the fewest bytes (deterministic: ties go to the lower code).
+  // pulse and context: force one index coding (tests, benchmarks; exponent_groups only with
+  // the context encoding, and a chunk that falls back to a pulse frame then picks its own).
+  // Unset: per frame, the coding with the fewest bytes (deterministic: ties go to the lower
+  // code).
   std::optional<IndexCoding> index_coding;
 };
 

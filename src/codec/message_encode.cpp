@@ -13,6 +13,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/codec/context_coding.h>
+#include <pulseloco/codec/context_index.h>
 #include <pulseloco/codec/index_coding.h>
 #include <pulseloco/codec/value_planes.h>
 #include <pulseloco/codec/wire.h>
@@ -39,6 +40,9 @@ struct EncodeState {
   std::vector<std::uint8_t> symbols;                    // context: D bytes, then U bytes
   std::vector<std::byte> raw_bits;                      // context: the raw bit stream
   std::array<std::vector<std::byte>, 2> symbol_packed;  // ... and the symbols' zstd frames
+  detail::GroupScratch groups;                          // context: the exponent_groups coding
+  std::vector<std::byte> grouped_raw;
+  std::vector<std::byte> grouped_packed;
 };
 
 EncodeState& encode_state() {
@@ -51,8 +55,12 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
     throw InvalidArgument("encode_frame: " + message, ErrorContext{.index = index});
   };
   if (!valid_encoding(static_cast<std::uint8_t>(options.encoding))) error("unknown encoding");
-  if (options.index_coding && !valid_index_coding(static_cast<std::uint8_t>(*options.index_coding)))
+  if (options.index_coding && *options.index_coding == IndexCoding::exponent_groups) {
+    if (options.encoding != Encoding::context) error("exponent_groups needs the context encoding");
+  } else if (options.index_coding &&
+             !valid_index_coding(static_cast<std::uint8_t>(*options.index_coding))) {
     error("unknown index coding");
+  }
   if (options.zstd_level < 0 || options.zstd_level > kMaxZstdLevel) {
     error("zstd level " + std::to_string(options.zstd_level) + " is not 0 (default) or 1.." +
           std::to_string(kMaxZstdLevel));
@@ -209,9 +217,10 @@ IndexStream store_index_stream(EncodeState& state, const FrameEntries& entries,
     return store_stream(state.cctx.get(), std::span(state.index_raw.data(), raw_bytes),
                         state.index_packed, level);
   };
-  IndexCoding coding = options.index_coding.value_or(IndexCoding::varint);
+  const bool forced = options.index_coding && *options.index_coding != IndexCoding::exponent_groups;
+  IndexCoding coding = forced ? *options.index_coding : IndexCoding::varint;
   StoredStream stored = encode_and_store(coding);
-  if (!options.index_coding) {
+  if (!forced) {
     IndexCoding best = IndexCoding::varint;
     std::uint64_t best_bytes = stored.bytes.size();
     for (const IndexCoding candidate : {IndexCoding::bitpack, IndexCoding::elias_fano}) {
@@ -312,7 +321,9 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
   std::byte* d = wire::put_varint(out.directory.data(), index.raw_bytes);
   for (std::size_t s = 0; s < out.streams; ++s)
     d = wire::put_varint(d, out.stored[s].bytes.size());
-  store_le<std::uint64_t>(d, detail::values_digest(entries.values));
+  store_le<std::uint64_t>(d, index.coding == IndexCoding::exponent_groups
+                                 ? detail::entries_digest(entries.offsets, entries.values)
+                                 : detail::values_digest(entries.values));
   out.directory_bytes = static_cast<std::size_t>(d + 8 - out.directory.data());
   return out;
 }
@@ -348,14 +359,34 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
   return write_frame(entries, pulse_streams(state, entries, index, level));
 }
 
-// Both codings share the index stream; the chunk goes context-coded only when that is smaller
-// than its pulse frame (the fallback), and an empty chunk is an empty pulse frame.
+// The exponent_groups coding of a context frame's indices when it is smaller than `pulse` (the
+// pulse frame's index stream), or when forced; else `pulse`.
+IndexStream context_index_stream(EncodeState& state, const FrameEntries& entries,
+                                 const EncodeOptions& options, const IndexStream& pulse,
+                                 int level) {
+  const bool forced = options.index_coding == IndexCoding::exponent_groups;
+  if (options.index_coding && !forced) return pulse;
+  const std::uint64_t n = entries.offsets.size();
+  const std::uint64_t raw_bytes = detail::encode_grouped_indices(
+      entries.offsets, entries.context, 5 * n, state.groups, state.grouped_raw);
+  if (raw_bytes == 0) return pulse;
+  const StoredStream stored =
+      store_stream(state.cctx.get(), std::span(state.grouped_raw.data(), raw_bytes),
+                   state.grouped_packed, level);
+  if (!forced && stored.bytes.size() >= pulse.stored.bytes.size()) return pulse;
+  return {.coding = IndexCoding::exponent_groups, .raw_bytes = raw_bytes, .stored = stored};
+}
+
+// The context frame codes its indices as the pulse frame does or by exponent_groups, whichever
+// is smaller; the chunk goes context-coded only when that is smaller than its pulse frame (the
+// fallback), and an empty chunk is an empty pulse frame.
 std::vector<std::byte> encode_context(const FrameEntries& entries, const EncodeOptions& options) {
   if (entries.offsets.empty()) return empty_frame(entries);
   EncodeState& state = encode_state();
   const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
   const IndexStream index = store_index_stream(state, entries, options, level);
-  const FrameStreams context = context_streams(state, entries, index, level);
+  const IndexStream context_index = context_index_stream(state, entries, options, index, level);
+  const FrameStreams context = context_streams(state, entries, context_index, level);
   const FrameStreams pulse = pulse_streams(state, entries, index, level);
   return write_frame(entries, context.payload() < pulse.payload() ? context : pulse);
 }

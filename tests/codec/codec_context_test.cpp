@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -55,7 +56,8 @@ Chunk realistic_chunk(std::uint32_t length, double density, std::uint64_t seed) 
   return chunk;
 }
 
-Bytes encode_message(const Chunk& chunk, Encoding encoding = Encoding::context) {
+Bytes encode_message(const Chunk& chunk, Encoding encoding = Encoding::context,
+                     std::optional<IndexCoding> index_coding = {}) {
   const auto length = static_cast<std::uint64_t>(chunk.context.size());
   MessageHeader header{
       .window = 3, .sender_rank = 1, .encoding = encoding, .tensor_numels = {length}};
@@ -66,7 +68,7 @@ Bytes encode_message(const Chunk& chunk, Encoding encoding = Encoding::context) 
                                     .offsets = chunk.offsets,
                                     .values = chunk.values,
                                     .context = chunk.context},
-                                   {.encoding = encoding});
+                                   {.encoding = encoding, .index_coding = index_coding});
   message.insert(message.end(), frame.begin(), frame.end());
   return message;
 }
@@ -110,6 +112,119 @@ TEST(CodecContext, RealisticChunkRoundTripsAndBeatsPulse) {
   }
 }
 
+// A chunk whose firing θ_g's exponent nearly decides, as with bf16 local weights: elements of
+// small magnitude fire, the largest never do, the middle ones at `middle_density`.
+Chunk exponent_decided_chunk(std::uint32_t length, double middle_density, std::uint64_t seed) {
+  Chunk chunk = realistic_chunk(length, 0.0, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (std::uint32_t i = 0; i < length; ++i) {
+    const int e = std::ilogb(chunk.context[i]);
+    const double p = e < -9 ? 1.0 : e < -6 ? middle_density : 0.0;
+    if (uniform(rng) >= p) continue;
+    chunk.offsets.push_back(i);
+    chunk.values.push_back(std::ldexp(1.0f, e - 8));
+  }
+  return chunk;
+}
+
+IndexCoding frame_index_coding(const Bytes& message) {
+  return MessageView::parse(message).frame(0).index_coding;
+}
+
+TEST(CodecContext, IndicesTheExponentPredictsAreCodedByExponentGroups) {
+  for (const double density : {0.0, 0.01, 0.3, 0.9}) {
+    const Chunk chunk = exponent_decided_chunk(1 << 16, density, 4);
+    const Bytes message = encode_message(chunk);
+    ASSERT_EQ(frame_encoding(message), Encoding::context) << density;
+    EXPECT_EQ(frame_index_coding(message), IndexCoding::exponent_groups) << density;
+    expect_same_bits(chunk, decode_message(message, chunk.context));
+    EXPECT_LT(message.size(), encode_message(chunk, Encoding::pulse).size()) << density;
+  }
+}
+
+TEST(CodecContext, ForcedExponentGroupsRoundTripAtEveryDensity) {
+  // Sparse groups (fired ranks coded), dense ones (the ranks that did not fire), whole ones.
+  for (const double density : {0.0005, 0.01, 0.2, 0.6, 0.97, 1.0}) {
+    const Chunk chunk = realistic_chunk(5000, density, 12);
+    if (chunk.offsets.empty()) continue;
+    const Bytes message = encode_message(chunk, Encoding::context, IndexCoding::exponent_groups);
+    if (frame_encoding(message) != Encoding::context) continue;  // the values fell back
+    EXPECT_EQ(frame_index_coding(message), IndexCoding::exponent_groups) << density;
+    expect_same_bits(chunk, decode_message(message, chunk.context));
+  }
+}
+
+TEST(CodecContext, ExponentGroupsNeedTheContextEncoding) {
+  const Chunk chunk = realistic_chunk(100, 0.1, 1);
+  EXPECT_THROW((void)encode_message(chunk, Encoding::pulse, IndexCoding::exponent_groups),
+               InvalidArgument);
+}
+
+// Where the index stream of a one-frame context message starts, when stored uncompressed.
+std::size_t index_stream_of(const Bytes& message) {
+  const MessageView view = MessageView::parse(message);
+  auto p = static_cast<std::size_t>(view.frame(0).byte_offset) + 32;
+  const auto varint = [&] {
+    std::uint64_t v = 0;
+    for (unsigned k = 0;; ++k) {
+      const auto b = std::to_integer<std::uint8_t>(message[p++]);
+      v |= static_cast<std::uint64_t>(b & 0x7F) << (7 * k);
+      if ((b & 0x80) == 0) return v;
+    }
+  };
+  const std::uint64_t raw = varint();
+  const std::uint64_t stored = varint();
+  for (int s = 1; s < 4; ++s)
+    (void)varint();
+  EXPECT_EQ(raw, stored) << "the index stream is compressed";
+  return p + 8;
+}
+
+void expect_refused(const Bytes& message, std::span<const float> context,
+                    const std::string& reason) {
+  const MessageView view = MessageView::parse(message);
+  std::vector<std::uint32_t> offsets(view.frame(0).entries);
+  std::vector<float> values(offsets.size());
+  DecodeScratch scratch;
+  try {
+    (void)view.decode_frame(0, offsets, values, scratch, context);
+    ADD_FAILURE() << "accepted; expected: " << reason;
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+  }
+}
+
+TEST(CodecContext, MalformedExponentGroupsAreRefusedNamingTheField) {
+  const Chunk chunk = exponent_decided_chunk(4096, 0.05, 6);
+  const Bytes message = encode_message(chunk, Encoding::context, IndexCoding::exponent_groups);
+  ASSERT_EQ(frame_encoding(message), Encoding::context);
+  const std::size_t index = index_stream_of(message);
+  const auto groups = std::to_integer<std::size_t>(message[index]);
+  ASSERT_GE(groups, 2u);
+  ASSERT_LT(groups, 128u);
+  // Group 0: exponent, count (one byte when below 128), parameter.
+  const std::size_t group0 = index + 1;
+  const auto edited = [&](std::size_t at, std::byte value) {
+    Bytes bad = message;
+    bad[at] = value;
+    testing::refresh_checksums(bad);
+    return bad;
+  };
+  const auto count0 = std::to_integer<unsigned>(message[group0 + 1]);
+  ASSERT_LT(count0, 127u);
+  expect_refused(edited(index, static_cast<std::byte>(groups - 1)), chunk.context, "counts sum to");
+  expect_refused(edited(group0 + 1, static_cast<std::byte>(count0 + 1)), chunk.context,
+                 "fired (allowed 1..");
+  expect_refused(edited(group0 + 1, std::byte{0}), chunk.context, "fired (allowed 1..");
+  expect_refused(edited(group0 + 2, message[group0 + 2] | std::byte{0x20}), chunk.context,
+                 "unknown parameter bits");
+  expect_refused(edited(group0 + 3, message[group0]), chunk.context, "does not ascend");
+  // A receiver whose context lacks the groups' elements.
+  const std::vector<float> other(chunk.context.size(), 1.0f);
+  expect_refused(message, other, "in this receiver's context");
+}
+
 TEST(CodecContext, EveryBitPatternOfValueAndContextRoundTrips) {
   // Contexts: NaN, ±infinity, ±0, subnormals, the extremes; values: ±0, subnormals, the
   // largest finite, and random bits, against every context.
@@ -135,8 +250,11 @@ TEST(CodecContext, EveryBitPatternOfValueAndContextRoundTrips) {
     Chunk c = chunk;
     c.offsets = offsets;
     c.values = values;
-    const Bytes message = encode_message(c);
-    expect_same_bits(c, decode_message(message, c.context));
+    for (const auto coding :
+         {std::optional<IndexCoding>{}, std::optional(IndexCoding::exponent_groups)}) {
+      const Bytes message = encode_message(c, Encoding::context, coding);
+      expect_same_bits(c, decode_message(message, c.context));
+    }
   }
 }
 
@@ -164,21 +282,23 @@ TEST(CodecContext, AnEmptyChunkIsAnEmptyPulseFrame) {
   EXPECT_EQ(MessageView::parse(message).frame(0).entries, 0u);
 }
 
-TEST(CodecContext, MessagesOfTheContextEncodingAreVersion2) {
+TEST(CodecContext, MessagesOfTheContextEncodingAreVersion3) {
   const Chunk chunk = realistic_chunk(4096, 0.05, 1);
   Bytes message = encode_message(chunk);
   EXPECT_EQ(load_le<std::uint16_t>(message.data() + 4), kContextFormatVersion);
   EXPECT_EQ(load_le<std::uint16_t>(encode_message(chunk, Encoding::pulse).data() + 4),
             kFormatVersion);
-  // Version 1 with the context encoding, or version 2 with another, is refused.
-  Bytes v1 = message;
-  testing::poke<std::uint16_t>(v1, 4, 1);
-  testing::refresh_checksums(v1);
-  EXPECT_THROW((void)MessageView::parse(v1), ProtocolError);
-  Bytes v2 = encode_message(chunk, Encoding::pulse);
-  testing::poke<std::uint16_t>(v2, 4, 2);
-  testing::refresh_checksums(v2);
-  EXPECT_THROW((void)MessageView::parse(v2), ProtocolError);
+  // Version 1 or 2 with the context encoding, or version 3 with another, is refused.
+  for (const std::uint16_t version : {1, 2}) {
+    Bytes older = message;
+    testing::poke<std::uint16_t>(older, 4, version);
+    testing::refresh_checksums(older);
+    EXPECT_THROW((void)MessageView::parse(older), ProtocolError) << version;
+  }
+  Bytes v3 = encode_message(chunk, Encoding::pulse);
+  testing::poke<std::uint16_t>(v3, 4, 3);
+  testing::refresh_checksums(v3);
+  EXPECT_THROW((void)MessageView::parse(v3), ProtocolError);
 }
 
 TEST(CodecContext, DecodingWithoutTheContextIsRefused) {
@@ -219,7 +339,10 @@ TEST(CodecContext, AReceiverWithOtherContextBitsFailsOrGetsTheSameValues) {
       EXPECT_EQ(bit & 0x7F800000u, 0u) << "an exponent bit of θ_g changed unnoticed";
     } catch (const ProtocolError& e) {
       ++refused;
-      EXPECT_NE(std::string(e.what()).find("digest"), std::string::npos) << e.what();
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("digest") != std::string::npos ||
+                  what.find("receiver's context") != std::string::npos)
+          << what;
     }
   }
   EXPECT_GT(refused, 0);

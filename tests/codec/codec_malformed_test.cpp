@@ -214,11 +214,13 @@ TEST(CodecMalformed, EveryHeaderFieldCorrupted) {
       {"magic byte 3", [](Bytes& m) { m[3] = std::byte{0}; }, "bad magic"},
       {"version 0", [](Bytes& m) { testing::poke<std::uint16_t>(m, layout::kVersion, 0); },
        "unsupported format version"},
-      {"version 3", [](Bytes& m) { testing::poke<std::uint16_t>(m, layout::kVersion, 3); },
+      {"version 2", [](Bytes& m) { testing::poke<std::uint16_t>(m, layout::kVersion, 2); },
        "unsupported format version"},
-      {"version 2 with a version 1 encoding",
-       [](Bytes& m) { testing::poke<std::uint16_t>(m, layout::kVersion, 2); },
-       "is not a format version 2 encoding"},
+      {"version 4", [](Bytes& m) { testing::poke<std::uint16_t>(m, layout::kVersion, 4); },
+       "unsupported format version"},
+      {"version 3 with a version 1 encoding",
+       [](Bytes& m) { testing::poke<std::uint16_t>(m, layout::kVersion, 3); },
+       "is not a format version 3 encoding"},
       {"encoding 4", [](Bytes& m) { m[layout::kEncoding] = std::byte{4}; }, "unknown encoding"},
       {"encoding 3 in version 1", [](Bytes& m) { m[layout::kEncoding] = std::byte{3}; },
        "is not a format version 1 encoding"},
@@ -348,6 +350,9 @@ Bytes pulse_frame(
       break;
     case IndexCoding::elias_fano:
       streams.index = testing::elias_fano_index(offsets, length);
+      break;
+    case IndexCoding::exponent_groups:  // context frames only: a pulse frame announcing it fails
+      streams.index = testing::varint_index(offsets);
       break;
   }
   for (int k = 0; k < 4; ++k)

@@ -44,6 +44,9 @@ void run(std::span<const std::byte> bytes) {
         return f.info.length <= fuzz::kMaxFuzzContext;
       })) {
     fuzz::check_round_trip(header, frames, {.encoding = Encoding::context});
+    fuzz::check_round_trip(
+        header, frames,
+        {.encoding = Encoding::context, .index_coding = IndexCoding::exponent_groups});
   }
   fuzz::check_round_trip(header, frames,
                          {.encoding = Encoding::pulse, .index_coding = IndexCoding::elias_fano});

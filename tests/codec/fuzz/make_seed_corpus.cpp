@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
     options.push_back({.encoding = Encoding::pulse, .index_coding = coding});
     options.push_back({.encoding = Encoding::context, .index_coding = coding});
   }
+  options.push_back({.encoding = Encoding::context, .index_coding = IndexCoding::exponent_groups});
   for (const EncodeOptions& o : options) {
     // Tiny: one entry; empty chunks; a zero-element tensor.
     write(message_of(MessageHeader{.tensor_numels = {8, 0}}, {chunk_of(rng, 0, 0, 8, 0.2, false)},
@@ -95,7 +96,8 @@ int main(int argc, char** argv) {
   }
   // Context frames proper: values near half an ulp of bf16(θ_g) on θ_g's fp32 grid, so that
   // coding them against fuzz_context pays (random values fall back to pulse frames).
-  for (const auto coding : {IndexCoding::varint, IndexCoding::bitpack, IndexCoding::elias_fano}) {
+  for (const auto coding : {IndexCoding::varint, IndexCoding::bitpack, IndexCoding::elias_fano,
+                            IndexCoding::exponent_groups}) {
     Chunk chunk = chunk_of(rng, 0, 0, 3000, 0.1, false);
     const std::vector<float> context = fuzz::fuzz_context(0, 3000);
     for (std::size_t i = 0; i < chunk.offsets.size(); ++i) {

@@ -57,6 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if ((options.encoding == Encoding::pulse || context) && (options_byte & 0x0C) != 0) {
     options.index_coding = static_cast<IndexCoding>(((options_byte >> 2) & 3) - 1);
   }
+  if (context && (options_byte & 0x40) != 0) options.index_coding = IndexCoding::exponent_groups;
   options.zstd_level = 1 + ((options_byte >> 4) & 3);
   fuzz::check_round_trip(header, frames, options);
   return 0;
