@@ -224,26 +224,32 @@ inline constexpr transport::Tag kNoticePhase = 2;
 // A fault hook that records the sequence number of every collective call whose messages pass.
 class CallSequences {
  public:
+  // The hook shares what it records: an engine's background exchange may still call it after
+  // this object is gone (a test's scope ends before the engines it watches are destroyed).
   [[nodiscard]] transport::inproc::FaultHook hook() {
-    return [this](const transport::inproc::MessageEvent& m) {
-      const std::lock_guard lock(mutex_);
-      seen_.insert(call_sequence(m.tag));
+    return [seen = seen_](const transport::inproc::MessageEvent& m) {
+      const std::lock_guard lock(seen->mutex);
+      seen->sequences.insert(call_sequence(m.tag));
       return transport::inproc::FaultAction::deliver;
     };
   }
   // In ascending order: the order of the calls.
   [[nodiscard]] std::vector<std::uint64_t> seen() const {
-    const std::lock_guard lock(mutex_);
-    return {seen_.begin(), seen_.end()};
+    const std::lock_guard lock(seen_->mutex);
+    return {seen_->sequences.begin(), seen_->sequences.end()};
   }
 
  private:
-  mutable std::mutex mutex_;
-  std::set<std::uint64_t> seen_;
+  struct Seen {
+    std::mutex mutex;
+    std::set<std::uint64_t> sequences;
+  };
+  std::shared_ptr<Seen> seen_ = std::make_shared<Seen>();
 };
 
 // A fault hook that drops rank `from`'s first completion notice to rank `to` of collective call
-// `sequence` (a vote: `to` then never learns its outcome), and sets `dropped`.
+// `sequence` (a vote: `to` then never learns its outcome), and sets `dropped`, which must outlive
+// the transports that call the hook.
 inline transport::inproc::FaultHook drop_notice(int from, int to, std::uint64_t sequence,
                                                 std::atomic<bool>& dropped) {
   return [=, &dropped](const transport::inproc::MessageEvent& m) {

@@ -194,7 +194,9 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
     vote_sequence = sequences.seen()[1];
   }
 
-  // Pass 2: the same run, with that one notice dropped.
+  // Pass 2: the same run, with that one notice dropped (`dropped` outlives the setup, whose
+  // transports may call the hook until they are destroyed).
+  std::atomic<bool> dropped{false};
   Setup setup;
   prepare(setup);
   std::vector<LocalModel> reference_models = setup.members.model_copies();
@@ -208,7 +210,6 @@ TEST(EngineMembership, AMemberThatAcceptedAWindowTheOthersCommittedCatchesUpOnAt
       testing::local_training(window0[r], lr, 4, 10 + static_cast<std::uint32_t>(r));
     testing::reference_window(reference, window0, options.outer_lr, options.outer_momentum);
   }
-  std::atomic<bool> dropped{false};
   setup.faults->set_hook(testing::drop_notice(1, 0, vote_sequence, dropped));
   const auto errors = setup.members.run_window();
   ASSERT_TRUE(dropped.load());

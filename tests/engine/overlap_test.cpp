@@ -441,10 +441,11 @@ TEST(EngineOverlapMembership, AMemberThatMissedItsWindowsOutcomeNamesItByItsNumb
     vote_sequence = sequences.seen()[2];
   }
 
-  // Pass 2: the same run, with that one notice dropped.
+  // Pass 2: the same run, with that one notice dropped (`dropped` outlives the run, whose
+  // background exchange may call the hook until its engines are destroyed).
+  std::atomic<bool> dropped{false};
   Run run;
   prepare(run);
-  std::atomic<bool> dropped{false};
   run.faults->set_hook(testing::drop_notice(1, 0, vote_sequence, dropped));
   testing::rethrow_first(run.boundary(lr, 30));
   const auto errors = run.boundary(lr, 40);
