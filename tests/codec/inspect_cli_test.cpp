@@ -362,22 +362,22 @@ TEST_F(InspectCli, ASparseFileOfThreeGibibytesFailsInBoundedMemory) {
              reinterpret_cast<const std::byte*>(not_a_message_text.data()) +
                  not_a_message_text.size()),
        {},
-       "bad magic: not a pulseloco message [byte offset 0]"},
+       "bad magic: not a pulseloco message (byte offset 0)"},
       // The zeros after the header read as one empty frame (whose checksum does not match), then
       // gigabytes that no frame announced.
       {"zeros.msg",
        valid_header,
        {"--json"},
-       std::to_string(size - end_with(0)) + " bytes after the last of 1 frames [byte offset " +
-           std::to_string(end_with(0)) + "]"},
+       std::to_string(size - end_with(0)) + " bytes after the last of 1 frames (byte offset " +
+           std::to_string(end_with(0)) + ")"},
       {"beyond.msg", with_frame(size), {}, "truncated: frame 0 of 1 needs bytes up to "},
       // A frame of 512 MiB of zeros: hashed in pieces (it does not match), never held.
       {"garbage.msg",
        with_frame(garbage_payload),
        {},
        std::to_string(size - end_with(garbage_payload)) +
-           " bytes after the last of 1 frames [byte offset " +
-           std::to_string(end_with(garbage_payload)) + "]"},
+           " bytes after the last of 1 frames (byte offset " +
+           std::to_string(end_with(garbage_payload)) + ")"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
