@@ -30,15 +30,9 @@ namespace {
 
 constexpr const char* kSecret = "bucket-group-test-secret";
 
-class BucketGroup : public ::testing::Test {
+class BucketGroup : public testing::BucketPrefixTest {
  protected:
-  void SetUp() override {
-    server_ = S3TestServer::instance();
-    if (server_ == nullptr) GTEST_SKIP() << S3TestServer::skip_reason();
-    client_ = std::make_unique<io::S3Client>(server_->settings());
-    url_ = S3TestServer::fresh_address("exchange");
-    address_ = io::parse_s3_address(url_);
-  }
+  void SetUp() override { attach(S3TestServer::instance(), "exchange"); }
 
   void expect_killed_rank_named(const std::string& phase);
 
@@ -63,16 +57,6 @@ class BucketGroup : public ::testing::Test {
     }));
     return transports;
   }
-
-  // The names under the address, relative to it.
-  [[nodiscard]] std::set<std::string> object_names() {
-    return testing::object_names(*client_, address_);
-  }
-
-  S3TestServer* server_ = nullptr;
-  std::unique_ptr<io::S3Client> client_;
-  std::string url_;
-  io::S3Address address_;
 };
 
 struct JobRun {

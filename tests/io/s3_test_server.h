@@ -209,4 +209,27 @@ inline std::set<std::string> object_names(io::S3Client& client, const io::S3Addr
   return names;
 }
 
+// A test fixture's fresh prefix on the running server (or a skip): the client, its s3:// url and
+// parsed address, and the names of the objects written under it.
+class BucketPrefixTest : public ::testing::Test {
+ protected:
+  // `purpose` starts the prefix's name.
+  void attach(S3TestServer* server, const std::string& purpose) {
+    server_ = server;
+    if (server_ == nullptr) GTEST_SKIP() << S3TestServer::skip_reason();
+    client_ = std::make_unique<io::S3Client>(server_->settings());
+    url_ = S3TestServer::fresh_address(purpose);
+    address_ = io::parse_s3_address(url_);
+  }
+
+  [[nodiscard]] std::set<std::string> object_names() {
+    return testing::object_names(*client_, address_);
+  }
+
+  S3TestServer* server_ = nullptr;
+  std::unique_ptr<io::S3Client> client_;
+  std::string url_;
+  io::S3Address address_;
+};
+
 }  // namespace pulseloco::testing

@@ -29,26 +29,13 @@ namespace {
 
 using io::test::TempDir;
 
-class Bucket : public ::testing::Test {
+class Bucket : public testing::BucketPrefixTest {
  protected:
-  void SetUp() override { attach(S3TestServer::instance()); }
-  void attach(S3TestServer* server) {
-    server_ = server;
-    if (server_ == nullptr) GTEST_SKIP() << S3TestServer::skip_reason();
-    server_->set_environment();
-    client_ = std::make_unique<io::S3Client>(server_->settings());
-    url_ = S3TestServer::fresh_address("bucket");
-    address_ = io::parse_s3_address(url_);
+  void SetUp() override { attach_with_environment(S3TestServer::instance()); }
+  void attach_with_environment(S3TestServer* server) {
+    attach(server, "bucket");
+    if (server_ != nullptr) server_->set_environment();
   }
-
-  [[nodiscard]] std::set<std::string> object_names() {
-    return testing::object_names(*client_, address_);
-  }
-
-  S3TestServer* server_ = nullptr;
-  std::unique_ptr<io::S3Client> client_;
-  std::string url_;
-  io::S3Address address_;
 };
 
 std::set<std::string> file_names(const std::filesystem::path& directory) {
@@ -108,7 +95,7 @@ TEST_F(Bucket, PublisherKilledBetweenFilesAndManifestIsInvisible) {
 // A server of the test's own, which it stops and starts.
 class OwnBucket : public Bucket {
  protected:
-  void SetUp() override { attach(S3TestServer::own()); }
+  void SetUp() override { attach_with_environment(S3TestServer::own()); }
 };
 
 TEST_F(OwnBucket, ServerStoppedDuringAnUploadFailsThatVersionOnly) {
