@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <mutex>
+
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/build_config.h>
@@ -97,6 +99,21 @@ void warn_when_another_job_could_join(const TransportOptions& options, Rendezvou
 }
 
 // The TCP group of `options` (validated), found by its rendezvous.
+// No launcher variables and no world size: the group is this process alone. Said once per
+// process, since a program meant for several ranks would otherwise train on its own in silence.
+void warn_alone_by_default() {
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    logger().warn(
+        "{}",
+        "no launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, PULSELOCO_PEERS or mpirun's) and "
+        "no world size: this process trains as a group of one. To run several ranks, start it "
+        "with `python -m pulseloco.launch --nproc-per-node N` (or torchrun, or mpirun); to run "
+        "alone without this warning, set the world size to 1 (group={\"world_size\": 1} in "
+        "Python, TransportOptions::world_size in C++)");
+  });
+}
+
 std::unique_ptr<TcpTransport> form_tcp_group(const TransportOptions& given) {
   const RendezvousMethod method = resolve_rendezvous(given);
   TransportOptions options = given;
@@ -123,6 +140,7 @@ std::unique_ptr<TcpTransport> form_tcp_group(const TransportOptions& given) {
     case RendezvousMethod::automatic: {  // a group of one
       if (options.rank > 0)
         throw InvalidArgument(fmt::format("rank {} in a group of one", options.rank));
+      if (options.world_size == -1) warn_alone_by_default();
       GroupTable table;
       table.rank = 0;
       table.peers.push_back(transport::PeerAddress{"127.0.0.1", 0});

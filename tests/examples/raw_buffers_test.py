@@ -1,5 +1,7 @@
 """examples/raw_buffers with two ranks on loopback (torchrun-style variables): both exit 0 after
-10 windows, rank 0 reports every window with identical replicas.
+10 windows, rank 0 reports every window with identical replicas. Then the program alone: with no
+launcher variables it trains as a group of one and warns so exactly once; with WORLD_SIZE=1 it
+runs alone without the warning.
 
     raw_buffers_test.py PROGRAM
 """
@@ -10,12 +12,42 @@ import subprocess
 import sys
 
 BOUND_SECONDS = 240
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
+                      "PULSELOCO_RANK", "PULSELOCO_WORLD_SIZE", "PULSELOCO_MASTER_ADDR",
+                      "PULSELOCO_MASTER_PORT", "PULSELOCO_PEERS", "PULSELOCO_RENDEZVOUS",
+                      "PULSELOCO_TRANSPORT")
+ALONE_WARNING = "trains as a group of one"
 
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def run_alone(program: str, **variables: str) -> str:
+    """Runs the program with no launcher variables but `variables`; returns its stderr."""
+    env = {name: value for name, value in os.environ.items()
+           if name not in LAUNCHER_VARIABLES and not name.startswith(("OMPI_", "PMI", "PMIX_"))}
+    env.pop("PULSELOCO_LOG_LEVEL", None)
+    env.update(variables)
+    result = subprocess.run([program], env=env, capture_output=True, text=True,
+                            timeout=BOUND_SECONDS)
+    if result.returncode != 0:
+        raise RuntimeError(f"alone ({variables}) exited with {result.returncode}:\n"
+                           f"{result.stdout}{result.stderr}")
+    return result.stderr
+
+
+def check_alone(program: str) -> str:
+    """'' when the group-of-one warning comes once by default and never with WORLD_SIZE=1."""
+    warned = [line for line in run_alone(program).splitlines() if ALONE_WARNING in line]
+    if len(warned) != 1 or "world size to 1" not in warned[0]:
+        return f"with no launcher variables: expected one warning, got {warned}"
+    explicit = run_alone(program, WORLD_SIZE="1")
+    if ALONE_WARNING in explicit:
+        return f"with WORLD_SIZE=1: an unexpected warning:\n{explicit}"
+    return ""
 
 
 def main() -> int:
@@ -40,6 +72,10 @@ def main() -> int:
               f"{outputs[0][0]}")
         return 1
     print(outputs[0][0])
+    problem = check_alone(program)
+    if problem:
+        print(problem)
+        return 1
     return 0
 
 

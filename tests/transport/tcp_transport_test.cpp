@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
+#include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -17,6 +20,7 @@
 #include <pulseloco/transport/tcp/frame.h>
 #include <pulseloco/transport/tcp/handshake.h>
 #include <pulseloco/transport/tcp/lane.h>
+#include "base/log_capture.h"
 #include "transport/loopback_group.h"
 
 namespace pulseloco::transport {
@@ -812,6 +816,53 @@ TEST(TcpTransport, APeerLostWhileTheGroupFormsEndsTheFormationAtOnce) {
     EXPECT_EQ(blamed[1], 2);
     EXPECT_EQ(blamed[0], 1) << failures[0];
     EXPECT_LT(took[0], 10s) << failures[0];
+    break;
+  }
+}
+
+TEST(TcpTransport, AFormationWaitingForAPeerSaysWhomItWaitsFor) {
+  // Rank 1 starts only once rank 0 has said, at the progress pace, that it waits for rank 1;
+  // then the group forms. The test moves on when the line appears, never after a sleep.
+  constexpr auto kBound = 120s;  // how long the test waits for a line, on a busy machine
+  ::setenv("PULSELOCO_WAIT_LOG_SECONDS", "0.1", 1);
+  const pulseloco::testing::LogCapture log;
+  for (int attempt = 0;; ++attempt) {
+    const std::vector<std::string> peers = testing::free_peer_list(2);
+    std::array<std::unique_ptr<Transport>, 2> group;
+    std::array<std::exception_ptr, 2> errors;
+    const auto form = [&](int rank) {
+      try {
+        group[static_cast<std::size_t>(rank)] =
+            group::make_transport(testing::peer_list_options(peers, rank, "progress", kBound));
+      } catch (...) {
+        errors[static_cast<std::size_t>(rank)] = std::current_exception();
+      }
+    };
+    std::thread rank_0(form, 0);
+    const bool named = log.wait_for("s for peers 1 to connect (", kBound);
+    form(1);  // let rank 0 go whatever the log said
+    rank_0.join();
+    const auto port_taken = [](const std::exception_ptr& error) {
+      try {
+        if (error) std::rethrow_exception(error);
+      } catch (const IoError&) {
+        return true;
+      } catch (...) {
+      }
+      return false;
+    };
+    if ((port_taken(errors[0]) || port_taken(errors[1])) && attempt < 3) continue;
+    ::unsetenv("PULSELOCO_WAIT_LOG_SECONDS");
+    EXPECT_TRUE(named) << log.text();
+    EXPECT_NE(log.text().find("the formation gives up after 120000 ms"), std::string::npos);
+    for (const auto& error : errors)
+      if (error) std::rethrow_exception(error);
+    std::vector<std::byte> got(10);
+    const auto message = payload(1, 10);
+    auto recv = group[1]->irecv(0, 1, got);
+    group[0]->send(1, 1, message, deadline_after(kTimeout));
+    recv->wait(deadline_after(kTimeout));
+    EXPECT_EQ(got, message);
     break;
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include <pulseloco/base/log.h>
+#include <pulseloco/base/log_lines.h>
 #include <pulseloco/transport/tcp/core.h>
 #include <pulseloco/transport/tcp/exposure.h>
 #include <pulseloco/transport/tcp/job_id.h>
@@ -46,12 +47,7 @@ void Mesh::start(Deadline deadline) {
                      asio::detached);
 }
 
-void Mesh::wait(Deadline deadline) {
-  std::unique_lock lock(core_.mutex_);
-  core_.changed_.wait_until(lock, deadline,
-                            [&] { return lanes_missing_ == 0 || core_.formation_error_; });
-  if (core_.formation_error_) std::rethrow_exception(core_.formation_error_);
-  if (lanes_missing_ == 0) return;
+std::vector<int> Mesh::missing_peers() const {
   const int lanes = core_.lanes_per_peer_;
   std::vector<int> missing;
   for (int peer = 0; peer < core_.size_; ++peer) {
@@ -59,13 +55,37 @@ void Mesh::wait(Deadline deadline) {
     const auto& claimed = lane_claimed_[static_cast<std::size_t>(peer)];
     if (std::count(claimed.begin(), claimed.end(), true) < lanes) missing.push_back(peer);
   }
+  return missing;
+}
+
+void Mesh::wait(Deadline deadline) {
+  const auto formed = [&] { return lanes_missing_ == 0 || core_.formation_error_; };
+  std::unique_lock lock(core_.mutex_);
+  // A long formation says whom it waits for (a peer not started yet, or a wrong address in the
+  // table), at the pace of every other long wait.
+  WaitProgress progress;
+  const auto interval = progress.interval();
+  while (!formed() && Clock::now() < deadline) {
+    const Deadline next =
+        interval.count() > 0 ? std::min(deadline, Clock::now() + interval) : deadline;
+    if (core_.changed_.wait_until(lock, next, formed)) break;
+    if (progress.due())
+      logger().warn(
+          "tcp transport: waited {:.1f} s for peers {} to connect ({} of {} "
+          "connections missing; the formation gives up after {} ms)",
+          progress.seconds(), fmt::join(missing_peers(), ", "), lanes_missing_,
+          (core_.size_ - 1) * core_.lanes_per_peer_, to_ms(core_.connect_timeout_));
+  }
+  if (core_.formation_error_) std::rethrow_exception(core_.formation_error_);
+  if (lanes_missing_ == 0) return;
+  const std::vector<int> missing = missing_peers();
   ErrorContext context = core_.context_for(missing.empty() ? -1 : missing.front());
   context.ranks = missing;
   throw TimeoutError(
       fmt::format("tcp transport: could not connect to peers {} within {} ms ({} of {} "
                   "connections missing){}",
                   fmt::join(missing, ", "), to_ms(core_.connect_timeout_), lanes_missing_,
-                  (core_.size_ - 1) * lanes, refusals_.summary()),
+                  (core_.size_ - 1) * core_.lanes_per_peer_, refusals_.summary()),
       std::move(context));
 }
 

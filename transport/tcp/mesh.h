@@ -34,7 +34,8 @@ class Mesh {
   // group table is in the core by now).
   void start(Deadline deadline);
   // Blocks until every connection of the mesh is in place or the formation failed (rethrown);
-  // at `deadline` throws TimeoutError naming the peers still missing.
+  // logs the peers still missing at wait_progress_interval(); at `deadline` throws TimeoutError
+  // naming them.
   void wait(Deadline deadline);
   // Closes the data listener. On the control strand (or once no thread runs the io_context).
   void close_listener() noexcept;
@@ -52,6 +53,8 @@ class Mesh {
   // Ends the formation with `error` (a refusal that retrying cannot fix).
   void failed(std::exception_ptr error);
   void count_handshake(const HandshakeTraffic& traffic) noexcept;
+  // The peers with a lane not yet connected. Under the core's lock.
+  [[nodiscard]] std::vector<int> missing_peers() const;
 
   Core& core_;
   std::optional<Listener> listener_;

@@ -116,22 +116,6 @@ nb::ndarray<nb::numpy, float> to_numpy(std::vector<float> values) {
   return nb::ndarray<nb::numpy, float>(owned->data(), {owned->size()}, owner);
 }
 
-// No launcher variables and no world size: the group is this process alone. Said once per
-// process, since a script meant for several ranks would otherwise train on its own in silence.
-void warn_when_alone_by_default(const group::TransportOptions& options) {
-  if (options.world_size != -1 || options.backend == transport::Backend::mpi) return;
-  if (group::resolve_rendezvous(options) != group::RendezvousMethod::automatic) return;
-  static std::once_flag warned;
-  std::call_once(warned, [] {
-    logger().warn(
-        "{}",
-        "no launcher variables (RANK, WORLD_SIZE, MASTER_ADDR, PULSELOCO_PEERS or mpirun's) and "
-        "no world size: this process trains as a group of one. To run several ranks, start the "
-        "script with `python -m pulseloco.launch --nproc-per-node N script.py` (or torchrun, or "
-        "mpirun); to run alone without this warning, pass group={\"world_size\": 1}");
-  });
-}
-
 class Synchronizer {
  public:
   Synchronizer(const nb::list& parameters, const std::string& mode, std::uint32_t inner_steps,
@@ -199,7 +183,6 @@ class Synchronizer {
       runner_ = std::move(elastic_engine);
     } else {
       group::TransportOptions transport = transport_options(group);
-      warn_when_alone_by_default(transport);
       // Group formation cannot be interrupted: an interrupt takes effect once it has returned
       // (at most transport.connect_timeout, then the engine's start-up within its timeout).
       runner_ = collective_.run(
