@@ -764,6 +764,16 @@ TEST(TcpTransport, RandomTrafficBetweenFourRanks) {
   });
 }
 
+// A formed group carries a message from `sender` to `receiver`.
+void expect_a_message_arrives(Transport& sender, Transport& receiver, std::size_t bytes) {
+  std::vector<std::byte> got(bytes);
+  const auto message = payload(1, bytes);
+  auto recv = receiver.irecv(sender.rank(), 1, got);
+  sender.send(receiver.rank(), 1, message, deadline_after(kTimeout));
+  recv->wait(deadline_after(kTimeout));
+  EXPECT_EQ(got, message);
+}
+
 TEST(TcpTransport, PeerListRendezvous) {
   // Ports are picked free just before use; a collision with another process is retried.
   for (int attempt = 0;; ++attempt) {
@@ -778,12 +788,7 @@ TEST(TcpTransport, PeerListRendezvous) {
       if (attempt < 3) continue;  // a port was taken meanwhile
       throw;
     }
-    std::vector<std::byte> got(100);
-    const auto message = payload(1, 100);
-    auto recv = group[2]->irecv(0, 1, got);
-    group[0]->send(2, 1, message, deadline_after(kTimeout));
-    recv->wait(deadline_after(kTimeout));
-    EXPECT_EQ(got, message);
+    expect_a_message_arrives(*group[0], *group[2], 100);
     break;
   }
 }
@@ -857,12 +862,7 @@ TEST(TcpTransport, AFormationWaitingForAPeerSaysWhomItWaitsFor) {
     EXPECT_NE(log.text().find("the formation gives up after 120000 ms"), std::string::npos);
     for (const auto& error : errors)
       if (error) std::rethrow_exception(error);
-    std::vector<std::byte> got(10);
-    const auto message = payload(1, 10);
-    auto recv = group[1]->irecv(0, 1, got);
-    group[0]->send(1, 1, message, deadline_after(kTimeout));
-    recv->wait(deadline_after(kTimeout));
-    EXPECT_EQ(got, message);
+    expect_a_message_arrives(*group[0], *group[1], 10);
     break;
   }
 }
