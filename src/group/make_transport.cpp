@@ -98,7 +98,6 @@ void warn_when_another_job_could_join(const TransportOptions& options, Rendezvou
       name, shared);
 }
 
-// The TCP group of `options` (validated), found by its rendezvous.
 // No launcher variables and no world size: the group is this process alone. Said once per
 // process, since a program meant for several ranks would otherwise train on its own in silence.
 void warn_alone_by_default() {
@@ -114,6 +113,7 @@ void warn_alone_by_default() {
   });
 }
 
+// The TCP group of `options` (validated), found by its rendezvous.
 std::unique_ptr<TcpTransport> form_tcp_group(const TransportOptions& given) {
   const RendezvousMethod method = resolve_rendezvous(given);
   TransportOptions options = given;

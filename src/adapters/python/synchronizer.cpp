@@ -4,7 +4,6 @@
 // (collective_thread.h).
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
