@@ -98,14 +98,17 @@ class Synchronizer:
         step so that the final weights include the last window.
     worker: None (one rank is one worker; PULSELOCO_RANKS_PER_WORKER, which the launcher's
         --ranks-per-worker sets, counts as worker=G), G (every G consecutive ranks of the default
-        torch.distributed group form one worker) or a dict (ranks_per_worker, process_group: the
-        worker's torch group, default one made here; master_ports: the G rendezvous ports of the
-        local ranks' groups, default PULSELOCO_WORKER_PORTS or MASTER_PORT+1 .. MASTER_PORT+G).
-        The worker's ranks train one replica together (the user's DDP over sync.process_group);
-        local rank j runs the window over the j-th of G contiguous ranges of the model's
-        elements with local rank j of every worker, then the worker's ranks broadcast their
-        ranges to each other. torch.distributed must be initialised over every rank first. See
-        docs/operations.md, "A worker of several GPUs".
+        torch.distributed group form one worker) or a dict (ranks_per_worker; sharded, default
+        False; process_group: the worker's torch group, default one made here; master_ports:
+        the G rendezvous ports of the local ranks' groups, default PULSELOCO_WORKER_PORTS or
+        MASTER_PORT+1 .. MASTER_PORT+G). Replicated, the worker's ranks train one replica
+        together (the user's DDP over sync.process_group); local rank j runs the window over
+        the j-th of G contiguous ranges of the model's elements with local rank j of every
+        worker, then the worker's ranks broadcast their ranges to each other. Sharded, each
+        rank passes the shard it holds (as FSDP's flat parameters are), and local rank j runs
+        the window over it with local rank j of every worker; nothing is broadcast.
+        torch.distributed must be initialised over every rank first. See docs/operations.md,
+        "A worker of several GPUs".
     on_report: None, or a callable that receives every WindowReport this Synchronizer returns
         (after_optimizer_step, run_window, complete_in_flight), on the calling thread, before
         the call returns it: a metrics sink (report.to_dict() is JSON-ready; see
@@ -180,16 +183,20 @@ class Synchronizer:
                 overrides = _worker.group_overrides(layout, settings, group)
             except InvalidArgument as error:
                 problem = str(error)
-        _worker.check_layouts(dist, layout, table, problem)
+        elements = _worker.check_layouts(dist, layout, settings["sharded"], table, problem)
         timeout = float(options.get("timeout", 60.0))
         process_group = settings.get("process_group") or _worker.worker_process_group(
             count, timeout=2 * timeout)
-        shares = _worker.split_shares(named, count)
-        self._worker = _worker.Worker(dist, layout, process_group, self._parameters, shares)
+        shares = None if settings["sharded"] else _worker.split_shares(named, count)
+        self._worker = _worker.Worker(dist, layout, process_group, self._parameters, shares,
+                                      elements)
         if options.get("trace_dir"):
             options["trace_dir"] = os.path.join(options["trace_dir"], self._share_directory())
-        self._views = [(piece.name, view) for piece, view in
-                       zip(shares[layout.local_rank], self._worker.views(layout.local_rank))]
+        if shares is None:  # sharded: this rank's tensors are its share
+            self._views = [(name, _engine_view(tensor)) for name, tensor in named]
+        else:
+            self._views = [(piece.name, view) for piece, view in
+                           zip(shares[layout.local_rank], self._worker.views(layout.local_rank))]
         try:
             engine = _pulseloco._Synchronizer(
                 self._views, mode, inner_steps, outer_lr, outer_momentum, options,
@@ -198,7 +205,8 @@ class Synchronizer:
             self._worker.exchange_status("", _worker.name_engine_error(error, layout))
             raise  # exchange_status raised already
         self._worker.exchange_status(engine.digest, None)
-        self._worker.broadcast_shares()
+        if self._worker.replicated:
+            self._worker.broadcast_shares()
         return engine
 
     def _share_directory(self) -> str:
@@ -207,7 +215,7 @@ class Synchronizer:
 
     def _worker_call(self, call: Callable[[], Any], broadcast: bool = True) -> Any:
         """call() on the engine; in a worker of several ranks, then the status exchange and
-        (broadcast) the shares' broadcasts inside the worker."""
+        (broadcast, replicated workers) the shares' broadcasts inside the worker."""
         if self._worker is None:
             return call()
         try:
@@ -219,7 +227,7 @@ class Synchronizer:
         if result is None:
             return None
         self._worker.exchange_status(self._engine.digest, None)
-        if broadcast:
+        if broadcast and self._worker.replicated:
             self._worker.broadcast_shares()
         return result
 
@@ -338,11 +346,11 @@ class Synchronizer:
 
     @property
     def parameter_count(self) -> int:
-        """Elements in the model (a worker of several ranks: the whole model, of which
-        tensor_table() and the state accessors hold this local rank's share)."""
+        """Elements in the model (a worker of several ranks: the elements its ranks hold
+        together, the whole model when replicated; tensor_table() and the state accessors hold
+        this local rank's share)."""
         if self._worker is not None:
-            return sum(piece.end - piece.begin for share in self._worker.shares
-                       for piece in share)
+            return self._worker.elements
         return self._engine.parameter_count
 
     @property

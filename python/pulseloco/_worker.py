@@ -1,13 +1,16 @@
 """A worker of several ranks: the user's torch.distributed data parallelism inside the worker,
 pulseloco between workers, each local rank carrying 1/G of the outer sync.
 
-The model's elements, flattened in table order, are cut into G near-equal contiguous ranges;
-local rank j owns range j on every worker (the split is a function of the parameter table and G
-only). Local rank j runs the window over its range in a pulseloco group of its own: local rank j
-of every worker, rank = the worker's index. Afterwards the worker's ranks exchange a status (did
-each window commit, its share digest) and the owners broadcast their ranges' new local weights
-inside the worker, over a torch.distributed group of the worker's ranks. The global weights,
-momentum and residual of a range live on its owner only.
+Replicated (DDP inside the worker): the model's elements, flattened in table order, are cut into
+G near-equal contiguous ranges; local rank j owns range j on every worker (the split is a
+function of the parameter table and G only). Sharded (FSDP or any sharding inside the worker):
+each local rank passes the shard it holds, and that shard is its share.
+
+Local rank j runs the window over its share in a pulseloco group of its own: local rank j of
+every worker, rank = the worker's index. Afterwards the worker's ranks exchange a status (did
+each window commit, its share digest) and, when replicated, the owners broadcast their ranges'
+new local weights inside the worker, over a torch.distributed group of the worker's ranks. The
+global weights, momentum and residual of a share live on its owner only.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ._pulseloco import InvalidArgument
 
 # A status message inside the worker: JSON, zero-padded to this many bytes.
 _STATUS_BYTES = 2048
-_WORKER_OPTIONS = ("ranks_per_worker", "process_group", "master_ports")
+_WORKER_OPTIONS = ("ranks_per_worker", "sharded", "process_group", "master_ports")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +146,8 @@ def from_environment() -> Optional[int]:
 
 
 def parse_worker(worker: Any) -> Dict[str, Any]:
-    """worker=G or worker={"ranks_per_worker": G, "process_group": pg, "master_ports": [...]}."""
+    """worker=G or worker={"ranks_per_worker": G, "sharded": bool, "process_group": pg,
+    "master_ports": [...]}."""
     if isinstance(worker, int) and not isinstance(worker, bool):
         worker = {"ranks_per_worker": worker}
     if not isinstance(worker, dict):
@@ -156,25 +160,39 @@ def parse_worker(worker: Any) -> Dict[str, Any]:
     count = worker.get("ranks_per_worker")
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise InvalidArgument(f"worker: ranks_per_worker must be a positive int, not {count!r}")
-    return dict(worker)
+    sharded = worker.get("sharded", False)
+    if not isinstance(sharded, bool):
+        raise InvalidArgument(f"worker: sharded must be True or False, not {sharded!r}")
+    return dict(worker, sharded=sharded)
 
 
-def check_layouts(dist: Any, layout: WorkerLayout, table: List[Tuple[str, int, str]],
-                  problem: Optional[str]) -> None:
-    """Every rank of the default group must hold the same ranks_per_worker and parameter table,
-    and none may have a problem (what keeps it from starting; collective). Raises
-    InvalidArgument on every rank, naming the ranks on each side, or the rank and its
-    problem."""
-    mine = {"problem": problem, "ranks_per_worker": layout.ranks_per_worker,
+def check_layouts(dist: Any, layout: WorkerLayout, sharded: bool,
+                  table: List[Tuple[str, int, str]], problem: Optional[str]) -> int:
+    """Every rank of the default group must hold the same ranks_per_worker and sharding, and the
+    same parameter table as the ranks it shares a window with: every rank when replicated, the
+    same local rank of every worker when sharded. None may have a problem (what keeps it from
+    starting). Collective. Raises InvalidArgument on every rank, naming the ranks on each side,
+    or the rank and its problem. Returns the elements the worker's ranks hold together (the
+    model's, when replicated)."""
+    mine = {"problem": problem, "ranks_per_worker": layout.ranks_per_worker, "sharded": sharded,
             "table": hashlib.sha256(json.dumps(table).encode()).hexdigest()[:16],
             "tensors": len(table), "elements": sum(numel for _, numel, _ in table)}
     everyone: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     lines = []
-    for key, what in (("ranks_per_worker", "ranks_per_worker"),
-                      ("table", "parameter tables (names, sizes, dtypes)")):
+    comparisons = [("ranks_per_worker", "ranks_per_worker", range(len(everyone))),
+                   ("sharded", "sharded", range(len(everyone)))]
+    if not sharded:
+        comparisons.append(("table", "parameter tables (names, sizes, dtypes)",
+                            range(len(everyone))))
+    else:
+        for j in range(layout.ranks_per_worker):
+            comparisons.append(("table", f"local rank {j}'s shard tables (names, sizes, dtypes)",
+                                range(j, len(everyone), layout.ranks_per_worker)))
+    for key, what, ranks in comparisons:
         holders: Dict[str, List[int]] = {}
-        for rank, theirs in enumerate(everyone):
+        for rank in ranks:
+            theirs = everyone[rank]
             value = theirs[key] if key != "table" else (
                 f"{theirs['tensors']} tensors, {theirs['elements']} elements, "
                 f"digest {theirs['table']}")
@@ -193,6 +211,10 @@ def check_layouts(dist: Any, layout: WorkerLayout, table: List[Tuple[str, int, s
     if failed:
         rank, text = failed[0]
         raise InvalidArgument(f"rank {rank} cannot start its worker: {text}")
+    if not sharded:
+        return mine["elements"]
+    first = layout.global_rank(layout.worker, 0)
+    return sum(theirs["elements"] for theirs in everyone[first:first + layout.ranks_per_worker])
 
 
 def group_overrides(layout: WorkerLayout, worker: Dict[str, Any],
@@ -235,15 +257,19 @@ def combine_digests(digests: Sequence[str]) -> str:
 
 class Worker:
     """One local rank's part of a worker: its share, its worker's torch group, the status
-    exchange and the broadcasts that bring the worker's replicas up to date."""
+    exchange and (replicated) the broadcasts that bring the worker's replicas up to date."""
 
     def __init__(self, dist: Any, layout: WorkerLayout, process_group: Any,
-                 parameters: List[Any], shares: List[List[Piece]]) -> None:
+                 parameters: List[Any], shares: Optional[List[List[Piece]]],
+                 elements: int) -> None:
+        """shares: the G shares of the replicated model; None when sharded (this rank's
+        parameters are its share). elements: the elements the worker's ranks hold together."""
         self.dist = dist
         self.layout = layout
         self.process_group = process_group
         self.parameters = parameters
         self.shares = shares
+        self.elements = elements
         self.digest = ""
         self.share_digests: List[str] = []
         backend = dist.get_backend(process_group)
@@ -253,7 +279,14 @@ class Worker:
 
             self._device = torch.device("cuda", torch.cuda.current_device())
 
+    @property
+    def replicated(self) -> bool:
+        """Every rank holds the whole model (DDP), so the shares are broadcast after a
+        window; False when each rank holds only its own shard."""
+        return self.shares is not None
+
     def views(self, share: int) -> List[Any]:
+        assert self.shares is not None, "a sharded worker has no shares of a replica"
         return [piece_view(self.parameters[p.tensor], p) for p in self.shares[share]]
 
     def exchange_status(self, share_digest: str, error: Optional[BaseException]) -> None:
