@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -35,14 +36,32 @@ bool valid_job_id(std::string_view id) {
 
 class BucketTransport;
 
+// Bounds a client's requests by a collective's deadline while it lives, so that retries of a
+// failing bucket end when the collective does.
+class ClientDeadline {
+ public:
+  ClientDeadline(io::S3Client& client, std::optional<Deadline> deadline) : client_(client) {
+    client_.set_deadline(deadline);
+  }
+  ~ClientDeadline() { client_.set_deadline(std::nullopt); }
+  ClientDeadline(const ClientDeadline&) = delete;
+  ClientDeadline& operator=(const ClientDeadline&) = delete;
+
+ private:
+  io::S3Client& client_;
+};
+
 // A receive: one object, polled until it is there.
 class BucketReceive final : public transport::Request {
  public:
   BucketReceive(BucketTransport& owner, std::string key, int peer, std::span<std::byte> data);
-  [[nodiscard]] bool test() override;
+  [[nodiscard]] bool test() override { return poll(std::nullopt); }
   void wait(Deadline deadline) override;
 
  private:
+  // One poll when it is due; the fetch's retries end at `deadline`.
+  bool poll(std::optional<Deadline> deadline);
+
   BucketTransport& owner_;
   std::string key_;
   int peer_;
@@ -76,7 +95,7 @@ class BucketTransport final : public transport::Transport, public transport::Nat
       int peer, transport::Tag, std::span<const std::byte> data) override {
     check_peer(peer);
     const auto index = static_cast<std::size_t>(peer);
-    put(message_name(rank(), peer, sent_[index]++), data);
+    put(message_name(rank(), peer, sent_[index]++), data, std::nullopt);  // no deadline here
     return std::make_unique<DoneRequest>();
   }
 
@@ -140,7 +159,7 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     const std::string name = collective_name(root);
     ++collectives_;
     if (root == rank()) {
-      put(name, data);
+      put(name, data, deadline);
       return;
     }
     BucketReceive receive(*this, name, root, data);
@@ -162,13 +181,13 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     std::vector<std::byte> mine(kHelloBytes);
     store_le<std::uint64_t>(mine.data(), static_cast<std::uint64_t>(size()));
     store_le<std::uint64_t>(mine.data() + 8, 1);
-    put(hello, mine);
+    const Deadline formed_by = transport::deadline_after(options_.form_timeout);
+    put(hello, mine, formed_by);
     std::vector<std::vector<std::byte>> hellos(static_cast<std::size_t>(size()),
                                                std::vector<std::byte>(kHelloBytes));
     hellos[static_cast<std::size_t>(rank())] = mine;
     std::vector<std::span<std::byte>> slots(hellos.begin(), hellos.end());
-    await_all([&](int r) { return hello_name(r); }, slots,
-              transport::deadline_after(options_.form_timeout), "hello");
+    await_all([&](int r) { return hello_name(r); }, slots, formed_by, "hello");
     for (int r = 0; r < size(); ++r) {
       const auto world = load_le<std::uint64_t>(hellos[static_cast<std::size_t>(r)].data());
       if (world != static_cast<std::uint64_t>(size())) {
@@ -193,12 +212,15 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     }
   }
 
-  // One attempt: true (and `data` filled) when the object is there and authentic.
-  bool fetch(const std::string& name, int peer, std::span<std::byte> data) {
+  // One attempt: true (and `data` filled) when the object is there and authentic. The
+  // request's retries end at `deadline`.
+  bool fetch(const std::string& name, int peer, std::span<std::byte> data,
+             std::optional<Deadline> deadline) {
     check_aborted();
     std::optional<std::vector<std::byte>> sealed;
     {
       const std::lock_guard lock(client_mutex_);
+      const ClientDeadline bounded(client_, deadline);
       sealed =
           client_.get_bytes(address_.bucket, address_.key(name), data.size() + io::kSealOverhead);
       ++(sealed ? requests_.gets : requests_.misses);
@@ -260,11 +282,14 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     return fmt::format("{}/p{}-r{}-r{}", window_prefix(), k, from, to);
   }
 
-  void put(const std::string& name, std::span<const std::byte> payload) {
+  // Writes this rank's object; its retries end at `deadline`.
+  void put(const std::string& name, std::span<const std::byte> payload,
+           std::optional<Deadline> deadline) {
     check_aborted();
     const std::string key = address_.key(name);
     const std::vector<std::byte> sealed = io::seal_object(options_.secret, key, payload);
     const std::lock_guard lock(client_mutex_);
+    const ClientDeadline bounded(client_, deadline);
     client_.put_object(address_.bucket, key, sealed);
     stats_.wire_bytes_sent += sealed.size();
     stats_.payload_bytes_sent += payload.size();
@@ -278,7 +303,7 @@ class BucketTransport final : public transport::Transport, public transport::Nat
   void gather(std::span<const std::byte> mine, std::span<const std::span<std::byte>> slots,
               Deadline deadline) {
     const std::uint64_t call = collectives_;
-    put(collective_name(rank()), mine);
+    put(collective_name(rank()), mine, deadline);
     std::vector<std::span<std::byte>> empty_slots;
     if (slots.empty()) {
       empty_slots.resize(static_cast<std::size_t>(size()));
@@ -301,8 +326,9 @@ class BucketTransport final : public transport::Transport, public transport::Nat
       if (r != rank()) missing.push_back(r);
     auto interval = options_.first_poll;
     for (;;) {
-      std::erase_if(
-          missing, [&](int r) { return fetch(name_of(r), r, slots[static_cast<std::size_t>(r)]); });
+      std::erase_if(missing, [&](int r) {
+        return fetch(name_of(r), r, slots[static_cast<std::size_t>(r)], deadline);
+      });
       if (missing.empty()) return;
       if (Clock::now() >= deadline) {
         std::string ranks;
@@ -343,12 +369,12 @@ BucketReceive::BucketReceive(BucketTransport& owner, std::string key, int peer,
       data_(data),
       interval_(owner.options().first_poll) {}
 
-bool BucketReceive::test() {
+bool BucketReceive::poll(std::optional<Deadline> deadline) {
   if (done_) return true;
   owner_.check_aborted();
   const auto now = Clock::now();
   if (now < next_poll_) return false;  // callers may test in a loop: poll at a modest rate
-  done_ = owner_.fetch(key_, peer_, data_);
+  done_ = owner_.fetch(key_, peer_, data_, deadline);
   if (!done_) {
     next_poll_ = now + interval_;
     interval_ = std::min(owner_.options().max_poll, interval_ * 2);
@@ -358,7 +384,7 @@ bool BucketReceive::test() {
 
 void BucketReceive::wait(Deadline deadline) {
   for (;;) {
-    if (test()) return;
+    if (poll(deadline)) return;
     if (Clock::now() >= deadline) {
       throw TimeoutError(
           fmt::format("no object {} from rank {} before the deadline", owner_.url(key_), peer_),

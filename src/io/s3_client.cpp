@@ -194,6 +194,7 @@ bool credentials_code(std::string_view code) {
 struct S3Client::Impl {
   S3Settings settings;
   CURL* curl = nullptr;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 
   ~Impl() {
     if (curl != nullptr) curl_easy_cleanup(curl);
@@ -239,8 +240,15 @@ struct S3Client::Impl {
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     if (std::getenv("PULSELOCO_S3_VERBOSE")) curl_easy_setopt(curl, CURLOPT_VERBOSE, 1L);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
-                     static_cast<long>(settings.connect_timeout.count()));
+    auto connect_timeout = settings.connect_timeout;
+    if (deadline) {  // the whole attempt ends at the deadline
+      const auto left = std::max(std::chrono::milliseconds(1),
+                                 std::chrono::ceil<std::chrono::milliseconds>(
+                                     *deadline - std::chrono::steady_clock::now()));
+      curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(left.count()));
+      connect_timeout = std::min(connect_timeout, left);
+    }
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(connect_timeout.count()));
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(
         curl, CURLOPT_LOW_SPEED_TIME,
@@ -293,6 +301,8 @@ struct S3Client::Impl {
     std::chrono::milliseconds pause = settings.first_backoff;
     std::string problem;
     for (int attempt_number = 1;; ++attempt_number) {
+      if (deadline && std::chrono::steady_clock::now() >= *deadline)
+        throw past_deadline(request, attempt_number - 1, problem);
       if (request.sink != nullptr) request.sink->reset();
       Transfer transfer{.curl = curl, .request = &request};
       const CURLcode result = attempt(transfer, request);
@@ -323,12 +333,22 @@ struct S3Client::Impl {
         throw IoError(fmt::format("{} ({}) failed after {} attempts: {}", describe(request),
                                   where(request.bucket), attempt_number, problem));
       }
+      if (deadline && std::chrono::steady_clock::now() + pause >= *deadline)
+        throw past_deadline(request, attempt_number, problem);
       logger().info("{} ({}): {}; retrying in {} ms (attempt {} of {})", describe(request),
                     where(request.bucket), problem, pause.count(), attempt_number + 1,
                     max_attempts);
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, settings.max_backoff);
     }
+  }
+
+  [[nodiscard]] TimeoutError past_deadline(const Request& request, int attempts,
+                                           const std::string& problem) const {
+    return TimeoutError(fmt::format("{} ({}): gave up at the caller's deadline after {} attempt{}{}{}",
+                                    describe(request), where(request.bucket), attempts,
+                                    attempts == 1 ? "" : "s", problem.empty() ? "" : ": ",
+                                    problem));
   }
 
   // Throws for an error answer that no caller expects; returns for a missing key.
@@ -385,6 +405,11 @@ const S3Settings& S3Client::settings() const noexcept {
 
 std::string S3Client::where(std::string_view bucket) const {
   return impl_->where(bucket);
+}
+
+void S3Client::set_deadline(
+    std::optional<std::chrono::steady_clock::time_point> deadline) noexcept {
+  impl_->deadline = deadline;
 }
 
 void S3Client::put_object(std::string_view bucket, std::string_view key,

@@ -202,6 +202,38 @@ TEST_F(BucketGroup, ARankThatNeverJoinsIsNamed) {
   }
 }
 
+// A group on a server of this test's own, which it stops.
+class FailingBucketGroup : public BucketGroup {
+ protected:
+  void SetUp() override { attach(S3TestServer::own(), "failing"); }
+};
+
+// A bucket that answers every request with a 5xx ends a collective at its deadline: the
+// client's retries (here enough for minutes) stop there.
+TEST_F(FailingBucketGroup, ACollectiveEndsAtItsDeadlineWhileTheBucketFails) {
+  std::vector<std::unique_ptr<transport::Transport>> transports(2);
+  rethrow_first(run_ranks(2, [&](int r) {
+    BucketGroupOptions o = options(r, 2, "job-failing");
+    o.settings->max_attempts = 1000;
+    o.settings->first_backoff = std::chrono::milliseconds(50);
+    o.settings->max_backoff = std::chrono::milliseconds(50);
+    transports[static_cast<std::size_t>(r)] = join_bucket_group(o);
+  }));
+  server_->stop("object");
+  std::vector<std::byte> mine(8), other(8);
+  const std::vector<std::span<std::byte>> out{mine, other};
+  try {
+    (void)transport::native_collectives(*transports[0])
+        ->allgather_into(std::span(mine), out,
+                         transport::deadline_after(std::chrono::milliseconds(1'000)));
+    FAIL() << "a collective through a failing bucket succeeded";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::timeout) << error.what();
+    EXPECT_NE(error.message().find("deadline"), std::string::npos) << error.what();
+  }
+  server_->start("object");
+}
+
 TEST_F(BucketGroup, AForgedHelloIsRefusedNamingTheObjectAndTheRank) {
   // Rank 1's hello, written by someone without the job's secret.
   const std::string name = "job-forged/hello/r1";

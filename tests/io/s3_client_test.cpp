@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
@@ -274,6 +275,36 @@ TEST(S3Client, ServerErrorsAreRetriedThenReported) {
   EXPECT_NE(what.find("after 2 attempts"), std::string::npos) << what;
   EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
   server->start("object");
+  put();
+  EXPECT_EQ(as_string(*client.get_bytes(address.bucket, address.key("x"), 1 << 20)), bytes);
+}
+
+TEST(S3Client, RetriesEndAtTheCallersDeadline) {
+  S3TestServer* server = S3TestServer::own();  // stopped and started: not a shared one
+  if (server == nullptr) GTEST_SKIP() << S3TestServer::skip_reason();
+  io::S3Settings settings = server->settings();
+  settings.max_attempts = 1000;  // left alone, these retries would take minutes
+  settings.first_backoff = std::chrono::milliseconds(50);
+  settings.max_backoff = std::chrono::milliseconds(50);
+  io::S3Client client(settings);
+  const io::S3Address address = io::parse_s3_address(S3TestServer::fresh_address("deadline"));
+  const std::string bytes = pattern(100, 5);
+  const auto put = [&] {
+    client.put_object(address.bucket, address.key("x"),
+                      std::as_bytes(std::span(bytes.data(), bytes.size())));
+  };
+  server->stop("object");  // a 5xx for every attempt
+  client.set_deadline(std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
+  const std::string what = expect_error(ErrorKind::timeout, put);
+  EXPECT_NE(what.find("deadline"), std::string::npos) << what;
+  EXPECT_NE(what.find(address.key("x")), std::string::npos) << what;
+  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+  // A deadline already past makes no attempt.
+  client.set_deadline(std::chrono::steady_clock::now());
+  const std::string none = expect_error(ErrorKind::timeout, put);
+  EXPECT_NE(none.find("after 0 attempts"), std::string::npos) << none;
+  server->start("object");
+  client.set_deadline(std::nullopt);
   put();
   EXPECT_EQ(as_string(*client.get_bytes(address.bucket, address.key("x"), 1 << 20)), bytes);
 }
