@@ -50,13 +50,6 @@ ReplicatedState::ReplicatedState(std::vector<NamedTensor> parameters, const Engi
       .keeps_global_state = keeps_global_state_,
       .options = &options,
   });
-  if (options.overlap != Overlap::blocking && memory_->location() != "host") {
-    throw InvalidArgument(
-        fmt::format("overlap {} keeps the state in host memory; this rank's would live on {} "
-                    "(set state_location=host: the libtorch adapter stages CUDA parameters)",
-                    overlap_name(options.overlap), memory_->location()),
-        {.tensor = parameters.empty() ? std::string() : parameters.front().name});
-  }
 }
 
 void ReplicatedState::set_progress(std::uint64_t committed_windows,

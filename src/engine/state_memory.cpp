@@ -41,31 +41,6 @@ std::span<const float> StateMemory::host_values(StateBuffer /*buffer*/, std::siz
                   location()));
 }
 
-namespace {
-
-[[noreturn]] void refuse_overlap(const StateMemory& memory) {
-  throw InvalidArgument(
-      fmt::format("overlapped windows keep the state in host memory; this state lives on {} "
-                  "(state_location=host)",
-                  memory.location()));
-}
-
-}  // namespace
-
-void StateMemory::aggregate_and_step(const ChunkRef& /*chunk*/,
-                                     std::span<const kernels::SparseEntries> /*ranks_in_order*/,
-                                     const kernels::OuterStepParams& /*params*/) {
-  refuse_overlap(*this);
-}
-void StateMemory::start_from_own(const ChunkRef& /*chunk*/, const kernels::SparseEntries& /*own*/,
-                                 const kernels::OuterStepParams& /*params*/) {
-  refuse_overlap(*this);
-}
-void StateMemory::restore_residual(const ChunkRef& /*chunk*/,
-                                   const kernels::SparseEntries& /*own*/) {
-  refuse_overlap(*this);
-}
-
 std::unique_ptr<StateMemory> make_state_memory(StateTensors tensors) {
   const StateLocation location = tensors.options->state_location;
   const std::vector<TensorInfo>& infos = tensors.layout.tensors();

@@ -34,7 +34,7 @@
 namespace pulseloco::engine_detail {
 
 // A tensor's buffers: θ_g, m and e are fp32; θ_l is in the model's dtype; `start` is the eager
-// start point S of overlapped windows (fp32, kept only with overlap = eager, in host memory).
+// start point S of overlapped windows (fp32, kept only with overlap = eager, beside θ_g).
 enum class StateBuffer : std::uint8_t { global, momentum, residual, local, start };
 
 // Elements of one tensor's buffer.
@@ -94,8 +94,7 @@ class StateMemory {
   virtual void aggregate_and_commit(const ChunkRef& chunk,
                                     std::span<const kernels::SparseEntries> ranks_in_order,
                                     const kernels::OuterStepParams& params) = 0;
-  // --- overlapped windows (docs/algorithm.md, "Overlapped windows"); host memory only ----------
-  // A device memory throws InvalidArgument (ReplicatedState refuses the option before).
+  // --- overlapped windows (docs/algorithm.md, "Overlapped windows") ---------------------------
   // With overlap = eager the memory keeps a start point S per element (gate and
   // commit_residual measure Δ against S instead of θ_g); every call that sets θ_l = cast(θ_g)
   // sets S = θ_g too.
@@ -103,15 +102,15 @@ class StateMemory {
   // Steps 7 and 8 without the residual commit, then θ_l = cast(θ_g) (and S = θ_g).
   virtual void aggregate_and_step(const ChunkRef& chunk,
                                   std::span<const kernels::SparseEntries> ranks_in_order,
-                                  const kernels::OuterStepParams& params);
+                                  const kernels::OuterStepParams& params) = 0;
   // Eager start point: S = the outer step from θ_g and m with this rank's own entries as g (m
   // is not changed); then θ_l = cast(S).
   virtual void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
-                              const kernels::OuterStepParams& params);
+                              const kernels::OuterStepParams& params) = 0;
   // θ_l = cast(S) everywhere (S was loaded from a checkpoint). No-op when S is not kept.
-  virtual void local_from_start(ThreadPool& /*pool*/) {}
+  virtual void local_from_start(ThreadPool& pool) = 0;
   // e[offset] = value for each entry: a dropped window's entries go back to the residual.
-  virtual void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own);
+  virtual void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) = 0;
 
   // --- dense modes: buckets of chunk.length floats in `where` (host, or allocate_bucket's) ------
 

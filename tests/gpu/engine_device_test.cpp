@@ -1,6 +1,7 @@
 // The engine with its state on the device (CudaStateMemory) against the engine with its state in
 // host memory, on the same inputs: every window's digest, θ_g, m, e and θ_l bit for bit, in
-// pulse and diloco, with fp32 and bf16 local weights; a group mixing device and host ranks
+// pulse and diloco, with fp32 and bf16 local weights, blocking and with overlapped windows
+// (delayed and eager, pulse); a group mixing device and host ranks
 // keeps one set of bits; checkpoints and traces from device ranks are byte-identical to host
 // ranks'. Ranks are threads over the in-process transport (the multi-process tests over TCP are
 // engine_device_process_test.cpp). Skips without a CUDA device.
@@ -38,9 +39,10 @@ struct GroupRun {
 // `on_device[r]`: rank r keeps its state on cuda:0. Every rank trains the same way whatever its
 // memory, so two runs that differ only there must agree bit for bit.
 GroupRun run_group(Mode mode, DType dtype, const std::vector<bool>& on_device, int windows,
-                   const fs::path& files = {}) {
+                   const fs::path& files = {}, Overlap overlap = Overlap::blocking) {
   const int world = static_cast<int>(on_device.size());
   EngineOptions options = testing::small_options(mode);
+  options.overlap = overlap;
   if (!files.empty()) options.trace_dir = mode == Mode::pulse ? (files / "trace").string() : "";
   auto transports = transport::inproc::make_group(world);
   GroupRun run;
@@ -64,6 +66,10 @@ GroupRun run_group(Mode mode, DType dtype, const std::vector<bool>& on_device, i
       me.after_window();
       run.window_digests[static_cast<std::size_t>(w)][r] = report.digest;
       EXPECT_EQ(report.state_location, run.locations[r]);
+    }
+    if (overlap != Overlap::blocking) {  // the last window's outer step
+      ASSERT_TRUE(engine.complete_in_flight().has_value());
+      me.after_window();
     }
     if (!files.empty()) engine.save_checkpoint(files / "checkpoint");
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
@@ -135,6 +141,39 @@ INSTANTIATE_TEST_SUITE_P(ModesAndDtypes, EngineDeviceState,
                                            DeviceCase{Mode::diloco, DType::bfloat16}),
                          [](const ::testing::TestParamInfo<DeviceCase>& param_info) {
                            return std::string(mode_name(param_info.param.mode)) + "_" +
+                                  std::string(dtype_name(param_info.param.dtype));
+                         });
+
+struct OverlapCase {
+  Overlap overlap;
+  DType dtype;
+};
+
+class EngineDeviceOverlap : public ::testing::TestWithParam<OverlapCase> {
+ protected:
+  void SetUp() override { PULSELOCO_SKIP_WITHOUT_GPU(); }
+};
+
+// Overlapped windows with the state on the device (the eager start point S there too): every
+// boundary's digest, and θ_g, m, e and θ_l after the last window, equal the host state's; a
+// mixed group agrees with both.
+TEST_P(EngineDeviceOverlap, WindowsMatchTheHostStateBitForBit) {
+  const auto [overlap, dtype] = GetParam();
+  const GroupRun host = run_group(Mode::pulse, dtype, {false, false}, 4, {}, overlap);
+  const GroupRun device = run_group(Mode::pulse, dtype, {true, true}, 4, {}, overlap);
+  EXPECT_EQ(device.locations[0], "cuda:0");
+  expect_same_state(host, device);
+  const GroupRun mixed = run_group(Mode::pulse, dtype, {true, false}, 4, {}, overlap);
+  expect_same_state(host, mixed);
+}
+
+INSTANTIATE_TEST_SUITE_P(VariantsAndDtypes, EngineDeviceOverlap,
+                         ::testing::Values(OverlapCase{Overlap::delayed, DType::float32},
+                                           OverlapCase{Overlap::delayed, DType::bfloat16},
+                                           OverlapCase{Overlap::eager, DType::float32},
+                                           OverlapCase{Overlap::eager, DType::bfloat16}),
+                         [](const ::testing::TestParamInfo<OverlapCase>& param_info) {
+                           return std::string(overlap_name(param_info.param.overlap)) + "_" +
                                   std::string(dtype_name(param_info.param.dtype));
                          });
 

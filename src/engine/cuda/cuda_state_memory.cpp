@@ -103,6 +103,10 @@ void CudaStateMemory::allocate(const StateTensors& tensors) {
   workspace_ = std::make_unique<kernels::cuda::DeviceWorkspace>(chunk_capacity_);
   gate_offsets_ = device_alloc<std::uint32_t>(chunk_capacity_, "cudaMalloc (gate offsets)");
   chunk_values_ = device_alloc<float>(chunk_capacity_, "cudaMalloc (chunk values)");
+  const bool keeps_start = keeps_global_state_ && options_.overlap == Overlap::eager;
+  if (keeps_start) {
+    momentum_copy_ = device_alloc<float>(chunk_capacity_, "cudaMalloc (momentum copy)");
+  }
   // One chunk's entries (offsets and values), or one chunk of fp32 values twice over.
   staging_bytes_ = std::max<std::size_t>(chunk_capacity_ * 8, 4096);
   void* staging = nullptr;
@@ -119,8 +123,9 @@ void CudaStateMemory::allocate(const StateTensors& tensors) {
     state.global = state_alloc(n, "θ_g", name);
     state.momentum = state_alloc(n, "m", name);
     state.residual = state_alloc(n, "e", name);
-    for (float* buffer : {state.global, state.momentum, state.residual}) {
-      if (n > 0) {
+    if (keeps_start) state.start = state_alloc(n, "S", name);
+    for (float* buffer : {state.global, state.momentum, state.residual, state.start}) {
+      if (n > 0 && buffer != nullptr) {
         check(cudaMemsetAsync(buffer, 0, n * sizeof(float), as_stream(stream_)),
               "cudaMemsetAsync (state = 0)");
       }
@@ -141,6 +146,7 @@ void CudaStateMemory::release() noexcept {
     cudaFree(state.global);
     cudaFree(state.momentum);
     cudaFree(state.residual);
+    cudaFree(state.start);
   }
   for (RankEntries& entries : rank_entries_) {
     cudaFree(entries.offsets);
@@ -148,6 +154,7 @@ void CudaStateMemory::release() noexcept {
   }
   cudaFree(gate_offsets_);
   cudaFree(chunk_values_);
+  cudaFree(momentum_copy_);
   cudaFreeHost(staging_);
   workspace_.reset();
   if (caller_ready_ != nullptr) cudaEventDestroy(as_event(caller_ready_));
@@ -157,6 +164,7 @@ void CudaStateMemory::release() noexcept {
   rank_entries_.clear();
   gate_offsets_ = nullptr;
   chunk_values_ = nullptr;
+  momentum_copy_ = nullptr;
   staging_ = nullptr;
   caller_ready_ = access_done_ = stream_ = nullptr;
   cudaGetLastError();  // a failure here must not surface in a later, unrelated launch check
@@ -202,8 +210,10 @@ std::byte* CudaStateMemory::local_at(const ChunkRef& chunk) const {
 
 kernels::GateChunk CudaStateMemory::gate_chunk(const ChunkRef& chunk) const {
   const TensorState& state = tensors_[chunk.tensor];
+  // Δ is measured against the point θ_l started from: S when kept, θ_g otherwise.
+  const float* base = state.start != nullptr ? state.start : state.global;
   return kernels::GateChunk{
-      .global = state.global + chunk.begin,
+      .global = base + chunk.begin,
       .local = local_at(chunk),
       .local_dtype = state.local.dtype,
       .residual = state.residual + chunk.begin,
@@ -225,11 +235,8 @@ kernels::GateResult CudaStateMemory::gate(const ChunkRef& chunk, std::uint32_t* 
   return result;
 }
 
-void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
-                                           std::span<const kernels::SparseEntries> ranks_in_order,
-                                           const kernels::OuterStepParams& params) {
-  const std::scoped_lock lock(mutex_);
-  const DeviceGuard guard(device_);
+float* CudaStateMemory::aggregate_on_device(
+    const ChunkRef& chunk, std::span<const kernels::SparseEntries> ranks_in_order) {
   if (rank_entries_.size() < ranks_in_order.size()) rank_entries_.resize(ranks_in_order.size());
   std::vector<kernels::SparseEntries> on_device(ranks_in_order.size());
   for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
@@ -270,6 +277,15 @@ void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
   }
   float* g = chunk_values_;
   kernels::cuda::aggregate(on_device, g, chunk.length, *workspace_, stream_);
+  return g;
+}
+
+void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
+                                           std::span<const kernels::SparseEntries> ranks_in_order,
+                                           const kernels::OuterStepParams& params) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  const float* g = aggregate_on_device(chunk, ranks_in_order);
   TensorState& state = tensors_[chunk.tensor];
   kernels::cuda::commit_and_outer_step(
       kernels::WindowChunk{
@@ -282,6 +298,77 @@ void CudaStateMemory::aggregate_and_commit(const ChunkRef& chunk,
           .bf16_delta = options_.bf16_delta,
       },
       g, params, stream_);
+}
+
+void CudaStateMemory::start_from_global(const ChunkRef& chunk) {
+  const TensorState& state = tensors_[chunk.tensor];
+  if (state.start == nullptr || chunk.length == 0) return;
+  check(cudaMemcpyAsync(state.start + chunk.begin, state.global + chunk.begin,
+                        chunk.length * sizeof(float), cudaMemcpyDeviceToDevice,
+                        as_stream(stream_)),
+        "cudaMemcpyAsync (S = θ_g)");
+}
+
+// The overlapped windows' operations, as HostStateMemory's (docs/algorithm.md, "Overlapped
+// windows"), with the same kernels on the device.
+void CudaStateMemory::aggregate_and_step(const ChunkRef& chunk,
+                                         std::span<const kernels::SparseEntries> ranks_in_order,
+                                         const kernels::OuterStepParams& params) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  const float* g = aggregate_on_device(chunk, ranks_in_order);
+  TensorState& state = tensors_[chunk.tensor];
+  kernels::cuda::outer_step(state.global + chunk.begin, state.momentum + chunk.begin, g,
+                            local_at(chunk), state.local.dtype, chunk.length, params, stream_);
+  start_from_global(chunk);
+}
+
+void CudaStateMemory::start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
+                                     const kernels::OuterStepParams& params) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  TensorState& state = tensors_[chunk.tensor];
+  if (state.start == nullptr) throw InvalidArgument("internal: no start point kept (overlap eager)");
+  // m is not changed: the step runs on a copy of it.
+  if (chunk.length > 0) {
+    check(cudaMemcpyAsync(momentum_copy_, state.momentum + chunk.begin,
+                          chunk.length * sizeof(float), cudaMemcpyDeviceToDevice,
+                          as_stream(stream_)),
+          "cudaMemcpyAsync (momentum copy)");
+  }
+  // One rank's entries: the aggregate divides by 1, so g holds them as they are.
+  const float* g = aggregate_on_device(chunk, std::span(&own, 1));
+  start_from_global(chunk);
+  kernels::cuda::outer_step(state.start + chunk.begin, momentum_copy_, g, local_at(chunk),
+                            state.local.dtype, chunk.length, params, stream_);
+}
+
+void CudaStateMemory::local_from_start(ThreadPool& /*pool*/) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  for (const ChunkRef& chunk : layout_.chunks()) {
+    const TensorState& state = tensors_[chunk.tensor];
+    if (state.start == nullptr) continue;
+    kernels::cuda::reset_local(state.start + chunk.begin, local_at(chunk), state.local.dtype,
+                               chunk.length, stream_);
+  }
+  synchronize("cudaStreamSynchronize (θ_l = cast(S))");
+}
+
+// A dropped window's entries back into e (a failure path): the chunk of e crosses to the host
+// and back, with the entries written into it there.
+void CudaStateMemory::restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) {
+  std::size_t next = 0;
+  update_host(StateBuffer::residual, chunk.tensor, Range{chunk.begin, chunk.length},
+              [&](std::uint64_t offset, std::span<std::byte> piece) {
+                const std::uint64_t first = offset / sizeof(float);
+                const std::uint64_t end = first + piece.size() / sizeof(float);
+                for (; next < own.offsets.size() && own.offsets[next] < end; ++next) {
+                  const float value = own.values[next];
+                  std::memcpy(piece.data() + (own.offsets[next] - first) * sizeof(float), &value,
+                              sizeof(float));
+                }
+              });
 }
 
 Bucket CudaStateMemory::allocate_bucket(std::uint64_t elements) {
@@ -398,6 +485,7 @@ void CudaStateMemory::global_from_local(ThreadPool& /*pool*/) {
       widen_bf16(reinterpret_cast<const std::uint16_t*>(local_at(chunk)), global, chunk.length,
                  stream_);
     }
+    start_from_global(chunk);
   }
   synchronize("cudaStreamSynchronize (θ_g = θ_l)");
 }
@@ -409,6 +497,7 @@ void CudaStateMemory::reset_local(ThreadPool& /*pool*/) {
     const TensorState& state = tensors_[chunk.tensor];
     kernels::cuda::reset_local(state.global + chunk.begin, local_at(chunk), state.local.dtype,
                                chunk.length, stream_);
+    start_from_global(chunk);
   }
   synchronize("cudaStreamSynchronize (reset)");
 }
@@ -460,11 +549,12 @@ std::byte* CudaStateMemory::device_bytes(StateBuffer buffer, std::size_t tensor,
   if (buffer == StateBuffer::local) {
     return static_cast<std::byte*>(state.local.data) + range.begin * dtype_size(state.local.dtype);
   }
-  if (buffer == StateBuffer::start) {
-    throw InvalidArgument("device state keeps no start point (overlapped windows need host state)");
+  if (buffer == StateBuffer::start && state.start == nullptr) {
+    throw InvalidArgument("no start point is kept (overlap eager only)");
   }
   float* values = buffer == StateBuffer::global     ? state.global
                   : buffer == StateBuffer::momentum ? state.momentum
+                  : buffer == StateBuffer::start    ? state.start
                                                     : state.residual;
   return reinterpret_cast<std::byte*>(values + range.begin);
 }

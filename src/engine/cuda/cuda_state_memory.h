@@ -3,7 +3,8 @@
 // on a stream of the memory's own, so a device rank holds the same bits as a host rank. Only the
 // fired entries, the decoded entries of the other ranks, dense buckets (diloco) and file or
 // transfer pieces cross to the host, through one pinned buffer of a chunk's entries; no
-// model-sized host buffer exists.
+// model-sized host buffer exists. Overlapped windows keep their start point S (overlap =
+// eager) on the device too.
 //
 // The engine's thread pool calls the per-chunk operations in parallel: they are serialised here
 // (one stream, one workspace), and the device is set for the calling thread on each call.
@@ -39,6 +40,13 @@ class CudaStateMemory final : public StateMemory {
   void aggregate_and_commit(const ChunkRef& chunk,
                             std::span<const kernels::SparseEntries> ranks_in_order,
                             const kernels::OuterStepParams& params) override;
+  void aggregate_and_step(const ChunkRef& chunk,
+                          std::span<const kernels::SparseEntries> ranks_in_order,
+                          const kernels::OuterStepParams& params) override;
+  void start_from_own(const ChunkRef& chunk, const kernels::SparseEntries& own,
+                      const kernels::OuterStepParams& params) override;
+  void local_from_start(ThreadPool& pool) override;
+  void restore_residual(const ChunkRef& chunk, const kernels::SparseEntries& own) override;
   [[nodiscard]] Bucket allocate_bucket(std::uint64_t elements) override;
   [[nodiscard]] std::optional<std::uint64_t> pseudo_gradient(const ChunkRef& chunk, float* delta,
                                                              BucketMemory where) override;
@@ -71,6 +79,7 @@ class CudaStateMemory final : public StateMemory {
     float* global = nullptr;  // device
     float* momentum = nullptr;
     float* residual = nullptr;  // pulse: e; diloco: the held sum
+    float* start = nullptr;     // overlap = eager: the start point S; else none
   };
   // Device buffers for one rank's entries of a chunk (aggregate).
   struct RankEntries {
@@ -84,6 +93,12 @@ class CudaStateMemory final : public StateMemory {
   void release() noexcept;
 
   [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
+  // The ranks' host entries of a chunk copied to the device (rank_entries_), and g = their
+  // aggregate in chunk_values_. Hold mutex_.
+  float* aggregate_on_device(const ChunkRef& chunk,
+                             std::span<const kernels::SparseEntries> ranks_in_order);
+  // S = θ_g over the chunk, when S is kept. Hold mutex_.
+  void start_from_global(const ChunkRef& chunk);
   [[nodiscard]] std::byte* local_at(const ChunkRef& chunk) const;
   [[nodiscard]] std::byte* device_bytes(StateBuffer buffer, std::size_t tensor, Range range) const;
   // Device <-> host copies through the pinned staging, in pieces; each returns once the copy is
@@ -112,6 +127,7 @@ class CudaStateMemory final : public StateMemory {
   std::unique_ptr<kernels::cuda::DeviceWorkspace> workspace_;
   std::uint32_t* gate_offsets_ = nullptr;  // device, chunk_capacity_
   float* chunk_values_ = nullptr;          // device, chunk_capacity_: gate values, g, Δ
+  float* momentum_copy_ = nullptr;         // device, chunk_capacity_ (overlap = eager)
   std::vector<RankEntries> rank_entries_;
   std::byte* staging_ = nullptr;  // pinned host memory
   std::size_t staging_bytes_ = 0;
