@@ -116,10 +116,12 @@ def main() -> int:
     identical = True
 
     def account(report: pulseloco.WindowReport, train_loss: float | None) -> None:
+        """train_loss: None for the report of complete_in_flight, which sends nothing."""
         nonlocal payload, diloco, ddp, identical
-        payload += report.payload_bytes
-        diloco += report.diloco_bytes
-        ddp += report.ddp_bytes
+        if train_loss is not None:
+            payload += report.payload_bytes
+            diloco += report.diloco_bytes
+            ddp += report.ddp_bytes
         identical = identical and report.replicas_identical
         seconds = report.seconds
         if args.json:

@@ -4,8 +4,9 @@
     gpu_check_summary.py OUT_DIR SECONDS
 
 Reads what scripts/gpu_check left in OUT_DIR (steps.tsv, ctest-gpu.xml, ctest-gpu-tests.json,
-bench_kernels_cuda.jsonl), prints one table and writes OUT_DIR/gpu_check.json. Exits 1 when a
-step or a test failed.
+bench_kernels_cuda.jsonl, bench_sync.jsonl, train_hf_*.jsonl), prints one table and writes
+OUT_DIR/gpu_check.json. Exits 1 when a step or a test failed, or when train_hf.py's two
+processes held different digests after a window.
 """
 import json
 import os
@@ -72,6 +73,37 @@ def bench_records(out, name="bench_kernels_cuda.jsonl"):
     return records
 
 
+def train_hf_runs(out):
+    """examples/python/train_hf.py --json under the launcher ("[rank R] {...}" lines), per
+    overlap setting: its windows, whether both ranks had one digest at every report, and the
+    payload per worker against DiLoCo's."""
+    runs = {}
+    for overlap in ("blocking", "eager"):
+        path = os.path.join(out, f"train_hf_{overlap}.jsonl")
+        if not os.path.exists(path):
+            continue
+        by_rank = {}
+        for line in open(path):
+            prefix, _, rest = line.partition("] ")
+            try:
+                report = json.loads(rest)
+            except ValueError:
+                continue
+            by_rank.setdefault(prefix, []).append(report)
+        reports = list(by_rank.values())
+        identical = len(reports) == 2 and len(reports[0]) == len(reports[1]) and all(
+            a["digest"] == b["digest"] for a, b in zip(*reports))
+        first = reports[0] if reports else []
+        sent = [r for r in first if r["loss"] is not None]  # not complete_in_flight's report
+        payload = sum(r["payload_bytes"] for r in sent)
+        diloco = sum(r["diloco_bytes"] for r in sent)
+        runs[overlap] = {"reports": len(first), "identical": identical,
+                         "density": [r["density"] for r in first], "payload_bytes": payload,
+                         "diloco_bytes": diloco,
+                         "state_location": first[0]["state_location"] if first else None}
+    return runs
+
+
 def main():
     out, seconds = sys.argv[1], int(sys.argv[2])
     steps = read_steps(out)
@@ -126,11 +158,19 @@ def main():
         lines.append(f"engine window, 2 ranks, {r.get('setup', r.get('label', '?'))}: "
                      f"{r.get('window_seconds', 0):.3f} s (exchange "
                      f"{r.get('exchange_seconds', 0):.3f} s)")
+    hf = train_hf_runs(out)
+    for overlap, run in hf.items():
+        densities = ", ".join(f"{d:.2%}" for d in run["density"])
+        lines.append(f"train_hf.py, 2 processes, {overlap}, state on {run['state_location']}: "
+                     f"{run['reports']} reports, digests "
+                     f"{'identical' if run['identical'] else 'DIFFER'}; density {densities}; "
+                     f"payload per worker {run['payload_bytes']} B (DiLoCo "
+                     f"{run['diloco_bytes'] / max(run['payload_bytes'], 1):.1f}x)")
     print("\n".join(lines))
     failed = any(s["status"] == "failed" for s in steps) or any(
-        g["failed"] for g in groups.values())
+        g["failed"] for g in groups.values()) or any(not r["identical"] for r in hf.values())
     summary = {"seconds": seconds, "failed": failed, "steps": steps, "tests": groups,
-               "benchmarks": records, "sync": sync}
+               "benchmarks": records, "sync": sync, "train_hf": hf}
     with open(os.path.join(out, "gpu_check.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return 1 if failed else 0
