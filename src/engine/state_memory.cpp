@@ -41,6 +41,11 @@ std::span<const float> StateMemory::host_values(StateBuffer /*buffer*/, std::siz
                   location()));
 }
 
+std::uint64_t StateMemory::update_bf16_mirror(std::vector<std::vector<std::uint16_t>>& /*mirror*/) {
+  throw InvalidArgument(fmt::format(
+      "the state lives on {}: publishing reads its θ_g in place (host_values)", location()));
+}
+
 std::unique_ptr<StateMemory> make_state_memory(StateTensors tensors) {
   const StateLocation location = tensors.options->state_location;
   const std::vector<TensorInfo>& infos = tensors.layout.tensors();

@@ -158,6 +158,14 @@ class StateMemory {
   // InvalidArgument (copy it with read_host).
   [[nodiscard]] virtual std::span<const float> host_values(StateBuffer buffer, std::size_t tensor);
 
+  // Publishing from a device memory: brings `mirror` (one vector of bf16 bits per tensor, sized
+  // here on first use) to bf16(θ_g), moving only the elements whose bits changed since the
+  // previous call (the memory keeps its own copy of the bits it sent). Returns how many changed.
+  // A NaN in θ_g throws NonFiniteError naming the tensor and element; the chunks before it are
+  // already in the mirror, so the mirror and the memory's copy still agree. A host memory
+  // throws InvalidArgument (publishing reads its θ_g in place, host_values).
+  virtual std::uint64_t update_bf16_mirror(std::vector<std::vector<std::uint16_t>>& mirror);
+
   // --- ordering with the caller's own device work (device memories only) -----------------------
 
   // The window's device work runs after what `stream` (a cudaStream_t of the parameters'

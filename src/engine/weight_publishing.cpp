@@ -72,21 +72,24 @@ void WeightPublishing::publish(const ReplicatedState& state, WindowReport& repor
     throw InvalidArgument(fmt::format("version {} is not above {}, the newest in the directory",
                                       version, versions.back().version));
   }
-  // Host state is read in place; device state through a host copy of each tensor.
+  // Host state is read in place. Device state through bf16(θ_g) mirrored in host memory: only
+  // the elements whose bf16 bits changed cross from the device, and the publisher compares the
+  // mirror's bits with its snapshot as it would compare bf16(θ_g).
   const bool host = state.memory().device().is_cpu();
-  std::vector<std::vector<float>> copies;
-  copies.reserve(host ? 0 : state.tensor_count());  // the views point into them
+  if (!host) (void)state.memory().update_bf16_mirror(device_mirror_);
   std::vector<patch::WeightsView> weights;
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
-    const float* data = nullptr;
     if (host) {
-      data = state.host_values(StateBuffer::global, t).data();
+      weights.push_back({.name = state.name(t),
+                         .shape = state.shape(t),
+                         .data = state.host_values(StateBuffer::global, t).data(),
+                         .dtype = DType::float32});
     } else {
-      copies.push_back(state.copy_values(StateBuffer::global, t));
-      data = copies.back().data();
+      weights.push_back({.name = state.name(t),
+                         .shape = state.shape(t),
+                         .data = device_mirror_[t].data(),
+                         .dtype = DType::bfloat16});
     }
-    weights.push_back(
-        {.name = state.name(t), .shape = state.shape(t), .data = data, .dtype = DType::float32});
   }
   const patch::PublishedVersion published = publisher_->publish(weights, version);
   continues_run_ = true;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/engine/options.h>
@@ -47,6 +48,9 @@ class WeightPublishing {
 
   const EngineOptions& options_;
   std::unique_ptr<patch::Publisher> publisher_;  // rank 0's, once it has published
+  // State on a device: bf16(θ_g) in host memory, kept up to date by the memory's changed entries
+  // (StateMemory::update_bf16_mirror), which the publisher reads instead of θ_g.
+  std::vector<std::vector<std::uint16_t>> device_mirror_;
   // Versions in the directory are this run's to continue: the state came from a checkpoint, or
   // this engine saw (as another rank) or made publications of this run.
   bool continues_run_ = false;

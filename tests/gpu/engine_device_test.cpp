@@ -38,11 +38,17 @@ struct GroupRun {
 
 // `on_device[r]`: rank r keeps its state on cuda:0. Every rank trains the same way whatever its
 // memory, so two runs that differ only there must agree bit for bit.
+// `publish`: rank 0 also publishes θ_g after every window into files / "versions".
 GroupRun run_group(Mode mode, DType dtype, const std::vector<bool>& on_device, int windows,
-                   const fs::path& files = {}, Overlap overlap = Overlap::blocking) {
+                   const fs::path& files = {}, Overlap overlap = Overlap::blocking,
+                   bool publish = false) {
   const int world = static_cast<int>(on_device.size());
   EngineOptions options = testing::small_options(mode);
   options.overlap = overlap;
+  if (publish) {
+    options.publish_dir = (files / "versions").string();
+    options.publish_every = 1;
+  }
   if (!files.empty()) options.trace_dir = mode == Mode::pulse ? (files / "trace").string() : "";
   auto transports = transport::inproc::make_group(world);
   GroupRun run;
@@ -226,6 +232,38 @@ TEST(EngineDeviceFiles, CheckpointsAndTracesMatchAHostRankByteForByte) {
     }
     // global + 2 rank files, and per window 2 ranks x (in, out, message).
     EXPECT_EQ(compared, 3u + 3u * 2u * 3u) << dtype_name(dtype);
+    fs::remove_all(host_dir);
+    fs::remove_all(device_dir);
+  }
+}
+
+// Publishing from device state, where only the elements whose bf16 bits changed leave the device
+// (StateMemory::update_bf16_mirror), writes the versions that publishing from host state writes,
+// file for file.
+TEST(EngineDeviceFiles, PublishingFromDeviceStateWritesTheHostStatesVersions) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  for (const DType dtype : {DType::float32, DType::bfloat16}) {
+    const fs::path run_dir = testing::fresh_test_dir("device_publish_run");
+    const fs::path host_dir = testing::fresh_test_dir("device_publish_host");
+    const fs::path device_dir = testing::fresh_test_dir("device_publish_device");
+    fs::create_directories(host_dir);
+    fs::create_directories(device_dir);
+    (void)run_group(Mode::pulse, dtype, {false, false}, 4, run_dir, Overlap::blocking, true);
+    fs::rename(run_dir / "versions", host_dir / "versions");
+    fs::remove_all(run_dir);
+    (void)run_group(Mode::pulse, dtype, {true, false}, 4, run_dir, Overlap::blocking, true);
+    fs::rename(run_dir / "versions", device_dir / "versions");
+    fs::remove_all(run_dir);
+    std::size_t compared = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(host_dir)) {
+      if (!entry.is_regular_file()) continue;
+      const fs::path relative = fs::relative(entry.path(), host_dir);
+      ASSERT_TRUE(fs::exists(device_dir / relative)) << relative;
+      EXPECT_EQ(testing::file_bytes(entry.path()), testing::file_bytes(device_dir / relative))
+          << relative;
+      ++compared;
+    }
+    EXPECT_GE(compared, 5u) << dtype_name(dtype);  // the manifest, an anchor, the deltas
     fs::remove_all(host_dir);
     fs::remove_all(device_dir);
   }

@@ -10,6 +10,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/kernels/cuda/cuda_internal.h>
+#include <pulseloco/kernels/cuda/patch_kernels_cuda.h>
 
 namespace pulseloco::engine_detail {
 
@@ -147,6 +148,7 @@ void CudaStateMemory::release() noexcept {
     cudaFree(state.momentum);
     cudaFree(state.residual);
     cudaFree(state.start);
+    cudaFree(state.sent_bits);
   }
   for (RankEntries& entries : rank_entries_) {
     cudaFree(entries.offsets);
@@ -155,6 +157,7 @@ void CudaStateMemory::release() noexcept {
   cudaFree(gate_offsets_);
   cudaFree(chunk_values_);
   cudaFree(momentum_copy_);
+  cudaFree(patch_values_);
   cudaFreeHost(staging_);
   workspace_.reset();
   if (caller_ready_ != nullptr) cudaEventDestroy(as_event(caller_ready_));
@@ -165,6 +168,7 @@ void CudaStateMemory::release() noexcept {
   gate_offsets_ = nullptr;
   chunk_values_ = nullptr;
   momentum_copy_ = nullptr;
+  patch_values_ = nullptr;
   staging_ = nullptr;
   caller_ready_ = access_done_ = stream_ = nullptr;
   cudaGetLastError();  // a failure here must not surface in a later, unrelated launch check
@@ -596,6 +600,64 @@ void CudaStateMemory::transfer(StateBuffer buffer, std::size_t tensor, Range ran
           "cudaMemcpyAsync (host to state)");
     synchronize("cudaStreamSynchronize (host to state)");
   }
+}
+
+// The patch kernel compares bf16(θ_g) with the bits sent last time (+0 before the first call, so
+// that the first call sends every element that is not +0) and updates them; only the changed
+// entries, 6 bytes each, cross to the host.
+std::uint64_t CudaStateMemory::update_bf16_mirror(
+    std::vector<std::vector<std::uint16_t>>& mirror) {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  if (!keeps_global_state_) throw InvalidArgument("mode ddp keeps no θ_g to publish");
+  if (patch_values_ == nullptr) {
+    patch_values_ = device_alloc<std::uint16_t>(chunk_capacity_, "cudaMalloc (patch values)");
+  }
+  mirror.resize(tensors_.size());
+  for (std::size_t t = 0; t < tensors_.size(); ++t) {
+    TensorState& state = tensors_[t];
+    const std::uint64_t n = state.local.numel;
+    if (state.sent_bits == nullptr && n > 0) {
+      state.sent_bits = device_alloc<std::uint16_t>(n, "cudaMalloc (published bits)");
+      check(cudaMemsetAsync(state.sent_bits, 0, n * sizeof(std::uint16_t), as_stream(stream_)),
+            "cudaMemsetAsync (published bits = +0)");
+      mirror[t].assign(n, 0);
+    }
+    mirror[t].resize(n);
+  }
+  std::uint64_t changed = 0;
+  for (const ChunkRef& chunk : layout_.chunks()) {
+    TensorState& state = tensors_[chunk.tensor];
+    const kernels::PatchResult result = kernels::cuda::extract_patch(
+        kernels::PatchChunk{.snapshot = state.sent_bits + chunk.begin,
+                            .current = state.global + chunk.begin,
+                            .current_dtype = DType::float32,
+                            .count = chunk.length},
+        kernels::PatchOutput{.offsets = gate_offsets_, .values = patch_values_},
+        *workspace_, stream_);
+    kernels::check_patch_finite(result, layout_.tensors()[chunk.tensor].name, chunk.begin);
+    if (result.changed == 0) continue;
+    // Offsets then values, together at most 6 bytes per chunk element: within the staging.
+    const std::size_t offset_bytes = result.changed * sizeof(std::uint32_t);
+    check(cudaMemcpyAsync(staging_, gate_offsets_, offset_bytes, cudaMemcpyDeviceToHost,
+                          as_stream(stream_)),
+          "cudaMemcpyAsync (patch offsets)");
+    check(cudaMemcpyAsync(staging_ + offset_bytes, patch_values_,
+                          result.changed * sizeof(std::uint16_t), cudaMemcpyDeviceToHost,
+                          as_stream(stream_)),
+          "cudaMemcpyAsync (patch values)");
+    synchronize("cudaStreamSynchronize (patch entries)");
+    std::uint16_t* bits = mirror[chunk.tensor].data() + chunk.begin;
+    for (std::uint64_t k = 0; k < result.changed; ++k) {
+      std::uint32_t offset = 0;
+      std::uint16_t value = 0;
+      std::memcpy(&offset, staging_ + k * sizeof(std::uint32_t), sizeof offset);
+      std::memcpy(&value, staging_ + offset_bytes + k * sizeof(std::uint16_t), sizeof value);
+      bits[offset] = value;
+    }
+    changed += result.changed;
+  }
+  return changed;
 }
 
 void CudaStateMemory::set_caller_stream(void* stream) {

@@ -68,6 +68,7 @@ class CudaStateMemory final : public StateMemory {
                  const ReadPiece& read) override;
   void update_host(StateBuffer buffer, std::size_t tensor, Range range,
                    const WritePiece& write) override;
+  std::uint64_t update_bf16_mirror(std::vector<std::vector<std::uint16_t>>& mirror) override;
 
   void set_caller_stream(void* stream) override;
   void begin_access() override;
@@ -80,6 +81,7 @@ class CudaStateMemory final : public StateMemory {
     float* momentum = nullptr;
     float* residual = nullptr;  // pulse: e; diloco: the held sum
     float* start = nullptr;     // overlap = eager: the start point S; else none
+    std::uint16_t* sent_bits = nullptr;  // publishing: the bf16 bits of θ_g last mirrored
   };
   // Device buffers for one rank's entries of a chunk (aggregate).
   struct RankEntries {
@@ -128,6 +130,7 @@ class CudaStateMemory final : public StateMemory {
   std::uint32_t* gate_offsets_ = nullptr;  // device, chunk_capacity_
   float* chunk_values_ = nullptr;          // device, chunk_capacity_: gate values, g, Δ
   float* momentum_copy_ = nullptr;         // device, chunk_capacity_ (overlap = eager)
+  std::uint16_t* patch_values_ = nullptr;  // device, chunk_capacity_ (publishing)
   std::vector<RankEntries> rank_entries_;
   std::byte* staging_ = nullptr;  // pinned host memory
   std::size_t staging_bytes_ = 0;
