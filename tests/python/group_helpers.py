@@ -92,7 +92,7 @@ GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PO
 def clean_environment(extra=None):
     """This environment without any launcher's or pulseloco's variables, plus extra."""
     env = {name: value for name, value in os.environ.items()
-           if name not in GROUP_VARIABLES and not name.startswith(("PULSELOCO_", "OMPI_", "PMIX_"))}
+           if name not in GROUP_VARIABLES and not name.startswith(("PULSELOCO_", "OMPI_", "PMI"))}
     env.update(PULSELOCO_LOG_LEVEL="warn", OMP_NUM_THREADS="1")
     env.update(extra or {})
     return env

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+from group_helpers import clean_environment
+
 HERE = pathlib.Path(__file__).resolve().parent
 LAUNCH = HERE.parents[1] / "python" / "pulseloco" / "launch.py"
 BOUND_SECONDS = 240  # four interpreters forming a group on two busy cores
@@ -73,20 +75,13 @@ ALONE = """
             sync.after_optimizer_step()
 """
 
-# Everything that would tell a Synchronizer where the other ranks are.
-LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
-                      "PULSELOCO_RANK", "PULSELOCO_WORLD_SIZE", "PULSELOCO_MASTER_ADDR",
-                      "PULSELOCO_MASTER_PORT", "PULSELOCO_PEERS", "PULSELOCO_RENDEZVOUS",
-                      "PULSELOCO_TRANSPORT")
-
-
 def run_alone(tmp_path, options):
-    """stderr of a script that makes two Synchronizers with `options` and no launcher."""
+    """stderr of a script that makes two Synchronizers with `options` and no launcher (nothing
+    that would tell it where other ranks are), at the default log level."""
     script = tmp_path / "alone.py"
     script.write_text(f"OPTIONS = {options!r}\n" + textwrap.dedent(ALONE))
-    env = {name: value for name, value in os.environ.items()
-           if name not in LAUNCHER_VARIABLES and not name.startswith(("OMPI_", "PMI", "PMIX_"))}
-    env.pop("PULSELOCO_LOG_LEVEL", None)
+    env = clean_environment()
+    env.pop("PULSELOCO_LOG_LEVEL")
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                             text=True, timeout=BOUND_SECONDS)
     assert result.returncode == 0, result.stdout + result.stderr
