@@ -36,6 +36,16 @@ EngineOptions worker_options(Exchange exchange = Exchange::automatic) {
   return options;
 }
 
+// A coordinator on loopback admitting at every boundary.
+elastic::CoordinatorOptions coordinator_options(int initial_workers, int min_workers) {
+  return {.host = "127.0.0.1",
+          .initial_workers = initial_workers,
+          .min_workers = min_workers,
+          .join_every_windows = 1,
+          .regroup_timeout = std::chrono::milliseconds(15'000),
+          .secret = "elastic-test"};
+}
+
 ElasticOptions elastic_options(std::uint16_t port, const std::string& worker) {
   ElasticOptions elastic;
   elastic.coordinator = fmt::format("127.0.0.1:{}", port);
@@ -128,12 +138,7 @@ class ElasticExchange : public ::testing::TestWithParam<Exchange> {};
 
 TEST_P(ElasticExchange, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical) {
   const Exchange exchange = GetParam();
-  elastic::Coordinator coordinator({.host = "127.0.0.1",
-                                    .initial_workers = 3,
-                                    .min_workers = 2,
-                                    .join_every_windows = 1,
-                                    .regroup_timeout = std::chrono::milliseconds(15'000),
-                                    .secret = "elastic-test"});
+  elastic::Coordinator coordinator(coordinator_options(3, 2));
   const std::uint16_t port = coordinator.port();
   Reports reports;
   reports.coordinator = &coordinator;
@@ -228,12 +233,7 @@ TEST(ElasticEngine, TheDataPortStaysTakenFromOneGenerationToTheNext) {
   // A group of one has no data listener: before the second worker arrives, the port this worker
   // registered is held only by its own socket. Another process that took it then would break
   // the next generation ("Address already in use").
-  elastic::Coordinator coordinator({.host = "127.0.0.1",
-                                    .initial_workers = 1,
-                                    .min_workers = 1,
-                                    .join_every_windows = 1,
-                                    .regroup_timeout = std::chrono::milliseconds(15'000),
-                                    .secret = "elastic-test"});
+  elastic::Coordinator coordinator(coordinator_options(1, 1));
   const std::uint16_t port = coordinator.port();
   Reports reports;
   reports.coordinator = &coordinator;
