@@ -31,37 +31,53 @@ def generator_table(rows):
               f"({cb['ours_index']:.3f} + {cb['ours_values']:.3f}) | {pb['ours'] / cb['ours']:.3f} |")
 
 
-def trace_table(rows):
-    print("| locals | window | rank | density | pulse: index + value = B/entry "
-          "| context: index + value = B/entry | pulse / context "
-          "| H index: positions / given θ_g exponent | H value (context model) |")
-    print("|---|---:|---:|---:|---|---|---:|---|---:|")
+def table(rows, benchmark, header, align, cells):
+    """A markdown table of the records of `benchmark`, one row of cells(record) each."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(align) + "|")
     for r in rows:
-        if r.get("benchmark") != "context-trace":
-            continue
-        p, c, h = r["pulse"], r["context"], r["entropy_bytes_per_entry"]
-        print(f"| {r['label']} | {r['window']} | {r['rank']} | {100 * r['density']:.3f}% "
-              f"| {p['index_bytes_per_entry']:.3f} + {p['value_bytes_per_entry']:.3f} = "
-              f"{p['bytes_per_entry']:.3f} | {c['index_bytes_per_entry']:.3f} + "
-              f"{c['value_bytes_per_entry']:.3f} = **{c['bytes_per_entry']:.3f}** "
-              f"| {r['ratio_pulse_over_context']:.3f} | {h['index_positions']:.3f} / "
-              f"{h['index_given_exponent']:.3f} | {h['value_context_model']:.3f} |")
+        if r.get("benchmark") == benchmark:
+            print("| " + " | ".join(cells(r)) + " |")
+
+
+def trace_cells(r):
+    p, c, h = r["pulse"], r["context"], r["entropy_bytes_per_entry"]
+    return [r["label"], str(r["window"]), str(r["rank"]), f"{100 * r['density']:.3f}%",
+            f"{p['index_bytes_per_entry']:.3f} + {p['value_bytes_per_entry']:.3f} = "
+            f"{p['bytes_per_entry']:.3f}",
+            f"{c['index_bytes_per_entry']:.3f} + {c['value_bytes_per_entry']:.3f} = "
+            f"**{c['bytes_per_entry']:.3f}**",
+            f"{r['ratio_pulse_over_context']:.3f}",
+            f"{h['index_positions']:.3f} / {h['index_given_exponent']:.3f}",
+            f"{h['value_context_model']:.3f}"]
+
+
+def speed_cells(r):
+    p, c = r["pulse"], r["context"]
+    pt, ct = p["encode_s"] + p["decode_s"], c["encode_s"] + c["decode_s"]
+    return [f"{r['parameters']:.0e}", str(r["threads"]), f"{100 * r['density']:.2f}%",
+            f"{r['gate_s']:.4f}", f"{r['apply_s']:.4f}",
+            f"{p['encode_s']:.4f} + {p['decode_s']:.4f}",
+            f"{100 * p['codec_over_compute']:.1f}%",
+            f"{c['encode_s']:.4f} + {c['decode_s']:.4f}",
+            f"**{100 * c['codec_over_compute']:.1f}%**", f"{ct / pt:.2f}x"]
+
+
+def trace_table(rows):
+    table(rows, "context-trace",
+          ["locals", "window", "rank", "density", "pulse: index + value = B/entry",
+           "context: index + value = B/entry", "pulse / context",
+           "H index: positions / given θ_g exponent", "H value (context model)"],
+          ["---", "---:", "---:", "---:", "---", "---", "---:", "---", "---:"], trace_cells)
 
 
 def speed_table(rows):
-    print("| parameters | threads | density | gate s | apply s | pulse: encode + decode s "
-          "| pulse / (gate + apply) | context: encode + decode s | context / (gate + apply) "
-          "| context / pulse time |")
-    print("|---:|---:|---:|---:|---:|---|---:|---|---:|---:|")
-    for r in rows:
-        if r.get("benchmark") != "context-speed":
-            continue
-        p, c = r["pulse"], r["context"]
-        pt, ct = p["encode_s"] + p["decode_s"], c["encode_s"] + c["decode_s"]
-        print(f"| {r['parameters']:.0e} | {r['threads']} | {100 * r['density']:.2f}% "
-              f"| {r['gate_s']:.4f} | {r['apply_s']:.4f} | {p['encode_s']:.4f} + "
-              f"{p['decode_s']:.4f} | {100 * p['codec_over_compute']:.1f}% | {c['encode_s']:.4f} + "
-              f"{c['decode_s']:.4f} | **{100 * c['codec_over_compute']:.1f}%** | {ct / pt:.2f}x |")
+    table(rows, "context-speed",
+          ["parameters", "threads", "density", "gate s", "apply s", "pulse: encode + decode s",
+           "pulse / (gate + apply)", "context: encode + decode s", "context / (gate + apply)",
+           "context / pulse time"],
+          ["---:", "---:", "---:", "---:", "---:", "---", "---:", "---", "---:", "---:"],
+          speed_cells)
 
 
 def main():
