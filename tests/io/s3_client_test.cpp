@@ -150,6 +150,12 @@ TEST(S3Settings, VariablesProfilesAndEndpoints) {
   }
 }
 
+// An error's message names each of `parts`.
+void expect_names(const std::string& what, std::initializer_list<std::string> parts) {
+  for (const std::string& part : parts)
+    EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' not in: " << what;
+}
+
 TEST(S3Client, ObjectsRoundTripInOnePartAndInSeveral) {
   PULSELOCO_S3_SERVER_OR_SKIP(server);
   io::S3Client client(server->settings());
@@ -190,9 +196,7 @@ TEST(S3Client, RefusedCredentialsNameTheBucketAndTheEndpoint) {
   const std::string what = expect_error(ErrorKind::invalid_argument, [&] {
     (void)client.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20);
   });
-  EXPECT_NE(what.find("credentials"), std::string::npos) << what;
-  EXPECT_NE(what.find(S3TestServer::kBucket), std::string::npos) << what;
-  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+  expect_names(what, {"credentials", S3TestServer::kBucket, server->endpoint()});
 
   settings = server->settings();
   settings.access_key = "nobody:none";
@@ -211,9 +215,7 @@ TEST(S3Client, DeniedAccessNamesTheBucketAndTheEndpoint) {
   const std::string what = expect_error(ErrorKind::invalid_argument, [&] {
     (void)reader.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20);
   });
-  EXPECT_NE(what.find("access denied"), std::string::npos) << what;
-  EXPECT_NE(what.find(S3TestServer::kBucket), std::string::npos) << what;
-  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+  expect_names(what, {"access denied", S3TestServer::kBucket, server->endpoint()});
 }
 
 TEST(S3Client, MissingBucketNamesTheBucketAndTheEndpoint) {
@@ -224,9 +226,7 @@ TEST(S3Client, MissingBucketNamesTheBucketAndTheEndpoint) {
     client.put_object("pulseloco-no-such-bucket", "k",
                       std::as_bytes(std::span(bytes.data(), bytes.size())));
   });
-  EXPECT_NE(what.find("pulseloco-no-such-bucket"), std::string::npos) << what;
-  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
-  EXPECT_NE(what.find("does not exist"), std::string::npos) << what;
+  expect_names(what, {"pulseloco-no-such-bucket", server->endpoint(), "does not exist"});
   // Another account's user does not see this account's bucket.
   io::S3Settings settings = server->settings();
   settings.access_key = server->other_access_key();
@@ -296,9 +296,7 @@ TEST(S3Client, RetriesEndAtTheCallersDeadline) {
   server->stop("object");  // a 5xx for every attempt
   client.set_deadline(std::chrono::steady_clock::now() + std::chrono::milliseconds(500));
   const std::string what = expect_error(ErrorKind::timeout, put);
-  EXPECT_NE(what.find("deadline"), std::string::npos) << what;
-  EXPECT_NE(what.find(address.key("x")), std::string::npos) << what;
-  EXPECT_NE(what.find(server->endpoint()), std::string::npos) << what;
+  expect_names(what, {"deadline", address.key("x"), server->endpoint()});
   // A deadline already past makes no attempt.
   client.set_deadline(std::chrono::steady_clock::now());
   const std::string none = expect_error(ErrorKind::timeout, put);
