@@ -84,9 +84,16 @@ def filter_factory(global_conf, **local_conf):
     return make
 '''
 
-# Runs one server with this directory's swift.conf instead of /etc/swift/swift.conf.
+# Runs one server with this directory's swift.conf instead of /etc/swift/swift.conf. eventlet's
+# listen() sets SO_REUSEPORT, under which a server whose port another process took after
+# free_port() chose it would share that port (each connection going to either); without it the
+# bind fails, the server exits ("Could not bind"), and the fixture starts over on other ports.
 LAUNCHER = '''
+import functools
 import sys
+import eventlet
+import swift.common.wsgi as swift_wsgi
+swift_wsgi.listen = functools.partial(eventlet.listen, reuse_port=False)
 import swift.common.utils as utils
 utils.SWIFT_CONF_FILE = sys.argv[3]
 from swift.common import constraints, storage_policy
@@ -101,6 +108,10 @@ sys.exit(run_wsgi(sys.argv[2], sys.argv[1], **kwargs))
 '''
 
 
+class PortTaken(RuntimeError):
+    """A server could not bind its port: another process holds it."""
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -113,17 +124,38 @@ def die_with_parent():
 
 
 class Swift:
+    SERVERS = ("account", "container", "object", "proxy")
+
     def __init__(self, root):
         self.root = root
-        self.ports = {name: free_port() for name in ("proxy", "account", "container", "object")}
         self.processes = {}
         os.makedirs(os.path.join(root, "srv", "d0"))
         with open(os.path.join(root, "pulseloco_swift_cache.py"), "w") as f:
             f.write(CACHE_MODULE)
         with open(os.path.join(root, "launch.py"), "w") as f:
             f.write(LAUNCHER)
+        self.choose_ports()
+
+    def choose_ports(self):
+        self.ports = {name: free_port() for name in self.SERVERS}
         self.write_configs()
         self.build_rings()
+
+    def start_all(self, deadline, buckets, attempts=5):
+        """Starts every server and waits until they are ready. A server that could not bind its
+        port (another process took it after free_port() chose it) makes them all start again on
+        other ports, up to `attempts` times."""
+        for attempt in range(1, attempts + 1):
+            for name in self.SERVERS:
+                self.start(name)
+            try:
+                self.wait_ready(deadline, buckets)
+                return
+            except PortTaken:
+                self.stop_all()
+                if attempt == attempts:
+                    raise
+                self.choose_ports()
 
     def write_configs(self):
         root = self.root
@@ -131,8 +163,9 @@ class Swift:
             f.write("[swift-hash]\nswift_hash_path_suffix = pulseloco\n"
                     "swift_hash_path_prefix = pulseloco\n"
                     "[storage-policy:0]\nname = gold\ndefault = yes\n")
+        # bind_timeout: a port that is taken fails the bind soon (the default waits 30 s).
         common = (f"swift_dir = {root}\ndevices = {root}/srv\nmount_check = false\n"
-                  "bind_ip = 127.0.0.1\nworkers = 0\nlog_level = WARNING\n")
+                  "bind_ip = 127.0.0.1\nbind_timeout = 2\nworkers = 0\nlog_level = WARNING\n")
         for name in ("account", "container", "object"):
             with open(os.path.join(root, f"{name}-server.conf"), "w") as f:
                 f.write(f"[DEFAULT]\n{common}bind_port = {self.ports[name]}\n"
@@ -208,7 +241,8 @@ min_segment_size = 1
             if process.poll() is not None:
                 with open(os.path.join(self.root, f"{name}.log"), errors="replace") as f:
                     log = f.read()[-4000:]
-                raise RuntimeError(f"swift {name} server exited ({process.returncode}):\n{log}")
+                error = PortTaken if "Could not bind" in log else RuntimeError
+                raise error(f"swift {name} server exited ({process.returncode}):\n{log}")
 
     def swift_request(self, method, path, headers=None):
         url = f"http://127.0.0.1:{self.ports['proxy']}{path}"
@@ -314,9 +348,7 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     try:
         swift = Swift(root)
-        for name in ("account", "container", "object", "proxy"):
-            swift.start(name)
-        swift.wait_ready(time.monotonic() + args.start_timeout, args.bucket)
+        swift.start_all(time.monotonic() + args.start_timeout, args.bucket)
         info = json.dumps({
             "endpoint": f"http://127.0.0.1:{swift.ports['proxy']}",
             "region": "us-east-1",
