@@ -212,8 +212,9 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     }
   }
 
-  // One attempt: true (and `data` filled) when the object is there and authentic. The
-  // request's retries end at `deadline`.
+  // One attempt: true (and `data` filled) when the object is there and authentic; false when it
+  // is not there yet, or when the request's retries reached `deadline` (the caller then names
+  // the rank whose object is missing).
   bool fetch(const std::string& name, int peer, std::span<std::byte> data,
              std::optional<Deadline> deadline) {
     check_aborted();
@@ -221,8 +222,13 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     {
       const std::lock_guard lock(client_mutex_);
       const ClientDeadline bounded(client_, deadline);
-      sealed =
-          client_.get_bytes(address_.bucket, address_.key(name), data.size() + io::kSealOverhead);
+      try {
+        sealed =
+            client_.get_bytes(address_.bucket, address_.key(name), data.size() + io::kSealOverhead);
+      } catch (const TimeoutError& error) {
+        logger().debug("bucket group {}: {}", address_.url(options_.job_id), error.what());
+        return false;
+      }
       ++(sealed ? requests_.gets : requests_.misses);
       if (sealed) {
         stats_.wire_bytes_received += sealed->size();
@@ -290,7 +296,15 @@ class BucketTransport final : public transport::Transport, public transport::Nat
     const std::vector<std::byte> sealed = io::seal_object(options_.secret, key, payload);
     const std::lock_guard lock(client_mutex_);
     const ClientDeadline bounded(client_, deadline);
-    client_.put_object(address_.bucket, key, sealed);
+    try {
+      client_.put_object(address_.bucket, key, sealed);
+    } catch (const TimeoutError& error) {
+      throw TimeoutError(
+          fmt::format("bucket group {}: this rank's object {} was not written "
+                      "before the deadline ({})",
+                      address_.url(options_.job_id), address_.url(name), error.message()),
+          {.rank = rank()});
+    }
     stats_.wire_bytes_sent += sealed.size();
     stats_.payload_bytes_sent += payload.size();
     ++stats_.messages_sent;

@@ -240,15 +240,8 @@ struct S3Client::Impl {
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     if (std::getenv("PULSELOCO_S3_VERBOSE")) curl_easy_setopt(curl, CURLOPT_VERBOSE, 1L);
-    auto connect_timeout = settings.connect_timeout;
-    if (deadline) {  // the whole attempt ends at the deadline
-      const auto left = std::max(std::chrono::milliseconds(1),
-                                 std::chrono::ceil<std::chrono::milliseconds>(
-                                     *deadline - std::chrono::steady_clock::now()));
-      curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(left.count()));
-      connect_timeout = std::min(connect_timeout, left);
-    }
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(connect_timeout.count()));
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
+                     static_cast<long>(settings.connect_timeout.count()));
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(
         curl, CURLOPT_LOW_SPEED_TIME,
@@ -301,8 +294,6 @@ struct S3Client::Impl {
     std::chrono::milliseconds pause = settings.first_backoff;
     std::string problem;
     for (int attempt_number = 1;; ++attempt_number) {
-      if (deadline && std::chrono::steady_clock::now() >= *deadline)
-        throw past_deadline(request, attempt_number - 1, problem);
       if (request.sink != nullptr) request.sink->reset();
       Transfer transfer{.curl = curl, .request = &request};
       const CURLcode result = attempt(transfer, request);
@@ -333,6 +324,8 @@ struct S3Client::Impl {
         throw IoError(fmt::format("{} ({}) failed after {} attempts: {}", describe(request),
                                   where(request.bucket), attempt_number, problem));
       }
+      // Under a deadline the first attempt is always made and runs to its end (a slow but
+      // working bucket still answers a poll made at the deadline); only retries stop there.
       if (deadline && std::chrono::steady_clock::now() + pause >= *deadline)
         throw past_deadline(request, attempt_number, problem);
       logger().info("{} ({}): {}; retrying in {} ms (attempt {} of {})", describe(request),
@@ -345,10 +338,10 @@ struct S3Client::Impl {
 
   [[nodiscard]] TimeoutError past_deadline(const Request& request, int attempts,
                                            const std::string& problem) const {
-    return TimeoutError(fmt::format("{} ({}): gave up at the caller's deadline after {} attempt{}{}{}",
-                                    describe(request), where(request.bucket), attempts,
-                                    attempts == 1 ? "" : "s", problem.empty() ? "" : ": ",
-                                    problem));
+    return TimeoutError(
+        fmt::format("{} ({}): gave up at the caller's deadline after {} attempt{}{}{}",
+                    describe(request), where(request.bucket), attempts, attempts == 1 ? "" : "s",
+                    problem.empty() ? "" : ": ", problem));
   }
 
   // Throws for an error answer that no caller expects; returns for a missing key.

@@ -5,9 +5,9 @@
 //
 // Failures: a connection failure, a stalled transfer, throttling (429, SlowDown) and 5xx are
 // retried with a doubling pause (S3Settings), then an IoError naming the request, the bucket,
-// the endpoint, the attempts and the last problem. Under a deadline (set_deadline) no attempt
-// runs and no pause sleeps past it: the request fails with a TimeoutError instead. Refused credentials, denied access and a
-// missing bucket are an InvalidArgument naming the bucket and the endpoint at once (retrying
+// the endpoint, the attempts and the last problem. Under a deadline (set_deadline) no retry
+// starts past it: the request fails with a TimeoutError instead. Refused credentials, denied access
+// and a missing bucket are an InvalidArgument naming the bucket and the endpoint at once (retrying
 // does not change them); any other error answer is an IoError with S3's code and message.
 //
 // One client is used by one thread at a time (it keeps one connection open).
@@ -68,10 +68,11 @@ class S3Client {
   // Removes an object (no error when it is absent).
   void delete_object(std::string_view bucket, std::string_view key);
 
-  // Bounds the requests that follow by `deadline` (a collective's): an attempt in progress is
-  // cut there, and a retry whose pause would end past it is not made; the request then fails
-  // with a TimeoutError naming it, its attempts and the last problem. nullopt: no bound beyond
-  // S3Settings.
+  // Bounds the retries of the requests that follow by `deadline` (a collective's): a retry whose
+  // pause would end past it is not made, and the request fails with a TimeoutError naming it,
+  // its attempts and the last problem. Each request's first attempt is always made, and an
+  // attempt runs to its end (bounded by the connect and stall timeouts). nullopt: no bound
+  // beyond S3Settings.
   void set_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) noexcept;
 
   // Called after each part of a multipart upload is accepted, with its number (tests stop the

@@ -308,8 +308,7 @@ void CudaStateMemory::start_from_global(const ChunkRef& chunk) {
   const TensorState& state = tensors_[chunk.tensor];
   if (state.start == nullptr || chunk.length == 0) return;
   check(cudaMemcpyAsync(state.start + chunk.begin, state.global + chunk.begin,
-                        chunk.length * sizeof(float), cudaMemcpyDeviceToDevice,
-                        as_stream(stream_)),
+                        chunk.length * sizeof(float), cudaMemcpyDeviceToDevice, as_stream(stream_)),
         "cudaMemcpyAsync (S = θ_g)");
 }
 
@@ -332,13 +331,14 @@ void CudaStateMemory::start_from_own(const ChunkRef& chunk, const kernels::Spars
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
   TensorState& state = tensors_[chunk.tensor];
-  if (state.start == nullptr) throw InvalidArgument("internal: no start point kept (overlap eager)");
+  if (state.start == nullptr)
+    throw InvalidArgument("internal: no start point kept (overlap eager)");
   // m is not changed: the step runs on a copy of it.
   if (chunk.length > 0) {
-    check(cudaMemcpyAsync(momentum_copy_, state.momentum + chunk.begin,
-                          chunk.length * sizeof(float), cudaMemcpyDeviceToDevice,
-                          as_stream(stream_)),
-          "cudaMemcpyAsync (momentum copy)");
+    check(
+        cudaMemcpyAsync(momentum_copy_, state.momentum + chunk.begin, chunk.length * sizeof(float),
+                        cudaMemcpyDeviceToDevice, as_stream(stream_)),
+        "cudaMemcpyAsync (momentum copy)");
   }
   // One rank's entries: the aggregate divides by 1, so g holds them as they are.
   const float* g = aggregate_on_device(chunk, std::span(&own, 1));
@@ -605,8 +605,7 @@ void CudaStateMemory::transfer(StateBuffer buffer, std::size_t tensor, Range ran
 // The patch kernel compares bf16(θ_g) with the bits sent last time (+0 before the first call, so
 // that the first call sends every element that is not +0) and updates them; only the changed
 // entries, 6 bytes each, cross to the host.
-std::uint64_t CudaStateMemory::update_bf16_mirror(
-    std::vector<std::vector<std::uint16_t>>& mirror) {
+std::uint64_t CudaStateMemory::update_bf16_mirror(std::vector<std::vector<std::uint16_t>>& mirror) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
   if (!keeps_global_state_) throw InvalidArgument("mode ddp keeps no θ_g to publish");
@@ -633,8 +632,8 @@ std::uint64_t CudaStateMemory::update_bf16_mirror(
                             .current = state.global + chunk.begin,
                             .current_dtype = DType::float32,
                             .count = chunk.length},
-        kernels::PatchOutput{.offsets = gate_offsets_, .values = patch_values_},
-        *workspace_, stream_);
+        kernels::PatchOutput{.offsets = gate_offsets_, .values = patch_values_}, *workspace_,
+        stream_);
     kernels::check_patch_finite(result, layout_.tensors()[chunk.tensor].name, chunk.begin);
     if (result.changed == 0) continue;
     // Offsets then values, together at most 6 bytes per chunk element: within the staging.

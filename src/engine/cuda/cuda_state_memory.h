@@ -79,8 +79,8 @@ class CudaStateMemory final : public StateMemory {
     TensorView local;         // the caller's tensor, on the device
     float* global = nullptr;  // device
     float* momentum = nullptr;
-    float* residual = nullptr;  // pulse: e; diloco: the held sum
-    float* start = nullptr;     // overlap = eager: the start point S; else none
+    float* residual = nullptr;           // pulse: e; diloco: the held sum
+    float* start = nullptr;              // overlap = eager: the start point S; else none
     std::uint16_t* sent_bits = nullptr;  // publishing: the bf16 bits of θ_g last mirrored
   };
   // Device buffers for one rank's entries of a chunk (aggregate).
