@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,26 +70,38 @@ patch::SubscriberOptions subscriber_options(std::uint16_t port) {
   return {.server = fmt::format("127.0.0.1:{}", port), .secret = kSecret};
 }
 
-// A run published version by version, with a server told of each.
+// A run published version by version, with a server told of each. Subscribers' threads read
+// the expected states while versions are published: a version's state is recorded before the
+// manifest lists it (the server may send it as soon as it reads a manifest that does, before
+// being told), and readers get copies.
 class LiveRun {
  public:
   explicit LiveRun(const std::filesystem::path& directory)
       : run_(11), publisher_(directory, kPublishing) {}
   void publish(patch::PushServer* server) {
-    if (!expected_.empty()) run_.step();
-    const std::vector<patch::WeightsView> views = run_.views();
-    (void)publisher_.publish(views, expected_.size() + 1);
-    expected_.push_back(run_.expected());
+    std::uint64_t version = 0;
+    {
+      const std::lock_guard lock(mutex_);
+      if (!expected_.empty()) run_.step();
+      expected_.push_back(run_.expected());
+      version = expected_.size();
+    }
+    (void)publisher_.publish(run_.views(), version);
     if (server != nullptr) server->announce();
   }
-  [[nodiscard]] const patch::Bf16State& expected(std::uint64_t version) const {
+  [[nodiscard]] patch::Bf16State expected(std::uint64_t version) const {
+    const std::lock_guard lock(mutex_);
     return expected_.at(version - 1);
   }
-  [[nodiscard]] std::uint64_t newest() const { return expected_.size(); }
+  [[nodiscard]] std::uint64_t newest() const {
+    const std::lock_guard lock(mutex_);
+    return expected_.size();
+  }
 
  private:
   PatchRun run_;
   patch::Publisher publisher_;
+  mutable std::mutex mutex_;
   std::vector<patch::Bf16State> expected_;
 };
 
