@@ -20,6 +20,8 @@ struct ManifestFile {
   std::string path;  // relative to the directory
   std::uint64_t bytes = 0;
   Digest checksum = 0;  // xxh3-64 of the file's bytes
+
+  friend bool operator==(const ManifestFile&, const ManifestFile&) = default;
 };
 
 struct ManifestVersion {
@@ -29,6 +31,8 @@ struct ManifestVersion {
   std::optional<ManifestFile> delta;    // from the previous version (absent for the first)
   std::optional<ManifestFile> compact;  // the same delta as a compact patch, when written
   std::optional<ManifestFile> anchor;
+
+  friend bool operator==(const ManifestVersion&, const ManifestVersion&) = default;
 };
 
 struct Manifest {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/base/log.h>
 #include <pulseloco/kernels/patch_kernels.h>
 #include <pulseloco/kernels/window_kernels.h>
 #include <pulseloco/patch/bucket.h>
@@ -55,7 +56,7 @@ Publisher::Publisher(std::filesystem::path directory, PublisherOptions options)
     throw InvalidArgument(
         fmt::format("'{}' already holds published versions (a {})", location(), kManifestName));
   }
-  continue_from_directory();
+  load_from_location();
 }
 
 Publisher::~Publisher() = default;
@@ -64,7 +65,10 @@ std::string Publisher::location() const {
   return bucket_ ? bucket_->url() : directory_.string();
 }
 
-void Publisher::continue_from_directory() {
+void Publisher::load_from_location() {
+  versions_since_anchor_ = 0;
+  delta_bytes_since_anchor_ = 0;
+  last_anchor_bytes_ = 0;
   Receiver receiver;
   receiver.update(location());
   std::optional<Manifest> manifest =
@@ -79,6 +83,21 @@ void Publisher::continue_from_directory() {
     count_towards_anchor(entry);
   snapshot_ = receiver.state();
   manifest_ = std::move(*manifest);
+}
+
+std::optional<bool> Publisher::location_ends_with(const ManifestVersion& entry) {
+  try {
+    if (options_.fault_hook) options_.fault_hook("manifest read back");
+    std::optional<Manifest> there;
+    if (bucket_) {
+      there = read_bucket_manifest(*client_, *bucket_);
+    } else if (std::filesystem::exists(directory_ / kManifestName)) {
+      there = read_manifest(directory_);
+    }
+    return there && !there->versions.empty() && there->versions.back() == entry;
+  } catch (const std::exception&) {  // unreadable, or not a manifest: unknown either way
+    return std::nullopt;
+  }
 }
 
 void Publisher::upload_files(const ManifestVersion& entry) {
@@ -186,6 +205,10 @@ void Publisher::count_towards_anchor(const ManifestVersion& entry) {
 }
 
 PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::uint64_t version) {
+  if (reload_due_) {
+    load_from_location();
+    reload_due_ = false;
+  }
   if (!manifest_.versions.empty() && version <= manifest_.versions.back().version) {
     throw InvalidArgument(fmt::format("version {} is not above the last published version {}",
                                       version, manifest_.versions.back().version));
@@ -204,6 +227,17 @@ PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::u
       std::vector<std::uint16_t>& bits = snapshot_.tensors()[chunk.tensor].bits;
       for (std::size_t k = 0; k < chunk.indices.size(); ++k)
         bits[chunk.indices[k]] = chunk.previous[k];
+    }
+  };
+  // Undoes the snapshot and empties a bucket's staging directory, which holds one version at a
+  // time.
+  const auto abandon = [&] {
+    undo();
+    if (!bucket_) return;
+    std::error_code ignored;
+    for (const char* folder : {"anchors", "deltas", "compact"}) {
+      for (const auto& file : std::filesystem::directory_iterator(directory_ / folder, ignored))
+        std::filesystem::remove(file.path(), ignored);
     }
   };
   for (const ChunkEntries& chunk : extracted.chunks) {
@@ -261,23 +295,30 @@ PublishedVersion Publisher::publish(std::span<const WeightsView> weights, std::u
     }
     upload_files(entry);
     if (options_.fault_hook) options_.fault_hook("files written");
-    Manifest next = manifest_;
-    next.total_elements = snapshot_.total_elements();
-    next.versions.push_back(entry);
-    publish_manifest(next);
-    manifest_ = std::move(next);
   } catch (...) {
-    undo();
-    if (bucket_) {
-      // The staging directory holds one version at a time.
-      std::error_code ignored;
-      for (const char* folder : {"anchors", "deltas", "compact"}) {
-        for (const auto& file : std::filesystem::directory_iterator(directory_ / folder, ignored))
-          std::filesystem::remove(file.path(), ignored);
-      }
-    }
+    abandon();  // the manifest does not name the version: readers do not see it
     throw;
   }
+  Manifest next = manifest_;
+  next.total_elements = snapshot_.total_elements();
+  next.versions.push_back(entry);
+  try {
+    publish_manifest(next);
+    if (options_.fault_hook) options_.fault_hook("manifest written");
+  } catch (...) {
+    // The write may have landed although it reported an error: the location decides.
+    const std::optional<bool> landed = location_ends_with(entry);
+    if (landed != true) {
+      abandon();
+      reload_due_ = !landed.has_value();
+      throw;
+    }
+    logger().warn(
+        "patch publish: writing the manifest of version {} to {} reported an error, "
+        "but the manifest there names it: version {} is published",
+        version, location(), version);
+  }
+  manifest_ = std::move(next);
   count_towards_anchor(entry);
   return published;
 }

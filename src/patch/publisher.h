@@ -45,8 +45,10 @@ struct PublisherOptions {
   // through a Receiver (every file and digest checked) and publishes after it.
   bool continue_existing = false;
   // Called with "files written" once a version's files are in place and before the manifest
-  // names them, and for a bucket with "file uploaded" after each of its files (tests stop the
-  // process or the server there); empty in production.
+  // names them, "manifest written" once the manifest names them, "manifest read back" before a
+  // publisher reads the location's manifest to learn whether a failed manifest write landed, and
+  // for a bucket with "file uploaded" after each of its files (tests stop the process or the
+  // server there, or throw); empty in production.
   std::function<void(std::string_view point)> fault_hook;
 };
 
@@ -84,7 +86,13 @@ class Publisher {
   // InvalidArgument for tensors other than the first version's or a version not above the
   // last, IoError when a file cannot be written or uploaded (InvalidArgument naming the bucket
   // and the endpoint when the bucket refuses the credentials or is missing). On any error nothing
-  // is published and the snapshot is unchanged.
+  // is published and the snapshot is unchanged, with one exception: a manifest write that reports
+  // an error may still have landed (an S3 PUT whose answer was lost). The publisher then reads
+  // the location's manifest back: when it names this version, the version is published and
+  // publish returns; when it does not, the error is thrown as above; when it cannot be read, the
+  // error is thrown and the next publish first reloads the newest version from the location (as
+  // continue_existing does), so that the sequence continues from what readers see. A version that
+  // was published in the end is then refused as not above the last.
   PublishedVersion publish(std::span<const WeightsView> weights, std::uint64_t version);
 
   [[nodiscard]] const Bf16State& snapshot() const noexcept { return snapshot_; }
@@ -94,7 +102,12 @@ class Publisher {
 
  private:
   struct Extracted;
-  void continue_from_directory();
+  // Takes the newest version at the location (snapshot, manifest, anchor counts) through a
+  // Receiver, which checks every file and digest.
+  void load_from_location();
+  // Whether the location's manifest names `entry` as its newest version; nullopt when it cannot
+  // be read.
+  [[nodiscard]] std::optional<bool> location_ends_with(const ManifestVersion& entry);
   // Uploads the version's files (bucket only), then removes them from the staging directory.
   void upload_files(const ManifestVersion& entry);
   void publish_manifest(const Manifest& manifest);
@@ -116,6 +129,9 @@ class Publisher {
   std::uint64_t versions_since_anchor_ = 0;
   std::uint64_t delta_bytes_since_anchor_ = 0;
   std::uint64_t last_anchor_bytes_ = 0;
+  // A manifest write failed and reading the location back failed too: what readers see is
+  // unknown until the location is read again.
+  bool reload_due_ = false;
 };
 
 }  // namespace pulseloco::patch

@@ -1,7 +1,9 @@
 // Publishing to and receiving from a bucket of a real S3-compatible server (Swift with s3api,
 // tests/io/s3_test_server.h): the bucket holds the directory's layout; a publisher killed
 // between its files and its manifest is invisible; a server stopped during an upload fails that
-// version only; refused credentials name the bucket and the endpoint; a tampered object is
+// version only; a manifest PUT whose answer is lost publishes its version, and one whose outcome
+// cannot be read back is settled by the next publish; refused credentials name the bucket and the
+// endpoint; a tampered object is
 // refused naming the version, the receiver's state unchanged. (receiver_test.cpp runs every
 // receiver test on a bucket too.)
 #include <gtest/gtest.h>
@@ -138,6 +140,59 @@ TEST_F(OwnBucket, ServerStoppedDuringAnUploadFailsThatVersionOnly) {
   }
   patch::Receiver receiver;
   (void)receiver.update(url_);
+  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+}
+
+// The manifest's PUT lands but its answer is lost: the publisher reads the manifest back, finds
+// the version there, and the sequence goes on from it.
+TEST_F(Bucket, AManifestPutWhoseAnswerIsLostPublishesTheVersion) {
+  PatchRun run(7);
+  std::uint64_t publishing = 0;
+  patch::Publisher publisher(url_, {.anchor_every = 10, .fault_hook = [&](std::string_view point) {
+                                      if (publishing == 2 && point == "manifest written")
+                                        throw IoError("the answer to the manifest's PUT was lost");
+                                    }});
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) run.step();
+    publishing = v;
+    EXPECT_EQ(publisher.publish(run.views(), v).version, v);
+  }
+  patch::Receiver receiver;
+  (void)receiver.update(url_, 2);
+  const patch::UpdateReport report = receiver.update(url_);
+  ASSERT_EQ(report.steps.size(), 1u);  // version 3 follows version 2
+  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
+  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+}
+
+// The server stops right after storing the manifest: the PUT's outcome cannot be read back, so
+// publish fails; once the server is back, the next publish finds the version there and goes on
+// after it.
+TEST_F(OwnBucket, AManifestPutOfUnknownOutcomeIsSettledByTheNextPublish) {
+  PatchRun run(7);
+  std::uint64_t publishing = 0;
+  patch::Publisher publisher(url_, {.anchor_every = 10, .fault_hook = [&](std::string_view point) {
+                                      if (publishing == 2 && point == "manifest written") {
+                                        server_->stop();
+                                        throw IoError("the answer to the manifest's PUT was lost");
+                                      }
+                                    }});
+  publishing = 1;
+  (void)publisher.publish(run.views(), 1);
+  run.step();
+  publishing = 2;
+  EXPECT_THROW((void)publisher.publish(run.views(), 2), IoError);
+  server_->start();
+  publishing = 0;
+  EXPECT_THROW((void)publisher.publish(run.views(), 2), InvalidArgument);
+  EXPECT_EQ(publisher.manifest().versions.back().version, 2u);
+  run.step();
+  (void)publisher.publish(run.views(), 3);
+  patch::Receiver receiver;
+  (void)receiver.update(url_, 2);
+  const patch::UpdateReport report = receiver.update(url_);
+  ASSERT_EQ(report.steps.size(), 1u);
+  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
   EXPECT_EQ(receiver.state().digest(), run.expected().digest());
 }
 

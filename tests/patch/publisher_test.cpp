@@ -1,6 +1,6 @@
-// patch::Publisher: anchors when due, a NaN refused with nothing published, and a publisher
+// patch::Publisher: anchors when due, a NaN refused with nothing published, a publisher
 // SIGKILLed after writing a version's files but before its manifest: readers never see that
-// version.
+// version, and manifest writes that report an error after landing (a lost S3 answer).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -155,6 +155,126 @@ TEST(Publisher, KilledBetweenFilesAndManifestIsInvisible) {
   PatchRun run(7);
   run.step();
   run.step();
+  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+}
+
+// A manifest write that reports an error although the manifest landed (an S3 PUT whose answer
+// was lost): the manifest there names the version, so it is published, and the sequence goes on
+// from it.
+TEST(Publisher, AManifestWriteThatFailsAfterLandingPublishesTheVersion) {
+  TempDir dir;
+  PatchRun run(7);
+  std::uint64_t publishing = 0;
+  patch::Publisher publisher(dir.path(),
+                             {.anchor_every = 10, .fault_hook = [&](std::string_view point) {
+                                if (publishing == 3 && point == "manifest written")
+                                  throw IoError("the answer to the manifest's PUT was lost");
+                              }});
+  patch::Receiver follower;
+  for (std::uint64_t v = 1; v <= 3; ++v) {
+    if (v > 1) run.step();
+    publishing = v;
+    const patch::PublishedVersion published = publisher.publish(run.views(), v);
+    EXPECT_EQ(published.version, v);
+    EXPECT_EQ(published.digest, run.expected().digest());
+    (void)follower.update(dir.path());
+    EXPECT_EQ(follower.state().digest(), run.expected().digest()) << v;
+  }
+  EXPECT_EQ(publisher.manifest().versions.back().version, 3u);
+
+  run.step();
+  publishing = 4;
+  (void)publisher.publish(run.views(), 4);
+  // Version 4's delta starts at version 3: the follower takes that one step.
+  const patch::UpdateReport report = follower.update(dir.path());
+  ASSERT_EQ(report.steps.size(), 1u);
+  EXPECT_EQ(report.steps[0].version, 4u);
+  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
+  EXPECT_EQ(follower.state().digest(), run.expected().digest());
+}
+
+// A manifest write that reports an error, and a location that cannot be read back: publish
+// throws, and the next publish first reloads what readers see, so a version published in the
+// end is refused as not above the last and the next one follows it.
+TEST(Publisher, AManifestWriteOfUnknownOutcomeIsSettledByTheNextPublish) {
+  TempDir dir;
+  PatchRun run(7);
+  std::uint64_t publishing = 0;
+  int read_backs = 0;
+  patch::Publisher publisher(dir.path(),
+                             {.anchor_every = 10, .fault_hook = [&](std::string_view point) {
+                                if (publishing != 3) return;
+                                if (point == "manifest written")
+                                  throw IoError("the answer to the manifest's PUT was lost");
+                                if (point == "manifest read back") {
+                                  ++read_backs;
+                                  throw IoError("the location cannot be reached");
+                                }
+                              }});
+  patch::Receiver follower;
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    if (v > 1) run.step();
+    publishing = v;
+    (void)publisher.publish(run.views(), v);
+  }
+  (void)follower.update(dir.path());
+  run.step();
+  publishing = 3;
+  EXPECT_THROW((void)publisher.publish(run.views(), 3), IoError);
+  EXPECT_EQ(read_backs, 1);
+  EXPECT_EQ(publisher.manifest().versions.back().version, 2u);
+  // Readers see version 3: the manifest landed.
+  (void)follower.update(dir.path());
+  EXPECT_EQ(follower.version(), 3u);
+  EXPECT_EQ(follower.state().digest(), run.expected().digest());
+
+  publishing = 0;
+  EXPECT_THROW((void)publisher.publish(run.views(), 3), InvalidArgument);
+  EXPECT_EQ(publisher.manifest().versions.back().version, 3u);
+  EXPECT_EQ(publisher.snapshot().digest(), run.expected().digest());
+  run.step();
+  (void)publisher.publish(run.views(), 4);
+  const patch::UpdateReport report = follower.update(dir.path());
+  ASSERT_EQ(report.steps.size(), 1u);
+  EXPECT_EQ(report.steps[0].version, 4u);
+  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
+  EXPECT_EQ(follower.state().digest(), run.expected().digest());
+}
+
+// The same error where the manifest did not land: nothing is published, and the next publish
+// needs no reload.
+TEST(Publisher, AManifestWriteThatFailsBeforeLandingPublishesNothing) {
+  TempDir dir;
+  PatchRun run(7);
+  std::uint64_t publishing = 0;
+  patch::Publisher publisher(dir.path(),
+                             {.anchor_every = 10, .fault_hook = [&](std::string_view point) {
+                                if (publishing == 3 && point == "manifest read back") {
+                                  // The write's error came before it landed: put the
+                                  // previous manifest back as a server would hold it.
+                                  patch::Manifest previous = patch::read_manifest(dir.path());
+                                  previous.versions.pop_back();
+                                  patch::write_manifest(dir.path(), previous);
+                                }
+                                if (publishing == 3 && point == "manifest written")
+                                  throw IoError("the manifest's PUT failed");
+                              }});
+  for (std::uint64_t v = 1; v <= 2; ++v) {
+    if (v > 1) run.step();
+    publishing = v;
+    (void)publisher.publish(run.views(), v);
+  }
+  const patch::Bf16State at_2 = publisher.snapshot();
+  run.step();
+  publishing = 3;
+  EXPECT_THROW((void)publisher.publish(run.views(), 3), IoError);
+  EXPECT_EQ(publisher.manifest().versions.back().version, 2u);
+  EXPECT_EQ(publisher.snapshot().digest(), at_2.digest());
+  publishing = 0;
+  (void)publisher.publish(run.views(), 3);
+  patch::Receiver receiver;
+  const patch::UpdateReport report = receiver.update(dir.path());
+  EXPECT_EQ(report.to, 3u);
   EXPECT_EQ(receiver.state().digest(), run.expected().digest());
 }
 
