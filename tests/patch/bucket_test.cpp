@@ -25,6 +25,7 @@
 #include "io/test_files.h"
 #include "patch/killed_publisher.h"
 #include "patch/patch_run.h"
+#include "patch/publish_faults.h"
 
 namespace pulseloco::testing {
 namespace {
@@ -152,17 +153,13 @@ TEST_F(Bucket, AManifestPutWhoseAnswerIsLostPublishesTheVersion) {
                                       if (publishing == 2 && point == "manifest written")
                                         throw IoError("the answer to the manifest's PUT was lost");
                                     }});
-  for (std::uint64_t v = 1; v <= 3; ++v) {
-    if (v > 1) run.step();
-    publishing = v;
-    EXPECT_EQ(publisher.publish(run.views(), v).version, v);
-  }
-  patch::Receiver receiver;
-  (void)receiver.update(url_, 2);
-  const patch::UpdateReport report = receiver.update(url_);
-  ASSERT_EQ(report.steps.size(), 1u);  // version 3 follows version 2
-  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
-  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+  patch::Receiver follower;
+  publish_versions(publisher, run, publishing, 1, 1);
+  (void)follower.update(url_);
+  publish_versions(publisher, run, publishing, 2, 2);
+  expect_one_patch_to(follower, url_, 2, run);
+  publish_versions(publisher, run, publishing, 3, 3);  // its patch starts at version 2
+  expect_one_patch_to(follower, url_, 3, run);
 }
 
 // The server stops right after storing the manifest: the PUT's outcome cannot be read back, so
@@ -177,8 +174,9 @@ TEST_F(OwnBucket, AManifestPutOfUnknownOutcomeIsSettledByTheNextPublish) {
                                         throw IoError("the answer to the manifest's PUT was lost");
                                       }
                                     }});
-  publishing = 1;
-  (void)publisher.publish(run.views(), 1);
+  patch::Receiver follower;
+  publish_versions(publisher, run, publishing, 1, 1);
+  (void)follower.update(url_);
   run.step();
   publishing = 2;
   EXPECT_THROW((void)publisher.publish(run.views(), 2), IoError);
@@ -186,14 +184,9 @@ TEST_F(OwnBucket, AManifestPutOfUnknownOutcomeIsSettledByTheNextPublish) {
   publishing = 0;
   EXPECT_THROW((void)publisher.publish(run.views(), 2), InvalidArgument);
   EXPECT_EQ(publisher.manifest().versions.back().version, 2u);
-  run.step();
-  (void)publisher.publish(run.views(), 3);
-  patch::Receiver receiver;
-  (void)receiver.update(url_, 2);
-  const patch::UpdateReport report = receiver.update(url_);
-  ASSERT_EQ(report.steps.size(), 1u);
-  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
-  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+  expect_one_patch_to(follower, url_, 2, run);
+  publish_versions(publisher, run, publishing, 3, 3);
+  expect_one_patch_to(follower, url_, 3, run);
 }
 
 TEST_F(Bucket, RefusedCredentialsNameTheBucketAndTheEndpoint) {

@@ -19,6 +19,7 @@
 #include "io/test_files.h"
 #include "patch/killed_publisher.h"
 #include "patch/patch_run.h"
+#include "patch/publish_faults.h"
 
 namespace pulseloco::testing {
 namespace {
@@ -171,26 +172,13 @@ TEST(Publisher, AManifestWriteThatFailsAfterLandingPublishesTheVersion) {
                                   throw IoError("the answer to the manifest's PUT was lost");
                               }});
   patch::Receiver follower;
-  for (std::uint64_t v = 1; v <= 3; ++v) {
-    if (v > 1) run.step();
-    publishing = v;
-    const patch::PublishedVersion published = publisher.publish(run.views(), v);
-    EXPECT_EQ(published.version, v);
-    EXPECT_EQ(published.digest, run.expected().digest());
-    (void)follower.update(dir.path());
-    EXPECT_EQ(follower.state().digest(), run.expected().digest()) << v;
-  }
+  publish_versions(publisher, run, publishing, 1, 2);
+  (void)follower.update(dir.path());
+  publish_versions(publisher, run, publishing, 3, 3);
   EXPECT_EQ(publisher.manifest().versions.back().version, 3u);
-
-  run.step();
-  publishing = 4;
-  (void)publisher.publish(run.views(), 4);
-  // Version 4's delta starts at version 3: the follower takes that one step.
-  const patch::UpdateReport report = follower.update(dir.path());
-  ASSERT_EQ(report.steps.size(), 1u);
-  EXPECT_EQ(report.steps[0].version, 4u);
-  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
-  EXPECT_EQ(follower.state().digest(), run.expected().digest());
+  expect_one_patch_to(follower, dir.path(), 3, run);
+  publish_versions(publisher, run, publishing, 4, 4);  // its patch starts at version 3
+  expect_one_patch_to(follower, dir.path(), 4, run);
 }
 
 // A manifest write that reports an error, and a location that cannot be read back: publish
@@ -212,33 +200,21 @@ TEST(Publisher, AManifestWriteOfUnknownOutcomeIsSettledByTheNextPublish) {
                                 }
                               }});
   patch::Receiver follower;
-  for (std::uint64_t v = 1; v <= 2; ++v) {
-    if (v > 1) run.step();
-    publishing = v;
-    (void)publisher.publish(run.views(), v);
-  }
+  publish_versions(publisher, run, publishing, 1, 2);
   (void)follower.update(dir.path());
   run.step();
   publishing = 3;
   EXPECT_THROW((void)publisher.publish(run.views(), 3), IoError);
   EXPECT_EQ(read_backs, 1);
   EXPECT_EQ(publisher.manifest().versions.back().version, 2u);
-  // Readers see version 3: the manifest landed.
-  (void)follower.update(dir.path());
-  EXPECT_EQ(follower.version(), 3u);
-  EXPECT_EQ(follower.state().digest(), run.expected().digest());
+  expect_one_patch_to(follower, dir.path(), 3, run);  // the manifest landed
 
   publishing = 0;
   EXPECT_THROW((void)publisher.publish(run.views(), 3), InvalidArgument);
   EXPECT_EQ(publisher.manifest().versions.back().version, 3u);
   EXPECT_EQ(publisher.snapshot().digest(), run.expected().digest());
-  run.step();
-  (void)publisher.publish(run.views(), 4);
-  const patch::UpdateReport report = follower.update(dir.path());
-  ASSERT_EQ(report.steps.size(), 1u);
-  EXPECT_EQ(report.steps[0].version, 4u);
-  EXPECT_NE(report.steps[0].kind, patch::StepKind::anchor);
-  EXPECT_EQ(follower.state().digest(), run.expected().digest());
+  publish_versions(publisher, run, publishing, 4, 4);
+  expect_one_patch_to(follower, dir.path(), 4, run);
 }
 
 // The same error where the manifest did not land: nothing is published, and the next publish
@@ -249,21 +225,20 @@ TEST(Publisher, AManifestWriteThatFailsBeforeLandingPublishesNothing) {
   std::uint64_t publishing = 0;
   patch::Publisher publisher(dir.path(),
                              {.anchor_every = 10, .fault_hook = [&](std::string_view point) {
-                                if (publishing == 3 && point == "manifest read back") {
-                                  // The write's error came before it landed: put the
-                                  // previous manifest back as a server would hold it.
+                                if (publishing != 3) return;
+                                if (point == "manifest written")
+                                  throw IoError("the manifest's PUT failed");
+                                if (point == "manifest read back") {
+                                  // The error came before the write landed: the location holds
+                                  // the previous manifest.
                                   patch::Manifest previous = patch::read_manifest(dir.path());
                                   previous.versions.pop_back();
                                   patch::write_manifest(dir.path(), previous);
                                 }
-                                if (publishing == 3 && point == "manifest written")
-                                  throw IoError("the manifest's PUT failed");
                               }});
-  for (std::uint64_t v = 1; v <= 2; ++v) {
-    if (v > 1) run.step();
-    publishing = v;
-    (void)publisher.publish(run.views(), v);
-  }
+  patch::Receiver follower;
+  publish_versions(publisher, run, publishing, 1, 2);
+  (void)follower.update(dir.path());
   const patch::Bf16State at_2 = publisher.snapshot();
   run.step();
   publishing = 3;
@@ -272,10 +247,7 @@ TEST(Publisher, AManifestWriteThatFailsBeforeLandingPublishesNothing) {
   EXPECT_EQ(publisher.snapshot().digest(), at_2.digest());
   publishing = 0;
   (void)publisher.publish(run.views(), 3);
-  patch::Receiver receiver;
-  const patch::UpdateReport report = receiver.update(dir.path());
-  EXPECT_EQ(report.to, 3u);
-  EXPECT_EQ(receiver.state().digest(), run.expected().digest());
+  expect_one_patch_to(follower, dir.path(), 3, run);
 }
 
 }  // namespace
