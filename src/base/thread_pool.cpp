@@ -12,8 +12,10 @@ namespace pulseloco {
 ThreadPool::ThreadPool(std::size_t threads) {
   if (threads == 0) threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
   workers_.reserve(threads - 1);
-  for (std::size_t i = 1; i < threads; ++i)
+  for (std::size_t i = 1; i < threads; ++i) {
     workers_.emplace_back([this] { worker_loop(); });
+    set_thread_name(workers_.back().native_handle(), "pl-pool");
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -26,7 +28,6 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::worker_loop() {
-  set_this_thread_name("pl-pool");
   for (;;) {
     std::function<void()> task;
     {

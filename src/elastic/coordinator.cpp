@@ -488,7 +488,6 @@ Coordinator::Coordinator(CoordinatorOptions options) {
   impl.listener->start(
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });
   impl.thread = std::thread([&impl] {
-    set_this_thread_name("pl-membership");
     for (;;) {
       try {
         impl.io.run();
@@ -498,6 +497,7 @@ Coordinator::Coordinator(CoordinatorOptions options) {
       }
     }
   });
+  set_thread_name(impl.thread.native_handle(), "pl-membership");
 }
 
 Coordinator::~Coordinator() {

@@ -323,10 +323,8 @@ RendezvousServer::RendezvousServer(const std::string& host, std::uint16_t port, 
     if (error || impl.finished) return;
     asio::co_spawn(impl.io, impl.fail_at_deadline(), asio::detached);
   });
-  impl.thread = std::thread([&impl] {
-    set_this_thread_name("pl-rendezvous");
-    impl.io.run();
-  });
+  impl.thread = std::thread([&impl] { impl.io.run(); });
+  set_thread_name(impl.thread.native_handle(), "pl-rendezvous");
 }
 
 RendezvousServer::~RendezvousServer() {

@@ -395,7 +395,6 @@ PushServer::PushServer(std::filesystem::path directory, PushServerOptions option
       [&impl](tcp::PendingConnection connection) { return impl.serve(std::move(connection)); });
   impl.poll();
   impl.thread = std::thread([&impl] {
-    set_this_thread_name("pl-patch-push");
     for (;;) {
       try {
         impl.io.run();
@@ -405,6 +404,7 @@ PushServer::PushServer(std::filesystem::path directory, PushServerOptions option
       }
     }
   });
+  set_thread_name(impl.thread.native_handle(), "pl-patch-push");
 }
 
 PushServer::~PushServer() {

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
 #include <string>
 #include <thread>
 
@@ -36,6 +41,41 @@ TEST(ThreadName, CutsALongNameToWhatLinuxKeeps) {
   });
   EXPECT_EQ(named,
             std::string("pl-a-name-longer-than-fifteen-bytes").substr(0, kMaxThreadNameBytes));
+}
+
+// The name another thread holds (pthread_getname_np reads it from /proc).
+std::string name_of(std::thread::native_handle_type thread) {
+  char buffer[kMaxThreadNameBytes + 1] = {};
+  if (pthread_getname_np(thread, buffer, sizeof buffer) != 0) return {};
+  return buffer;
+}
+
+// The threads of this process that bear `name`.
+int threads_named(const std::string& name) {
+  int count = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++count;
+  }
+  return count;
+}
+
+// Named by its creator, a thread bears the name before it has run at all.
+TEST(ThreadName, AThreadNamedByItsCreatorHoldsTheNameBeforeItRuns) {
+  std::promise<void> go;
+  std::thread thread([ready = go.get_future()]() mutable { ready.wait(); });
+  set_thread_name(thread.native_handle(), "pl-early");
+  EXPECT_EQ(name_of(thread.native_handle()), "pl-early");
+  go.set_value();
+  thread.join();
+}
+
+// The pool names its workers as it starts them, so none bears its creator's name.
+TEST(ThreadName, ThePoolsWorkersAreNamedAsSoonAsItIsBuilt) {
+  const int before = threads_named("pl-pool");
+  ThreadPool pool(3);  // the caller and two workers
+  EXPECT_EQ(threads_named("pl-pool") - before, 2);
 }
 
 TEST(ThreadName, ThePoolsWorkersAreNamed) {

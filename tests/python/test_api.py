@@ -140,10 +140,10 @@ def test_collective_calls_run_on_one_thread_per_synchronizer_until_it_closes():
     # A synchroniser of an earlier test that only a reference cycle keeps alive (an exception's
     # traceback) still has its thread until the cycle is collected: collect now, and count only
     # threads that were not there before. A thread the collective thread starts (the engine's
-    # pool, the transport's I/O) bears its name until it names itself, when the system first runs
-    # it, which on a busy machine may be after the last step: the collective thread is the one
-    # new thread still so named once they have (waited for, bounded), and every sample must have
-    # seen it.
+    # pool, the transport's I/O) bears its name from its start until the collective thread names
+    # it, a moment a sample may catch: the collective thread is the one new thread still so named
+    # at the end (waited for, bounded, in case a thread started elsewhere names itself only once
+    # it runs), and every sample must have seen it.
     gc.collect()
     before = set(collective_threads())
     model = linear()

@@ -25,8 +25,10 @@ Progress::~Progress() {
 
 void Progress::start_threads(int count, std::function<void(const std::exception&)> on_error) {
   thread_count_ = count;
-  for (int i = 0; i < count; ++i)
+  for (int i = 0; i < count; ++i) {
     threads_.emplace_back([this, on_error] { run_thread(on_error); });
+    set_thread_name(threads_.back().native_handle(), "pl-tcp-io");
+  }
 }
 
 void Progress::join() noexcept {
@@ -42,7 +44,6 @@ void Progress::join() noexcept {
 }
 
 void Progress::run_thread(const std::function<void(const std::exception&)>& on_error) {
-  set_this_thread_name("pl-tcp-io");
   for (;;) {
     try {
       io_thread_loop();

@@ -25,6 +25,7 @@ std::optional<nb::python_error> CollectiveThread::run_job(const std::function<vo
   if (!thread_) {
     stopping_ = false;
     thread_ = std::make_unique<std::thread>([this] { loop(); });
+    set_thread_name(thread_->native_handle(), "pl-collective");
     thread_process_ = ::getpid();
   }
   job_ = &job;
@@ -47,7 +48,6 @@ std::optional<nb::python_error> CollectiveThread::run_job(const std::function<vo
 }
 
 void CollectiveThread::loop() {
-  set_this_thread_name("pl-collective");
   std::unique_lock lock(mutex_);
   for (;;) {
     changed_.wait(lock, [&] { return stopping_ || (job_ != nullptr && !job_done_); });
