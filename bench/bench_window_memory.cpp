@@ -1,4 +1,4 @@
-// Peak memory of one window (issue 3, acceptance 4): runs gate -> aggregate -> commit + outer
+// Peak memory of one window: runs gate -> aggregate -> commit + outer
 // step + reset -> digest over a whole model chunk by chunk with pulseloco's CPU kernels, and
 // compares the process's peak resident set (VmHWM) with the bytes of the state and the message.
 //

@@ -76,7 +76,7 @@ struct TcpOptions {
   // handler. The next frame of a collective round usually follows within microseconds; polling
   // saves the sleep and wake-up, as MPI and NCCL do by polling all the time. A waiting caller
   // keeps polling while handlers keep running. 0: sleep in the reactor at once.
-  // docs/benchmarks.md ("Busy polling, socket buffers, pipeline chunk, early frames") measures
+  // docs/benchmarks.md ("Busy polling, socket buffers, pipeline chunk") measures
   // the default.
   std::chrono::microseconds busy_poll{100};
   // Shared secret for the HMAC-SHA256 challenge-response of every TCP connection (data plane
