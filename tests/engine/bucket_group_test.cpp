@@ -202,6 +202,25 @@ TEST_F(BucketGroup, ARankThatNeverJoinsIsNamed) {
   }
 }
 
+// Rank 1 joins with another world size: rank 0, which has every hello it waits for, names it;
+// rank 1 waits for a rank 2 that does not come.
+TEST_F(BucketGroup, ARankWithAnotherWorldSizeIsNamed) {
+  auto errors = run_ranks(2, [&](int r) {
+    BucketGroupOptions o = options(r, r == 0 ? 2 : 3, "job-world-sizes");
+    o.form_timeout = std::chrono::milliseconds(r == 0 ? 20'000 : 1'000);
+    (void)join_bucket_group(o);
+  });
+  ASSERT_TRUE(errors[0]);
+  try {
+    std::rethrow_exception(errors[0]);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::invalid_argument) << e.what();
+    EXPECT_EQ(e.context().peer, 1) << e.what();
+    EXPECT_NE(std::string(e.what()).find("world size 3"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(errors[1]);
+}
+
 // A group on a server of this test's own, which it stops.
 class FailingBucketGroup : public BucketGroup {
  protected:

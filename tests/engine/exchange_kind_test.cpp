@@ -402,6 +402,41 @@ TEST(ExchangeKind, ARankKilledMidReductionIsNamedByEverySurvivorInTime) {
   }
 }
 
+// The owner's sum of the ranks' entries overflows fp32 (each rank's pseudo-gradient is finite):
+// the window fails on every rank naming the owner, with every state unchanged, where the
+// all-gather would have stepped to an infinite θ_g.
+TEST(ExchangeKind, AnOverflowingOwnerSumFailsTheWindowEverywhereNamingTheOwner) {
+  const int world = 2;
+  std::vector<testing::LocalModel> models;
+  for (int r = 0; r < world; ++r) {
+    models.push_back(testing::make_model({5000}, DType::float32, 40));
+    models.back()[0].f32[0] = 1e38f;  // element 0 lies in rank 0's range
+  }
+  EngineOptions options = testing::small_options();
+  options.exchange = Exchange::reduction;
+  options.threads = 1;
+  auto engines = testing::start_engines(models, options);
+  std::vector<Digest> before;
+  for (int r = 0; r < world; ++r) {
+    models[static_cast<std::size_t>(r)][0].f32[0] = -1e38f;  // s = 2e38 on each rank
+    before.push_back(engines[static_cast<std::size_t>(r)]->state_digest());
+  }
+  const auto errors = testing::run_ranks(
+      world, [&](int r) { (void)engines[static_cast<std::size_t>(r)]->run_window(); });
+  for (int r = 0; r < world; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    ASSERT_TRUE(errors[i]) << "rank " << r;
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::non_finite) << "rank " << r << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 0's range"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(engines[i]->state_digest(), before[i]) << "rank " << r;
+    EXPECT_EQ(engines[i]->committed_windows(), 0u) << "rank " << r;
+  }
+}
+
 TEST(ExchangeKind, ReductionOverAnOrderMatchingTransportIsRefusedNamingWhy) {
   std::vector<testing::LocalModel> models;
   for (int r = 0; r < 3; ++r)

@@ -188,6 +188,8 @@ TEST(S3Client, ObjectsRoundTripInOnePartAndInSeveral) {
   EXPECT_FALSE(client.get_bytes(address.bucket, address.key("small"), 1 << 20));
 }
 
+// Refused credentials: the error names the bucket, the endpoint and the access key id, never the
+// secret.
 TEST(S3Client, RefusedCredentialsNameTheBucketAndTheEndpoint) {
   PULSELOCO_S3_SERVER_OR_SKIP(server);
   io::S3Settings settings = server->settings();
@@ -196,7 +198,9 @@ TEST(S3Client, RefusedCredentialsNameTheBucketAndTheEndpoint) {
   const std::string what = expect_error(ErrorKind::invalid_argument, [&] {
     (void)client.get_bytes(S3TestServer::kBucket, "x/manifest.json", 1 << 20);
   });
-  expect_names(what, {"credentials", S3TestServer::kBucket, server->endpoint()});
+  expect_names(what,
+               {"credentials", S3TestServer::kBucket, server->endpoint(), settings.access_key});
+  EXPECT_EQ(what.find(settings.secret_key), std::string::npos) << what;
 
   settings = server->settings();
   settings.access_key = "nobody:none";

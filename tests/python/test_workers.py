@@ -222,3 +222,28 @@ def test_a_rank_that_cannot_start_its_worker_is_named_to_every_rank():
         assert "does not support overlap" in error["message"], error
         if rank != 3:
             assert error["message"].startswith("rank 3 cannot start its worker: "), error
+
+
+@pytest.mark.parametrize("option, named", [
+    ({"mode": "ddp"}, "mode 'ddp'"),
+    ({"overlap": "delayed"}, "overlap"),
+    ({"publish_dir": "versions"}, "publish_dir"),
+    ({"elastic": {"coordinator": "127.0.0.1:1"}}, "elastic"),
+])
+def test_a_worker_refuses_what_it_does_not_support(tmp_path, option, named):
+    # One process, a torch.distributed group of one: the refusal comes from the worker's own
+    # check, before any group or coordinator is contacted.
+    import torch
+    import torch.distributed as dist
+
+    import pulseloco
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    try:
+        model = torch.nn.Linear(4, 2)
+        with pytest.raises(pulseloco.InvalidArgument) as refused:
+            pulseloco.Synchronizer(model.named_parameters(), worker=1, **option)
+        assert f"does not support {named}" in str(refused.value), refused.value
+    finally:
+        dist.destroy_process_group()
