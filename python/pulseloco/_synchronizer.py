@@ -159,14 +159,17 @@ class Synchronizer:
         dist = _worker._torch_distributed()
         count = settings["ranks_per_worker"]
         world, rank = dist.get_world_size(), dist.get_rank()
-        layout = _worker.WorkerLayout(count, world // count, rank // count, rank % count)
+        # Elastic: the default torch group is this worker's alone, and its index in the group
+        # comes with each generation.
+        layout = (_worker.WorkerLayout(count, 1, 0, rank % count) if elastic is not None else
+                  _worker.WorkerLayout(count, world // count, rank // count, rank % count))
         table = [(name, _worker._numel(tensor), str(getattr(tensor, "dtype", "")))
                  for name, tensor in named]
         # What this rank cannot do is told to every rank in the layout check (collective), so
         # that no rank waits for one that gave up.
         problem = None
         refused = [what for what, bad in (
-            ("mode 'ddp'", mode == "ddp"), ("elastic", elastic is not None),
+            ("mode 'ddp'", mode == "ddp"),
             ("overlap", options.get("overlap", "blocking") != "blocking"),
             ("publish_dir", bool(options.get("publish_dir")))) if bad]
         not_torch = [(name, tensor) for name, tensor in named if not hasattr(tensor, "detach")]
@@ -175,12 +178,23 @@ class Synchronizer:
         elif not_torch:
             problem = (f"worker: a worker of several ranks takes torch tensors; "
                        f"'{not_torch[0][0]}' is a {type(not_torch[0][1]).__name__}")
+        elif elastic is not None and world != count:
+            problem = (f"worker: an elastic worker of {count} ranks runs under a "
+                       f"torch.distributed group of its own ranks (each worker its own "
+                       f"launcher); the default group has {world} ranks")
         elif world % count != 0:
             problem = (f"worker: ranks_per_worker {count} does not divide the {world} ranks of "
                        f"the default torch.distributed group")
         else:
             try:
-                overrides = _worker.group_overrides(layout, settings, group)
+                if elastic is not None:
+                    if not isinstance(elastic, dict):
+                        raise InvalidArgument("elastic must be a dict (coordinator, worker_id, "
+                                              "...) or None")
+                    elastic = _worker.elastic_overrides(layout, settings, group, elastic)
+                    overrides = group
+                else:
+                    overrides = _worker.group_overrides(layout, settings, group)
             except InvalidArgument as error:
                 problem = str(error)
         elements = _worker.check_layouts(dist, layout, settings["sharded"], table, problem)
@@ -189,7 +203,7 @@ class Synchronizer:
             count, timeout=2 * timeout)
         shares = None if settings["sharded"] else _worker.split_shares(named, count)
         self._worker = _worker.Worker(dist, layout, process_group, self._parameters, shares,
-                                      elements)
+                                      elements, elastic=elastic is not None)
         if options.get("trace_dir"):
             options["trace_dir"] = os.path.join(options["trace_dir"], self._share_directory())
         if shares is None:  # sharded: this rank's tensors are its share
@@ -200,10 +214,11 @@ class Synchronizer:
         try:
             engine = _pulseloco._Synchronizer(
                 self._views, mode, inner_steps, outer_lr, outer_momentum, options,
-                overrides, None)
+                overrides, elastic)
         except _pulseloco.Error as error:
             self._worker.exchange_status("", _worker.name_engine_error(error, layout))
             raise  # exchange_status raised already
+        self._worker.follow_group(engine.rank, engine.world_size)
         self._worker.exchange_status(engine.digest, None)
         if self._worker.replicated:
             self._worker.broadcast_shares()
@@ -224,6 +239,7 @@ class Synchronizer:
             self._worker.exchange_status(
                 "", _worker.name_engine_error(error, self._worker.layout))
             raise  # exchange_status raised already
+        self._worker.follow_group(self._engine.rank, self._engine.world_size)
         if result is None:
             return None
         self._worker.exchange_status(self._engine.digest, None)

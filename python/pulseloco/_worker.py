@@ -217,12 +217,10 @@ def check_layouts(dist: Any, layout: WorkerLayout, sharded: bool,
     return sum(theirs["elements"] for theirs in everyone[first:first + layout.ranks_per_worker])
 
 
-def group_overrides(layout: WorkerLayout, worker: Dict[str, Any],
-                    group: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """The pulseloco group of local rank index j: local rank j of every worker, ranked by
-    worker, at its own rendezvous port and run id."""
-    j = layout.local_rank
-    overrides = dict(group or {})
+def _local_rank_ports(layout: WorkerLayout, worker: Dict[str, Any],
+                      overrides: Dict[str, Any]) -> List[int]:
+    """The G rendezvous ports of the local ranks: worker["master_ports"],
+    PULSELOCO_WORKER_PORTS, or MASTER_PORT + 1 .. MASTER_PORT + G."""
     ports = worker.get("master_ports")
     if ports is None and os.environ.get("PULSELOCO_WORKER_PORTS"):
         text = os.environ["PULSELOCO_WORKER_PORTS"]
@@ -241,13 +239,36 @@ def group_overrides(layout: WorkerLayout, worker: Dict[str, Any],
     if len(ports) != layout.ranks_per_worker:
         raise InvalidArgument(f"worker: {len(ports)} rendezvous ports for "
                               f"{layout.ranks_per_worker} local ranks")
-    overrides.update(rank=layout.worker, world_size=layout.workers, master_port=int(ports[j]))
+    return [int(port) for port in ports]
+
+
+def group_overrides(layout: WorkerLayout, worker: Dict[str, Any],
+                    group: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The pulseloco group of local rank index j: local rank j of every worker, ranked by
+    worker, at its own rendezvous port and run id."""
+    j = layout.local_rank
+    overrides = dict(group or {})
+    ports = _local_rank_ports(layout, worker, overrides)
+    overrides.update(rank=layout.worker, world_size=layout.workers, master_port=ports[j])
     if "master_addr" not in overrides and os.environ.get("MASTER_ADDR"):
         overrides["master_addr"] = os.environ["MASTER_ADDR"]
     run_id = overrides.get("run_id") or os.environ.get("PULSELOCO_RUN_ID")
     if run_id:
         overrides["run_id"] = f"{run_id}.local{j}"
     return overrides
+
+
+def elastic_overrides(layout: WorkerLayout, worker: Dict[str, Any],
+                      group: Optional[Dict[str, Any]],
+                      elastic: Dict[str, Any]) -> Dict[str, Any]:
+    """An elastic worker of several ranks: `elastic` with this rank's place in its worker and
+    the worker's link, which local rank 0 hosts at the first local rank port on MASTER_ADDR
+    (the local ranks' groups themselves come from the coordinator)."""
+    overrides = dict(group or {})
+    ports = _local_rank_ports(layout, worker, overrides)
+    host = overrides.get("master_addr") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    return dict(elastic, local_rank=layout.local_rank, ranks_per_worker=layout.ranks_per_worker,
+                worker_link=f"{host}:{ports[0]}")
 
 
 def combine_digests(digests: Sequence[str]) -> str:
@@ -261,11 +282,16 @@ class Worker:
 
     def __init__(self, dist: Any, layout: WorkerLayout, process_group: Any,
                  parameters: List[Any], shares: Optional[List[List[Piece]]],
-                 elements: int) -> None:
+                 elements: int, elastic: bool = False) -> None:
         """shares: the G shares of the replicated model; None when sharded (this rank's
-        parameters are its share). elements: the elements the worker's ranks hold together."""
+        parameters are its share). elements: the elements the worker's ranks hold together.
+        elastic: the default torch group is this worker's alone (each worker its own
+        launcher), and the layout's worker index follows the group's generations."""
         self.dist = dist
         self.layout = layout
+        self.elastic = elastic
+        # The default torch group's rank of this worker's local rank 0.
+        self._torch_first = 0 if elastic else layout.global_rank(layout.worker, 0)
         self.process_group = process_group
         self.parameters = parameters
         self.shares = shares
@@ -278,6 +304,15 @@ class Worker:
             import torch
 
             self._device = torch.device("cuda", torch.cuda.current_device())
+
+    def torch_rank(self, local_rank: int) -> int:
+        """The default torch group's rank of this worker's local rank `local_rank`."""
+        return self._torch_first + local_rank
+
+    def follow_group(self, rank: int, size: int) -> None:
+        """An elastic worker: its index and the workers in the current generation."""
+        if self.elastic:
+            self.layout = dataclasses.replace(self.layout, worker=rank, workers=size)
 
     @property
     def replicated(self) -> bool:
@@ -313,7 +348,7 @@ class Worker:
             if j == layout.local_rank:
                 continue
             try:
-                sends.append(self.dist.isend(mine, dst=layout.global_rank(layout.worker, j),
+                sends.append(self.dist.isend(mine, dst=self.torch_rank(j),
                                              group=self.process_group))
             except RuntimeError:  # gloo fails at once when the connection is gone
                 unreachable.append(j)
@@ -322,8 +357,7 @@ class Worker:
                 continue
             theirs = torch.zeros(_STATUS_BYTES, dtype=torch.uint8, device=self._device)
             try:
-                self.dist.recv(theirs, src=layout.global_rank(layout.worker, j),
-                               group=self.process_group)
+                self.dist.recv(theirs, src=self.torch_rank(j), group=self.process_group)
             except RuntimeError:
                 unreachable.append(j)
                 continue
@@ -367,8 +401,7 @@ class Worker:
                 flat = torch.empty(sum(view.numel() for view in views), dtype=torch.uint8,
                                    device=views[0].device)
             try:
-                self.dist.broadcast(flat, src=layout.global_rank(layout.worker, j),
-                                    group=self.process_group)
+                self.dist.broadcast(flat, src=self.torch_rank(j), group=self.process_group)
             except RuntimeError as error:
                 raise _named(_pulseloco.PeerLostError(
                     f"bringing the worker up to date after the window: the broadcast of "

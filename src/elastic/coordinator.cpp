@@ -305,12 +305,29 @@ struct Coordinator::Impl {
     if (id == message.end() || !id->is_string() || host == message.end() || !host->is_string() ||
         port == message.end() || !port->is_number_unsigned())
       return "malformed registration (worker_id, data_host and data_port are required)";
+    std::vector<StatedAddress> local_ranks;
+    if (const auto lanes = message.find("local_ranks"); lanes != message.end()) {
+      if (!lanes->is_array() || lanes->size() > kMaxLocalRanks)
+        return fmt::format(
+            "malformed registration (local_ranks must be a list of at most {} "
+            "addresses)",
+            kMaxLocalRanks);
+      for (const auto& lane : *lanes) {
+        const auto lane_host = lane.find("host");
+        const auto lane_port = lane.find("port");
+        if (!lane.is_object() || lane_host == lane.end() || !lane_host->is_string() ||
+            lane_port == lane.end() || !lane_port->is_number_unsigned())
+          return "malformed registration (each of local_ranks needs a host and a port)";
+        local_ranks.push_back({lane_host->get<std::string>(), lane_port->get<std::uint64_t>()});
+      }
+    }
     boost::system::error_code error;
     const auto remote = connection->socket->remote_endpoint(error);
     const auto registration = policy.register_worker(
         RegistrationRequest{.worker_id = id->get<std::string>(),
                             .data_host = host->get<std::string>(),
                             .data_port = port->get<std::uint64_t>(),
+                            .local_ranks = std::move(local_ranks),
                             .remote_address = error ? std::string() : remote.address().to_string(),
                             .from = connection->from});
     if (!registration.key) return registration.refusal;
@@ -395,10 +412,18 @@ struct Coordinator::Impl {
   void tell_members(const Generation& formed) {
     const std::string group_key = random_group_key(formed.number);
     Json workers = Json::array();
-    for (std::size_t rank = 0; rank < formed.members.size(); ++rank)
-      workers.push_back(Json{{"id", formed.worker_ids[rank]},
-                             {"host", formed.data_addresses[rank].host},
-                             {"port", formed.data_addresses[rank].port}});
+    for (std::size_t rank = 0; rank < formed.members.size(); ++rank) {
+      Json worker{{"id", formed.worker_ids[rank]},
+                  {"host", formed.data_addresses[rank].host},
+                  {"port", formed.data_addresses[rank].port}};
+      if (!formed.local_rank_addresses[rank].empty()) {
+        Json lanes = Json::array();
+        for (const auto& address : formed.local_rank_addresses[rank])
+          lanes.push_back(Json{{"host", address.host}, {"port", address.port}});
+        worker["local_ranks"] = std::move(lanes);
+      }
+      workers.push_back(std::move(worker));
+    }
     for (std::size_t rank = 0; rank < formed.members.size(); ++rank)
       send_to(formed.members[rank], Json{{"type", "group"},
                                          {"generation", formed.number},

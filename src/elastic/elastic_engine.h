@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,6 +41,9 @@
 namespace pulseloco {
 
 class UniqueFd;
+namespace elastic {
+class WorkerLink;
+}
 
 struct ElasticOptions {
   std::string coordinator;  // "host:port" of the coordinator (PULSELOCO_COORDINATOR)
@@ -56,6 +60,23 @@ struct ElasticOptions {
   // admitted (for logs and tests). The coordinator counts it as waiting only once that request
   // has arrived (Coordinator::waiting_workers), which is a moment later.
   std::function<void()> on_registered;
+
+  // A worker of several ranks (docs/elastic.md, "Workers of several ranks"): this process is
+  // local rank `local_rank` of the worker's `ranks_per_worker` ranks. Each runs the window over
+  // its own share of the model (its `parameters`) in the group of every member's same local
+  // rank. Local rank 0 registers for the whole worker (its worker_id names the worker); the
+  // worker's ranks talk over a link formed at `worker_link` ("host:port", where local rank 0
+  // listens), and join, regroup and leave as one. Every worker of the run has the same
+  // ranks_per_worker (the coordinator refuses another, naming both).
+  // (transport.external_rendezvous_server: a group::RendezvousServer for the worker's ranks
+  // runs there instead, as a launcher or a test may host it.)
+  int local_rank = 0;
+  int ranks_per_worker = 1;
+  std::string worker_link;
+  // How long a local rank waits for the others on that link: for their windows to end (the
+  // slowest share's window), and beyond admission_timeout for local rank 0's admission. A local
+  // rank that hangs is noticed after it.
+  std::chrono::milliseconds worker_link_timeout{600'000};
 };
 
 // Fills coordinator, worker id and the transport options from the environment
@@ -92,6 +113,7 @@ class ElasticEngine final : public WindowRunner {
 
   [[nodiscard]] Engine& engine() noexcept override { return *engine_; }
   [[nodiscard]] const elastic::GroupAssignment& group() const noexcept { return group_; }
+  // The worker's id (a worker of several ranks: its local rank 0's, on every local rank).
   [[nodiscard]] const std::string& worker_id() const noexcept { return worker_id_; }
   // The port of this worker's data listener, the same in every generation.
   [[nodiscard]] std::uint16_t data_port() const;
@@ -103,11 +125,24 @@ class ElasticEngine final : public WindowRunner {
   void regroup(std::string reason);
   // The window, re-forming the group and retrying after recoverable failures.
   [[nodiscard]] WindowReport run_window_with_retries();
+  // "worker w" or "worker w (local rank j)", for logs.
+  [[nodiscard]] std::string who() const;
+  // The answer of the coordinator to `ask`, which local rank 0 runs; passed on to the worker's
+  // other local ranks (which wait up to `wait` + worker_link_timeout), errors included.
+  [[nodiscard]] std::string ask_for_worker(const std::function<std::string()>& ask,
+                                           std::chrono::milliseconds wait);
+  // How one step went on this local rank, told to the worker's others: "" (done), or why it
+  // must be retried in a new generation; `fatal`, an error that ends the worker. Returns the
+  // first local rank's reason to retry ("" when every local rank is done); rethrows `fatal`
+  // here, and throws the first other local rank's fatal error there.
+  [[nodiscard]] std::string agree_across_local_ranks(const std::string& retry,
+                                                     const std::exception_ptr& fatal);
 
   ElasticOptions elastic_;
   std::string worker_id_;
-  std::unique_ptr<UniqueFd> data_socket_;  // this worker's data port, open for every generation
-  std::unique_ptr<elastic::MembershipClient> membership_;
+  std::unique_ptr<UniqueFd> data_socket_;      // this worker's data port, open for every generation
+  std::unique_ptr<elastic::WorkerLink> link_;  // a worker of several ranks
+  std::unique_ptr<elastic::MembershipClient> membership_;  // local rank 0's
   std::unique_ptr<Engine> engine_;
   elastic::GroupAssignment group_;
   int groups_joined_ = 0;

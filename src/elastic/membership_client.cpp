@@ -246,11 +246,17 @@ struct MembershipClient::Impl {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
     }
 
-    write_message(Json{{"type", "register"},
-                       {"worker_id", options.worker_id},
-                       {"data_host", options.data_address.host},
-                       {"data_port", options.data_address.port}},
-                  deadline);
+    Json registration{{"type", "register"},
+                      {"worker_id", options.worker_id},
+                      {"data_host", options.data_address.host},
+                      {"data_port", options.data_address.port}};
+    if (!options.local_rank_addresses.empty()) {
+      Json lanes = Json::array();
+      for (const auto& address : options.local_rank_addresses)
+        lanes.push_back(Json{{"host", address.host}, {"port", address.port}});
+      registration["local_ranks"] = std::move(lanes);
+    }
+    write_message(registration, deadline);
     const auto reply = read_message(deadline);
     if (!reply)
       fail(std::make_exception_ptr(TimeoutError(
@@ -307,6 +313,16 @@ struct MembershipClient::Impl {
         group.worker_ids.push_back(worker.at("id").get<std::string>());
         group.peers.push_back(PeerAddress{worker.at("host").get<std::string>(),
                                           worker.at("port").get<std::uint16_t>()});
+        auto& lanes = group.local_rank_peers.emplace_back();
+        if (const auto listed = worker.find("local_ranks"); listed != worker.end()) {
+          for (const auto& lane : *listed)
+            lanes.push_back(PeerAddress{lane.at("host").get<std::string>(),
+                                        lane.at("port").get<std::uint16_t>()});
+        }
+        if (lanes.size() != options.local_rank_addresses.size())
+          throw ProtocolError(fmt::format("worker {} has {} local ranks, this one {}",
+                                          group.worker_ids.back(), lanes.size() + 1,
+                                          options.local_rank_addresses.size() + 1));
       }
       group.group_key = reply.at("group_key").get<std::string>();
       group.joined = reply.at("joined").get<std::vector<std::string>>();
@@ -324,6 +340,19 @@ struct MembershipClient::Impl {
   }
 };
 
+std::vector<PeerAddress> GroupAssignment::peers_of_local_rank(int local_rank) const {
+  if (local_rank == 0) return peers;
+  std::vector<PeerAddress> lane;
+  for (std::size_t member = 0; member < local_rank_peers.size(); ++member) {
+    const auto& listed = local_rank_peers[member];
+    if (local_rank < 0 || static_cast<std::size_t>(local_rank) > listed.size())
+      throw InvalidArgument(fmt::format("group generation {}: worker {} has no local rank {}",
+                                        generation, worker_ids[member], local_rank));
+    lane.push_back(listed[static_cast<std::size_t>(local_rank) - 1]);
+  }
+  return lane;
+}
+
 MembershipClient::MembershipClient(MembershipClientOptions options) {
   if (auto problem = check_name(options.worker_id, "worker id"); !problem.empty())
     throw InvalidArgument(fmt::format("membership client: {}", problem));
@@ -333,6 +362,9 @@ MembershipClient::MembershipClient(MembershipClientOptions options) {
   if (options.data_address.host.size() > kMaxNameBytes)
     throw InvalidArgument(
         fmt::format("membership client: data host longer than {} bytes", kMaxNameBytes));
+  if (options.local_rank_addresses.size() > kMaxLocalRanks)
+    throw InvalidArgument(
+        fmt::format("membership client: more than {} local ranks", kMaxLocalRanks + 1));
   if (options.connect_timeout.count() <= 0)
     throw InvalidArgument("membership client: connect_timeout must be positive");
   const PeerAddress coordinator =

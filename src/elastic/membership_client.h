@@ -26,8 +26,14 @@ struct GroupAssignment {
   std::string group_key;            // group::TransportOptions::group_key for this generation
   std::vector<std::string> joined;  // members new in this generation
   std::vector<std::string> lost;    // members of the previous generation not in this one
+  // Workers of G ranks: every member's local ranks 1 .. G-1's data listeners, in rank order
+  // (empty lists for workers of one rank). `peers` holds the local ranks 0.
+  std::vector<std::vector<transport::PeerAddress>> local_rank_peers;
 
   [[nodiscard]] int size() const noexcept { return static_cast<int>(worker_ids.size()); }
+  // Local rank `local_rank`'s data listener of every member, in rank order: the group those
+  // local ranks form. InvalidArgument when a member has no such local rank.
+  [[nodiscard]] std::vector<transport::PeerAddress> peers_of_local_rank(int local_rank) const;
 };
 
 struct MembershipClientOptions {
@@ -36,6 +42,9 @@ struct MembershipClientOptions {
   // Where this worker's data listener will listen. An empty or wildcard host (0.0.0.0, ::) is
   // replaced by the address the coordinator sees this worker's connection come from.
   transport::PeerAddress data_address;
+  // A worker of G ranks: the data listeners of its local ranks 1 .. G-1 (data_address is local
+  // rank 0's, and this client speaks for the whole worker).
+  std::vector<transport::PeerAddress> local_rank_addresses;
   std::string secret;  // shared secret
   std::string run_id;  // the job's run id; the coordinator's must be the same (job_id.h)
   // Encryption of the connection, as transport::TcpOptions (and the coordinator's).

@@ -11,13 +11,18 @@
 //
 //   worker -> coordinator                          coordinator -> worker
 //   {type: register, worker_id,                    {type: registered, generation}
-//    data_host, data_port}                         {type: refused, reason}  (connection closed)
+//    data_host, data_port,                         {type: refused, reason}  (connection closed)
+//    [local_ranks: [{host, port}]]}
 //   {type: next_group, reason}                     {type: group, generation, rank, workers:
-//                                                    [{id, host, port}], group_key, joined, lost}
+//                                                    [{id, host, port, [local_ranks]}],
+//                                                    group_key, joined, lost}
 //                                                  {type: error, message}
 //   {type: boundary, window}                       {type: boundary, regroup}  or  {type: error}
 //   {type: leave}                                  {type: bye}  (connection closed)
 //
+// A worker of G ranks (elastic_engine.h, ElasticOptions::ranks_per_worker) registers once, from
+// its local rank 0, with the data addresses of its local ranks 1 .. G-1 in `local_ranks`; each
+// group lists them the same way, and local rank j's group is every member's local rank j.
 // The registration must complete within the handshake deadline of the connection
 // (transport/tcp/listener.h, kHandshakeTimeout). A wildcard or
 // empty data_host is replaced by the address the connection comes from. A message that is not
@@ -43,6 +48,8 @@ inline constexpr std::uint32_t kMaxMessageBytes = std::uint32_t{1} << 20;
 inline constexpr std::size_t kLengthBytes = 4;
 // The longest worker id or data host.
 inline constexpr std::size_t kMaxNameBytes = 255;
+// The most local ranks a registration may list (beyond local rank 0).
+inline constexpr std::size_t kMaxLocalRanks = 1023;
 
 // The length prefix and the JSON body of `message`.
 [[nodiscard]] std::string encode_message(const Json& message);

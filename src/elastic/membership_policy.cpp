@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <variant>
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/elastic/membership_messages.h>
@@ -80,35 +81,70 @@ void MembershipPolicy::forget_if_done(WorkerKey key) {
   if (std::find(members_.begin(), members_.end(), key) == members_.end()) workers_.erase(found);
 }
 
+namespace {
+
+// The address a registration states, its wildcard host replaced by the connection's; or why it
+// cannot be a data address.
+std::variant<transport::PeerAddress, std::string> data_address(const StatedAddress& stated,
+                                                               const std::string& remote,
+                                                               std::string_view what) {
+  if (stated.host.size() > kMaxNameBytes)
+    return fmt::format("the {} host is longer than {} bytes", what, kMaxNameBytes);
+  if (stated.port == 0 || stated.port > 65535)
+    return fmt::format("{} port {} is not in 1..65535", what, stated.port);
+  std::string host = stated.host;
+  if (is_wildcard_host(host)) {
+    if (remote.empty())
+      return fmt::format("cannot tell the address of the connection for its wildcard {} host",
+                         what);
+    host = remote;
+  }
+  return transport::PeerAddress{std::move(host), static_cast<std::uint16_t>(stated.port)};
+}
+
+}  // namespace
+
 Registration MembershipPolicy::register_worker(const RegistrationRequest& request) {
   if (auto problem = check_name(request.worker_id, "worker id"); !problem.empty())
     return {.refusal = problem};
-  if (request.data_host.size() > kMaxNameBytes)
-    return {.refusal = fmt::format("the data host is longer than {} bytes", kMaxNameBytes)};
-  if (request.data_port == 0 || request.data_port > 65535)
-    return {.refusal = fmt::format("data port {} is not in 1..65535", request.data_port)};
+  std::vector<transport::PeerAddress> addresses;
+  for (std::size_t j = 0; j <= request.local_ranks.size(); ++j) {
+    const StatedAddress& stated =
+        j == 0 ? StatedAddress{request.data_host, request.data_port} : request.local_ranks[j - 1];
+    auto address =
+        data_address(stated, request.remote_address,
+                     j == 0 ? std::string("data") : fmt::format("local rank {}'s data", j));
+    if (auto* problem = std::get_if<std::string>(&address)) return {.refusal = *problem};
+    addresses.push_back(std::get<transport::PeerAddress>(std::move(address)));
+  }
   for (const auto& [key, other] : workers_) {
     if (other.connected && other.id == request.worker_id && other.standing != Standing::removed &&
         other.standing != Standing::left)
       return {.refusal = fmt::format("worker id '{}' is taken by a live worker (connected from {})",
                                      request.worker_id, other.from)};
   }
-  std::string data_host = request.data_host;
-  if (is_wildcard_host(data_host)) {
-    if (request.remote_address.empty())
-      return {.refusal = "cannot tell the address of the connection for its wildcard data host"};
-    data_host = request.remote_address;
-  }
+  const std::size_t ranks = addresses.size();
+  if (ranks_per_worker_ && ranks_per_worker_->first != ranks)
+    return {.refusal = fmt::format(
+                "worker layouts differ: worker {} has {}; the run's workers have {} (worker {} "
+                "registered first with that many)",
+                request.worker_id, plural(ranks, "rank"), ranks_per_worker_->first,
+                ranks_per_worker_->second)};
+  if (!ranks_per_worker_) ranks_per_worker_.emplace(ranks, request.worker_id);
   const WorkerKey key = next_key_++;
   Worker& added = workers_[key];
   added.id = request.worker_id;
-  added.data_address =
-      transport::PeerAddress{std::move(data_host), static_cast<std::uint16_t>(request.data_port)};
+  added.data_address = addresses.front();
+  added.local_rank_addresses.assign(addresses.begin() + 1, addresses.end());
   added.from = request.from;
+  std::vector<std::string> shown;
+  for (const auto& address : addresses)
+    shown.push_back(to_string(address));
   return {.key = key,
           .note = {Note::Level::info,
-                   fmt::format("worker {} registered from {} (data address {})", added.id,
-                               added.from, to_string(added.data_address))}};
+                   fmt::format("worker {} registered from {} (data {} {})", added.id, added.from,
+                               ranks == 1 ? "address" : "addresses of its local ranks",
+                               fmt::join(shown, ", "))}};
 }
 
 // The error every request gets once the run is over or this worker was removed; "" if none.
@@ -351,6 +387,7 @@ void MembershipPolicy::form(std::vector<WorkerKey> group, std::size_t admitted, 
     const Worker& member = workers_.at(key);
     formed.worker_ids.push_back(member.id);
     formed.data_addresses.push_back(member.data_address);
+    formed.local_rank_addresses.push_back(member.local_rank_addresses);
     if (member.standing == Standing::waiting) formed.joined.push_back(member.id);
   }
   for (const WorkerKey key : members_)

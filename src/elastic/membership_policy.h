@@ -22,6 +22,8 @@
 //
 // Registration: a worker id is refused while a live worker (idle, waiting, member, asked) holds
 //   it. An empty or wildcard data host is replaced by the address the connection comes from.
+//   A worker of G ranks states one data address per local rank; the first registration sets
+//   the run's G, and a worker with another G is refused, naming both.
 // forming: generation 1 forms as soon as initial_workers workers wait; they are its members in
 //   arrival order. A waiting worker whose connection closes leaves the queue.
 // running, generation g:
@@ -59,6 +61,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <pulseloco/transport/tcp/group_table.h>
@@ -94,6 +97,9 @@ struct Generation {
   std::vector<WorkerKey> members;
   std::vector<std::string> worker_ids;
   std::vector<transport::PeerAddress> data_addresses;
+  // Workers of several ranks: member i's local ranks 1 .. G-1's data addresses (empty for
+  // workers of one rank); data_addresses[i] is its local rank 0's.
+  std::vector<std::vector<transport::PeerAddress>> local_rank_addresses;
   std::vector<std::string> joined;  // members new in this generation
   std::vector<std::string> lost;    // members of the previous generation not in this one
 };
@@ -123,10 +129,19 @@ struct Decisions {
   std::vector<Note> notes;  // in the order the transitions happened
 };
 
+// A data address as a registration states it (checked by register_worker).
+struct StatedAddress {
+  std::string host;
+  std::uint64_t port = 0;
+};
+
 struct RegistrationRequest {
   std::string worker_id;
   std::string data_host;
   std::uint64_t data_port = 0;
+  // A worker of G ranks: the data addresses of its local ranks 1 .. G-1 (local rank 0's is
+  // data_host:data_port). Every worker of a run has the same G: the first to register sets it.
+  std::vector<StatedAddress> local_ranks;
   // The address the connection comes from ("" when it cannot be told): replaces an empty or
   // wildcard data host.
   std::string remote_address;
@@ -180,6 +195,7 @@ class MembershipPolicy {
   struct Worker {
     std::string id;
     transport::PeerAddress data_address;
+    std::vector<transport::PeerAddress> local_rank_addresses;  // local ranks 1 .. G-1
     std::string from;
     Standing standing = Standing::idle;
     std::uint64_t removed_at = 0;  // the generation it was removed from
@@ -212,6 +228,8 @@ class MembershipPolicy {
   std::optional<TimePoint> regroup_deadline_;         // set while a regroup is pending
   std::map<std::uint64_t, bool> boundary_decisions_;  // window -> regroup, this generation
   std::string end_reason_;                            // why the run stopped
+  // Ranks per worker, set by the first registration, and that worker's id (for refusals).
+  std::optional<std::pair<std::size_t, std::string>> ranks_per_worker_;
 };
 
 }  // namespace pulseloco::elastic

@@ -23,6 +23,11 @@ Each scenario is one ctest (tests/elastic/CMakeLists.txt); it exits 0 when every
   below-minimum
       3 workers, minimum 3; w2 is killed: the survivors stop with a clear error (exit 3) and the
       coordinator exits 1 naming the minimum.
+  kill-local-rank
+      3 workers of 2 ranks (a process per local rank, each over its own share); w2's local
+      rank 1 SIGKILLs itself at window 2 (exchange). w2's local rank 0 ends within twice the
+      timeout naming it; w0 and w1 finish every window, each share's group of 2 identical, and
+      w2 is in no later window of either share.
   churn [--duration S] [--seed N] [--windows W]
       4 workers; for S seconds (or until W - 4 windows), whenever a window commits, a random
       worker may be SIGKILLed (at least 3 kept alive) and a fresh one started; then the run
@@ -54,6 +59,7 @@ import sys
 import time
 
 FAILURES = []
+TIMEOUT_MS = 3000  # every worker's collective timeout
 WAIT_STEP = 0.05  # how often event files are re-read while waiting for an event
 
 
@@ -88,17 +94,35 @@ class Run:
             raise RuntimeError(f"coordinator did not start: {line!r}")
         self.address = line.strip().rsplit(" ", 1)[-1]
 
-    def start(self, worker, fault=None, windows=None, extra=()):
+    def start(self, worker, fault=None, windows=None, extra=(), key=None, trace=None):
+        """Starts a worker process; `key` (default: the worker's id) names its process and
+        event file (one per local rank of a worker of several ranks)."""
+        key = key or worker
         env = dict(self.env)
         if fault:
             env["PULSELOCO_FAULT"] = fault
         command = [self.args.worker, "--coordinator", self.address, "--worker", worker,
-                   "--json", str(self.work / f"{worker}.jsonl"), "--windows",
-                   str(windows or self.windows), "--trace-dir", str(self.trace), "-H", "2",
-                   "--timeout-ms", "3000", "--connect-timeout-ms", str(self.connect_ms),
-                   "--overlap", self.args.overlap, *extra]
-        self.workers[worker] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
-                                                text=True)
+                   "--json", str(self.work / f"{key}.jsonl"), "--windows",
+                   str(windows or self.windows), "--trace-dir", str(trace or self.trace), "-H",
+                   "2", "--timeout-ms", str(TIMEOUT_MS), "--connect-timeout-ms",
+                   str(self.connect_ms), "--overlap", self.args.overlap, *extra]
+        self.workers[key] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE,
+                                             text=True)
+
+    def start_local_ranks(self, worker, ranks, fault_rank=None, fault=None):
+        """Starts worker `worker` as `ranks` processes, keys "<worker>.<j>": local rank 0 first,
+        the others once it has written its link's port (an event)."""
+        def start(j, link):
+            self.start(worker, key=f"{worker}.{j}", fault=fault if j == fault_rank else None,
+                       trace=self.trace / f"local{j}",
+                       extra=("--ranks-per-worker", str(ranks), "--local-rank", str(j), *link))
+        def link_port():
+            return next((e["port"] for e in self.events(f"{worker}.0") if e["event"] == "link"),
+                        None)
+        start(0, ())
+        if self.wait_for(lambda: link_port() is not None, 60, f"{worker}'s link port"):
+            for j in range(1, ranks):
+                start(j, ("--worker-link", f"127.0.0.1:{link_port()}"))
 
     def start_workers(self, count, fault=None):
         """Starts w0 .. w{count-1}; `fault` (a PULSELOCO_FAULT value) goes to w2 only."""
@@ -362,6 +386,72 @@ def scenario_below_minimum(args, work):
         run.close()
 
 
+def scenario_kill_local_rank(args, work):
+    ranks = 2
+    run = Run(args, work, initial=3, minimum=2)
+    try:
+        for worker in ("w0", "w1", "w2"):
+            run.start_local_ranks(worker, ranks, fault_rank=1 if worker == "w2" else None,
+                                  fault="window=2,phase=exchange,action=kill")
+        victim, partner = run.workers["w2.1"], run.workers["w2.0"]
+        # The victim's death and its worker's end, as this harness sees them (polled).
+        died = ended = None
+        deadline = time.monotonic() + 240
+        while (died is None or ended is None) and time.monotonic() < deadline:
+            now = time.monotonic()
+            if died is None and victim.poll() is not None:
+                died = now
+            if ended is None and partner.poll() is not None:
+                ended = now
+            time.sleep(WAIT_STEP)
+        check(victim.poll() == -signal.SIGKILL, f"w2.1 exited {victim.poll()}, not SIGKILL")
+        if check(died is not None and ended is not None, "w2's local ranks did not both end"):
+            # Twice the timeout, plus the harness's polling and process exit under load.
+            bound = 2 * TIMEOUT_MS / 1000 + 2
+            check(ended - died <= bound, f"w2's local rank 0 ended {ended - died:.1f} s after its "
+                  f"local rank 1 died (bound {bound:.1f} s)")
+            print(f"kill-local-rank: w2's local rank 0 ended {max(0, ended - died):.2f} s after "
+                  "its local rank 1 died", flush=True)
+        check(partner.returncode == 1, f"w2.0 exited {partner.returncode}, expected 1")
+        failed = [e for e in run.events("w2.0") if e["event"] == "failed"]
+        check(failed and "worker w2's local rank 1 is lost" in failed[-1]["error"],
+              f"w2.0 should fail naming its lost local rank 1: {failed}")
+        survivors = [f"{w}.{j}" for w in ("w0", "w1") for j in range(ranks)]
+        run.finish(survivors)
+        for j in range(ranks):
+            by_window = {}
+            for key in survivors:
+                if key.endswith(f".{j}"):
+                    for e in run.events(key):
+                        if e["event"] == "window":
+                            by_window.setdefault(e["window"], []).append(e)
+            for window in range(run.windows):
+                reports = by_window.get(window, [])
+                if not check(len(reports) == 2, f"share {j}, window {window}: "
+                             f"{len(reports)} survivors' reports, expected 2"):
+                    continue
+                check(len({r["digest"] for r in reports}) == 1,
+                      f"share {j}, window {window}: digests differ")
+                sizes = {r["world_size"] for r in reports}
+                check(len(sizes) == 1, f"share {j}, window {window}: the survivors disagree on "
+                      f"its group: {sizes}")
+                expected = {3} if window < 2 else {2} if window > 2 else {2, 3}
+                check(sizes <= expected, f"share {j}, window {window}: {sizes} workers, "
+                      f"expected {expected}")
+                if window > 2:
+                    check(all("w2" not in members_of(r) for r in reports),
+                          f"share {j}, window {window}: w2 is still a member")
+            done = {e["digest"] for key in survivors if key.endswith(f".{j}")
+                    for e in run.events(key) if e["event"] == "done"}
+            check(len(done) == 1, f"share {j}: the survivors end with digests {done}")
+        # Local rank 1's share lost its w2 member in window 2's exchange: it re-ran the window.
+        check(all(e["world_size"] == 2 for key in ("w0.1", "w1.1") for e in run.events(key)
+                  if e["event"] == "window" and e["window"] == 2),
+              "share 1's window 2 should have been re-run by the 2 survivors")
+    finally:
+        run.close()
+
+
 def scenario_churn(args, work):
     rng = random.Random(args.seed)
     run = Run(args, work, initial=4, minimum=2, windows=args.windows)
@@ -431,13 +521,15 @@ def main():
                         help="the workers' overlap (docs/algorithm.md)")
     parser.add_argument("scenario", choices=["kill-gate", "kill-exchange", "kill-aggregate",
                                              "stall", "disconnect", "join", "below-minimum",
-                                             "churn"])
+                                             "churn", "kill-local-rank"])
     args = parser.parse_args()
     work = pathlib.Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     started = time.monotonic()
-    if args.scenario.startswith("kill-"):
+    if args.scenario == "kill-local-rank":
+        scenario_kill_local_rank(args, work)
+    elif args.scenario.startswith("kill-"):
         scenario_kill(args, work, args.scenario.split("-", 1)[1])
     else:
         {"stall": scenario_stall, "disconnect": scenario_disconnect, "join": scenario_join,

@@ -5,6 +5,12 @@
 //
 //   pulseloco_elastic_worker --coordinator 127.0.0.1:PORT --worker w0 --windows 8 --json w0.jsonl
 //       [--trace-dir DIR] [-H 2] [--timeout-ms 3000] [--overlap delayed]
+//       [--ranks-per-worker 2 --local-rank J [--worker-link 127.0.0.1:PORT]]
+//
+// A worker of several ranks is one process per local rank: local rank 0 (without --worker-link)
+// hosts the rendezvous of the worker's link on a free port and writes {"event": "link", "port"}
+// first; the harness then starts the other local ranks with --worker-link 127.0.0.1:PORT. Each
+// local rank's share of the model is its own tensors (seeded by the local rank).
 //
 // Writes one JSON line per event to --json (flushed at once): {"event": "attached", ...} when
 // admitted, {"event": "window", ...report...} per committed window, {"event": "done", ...} at the
@@ -18,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -28,6 +35,7 @@
 #include <pulseloco/base/log.h>
 #include <pulseloco/elastic/elastic_engine.h>
 #include <pulseloco/engine/report.h>
+#include <pulseloco/group/rendezvous_server.h>
 
 namespace {
 
@@ -101,6 +109,9 @@ int main(int argc, char** argv) {
   std::string overlap = "blocking";
   std::uint64_t hold_at_window = 0;
   std::string hold_file;
+  int ranks_per_worker = 1;
+  int local_rank = 0;
+  std::string worker_link;
   app.add_option("--coordinator", coordinator, "host:port of the coordinator")->required();
   app.add_option("--worker", worker, "this worker's id")->required();
   app.add_option("--json", json_path, "JSON lines of events")->required();
@@ -117,11 +128,17 @@ int main(int argc, char** argv) {
                  "before window N's inner steps, wait until --hold-file exists (a test harness "
                  "event: e.g. another worker has registered)");
   app.add_option("--hold-file", hold_file, "see --hold-at-window");
+  app.add_option("--ranks-per-worker", ranks_per_worker, "ranks of this worker (processes)");
+  app.add_option("--local-rank", local_rank, "this process's local rank in its worker");
+  app.add_option("--worker-link", worker_link,
+                 "host:port of the worker's link rendezvous (local ranks 1..; local rank 0 "
+                 "hosts it and writes the port)");
   CLI11_PARSE(app, argc, argv);
 
   std::ofstream json(json_path, std::ios::app);
   auto emit = [&](nlohmann::json record) {
     record["worker"] = worker;
+    if (ranks_per_worker > 1) record["local_rank"] = local_rank;
     json << record.dump() << '\n';
     json.flush();
   };
@@ -144,15 +161,32 @@ int main(int argc, char** argv) {
     elastic.transport.connect_timeout = std::chrono::milliseconds(connect_timeout_ms);
     elastic.transport = group::from_environment(elastic.transport);  // PULSELOCO_SECRET
     elastic.on_registered = [&] { emit({{"event", "registered"}}); };
+    elastic.ranks_per_worker = ranks_per_worker;
+    elastic.local_rank = local_rank;
+    std::unique_ptr<group::RendezvousServer> link_server;
+    if (ranks_per_worker > 1) {
+      elastic.transport.external_rendezvous_server = true;
+      if (worker_link.empty()) {
+        link_server = std::make_unique<group::RendezvousServer>(
+            "127.0.0.1", 0, ranks_per_worker, elastic.transport.tcp,
+            transport::deadline_after(elastic.transport.connect_timeout * 4),
+            elastic.transport.run_id);
+        worker_link = fmt::format("127.0.0.1:{}", link_server->port());
+        emit({{"event", "link"}, {"port", link_server->port()}});
+      }
+      elastic.worker_link = worker_link;
+    }
 
-    Model model(42);  // every worker starts alike; rank 0's weights win anyway
+    // Every worker starts alike (rank 0's weights win anyway); each local rank has its share.
+    Model model(42 + static_cast<std::uint64_t>(local_rank));
     ElasticEngine sync(model.views(), options, elastic);
     emit({{"event", "attached"},
           {"generation", sync.group().generation},
           {"rank", sync.group().rank},
           {"world_size", sync.group().size()},
           {"window", sync.engine().committed_windows()}});
-    const std::uint64_t worker_seed = std::hash<std::string>{}(worker);
+    const std::uint64_t worker_seed =
+        std::hash<std::string>{}(worker) ^ static_cast<std::uint64_t>(local_rank);
     std::uint64_t step_in_window = 0;
     bool held = false;
     while (sync.engine().committed_windows() < windows) {

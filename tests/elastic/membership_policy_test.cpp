@@ -187,6 +187,43 @@ TEST(MembershipPolicy, RegistrationRefusesBadIdsHostsAndPortsAndResolvesAWildcar
   }
 }
 
+TEST(MembershipPolicy, AWorkerOfSeveralRanksIsOneMemberWithEveryLocalRanksAddress) {
+  MembershipPolicy policy(rules(2));
+  const auto register_worker = [&](const std::string& id, std::vector<StatedAddress> lanes) {
+    return policy.register_worker({.worker_id = id,
+                                   .data_host = "0.0.0.0",
+                                   .data_port = 7000,
+                                   .local_ranks = std::move(lanes),
+                                   .remote_address = "192.0.2.5",
+                                   .from = "test"});
+  };
+  const auto a = register_worker("a", {{"10.0.0.1", 7001}, {"", 7002}});
+  ASSERT_TRUE(a.key) << a.refusal;
+  EXPECT_NE(a.note.text.find("192.0.2.5:7000, 10.0.0.1:7001, 192.0.2.5:7002"), std::string::npos)
+      << a.note.text;
+  // The first registration set three ranks per worker: another layout is refused, naming both.
+  const auto b = register_worker("b", {{"10.0.0.2", 7001}});
+  EXPECT_FALSE(b.key);
+  EXPECT_EQ(b.refusal,
+            "worker layouts differ: worker b has 2 ranks; the run's workers have 3 (worker a "
+            "registered first with that many)");
+  const auto bad = register_worker("c", {{"h", 7001}, {"h", 0}});
+  EXPECT_EQ(bad.refusal, "local rank 2's data port 0 is not in 1..65535");
+  const auto c = register_worker("c", {{"10.0.0.3", 7001}, {"10.0.0.3", 7002}});
+  ASSERT_TRUE(c.key) << c.refusal;
+
+  // The unit is the worker: one request each forms the generation.
+  (void)policy.next_group(*a.key, "join", t0);
+  const auto formed = policy.next_group(*c.key, "join", t0).formed;
+  ASSERT_TRUE(formed);
+  EXPECT_EQ(formed->worker_ids, (Ids{"a", "c"}));
+  ASSERT_EQ(formed->local_rank_addresses.size(), 2u);
+  EXPECT_EQ(to_string(formed->data_addresses[1]), "192.0.2.5:7000");
+  ASSERT_EQ(formed->local_rank_addresses[1].size(), 2u);
+  EXPECT_EQ(to_string(formed->local_rank_addresses[0][1]), "192.0.2.5:7002");
+  EXPECT_EQ(to_string(formed->local_rank_addresses[1][0]), "10.0.0.3:7001");
+}
+
 TEST(MembershipPolicy, AWorkerIdIsTakenWhileItsHolderIsLiveAndFreeOnceItLeftWasLostOrRemoved) {
   Roster run(rules(1));
   run.add("a");

@@ -4,6 +4,10 @@ Worker mode (--ranks-per-worker G): torch.distributed over every rank (gloo), DD
 worker of G ranks, pulseloco.Synchronizer(worker=...) between workers; local rank j trains on
 micro-batch j of its worker's batch.
 
+Elastic worker mode (--ranks-per-worker G --coordinator ADDR --worker-id ID): torch.distributed
+over this worker's G ranks only (each worker its own group), pulseloco.Synchronizer(worker=G,
+elastic=...) between the workers a `pulseloco coordinator` admits.
+
 Reference mode (--micro-batches G): one rank per worker, no torch.distributed. It computes the
 gradient of each of its worker's G micro-batches and averages them as DDP does (each multiplied
 by 1/G, then summed in local rank order), and synchronises with a plain Synchronizer.
@@ -77,6 +81,8 @@ def main():
     parser.add_argument("--trace-dir", default="", help="the engine's trace_dir")
     parser.add_argument("--overlap", default="blocking")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--coordinator", help="elastic: the coordinator's host:port")
+    parser.add_argument("--worker-id", help="elastic: this worker's id")
     parser.add_argument("--no-ddp", action="store_true",
                         help="worker mode without DDP: every local rank trains on micro-batch 0, "
                         "so the worker's replicas take the same steps (gloo has no bf16 DDP)")
@@ -91,11 +97,15 @@ def main():
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
+        elastic = None
+        if args.coordinator:
+            elastic = {"coordinator": args.coordinator, "worker_id": args.worker_id,
+                       "admission_timeout": 240.0}
         try:
             sync = pulseloco.Synchronizer(
                 model.named_parameters(), mode=args.mode, inner_steps=args.inner_steps,
                 threads=1, timeout=args.timeout, worker=args.ranks_per_worker or None,
-                trace_dir=args.trace_dir, overlap=args.overlap)
+                trace_dir=args.trace_dir, overlap=args.overlap, elastic=elastic)
         except pulseloco.Error as error:
             emit(event="error", type=type(error).__name__, message=str(error), elapsed=0.0)
             return 3
@@ -152,7 +162,8 @@ def main():
                 continue
             emit(event="window", rank=sync.rank, window=report.window, digest=sync.digest,
                  share_digest=report.digest, parameters=parameters_sha(model),
-                 payload_bytes=report.payload_bytes)
+                 payload_bytes=report.payload_bytes, world_size=report.world_size,
+                 members=list(report.members), generation=report.generation)
             if args.save and sync.committed_windows == args.save_after:
                 sync.save_checkpoint(args.save, optimizer=optimizer)
                 emit(event="saved", rank=sync.rank)

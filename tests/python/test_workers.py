@@ -25,7 +25,8 @@ import sys
 
 import pytest
 
-from group_helpers import HERE, Process, clean_environment, finish_all
+from group_helpers import (HERE, Process, clean_environment, finish_all, pulseloco_cli,
+                           start_coordinator)
 from pulseloco.launch import _ports_below_ephemeral
 
 SCRIPT = HERE / "ddp_worker.py"
@@ -228,7 +229,6 @@ def test_a_rank_that_cannot_start_its_worker_is_named_to_every_rank():
     ({"mode": "ddp"}, "mode 'ddp'"),
     ({"overlap": "delayed"}, "overlap"),
     ({"publish_dir": "versions"}, "publish_dir"),
-    ({"elastic": {"coordinator": "127.0.0.1:1"}}, "elastic"),
 ])
 def test_a_worker_refuses_what_it_does_not_support(tmp_path, option, named):
     # One process, a torch.distributed group of one: the refusal comes from the worker's own
@@ -247,3 +247,77 @@ def test_a_worker_refuses_what_it_does_not_support(tmp_path, option, named):
         assert f"does not support {named}" in str(refused.value), refused.value
     finally:
         dist.destroy_process_group()
+
+
+def test_an_elastic_worker_needs_a_torch_group_of_its_own_ranks(tmp_path):
+    # A torch.distributed group of one rank cannot hold a worker of two: each elastic worker
+    # runs under its own launcher, its default group being its ranks.
+    import torch
+    import torch.distributed as dist
+
+    import pulseloco
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    try:
+        model = torch.nn.Linear(4, 2)
+        with pytest.raises(pulseloco.InvalidArgument) as refused:
+            pulseloco.Synchronizer(model.named_parameters(), worker=2,
+                                   elastic={"coordinator": "127.0.0.1:1"})
+        assert "an elastic worker of 2 ranks runs under a torch.distributed group of its own " \
+               "ranks" in str(refused.value), refused.value
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_elastic_worker(worker_id, coordinator, ranks_per_worker, args):
+    """One elastic worker of ranks_per_worker processes: torch.distributed over its own ranks."""
+    torch_port, *ports = free_ports(1 + ranks_per_worker)
+    return [Process([sys.executable, str(SCRIPT), *args, "--ranks-per-worker",
+                     str(ranks_per_worker), "--coordinator", coordinator, "--worker-id",
+                     worker_id],
+                    clean_environment(dict(RANK=str(j), WORLD_SIZE=str(ranks_per_worker),
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(torch_port),
+                                           PULSELOCO_WORKER_PORTS=",".join(map(str, ports)))))
+            for j in range(ranks_per_worker)]
+
+
+@pytest.mark.skipif(pulseloco_cli() is None, reason="the pulseloco CLI is not built")
+def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_dies():
+    timeout = 10.0
+    coordinator, address = start_coordinator(pulseloco_cli(), 3, 2)
+    args = ["--windows", "3", "--announce", "--timeout", str(timeout)]
+    workers = [spawn_elastic_worker(f"w{w}", address, 2, args) for w in range(3)]
+    processes = [process for worker in workers for process in worker]
+    victim = workers[2][1]  # worker w2's local rank 1
+    try:
+        entering = [victim.wait_for("entering", BOUND_SECONDS) for _ in range(2)]
+        assert entering[-1]["window"] == 1
+        os.kill(victim.popen.pid, signal.SIGKILL)
+        codes = finish_all(processes, BOUND_SECONDS)
+    finally:
+        finish_all(processes, 1)
+        coordinator.kill()
+        coordinator.wait()
+    assert codes[5] == -signal.SIGKILL
+    # w2's local rank 0 ends naming its lost local rank, within twice the timeout.
+    partner = workers[2][0]
+    assert codes[4] == 3, partner.log()
+    error = partner.event("error")
+    assert "worker w2's local rank 1 is lost" in error["message"], error
+    assert error["elapsed"] <= 2 * timeout, error
+    # w0 and w1 regroup without w2 and finish, every rank of both with one worker digest.
+    survivors = processes[:4]
+    for process, code in zip(survivors, codes):
+        assert code == 0, process.log()
+    windows = events(survivors, "window")
+    for window in range(3):
+        by_rank = [its[window] for its in windows]
+        assert len({e["digest"] for e in by_rank}) == 1, by_rank
+        for local in range(2):
+            assert len({e["share_digest"] for e in by_rank[local::2]}) == 1, by_rank
+        if window == 0:
+            assert all(e["world_size"] == 3 for e in by_rank), by_rank
+        if window == 2:
+            assert all(sorted(e["members"]) == ["w0", "w1"] for e in by_rank), by_rank
+    assert len({process.event("done")["digest"] for process in survivors}) == 1

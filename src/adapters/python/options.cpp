@@ -224,6 +224,11 @@ const Setters<ElasticOptions>& elastic_setters() {
       PULSELOCO_SET(worker_id, text(key, v)),
       PULSELOCO_SET(admission_timeout, seconds<std::chrono::milliseconds>(key, v)),
       PULSELOCO_SET(max_attempts_per_window, int(integer(key, v, 1, 1 << 20))),
+      // A worker of several ranks (the Python package sets these from `worker=`).
+      PULSELOCO_SET(local_rank, int(integer(key, v, 0, 1 << 20))),
+      PULSELOCO_SET(ranks_per_worker, int(integer(key, v, 1, 1 << 20))),
+      PULSELOCO_SET(worker_link, text(key, v)),
+      PULSELOCO_SET(worker_link_timeout, seconds<std::chrono::milliseconds>(key, v)),
   };
   return setters;
 }
