@@ -85,7 +85,9 @@ class Synchronizer:
         bucket, no rank listening on a port (rank, world_size, run_id and secret required; not
         with elastic; docs/operations.md, "A group through a bucket").
     elastic: None, or a dict (coordinator "host:port", worker_id, admission_timeout (s),
-        max_attempts_per_window): an elastic worker whose group may lose and gain members.
+        max_attempts_per_window; with worker=, worker_link_timeout (s): how long a local rank
+        waits for the others, 600 by default): an elastic worker whose group may lose and gain
+        members.
     engine_options: the C++ EngineOptions by name: chunk_elements, bucket_elements, threads,
         timeout (s), allgather, pipeline_chunk_bytes, bf16_delta, overlap, exchange,
         node_aware, verify_digests, trace_dir, state_location, publish_dir, publish_every,
@@ -107,8 +109,10 @@ class Synchronizer:
         worker, then the worker's ranks broadcast their ranges to each other. Sharded, each
         rank passes the shard it holds (as FSDP's flat parameters are), and local rank j runs
         the window over it with local rank j of every worker; nothing is broadcast.
-        torch.distributed must be initialised over every rank first. See docs/operations.md,
-        "A worker of several GPUs".
+        torch.distributed must be initialised over every rank first. With elastic=, the
+        default torch group is this worker's ranks alone (each worker its own launcher), and
+        the worker joins, regroups and leaves as one. See docs/operations.md, "A worker of
+        several GPUs".
     on_report: None, or a callable that receives every WindowReport this Synchronizer returns
         (after_optimizer_step, run_window, complete_in_flight), on the calling thread, before
         the call returns it: a metrics sink (report.to_dict() is JSON-ready; see

@@ -147,13 +147,13 @@ def pulseloco_cli():
     return path if path.exists() else None
 
 
-def start_coordinator(cli, initial_workers, min_workers=1, timeout=30):
+def start_coordinator(cli, initial_workers, min_workers=1, timeout=30, extra_env=None):
     """A `pulseloco coordinator` on loopback; returns (process, "host:port")."""
     process = subprocess.Popen(
         [str(cli), "coordinator", "--host", "127.0.0.1", "--port", "0", "--initial-workers",
          str(initial_workers), "--min-workers", str(min_workers), "--regroup-timeout-ms",
          "30000"],
-        stdout=subprocess.PIPE, text=True, env=clean_environment())
+        stdout=subprocess.PIPE, text=True, env=clean_environment(extra_env))
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
         if not selector.select(timeout):

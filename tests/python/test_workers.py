@@ -270,47 +270,77 @@ def test_an_elastic_worker_needs_a_torch_group_of_its_own_ranks(tmp_path):
         dist.destroy_process_group()
 
 
-def spawn_elastic_worker(worker_id, coordinator, ranks_per_worker, args):
-    """One elastic worker of ranks_per_worker processes: torch.distributed over its own ranks."""
-    torch_port, *ports = free_ports(1 + ranks_per_worker)
-    return [Process([sys.executable, str(SCRIPT), *args, "--ranks-per-worker",
-                     str(ranks_per_worker), "--coordinator", coordinator, "--worker-id",
-                     worker_id],
-                    clean_environment(dict(RANK=str(j), WORLD_SIZE=str(ranks_per_worker),
+def spawn_elastic_worker(worker_id, coordinator, args, env):
+    """Worker w2 of the elastic test: two processes started here, torch.distributed over its own
+    two ranks (so that the test can kill one of them)."""
+    torch_port, *ports = free_ports(3)
+    return [Process([sys.executable, str(SCRIPT), *args, "--ranks-per-worker", "2",
+                     "--coordinator", coordinator, "--worker-id", worker_id],
+                    clean_environment(dict(env, RANK=str(j), WORLD_SIZE="2",
                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(torch_port),
                                            PULSELOCO_WORKER_PORTS=",".join(map(str, ports)))))
-            for j in range(ranks_per_worker)]
+            for j in range(2)]
+
+
+def launch_elastic_worker(worker_id, coordinator, args, env):
+    """An elastic worker of two ranks under its own `python -m pulseloco.launch`, as a user
+    starts one (the secret and run id shared by the run come from `env`)."""
+    launcher = HERE.parents[1] / "python" / "pulseloco" / "launch.py"
+    return subprocess.Popen(
+        [sys.executable, str(launcher), "--nproc-per-node", "2", "--ranks-per-worker", "2",
+         str(SCRIPT), *args, "--coordinator", coordinator, "--worker-id", worker_id],
+        env=clean_environment(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+
+
+def launched_events(output, name):
+    """The events called `name` in a launcher's output, per rank ("[r] {...}" lines)."""
+    by_rank = {}
+    for line in output.splitlines():
+        prefix, _, rest = line.partition("] ")
+        if rest.startswith("{"):
+            event = json.loads(rest)
+            if event["event"] == name:
+                by_rank.setdefault(prefix, []).append(event)
+    return [by_rank[rank] for rank in sorted(by_rank)]
 
 
 @pytest.mark.skipif(pulseloco_cli() is None, reason="the pulseloco CLI is not built")
 def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_dies():
     timeout = 10.0
-    coordinator, address = start_coordinator(pulseloco_cli(), 3, 2)
+    run = {"PULSELOCO_SECRET": "elastic-workers-test", "PULSELOCO_RUN_ID": "elastic-workers"}
+    coordinator, address = start_coordinator(pulseloco_cli(), 3, 2, extra_env=run)
     args = ["--windows", "3", "--announce", "--timeout", str(timeout)]
-    workers = [spawn_elastic_worker(f"w{w}", address, 2, args) for w in range(3)]
-    processes = [process for worker in workers for process in worker]
-    victim = workers[2][1]  # worker w2's local rank 1
+    launched = [launch_elastic_worker(f"w{w}", address, args, run) for w in range(2)]
+    w2 = spawn_elastic_worker("w2", address, args, run)
+    victim, partner = w2[1], w2[0]  # worker w2's local rank 1, and its local rank 0
+    outputs = []
     try:
         entering = [victim.wait_for("entering", BOUND_SECONDS) for _ in range(2)]
         assert entering[-1]["window"] == 1
         os.kill(victim.popen.pid, signal.SIGKILL)
-        codes = finish_all(processes, BOUND_SECONDS)
+        codes = finish_all(w2, BOUND_SECONDS)
+        for launcher in launched:
+            outputs.append(launcher.communicate(timeout=BOUND_SECONDS)[0])
     finally:
-        finish_all(processes, 1)
+        finish_all(w2, 1)
+        for launcher in launched:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.wait()
         coordinator.kill()
         coordinator.wait()
-    assert codes[5] == -signal.SIGKILL
+    assert codes[1] == -signal.SIGKILL
     # w2's local rank 0 ends naming its lost local rank, within twice the timeout.
-    partner = workers[2][0]
-    assert codes[4] == 3, partner.log()
+    assert codes[0] == 3, partner.log()
     error = partner.event("error")
     assert "worker w2's local rank 1 is lost" in error["message"], error
     assert error["elapsed"] <= 2 * timeout, error
     # w0 and w1 regroup without w2 and finish, every rank of both with one worker digest.
-    survivors = processes[:4]
-    for process, code in zip(survivors, codes):
-        assert code == 0, process.log()
-    windows = events(survivors, "window")
+    for launcher, output in zip(launched, outputs):
+        assert launcher.returncode == 0, output
+    windows = [ranks for output in outputs for ranks in launched_events(output, "window")]
+    assert len(windows) == 4, outputs
     for window in range(3):
         by_rank = [its[window] for its in windows]
         assert len({e["digest"] for e in by_rank}) == 1, by_rank
@@ -320,4 +350,5 @@ def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_dies():
             assert all(e["world_size"] == 3 for e in by_rank), by_rank
         if window == 2:
             assert all(sorted(e["members"]) == ["w0", "w1"] for e in by_rank), by_rank
-    assert len({process.event("done")["digest"] for process in survivors}) == 1
+    done = [ranks[-1] for output in outputs for ranks in launched_events(output, "done")]
+    assert len(done) == 4 and len({e["digest"] for e in done}) == 1, done
