@@ -20,6 +20,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/unique_fd.h>
 #include <pulseloco/elastic/coordinator.h>
+#include "elastic/joiner_signal.h"
 #include "engine/engine_test_util.h"
 
 namespace pulseloco {
@@ -64,17 +65,11 @@ struct Reports {
   std::condition_variable changed;
   std::map<std::uint64_t, std::vector<WindowReport>> by_window;
   std::map<std::string, Digest> final_digest;
-  bool joiner_registered = false;
-  const elastic::Coordinator* coordinator = nullptr;  // for wait_for_joiner
+  testing::JoinerSignal joiner;
 
   void add(const WindowReport& report) {
     const std::lock_guard lock(mutex);
     by_window[report.window].push_back(report);
-    changed.notify_all();
-  }
-  void set_joiner_registered() {
-    const std::lock_guard lock(mutex);
-    joiner_registered = true;
     changed.notify_all();
   }
   // Bounded waits on the events above; false on timeout.
@@ -82,22 +77,6 @@ struct Reports {
     std::unique_lock lock(mutex);
     return changed.wait_for(lock, std::chrono::seconds(120),
                             [&] { return by_window.count(window) > 0; });
-  }
-  // Until the coordinator counts the joiner as waiting. A worker registers first and asks to be
-  // admitted right after: holding only until it has registered let the boundary that should
-  // admit it pass before its request arrived (seen once in 978 tests).
-  bool wait_for_joiner() {
-    {
-      std::unique_lock lock(mutex);
-      if (!changed.wait_for(lock, std::chrono::seconds(120), [&] { return joiner_registered; }))
-        return false;
-    }
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (coordinator->waiting_workers() == 0) {
-      if (std::chrono::steady_clock::now() >= give_up) return false;
-      std::this_thread::yield();
-    }
-    return true;
   }
 };
 
@@ -118,7 +97,8 @@ void run_worker(std::uint16_t port, const std::string& id, std::uint32_t seed,
   while (runner.engine().committed_windows() < windows) {
     if (hold_at && !held && runner.engine().committed_windows() == *hold_at) {
       held = true;
-      if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never asked to join");
+      if (!reports.joiner.wait_until_waiting())
+        throw TimeoutError("the joiner never asked to join");
     }
     testing::local_training(model, 3e-5f, 1, seed + 1000 * step++);
     if (auto report = runner.after_optimizer_step()) {
@@ -141,7 +121,7 @@ TEST_P(ElasticExchange, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical)
   elastic::Coordinator coordinator(coordinator_options(3, 2));
   const std::uint16_t port = coordinator.port();
   Reports reports;
-  reports.coordinator = &coordinator;
+  reports.joiner.coordinator = &coordinator;
   constexpr std::uint64_t kWindows = 7;
   std::vector<std::exception_ptr> errors(4);
   std::vector<std::thread> threads;
@@ -165,7 +145,7 @@ TEST_P(ElasticExchange, AWorkerLeavesAndAnotherJoinsAndTheReplicasStayIdentical)
     try {
       run_worker(
           port, "w3", 13, kWindows, std::nullopt, std::nullopt, reports,
-          [&] { reports.set_joiner_registered(); }, exchange);
+          [&] { reports.joiner.registered(); }, exchange);
     } catch (...) {
       errors[3] = std::current_exception();
     }
@@ -236,7 +216,7 @@ TEST(ElasticEngine, TheDataPortStaysTakenFromOneGenerationToTheNext) {
   elastic::Coordinator coordinator(coordinator_options(1, 1));
   const std::uint16_t port = coordinator.port();
   Reports reports;
-  reports.coordinator = &coordinator;
+  reports.joiner.coordinator = &coordinator;
   constexpr std::uint64_t kWindows = 3;
   testing::LocalModel model = testing::make_model({0, 5, 3000, 2049}, DType::float32, 7);
   ElasticEngine sync(testing::views_of(model), worker_options(), elastic_options(port, "w0"));
@@ -247,7 +227,7 @@ TEST(ElasticEngine, TheDataPortStaysTakenFromOneGenerationToTheNext) {
   std::thread joiner([&] {
     try {
       run_worker(port, "w1", 11, kWindows, std::nullopt, std::nullopt, reports,
-                 [&] { reports.set_joiner_registered(); });
+                 [&] { reports.joiner.registered(); });
     } catch (...) {
       joiner_error = std::current_exception();
     }
@@ -258,7 +238,8 @@ TEST(ElasticEngine, TheDataPortStaysTakenFromOneGenerationToTheNext) {
     while (sync.engine().committed_windows() < kWindows) {
       if (!held && sync.engine().committed_windows() == 1) {
         held = true;  // the boundary after window 1 admits the joiner
-        if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never asked to join");
+        if (!reports.joiner.wait_until_waiting())
+          throw TimeoutError("the joiner never asked to join");
       }
       testing::local_training(model, 3e-5f, 1, 10 + 1000 * step++);
       if (auto report = sync.after_optimizer_step()) reports.add(*report);

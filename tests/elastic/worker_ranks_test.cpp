@@ -19,6 +19,7 @@
 #include <pulseloco/elastic/coordinator.h>
 #include <pulseloco/elastic/elastic_engine.h>
 #include <pulseloco/group/rendezvous_server.h>
+#include "elastic/joiner_signal.h"
 #include "engine/engine_test_util.h"
 
 namespace pulseloco {
@@ -82,8 +83,7 @@ struct Reports {
   std::map<std::pair<int, std::uint64_t>, std::vector<WindowReport>> by_share_window;
   std::map<std::pair<std::string, int>, Digest> final_digest;  // (worker, local rank)
   std::map<std::pair<std::string, int>, std::string> worker_ids;
-  bool joiner_registered = false;
-  const elastic::Coordinator* coordinator = nullptr;
+  testing::JoinerSignal joiner;
 
   void add(int local_rank, const WindowReport& report) {
     const std::lock_guard lock(mutex);
@@ -95,25 +95,6 @@ struct Reports {
     return changed.wait_for(lock, std::chrono::seconds(120), [&] {
       return by_share_window.count({local_rank, window}) > 0;
     });
-  }
-  void set_joiner_registered() {
-    const std::lock_guard lock(mutex);
-    joiner_registered = true;
-    changed.notify_all();
-  }
-  // Until the coordinator counts the joiner as waiting (registered and asked to be admitted).
-  bool wait_for_joiner() {
-    {
-      std::unique_lock lock(mutex);
-      if (!changed.wait_for(lock, std::chrono::seconds(120), [&] { return joiner_registered; }))
-        return false;
-    }
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    while (coordinator->waiting_workers() == 0) {
-      if (std::chrono::steady_clock::now() >= give_up) return false;
-      std::this_thread::yield();
-    }
-    return true;
   }
 };
 
@@ -130,7 +111,8 @@ void run_local_rank(ElasticOptions elastic, const std::string& worker, std::uint
   while (sync.engine().committed_windows() < windows) {
     if (hold_at && !held && sync.engine().committed_windows() == *hold_at) {
       held = true;
-      if (!reports.wait_for_joiner()) throw TimeoutError("the joiner never asked to join");
+      if (!reports.joiner.wait_until_waiting())
+        throw TimeoutError("the joiner never asked to join");
     }
     testing::local_training(model, 3e-5f, 1, seed + 1000 * step++);
     if (auto report = sync.after_optimizer_step()) reports.add(local_rank, *report);
@@ -153,7 +135,7 @@ std::vector<std::thread> start_worker(std::uint16_t coordinator, const std::stri
   for (int j = 0; j < kRanksPerWorker; ++j) {
     ElasticOptions elastic = local_rank_options(coordinator, worker, j, kRanksPerWorker, link_port);
     if (signals_registration && j == 0)
-      elastic.on_registered = [&reports] { reports.set_joiner_registered(); };
+      elastic.on_registered = [&reports] { reports.joiner.registered(); };
     errors.emplace_back();
     threads.emplace_back([&, elastic = std::move(elastic), worker, seed, windows, hold_at,
                           slot = errors.size() - 1]() mutable {
@@ -167,10 +149,23 @@ std::vector<std::thread> start_worker(std::uint16_t coordinator, const std::stri
   return threads;
 }
 
+// Every share's window `window` was reported by `workers` workers with one digest.
+void expect_every_share_identical(Reports& reports, std::uint64_t window, std::size_t workers) {
+  for (int j = 0; j < kRanksPerWorker; ++j) {
+    const auto& list = reports.by_share_window[{j, window}];
+    ASSERT_EQ(list.size(), workers) << "local rank " << j << ", window " << window;
+    for (const auto& report : list) {
+      EXPECT_EQ(report.digest, list.front().digest) << "local rank " << j << ", window " << window;
+      EXPECT_EQ(report.world_size, static_cast<int>(workers));
+      EXPECT_EQ(report.parameters, j == 0 ? 3005u : 2049u);
+    }
+  }
+}
+
 TEST(ElasticWorkerRanks, AWorkerJoinsAsAWholeAndEveryShareStaysIdenticalAcrossWorkers) {
   elastic::Coordinator coordinator(coordinator_options(2));
   Reports reports;
-  reports.coordinator = &coordinator;
+  reports.joiner.coordinator = &coordinator;
   constexpr std::uint64_t kWindows = 5;
   std::vector<std::exception_ptr> errors;
   errors.reserve(3 * kRanksPerWorker);  // the threads keep slots' addresses
@@ -200,17 +195,7 @@ TEST(ElasticWorkerRanks, AWorkerJoinsAsAWholeAndEveryShareStaysIdenticalAcrossWo
   coordinator.wait();
 
   for (std::uint64_t window = 0; window < kWindows; ++window) {
-    const std::size_t workers = window <= 2 ? 2 : 3;
-    for (int j = 0; j < kRanksPerWorker; ++j) {
-      const auto& list = reports.by_share_window[{j, window}];
-      ASSERT_EQ(list.size(), workers) << "local rank " << j << ", window " << window;
-      for (const auto& report : list) {
-        EXPECT_EQ(report.digest, list.front().digest)
-            << "local rank " << j << ", window " << window;
-        EXPECT_EQ(report.world_size, static_cast<int>(workers));
-        EXPECT_EQ(report.parameters, j == 0 ? 3005u : 2049u);
-      }
-    }
+    expect_every_share_identical(reports, window, window <= 2 ? 2 : 3);
     // The worker is the unit of membership: both shares' groups are the same generation of the
     // same workers.
     const auto& first = reports.by_share_window[{0, window}].front();
@@ -235,7 +220,7 @@ TEST(ElasticWorkerRanks, AWorkerJoinsAsAWholeAndEveryShareStaysIdenticalAcrossWo
 TEST(ElasticWorkerRanks, AWorkerThatLeavesLeavesEveryShareAndTheOthersRegroupWithoutIt) {
   elastic::Coordinator coordinator(coordinator_options(3));
   Reports reports;
-  reports.coordinator = &coordinator;
+  reports.joiner.coordinator = &coordinator;
   constexpr std::uint64_t kWindows = 4;
   std::vector<std::exception_ptr> errors;
   errors.reserve(3 * kRanksPerWorker);
@@ -259,18 +244,8 @@ TEST(ElasticWorkerRanks, AWorkerThatLeavesLeavesEveryShareAndTheOthersRegroupWit
     if (error) std::rethrow_exception(error);
   coordinator.wait();
 
-  for (std::uint64_t window = 0; window < kWindows; ++window) {
-    const std::size_t workers = window < 2 ? 3 : 2;
-    for (int j = 0; j < kRanksPerWorker; ++j) {
-      const auto& list = reports.by_share_window[{j, window}];
-      ASSERT_EQ(list.size(), workers) << "local rank " << j << ", window " << window;
-      for (const auto& report : list) {
-        EXPECT_EQ(report.digest, list.front().digest)
-            << "local rank " << j << ", window " << window;
-        EXPECT_EQ(report.world_size, static_cast<int>(workers));
-      }
-    }
-  }
+  for (std::uint64_t window = 0; window < kWindows; ++window)
+    expect_every_share_identical(reports, window, window < 2 ? 3 : 2);
   const auto& after = reports.by_share_window[{1, kWindows - 1}].front();
   // (Which of a and b registered first, and so ranks first, is a race.)
   EXPECT_EQ(std::set<std::string>(after.members.begin(), after.members.end()),
@@ -282,7 +257,7 @@ TEST(ElasticWorkerRanks, AWorkerThatLeavesLeavesEveryShareAndTheOthersRegroupWit
 TEST(ElasticWorkerRanks, AWorkerOfAnotherLayoutIsRefusedOnEveryLocalRankNamingBoth) {
   elastic::Coordinator coordinator(coordinator_options(1));
   Reports reports;
-  reports.coordinator = &coordinator;
+  reports.joiner.coordinator = &coordinator;
   std::vector<std::exception_ptr> errors;
   errors.reserve(kRanksPerWorker);
   // Worker a (two ranks) forms the run and stays in it while the others try to register.
