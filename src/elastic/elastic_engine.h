@@ -19,6 +19,10 @@
 // exception, a failure during the final vote round, is repaired by attach()). New workers are
 // admitted at window boundaries according to the coordinator's join policy.
 //
+// A worker of several ranks (ElasticOptions::ranks_per_worker) is one ElasticEngine per local
+// rank, each over its share of the model; they join, regroup and leave as one worker
+// (docs/elastic.md, "Workers of several ranks").
+//
 // Only the TCP transport can change membership: an MPI job aborts when a rank dies (see
 // docs/elastic.md); NCCL communicators are fixed at creation.
 #pragma once
