@@ -352,6 +352,11 @@ void ElasticEngine::regroup(std::string reason) {
   if (left_) throw MembershipError("this worker has left the run");
   for (int attempt = 1;; ++attempt) {
     engine_->detach();  // the data socket stays listening for the next generation
+    // Every local rank has left the old generation before local rank 0 asks for the next one. A
+    // member's rank that receives the next generation connects at once, and the old group's
+    // listener, still serving this worker's port on a local rank that has not detached yet,
+    // would turn it away (another group of the job) and fail that generation.
+    if (link_) (void)link_->allgather("detached", elastic_.worker_link_timeout);
     group_ = group_from_json(Json::parse(ask_for_worker(
         [&] {
           return group_to_json(membership_->next_group(
