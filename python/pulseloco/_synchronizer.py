@@ -232,16 +232,23 @@ class Synchronizer:
         layout = self._worker.layout
         return f"local-{layout.local_rank}-of-{layout.ranks_per_worker}"
 
-    def _worker_call(self, call: Callable[[], Any], broadcast: bool = True) -> Any:
+    def _worker_call(self, call: Callable[[], Any], broadcast: bool = True,
+                     window: bool = False) -> Any:
         """call() on the engine; in a worker of several ranks, then the status exchange and
-        (broadcast, replicated workers) the shares' broadcasts inside the worker."""
+        (broadcast, replicated workers) the shares' broadcasts inside the worker. window: the
+        call may run a window."""
         if self._worker is None:
             return call()
         try:
             result = call()
         except _pulseloco.Error as error:
-            self._worker.exchange_status(
-                "", _worker.name_engine_error(error, self._worker.layout))
+            named = _worker.name_engine_error(error, self._worker.layout)
+            if window and self._worker.elastic:
+                # An elastic window's local ranks agree on its outcome over their link (every
+                # one raises), or the link lost one of them: a status exchange adds nothing and
+                # would wait its timeout for a local rank that is gone or hung.
+                raise named from None
+            self._worker.exchange_status("", named)
             raise  # exchange_status raised already
         self._worker.follow_group(self._engine.rank, self._engine.world_size)
         if result is None:
@@ -265,11 +272,11 @@ class Synchronizer:
         """Call after every optimizer.step(): counts the step; every inner_steps-th call runs a
         window (collective), writes the new weights into the parameters and returns its report;
         otherwise returns None."""
-        return self._deliver(self._worker_call(self._engine.after_optimizer_step))
+        return self._deliver(self._worker_call(self._engine.after_optimizer_step, window=True))
 
     def run_window(self) -> WindowReport:
         """Runs a window now (collective), whatever the step count."""
-        return self._deliver(self._worker_call(self._engine.run_window))
+        return self._deliver(self._worker_call(self._engine.run_window, window=True))
 
     def complete_in_flight(self) -> Optional[WindowReport]:
         """Overlapped windows (overlap="delayed" or "eager"): finishes the window in flight and

@@ -56,16 +56,21 @@ std::vector<std::string> WorkerLink::allgather(std::string_view mine,
     messages = collectives::sparse_allgather(
         *transport_, std::as_bytes(std::span(mine.data(), mine.size())), options);
   } catch (const Error& error) {
+    // A local rank that hangs is named as one that died is: its share has no owner either way.
     const auto lost = error.context().peer;
+    const bool hung = error.kind() == ErrorKind::timeout;
     transport::throw_error_of_kind(
         error.kind(),
-        lost ? fmt::format("worker {}'s local rank {} is lost ({}); the worker cannot go on "
-                           "without it (this is its local rank {})",
-                           worker_, *lost, error.message(), local_rank_)
+        lost ? fmt::format("worker {}'s local rank {} {} ({}); the worker cannot go on without "
+                           "it (this is its local rank {})",
+                           worker_, *lost,
+                           hung ? fmt::format("did not answer within {} ms", timeout.count())
+                                : std::string("is lost"),
+                           error.message(), local_rank_)
              : fmt::format("worker {}: the link between its local ranks failed ({}); the worker "
                            "cannot go on (this is its local rank {})",
                            worker_, error.message(), local_rank_),
-        {.peer = lost});
+        {});  // the message names the local rank: `peer` would read as a rank of the group
   }
   std::vector<std::string> texts;
   texts.reserve(messages.size());

@@ -83,6 +83,8 @@ def main():
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--coordinator", help="elastic: the coordinator's host:port")
     parser.add_argument("--worker-id", help="elastic: this worker's id")
+    parser.add_argument("--worker-link-timeout", type=float,
+                        help="elastic: how long a local rank waits for the others (s)")
     parser.add_argument("--no-ddp", action="store_true",
                         help="worker mode without DDP: every local rank trains on micro-batch 0, "
                         "so the worker's replicas take the same steps (gloo has no bf16 DDP)")
@@ -101,6 +103,8 @@ def main():
         if args.coordinator:
             elastic = {"coordinator": args.coordinator, "worker_id": args.worker_id,
                        "admission_timeout": 240.0}
+            if args.worker_link_timeout:
+                elastic["worker_link_timeout"] = args.worker_link_timeout
         try:
             sync = pulseloco.Synchronizer(
                 model.named_parameters(), mode=args.mode, inner_steps=args.inner_steps,

@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -306,11 +307,17 @@ def launched_events(output, name):
 
 
 @pytest.mark.skipif(pulseloco_cli() is None, reason="the pulseloco CLI is not built")
-def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_dies():
-    timeout = 10.0
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_fails(fault):
+    # A local rank that dies (SIGKILL) or hangs (SIGSTOP) ends its worker: its local rank 0
+    # names it, when the link closes or when worker_link_timeout runs out, and the other workers
+    # regroup without the worker (the hung rank's group fails at the collective timeout).
+    # (collective timeout, worker_link_timeout): the link outlasts a window that fails by timeout.
+    timeout, link_timeout = (10.0, 600.0) if fault == "dies" else (5.0, 15.0)
     run = {"PULSELOCO_SECRET": "elastic-workers-test", "PULSELOCO_RUN_ID": "elastic-workers"}
     coordinator, address = start_coordinator(pulseloco_cli(), 3, 2, extra_env=run)
-    args = ["--windows", "3", "--announce", "--timeout", str(timeout)]
+    args = ["--windows", "3", "--announce", "--timeout", str(timeout),
+            "--worker-link-timeout", str(link_timeout)]
     launched = [launch_elastic_worker(f"w{w}", address, args, run) for w in range(2)]
     w2 = spawn_elastic_worker("w2", address, args, run)
     victim, partner = w2[1], w2[0]  # worker w2's local rank 1, and its local rank 0
@@ -318,11 +325,16 @@ def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_dies():
     try:
         entering = [victim.wait_for("entering", BOUND_SECONDS) for _ in range(2)]
         assert entering[-1]["window"] == 1
-        os.kill(victim.popen.pid, signal.SIGKILL)
-        codes = finish_all(w2, BOUND_SECONDS)
+        os.kill(victim.popen.pid, signal.SIGKILL if fault == "dies" else signal.SIGSTOP)
+        faulted = time.monotonic()
+        codes = finish_all([partner], BOUND_SECONDS)
+        noticed = time.monotonic() - faulted  # until the partner's process ended
         for launcher in launched:
             outputs.append(launcher.communicate(timeout=BOUND_SECONDS)[0])
     finally:
+        if victim.popen.poll() is None:  # stopped
+            victim.popen.kill()
+            victim.popen.wait()
         finish_all(w2, 1)
         for launcher in launched:
             if launcher.poll() is None:
@@ -330,12 +342,21 @@ def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_dies():
                 launcher.wait()
         coordinator.kill()
         coordinator.wait()
-    assert codes[1] == -signal.SIGKILL
-    # w2's local rank 0 ends naming its lost local rank, within twice the timeout.
     assert codes[0] == 3, partner.log()
     error = partner.event("error")
-    assert "worker w2's local rank 1 is lost" in error["message"], error
-    assert error["elapsed"] <= 2 * timeout, error
+    if fault == "dies":
+        # w2's local rank 0 ends naming its lost local rank, within twice the timeout.
+        assert victim.popen.returncode == -signal.SIGKILL
+        assert error["type"] == "PeerLostError", error
+        assert "worker w2's local rank 1 is lost" in error["message"], error
+        assert noticed <= 2 * timeout, (noticed, error)
+    else:
+        # ... or once worker_link_timeout has run out (after its own window, which ends within
+        # twice the timeout).
+        assert error["type"] == "TimeoutError", error
+        assert f"worker w2's local rank 1 did not answer within {int(link_timeout * 1000)} ms" \
+            in error["message"], error
+        assert noticed <= link_timeout + 2 * timeout, (noticed, error)
     # w0 and w1 regroup without w2 and finish, every rank of both with one worker digest.
     for launcher in launched:
         assert launcher.returncode == 0, "\n".join(outputs)
