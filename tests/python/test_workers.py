@@ -344,6 +344,7 @@ def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_fails(f
         coordinator.wait()
     assert codes[0] == 3, partner.log()
     error = partner.event("error")
+    assert error["peer"] is None, error  # the message names the local rank, not a group rank
     if fault == "dies":
         # w2's local rank 0 ends naming its lost local rank, within twice the timeout.
         assert victim.popen.returncode == -signal.SIGKILL
