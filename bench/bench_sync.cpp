@@ -34,11 +34,19 @@
 // states. ddp's window is --ddp-steps all-reduces of a dense fp32 gradient of the same size (what
 // DDP moves per inner step), followed by the engine's window bookkeeping (digest check).
 //
+// State on a GPU (--state-location device, in builds with CUDA): each rank's weights (and ddp's
+// gradients) are copied to the GPU before the engine is built and again once moved, so the
+// engine keeps θ_g, m and e there and runs the window's steps on the device; the phase times
+// then include the fired entries' and the received entries' crossings of PCIe.
+//
 // Overlapped windows (--compute-ratios, --overlaps; docs/benchmarks.md, "Overlapped windows"):
 // mode pulse with a stand-in for the inner steps, several windows in a row per run
 // (run_sequence): the inner steps spin on the calling thread for a set time, and the window's
 // time is compute plus the boundary. At each rate a blocking run without compute measures the
 // exchange time first; the compute time of the runs is then each ratio times it.
+#if PULSELOCO_BENCH_SYNC_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -92,6 +100,7 @@ struct Settings {
   std::uint64_t seed = 1;
   bool json = false;
   std::string label;
+  std::string state_location = "host";  // or "device": the weights on CUDA device 0
   // Overlapped windows (run_overlap_measurements): on when compute_ratios is not empty.
   std::vector<double> compute_ratios;
   std::vector<std::string> overlaps = {"blocking", "delayed", "eager"};
@@ -126,6 +135,64 @@ struct Model {
     }
     return tensors;
   }
+};
+
+// With --state-location device: the model's tensors copied to CUDA device 0, where the engine
+// then keeps its state. Without CUDA in the build, constructing one says so.
+class DeviceCopies {
+ public:
+  DeviceCopies() = default;
+  DeviceCopies(const DeviceCopies&) = delete;
+  DeviceCopies& operator=(const DeviceCopies&) = delete;
+  ~DeviceCopies() {
+#if PULSELOCO_BENCH_SYNC_CUDA
+    for (void* buffer : buffers_)
+      cudaFree(buffer);
+#endif
+  }
+
+  // Device views of `host`, each tensor copied there.
+  std::vector<TensorView> upload(const std::vector<std::vector<float>>& host) {
+#if PULSELOCO_BENCH_SYNC_CUDA
+    std::vector<TensorView> views;
+    for (const std::vector<float>& tensor : host) {
+      void* buffer = nullptr;
+      check(cudaMalloc(&buffer, tensor.size() * sizeof(float)), "cudaMalloc");
+      buffers_.push_back(buffer);
+      views.push_back({buffer, tensor.size(), DType::float32, Device{DeviceKind::cuda, 0}});
+    }
+    copy(host, views);
+    return views;
+#else
+    (void)host;
+    throw InvalidArgument("--state-location device: this build of pulseloco has no CUDA");
+#endif
+  }
+
+  // The host tensors' content into their device copies.
+  static void copy(const std::vector<std::vector<float>>& host,
+                   const std::vector<TensorView>& device) {
+#if PULSELOCO_BENCH_SYNC_CUDA
+    for (std::size_t t = 0; t < host.size(); ++t) {
+      check(cudaMemcpy(device[t].data, host[t].data(), host[t].size() * sizeof(float),
+                       cudaMemcpyHostToDevice),
+            "cudaMemcpy (weights to the device)");
+    }
+#else
+    (void)host;
+    (void)device;
+#endif
+  }
+
+ private:
+#if PULSELOCO_BENCH_SYNC_CUDA
+  static void check(cudaError_t status, const char* what) {
+    if (status != cudaSuccess) {
+      throw IoError(fmt::format("{} failed: {}", what, cudaGetErrorString(status)));
+    }
+  }
+#endif
+  std::vector<void*> buffers_;
 };
 
 // Rank-independent initial weights: N(0, 0.02^2) rounded to bf16 (never exactly zero).
@@ -314,15 +381,27 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
   options.exchange = parse_exchange(exchange);
   options.node_aware = node_aware;
   options.allgather = parse_allgather(s.allgather);
-  Engine engine(model.named(), options, std::move(transport));
+  std::vector<NamedTensor> tensors = model.named();
+  DeviceCopies device;
+  std::vector<TensorView> device_locals;
+  const bool on_device = s.state_location == "device";
+  if (on_device) {
+    options.state_location = StateLocation::device;
+    device_locals = device.upload(model.local);
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      tensors[t].view = device_locals[t];
+  }
+  Engine engine(std::move(tensors), options, std::move(transport));
   if (mode == "ddp") {
     fill_gradients(model, s, rank, pool);
   } else {
     move_locally(model, s, density, rank, pool);
+    if (on_device) DeviceCopies::copy(model.local, device_locals);
   }
   std::vector<TensorView> gradient_views;
   for (auto& g : model.gradients)
     gradient_views.push_back({g.data(), g.size(), DType::float32, Device{}});
+  if (on_device && !model.gradients.empty()) gradient_views = device.upload(model.gradients);
 
   collectives::barrier(engine.transport(), control_options(s));
   if (rank == 0) run_hook(s, rate);
@@ -434,6 +513,7 @@ nlohmann::json run_one(const Settings& s, const std::string& rate, const std::st
       {"union_ratio", report.union_ratio},
       {"density", mode == "pulse" ? static_cast<double>(sum_of(all[5])) / world / p : 1.0},
       {"threads_per_rank", s.threads},
+      {"state_location", report.state_location},
       {"pipeline_chunk_bytes", s.pipeline_chunk_bytes},
       {"window_seconds", window_s},
       {"phase_seconds_max",
@@ -707,6 +787,11 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-s", s.timeout_s, "deadline of every collective")->capture_default_str();
   app.add_option("--seed", s.seed, "state seed")->capture_default_str();
   app.add_option("--label", s.label, "a 'setup' field for every record");
+  app.add_option("--state-location", s.state_location,
+                 "host, or device: the weights on CUDA device 0 and the engine's state beside "
+                 "them (builds with CUDA)")
+      ->check(flags::one_of({"host", "device"}))
+      ->capture_default_str();
   app.add_flag("--json", s.json, "one JSON record per line");
   app.add_option("--compute-ratios", s.compute_ratios,
                  "overlapped windows: runs of windows with inner steps that spin for these "
@@ -745,6 +830,9 @@ int main(int argc, char** argv) {
     if (!s.compute_ratios.empty()) {
       if (s.modes != std::vector<std::string>{"pulse"}) {
         throw InvalidArgument("--compute-ratios measures mode pulse: pass --modes pulse");
+      }
+      if (s.state_location != "host") {
+        throw InvalidArgument("--compute-ratios runs with the state in host memory only");
       }
       run_overlap_measurements(s, base_port, pool);
       return 0;

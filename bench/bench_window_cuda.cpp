@@ -45,7 +45,7 @@ using nlohmann::json;
 constexpr int kRanks = 4;                       // R: messages the aggregate adds
 constexpr std::uint64_t kHostChunk = 1u << 22;  // host mode: elements per chunk (and per tensor)
 constexpr double kGateTarget = 0.70;            // gate bytes/s >= 70% of the copy's
-constexpr double kWindowTarget = 2.5;           // device phases <= 2.5x their byte bound
+constexpr double kWindowTarget = 1.5;           // device phases <= 1.5x their byte bound
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());

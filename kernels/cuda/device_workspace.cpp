@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include <pulseloco/base/errors.h>
@@ -110,33 +111,60 @@ int DeviceWorkspace::device() const noexcept {
   return impl_->device;
 }
 
-Digest buffer_digest(const void* device_bytes, std::size_t bytes, DeviceWorkspace& workspace,
-                     void* stream) {
-  detail::check_current_device(workspace, "buffer_digest");
-  if (bytes == 0) return combine_piece_digests({});
-  if (device_bytes == nullptr) throw InvalidArgument("buffer_digest: null device pointer");
+std::vector<Digest> buffer_digests(std::span<const DeviceRange> buffers, DeviceWorkspace& workspace,
+                                   void* stream) {
+  detail::check_current_device(workspace, "buffer_digests");
+  // Each buffer's pieces take consecutive places among the pieces of all of them.
+  std::vector<std::uint64_t> first_piece(buffers.size() + 1, 0);
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    const DeviceRange& buffer = buffers[b];
+    if (buffer.bytes > 0 && buffer.data == nullptr) {
+      throw InvalidArgument("buffer_digests: null device pointer");
+    }
+    first_piece[b + 1] =
+        first_piece[b] + (buffer.bytes + kBufferDigestPieceBytes - 1) / kBufferDigestPieceBytes;
+  }
+  const std::uint64_t pieces = first_piece.back();
+  std::vector<Digest> digests;
+  digests.reserve(buffers.size());
+  if (pieces == 0) {
+    digests.assign(buffers.size(), combine_piece_digests({}));
+    return digests;
+  }
   DeviceWorkspace::Impl& impl = workspace.impl();
-  const std::uint64_t pieces = (bytes + kBufferDigestPieceBytes - 1) / kBufferDigestPieceBytes;
   impl.reserve_digest(pieces);
-  for (std::uint64_t first = 0; first < pieces; first += detail::kDigestBatchPieces) {
-    detail::enqueue_piece_digests(device_bytes, bytes, first,
-                                  std::min(detail::kDigestBatchPieces, pieces - first),
-                                  impl.digest_scratch, impl.piece_digests, stream);
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    const std::uint64_t count = first_piece[b + 1] - first_piece[b];
+    for (std::uint64_t first = 0; first < count; first += detail::kDigestBatchPieces) {
+      detail::enqueue_piece_digests(buffers[b].data, buffers[b].bytes, first,
+                                    std::min(detail::kDigestBatchPieces, count - first),
+                                    impl.digest_scratch, impl.piece_digests + first_piece[b],
+                                    stream);
+    }
   }
   const auto cuda_stream = static_cast<cudaStream_t>(stream);
   check(cudaMemcpyAsync(impl.host_piece_digests, impl.piece_digests, pieces * sizeof(std::uint64_t),
                         cudaMemcpyDeviceToHost, cuda_stream),
         "cudaMemcpyAsync (piece digests)");
-  check(cudaStreamSynchronize(cuda_stream), "cudaStreamSynchronize (buffer digest)");
-  return combine_piece_digests(std::span<const Digest>(impl.host_piece_digests, pieces));
+  check(cudaStreamSynchronize(cuda_stream), "cudaStreamSynchronize (buffer digests)");
+  for (std::size_t b = 0; b < buffers.size(); ++b) {
+    digests.push_back(combine_piece_digests(std::span<const Digest>(
+        impl.host_piece_digests + first_piece[b], first_piece[b + 1] - first_piece[b])));
+  }
+  return digests;
+}
+
+Digest buffer_digest(const void* device_bytes, std::size_t bytes, DeviceWorkspace& workspace,
+                     void* stream) {
+  const DeviceRange buffer{device_bytes, bytes};
+  return buffer_digests(std::span(&buffer, 1), workspace, stream).front();
 }
 
 Digest state_digest(std::span<const float> global, std::span<const float> momentum,
                     DeviceWorkspace& workspace, void* stream) {
-  const Digest parts[2] = {
-      buffer_digest(global.data(), global.size_bytes(), workspace, stream),
-      buffer_digest(momentum.data(), momentum.size_bytes(), workspace, stream)};
-  return combine_digests(parts);
+  const DeviceRange buffers[2] = {{global.data(), global.size_bytes()},
+                                  {momentum.data(), momentum.size_bytes()}};
+  return combine_digests(buffer_digests(buffers, workspace, stream));
 }
 
 }  // namespace pulseloco::kernels::cuda

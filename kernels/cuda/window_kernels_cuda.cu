@@ -115,19 +115,46 @@ struct WriteEntry {
   }
 };
 
-// One call of cub::DeviceSelect::If: a size query when `temp` is null, the gate otherwise.
-template <DType kLocal, Bf16Delta kDelta>
-cudaError_t gate_select(void* temp, std::size_t& temp_bytes, const GateChunk& chunk,
-                        std::uint32_t* out_offsets, float* out_values, DeviceCounters* counters,
+// Writes the k-th selected item of a chunk at the packed output's cursor, within its capacity.
+struct WritePackedEntry {
+  std::uint32_t* offsets;
+  float* values;
+  std::uint64_t capacity;
+  const unsigned long long* cursor;  // advanced only after the chunk's selection completes
+
+  __device__ void operator()(std::ptrdiff_t k, std::uint64_t item) const {
+    const std::uint64_t at = *cursor + static_cast<std::uint64_t>(k);
+    if (at >= capacity) return;
+    offsets[at] = static_cast<std::uint32_t>(item >> 32) & 0x7FFFFFFFu;
+    values[at] = __uint_as_float(static_cast<std::uint32_t>(item));
+  }
+};
+
+// One call of cub::DeviceSelect::If: a size query when `temp` is null, the gate otherwise;
+// `write` places the k-th fired entry, `selected` receives the count.
+template <DType kLocal, Bf16Delta kDelta, class Write>
+cudaError_t gate_select(void* temp, std::size_t& temp_bytes, const GateChunk& chunk, Write write,
+                        long long* selected, unsigned long long* non_finite_min,
                         cudaStream_t stream) {
   const auto items = thrust::make_transform_iterator(
       thrust::counting_iterator<std::uint32_t>(0),
-      GateItem<kLocal, kDelta>{chunk.global, chunk.local, chunk.residual,
-                               counters == nullptr ? nullptr : &counters->non_finite_min});
-  const auto out = thrust::make_tabulate_output_iterator(WriteEntry{out_offsets, out_values});
-  return cub::DeviceSelect::If(temp, temp_bytes, items, out,
-                               counters == nullptr ? nullptr : &counters->selected,
+      GateItem<kLocal, kDelta>{chunk.global, chunk.local, chunk.residual, non_finite_min});
+  const auto out = thrust::make_tabulate_output_iterator(write);
+  return cub::DeviceSelect::If(temp, temp_bytes, items, out, selected,
                                static_cast<std::int64_t>(chunk.count), IsFired{}, stream);
+}
+
+// After a chunk's selection: its slot learns where its entries start, and the cursor moves on.
+__global__ void advance_gate_cursor_kernel(unsigned long long* cursor, GateSlot* slot) {
+  slot->first = *cursor;
+  *cursor += static_cast<unsigned long long>(slot->fired);
+}
+
+__global__ void begin_packed_gate_kernel(unsigned long long* cursor, GateSlot* slots,
+                                         std::uint64_t count) {
+  for (std::uint64_t i = first_index(); i < count; i += grid_stride())
+    slots[i] = GateSlot{};
+  if (first_index() == 0) *cursor = 0;
 }
 
 // ---- element-wise kernels ------------------------------------------------------------------
@@ -213,12 +240,13 @@ __global__ void validate_entries_kernel(const std::uint32_t* offsets, std::uint6
   }
 }
 
-// One rank's entries: its offsets are unique, so no two threads touch the same element.
+// One rank's entries: its offsets are unique, so no two threads touch the same element. An
+// offset at or beyond `count` (entries the caller did not validate first) writes nothing.
 __global__ void scatter_add_kernel(const std::uint32_t* offsets, const float* values,
-                                   std::uint64_t entries, float* g) {
+                                   std::uint64_t entries, float* g, std::uint64_t count) {
   for (std::uint64_t k = first_index(); k < entries; k += grid_stride()) {
     const std::uint32_t offset = offsets[k];
-    g[offset] = __fadd_rn(g[offset], values[k]);
+    if (offset < count) g[offset] = __fadd_rn(g[offset], values[k]);
   }
 }
 
@@ -228,13 +256,49 @@ std::size_t gate_temp_bytes(std::uint64_t count) {
   std::size_t bytes_f32 = 0, bytes_bf16 = 0, bytes_bf16_authors = 0;
   GateChunk chunk;
   chunk.count = count;
+  const WriteEntry write{nullptr, nullptr};
   PULSELOCO_CUDA_CHECK((gate_select<DType::float32, Bf16Delta::exact>(
-      nullptr, bytes_f32, chunk, nullptr, nullptr, nullptr, nullptr)));
+      nullptr, bytes_f32, chunk, write, nullptr, nullptr, nullptr)));
   PULSELOCO_CUDA_CHECK((gate_select<DType::bfloat16, Bf16Delta::exact>(
-      nullptr, bytes_bf16, chunk, nullptr, nullptr, nullptr, nullptr)));
+      nullptr, bytes_bf16, chunk, write, nullptr, nullptr, nullptr)));
   PULSELOCO_CUDA_CHECK((gate_select<DType::bfloat16, Bf16Delta::authors>(
-      nullptr, bytes_bf16_authors, chunk, nullptr, nullptr, nullptr, nullptr)));
+      nullptr, bytes_bf16_authors, chunk, write, nullptr, nullptr, nullptr)));
   return std::max({bytes_f32, bytes_bf16, bytes_bf16_authors});
+}
+
+// g = the ranks' entries added in rank order, divided by their count. One launch per rank, in
+// rank order on one stream: the additions into each element happen in rank order, as on the CPU.
+void enqueue_sum(std::span<const SparseEntries> ranks_in_order, float* g, std::uint64_t count,
+                 cudaStream_t stream) {
+  if (count == 0) return;
+  PULSELOCO_CUDA_CHECK(cudaMemsetAsync(g, 0, count * sizeof(float), stream));  // +0
+  for (const SparseEntries& entries : ranks_in_order) {
+    launch("scatter_add_kernel", scatter_add_kernel, entries.offsets.size(), stream,
+           entries.offsets.data(), entries.values.data(),
+           static_cast<std::uint64_t>(entries.offsets.size()), g, count);
+  }
+  launch("divide_kernel", divide_kernel, count, stream, g, count,
+         static_cast<float>(ranks_in_order.size()));
+}
+
+// The gate's selection of one chunk on `stream`, with the workspace's CUB storage grown to what
+// it needs.
+template <class Write>
+void run_gate_select(const GateChunk& chunk, Write write, long long* selected,
+                     unsigned long long* non_finite_min, DeviceWorkspace::Impl& impl,
+                     cudaStream_t stream) {
+  const auto select = [&](void* temp, std::size_t& bytes, long long* count) {
+    return ::pulseloco::kernels::detail::with_local_kind(
+        chunk.local_dtype, chunk.bf16_delta, [&]<DType kL, Bf16Delta kD>() {
+          return gate_select<kL, kD>(temp, bytes, chunk, write, count, non_finite_min, stream);
+        });
+  };
+  std::size_t needed = 0;
+  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
+  // Never leave the storage null: CUB would take the second call for another size query.
+  impl.reserve_temp(std::max<std::size_t>(needed, 256));
+  std::size_t available = impl.temp_bytes;
+  PULSELOCO_CUDA_CHECK(select(impl.temp, available, selected));
 }
 
 }  // namespace detail
@@ -252,21 +316,11 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
   if (chunk.count == 0) return GateResult{};
   DeviceWorkspace::Impl& impl = workspace.impl();
   const cudaStream_t s = as_stream(stream);
-  const auto select = [&](void* temp, std::size_t& bytes, detail::DeviceCounters* counters) {
-    return checks::with_local_kind(chunk.local_dtype, chunk.bf16_delta,
-                                   [&]<DType kL, Bf16Delta kD>() {
-                                     return detail::gate_select<kL, kD>(
-                                         temp, bytes, chunk, out_offsets, out_values, counters, s);
-                                   });
-  };
-  std::size_t needed = 0;
-  PULSELOCO_CUDA_CHECK(select(nullptr, needed, nullptr));
-  // Never leave the storage null: CUB would take the second call for another size query.
-  impl.reserve_temp(std::max<std::size_t>(needed, 256));
   PULSELOCO_CUDA_CHECK(
       cudaMemsetAsync(&impl.device_counters->non_finite_min, 0xFF, sizeof(unsigned long long), s));
-  std::size_t available = impl.temp_bytes;
-  PULSELOCO_CUDA_CHECK(select(impl.temp, available, impl.device_counters));
+  detail::run_gate_select(chunk, detail::WriteEntry{out_offsets, out_values},
+                          &impl.device_counters->selected, &impl.device_counters->non_finite_min,
+                          impl, s);
   PULSELOCO_CUDA_CHECK(cudaMemcpyAsync(impl.host_counters, impl.device_counters,
                                        sizeof(detail::DeviceCounters), cudaMemcpyDeviceToHost, s));
   PULSELOCO_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -275,6 +329,34 @@ GateResult gate(const GateChunk& chunk, std::uint32_t* out_offsets, float* out_v
     return GateResult{.fired = 0, .non_finite_offset = result.non_finite_min};
   return GateResult{.fired = static_cast<std::uint64_t>(result.selected),
                     .non_finite_offset = std::nullopt};
+}
+
+void begin_packed_gate(const PackedGateOutput& out, std::size_t slots, void* stream) {
+  if (out.cursor == nullptr || (slots > 0 && out.slots == nullptr)) {
+    throw InvalidArgument("cuda::begin_packed_gate: null cursor or slots");
+  }
+  const cudaStream_t s = as_stream(stream);
+  detail::begin_packed_gate_kernel<<<detail::blocks_for(std::max<std::size_t>(slots, 1)),
+                                     detail::kThreads, 0, s>>>(out.cursor, out.slots, slots);
+  detail::check(static_cast<int>(cudaGetLastError()), "begin_packed_gate_kernel");
+}
+
+void enqueue_gate(const GateChunk& chunk, std::size_t slot, const PackedGateOutput& out,
+                  DeviceWorkspace& workspace, void* stream) {
+  checks::check_gate_chunk(chunk, "cuda::enqueue_gate");
+  if (out.cursor == nullptr || out.slots == nullptr ||
+      (out.capacity > 0 && (out.offsets == nullptr || out.values == nullptr))) {
+    throw InvalidArgument("cuda::enqueue_gate: null packed output");
+  }
+  detail::check_current_device(workspace, "cuda::enqueue_gate");
+  if (chunk.count == 0) return;  // the slot keeps "nothing fired" and its first entry 0
+  const cudaStream_t s = as_stream(stream);
+  GateSlot* target = out.slots + slot;
+  detail::run_gate_select(
+      chunk, detail::WritePackedEntry{out.offsets, out.values, out.capacity, out.cursor},
+      &target->fired, &target->non_finite_min, workspace.impl(), s);
+  detail::advance_gate_cursor_kernel<<<1, 1, 0, s>>>(out.cursor, target);
+  detail::check(static_cast<int>(cudaGetLastError()), "advance_gate_cursor_kernel");
 }
 
 void commit_residual(const GateChunk& chunk, float* residual_out, void* stream) {
@@ -322,17 +404,24 @@ void aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uin
                           std::move(context));
   }
 
-  if (count == 0) return;
-  PULSELOCO_CUDA_CHECK(cudaMemsetAsync(g, 0, count * sizeof(float), s));  // +0
-  // One launch per rank, in rank order on one stream: the additions into each element happen
-  // in rank order, as on the CPU.
-  for (const SparseEntries& entries : ranks_in_order) {
-    launch("scatter_add_kernel", detail::scatter_add_kernel, entries.offsets.size(), s,
-           entries.offsets.data(), entries.values.data(),
-           static_cast<std::uint64_t>(entries.offsets.size()), g);
+  detail::enqueue_sum(ranks_in_order, g, count, s);
+}
+
+void enqueue_aggregate(std::span<const SparseEntries> ranks_in_order, float* g, std::uint64_t count,
+                       unsigned long long* bad_entry_min, void* stream) {
+  constexpr const char* kName = "cuda::enqueue_aggregate";
+  checks::check_count(count, kName);
+  checks::check_pointer(g, count, kName, "output");
+  checks::check_ranks_shape(ranks_in_order, kName);
+  if (bad_entry_min == nullptr) throw InvalidArgument("cuda::enqueue_aggregate: null counter");
+  const cudaStream_t s = as_stream(stream);
+  for (std::size_t r = 0; r < ranks_in_order.size(); ++r) {
+    const SparseEntries& entries = ranks_in_order[r];
+    launch("validate_entries_kernel", detail::validate_entries_kernel, entries.offsets.size(), s,
+           entries.offsets.data(), static_cast<std::uint64_t>(entries.offsets.size()), count,
+           static_cast<unsigned long long>(r), bad_entry_min);
   }
-  launch("divide_kernel", detail::divide_kernel, count, s, g, count,
-         static_cast<float>(ranks_in_order.size()));
+  detail::enqueue_sum(ranks_in_order, g, count, s);
 }
 
 void outer_step(float* global, float* momentum, const float* g, void* local, DType local_dtype,

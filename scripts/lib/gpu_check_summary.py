@@ -155,9 +155,12 @@ def main():
         lines.append("benchmarks: no results")
     sync = bench_records(out, "bench_sync.jsonl")
     for r in sync:  # pulseloco_bench_sync, rank 0: two ranks sharing the GPU over loopback TCP
+        phases = r.get("phase_seconds_max", {})
         lines.append(f"engine window, 2 ranks, {r.get('setup', r.get('label', '?'))}: "
-                     f"{r.get('window_seconds', 0):.3f} s (exchange "
-                     f"{r.get('exchange_seconds', 0):.3f} s)")
+                     f"{r.get('window_seconds', 0):.3f} s (gate {phases.get('gate', 0):.3f} s, "
+                     f"exchange {r.get('exchange_seconds', 0):.3f} s, apply "
+                     f"{phases.get('apply', 0):.3f} s); density {r.get('density', 0):.2%}; "
+                     f"replicas {'identical' if r.get('replicas_identical') else 'DIFFER'}")
     hf = train_hf_runs(out)
     for overlap, run in hf.items():
         densities = ", ".join(f"{d:.2%}" for d in run["density"])
@@ -168,7 +171,8 @@ def main():
                      f"{run['diloco_bytes'] / max(run['payload_bytes'], 1):.1f}x)")
     print("\n".join(lines))
     failed = any(s["status"] == "failed" for s in steps) or any(
-        g["failed"] for g in groups.values()) or any(not r["identical"] for r in hf.values())
+        g["failed"] for g in groups.values()) or any(not r["identical"] for r in hf.values()) or any(
+        not r.get("replicas_identical", False) for r in sync)
     summary = {"seconds": seconds, "failed": failed, "steps": steps, "tests": groups,
                "benchmarks": records, "sync": sync, "train_hf": hf}
     with open(os.path.join(out, "gpu_check.json"), "w") as f:

@@ -134,6 +134,7 @@ void OverlappedPulseWindow::start_from_own() {
                      [&](const ChunkRef& chunk, const kernels::SparseEntries& own) {
                        state_.start_from_own(chunk, own, params);
                      });
+  state_.end_apply();
 }
 
 void OverlappedPulseWindow::start_in_flight(const AttachedGroup& group) {

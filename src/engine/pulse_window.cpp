@@ -59,6 +59,7 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
   const auto& chunks = state_.layout().chunks();
   std::vector<std::vector<std::byte>> frames(chunks.size());
   std::vector<std::uint64_t> fired(chunks.size(), 0);
+  state_.begin_gate(pool_);
   pool_.parallel_for(chunks.size(), [&](std::size_t c) {
     const ChunkRef& chunk = chunks[c];
     auto scratch = gate_scratch_.acquire();
@@ -632,6 +633,7 @@ SetOverlap PulseWindow::apply(const ReceivedMessages& received, bool commit_resi
       state_.aggregate_and_step(chunk, per_rank, params);
     }
   });
+  state_.end_apply();
   SetOverlap overlap;
   for (const std::uint64_t n : union_entries)
     overlap.union_entries += n;

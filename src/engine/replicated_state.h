@@ -110,6 +110,11 @@ class ReplicatedState {
   // --- one window, chunk by chunk (docs/algorithm.md) ---------------------------------------
   // Each call touches only its chunk; callers run chunks in parallel.
 
+  // The phases around the per-chunk calls (StateMemory): begin_gate() before a window's gate()
+  // calls, end_apply() after its aggregate_and_commit / aggregate_and_step / start_from_own
+  // calls.
+  void begin_gate(ThreadPool& pool) { memory_->begin_gate(pool); }
+  void end_apply() { memory_->end_apply(); }
   // Steps 1-5 without the state change: writes the fired (offset, s) entries into host buffers
   // with room for chunk.length entries.
   [[nodiscard]] kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,

@@ -84,11 +84,21 @@ class StateMemory {
   [[nodiscard]] virtual Device device() const noexcept = 0;
 
   // --- one window, chunk by chunk (docs/algorithm.md); callers may run chunks in parallel ----
+  // A window's phases bracket the per-chunk calls, so that a device memory needs the host once
+  // per phase, not once per chunk: begin_gate() before a window's gate() calls, end_apply()
+  // after its aggregate_and_commit, aggregate_and_step or start_from_own calls. A host memory
+  // computes in the per-chunk calls and does nothing in these two.
 
+  // Every chunk's gate at once (a device memory computes them here, with one synchronisation).
+  virtual void begin_gate(ThreadPool& /*pool*/) {}
   // Steps 1-5 without the state change: the fired (offset, s) entries into host buffers with
-  // room for chunk.length entries.
+  // room for chunk.length entries. A device memory hands out what begin_gate() computed, and
+  // throws InvalidArgument when the state changed since.
   [[nodiscard]] virtual kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,
                                                  float* values) = 0;
+  // Waits until the state changes the per-chunk calls enqueued are done (a device memory
+  // enqueues them without waiting), and reports a failure among them.
+  virtual void end_apply() {}
   // Step 7 from the ranks' decoded entries (host memory, validated), then step 5's state
   // change, 8 and 9.
   virtual void aggregate_and_commit(const ChunkRef& chunk,

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -261,6 +262,165 @@ TEST(CudaWindow, ChainedOnAStreamMatchesTheCpu) {
   }
 }
 
+// A window's chunks gated into one packed output (one synchronisation) give each chunk the same
+// entries as the chunk's own gate; an output too small is told apart by its total, and an
+// output in mapped pinned host memory works as one on the device.
+TEST(CudaPackedGate, MatchesTheChunkGate) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  constexpr std::size_t n = 300007;
+  constexpr std::uint64_t kChunk = 65537;
+  const std::size_t chunks = (n + kChunk - 1) / kChunk;
+  for (const LocalKind& kind : local_kinds()) {
+    SCOPED_TRACE(local_kind_name(kind));
+    const auto [dtype, bf16_delta] = kind;
+    CudaBackend cuda;
+    const cudaStream_t stream = cuda.stream();
+    std::vector<float> global = make_global_weights(n, 3);
+    std::vector<LocalWeights> locals(1, LocalWeights(dtype, n));
+    std::vector<std::vector<float>> residuals(1, std::vector<float>(n, 0.0f));
+    cast_global_into(global, locals[0]);
+    apply_inner_steps(locals[0], dtype == DType::float32 ? 3e-6f : 3e-4f, 8, 41);
+    inject_edge_cases(global, locals, residuals);
+    residuals[0][2 * kChunk + 17] = std::numeric_limits<float>::quiet_NaN();  // chunk 2 diverged
+    const std::size_t local_size = dtype_size(dtype);
+    const DeviceBytes d_global = DeviceBytes::from_host(global.data(), n * 4, stream);
+    const DeviceBytes d_local = DeviceBytes::from_host(locals[0].data(), n * local_size, stream);
+    const DeviceBytes d_residual = DeviceBytes::from_host(residuals[0].data(), n * 4, stream);
+    const auto chunk_at = [&](std::size_t c) {
+      const std::uint64_t begin = c * kChunk;
+      return kernels::GateChunk{.global = d_global.get<float>() + begin,
+                                .local = d_local.get<char>() + begin * local_size,
+                                .local_dtype = dtype,
+                                .residual = d_residual.get<float>() + begin,
+                                .count = std::min<std::uint64_t>(kChunk, n - begin),
+                                .bf16_delta = bf16_delta};
+    };
+    // Each chunk's own gate.
+    const DeviceBytes d_offsets(kChunk * 4), d_values(kChunk * 4);
+    std::vector<kernels::GateResult> expected(chunks);
+    std::vector<std::vector<std::uint32_t>> expected_offsets(chunks);
+    std::vector<std::vector<float>> expected_values(chunks);
+    std::uint64_t expected_total = 0;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      expected[c] = kernels::cuda::gate(chunk_at(c), d_offsets.get<std::uint32_t>(),
+                                        d_values.get<float>(), cuda.workspace(), stream);
+      expected_offsets[c].resize(expected[c].fired);
+      expected_values[c].resize(expected[c].fired);
+      d_offsets.to_host(expected_offsets[c].data(), expected[c].fired * 4, stream);
+      d_values.to_host(expected_values[c].data(), expected[c].fired * 4, stream);
+      expected_total += expected[c].fired;
+    }
+    ASSERT_TRUE(expected[2].non_finite_offset);
+    ASSERT_GT(expected_total, 10u);
+
+    const DeviceBytes d_cursor(sizeof(unsigned long long));
+    const DeviceBytes d_slots(chunks * sizeof(kernels::cuda::GateSlot));
+    std::uint32_t* mapped_offsets = nullptr;
+    float* mapped_values = nullptr;
+    const std::uint64_t room = expected_total + kChunk;
+    PULSELOCO_CUDA_ASSERT(
+        cudaHostAlloc(reinterpret_cast<void**>(&mapped_offsets), room * 4, cudaHostAllocMapped));
+    PULSELOCO_CUDA_ASSERT(
+        cudaHostAlloc(reinterpret_cast<void**>(&mapped_values), room * 4, cudaHostAllocMapped));
+    // Too small (10 entries), then large enough (the diverged chunk's entries take room too).
+    for (const std::uint64_t capacity : {std::uint64_t{10}, room}) {
+      SCOPED_TRACE(capacity);
+      kernels::cuda::PackedGateOutput out{.capacity = capacity,
+                                          .cursor = d_cursor.get<unsigned long long>(),
+                                          .slots = d_slots.get<kernels::cuda::GateSlot>()};
+      PULSELOCO_CUDA_ASSERT(
+          cudaHostGetDevicePointer(reinterpret_cast<void**>(&out.offsets), mapped_offsets, 0));
+      PULSELOCO_CUDA_ASSERT(
+          cudaHostGetDevicePointer(reinterpret_cast<void**>(&out.values), mapped_values, 0));
+      kernels::cuda::begin_packed_gate(out, chunks, stream);
+      for (std::size_t c = 0; c < chunks; ++c)
+        kernels::cuda::enqueue_gate(chunk_at(c), c, out, cuda.workspace(), stream);
+      std::vector<kernels::cuda::GateSlot> slots(chunks);
+      d_slots.to_host(slots.data(), chunks * sizeof(kernels::cuda::GateSlot), stream);
+      std::uint64_t total = 0;
+      for (std::size_t c = 0; c < chunks; ++c) {
+        SCOPED_TRACE(c);
+        EXPECT_EQ(slots[c].first, total);
+        if (expected[c].non_finite_offset) {
+          // The chunk's finite elements may still fire; the caller discards them.
+          EXPECT_EQ(slots[c].non_finite_min, *expected[c].non_finite_offset);
+          total += static_cast<std::uint64_t>(slots[c].fired);
+          continue;
+        }
+        EXPECT_EQ(slots[c].non_finite_min, ~0ull);
+        ASSERT_EQ(static_cast<std::uint64_t>(slots[c].fired), expected[c].fired);
+        for (std::uint64_t k = 0; k < expected[c].fired && total + k < capacity; ++k) {
+          ASSERT_EQ(mapped_offsets[total + k], expected_offsets[c][k]) << "entry " << k;
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(mapped_values[total + k]),
+                    std::bit_cast<std::uint32_t>(expected_values[c][k]))
+              << "entry " << k;
+        }
+        total += static_cast<std::uint64_t>(slots[c].fired);
+      }
+      EXPECT_GE(total, expected_total);
+    }
+    cudaFreeHost(mapped_offsets);
+    cudaFreeHost(mapped_values);
+  }
+}
+
+// The aggregate enqueued without waiting gives the validating aggregate's bits; a bad entry
+// writes nothing outside g and is recorded for the caller to read after synchronising.
+TEST(CudaAggregate, EnqueuedMatchesTheValidatingOne) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  CudaBackend cuda;
+  const cudaStream_t stream = cuda.stream();
+  constexpr std::uint64_t count = 5000;
+  std::vector<DeviceBytes> d_offsets, d_values;
+  std::vector<kernels::SparseEntries> ranks;
+  FastRandom random(9);
+  for (int r = 0; r < 4; ++r) {
+    std::vector<std::uint32_t> offsets;
+    std::vector<float> values;
+    for (std::uint32_t i = 0; i < count; ++i) {
+      if (random.next() % 5 != 0) continue;
+      offsets.push_back(i);
+      values.push_back(static_cast<float>(static_cast<int>(random.next() % 2001) - 1000) * 1e-3f);
+    }
+    d_offsets.push_back(DeviceBytes::from_host(offsets.data(), offsets.size() * 4, stream));
+    d_values.push_back(DeviceBytes::from_host(values.data(), values.size() * 4, stream));
+    ranks.push_back({{d_offsets.back().get<std::uint32_t>(), offsets.size()},
+                     {d_values.back().get<float>(), values.size()}});
+  }
+  const DeviceBytes d_expected(count * 4), d_g(count * 4);
+  kernels::cuda::aggregate(ranks, d_expected.get<float>(), count, cuda.workspace(), stream);
+  const unsigned long long none = ~0ull;
+  const DeviceBytes d_bad = DeviceBytes::from_host(&none, sizeof none, stream);
+  kernels::cuda::enqueue_aggregate(ranks, d_g.get<float>(), count, d_bad.get<unsigned long long>(),
+                                   stream);
+  std::vector<float> expected(count), g(count);
+  d_expected.to_host(expected.data(), count * 4, stream);
+  d_g.to_host(g.data(), count * 4, stream);
+  EXPECT_TRUE(same_floats(g, expected, "aggregate"));
+  unsigned long long bad = 0;
+  d_bad.to_host(&bad, sizeof bad, stream);
+  EXPECT_EQ(bad, ~0ull);
+
+  // Rank 1's second entry is beyond the chunk: recorded, and g's neighbour stays as it was.
+  const std::vector<std::uint32_t> good{1, 3}, beyond{2, 4};
+  const std::vector<float> two{1.0f, 2.0f};
+  const std::vector<float> sentinel(5, 7.0f);
+  const DeviceBytes d_small = DeviceBytes::from_host(sentinel.data(), 20, stream);
+  const DeviceBytes d_good = DeviceBytes::from_host(good.data(), 8, stream);
+  const DeviceBytes d_beyond = DeviceBytes::from_host(beyond.data(), 8, stream);
+  const DeviceBytes d_two = DeviceBytes::from_host(two.data(), 8, stream);
+  const std::vector<kernels::SparseEntries> bad_ranks{
+      {{d_good.get<std::uint32_t>(), 2}, {d_two.get<float>(), 2}},
+      {{d_beyond.get<std::uint32_t>(), 2}, {d_two.get<float>(), 2}}};
+  kernels::cuda::enqueue_aggregate(bad_ranks, d_small.get<float>(), 4,
+                                   d_bad.get<unsigned long long>(), stream);
+  d_bad.to_host(&bad, sizeof bad, stream);
+  EXPECT_EQ(bad, (1ull << 32) | 1ull);
+  std::vector<float> after(5);
+  d_small.to_host(after.data(), 20, stream);
+  EXPECT_EQ(after[4], 7.0f);
+}
+
 TEST(CudaAggregate, RejectsBadEntriesBeforeWriting) {
   PULSELOCO_SKIP_WITHOUT_GPU();
   CudaBackend cuda;
@@ -343,6 +503,28 @@ TEST(CudaDigest, MatchesTheHostDigestOfTheSameBytes) {
           << bytes << " bytes at offset " << offset;
     }
   }
+}
+
+// Several buffers hashed before one synchronisation give each buffer's own digest, empty ones
+// included.
+TEST(CudaDigest, BuffersTogetherMatchOneByOne) {
+  PULSELOCO_SKIP_WITHOUT_GPU();
+  CudaBackend cuda;
+  const std::size_t sizes[] = {0,    13, kBufferDigestPieceBytes + 5,
+                               1025, 0,  300 * kBufferDigestPieceBytes + 3};
+  std::vector<DeviceBytes> device;
+  std::vector<kernels::cuda::DeviceRange> ranges;
+  std::vector<Digest> expected;
+  for (const std::size_t bytes : sizes) {
+    std::vector<std::byte> host(bytes);
+    FastRandom random(bytes + 1);
+    for (std::byte& b : host)
+      b = static_cast<std::byte>(random.next());
+    device.push_back(DeviceBytes::from_host(host.data(), bytes, cuda.stream()));
+    ranges.push_back({device.back().get<std::byte>(), bytes});
+    expected.push_back(buffer_digest(host));
+  }
+  EXPECT_EQ(kernels::cuda::buffer_digests(ranges, cuda.workspace(), cuda.stream()), expected);
 }
 
 TEST(CudaDigest, StateDigestMatchesTheCpu) {

@@ -108,6 +108,17 @@ void CudaStateMemory::allocate(const StateTensors& tensors) {
   if (keeps_start) {
     momentum_copy_ = device_alloc<float>(chunk_capacity_, "cudaMalloc (momentum copy)");
   }
+  const std::size_t chunk_count = std::max<std::size_t>(layout_.chunks().size(), 1);
+  gate_slots_ = device_alloc<kernels::cuda::GateSlot>(chunk_count, "cudaMalloc (gate slots)");
+  check(cudaMallocHost(reinterpret_cast<void**>(&host_gate_slots_),
+                       chunk_count * sizeof(kernels::cuda::GateSlot)),
+        "cudaMallocHost (gate slots)");
+  gate_cursor_ = device_alloc<unsigned long long>(1, "cudaMalloc (gate cursor)");
+  bad_entry_min_ = device_alloc<unsigned long long>(1, "cudaMalloc (entry check)");
+  check(cudaMallocHost(reinterpret_cast<void**>(&host_bad_entry_min_), sizeof(unsigned long long)),
+        "cudaMallocHost (entry check)");
+  check(cudaMemsetAsync(bad_entry_min_, 0xFF, sizeof(unsigned long long), as_stream(stream_)),
+        "cudaMemsetAsync (entry check)");
   // One chunk's entries (offsets and values), or one chunk of fp32 values twice over.
   staging_bytes_ = std::max<std::size_t>(chunk_capacity_ * 8, 4096);
   void* staging = nullptr;
@@ -159,6 +170,14 @@ void CudaStateMemory::release() noexcept {
   cudaFree(momentum_copy_);
   cudaFree(patch_values_);
   cudaFreeHost(staging_);
+  cudaFreeHost(packed_offsets_);
+  cudaFreeHost(packed_values_);
+  cudaFree(gate_slots_);
+  cudaFreeHost(host_gate_slots_);
+  cudaFree(gate_cursor_);
+  cudaFreeHost(entry_arena_);
+  cudaFree(bad_entry_min_);
+  cudaFreeHost(host_bad_entry_min_);
   workspace_.reset();
   if (caller_ready_ != nullptr) cudaEventDestroy(as_event(caller_ready_));
   if (access_done_ != nullptr) cudaEventDestroy(as_event(access_done_));
@@ -170,6 +189,14 @@ void CudaStateMemory::release() noexcept {
   momentum_copy_ = nullptr;
   patch_values_ = nullptr;
   staging_ = nullptr;
+  packed_offsets_ = nullptr;
+  packed_values_ = nullptr;
+  packed_capacity_ = 0;
+  gate_slots_ = host_gate_slots_ = nullptr;
+  gate_cursor_ = nullptr;
+  entry_arena_ = nullptr;
+  entry_arena_bytes_ = entry_arena_used_ = 0;
+  bad_entry_min_ = host_bad_entry_min_ = nullptr;
   caller_ready_ = access_done_ = stream_ = nullptr;
   cudaGetLastError();  // a failure here must not surface in a later, unrelated launch check
 }
@@ -180,6 +207,7 @@ std::string CudaStateMemory::location() const {
 
 void CudaStateMemory::synchronize(const char* what) {
   check(cudaStreamSynchronize(as_stream(stream_)), what);
+  entry_arena_used_ = 0;  // the stream has passed every entry staged there
 }
 
 void CudaStateMemory::to_host(void* host, const void* device, std::size_t bytes) {
@@ -226,17 +254,132 @@ kernels::GateChunk CudaStateMemory::gate_chunk(const ChunkRef& chunk) const {
   };
 }
 
-kernels::GateResult CudaStateMemory::gate(const ChunkRef& chunk, std::uint32_t* offsets,
-                                          float* values) {
+std::size_t CudaStateMemory::chunk_index(const ChunkRef& chunk) const {
+  const auto& chunks = layout_.chunks();
+  const auto found = std::lower_bound(
+      chunks.begin(), chunks.end(), chunk, [](const ChunkRef& a, const ChunkRef& b) {
+        return std::pair(a.tensor, a.begin) < std::pair(b.tensor, b.begin);
+      });
+  if (found == chunks.end() || found->tensor != chunk.tensor || found->begin != chunk.begin ||
+      found->length != chunk.length) {
+    throw InvalidArgument(fmt::format("internal: tensor {} [{}, +{}) is not a chunk of the layout",
+                                      chunk.tensor, chunk.begin, chunk.length));
+  }
+  return static_cast<std::size_t>(found - chunks.begin());
+}
+
+void CudaStateMemory::reserve_packed_gate(std::uint64_t entries) {
+  if (entries <= packed_capacity_) return;
+  synchronize("cudaStreamSynchronize (before growing the gate's output)");
+  check(cudaFreeHost(packed_offsets_), "cudaFreeHost (gate offsets)");
+  packed_offsets_ = nullptr;
+  check(cudaFreeHost(packed_values_), "cudaFreeHost (gate values)");
+  packed_values_ = nullptr;
+  packed_capacity_ = 0;
+  void* offsets = nullptr;
+  void* values = nullptr;
+  check(cudaHostAlloc(&offsets, entries * sizeof(std::uint32_t), cudaHostAllocMapped),
+        "cudaHostAlloc (gate offsets)");
+  packed_offsets_ = static_cast<std::uint32_t*>(offsets);
+  check(cudaHostAlloc(&values, entries * sizeof(float), cudaHostAllocMapped),
+        "cudaHostAlloc (gate values)");
+  packed_values_ = static_cast<float*>(values);
+  packed_capacity_ = entries;
+}
+
+// Every chunk's gate on the stream, its entries written by the kernels into mapped pinned host
+// memory, and one synchronisation. The first window, or one that fires more than the output
+// holds, runs a second time into an output of the right size: the gate changes no state.
+void CudaStateMemory::begin_gate(ThreadPool& /*pool*/) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
-  const kernels::GateResult result =
-      kernels::cuda::gate(gate_chunk(chunk), gate_offsets_, chunk_values_, *workspace_, stream_);
-  if (result.fired > 0) {
-    to_host(offsets, gate_offsets_, result.fired * sizeof(std::uint32_t));
-    to_host(values, chunk_values_, result.fired * sizeof(float));
+  const auto& chunks = layout_.chunks();
+  for (int pass = 0;; ++pass) {
+    kernels::cuda::PackedGateOutput out{
+        .capacity = packed_capacity_, .cursor = gate_cursor_, .slots = gate_slots_};
+    if (packed_capacity_ > 0) {
+      check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&out.offsets), packed_offsets_, 0),
+            "cudaHostGetDevicePointer (gate offsets)");
+      check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&out.values), packed_values_, 0),
+            "cudaHostGetDevicePointer (gate values)");
+    }
+    kernels::cuda::begin_packed_gate(out, chunks.size(), stream_);
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      kernels::cuda::enqueue_gate(gate_chunk(chunks[c]), c, out, *workspace_, stream_);
+    if (!chunks.empty()) {
+      check(cudaMemcpyAsync(host_gate_slots_, gate_slots_,
+                            chunks.size() * sizeof(kernels::cuda::GateSlot), cudaMemcpyDeviceToHost,
+                            as_stream(stream_)),
+            "cudaMemcpyAsync (gate slots)");
+    }
+    synchronize("cudaStreamSynchronize (gate)");
+    std::uint64_t total = 0;
+    for (std::size_t c = 0; c < chunks.size(); ++c)
+      total += static_cast<std::uint64_t>(host_gate_slots_[c].fired);
+    if (total <= packed_capacity_) break;
+    if (pass > 0) {
+      throw IoError(
+          fmt::format("internal: the gate fired {} entries on its second pass, more "
+                      "than the {} of its first",
+                      total, packed_capacity_));
+    }
+    // Room for this window and some growth: the next windows rarely run twice.
+    reserve_packed_gate(total + total / 4);
   }
-  return result;
+  gated_ = true;
+}
+
+kernels::GateResult CudaStateMemory::gate(const ChunkRef& chunk, std::uint32_t* offsets,
+                                          float* values) {
+  // begin_gate() wrote the slots and entries and returned before the caller's gate() calls
+  // started; they only read them (in parallel, without the lock).
+  if (!gated_) throw InvalidArgument("internal: gate() without begin_gate() since the last change");
+  const kernels::cuda::GateSlot& slot = host_gate_slots_[chunk_index(chunk)];
+  if (slot.non_finite_min != ~0ull) {
+    return kernels::GateResult{.fired = 0, .non_finite_offset = slot.non_finite_min};
+  }
+  const auto fired = static_cast<std::uint64_t>(slot.fired);
+  std::memcpy(offsets, packed_offsets_ + slot.first, fired * sizeof(std::uint32_t));
+  std::memcpy(values, packed_values_ + slot.first, fired * sizeof(float));
+  return kernels::GateResult{.fired = fired, .non_finite_offset = std::nullopt};
+}
+
+std::byte* CudaStateMemory::reserve_entry_arena(std::size_t bytes) {
+  if (entry_arena_used_ + bytes > entry_arena_bytes_) {
+    // The kernels enqueued so far may still read the arena: wait for them before reusing it.
+    synchronize("cudaStreamSynchronize (before reusing the entry staging)");
+    // Doubled: within a few windows it holds a whole window's entries, and the apply waits
+    // only in end_apply().
+    const std::size_t size = std::max({bytes, staging_bytes_, entry_arena_bytes_ * 2});
+    check(cudaFreeHost(entry_arena_), "cudaFreeHost (entry staging)");
+    entry_arena_ = nullptr;
+    entry_arena_bytes_ = 0;
+    void* arena = nullptr;
+    check(cudaMallocHost(&arena, size), "cudaMallocHost (entry staging)");
+    entry_arena_ = static_cast<std::byte*>(arena);
+    entry_arena_bytes_ = size;
+  }
+  std::byte* at = entry_arena_ + entry_arena_used_;
+  entry_arena_used_ += bytes;
+  return at;
+}
+
+void CudaStateMemory::end_apply() {
+  const std::scoped_lock lock(mutex_);
+  const DeviceGuard guard(device_);
+  check(cudaMemcpyAsync(host_bad_entry_min_, bad_entry_min_, sizeof(unsigned long long),
+                        cudaMemcpyDeviceToHost, as_stream(stream_)),
+        "cudaMemcpyAsync (entry check)");
+  synchronize("cudaStreamSynchronize (window apply)");
+  const unsigned long long bad = *host_bad_entry_min_;
+  if (bad == ~0ull) return;
+  check(cudaMemsetAsync(bad_entry_min_, 0xFF, sizeof(unsigned long long), as_stream(stream_)),
+        "cudaMemsetAsync (entry check)");
+  // The codec validated every entry before the apply: this is a broken invariant, not bad input.
+  throw InvalidArgument(fmt::format("internal: the device found entry {} of rank {} breaking the "
+                                    "rule that offsets are strictly ascending within a chunk",
+                                    bad & 0xFFFFFFFFull, bad >> 32),
+                        {.peer = static_cast<int>(bad >> 32)});
 }
 
 float* CudaStateMemory::aggregate_on_device(
@@ -263,24 +406,26 @@ float* CudaStateMemory::aggregate_on_device(
       entries.values = device_alloc<float>(chunk_capacity_, "cudaMalloc (entries)");
       entries.capacity = chunk_capacity_;
     }
-    // Offsets and values together fill at most the staging (a chunk's entries): one round trip.
+    // The copies are enqueued, not awaited: the arena keeps the bytes until the stream has
+    // passed them.
     const std::size_t offset_bytes = count * sizeof(std::uint32_t);
-    std::memcpy(staging_, host.offsets.data(), offset_bytes);
-    std::memcpy(staging_ + offset_bytes, host.values.data(), count * sizeof(float));
     if (count > 0) {
-      check(cudaMemcpyAsync(entries.offsets, staging_, offset_bytes, cudaMemcpyHostToDevice,
+      std::byte* staged = reserve_entry_arena(offset_bytes + count * sizeof(float));
+      std::memcpy(staged, host.offsets.data(), offset_bytes);
+      std::memcpy(staged + offset_bytes, host.values.data(), count * sizeof(float));
+      check(cudaMemcpyAsync(entries.offsets, staged, offset_bytes, cudaMemcpyHostToDevice,
                             as_stream(stream_)),
             "cudaMemcpyAsync (entry offsets)");
-      check(cudaMemcpyAsync(entries.values, staging_ + offset_bytes, count * sizeof(float),
+      check(cudaMemcpyAsync(entries.values, staged + offset_bytes, count * sizeof(float),
                             cudaMemcpyHostToDevice, as_stream(stream_)),
             "cudaMemcpyAsync (entry values)");
-      synchronize("cudaStreamSynchronize (entries to the device)");  // the staging is reused
     }
     on_device[r] = {std::span<const std::uint32_t>(entries.offsets, count),
                     std::span<const float>(entries.values, count)};
   }
+  gated_ = false;  // the state is about to change
   float* g = chunk_values_;
-  kernels::cuda::aggregate(on_device, g, chunk.length, *workspace_, stream_);
+  kernels::cuda::enqueue_aggregate(on_device, g, chunk.length, bad_entry_min_, stream_);
   return g;
 }
 
@@ -350,6 +495,7 @@ void CudaStateMemory::start_from_own(const ChunkRef& chunk, const kernels::Spars
 void CudaStateMemory::local_from_start(ThreadPool& /*pool*/) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the state changes
   for (const ChunkRef& chunk : layout_.chunks()) {
     const TensorState& state = tensors_[chunk.tensor];
     if (state.start == nullptr) continue;
@@ -407,6 +553,7 @@ std::optional<std::uint64_t> CudaStateMemory::pseudo_gradient(const ChunkRef& ch
 void CudaStateMemory::hold_dense_sum(const ChunkRef& chunk, const float* sum, BucketMemory where) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the state changes
   float* held = tensors_[chunk.tensor].residual + chunk.begin;
   const std::size_t bytes = chunk.length * sizeof(float);
   if (where == BucketMemory::host) {
@@ -464,6 +611,7 @@ void CudaStateMemory::apply_dense_average(const ChunkRef& chunk, float divisor,
                                           const kernels::OuterStepParams& params) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the state changes
   TensorState& state = tensors_[chunk.tensor];
   float* g = state.residual + chunk.begin;
   kernels::cuda::divide(g, chunk.length, divisor, stream_);
@@ -478,6 +626,7 @@ void CudaStateMemory::apply_dense_average(const ChunkRef& chunk, float divisor,
 void CudaStateMemory::global_from_local(ThreadPool& /*pool*/) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the state changes
   for (const ChunkRef& chunk : layout_.chunks()) {
     TensorState& state = tensors_[chunk.tensor];
     float* global = state.global + chunk.begin;
@@ -497,6 +646,7 @@ void CudaStateMemory::global_from_local(ThreadPool& /*pool*/) {
 void CudaStateMemory::reset_local(ThreadPool& /*pool*/) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the state changes
   for (const ChunkRef& chunk : layout_.chunks()) {
     const TensorState& state = tensors_[chunk.tensor];
     kernels::cuda::reset_local(state.global + chunk.begin, local_at(chunk), state.local.dtype,
@@ -509,6 +659,7 @@ void CudaStateMemory::reset_local(ThreadPool& /*pool*/) {
 void CudaStateMemory::commit_residual(ThreadPool& /*pool*/) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the state changes
   for (const ChunkRef& chunk : layout_.chunks()) {
     kernels::cuda::commit_residual(gate_chunk(chunk), tensors_[chunk.tensor].residual + chunk.begin,
                                    stream_);
@@ -519,6 +670,7 @@ void CudaStateMemory::commit_residual(ThreadPool& /*pool*/) {
 void CudaStateMemory::zero_residual() {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the state changes
   for (TensorState& state : tensors_) {
     if (state.residual == nullptr) continue;
     check(cudaMemsetAsync(state.residual, 0, state.local.numel * sizeof(float), as_stream(stream_)),
@@ -531,19 +683,23 @@ Digest CudaStateMemory::digest(ThreadPool& /*pool*/) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
   // The same parts, combined the same way, as HostStateMemory::digest: the bytes are the same.
-  std::vector<Digest> parts(tensors_.size() * 2);
-  for (std::size_t t = 0; t < tensors_.size(); ++t) {
-    const TensorState& state = tensors_[t];
+  // Every buffer is hashed before the one synchronisation.
+  std::vector<kernels::cuda::DeviceRange> buffers;
+  buffers.reserve(tensors_.size() * 2);
+  for (const TensorState& state : tensors_) {
     if (!keeps_global_state_) {
-      parts[2 * t] =
-          kernels::cuda::buffer_digest(state.local.data, state.local.bytes(), *workspace_, stream_);
-      parts[2 * t + 1] = 0;
+      buffers.push_back({state.local.data, state.local.bytes()});
       continue;
     }
     const std::size_t bytes = state.local.numel * sizeof(float);
-    parts[2 * t] = kernels::cuda::buffer_digest(state.global, bytes, *workspace_, stream_);
-    parts[2 * t + 1] = kernels::cuda::buffer_digest(state.momentum, bytes, *workspace_, stream_);
+    buffers.push_back({state.global, bytes});
+    buffers.push_back({state.momentum, bytes});
   }
+  const std::vector<Digest> digests = kernels::cuda::buffer_digests(buffers, *workspace_, stream_);
+  if (keeps_global_state_) return combine_digests(digests);
+  std::vector<Digest> parts(tensors_.size() * 2, 0);  // mode ddp: {θ_l, 0} per tensor
+  for (std::size_t t = 0; t < tensors_.size(); ++t)
+    parts[2 * t] = digests[t];
   return combine_digests(parts);
 }
 
@@ -584,6 +740,7 @@ void CudaStateMemory::transfer(StateBuffer buffer, std::size_t tensor, Range ran
                                const WritePiece& visit) {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  if (write_back) gated_ = false;  // the state changes
   std::byte* device = device_bytes(buffer, tensor, range);
   const std::size_t bytes = range.count * element_bytes(buffer, tensors_[tensor].local.dtype);
   for (std::size_t offset = 0; offset < bytes; offset += staging_bytes_) {
@@ -667,6 +824,7 @@ void CudaStateMemory::set_caller_stream(void* stream) {
 void CudaStateMemory::begin_access() {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
+  gated_ = false;  // the caller may have changed θ_l
   check(cudaEventRecord(as_event(caller_ready_), as_stream(caller_stream_)),
         "cudaEventRecord (caller's stream)");
   check(cudaStreamWaitEvent(as_stream(stream_), as_event(caller_ready_), 0),

@@ -2,12 +2,17 @@
 // cudaMalloc'd next to θ_l; every step runs the CUDA kernels (kernels/cuda/window_kernels_cuda.h)
 // on a stream of the memory's own, so a device rank holds the same bits as a host rank. Only the
 // fired entries, the decoded entries of the other ranks, dense buckets (diloco) and file or
-// transfer pieces cross to the host, through one pinned buffer of a chunk's entries; no
-// model-sized host buffer exists. Overlapped windows keep their start point S (overlap =
-// eager) on the device too.
+// transfer pieces cross PCIe, through pinned buffers sized by what crosses (a chunk's for
+// buckets and files, a window's entries for the gate and the apply); no model-sized host buffer
+// exists. Overlapped windows keep their start point S (overlap = eager) on the device too.
 //
 // The engine's thread pool calls the per-chunk operations in parallel: they are serialised here
-// (one stream, one workspace), and the device is set for the calling thread on each call.
+// (one stream, one workspace), and the device is set for the calling thread on each call. A
+// window needs the host once per phase, not once per chunk: begin_gate() enqueues every
+// chunk's gate and synchronises once, the kernels writing the fired entries straight into
+// mapped pinned host memory that gate() then reads; the per-chunk aggregates and outer steps
+// are enqueued without waiting (the ranks' entries cross through a pinned arena that is reused
+// only once the stream has passed them), and end_apply() synchronises once.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +40,10 @@ class CudaStateMemory final : public StateMemory {
     return Device{DeviceKind::cuda, device_};
   }
 
+  void begin_gate(ThreadPool& pool) override;
   [[nodiscard]] kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,
                                          float* values) override;
+  void end_apply() override;
   void aggregate_and_commit(const ChunkRef& chunk,
                             std::span<const kernels::SparseEntries> ranks_in_order,
                             const kernels::OuterStepParams& params) override;
@@ -95,6 +102,13 @@ class CudaStateMemory final : public StateMemory {
   void release() noexcept;
 
   [[nodiscard]] kernels::GateChunk gate_chunk(const ChunkRef& chunk) const;
+  // The index of `chunk` in the layout; throws InvalidArgument for a chunk not in it.
+  [[nodiscard]] std::size_t chunk_index(const ChunkRef& chunk) const;
+  // Room for `entries` packed gate entries (mapped pinned host memory). Hold mutex_.
+  void reserve_packed_gate(std::uint64_t entries);
+  // Room for `bytes` more in the entry arena, reusing it once the stream has passed what it
+  // holds. Returns where they start. Hold mutex_.
+  std::byte* reserve_entry_arena(std::size_t bytes);
   // The ranks' host entries of a chunk copied to the device (rank_entries_), and g = their
   // aggregate in chunk_values_. Hold mutex_.
   float* aggregate_on_device(const ChunkRef& chunk,
@@ -134,6 +148,24 @@ class CudaStateMemory final : public StateMemory {
   std::vector<RankEntries> rank_entries_;
   std::byte* staging_ = nullptr;  // pinned host memory
   std::size_t staging_bytes_ = 0;
+
+  // The window's gate (begin_gate): the packed entries in mapped pinned host memory, one slot
+  // per chunk (device, with a pinned mirror), and the device cursor of the packing.
+  std::uint32_t* packed_offsets_ = nullptr;  // pinned, mapped
+  float* packed_values_ = nullptr;           // pinned, mapped
+  std::uint64_t packed_capacity_ = 0;
+  kernels::cuda::GateSlot* gate_slots_ = nullptr;       // device, one per chunk
+  kernels::cuda::GateSlot* host_gate_slots_ = nullptr;  // pinned
+  unsigned long long* gate_cursor_ = nullptr;           // device
+  bool gated_ = false;  // the slots describe the current state (cleared by every change)
+
+  // The ranks' entries of the chunks being applied, on their way to the device (pinned).
+  std::byte* entry_arena_ = nullptr;
+  std::size_t entry_arena_bytes_ = 0;
+  std::size_t entry_arena_used_ = 0;
+  // The first entry the device found breaking the offset rule since the last end_apply().
+  unsigned long long* bad_entry_min_ = nullptr;       // device
+  unsigned long long* host_bad_entry_min_ = nullptr;  // pinned
 };
 
 // Widens bf16 θ_l to fp32 θ_g on the device (float bits = bf16 bits << 16, as base/bf16.h).
