@@ -315,6 +315,11 @@ class _Synchronizer:
     def save_global_weights(self, file: str) -> None:
         """Writes this rank's global weights to a safetensors file."""
 
+    def set_cuda_stream(self, stream: int) -> None:
+        """
+        State on a CUDA device: the engine's device work runs after what this cudaStream_t (an address; 0: the legacy default stream) holds when it starts, and the stream's later work after it. Host state ignores it.
+        """
+
     def close(self) -> None:
         """Leaves an elastic run, or releases the group's transport."""
 

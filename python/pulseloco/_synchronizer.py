@@ -53,6 +53,13 @@ def _named_tensors(parameters: Any) -> List[Tuple[str, Any]]:
     return named
 
 
+def _cuda_device_of(tensors: List[Any]) -> Any:
+    """The torch device of CUDA tensors (the engine then keeps its state there), else None."""
+    if tensors and getattr(tensors[0], "is_cuda", False):
+        return tensors[0].device
+    return None
+
+
 def _engine_view(tensor: Any) -> Any:
     """What the engine imports: the tensor itself, detached from autograd when it is a torch
     parameter (torch refuses to export tensors that require grad; detach() shares memory)."""
@@ -140,6 +147,7 @@ class Synchronizer:
         self._worker: Optional[_worker.Worker] = None
         named = _named_tensors(parameters)
         self._parameters = [tensor for _, tensor in named]
+        self._cuda_device = _cuda_device_of(self._parameters)
         if worker is None:
             worker = _worker.from_environment()
         if worker is not None:
@@ -232,6 +240,15 @@ class Synchronizer:
         layout = self._worker.layout
         return f"local-{layout.local_rank}-of-{layout.ranks_per_worker}"
 
+    def _follow_current_stream(self) -> None:
+        """State on a CUDA device: the engine's next accesses run after the work queued on
+        torch's current stream of that device, and that stream's later work after them."""
+        if self._cuda_device is None:
+            return
+        import torch  # CUDA tensors came from torch
+
+        self._engine.set_cuda_stream(torch.cuda.current_stream(self._cuda_device).cuda_stream)
+
     def _worker_call(self, call: Callable[[], Any], broadcast: bool = True,
                      window: bool = False) -> Any:
         """call() on the engine; in a worker of several ranks, then the status exchange and
@@ -265,6 +282,7 @@ class Synchronizer:
         .grad over the ranks (collective). Other modes: nothing."""
         if self._engine.mode != "ddp":
             return
+        self._follow_current_stream()
         self._engine.average_gradients(
             [getattr(tensor, "grad", None) for tensor in self._parameters])
 
@@ -272,10 +290,13 @@ class Synchronizer:
         """Call after every optimizer.step(): counts the step; every inner_steps-th call runs a
         window (collective), writes the new weights into the parameters and returns its report;
         otherwise returns None."""
+        if self._cuda_device is not None and self._engine.next_step_runs_window:
+            self._follow_current_stream()  # checked here: most steps run no window
         return self._deliver(self._worker_call(self._engine.after_optimizer_step, window=True))
 
     def run_window(self) -> WindowReport:
         """Runs a window now (collective), whatever the step count."""
+        self._follow_current_stream()
         return self._deliver(self._worker_call(self._engine.run_window, window=True))
 
     def complete_in_flight(self) -> Optional[WindowReport]:
@@ -285,6 +306,7 @@ class Synchronizer:
         into the parameters and returns that boundary's report (its window and applied_window
         are the applied window's); returns None when no window is in flight (blocking runs, or
         nothing since the last boundary was completed)."""
+        self._follow_current_stream()
         return self._deliver(self._engine.complete_in_flight())
 
     def _deliver(self, report: Optional[WindowReport]) -> Optional[WindowReport]:
@@ -309,6 +331,7 @@ class Synchronizer:
             own[OPTIMIZER_FILE] = buffer.getvalue()
         if self._worker is not None:
             root = os.path.join(os.fspath(root), self._share_directory())
+        self._follow_current_stream()
         return pathlib.Path(self._worker_call(
             lambda: self._engine.save_checkpoint(os.fspath(root), keep, own), broadcast=False))
 
@@ -319,6 +342,7 @@ class Synchronizer:
         the returned next_step (inner steps) or next_window (windows)."""
         if self._worker is not None:
             path = os.path.join(os.fspath(path), self._share_directory())
+        self._follow_current_stream()
         directory, window, next_window, next_step, own = self._worker_call(
             lambda: self._engine.load_checkpoint(os.fspath(path)))
         if optimizer is not None:

@@ -381,6 +381,18 @@ def test_stubs_parse_and_match_the_extension():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_a_cuda_stream_is_ignored_with_host_state():
+    # The Synchronizer hands torch's current stream to the engine only for CUDA tensors; the
+    # binding takes any stream, and host state ignores it.
+    weights = np.linspace(-1, 1, 1024, dtype=np.float32)
+    with pulseloco.Synchronizer([weights], inner_steps=1) as sync:
+        assert sync._cuda_device is None
+        sync._engine.set_cuda_stream(0)
+        sync._engine.set_cuda_stream(0x7F00DEAD)
+        report = sync.after_optimizer_step()
+    assert report is not None and report.state_location == "host"
+
+
 def test_publishing_reports_each_version(tmp_path):
     weights = np.linspace(-1, 1, 4096, dtype=np.float32)
     with pulseloco.Synchronizer([weights], inner_steps=1, publish_dir=str(tmp_path),

@@ -356,6 +356,15 @@ void bind_synchronizer(nb::module_& module) {
           "save_global_weights",
           [](S& s, const std::string& file) { s.engine().save_global_weights(file); },
           nb::arg("file"), "Writes this rank's global weights to a safetensors file.")
+      .def(
+          "set_cuda_stream",
+          [](S& s, std::uintptr_t stream) {
+            s.engine().set_cuda_stream(reinterpret_cast<void*>(stream));
+          },
+          nb::arg("stream"),
+          "State on a CUDA device: the engine's device work runs after what this cudaStream_t "
+          "(an address; 0: the legacy default stream) holds when it starts, and the stream's "
+          "later work after it. Host state ignores it.")
       .def("close", &S::close, "Leaves an elastic run, or releases the group's transport.")
       .def("tensor_table", &S::tensor_table, "The engine's view of every parameter.")
       .def(
