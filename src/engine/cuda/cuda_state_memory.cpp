@@ -339,8 +339,10 @@ kernels::GateResult CudaStateMemory::gate(const ChunkRef& chunk, std::uint32_t* 
     return kernels::GateResult{.fired = 0, .non_finite_offset = slot.non_finite_min};
   }
   const auto fired = static_cast<std::uint64_t>(slot.fired);
-  std::memcpy(offsets, packed_offsets_ + slot.first, fired * sizeof(std::uint32_t));
-  std::memcpy(values, packed_values_ + slot.first, fired * sizeof(float));
+  if (fired > 0) {  // (the output is still unallocated when no window has fired yet)
+    std::memcpy(offsets, packed_offsets_ + slot.first, fired * sizeof(std::uint32_t));
+    std::memcpy(values, packed_values_ + slot.first, fired * sizeof(float));
+  }
   return kernels::GateResult{.fired = fired, .non_finite_offset = std::nullopt};
 }
 
