@@ -69,16 +69,87 @@ double order0_bits(std::span<const std::uint8_t> symbols) {
   return bits;
 }
 
-// Bits of one chunk's entries under three ideal models (no table costs):
+// Σ over contexts of the order-0 bits of the symbols seen in each (an ideal adaptive coder per
+// context, without the cost of describing the model).
+double conditional_bits(std::span<const std::uint8_t> contexts,
+                        std::span<const std::uint8_t> symbols) {
+  std::vector<std::array<std::uint32_t, 256>> counts(256, std::array<std::uint32_t, 256>{});
+  std::array<std::uint64_t, 256> totals{};
+  for (std::size_t i = 0; i < symbols.size(); ++i) {
+    ++counts[contexts[i]][symbols[i]];
+    ++totals[contexts[i]];
+  }
+  double bits = 0;
+  for (std::size_t c = 0; c < 256; ++c) {
+    for (const std::uint32_t k : counts[c]) {
+      if (k > 0) {
+        bits -= static_cast<double>(k) *
+                std::log2(static_cast<double>(k) / static_cast<double>(totals[c]));
+      }
+    }
+  }
+  return bits;
+}
+
+// The value bits of a model that also reads where θ_g sits in its bf16 cell: a fired s moved
+// θ_g - s across the rounding boundary below θ_g (s > 0) or above it (s < 0), so |s| is at least
+// that boundary's distance and usually of its order. Codes the sign given θ_g's position in the
+// cell (8 buckets), the exponent of |s| relative to that distance's given the distance's exponent
+// relative to θ_g's, U as the context coding does, and the raw mantissa bits without the sign.
+double boundary_value_bits(std::span<const std::uint32_t> offsets, std::span<const float> values,
+                           std::span<const float> context, std::span<const std::uint8_t> u,
+                           std::uint64_t raw_bits) {
+  const std::size_t n = offsets.size();
+  std::vector<std::uint8_t> sign(n), sign_context(n), above(n), above_context(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = context[offsets[i]];
+    const float s = values[i];
+    const std::uint16_t b = float_to_bf16_bits(g);
+    const double centre = bf16_bits_to_float(b);
+    const double up = bf16_bits_to_float(static_cast<std::uint16_t>(b + 1));
+    const double down = bf16_bits_to_float(static_cast<std::uint16_t>(b - 1));
+    // Magnitude grows with the bits: for a negative centre, b + 1 is the neighbour below.
+    const double low = 0.5 * (centre + (centre < 0 || std::signbit(centre) ? up : down));
+    const double high = 0.5 * (centre + (centre < 0 || std::signbit(centre) ? down : up));
+    const double to_low = static_cast<double>(g) - low;
+    const double to_high = high - static_cast<double>(g);
+    const double cell = to_low + to_high;
+    const bool finite = std::isfinite(cell) && cell > 0 && std::isfinite(g) && std::isfinite(s);
+    sign[i] = std::signbit(s) ? 1 : 0;
+    sign_context[i] =
+        finite ? static_cast<std::uint8_t>(std::clamp(static_cast<int>(8 * to_low / cell), 0, 7))
+               : 8;
+    const double distance = s > 0 ? to_low : to_high;
+    int distance_exponent = 0;
+    int s_exponent = 0;
+    int g_exponent = 0;
+    (void)std::frexp(std::max(distance, 1e-300), &distance_exponent);
+    (void)std::frexp(std::fabs(static_cast<double>(s)) + 1e-300, &s_exponent);
+    (void)std::frexp(std::fabs(static_cast<double>(g)) + 1e-300, &g_exponent);
+    above[i] =
+        finite
+            ? static_cast<std::uint8_t>(std::clamp(s_exponent - distance_exponent, -64, 191) + 64)
+            : 255;
+    above_context[i] =
+        finite ? static_cast<std::uint8_t>(std::clamp(distance_exponent - g_exponent + 128, 0, 254))
+               : 255;
+  }
+  return conditional_bits(sign_context, sign) + conditional_bits(above_context, above) +
+         order0_bits(u) + static_cast<double>(raw_bits) - static_cast<double>(n);
+}
+
+// Bits of one chunk's entries under four ideal models (no table costs):
 //   index_positions: log2 C(length, n), the positions given their count;
 //   index_exponent:  Σ over θ_g's exponents e of log2 C(length_e, n_e), the positions given the
 //                    count per exponent (what modelling presence with θ_g's exponent can reach);
 //   value_context:   the context split with an ideal order-0 coder per chunk for D and U plus
-//                    its raw bits (what this coding would take with an ideal entropy coder).
+//                    its raw bits (what this coding would take with an ideal entropy coder);
+//   value_boundary:  boundary_value_bits, the sign and D modelled by θ_g's place in its bf16 cell.
 struct EntropyEstimate {
   double index_positions = 0;
   double index_exponent = 0;
   double value_context = 0;
+  double value_boundary = 0;
 };
 
 EntropyEstimate estimate(std::span<const std::uint32_t> offsets, std::span<const float> values,
@@ -100,6 +171,7 @@ EntropyEstimate estimate(std::span<const std::uint32_t> offsets, std::span<const
   const std::uint64_t raw = codec::detail::split_against_context(offsets, values, context, d.data(),
                                                                  u.data(), bits.data());
   e.value_context = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
+  e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
   return e;
 }
 
@@ -185,6 +257,7 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
         h.index_positions += entropy[c].index_positions;
         h.index_exponent += entropy[c].index_exponent;
         h.value_context += entropy[c].value_context;
+        h.value_boundary += entropy[c].value_boundary;
       }
       std::uint64_t parameters = 0;
       for (const std::uint64_t n : traced.numels)
@@ -209,13 +282,14 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
           {"entropy_bytes_per_entry",
            {{"index_positions", h.index_positions / 8 / n},
             {"index_given_exponent", h.index_exponent / 8 / n},
-            {"value_context_model", h.value_context / 8 / n}}}};
+            {"value_context_model", h.value_context / 8 / n},
+            {"value_boundary_model", h.value_boundary / 8 / n}}}};
       if (json) {
         fmt::print("{}\n", record.dump());
       } else {
         fmt::print(
             "{} w{} r{} {} {}: density {:.3f}%  pulse {:.3f} (idx {:.3f} val {:.3f})  context "
-            "{:.3f} (idx {:.3f} val {:.3f})  x{:.3f}  H idx {:.3f}/{:.3f} val {:.3f}\n",
+            "{:.3f} (idx {:.3f} val {:.3f})  x{:.3f}  H idx {:.3f}/{:.3f} val {:.3f} / {:.3f}\n",
             label, window, rank, record["local_dtype"].get<std::string>(),
             record["bf16_delta"].get<std::string>(), 100 * record["density"].get<double>(),
             record["pulse"]["bytes_per_entry"].get<double>(),
@@ -225,7 +299,7 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
             record["context"]["index_bytes_per_entry"].get<double>(),
             record["context"]["value_bytes_per_entry"].get<double>(),
             record["ratio_pulse_over_context"].get<double>(), h.index_positions / 8 / n,
-            h.index_exponent / 8 / n, h.value_context / 8 / n);
+            h.index_exponent / 8 / n, h.value_context / 8 / n, h.value_boundary / 8 / n);
       }
     }
   }
