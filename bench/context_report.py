@@ -49,7 +49,8 @@ def trace_cells(r):
             f"**{c['bytes_per_entry']:.3f}**",
             f"{r['ratio_pulse_over_context']:.3f}",
             f"{h['index_positions']:.3f} / {h['index_given_exponent']:.3f}",
-            f"{h['value_context_model']:.3f}"]
+            f"{h['value_context_model']:.3f}",
+            f"{h['value_boundary_model']:.3f}" if "value_boundary_model" in h else "-"]
 
 
 def speed_cells(r):
@@ -67,8 +68,9 @@ def trace_table(rows):
     table(rows, "context-trace",
           ["locals", "window", "rank", "density", "pulse: index + value = B/entry",
            "context: index + value = B/entry", "pulse / context",
-           "H index: positions / given θ_g exponent", "H value (context model)"],
-          ["---", "---:", "---:", "---:", "---", "---", "---:", "---", "---:"], trace_cells)
+           "H index: positions / given θ_g exponent", "H value (context model)",
+           "H value (boundary model)"],
+          ["---", "---:", "---:", "---:", "---", "---", "---:", "---", "---:", "---:"], trace_cells)
 
 
 def speed_table(rows):
