@@ -59,7 +59,7 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
   const auto& chunks = state_.layout().chunks();
   std::vector<std::vector<std::byte>> frames(chunks.size());
   std::vector<std::uint64_t> fired(chunks.size(), 0);
-  state_.begin_gate(pool_);
+  state_.begin_gate();
   pool_.parallel_for(chunks.size(), [&](std::size_t c) {
     const ChunkRef& chunk = chunks[c];
     auto scratch = gate_scratch_.acquire();

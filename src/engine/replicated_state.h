@@ -113,7 +113,7 @@ class ReplicatedState {
   // The phases around the per-chunk calls (StateMemory): begin_gate() before a window's gate()
   // calls, end_apply() after its aggregate_and_commit / aggregate_and_step / start_from_own
   // calls.
-  void begin_gate(ThreadPool& pool) { memory_->begin_gate(pool); }
+  void begin_gate() { memory_->begin_gate(); }
   void end_apply() { memory_->end_apply(); }
   // Steps 1-5 without the state change: writes the fired (offset, s) entries into host buffers
   // with room for chunk.length entries.

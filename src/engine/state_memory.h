@@ -90,7 +90,7 @@ class StateMemory {
   // computes in the per-chunk calls and does nothing in these two.
 
   // Every chunk's gate at once (a device memory computes them here, with one synchronisation).
-  virtual void begin_gate(ThreadPool& /*pool*/) {}
+  virtual void begin_gate() {}
   // Steps 1-5 without the state change: the fired (offset, s) entries into host buffers with
   // room for chunk.length entries. A device memory hands out what begin_gate() computed, and
   // throws InvalidArgument when the state changed since.

@@ -290,7 +290,7 @@ void CudaStateMemory::reserve_packed_gate(std::uint64_t entries) {
 // Every chunk's gate on the stream, its entries written by the kernels into mapped pinned host
 // memory, and one synchronisation. The first window, or one that fires more than the output
 // holds, runs a second time into an output of the right size: the gate changes no state.
-void CudaStateMemory::begin_gate(ThreadPool& /*pool*/) {
+void CudaStateMemory::begin_gate() {
   const std::scoped_lock lock(mutex_);
   const DeviceGuard guard(device_);
   const auto& chunks = layout_.chunks();

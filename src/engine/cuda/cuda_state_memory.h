@@ -40,7 +40,7 @@ class CudaStateMemory final : public StateMemory {
     return Device{DeviceKind::cuda, device_};
   }
 
-  void begin_gate(ThreadPool& pool) override;
+  void begin_gate() override;
   [[nodiscard]] kernels::GateResult gate(const ChunkRef& chunk, std::uint32_t* offsets,
                                          float* values) override;
   void end_apply() override;
