@@ -44,9 +44,6 @@
 // (run_sequence): the inner steps spin on the calling thread for a set time, and the window's
 // time is compute plus the boundary. At each rate a blocking run without compute measures the
 // exchange time first; the compute time of the runs is then each ratio times it.
-#if PULSELOCO_BENCH_SYNC_CUDA
-#include <cuda_runtime_api.h>
-#endif
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -76,6 +73,9 @@
 #include <pulseloco/group/make_transport.h>
 #include "bench_random.h"
 #include "node_inbound_transport.h"
+#if PULSELOCO_BENCH_SYNC_CUDA
+#include "bench_cuda_util.h"
+#endif
 
 namespace {
 
@@ -138,28 +138,17 @@ struct Model {
 };
 
 // With --state-location device: the model's tensors copied to CUDA device 0, where the engine
-// then keeps its state. Without CUDA in the build, constructing one says so.
+// then keeps its state. Without CUDA in the build, uploading says so.
 class DeviceCopies {
  public:
-  DeviceCopies() = default;
-  DeviceCopies(const DeviceCopies&) = delete;
-  DeviceCopies& operator=(const DeviceCopies&) = delete;
-  ~DeviceCopies() {
-#if PULSELOCO_BENCH_SYNC_CUDA
-    for (void* buffer : buffers_)
-      cudaFree(buffer);
-#endif
-  }
-
   // Device views of `host`, each tensor copied there.
   std::vector<TensorView> upload(const std::vector<std::vector<float>>& host) {
 #if PULSELOCO_BENCH_SYNC_CUDA
     std::vector<TensorView> views;
     for (const std::vector<float>& tensor : host) {
-      void* buffer = nullptr;
-      check(cudaMalloc(&buffer, tensor.size() * sizeof(float)), "cudaMalloc");
-      buffers_.push_back(buffer);
-      views.push_back({buffer, tensor.size(), DType::float32, Device{DeviceKind::cuda, 0}});
+      buffers_.push_back(std::make_unique<bench::DeviceBuffer>(tensor.size() * sizeof(float)));
+      views.push_back(
+          {buffers_.back()->data, tensor.size(), DType::float32, Device{DeviceKind::cuda, 0}});
     }
     copy(host, views);
     return views;
@@ -174,9 +163,9 @@ class DeviceCopies {
                    const std::vector<TensorView>& device) {
 #if PULSELOCO_BENCH_SYNC_CUDA
     for (std::size_t t = 0; t < host.size(); ++t) {
-      check(cudaMemcpy(device[t].data, host[t].data(), host[t].size() * sizeof(float),
-                       cudaMemcpyHostToDevice),
-            "cudaMemcpy (weights to the device)");
+      bench::check(cudaMemcpy(device[t].data, host[t].data(), host[t].size() * sizeof(float),
+                              cudaMemcpyHostToDevice),
+                   "cudaMemcpy (weights to the device)");
     }
 #else
     (void)host;
@@ -186,13 +175,8 @@ class DeviceCopies {
 
  private:
 #if PULSELOCO_BENCH_SYNC_CUDA
-  static void check(cudaError_t status, const char* what) {
-    if (status != cudaSuccess) {
-      throw IoError(fmt::format("{} failed: {}", what, cudaGetErrorString(status)));
-    }
-  }
+  std::vector<std::unique_ptr<bench::DeviceBuffer>> buffers_;
 #endif
-  std::vector<void*> buffers_;
 };
 
 // Rank-independent initial weights: N(0, 0.02^2) rounded to bf16 (never exactly zero).
