@@ -10,7 +10,9 @@
 //                                   N(0, 0.02²) θ_g, fp32 θ_l moved so that about --density of
 //                                   the elements fire): gate, encode, decode and apply timed
 //                                   chunk by chunk, the two codecs alternating which goes first,
-//                                   on one thread and on all cores.
+//                                   on one thread and on all cores; beside them one read of θ_g,
+//                                   the least a decoder modelling the indices by θ_g adds to
+//                                   pulse's work.
 //
 // --json prints one JSON record per line.
 #include <fmt/format.h>
@@ -37,6 +39,7 @@
 #include <pulseloco/engine/replay.h>
 #include <pulseloco/engine/state_files.h>
 #include <pulseloco/kernels/window_kernels.h>
+#include "context_entropy.h"
 #include "traced_window.h"
 
 namespace {
@@ -47,133 +50,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::array<codec::Encoding, 2> kCodecs = {codec::Encoding::pulse,
                                                     codec::Encoding::context};
-
-// --- entropy estimates --------------------------------------------------------------------------
-
-double log2_binomial(std::uint64_t n, std::uint64_t k) {
-  if (k == 0 || k >= n) return 0.0;
-  const auto nd = static_cast<double>(n);
-  const auto kd = static_cast<double>(k);
-  return (std::lgamma(nd + 1) - std::lgamma(kd + 1) - std::lgamma(nd - kd + 1)) / std::log(2.0);
-}
-
-double order0_bits(std::span<const std::uint8_t> symbols) {
-  std::array<std::uint64_t, 256> counts{};
-  for (const std::uint8_t s : symbols)
-    ++counts[s];
-  double bits = 0;
-  const auto n = static_cast<double>(symbols.size());
-  for (const std::uint64_t c : counts) {
-    if (c > 0) bits -= static_cast<double>(c) * std::log2(static_cast<double>(c) / n);
-  }
-  return bits;
-}
-
-// Σ over contexts of the order-0 bits of the symbols seen in each (an ideal adaptive coder per
-// context, without the cost of describing the model).
-double conditional_bits(std::span<const std::uint8_t> contexts,
-                        std::span<const std::uint8_t> symbols) {
-  std::vector<std::array<std::uint32_t, 256>> counts(256, std::array<std::uint32_t, 256>{});
-  std::array<std::uint64_t, 256> totals{};
-  for (std::size_t i = 0; i < symbols.size(); ++i) {
-    ++counts[contexts[i]][symbols[i]];
-    ++totals[contexts[i]];
-  }
-  double bits = 0;
-  for (std::size_t c = 0; c < 256; ++c) {
-    for (const std::uint32_t k : counts[c]) {
-      if (k > 0) {
-        bits -= static_cast<double>(k) *
-                std::log2(static_cast<double>(k) / static_cast<double>(totals[c]));
-      }
-    }
-  }
-  return bits;
-}
-
-// The value bits of a model that also reads where θ_g sits in its bf16 cell: a fired s moved
-// θ_g - s across the rounding boundary below θ_g (s > 0) or above it (s < 0), so |s| is at least
-// that boundary's distance and usually of its order. Codes the sign given θ_g's position in the
-// cell (8 buckets), the exponent of |s| relative to that distance's given the distance's exponent
-// relative to θ_g's, U as the context coding does, and the raw mantissa bits without the sign.
-double boundary_value_bits(std::span<const std::uint32_t> offsets, std::span<const float> values,
-                           std::span<const float> context, std::span<const std::uint8_t> u,
-                           std::uint64_t raw_bits) {
-  const std::size_t n = offsets.size();
-  std::vector<std::uint8_t> sign(n), sign_context(n), above(n), above_context(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    const float g = context[offsets[i]];
-    const float s = values[i];
-    const std::uint16_t b = float_to_bf16_bits(g);
-    const double centre = bf16_bits_to_float(b);
-    const double up = bf16_bits_to_float(static_cast<std::uint16_t>(b + 1));
-    const double down = bf16_bits_to_float(static_cast<std::uint16_t>(b - 1));
-    // Magnitude grows with the bits: for a negative centre, b + 1 is the neighbour below.
-    const double low = 0.5 * (centre + (centre < 0 || std::signbit(centre) ? up : down));
-    const double high = 0.5 * (centre + (centre < 0 || std::signbit(centre) ? down : up));
-    const double to_low = static_cast<double>(g) - low;
-    const double to_high = high - static_cast<double>(g);
-    const double cell = to_low + to_high;
-    const bool finite = std::isfinite(cell) && cell > 0 && std::isfinite(g) && std::isfinite(s);
-    sign[i] = std::signbit(s) ? 1 : 0;
-    sign_context[i] =
-        finite ? static_cast<std::uint8_t>(std::clamp(static_cast<int>(8 * to_low / cell), 0, 7))
-               : 8;
-    const double distance = s > 0 ? to_low : to_high;
-    int distance_exponent = 0;
-    int s_exponent = 0;
-    int g_exponent = 0;
-    (void)std::frexp(std::max(distance, 1e-300), &distance_exponent);
-    (void)std::frexp(std::fabs(static_cast<double>(s)) + 1e-300, &s_exponent);
-    (void)std::frexp(std::fabs(static_cast<double>(g)) + 1e-300, &g_exponent);
-    above[i] =
-        finite
-            ? static_cast<std::uint8_t>(std::clamp(s_exponent - distance_exponent, -64, 191) + 64)
-            : 255;
-    above_context[i] =
-        finite ? static_cast<std::uint8_t>(std::clamp(distance_exponent - g_exponent + 128, 0, 254))
-               : 255;
-  }
-  return conditional_bits(sign_context, sign) + conditional_bits(above_context, above) +
-         order0_bits(u) + static_cast<double>(raw_bits) - static_cast<double>(n);
-}
-
-// Bits of one chunk's entries under four ideal models (no table costs):
-//   index_positions: log2 C(length, n), the positions given their count;
-//   index_exponent:  Σ over θ_g's exponents e of log2 C(length_e, n_e), the positions given the
-//                    count per exponent (what modelling presence with θ_g's exponent can reach);
-//   value_context:   the context split with an ideal order-0 coder per chunk for D and U plus
-//                    its raw bits (what this coding would take with an ideal entropy coder);
-//   value_boundary:  boundary_value_bits, the sign and D modelled by θ_g's place in its bf16 cell.
-struct EntropyEstimate {
-  double index_positions = 0;
-  double index_exponent = 0;
-  double value_context = 0;
-  double value_boundary = 0;
-};
-
-EntropyEstimate estimate(std::span<const std::uint32_t> offsets, std::span<const float> values,
-                         std::span<const float> context) {
-  EntropyEstimate e;
-  const std::size_t n = offsets.size();
-  e.index_positions = log2_binomial(context.size(), n);
-  std::array<std::uint64_t, 256> elements{};
-  std::array<std::uint64_t, 256> fired{};
-  for (const float c : context)
-    ++elements[(std::bit_cast<std::uint32_t>(c) >> 23) & 0xFF];
-  for (const std::uint32_t o : offsets)
-    ++fired[(std::bit_cast<std::uint32_t>(context[o]) >> 23) & 0xFF];
-  for (std::size_t x = 0; x < 256; ++x)
-    e.index_exponent += log2_binomial(elements[x], fired[x]);
-  if (n == 0) return e;
-  std::vector<std::uint8_t> d(n), u(n);
-  std::vector<std::byte> bits(codec::detail::raw_bits_capacity(n));
-  const std::uint64_t raw = codec::detail::split_against_context(offsets, values, context, d.data(),
-                                                                 u.data(), bits.data());
-  e.value_context = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
-  e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
-  return e;
-}
 
 // --- encoding and checking one chunk -------------------------------------------------------------
 
@@ -242,7 +118,7 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
             c, std::span(offsets.data(), result.fired), std::span(values.data(), result.fired));
         for (std::size_t k = 0; k < kCodecs.size(); ++k)
           encode_checked(entries, kCodecs[k], traced.numels, sizes[c][k]);
-        entropy[c] = estimate(entries.offsets, entries.values, entries.context);
+        entropy[c] = estimate_entropy(entries.offsets, entries.values, entries.context);
       });
       std::array<Sizes, 2> total{};
       EntropyEstimate h;
@@ -254,10 +130,7 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
           total[k].value_bytes += sizes[c][k].value_bytes;
           total[k].context_frames += sizes[c][k].context_frames;
         }
-        h.index_positions += entropy[c].index_positions;
-        h.index_exponent += entropy[c].index_exponent;
-        h.value_context += entropy[c].value_context;
-        h.value_boundary += entropy[c].value_boundary;
+        h += entropy[c];
       }
       std::uint64_t parameters = 0;
       for (const std::uint64_t n : traced.numels)
@@ -279,11 +152,7 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
           {"context", sizes_json(total[1])},
           {"ratio_pulse_over_context",
            static_cast<double>(total[0].bytes) / static_cast<double>(total[1].bytes)},
-          {"entropy_bytes_per_entry",
-           {{"index_positions", h.index_positions / 8 / n},
-            {"index_given_exponent", h.index_exponent / 8 / n},
-            {"value_context_model", h.value_context / 8 / n},
-            {"value_boundary_model", h.value_boundary / 8 / n}}}};
+          {"entropy_bytes_per_entry", entropy_json(h, total[0].entries)}};
       if (json) {
         fmt::print("{}\n", record.dump());
       } else {
@@ -378,8 +247,9 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
   std::array<std::vector<std::vector<std::byte>>, 2> frames;
   std::array<std::vector<double>, 2> encode_s, decode_s;
   std::array<std::uint64_t, 2> bytes{};
-  std::vector<double> gate_s, apply_s;
+  std::vector<double> gate_s, apply_s, theta_read_s;
   struct Scratch {
+    std::uint32_t theta_bits = 0;  // keeps the read of θ_g from being optimised away
     std::vector<std::uint32_t> offsets;
     std::vector<float> values, g;
     codec::DecodeScratch decode;
@@ -406,6 +276,18 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
         offsets[c].resize(s.length(c));
         values[c].resize(s.length(c));
         fired[c] = kernels::gate(kernel_chunk(c), offsets[c].data(), values[c].data()).fired;
+      });
+    }));
+    // One read of θ_g that keeps nothing but a word: the least a decoder that models the indices
+    // by θ_g's exponents does beyond pulse's work (an encoder could take them from the gate).
+    theta_read_s.push_back(seconds_of([&] {
+      pool.parallel_for(chunks, [&](std::size_t c) {
+        const std::uint64_t length = s.length(c);
+        const auto* bits = reinterpret_cast<const std::uint32_t*>(s.global.data() + s.begin(c));
+        std::uint32_t any = 0;
+        for (std::uint64_t i = 0; i < length; ++i)
+          any |= bits[i];
+        scratch[c].theta_bits = any;
       });
     }));
     for (int turn = 0; turn < 2; ++turn) {
@@ -477,7 +359,9 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
       {"entries", entries},
       {"density", static_cast<double>(entries) / static_cast<double>(parameters)},
       {"gate_s", median(gate_s)},
-      {"apply_s", median(apply_s)}};
+      {"apply_s", median(apply_s)},
+      {"theta_read_s", median(theta_read_s)},
+      {"theta_read_over_compute", median(theta_read_s) / compute}};
   for (std::size_t k = 0; k < 2; ++k) {
     const double codec_s = median(encode_s[k]) + median(decode_s[k]);
     record[std::string(codec::encoding_name(kCodecs[k]))] = {
@@ -489,9 +373,12 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
   if (json) {
     fmt::print("{}\n", record.dump());
   } else {
-    fmt::print("{:.0e} params, {} threads, density {:.3f}%: gate {:.4f} s apply {:.4f} s\n",
-               static_cast<double>(parameters), used, 100 * record["density"].get<double>(),
-               median(gate_s), median(apply_s));
+    fmt::print(
+        "{:.0e} params, {} threads, density {:.3f}%: gate {:.4f} s apply {:.4f} s, one read of "
+        "θ_g {:.4f} s ({:.1f}% of gate+apply)\n",
+        static_cast<double>(parameters), used, 100 * record["density"].get<double>(),
+        median(gate_s), median(apply_s), median(theta_read_s),
+        100 * record["theta_read_over_compute"].get<double>());
     for (const codec::Encoding e : kCodecs) {
       const auto& r = record[std::string(codec::encoding_name(e))];
       fmt::print(

@@ -326,6 +326,15 @@ std::vector<Row> qwen_rows(const QwenConfig& model, const GeneratorConfig& base,
                  {"encoding", codec::encoding_name(config.codec.encoding)},
                  {"tensors", config.tensors.size()},
                  {"published_parameters", model.published_parameters}};
+    if (config.estimate_entropy) {
+      EntropyEstimate bits;
+      std::uint64_t entries = 0;
+      for (const WorkerMessage& m : result.messages[w]) {
+        bits += m.entropy;
+        entries += m.entries;
+      }
+      row.extra["entropy_bytes_per_entry"] = entropy_json(bits, entries);
+    }
     rows.push_back(std::move(row));
   }
   return rows;
@@ -402,6 +411,7 @@ int main(int argc, char** argv) {
     if (!s.encoding.empty()) {
       encoding = parse_encoding(s.encoding);
       g.codec.encoding = *encoding;
+      g.estimate_entropy = *encoding == codec::Encoding::context;
     }
     ThreadPool pool(g.threads);
     for (std::size_t i = 0; i < s.traces.size(); ++i) {

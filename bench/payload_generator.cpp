@@ -195,6 +195,7 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
   // [chunk][window][worker]
   std::vector<EncodedFrame> frames(chunks.size() * windows * workers);
   std::vector<std::uint64_t> fired(chunks.size() * windows * workers);
+  std::vector<EntropyEstimate> entropy(config.estimate_entropy ? frames.size() : 0);
 
   ThreadPool pool(config.threads);
   pool.parallel_for(chunks.size(), [&](std::size_t c) {
@@ -297,6 +298,8 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
                                           .context = std::span(s.global.data(), n)};
         const std::size_t slot = (c * windows + window) * workers + r;
         frames[slot] = encode_frame_checked(entries, config.codec, numels, config.verify_decode);
+        if (config.estimate_entropy)
+          entropy[slot] = estimate_entropy(entries.offsets, entries.values, entries.context);
         fired[slot] = w.fired;
         kernels::commit_residual(gate_chunk, w.residual.data());
       }
@@ -335,6 +338,7 @@ GeneratorResult run_generator(const GeneratorConfig& config) {
         m.ours_bytes += frames[slot].bytes;
         m.index_bytes += frames[slot].index_bytes;
         m.value_bytes += frames[slot].value_bytes;
+        if (config.estimate_entropy) m.entropy += entropy[slot];
         ++m.frames;
       }
     }

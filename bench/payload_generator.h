@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <pulseloco/codec/message.h>
+#include "context_entropy.h"
 #include "qwen_shapes.h"
 
 namespace pulseloco::bench {
@@ -58,6 +59,8 @@ struct GeneratorConfig {
   codec::EncodeOptions codec{};
   // Decode every encoded frame and compare its offsets and value bits with the gate's output.
   bool verify_decode = true;
+  // Estimate every frame's information under the context models (context_entropy.h).
+  bool estimate_entropy = false;
   unsigned threads = 0;  // 0: all cores
   // When set, called with a chunk's global weights θ_g (tensor index, first element, the
   // number of windows done, the fp32 values): once with 0 windows done (the initial weights) and
@@ -75,6 +78,7 @@ struct WorkerMessage {
   std::uint64_t index_bytes = 0;  // index streams + stream directories (verify_decode only)
   std::uint64_t value_bytes = 0;  // value streams (verify_decode only)
   std::uint64_t frames = 0;
+  EntropyEstimate entropy;  // estimate_entropy only
 };
 
 struct GeneratorResult {

@@ -1,0 +1,45 @@
+// Information estimates of a chunk's fired entries against θ_g, for the benchmarks of the
+// context encoding (docs/benchmarks.md, "Context-coded messages"): what an ideal coder of each
+// model would take, without the cost of describing the model.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include <nlohmann/json.hpp>
+
+namespace pulseloco::bench {
+
+// Bits of one chunk's entries under four ideal models (no table costs):
+//   index_positions: log2 C(length, n), the positions given their count;
+//   index_exponent:  Σ over θ_g's exponents e of log2 C(length_e, n_e), the positions given the
+//                    count per exponent (what modelling presence with θ_g's exponent can reach);
+//   value_context:   the context split with an ideal order-0 coder per chunk for D and U plus
+//                    its raw bits (what this coding would take with an ideal entropy coder);
+//   value_boundary:  the sign and D modelled by θ_g's place in its bf16 cell (context_entropy.cpp).
+struct EntropyEstimate {
+  double index_positions = 0;
+  double index_exponent = 0;
+  double value_context = 0;
+  double value_boundary = 0;
+
+  EntropyEstimate& operator+=(const EntropyEstimate& other) noexcept {
+    index_positions += other.index_positions;
+    index_exponent += other.index_exponent;
+    value_context += other.value_context;
+    value_boundary += other.value_boundary;
+    return *this;
+  }
+};
+
+// The estimates of one chunk: `offsets` ascending into `context` (θ_g of the chunk), `values`
+// the fired values.
+[[nodiscard]] EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
+                                               std::span<const float> values,
+                                               std::span<const float> context);
+
+// Bytes per entry of each estimate over `entries` entries, as the records print them; the
+// message's floor under the context model is index_given_exponent + value_context_model.
+[[nodiscard]] nlohmann::json entropy_json(const EntropyEstimate& bits, std::uint64_t entries);
+
+}  // namespace pulseloco::bench
