@@ -123,6 +123,7 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
                                                                  u.data(), bits.data());
   e.value_context = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
   e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
+  e.value_raw = static_cast<double>(raw);
   return e;
 }
 
@@ -131,7 +132,8 @@ nlohmann::json entropy_json(const EntropyEstimate& bits, std::uint64_t entries) 
   return {{"index_positions", bits.index_positions / 8 / n},
           {"index_given_exponent", bits.index_exponent / 8 / n},
           {"value_context_model", bits.value_context / 8 / n},
-          {"value_boundary_model", bits.value_boundary / 8 / n}};
+          {"value_boundary_model", bits.value_boundary / 8 / n},
+          {"value_raw_bits", bits.value_raw / 8 / n}};
 }
 
 }  // namespace pulseloco::bench

@@ -16,18 +16,22 @@ namespace pulseloco::bench {
 //                    count per exponent (what modelling presence with θ_g's exponent can reach);
 //   value_context:   the context split with an ideal order-0 coder per chunk for D and U plus
 //                    its raw bits (what this coding would take with an ideal entropy coder);
-//   value_boundary:  the sign and D modelled by θ_g's place in its bf16 cell (context_entropy.cpp).
+//   value_boundary:  the sign and D modelled by θ_g's place in its bf16 cell (context_entropy.cpp);
+//   value_raw:       the raw bits of the context split (the sign and the mantissa bits above the
+//                    lowest set one), which both value models send as they are.
 struct EntropyEstimate {
   double index_positions = 0;
   double index_exponent = 0;
   double value_context = 0;
   double value_boundary = 0;
+  double value_raw = 0;
 
   EntropyEstimate& operator+=(const EntropyEstimate& other) noexcept {
     index_positions += other.index_positions;
     index_exponent += other.index_exponent;
     value_context += other.value_context;
     value_boundary += other.value_boundary;
+    value_raw += other.value_raw;
     return *this;
   }
 };

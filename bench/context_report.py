@@ -21,14 +21,20 @@ def generator_table(rows):
             continue
         by_config.setdefault((r["lr"], r["H"]), {})[r["encoding"]] = r
     print("| lr | H | density | pulse B/entry (index + value) | context B/entry (index + value) "
-          "| pulse / context |")
-    print("|---:|---:|---:|---|---|---:|")
+          "| pulse / context | floor: H index given θ_g exponent + H value (context model) "
+          "| H value (boundary model) |")
+    print("|---:|---:|---:|---|---|---:|---|---:|")
     for (lr, h), pair in sorted(by_config.items(), key=lambda kv: kv[1]["pulse"]["density"]):
         p, c = pair["pulse"], pair["context"]
         pb, cb = p["bytes_per_entry"], c["bytes_per_entry"]
+        e = c.get("entropy_bytes_per_entry")
+        floor = (f"{e['index_given_exponent']:.3f} + {e['value_context_model']:.3f} = "
+                 f"{e['index_given_exponent'] + e['value_context_model']:.3f}") if e else "-"
+        boundary = f"{e['value_boundary_model']:.3f}" if e else "-"
         print(f"| {lr:.0e} | {h} | {100 * p['density']:.3f}% | {pb['ours']:.3f} "
               f"({pb['ours_index']:.3f} + {pb['ours_values']:.3f}) | **{cb['ours']:.3f}** "
-              f"({cb['ours_index']:.3f} + {cb['ours_values']:.3f}) | {pb['ours'] / cb['ours']:.3f} |")
+              f"({cb['ours_index']:.3f} + {cb['ours_values']:.3f}) | {pb['ours'] / cb['ours']:.3f} "
+              f"| {floor} | {boundary} |")
 
 
 def table(rows, benchmark, header, align, cells):
@@ -61,7 +67,9 @@ def speed_cells(r):
             f"{p['encode_s']:.4f} + {p['decode_s']:.4f}",
             f"{100 * p['codec_over_compute']:.1f}%",
             f"{c['encode_s']:.4f} + {c['decode_s']:.4f}",
-            f"**{100 * c['codec_over_compute']:.1f}%**", f"{ct / pt:.2f}x"]
+            f"**{100 * c['codec_over_compute']:.1f}%**", f"{ct / pt:.2f}x",
+            f"{100 * r['theta_read_over_compute']:.1f}%",
+            f"{100 * (p['codec_over_compute'] + r['theta_read_over_compute']):.1f}%"]
 
 
 def trace_table(rows):
@@ -77,8 +85,10 @@ def speed_table(rows):
     table(rows, "context-speed",
           ["parameters", "threads", "density", "gate s", "apply s", "pulse: encode + decode s",
            "pulse / (gate + apply)", "context: encode + decode s", "context / (gate + apply)",
-           "context / pulse time"],
-          ["---:", "---:", "---:", "---:", "---:", "---", "---:", "---", "---:", "---:"],
+           "context / pulse time", "one read of θ_g / (gate + apply)",
+           "floor: pulse + one read of θ_g"],
+          ["---:", "---:", "---:", "---:", "---:", "---", "---:", "---", "---:", "---:", "---:",
+           "---:"],
           speed_cells)
 
 
