@@ -246,7 +246,9 @@ std::span<std::byte> HostStateMemory::bytes_of(StateBuffer buffer, std::size_t t
     return std::span(static_cast<std::byte*>(state.local.data) + range.begin * element,
                      range.count * element);
   }
-  if (buffer == StateBuffer::start && state.start.empty()) {
+  // Asked of the kept S, not of its storage: an empty tensor keeps an empty S.
+  if (buffer == StateBuffer::start &&
+      !(keeps_global_state_ && options_.overlap == Overlap::eager)) {
     throw InvalidArgument("no start point is kept (overlap eager only)");
   }
   std::vector<float>& values = buffer == StateBuffer::global     ? state.global

@@ -711,7 +711,9 @@ std::byte* CudaStateMemory::device_bytes(StateBuffer buffer, std::size_t tensor,
   if (buffer == StateBuffer::local) {
     return static_cast<std::byte*>(state.local.data) + range.begin * dtype_size(state.local.dtype);
   }
-  if (buffer == StateBuffer::start && state.start == nullptr) {
+  // Asked of the kept S, not of its storage: an empty tensor keeps an empty S.
+  if (buffer == StateBuffer::start &&
+      !(keeps_global_state_ && options_.overlap == Overlap::eager)) {
     throw InvalidArgument("no start point is kept (overlap eager only)");
   }
   float* values = buffer == StateBuffer::global     ? state.global
