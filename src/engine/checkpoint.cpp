@@ -471,7 +471,8 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
       check_equal(rank_meta, rank_digest_key(prefix), digest_hex(combine_digests(parts_of_buffer)),
                   rank_path);
     }
-    in_flight = read_in_flight(*rank_file, state, rank, loaded_window + loaded_dropped);
+    in_flight =
+        read_in_flight(*rank_file, *global_file, state, rank, loaded_window + loaded_dropped);
   } catch (...) {
     local_error = std::current_exception();
   }

@@ -38,6 +38,15 @@ void Engine::Impl::prepare(std::vector<NamedTensor> parameters) {
   try {
     phase_observer = fault_injector_from_environment();
     state = engine_detail::ReplicatedState(std::move(parameters), options);
+    if (options.codec.encoding == codec::Encoding::context &&
+        options.overlap != Overlap::blocking && state.memory().device().kind != DeviceKind::cpu) {
+      // An overlapped window's exchange decodes context frames against θ_g on its own thread,
+      // which a device state does not serve beside the training thread's stream.
+      throw InvalidArgument(fmt::format(
+          "encoding context with overlap '{}' needs the state in host memory (state_location "
+          "host); this run keeps it on the device",
+          overlap_name(options.overlap)));
+    }
   } catch (...) {
     setup_error = std::current_exception();
   }

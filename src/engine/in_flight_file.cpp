@@ -31,6 +31,7 @@ void write_in_flight(io::SafetensorsWriter& writer, const ReplicatedState& state
 }
 
 std::optional<OutgoingMessage> read_in_flight(const io::SafetensorsReader& reader,
+                                              const io::SafetensorsReader& global_reader,
                                               const ReplicatedState& state, int rank,
                                               std::uint64_t window) {
   const std::filesystem::path& file = reader.path();
@@ -74,15 +75,29 @@ std::optional<OutgoingMessage> read_in_flight(const io::SafetensorsReader& reade
   if (view.frame_count() != chunks.size()) fail("does not cover this model's chunks");
   std::uint64_t entries = 0;
   codec::DecodeScratch scratch;
+  std::vector<float> context;
   for (std::size_t c = 0; c < chunks.size(); ++c) {
     const codec::FrameInfo& frame = view.frame(c);
     if (frame.tensor != chunks[c].tensor || frame.begin != chunks[c].begin ||
         frame.length != chunks[c].length) {
       fail(fmt::format("frame {} does not match this model's chunk", c));
     }
+    context.clear();
+    if (frame.encoding == codec::Encoding::context) {
+      const std::string key = std::string(state_files::kGlobal) + state.name(frame.tensor);
+      if (!global_reader.contains(key) ||
+          global_reader.tensor(key).spec.dtype != io::TensorDType::f32 ||
+          global_reader.tensor(key).byte_size() < (frame.begin + frame.length) * sizeof(float)) {
+        fail(fmt::format("frame {} is context-coded, and {} holds no F32 '{}' to decode it against",
+                         c, global_reader.path().string(), key));
+      }
+      context.resize(frame.length);
+      global_reader.read_range(key, frame.begin * sizeof(float),
+                               std::as_writable_bytes(std::span(context)));
+    }
     std::vector<std::uint32_t> offsets(frame.entries);
     std::vector<float> values(frame.entries);
-    entries += decoding([&] { return view.decode_frame(c, offsets, values, scratch); });
+    entries += decoding([&] { return view.decode_frame(c, offsets, values, scratch, context); });
   }
   if (entries != message.entries) {
     fail(fmt::format("holds {} entries, its metadata says {}", entries, message.entries));

@@ -19,9 +19,11 @@ void describe_in_flight(const ReplicatedState& state, std::vector<io::TensorSpec
 void write_in_flight(io::SafetensorsWriter& writer, const ReplicatedState& state);
 // The message in flight a file holds, checked against this model: window `window` (the
 // state's committed_windows() + windows_dropped()), sent by `rank`, frames covering the layout's
-// chunks, every frame decodable. Throws ProtocolError naming the file.
-[[nodiscard]] std::optional<OutgoingMessage> read_in_flight(const io::SafetensorsReader& reader,
-                                                            const ReplicatedState& state, int rank,
-                                                            std::uint64_t window);
+// chunks, every frame decodable; context-coded frames decode against the θ_g that
+// `global_reader` holds (`global.<tensor>`, F32: the θ_g they were coded against, which the
+// state has not loaded yet). Throws ProtocolError naming the file.
+[[nodiscard]] std::optional<OutgoingMessage> read_in_flight(
+    const io::SafetensorsReader& reader, const io::SafetensorsReader& global_reader,
+    const ReplicatedState& state, int rank, std::uint64_t window);
 
 }  // namespace pulseloco::engine_detail

@@ -136,12 +136,6 @@ void EngineOptions::validate() const {
     throw InvalidArgument(std::string("overlap ") + std::string(overlap_name(overlap)) +
                           " runs mode pulse; this run is mode " + std::string(mode_name(mode)));
   }
-  if (codec.encoding == codec::Encoding::context && overlap != Overlap::blocking) {
-    // An overlapped window's own message is decoded again after the window it was gated in,
-    // and a context frame decodes only against the θ_g it was encoded with.
-    throw InvalidArgument("encoding context runs blocking windows only; this run has overlap " +
-                          std::string(overlap_name(overlap)));
-  }
   if (exchange != Exchange::automatic && exchange != Exchange::allgather &&
       exchange != Exchange::reduction) {
     throw InvalidArgument("exchange must be automatic, allgather or reduction");

@@ -17,22 +17,27 @@ struct OwnEntries {
   std::vector<std::uint32_t> offsets;
   std::vector<float> values;
   codec::DecodeScratch decode;
+  std::vector<float> context;  // θ_g of a device state's chunk (the context encoding)
 };
 
 // Calls `each(chunk, entries)` for every chunk of this rank's own message (valid: the gate
-// encoded it, or a verified file held it), chunks in parallel.
+// encoded it, or a verified file held it), chunks in parallel. A context-coded message decodes
+// against θ_g as it is now, which is what it was coded against (encode_against_global).
 template <class Each>
 void for_each_own_chunk(const ReplicatedState& state, ThreadPool& pool,
                         const OutgoingMessage& message, const Each& each) {
   const auto& chunks = state.layout().chunks();
   const codec::MessageView view = codec::MessageView::parse(message.bytes);
+  const bool context = view.header().encoding == codec::Encoding::context;
   ScratchPool<OwnEntries> scratch;
   pool.parallel_for(chunks.size(), [&](std::size_t c) {
     auto entries = scratch.acquire();
     const std::uint64_t n = view.frame(c).entries;
     entries->offsets.resize(n);
     entries->values.resize(n);
-    (void)view.decode_frame(c, entries->offsets, entries->values, entries->decode);
+    (void)view.decode_frame(
+        c, entries->offsets, entries->values, entries->decode,
+        context ? global_context(state, chunks[c], entries->context) : std::span<const float>());
     each(chunks[c], kernels::SparseEntries{entries->offsets, entries->values});
   });
 }
@@ -60,21 +65,19 @@ void OverlappedPulseWindow::run(const AttachedGroup& group, WindowReport& report
   // group has just voted to commit: its error is raised once that is done.
   std::optional<OutgoingMessage> message;
   std::exception_ptr gate_error;
+  // Every decode of this message (the exchange, the next boundary, a drop, the eager start)
+  // happens after the outer step below. A context-coded message must be coded against the θ_g of
+  // that step, so the gate codes it as pulse and it is coded again once the step is taken.
+  const bool context = options_.codec.encoding == codec::Encoding::context;
+  codec::EncodeOptions gate_coding = options_.codec;
+  if (context) gate_coding.encoding = codec::Encoding::pulse;
   try {
-    message = window_.gate_and_encode(group.rank(), report.window);
+    message = window_.gate_and_encode(group.rank(), report.window, gate_coding);
     state_.commit_residual(pool_);  // against the same start point, θ_l not yet reset
   } catch (...) {
     gate_error = std::current_exception();
   }
   report.seconds.gate = seconds_since(phase);
-  if (message) {
-    if (!options_.trace_dir.empty()) {
-      write_trace_message(options_, group.rank(), message->window, message->bytes);
-    }
-    report.entries_sent = message->entries;
-    report.payload_bytes = message->bytes.size();
-    report.density = density_of(report);
-  }
 
   phase = SteadyClock::now();
   if (received) {
@@ -83,9 +86,24 @@ void OverlappedPulseWindow::run(const AttachedGroup& group, WindowReport& report
     state_.reset_local(pool_);
   }
   if (gate_error) std::rethrow_exception(gate_error);
+  report.seconds.apply = seconds_since(phase);
+  if (context) {
+    phase = SteadyClock::now();
+    *message = window_.encode_against_global(*message);
+    report.seconds.gate += seconds_since(phase);
+  }
+  report.entries_sent = message->entries;
+  report.payload_bytes = message->bytes.size();
+  report.density = density_of(report);
+
+  phase = SteadyClock::now();
   state_.set_in_flight(std::move(*message));
   if (options_.overlap == Overlap::eager) start_from_own();
-  report.seconds.apply = seconds_since(phase);
+  report.seconds.apply += seconds_since(phase);
+  if (!options_.trace_dir.empty()) {
+    const OutgoingMessage& sent = *state_.in_flight();
+    write_trace_message(options_, group.rank(), sent.window, sent.bytes);
+  }
 }
 
 ReceivedMessages OverlappedPulseWindow::finish(const AttachedGroup& group, WindowReport& report) {

@@ -32,7 +32,7 @@ std::uint64_t largest_message_bytes(const Layout& layout) {
 void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   group.reached(WindowPhase::gate, report.window);
   auto phase = SteadyClock::now();
-  const OutgoingMessage message = gate_and_encode(group.rank(), report.window);
+  const OutgoingMessage message = gate_and_encode(group.rank(), report.window, options_.codec);
   if (!options_.trace_dir.empty()) {
     write_trace_message(options_, group.rank(), message.window, message.bytes);
   }
@@ -55,7 +55,8 @@ void PulseWindow::run(const AttachedGroup& group, WindowReport& report) {
   report.seconds.apply = seconds_since(phase);
 }
 
-OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
+OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window,
+                                             const codec::EncodeOptions& coding) {
   const auto& chunks = state_.layout().chunks();
   std::vector<std::vector<std::byte>> frames(chunks.size());
   std::vector<std::uint64_t> fired(chunks.size(), 0);
@@ -75,19 +76,51 @@ OutgoingMessage PulseWindow::gate_and_encode(int rank, std::uint64_t window) {
         .length = chunk.length,
         .offsets = std::span(scratch->offsets.data(), result.fired),
         .values = std::span(scratch->values.data(), result.fired),
-        .context = context_of(chunk, scratch->context),
+        .context = coding.encoding == codec::Encoding::context ? context_of(chunk, scratch->context)
+                                                               : std::span<const float>(),
     };
-    frames[c] = codec::encode_frame(entries_view, options_.codec);
+    frames[c] = codec::encode_frame(entries_view, coding);
   });
 
+  return assemble_message(rank, window, coding.encoding, frames, fired);
+}
+
+OutgoingMessage PulseWindow::encode_against_global(const OutgoingMessage& message) {
+  const auto& chunks = state_.layout().chunks();
+  const codec::MessageView view = codec::MessageView::parse(message.bytes, decode_limits());
+  std::vector<std::vector<std::byte>> frames(chunks.size());
+  std::vector<std::uint64_t> fired(chunks.size(), 0);
+  pool_.parallel_for(chunks.size(), [&](std::size_t c) {
+    const ChunkRef& chunk = chunks[c];
+    auto scratch = apply_scratch_.acquire();
+    fired[c] = view.frame(c).entries;
+    scratch->offsets.resize(fired[c]);
+    scratch->values.resize(fired[c]);
+    (void)view.decode_frame(c, scratch->offsets, scratch->values, scratch->decode);
+    frames[c] = codec::encode_frame({.tensor = chunk.tensor,
+                                     .begin = chunk.begin,
+                                     .length = chunk.length,
+                                     .offsets = scratch->offsets,
+                                     .values = scratch->values,
+                                     .context = context_of(chunk, scratch->context)},
+                                    options_.codec);
+  });
+  return assemble_message(static_cast<int>(view.header().sender_rank), message.window,
+                          options_.codec.encoding, frames, fired);
+}
+
+OutgoingMessage PulseWindow::assemble_message(int rank, std::uint64_t window,
+                                              codec::Encoding encoding,
+                                              std::vector<std::vector<std::byte>>& frames,
+                                              std::span<const std::uint64_t> fired) const {
   OutgoingMessage message;
   message.window = window;
   codec::MessageHeader header;
   header.window = message.window;
   header.sender_rank = static_cast<std::uint32_t>(rank);
-  header.encoding = options_.codec.encoding;
+  header.encoding = encoding;
   header.tensor_numels = state_.layout().numels();
-  message.bytes = codec::encode_header(header, static_cast<std::uint32_t>(chunks.size()));
+  message.bytes = codec::encode_header(header, static_cast<std::uint32_t>(frames.size()));
   std::size_t total = message.bytes.size();
   for (const auto& f : frames)
     total += f.size();
@@ -462,15 +495,20 @@ PulseWindow::ReducedRange PulseWindow::reduce_range(std::span<const codec::Messa
 std::span<const float> PulseWindow::context_of(const ChunkRef& chunk,
                                                std::vector<float>& staging) const {
   if (options_.codec.encoding != codec::Encoding::context) return {};
-  if (state_.memory().device().kind == DeviceKind::cpu) {
-    return state_.host_values(StateBuffer::global, chunk.tensor).subspan(chunk.begin, chunk.length);
+  return global_context(state_, chunk, staging);
+}
+
+std::span<const float> global_context(const ReplicatedState& state, const ChunkRef& chunk,
+                                      std::vector<float>& staging) {
+  if (state.memory().device().kind == DeviceKind::cpu) {
+    return state.host_values(StateBuffer::global, chunk.tensor).subspan(chunk.begin, chunk.length);
   }
   staging.resize(chunk.length);
-  state_.read_host(StateBuffer::global, chunk.tensor, {chunk.begin, chunk.length},
-                   [&](std::uint64_t offset, std::span<const std::byte> piece) {
-                     std::memcpy(reinterpret_cast<std::byte*>(staging.data()) + offset,
-                                 piece.data(), piece.size());
-                   });
+  state.read_host(StateBuffer::global, chunk.tensor, {chunk.begin, chunk.length},
+                  [&](std::uint64_t offset, std::span<const std::byte> piece) {
+                    std::memcpy(reinterpret_cast<std::byte*>(staging.data()) + offset, piece.data(),
+                                piece.size());
+                  });
   return staging;
 }
 

@@ -51,8 +51,15 @@ class PulseWindow final : public WindowStrategy {
   [[nodiscard]] Mode mode() const noexcept override { return Mode::pulse; }
   void run(const AttachedGroup& group, WindowReport& report) override;
 
-  // The message of window `window` (gated against the state's start point).
-  [[nodiscard]] OutgoingMessage gate_and_encode(int rank, std::uint64_t window);
+  // The message of window `window` (gated against the state's start point), coded as `coding`
+  // says: the run's codec options, but pulse for an overlapped context run (encode_against_global).
+  [[nodiscard]] OutgoingMessage gate_and_encode(int rank, std::uint64_t window,
+                                                const codec::EncodeOptions& coding);
+  // `message` (pulse frames) coded again with the run's codec options against θ_g as it is now:
+  // an overlapped window's message is decoded only after this boundary's outer step, so the
+  // context encoding codes it against the θ_g of that step, not the start point it was gated
+  // against.
+  [[nodiscard]] OutgoingMessage encode_against_global(const OutgoingMessage& message);
   // Throws (state unchanged) when the collective fails; an invalid message is recorded in the
   // result instead, so that the vote can tell the other ranks. The kind is chosen as
   // exchange_choice.h says (the same on every rank).
@@ -106,9 +113,14 @@ class PulseWindow final : public WindowStrategy {
   [[nodiscard]] ReducedRange reduce_range(std::span<const codec::MessageView> pieces,
                                           std::size_t first, std::size_t count);
 
+  // The message of `rank` for `window`: a header, then `frames` (moved out), one per chunk, of
+  // `fired` entries each.
+  [[nodiscard]] OutgoingMessage assemble_message(int rank, std::uint64_t window,
+                                                 codec::Encoding encoding,
+                                                 std::vector<std::vector<std::byte>>& frames,
+                                                 std::span<const std::uint64_t> fired) const;
   [[nodiscard]] codec::DecodeLimits decode_limits() const;
-  // The chunk's θ_g on the host for the context encoding (empty for the others): the state's
-  // own buffer when it is in host memory, else staged into `staging` (device state).
+  // The chunk's θ_g for the context encoding (global_context), empty for the others.
   [[nodiscard]] std::span<const float> context_of(const ChunkRef& chunk,
                                                   std::vector<float>& staging) const;
   // Parses rank `sender`'s message and checks everything about it, frame by frame, so that the
@@ -125,5 +137,11 @@ class PulseWindow final : public WindowStrategy {
   ScratchPool<DecodeScratch> apply_scratch_;
   ScratchPool<DecodeScratch> validate_scratch_;
 };
+
+// The chunk's θ_g on the host, against which context frames are coded: the state's own buffer
+// when it is in host memory, else staged into `staging` (device state).
+[[nodiscard]] std::span<const float> global_context(const ReplicatedState& state,
+                                                    const ChunkRef& chunk,
+                                                    std::vector<float>& staging);
 
 }  // namespace pulseloco::engine_detail

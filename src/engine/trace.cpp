@@ -155,7 +155,7 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
                                     ? state_files::require_u64(meta, "windows_dropped", file)
                                     : 0;
   std::optional<OutgoingMessage> in_flight =
-      read_in_flight(reader, state, rank, traced_window + dropped);
+      read_in_flight(reader, reader, state, rank, traced_window + dropped);
   // Validate every tensor's declaration before reading any of them.
   for (std::size_t t = 0; t < state.tensor_count(); ++t) {
     for (const auto& [prefix, buffer] : traced_buffers(state)) {

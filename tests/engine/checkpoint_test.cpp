@@ -87,14 +87,21 @@ TEST(Checkpoint, ResumeContinuesBitIdenticallyToAnUninterruptedRun) {
 
 // Overlapped windows: the checkpoint holds each rank's message in flight with its residual; the
 // resumed job sends it again and applies it at its first boundary, as the uninterrupted run did
-// (eager also rebuilds the start point θ_l restarted from).
+// (eager also rebuilds the start point θ_l restarted from). A context-coded message in flight
+// is checked against the checkpoint's θ_g, which it was coded against.
 TEST(Checkpoint, AWindowInFlightResumesBitIdentically) {
-  for (const Overlap overlap : {Overlap::delayed, Overlap::eager}) {
-    SCOPED_TRACE(overlap_name(overlap));
+  for (const auto& [overlap, encoding] : {std::pair{Overlap::delayed, codec::Encoding::pulse},
+                                          std::pair{Overlap::eager, codec::Encoding::pulse},
+                                          std::pair{Overlap::delayed, codec::Encoding::context},
+                                          std::pair{Overlap::eager, codec::Encoding::context}}) {
+    SCOPED_TRACE(fmt::format("{}, {}", overlap_name(overlap), codec::encoding_name(encoding)));
     EngineOptions options = options_for_test();
     options.overlap = overlap;
+    options.codec.encoding = encoding;
     expect_resume_continues_bit_identically(
-        fmt::format("resume_in_flight_{}", overlap_name(overlap)), options, options, 60, 3, 6);
+        fmt::format("resume_in_flight_{}_{}", overlap_name(overlap),
+                    codec::encoding_name(encoding)),
+        options, options, 60, 3, 6);
   }
 }
 
@@ -420,11 +427,15 @@ TEST(Trace, ReplayPublishesNothing) {
 // Overlapped boundaries: the inputs hold the message in flight, and replay reruns the whole
 // boundary (finish, gate, apply, restart) bit for bit.
 TEST(Trace, OverlappedBoundariesReplayBitIdentically) {
-  for (const Overlap overlap : {Overlap::delayed, Overlap::eager}) {
-    SCOPED_TRACE(overlap_name(overlap));
-    const fs::path dir = fresh_dir(fmt::format("trace_{}", overlap_name(overlap)));
+  for (const auto& [overlap, encoding] : {std::pair{Overlap::delayed, codec::Encoding::pulse},
+                                          std::pair{Overlap::eager, codec::Encoding::pulse},
+                                          std::pair{Overlap::eager, codec::Encoding::context}}) {
+    SCOPED_TRACE(fmt::format("{}, {}", overlap_name(overlap), codec::encoding_name(encoding)));
+    const fs::path dir = fresh_dir(
+        fmt::format("trace_{}_{}", overlap_name(overlap), codec::encoding_name(encoding)));
     EngineOptions options = options_for_test();
     options.overlap = overlap;
+    options.codec.encoding = encoding;
     options.trace_dir = dir.string();
     TrainingRun run(options, 70);
     for (int w = 0; w < 3; ++w)

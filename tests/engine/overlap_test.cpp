@@ -13,6 +13,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/replay.h>
+#include <pulseloco/engine/state_files.h>
 #include <pulseloco/transport/inproc/inproc.h>
 #include "base/log_capture.h"
 #include "engine/engine_test_util.h"
@@ -156,22 +157,46 @@ struct OverlapCase {
   Overlap overlap;
   int world;
   DType dtype;
+  codec::Encoding encoding = codec::Encoding::pulse;
 };
 
 void PrintTo(const OverlapCase& c, std::ostream* out) {
-  *out << overlap_name(c.overlap) << ", world " << c.world << ", " << dtype_name(c.dtype);
+  *out << overlap_name(c.overlap) << ", world " << c.world << ", " << dtype_name(c.dtype) << ", "
+       << codec::encoding_name(c.encoding);
+}
+
+// How many frames of the traced message of `rank` in `window` are context-coded (the message's
+// encoding must be `encoding`).
+std::size_t context_frames_sent(const std::filesystem::path& traces, std::uint64_t window, int rank,
+                                codec::Encoding encoding) {
+  const std::string bytes =
+      testing::file_bytes(state_files::trace_message_file(traces, window, rank));
+  const codec::MessageView view = codec::MessageView::parse(std::as_bytes(std::span(bytes)));
+  EXPECT_EQ(view.header().encoding, encoding) << "window " << window << " rank " << rank;
+  std::size_t frames = 0;
+  for (std::size_t f = 0; f < view.frame_count(); ++f)
+    frames += view.frame(f).encoding == codec::Encoding::context ? 1 : 0;
+  return frames;
 }
 
 class EngineOverlap : public ::testing::TestWithParam<OverlapCase> {};
 
 TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
-  const auto [overlap, world, dtype] = GetParam();
+  const auto [overlap, world, dtype, encoding] = GetParam();
   const std::vector<std::uint64_t> sizes{0, 1, 37, 3000, 4097};
   const float lr = dtype == DType::float32 ? 3e-5f : 3e-3f;
   std::vector<LocalModel> models;
   for (int r = 0; r < world; ++r)
     models.push_back(testing::make_model(sizes, dtype, r == 0 ? 7 : 1000 + r));
-  const EngineOptions options = overlap_options(overlap);
+  EngineOptions options = overlap_options(overlap);
+  options.codec.encoding = encoding;
+  // The context encoding: the traced messages show what was sent.
+  const std::filesystem::path traces =
+      encoding == codec::Encoding::pulse ? std::filesystem::path()
+                                         : testing::fresh_test_dir(fmt::format(
+                                               "overlap_{}_R{}_{}_{}", overlap_name(overlap), world,
+                                               dtype_name(dtype), codec::encoding_name(encoding)));
+  options.trace_dir = traces.string();
   auto engines = testing::start_engines(models, options);
   OverlapReference reference = overlap_reference_start(models[0], world);
   std::vector<LocalModel> reference_models = models;
@@ -197,6 +222,13 @@ TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
       EXPECT_EQ(report.digest, reports[0].digest);
       EXPECT_GT(report.entries_sent, 0u);
       EXPECT_FALSE(completes_in_flight(report));
+    }
+    if (encoding == codec::Encoding::context) {
+      std::size_t context_frames = 0;
+      for (int r = 0; r < world; ++r)
+        context_frames +=
+            context_frames_sent(traces, static_cast<std::uint64_t>(window), r, encoding);
+      EXPECT_GT(context_frames, 0u) << "boundary " << window;
     }
     for (const auto& engine : engines) {
       EXPECT_TRUE(engine->window_in_flight());
@@ -228,20 +260,28 @@ TEST_P(EngineOverlap, MatchesTheReferenceAndReplicasStayIdentical) {
     EXPECT_EQ(engines[r]->committed_windows(), static_cast<std::uint64_t>(windows));
     EXPECT_FALSE(engines[r]->complete_in_flight());  // nothing in flight any more
   }
+  if (!traces.empty()) std::filesystem::remove_all(traces);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, EngineOverlap,
-                         ::testing::Values(OverlapCase{Overlap::delayed, 1, DType::float32},
-                                           OverlapCase{Overlap::delayed, 4, DType::float32},
-                                           OverlapCase{Overlap::delayed, 3, DType::bfloat16},
-                                           OverlapCase{Overlap::eager, 1, DType::float32},
-                                           OverlapCase{Overlap::eager, 4, DType::float32},
-                                           OverlapCase{Overlap::eager, 3, DType::bfloat16}),
-                         [](const ::testing::TestParamInfo<OverlapCase>& param_info) {
-                           const OverlapCase& c = param_info.param;
-                           return std::string(overlap_name(c.overlap)) + "_R" +
-                                  std::to_string(c.world) + "_" + std::string(dtype_name(c.dtype));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Variants, EngineOverlap,
+    ::testing::Values(OverlapCase{Overlap::delayed, 1, DType::float32},
+                      OverlapCase{Overlap::delayed, 4, DType::float32},
+                      OverlapCase{Overlap::delayed, 3, DType::bfloat16},
+                      OverlapCase{Overlap::eager, 1, DType::float32},
+                      OverlapCase{Overlap::eager, 4, DType::float32},
+                      OverlapCase{Overlap::eager, 3, DType::bfloat16},
+                      OverlapCase{Overlap::delayed, 4, DType::float32, codec::Encoding::context},
+                      OverlapCase{Overlap::eager, 3, DType::bfloat16, codec::Encoding::context},
+                      OverlapCase{Overlap::eager, 4, DType::float32, codec::Encoding::context}),
+    [](const ::testing::TestParamInfo<OverlapCase>& param_info) {
+      const OverlapCase& c = param_info.param;
+      return std::string(overlap_name(c.overlap)) + "_R" + std::to_string(c.world) + "_" +
+             std::string(dtype_name(c.dtype)) +
+             (c.encoding == codec::Encoding::pulse
+                  ? std::string()
+                  : "_" + std::string(codec::encoding_name(c.encoding)));
+    });
 
 // A dropped window: every rank's message in flight goes back into its residual (e = s where
 // it fired; e was 0 there).
@@ -260,17 +300,20 @@ void reference_drop(OverlapReference& state) {
 // error and changes nothing; they form a new group, which drops the window in flight on every
 // member (its entries back in e), and continue with identical replicas, as the reference says.
 TEST(EngineOverlapMembership, AMemberLostWithAWindowInFlightIsDroppedAndTheOthersContinue) {
-  for (const Overlap overlap : {Overlap::delayed, Overlap::eager}) {
-    SCOPED_TRACE(overlap_name(overlap));
+  for (const auto& [overlap, encoding] : {std::pair{Overlap::delayed, codec::Encoding::pulse},
+                                          std::pair{Overlap::eager, codec::Encoding::pulse},
+                                          std::pair{Overlap::eager, codec::Encoding::context}}) {
+    SCOPED_TRACE(fmt::format("{}, {}", overlap_name(overlap), codec::encoding_name(encoding)));
     const std::vector<std::uint64_t> sizes{1, 37, 3000, 4097};
     const float lr = 3e-5f;
     constexpr int kMembers = 4;
     std::vector<std::unique_ptr<LocalModel>> models;
     std::vector<std::unique_ptr<Engine>> engines;
     EngineOptions options = overlap_options(overlap);
+    options.codec.encoding = encoding;
     options.timeout = std::chrono::milliseconds(5'000);
-    const std::filesystem::path traces =
-        testing::fresh_test_dir(fmt::format("overlap_membership_{}", overlap_name(overlap)));
+    const std::filesystem::path traces = testing::fresh_test_dir(fmt::format(
+        "overlap_membership_{}_{}", overlap_name(overlap), codec::encoding_name(encoding)));
     options.trace_dir = traces.string();
     for (int r = 0; r < kMembers; ++r) {
       models.push_back(
