@@ -67,10 +67,11 @@ void OverlappedPulseWindow::run(const AttachedGroup& group, WindowReport& report
   std::exception_ptr gate_error;
   // Every decode of this message (the exchange, the next boundary, a drop, the eager start)
   // happens after the outer step below. A context-coded message must be coded against the θ_g of
-  // that step, so the gate codes it as pulse and it is coded again once the step is taken.
+  // that step, so the gate writes the entries plainly (offsets and values, no entropy stage to
+  // run twice) and they are coded once the step is taken.
   const bool context = options_.codec.encoding == codec::Encoding::context;
   codec::EncodeOptions gate_coding = options_.codec;
-  if (context) gate_coding.encoding = codec::Encoding::pulse;
+  if (context) gate_coding.encoding = codec::Encoding::plain_i32_f32;
   try {
     message = window_.gate_and_encode(group.rank(), report.window, gate_coding);
     state_.commit_residual(pool_);  // against the same start point, θ_l not yet reset

@@ -52,13 +52,14 @@ class PulseWindow final : public WindowStrategy {
   void run(const AttachedGroup& group, WindowReport& report) override;
 
   // The message of window `window` (gated against the state's start point), coded as `coding`
-  // says: the run's codec options, but pulse for an overlapped context run (encode_against_global).
+  // says: the run's codec options, but plain entries for an overlapped context run
+  // (encode_against_global codes them).
   [[nodiscard]] OutgoingMessage gate_and_encode(int rank, std::uint64_t window,
                                                 const codec::EncodeOptions& coding);
-  // `message` (pulse frames) coded again with the run's codec options against θ_g as it is now:
-  // an overlapped window's message is decoded only after this boundary's outer step, so the
-  // context encoding codes it against the θ_g of that step, not the start point it was gated
-  // against.
+  // `message` (its frames in any encoding but context) coded again with the run's codec options
+  // against θ_g as it is now: an overlapped window's message is decoded only after this
+  // boundary's outer step, so the context encoding codes it against the θ_g of that step, not
+  // the start point it was gated against.
   [[nodiscard]] OutgoingMessage encode_against_global(const OutgoingMessage& message);
   // Throws (state unchanged) when the collective fails; an invalid message is recorded in the
   // result instead, so that the vote can tell the other ranks. The kind is chosen as
