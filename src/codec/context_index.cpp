@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -21,7 +22,7 @@ constexpr std::size_t kGroups = 256;
 
 // The exponent field of every context value: one vectorisable pass, so that each group's
 // membership is then found in a byte array a quarter of the context's size.
-void exponents_of(std::span<const float> context, std::uint8_t* out) noexcept {
+inline void exponents_of(std::span<const float> context, std::uint8_t* out) noexcept {
   const auto* bits = reinterpret_cast<const std::uint32_t*>(context.data());
   const std::size_t length = context.size();
   for (std::size_t i = 0; i < length; ++i)
@@ -32,40 +33,84 @@ void exponents_of(std::span<const float> context, std::uint8_t* out) noexcept {
   return (length + 63) / 64;
 }
 
-// Bit k of words[w] is set where element 64w+k belongs to `group`; prefix[w] counts the members
-// before word w. Returns the group's size.
-std::uint64_t membership_portable(const std::uint8_t* exponents, std::size_t length,
-                                  std::uint8_t group, std::uint64_t* words,
-                                  std::uint32_t* prefix) noexcept {
-  std::uint32_t members = 0;
-  for (std::size_t w = 0; w < word_count(length); ++w) {
+// The word-level primitives of the passes below, which are written once over them and
+// instantiated for each instruction set: bit k of word(p, g) is set where p[k] == g (64 bytes);
+// count() is a popcount; deposit(bits, mask) places the low bits of `bits`, in order, at the set
+// bits of `mask` (pdep).
+struct PortableWords {
+  static std::uint64_t word(const std::uint8_t* p, std::uint8_t group) noexcept {
     std::uint64_t word = 0;
-    const std::size_t end = std::min<std::size_t>(64, length - 64 * w);
-    for (std::size_t k = 0; k < end; ++k)
-      word |= static_cast<std::uint64_t>(exponents[64 * w + k] == group) << k;
-    words[w] = word;
-    prefix[w] = members;
-    members += static_cast<std::uint32_t>(std::popcount(word));
+    for (unsigned k = 0; k < 64; ++k)
+      word |= static_cast<std::uint64_t>(p[k] == group) << k;
+    return word;
   }
-  return members;
-}
+  // Bit k set where (p[k] - lo) mod 256 > span: the byte lies outside [lo, lo + span].
+  static std::uint64_t outside(const std::uint8_t* p, std::uint8_t lo, std::uint8_t span) noexcept {
+    std::uint64_t word = 0;
+    for (unsigned k = 0; k < 64; ++k)
+      word |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(p[k] - lo) > span) << k;
+    return word;
+  }
+  static unsigned count(std::uint64_t word) noexcept {
+    return static_cast<unsigned>(std::popcount(word));
+  }
+  static std::uint64_t deposit(std::uint64_t bits, std::uint64_t mask) noexcept {
+    std::uint64_t out = 0;
+    for (; mask != 0; mask &= mask - 1, bits >>= 1)
+      out |= (bits & 1u) * (mask & (~mask + 1));
+    return out;
+  }
+};
 
-__attribute__((target("avx2,popcnt"))) std::uint64_t membership_avx2(
-    const std::uint8_t* exponents, std::size_t length, std::uint8_t group, std::uint64_t* words,
-    std::uint32_t* prefix) noexcept {
-  const __m256i needle = _mm256_set1_epi8(static_cast<char>(group));
+#define PULSELOCO_GROUP_ISA __attribute__((target("avx2,bmi,bmi2,popcnt")))
+
+// Inlined into the AVX2 passes, whose wrappers below are flattened.
+struct Avx2Words {
+  PULSELOCO_GROUP_ISA static std::uint64_t word(const std::uint8_t* p,
+                                                std::uint8_t group) noexcept {
+    const __m256i needle = _mm256_set1_epi8(static_cast<char>(group));
+    const auto* v = reinterpret_cast<const __m256i*>(p);
+    const auto lo = static_cast<std::uint32_t>(
+        _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(v), needle)));
+    const auto hi = static_cast<std::uint32_t>(
+        _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(v + 1), needle)));
+    return (static_cast<std::uint64_t>(hi) << 32) | lo;
+  }
+  PULSELOCO_GROUP_ISA static std::uint64_t outside(const std::uint8_t* p, std::uint8_t lo,
+                                                   std::uint8_t span) noexcept {
+    const __m256i low = _mm256_set1_epi8(static_cast<char>(lo));
+    const __m256i top = _mm256_set1_epi8(static_cast<char>(span));
+    const auto* v = reinterpret_cast<const __m256i*>(p);
+    const auto inside = [&](const __m256i bytes) PULSELOCO_GROUP_ISA {
+      const __m256i x = _mm256_sub_epi8(bytes, low);
+      return static_cast<std::uint32_t>(
+          _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_max_epu8(x, top), top)));
+    };
+    const std::uint64_t in = (static_cast<std::uint64_t>(inside(_mm256_loadu_si256(v + 1))) << 32) |
+                             inside(_mm256_loadu_si256(v));
+    return ~in;
+  }
+  PULSELOCO_GROUP_ISA static unsigned count(std::uint64_t word) noexcept {
+    return static_cast<unsigned>(_mm_popcnt_u64(word));
+  }
+  PULSELOCO_GROUP_ISA static std::uint64_t deposit(std::uint64_t bits,
+                                                   std::uint64_t mask) noexcept {
+    return _pdep_u64(bits, mask);
+  }
+};
+
+// A group's membership bitmap over a chunk: bit k of words[w] is set where element 64w + k
+// belongs to `group`, and prefix[w] counts the members before word w. Returns the group's size.
+template <class Words>
+std::uint64_t membership(const std::uint8_t* exponents, std::size_t length, std::uint8_t group,
+                         std::uint64_t* words, std::uint32_t* prefix) noexcept {
   const std::size_t full = length / 64;
   std::uint64_t members = 0;
   for (std::size_t w = 0; w < full; ++w) {
-    const auto* p = reinterpret_cast<const __m256i*>(exponents + 64 * w);
-    const auto lo = static_cast<std::uint32_t>(
-        _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(p), needle)));
-    const auto hi = static_cast<std::uint32_t>(
-        _mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256(p + 1), needle)));
-    const std::uint64_t word = (static_cast<std::uint64_t>(hi) << 32) | lo;
+    const std::uint64_t word = Words::word(exponents + 64 * w, group);
     words[w] = word;
     prefix[w] = static_cast<std::uint32_t>(members);
-    members += static_cast<std::uint64_t>(_mm_popcnt_u64(word));
+    members += Words::count(word);
   }
   if (full * 64 < length) {
     std::uint64_t word = 0;
@@ -73,62 +118,191 @@ __attribute__((target("avx2,popcnt"))) std::uint64_t membership_avx2(
       word |= static_cast<std::uint64_t>(exponents[64 * full + k] == group) << k;
     words[full] = word;
     prefix[full] = static_cast<std::uint32_t>(members);
-    members += static_cast<std::uint64_t>(_mm_popcnt_u64(word));
+    members += Words::count(word);
   }
   return members;
 }
 
-// AVX2 and POPCNT when the CPU has them, unless PULSELOCO_CPU_ISA=portable asks for the
+// Encoder: the group-local ranks of n members at `offsets`, from the group's membership.
+template <class Words>
+void rank_offsets(const std::uint64_t* words, const std::uint32_t* prefix,
+                  const std::uint32_t* offsets, std::size_t n, std::uint32_t* ranks) noexcept {
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::uint32_t o = offsets[j];
+    const std::uint64_t below = (std::uint64_t{1} << (o % 64)) - 1;
+    ranks[j] = prefix[o / 64] + Words::count(words[o / 64] & below);
+  }
+}
+
+// Decoder: marks the members whose ranks are set in `coded` (a bitmap over the group's ranks,
+// one word of padding past them) in `fired`, or with `complement` the members whose ranks are
+// not set. Word by word, without a branch on the data: each chunk word takes the next
+// count(word) bits of `coded` and deposits them at its members.
+template <class Words>
+void mark_ranks(const std::uint64_t* words, const std::uint32_t* prefix, std::size_t words_n,
+                const std::uint64_t* coded, bool complement, std::uint64_t* fired) noexcept {
+  const std::uint64_t flip = complement ? ~std::uint64_t{0} : 0;
+  for (std::size_t w = 0; w < words_n; ++w) {
+    const std::uint64_t members = words[w];
+    const std::uint32_t at = prefix[w];
+    const unsigned shift = at % 64;
+    // The bits from `at` on; the second word's part is shifted in two steps so that a shift of
+    // 0 does not shift by 64.
+    const std::uint64_t bits =
+        (coded[at / 64] >> shift) | ((coded[at / 64 + 1] << 1) << (63 - shift));
+    fired[w] |= Words::deposit(bits ^ flip, members);
+  }
+}
+
+// The offsets of the elements outside [lo, lo + span] (exponents mod 256) into `out` (room for
+// length + 4), ascending. Returns their count. Few words hold more than four such elements:
+// four are written unconditionally, so that the loop's branches follow the words' counts only
+// where those exceed four.
+template <class Words>
+std::size_t collect_outside(const std::uint8_t* exponents, std::size_t length, std::uint8_t lo,
+                            std::uint8_t span, std::uint32_t* out) noexcept {
+  std::size_t n = 0;
+  const std::size_t full = length / 64;
+  for (std::size_t w = 0; w < full; ++w) {
+    std::uint64_t word = Words::outside(exponents + 64 * w, lo, span);
+    const unsigned count = Words::count(word);
+    const auto base = static_cast<std::uint32_t>(64 * w);
+    for (unsigned k = 0; k < 4; ++k, word &= word - 1)
+      out[n + k] = base + static_cast<std::uint32_t>(std::countr_zero(word));
+    for (unsigned k = 4; k < count; ++k, word &= word - 1)
+      out[n + k] = base + static_cast<std::uint32_t>(std::countr_zero(word));
+    n += count;
+  }
+  for (std::size_t i = 64 * full; i < length; ++i) {
+    if (static_cast<std::uint8_t>(exponents[i] - lo) > span)
+      out[n++] = static_cast<std::uint32_t>(i);
+  }
+  return n;
+}
+
+// The AVX2 instances: flattened so that Avx2Words' primitives inline into code compiled for
+// the same instruction set.
+__attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) void exponents_avx2(
+    std::span<const float> context, std::uint8_t* out) noexcept {
+  exponents_of(context, out);
+}
+__attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) std::uint64_t membership_avx2(
+    const std::uint8_t* exponents, std::size_t length, std::uint8_t group, std::uint64_t* words,
+    std::uint32_t* prefix) noexcept {
+  return membership<Avx2Words>(exponents, length, group, words, prefix);
+}
+__attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) void rank_offsets_avx2(
+    const std::uint64_t* words, const std::uint32_t* prefix, const std::uint32_t* offsets,
+    std::size_t n, std::uint32_t* ranks) noexcept {
+  rank_offsets<Avx2Words>(words, prefix, offsets, n, ranks);
+}
+__attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) void mark_ranks_avx2(
+    const std::uint64_t* words, const std::uint32_t* prefix, std::size_t words_n,
+    const std::uint64_t* coded, bool complement, std::uint64_t* fired) noexcept {
+  mark_ranks<Avx2Words>(words, prefix, words_n, coded, complement, fired);
+}
+__attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) std::size_t collect_outside_avx2(
+    const std::uint8_t* exponents, std::size_t length, std::uint8_t lo, std::uint8_t span,
+    std::uint32_t* out) noexcept {
+  return collect_outside<Avx2Words>(exponents, length, lo, span, out);
+}
+
+#undef PULSELOCO_GROUP_ISA
+
+// AVX2, BMI2 and POPCNT when the CPU has them, unless PULSELOCO_CPU_ISA=portable asks for the
 // fallback as it does of the kernels (base/cpu_features.h). Read here rather than through
 // active_cpu_isa() so that the codec's sanitized build needs no more of base than its errors.
-bool use_avx2() noexcept {
-  const char* isa = std::getenv("PULSELOCO_CPU_ISA");
-  if (isa != nullptr && std::string_view(isa) == "portable") return false;
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt");
-}
-
-std::uint64_t membership(const std::uint8_t* exponents, std::size_t length, std::uint8_t group,
-                         std::uint64_t* words, std::uint32_t* prefix) noexcept {
-  static const bool avx2 = use_avx2();
-  return avx2 ? membership_avx2(exponents, length, group, words, prefix)
-              : membership_portable(exponents, length, group, words, prefix);
-}
-
-// The position of the r-th set bit (r < popcount) of `word`.
-[[nodiscard]] inline unsigned select_in_word(std::uint64_t word, std::uint64_t r) noexcept {
-  for (; r > 0; --r)
-    word &= word - 1;
-  return static_cast<unsigned>(std::countr_zero(word));
-}
-
-// Ranks and selects in a membership bitmap through its per-word prefix counts.
-class RankCursor {
- public:
-  RankCursor(const std::uint64_t* words, const std::uint32_t* prefix,
-             std::size_t word_count) noexcept
-      : words_(words), prefix_(prefix), words_n_(word_count) {}
-  // Rank of the member at `position`.
-  [[nodiscard]] std::uint64_t rank_of(std::uint64_t position) const noexcept {
-    const std::uint64_t w = position / 64;
-    const std::uint64_t below = (std::uint64_t{1} << (position % 64)) - 1;
-    return prefix_[w] + static_cast<std::uint64_t>(std::popcount(words_[w] & below));
-  }
-  // Position of the member of rank r (the ranks asked must ascend; r below the group's size).
-  [[nodiscard]] std::uint64_t position_of(std::uint64_t r) noexcept {
-    // The word holding it is the last whose prefix count is at most r: a binary search, so
-    // that a group of few members costs no walk over the whole chunk.
-    if (word_ + 1 < words_n_ && prefix_[word_ + 1] <= r) {
-      word_ = static_cast<std::size_t>(
-          std::upper_bound(prefix_ + word_ + 1, prefix_ + words_n_, r) - prefix_ - 1);
+struct GroupPasses {
+  decltype(&exponents_of) exponents;
+  decltype(&membership<PortableWords>) membership;
+  decltype(&rank_offsets<PortableWords>) rank;
+  decltype(&mark_ranks<PortableWords>) mark;
+  decltype(&collect_outside<PortableWords>) collect;
+};
+const GroupPasses& group_passes() noexcept {
+  static const GroupPasses passes = [] {
+    const char* isa = std::getenv("PULSELOCO_CPU_ISA");
+    const bool portable = isa != nullptr && std::string_view(isa) == "portable";
+    if (!portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
+        __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt")) {
+      return GroupPasses{exponents_avx2, membership_avx2, rank_offsets_avx2, mark_ranks_avx2,
+                         collect_outside_avx2};
     }
-    return 64 * word_ + select_in_word(words_[word_], r - prefix_[word_]);
+    return GroupPasses{exponents_of, membership<PortableWords>, rank_offsets<PortableWords>,
+                       mark_ranks<PortableWords>, collect_outside<PortableWords>};
+  }();
+  return passes;
+}
+
+// The members of the chunk's rare exponents, found in one pass. A pass per group costs the
+// same whatever the group's size, and most groups of a chunk of weights are small (the tails of
+// the magnitude's distribution): the exponents a sample of the chunk shows often form a range
+// whose groups get a pass each; the elements outside it are collected and sorted by exponent.
+// Which groups are rare changes only the work, never the result.
+class RareGroups {
+ public:
+  void find(const GroupPasses& passes, const std::uint8_t* exponents, std::size_t length,
+            GroupScratch& scratch) {
+    constexpr std::size_t kStride = 127;
+    constexpr std::size_t kCommonShare = 100;  // a group of at least 1/100 of the sample
+    std::array<std::uint32_t, kGroups> sampled{};
+    std::size_t samples = 0;
+    for (std::size_t i = 0; i < length; i += kStride, ++samples)
+      ++sampled[exponents[i]];
+    int lo = -1;
+    int hi = -1;
+    for (int e = 0; e < static_cast<int>(kGroups); ++e) {
+      if (kCommonShare * sampled[static_cast<std::size_t>(e)] >= samples &&
+          samples >= kCommonShare) {
+        if (lo < 0) lo = e;
+        hi = e;
+      }
+    }
+    if (scratch.rare_capacity < length + 4) {  // written only where a rare member is found
+      scratch.rare = std::make_unique_for_overwrite<std::uint32_t[]>(length + 4);
+      scratch.rare_capacity = length + 4;
+    }
+    std::size_t n = 0;
+    if (lo < 0) {  // no common exponent: every group is rare
+      for (std::size_t i = 0; i < length; ++i)
+        scratch.rare[i] = static_cast<std::uint32_t>(i);
+      n = length;
+      lo_ = 1;
+      span_ = 0;
+      all_ = true;
+    } else {
+      lo_ = static_cast<std::uint8_t>(lo);
+      span_ = static_cast<std::uint8_t>(hi - lo);
+      all_ = false;
+      n = passes.collect(exponents, length, lo_, span_, scratch.rare.get());
+    }
+    // Sorted by exponent, stably: each group's members stay ascending.
+    start_.fill(0);
+    for (std::size_t j = 0; j < n; ++j)
+      ++start_[exponents[scratch.rare[j]] + 1];
+    for (std::size_t e = 0; e < kGroups; ++e)
+      start_[e + 1] += start_[e];
+    if (scratch.rare_members.size() < n) scratch.rare_members.resize(n);
+    std::array<std::uint32_t, kGroups> next{};
+    std::copy_n(start_.begin(), kGroups, next.begin());
+    for (std::size_t j = 0; j < n; ++j)
+      scratch.rare_members[next[exponents[scratch.rare[j]]]++] = scratch.rare[j];
+    members_ = scratch.rare_members.data();
+  }
+  [[nodiscard]] bool is_rare(std::uint8_t exponent) const noexcept {
+    return all_ || static_cast<std::uint8_t>(exponent - lo_) > span_;
+  }
+  // The ascending offsets of a rare group's members.
+  [[nodiscard]] std::span<const std::uint32_t> members(std::uint8_t exponent) const noexcept {
+    return {members_ + start_[exponent], members_ + start_[exponent + 1u]};
   }
 
  private:
-  const std::uint64_t* words_;
-  const std::uint32_t* prefix_;
-  std::size_t words_n_;
-  std::size_t word_ = 0;
+  std::uint8_t lo_ = 0;
+  std::uint8_t span_ = 0;
+  bool all_ = false;
+  std::array<std::uint32_t, kGroups + 1> start_{};
+  const std::uint32_t* members_ = nullptr;
 };
 
 class BitWriter {
@@ -189,8 +363,9 @@ std::uint64_t encode_grouped_indices(std::span<const std::uint32_t> offsets,
                                      GroupScratch& scratch, std::vector<std::byte>& out) {
   const std::size_t length = context.size();
   const std::size_t n = offsets.size();
+  const GroupPasses& passes = group_passes();
   if (scratch.exponents.size() < length) scratch.exponents.resize(length);
-  exponents_of(context, scratch.exponents.data());
+  passes.exponents(context, scratch.exponents.data());
   const std::uint8_t* exponents = scratch.exponents.data();
   // The fired entries by group (a counting sort: within a group, offsets stay ascending).
   std::array<std::uint32_t, kGroups + 1> start{};
@@ -204,25 +379,40 @@ std::uint64_t encode_grouped_indices(std::span<const std::uint32_t> offsets,
     std::array<std::uint32_t, kGroups> next{};
     std::copy_n(start.begin(), kGroups, next.begin());
     for (const std::uint32_t o : offsets)
-      scratch.ranks[next[exponents[o]]++] = o;  // offsets for now, ranks below
+      scratch.ranks[next[exponents[o]]++] = o;  // the offsets by group; their ranks in `sorted`
   }
+  RareGroups rare;
+  rare.find(passes, exponents, length, scratch);
+  if (scratch.words.size() < word_count(length)) scratch.words.resize(word_count(length));
+  if (scratch.prefix.size() < word_count(length)) scratch.prefix.resize(word_count(length));
+  std::uint64_t* words = scratch.words.data();
+  std::uint32_t* prefix = scratch.prefix.data();
   std::vector<Group>& groups = scratch.group_list;
   groups.clear();
-  if (scratch.words.size() < word_count(length)) scratch.words.resize(word_count(length));
-  std::uint64_t* words = scratch.words.data();
-  if (scratch.prefix.size() < word_count(length)) scratch.prefix.resize(word_count(length));
-  std::uint32_t* prefix = scratch.prefix.data();
   std::uint64_t bound_bits = 0;
   for (std::size_t e = 0; e < kGroups; ++e) {
     if (start[e + 1] == start[e]) continue;
     Group g{.exponent = static_cast<std::uint8_t>(e),
             .fired = start[e + 1] - start[e],
-            .size = membership(exponents, length, static_cast<std::uint8_t>(e), words, prefix),
+            .size = 0,
             .parameter = 0,
             .first = start[e]};
-    const RankCursor cursor(words, prefix, word_count(length));
-    for (std::size_t j = g.first; j < g.first + g.fired; ++j)
-      scratch.sorted[j] = static_cast<std::uint32_t>(cursor.rank_of(scratch.ranks[j]));
+    const std::uint32_t* fired_offsets = scratch.ranks.data() + g.first;
+    std::uint32_t* ranks = scratch.sorted.data() + g.first;
+    if (rare.is_rare(g.exponent)) {
+      // Both ascending, and every fired offset is a member.
+      const std::span<const std::uint32_t> members = rare.members(g.exponent);
+      g.size = members.size();
+      std::uint32_t r = 0;
+      for (std::size_t j = 0; j < g.fired; ++j) {
+        while (members[r] != fired_offsets[j])
+          ++r;
+        ranks[j] = r;
+      }
+    } else {
+      g.size = passes.membership(exponents, length, g.exponent, words, prefix);
+      passes.rank(words, prefix, fired_offsets, g.fired, ranks);
+    }
     if (g.fired < g.size) {
       const bool complement = 2 * std::uint64_t{g.fired} > g.size;
       const std::uint64_t coded = complement ? g.size - g.fired : g.fired;
@@ -381,52 +571,63 @@ void decode_grouped_indices(std::span<const std::byte> raw, std::uint64_t n,
   };
 
   const std::size_t length = context.size();
+  const GroupPasses& passes = group_passes();
   if (scratch.exponents.size() < length) scratch.exponents.resize(length);
-  exponents_of(context, scratch.exponents.data());
+  passes.exponents(context, scratch.exponents.data());
+  const std::uint8_t* exponents = scratch.exponents.data();
   const std::size_t words_n = word_count(length);
   scratch.fired.assign(words_n, 0);
-  if (scratch.words.size() < words_n) scratch.words.resize(words_n);
   std::uint64_t* fired = scratch.fired.data();
-  std::uint64_t* words = scratch.words.data();
+  RareGroups rare;
+  rare.find(passes, exponents, length, scratch);
+  if (scratch.words.size() < words_n) scratch.words.resize(words_n);
   if (scratch.prefix.size() < words_n) scratch.prefix.resize(words_n);
+  std::uint64_t* words = scratch.words.data();
   std::uint32_t* prefix = scratch.prefix.data();
   for (std::size_t i = 0; i < groups.size(); ++i) {
-    Group& g = groups[i];
-    g.size = membership(scratch.exponents.data(), length, g.exponent, words, prefix);
-    if (g.fired > g.size) {
+    const Group& g = groups[i];
+    const bool is_rare = rare.is_rare(g.exponent);
+    const std::span<const std::uint32_t> members =
+        is_rare ? rare.members(g.exponent) : std::span<const std::uint32_t>{};
+    const std::uint64_t size =
+        is_rare ? members.size() : passes.membership(exponents, length, g.exponent, words, prefix);
+    if (g.fired > size) {
       fail("group " + std::to_string(i) + " (exponent " + std::to_string(g.exponent) +
-               "): " + std::to_string(g.fired) + " fired of its " + std::to_string(g.size) +
+               "): " + std::to_string(g.fired) + " fired of its " + std::to_string(size) +
                " elements in this receiver's context",
            0);
     }
-    if (g.fired == g.size) {
-      if (g.parameter != 0)
-        fail("group " + std::to_string(i) + ": parameter of a group that fired whole", 0);
-      for (std::size_t w = 0; w < words_n; ++w)
-        fired[w] |= words[w];
-      continue;
-    }
+    const bool whole = g.fired == size;
+    if (whole && g.parameter != 0)
+      fail("group " + std::to_string(i) + ": parameter of a group that fired whole", 0);
     const unsigned k = g.parameter & kGroupRiceMask;
-    const bool complement = (g.parameter & kGroupComplement) != 0;
-    const std::uint64_t coded = complement ? g.size - g.fired : g.fired;
-    // The coded members' bits are toggled: set where they fired, or cleared from the whole
-    // group where they are the members that did not fire.
-    if (complement) {
-      for (std::size_t w = 0; w < words_n; ++w)
-        fired[w] |= words[w];
-    }
-    RankCursor cursor(words, prefix, words_n);
+    const bool complement = whole || (g.parameter & kGroupComplement) != 0;
+    const std::uint64_t coded = complement ? size - g.fired : g.fired;
+    // The coded ranks, as a bitmap over the group's ranks (one word of padding past them).
+    const std::size_t coded_words = size / 64 + 2;
+    scratch.coded.assign(coded_words, 0);
+    std::uint64_t* coded_bits = scratch.coded.data();
     std::uint64_t next = 0;  // the smallest rank the next code may give
     for (std::uint64_t j = 0; j < coded; ++j) {
-      const std::uint64_t rank = next + rice(k, g.size, i);
-      if (rank >= g.size) {
+      const std::uint64_t rank = next + rice(k, size, i);
+      if (rank >= size) {
         fail("group " + std::to_string(i) + ": rank " + std::to_string(rank) + " beyond its " +
-                 std::to_string(g.size) + " elements in this receiver's context",
+                 std::to_string(size) + " elements in this receiver's context",
              bits_at + position / 8);
       }
-      const std::uint64_t at = cursor.position_of(rank);
-      fired[at / 64] ^= std::uint64_t{1} << (at % 64);
+      coded_bits[rank / 64] |= std::uint64_t{1} << (rank % 64);
       next = rank + 1;
+    }
+    if (!is_rare) {
+      passes.mark(words, prefix, words_n, coded_bits, complement, fired);
+      continue;
+    }
+    // A rare group's members are listed (and their bits still clear): set those of the coded
+    // ranks, or with `complement` the others.
+    const std::uint64_t invert = complement ? 1u : 0u;
+    for (std::size_t r = 0; r < members.size(); ++r) {
+      const std::uint32_t at = members[r];
+      fired[at / 64] |= (((coded_bits[r / 64] >> (r % 64)) & 1u) ^ invert) << (at % 64);
     }
   }
   if ((position + 7) / 8 != raw.size() - bits_at) {
@@ -437,11 +638,21 @@ void decode_grouped_indices(std::span<const std::byte> raw, std::uint64_t n,
   if (position % 8 != 0 && (bytes[position / 8] >> (position % 8)) != 0) {
     fail("non-zero padding bits", bits_at + position / 8);
   }
-  // Every group gave exactly its count of distinct members: the bitmap holds n elements.
+  // Every group gave exactly its count of distinct members: the bitmap holds n elements. Four
+  // offsets of a word are written whatever its count where `out` has the room (as in
+  // collect_outside), so that the loop's branches follow the counts only above four.
   std::size_t written = 0;
   for (std::size_t w = 0; w < words_n; ++w) {
-    for (std::uint64_t word = fired[w]; word != 0; word &= word - 1)
-      out[written++] = static_cast<std::uint32_t>(64 * w + std::countr_zero(word));
+    std::uint64_t word = fired[w];
+    const auto base = static_cast<std::uint32_t>(64 * w);
+    if (written + 4 <= n) {
+      const auto count = static_cast<std::size_t>(std::popcount(word));
+      for (unsigned k = 0; k < 4; ++k, word &= word - 1)
+        out[written + k] = base + static_cast<std::uint32_t>(std::countr_zero(word));
+      written += std::min<std::size_t>(count, 4);
+    }
+    for (; word != 0; word &= word - 1)
+      out[written++] = base + static_cast<std::uint32_t>(std::countr_zero(word));
   }
 }
 

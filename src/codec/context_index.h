@@ -5,11 +5,13 @@
 // group fired and, where that is neither none nor all, one parameter byte; then, group by group,
 // the Rice codes of the gaps between the group-local ranks of the coded elements (the fired ones,
 // or where the parameter says so the ones that did not fire). The decoder holds the same context,
-// so it knows each group's size and enumerates each group's elements in one pass over the chunk.
+// so it knows each group's size and finds its members: a common exponent's with a pass over the
+// chunk's exponents each, the rare ones' all in one pass (context_index.cpp, RareGroups).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -31,12 +33,16 @@ struct ExponentGroup {
 
 // Scratch of both directions, reused across frames.
 struct GroupScratch {
-  std::vector<std::uint8_t> exponents;  // one per chunk element
-  std::vector<std::uint32_t> ranks;     // the fired offsets, ordered by group
-  std::vector<std::uint32_t> sorted;    // their group-local ranks
-  std::vector<std::uint64_t> words;     // one group's membership bitmap
-  std::vector<std::uint32_t> prefix;    // ... and its members before each word
-  std::vector<std::uint64_t> fired;     // the fired elements' bitmap
+  std::vector<std::uint8_t> exponents;      // one per chunk element
+  std::vector<std::uint32_t> ranks;         // encoder: the fired offsets, ordered by group
+  std::vector<std::uint32_t> sorted;        // ... and their group-local ranks
+  std::vector<std::uint64_t> words;         // a common group's membership bitmap
+  std::vector<std::uint32_t> prefix;        // ... and its members before each word
+  std::vector<std::uint64_t> coded;         // decoder: a group's coded ranks, as a bitmap
+  std::vector<std::uint64_t> fired;         // ... and the fired elements' bitmap
+  std::unique_ptr<std::uint32_t[]> rare;    // the rare groups' members, ascending
+  std::size_t rare_capacity = 0;            // ... room for so many
+  std::vector<std::uint32_t> rare_members;  // ... sorted by group
   std::vector<ExponentGroup> group_list;
 };
 

@@ -3,6 +3,7 @@
 // the version rules, and what a receiver whose context differs from the sender's gets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -223,6 +224,53 @@ TEST(CodecContext, MalformedExponentGroupsAreRefusedNamingTheField) {
   // A receiver whose context lacks the groups' elements.
   const std::vector<float> other(chunk.context.size(), 1.0f);
   expect_refused(message, other, "in this receiver's context");
+}
+
+// The decoder finds a common group's members (an exponent a sample of the chunk shows often)
+// with a pass over the chunk each, and the rare groups' all at once: every kind of group on both
+// sides, in a chunk whose length is not a multiple of 64 words' elements.
+TEST(CodecContext, CommonAndRareGroupsOfEveryKindRoundTrip) {
+  Chunk chunk = realistic_chunk(3 * 65536 + 37, 0.0, 21);
+  std::mt19937_64 rng(22);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const auto density_of = [](int e) {
+    switch (e) {
+      case -4:
+        return 0.3;  // rare (|θ| ≥ 1/16), sparse
+      case -6:
+        return 0.9;  // common, the members that did not fire coded
+      case -7:
+        return 1.0;  // common, fired whole
+      case -8:
+        return 0.02;  // common, sparse
+      case -13:
+        return 0.05;  // rare, sparse
+      case -14:
+        return 0.8;  // rare, complement
+      default:
+        return e <= -16 ? 1.0 : 0.0;  // rare, whole
+    }
+  };
+  for (std::uint32_t i = 0; i < chunk.context.size(); ++i) {
+    const int e = std::ilogb(chunk.context[i]);
+    if (uniform(rng) >= density_of(e)) continue;
+    chunk.offsets.push_back(i);
+    chunk.values.push_back(std::ldexp(1.0f, e - 8));
+  }
+  const Bytes message = encode_message(chunk, Encoding::context, IndexCoding::exponent_groups);
+  ASSERT_EQ(frame_encoding(message), Encoding::context);
+  ASSERT_EQ(frame_index_coding(message), IndexCoding::exponent_groups);
+  expect_same_bits(chunk, decode_message(message, chunk.context));
+  // A receiver whose context lacks one member of a group that fired whole, common or rare.
+  for (const bool common : {true, false}) {
+    std::vector<float> other = chunk.context;
+    const auto member = std::find_if(other.rbegin(), other.rend(), [&](float c) {
+      return common ? std::ilogb(c) == -7 : std::ilogb(c) <= -16;
+    });
+    ASSERT_NE(member, other.rend());
+    *member = 1e30f;
+    expect_refused(message, other, "in this receiver's context");
+  }
 }
 
 TEST(CodecContext, EveryBitPatternOfValueAndContextRoundTrips) {
