@@ -119,8 +119,8 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   if (n == 0) return e;
   std::vector<std::uint8_t> d(n), u(n);
   std::vector<std::byte> bits(codec::detail::raw_bits_capacity(n));
-  const std::uint64_t raw = codec::detail::split_against_context(offsets, values, context, d.data(),
-                                                                 u.data(), bits.data());
+  const std::uint64_t raw = codec::detail::split_against_context(offsets, values, context, nullptr,
+                                                                 d.data(), u.data(), bits.data());
   e.value_context = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
   e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
   e.value_raw = static_cast<double>(raw);

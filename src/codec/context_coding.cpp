@@ -28,24 +28,39 @@ inline unsigned raw_width(unsigned tz) noexcept {
   return tz >= 22 ? 1u : 23u - tz;
 }
 
+// The exponent field of the context at an offset: from the exponent bytes where given, else
+// from θ_g's word.
+struct ContextExponent {
+  const float* context;
+  const std::uint8_t* exponents;
+  std::uint32_t operator()(std::uint32_t offset) const noexcept {
+    return exponents != nullptr ? exponents[offset]
+                                : exponent_of(std::bit_cast<std::uint32_t>(context[offset]));
+  }
+  // Fired elements are tens of elements apart: each read of θ_g is a cache miss unless fetched
+  // ahead (the exponent bytes of a chunk are few enough to stay cached).
+  void prefetch(std::span<const std::uint32_t> offsets, std::size_t i) const noexcept {
+    if (exponents == nullptr && i + kPrefetchAhead < offsets.size())
+      __builtin_prefetch(context + offsets[i + kPrefetchAhead]);
+  }
+};
+
 }  // namespace
 
 std::uint64_t split_against_context(std::span<const std::uint32_t> offsets,
                                     std::span<const float> values, std::span<const float> context,
-                                    std::uint8_t* d, std::uint8_t* u, std::byte* bits) noexcept {
+                                    const std::uint8_t* exponents, std::uint8_t* d, std::uint8_t* u,
+                                    std::byte* bits) noexcept {
   const std::size_t n = values.size();
-  const float* ctx = context.data();
+  const ContextExponent context_exponent{context.data(), exponents};
   std::uint64_t acc = 0;
   unsigned pending = 0;  // bits in acc, < 32 between entries
   std::byte* out = bits;
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    // Fired elements are tens of elements apart: each context read is a cache miss unless
-    // fetched ahead.
-    if (i + kPrefetchAhead < n) __builtin_prefetch(ctx + offsets[i + kPrefetchAhead]);
+    context_exponent.prefetch(offsets, i);
     const auto v = std::bit_cast<std::uint32_t>(values[i]);
-    const auto c = std::bit_cast<std::uint32_t>(ctx[offsets[i]]);
-    const std::uint32_t delta = (exponent_of(v) - exponent_of(c)) & 0xFFu;
+    const std::uint32_t delta = (exponent_of(v) - context_exponent(offsets[i])) & 0xFFu;
     const std::uint32_t mantissa = v & kMantissaMask;
     const auto tz = static_cast<unsigned>(std::countr_zero(mantissa | (kMantissaMask + 1)));
     d[i] = static_cast<std::uint8_t>(delta);
@@ -84,18 +99,17 @@ RawBitsNeed raw_bits_needed(const std::uint8_t* d, const std::uint8_t* u, std::s
 }
 
 std::size_t join_against_context(std::span<const std::uint32_t> offsets,
-                                 std::span<const float> context, const std::uint8_t* d,
-                                 const std::uint8_t* u, const std::byte* bits,
-                                 float* out) noexcept {
+                                 std::span<const float> context, const std::uint8_t* exponents,
+                                 const std::uint8_t* d, const std::uint8_t* u,
+                                 const std::byte* bits, float* out) noexcept {
   const std::size_t n = offsets.size();
-  const float* ctx = context.data();
+  const ContextExponent context_exponent{context.data(), exponents};
   std::size_t first_bad = n;
   std::uint64_t position = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) __builtin_prefetch(ctx + offsets[i + kPrefetchAhead]);
-    const auto c = std::bit_cast<std::uint32_t>(ctx[offsets[i]]);
+    context_exponent.prefetch(offsets, i);
     const auto tz = static_cast<unsigned>(static_cast<std::uint8_t>(u[i] - d[i]));
-    const std::uint32_t exponent = (exponent_of(c) + d[i]) & 0xFFu;
+    const std::uint32_t exponent = (context_exponent(offsets[i]) + d[i]) & 0xFFu;
     const unsigned width = raw_width(tz);
     const std::uint64_t word = load_le<std::uint64_t>(bits + (position >> 3)) >> (position & 7);
     const auto x = static_cast<std::uint32_t>(word & ((std::uint64_t{1} << width) - 1));

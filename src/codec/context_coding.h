@@ -35,9 +35,13 @@ inline constexpr std::uint64_t kContextMaxBitsPerEntry = 23;
 [[nodiscard]] inline std::uint64_t raw_bits_capacity(std::uint64_t n) noexcept {
   return (n * kContextMaxBitsPerEntry + 7) / 8 + 8;
 }
+// Only the context's exponent fields are read: from `exponents` (one byte per chunk element, as
+// the exponent_groups coding has computed them) where given, else from `context`, at the
+// offsets; the bytes are in cache where θ_g's words at scattered offsets are not.
 std::uint64_t split_against_context(std::span<const std::uint32_t> offsets,
                                     std::span<const float> values, std::span<const float> context,
-                                    std::uint8_t* d, std::uint8_t* u, std::byte* bits) noexcept;
+                                    const std::uint8_t* exponents, std::uint8_t* d, std::uint8_t* u,
+                                    std::byte* bits) noexcept;
 
 // The raw bits the entries of symbols d, u need; an invalid pair (trailing zeros above 23)
 // gives its entry's index in `bad_entry`, else bad_entry = n.
@@ -50,10 +54,11 @@ struct RawBitsNeed {
 
 // Rebuilds n values from validated symbols and raw bits (bits.size() == ceil(need / 8), followed
 // by 8 readable bytes) against the contexts at `offsets`. Returns the first entry whose value is
-// not finite, or n.
+// not finite, or n. `exponents` as in split_against_context.
 std::size_t join_against_context(std::span<const std::uint32_t> offsets,
-                                 std::span<const float> context, const std::uint8_t* d,
-                                 const std::uint8_t* u, const std::byte* bits, float* out) noexcept;
+                                 std::span<const float> context, const std::uint8_t* exponents,
+                                 const std::uint8_t* d, const std::uint8_t* u,
+                                 const std::byte* bits, float* out) noexcept;
 
 // The xxh3-64 of n values' bit patterns (little-endian), carried by a context frame so that a
 // receiver decoding against different context bits fails instead of returning other values.

@@ -699,8 +699,11 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   // word reads of join_against_context stay inside the frame.
   if (scratch.values.size() < n) scratch.values.resize(n);
   const std::span<const std::uint32_t> offsets(scratch.offsets.data(), n);
-  const std::size_t bad = detail::join_against_context(offsets, context, symbols[0], symbols[1],
-                                                       bits.data(), scratch.values.data());
+  // exponent_groups computed the chunk's exponent bytes while decoding the indices.
+  const std::uint8_t* exponents =
+      info.index_coding == IndexCoding::exponent_groups ? scratch.groups.exponents.data() : nullptr;
+  const std::size_t bad = detail::join_against_context(
+      offsets, context, exponents, symbols[0], symbols[1], bits.data(), scratch.values.data());
   const std::span<const float> values(scratch.values.data(), n);
   const std::uint64_t digest = info.index_coding == IndexCoding::exponent_groups
                                    ? detail::entries_digest(offsets, values)

@@ -299,7 +299,7 @@ FrameStreams pulse_streams(EncodeState& state, const FrameEntries& entries,
 }
 
 FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
-                             const IndexStream& index, int level) {
+                             const IndexStream& index, const std::uint8_t* exponents, int level) {
   const std::size_t n = entries.offsets.size();
   FrameStreams out;
   out.encoding = Encoding::context;
@@ -309,7 +309,7 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
   if (state.symbols.size() < 2 * n) state.symbols.resize(2 * n);
   grow(state.raw_bits, detail::raw_bits_capacity(n));
   const std::uint64_t bits = detail::split_against_context(
-      entries.offsets, entries.values, entries.context, state.symbols.data(),
+      entries.offsets, entries.values, entries.context, exponents, state.symbols.data(),
       state.symbols.data() + n, state.raw_bits.data());
   for (std::size_t k = 0; k < 2; ++k) {
     const auto raw = std::as_bytes(std::span(state.symbols.data() + k * n, n));
@@ -360,15 +360,18 @@ std::vector<std::byte> encode_pulse(const FrameEntries& entries, const EncodeOpt
 }
 
 // The exponent_groups coding of a context frame's indices when it is smaller than `pulse` (the
-// pulse frame's index stream), or when forced; else `pulse`.
+// pulse frame's index stream), or when forced; else `pulse`. Sets `exponents` to the chunk's
+// exponent bytes where it computed them, else to null.
 IndexStream context_index_stream(EncodeState& state, const FrameEntries& entries,
-                                 const EncodeOptions& options, const IndexStream& pulse,
-                                 int level) {
+                                 const EncodeOptions& options, const IndexStream& pulse, int level,
+                                 const std::uint8_t*& exponents) {
   const bool forced = options.index_coding == IndexCoding::exponent_groups;
+  exponents = nullptr;
   if (options.index_coding && !forced) return pulse;
   const std::uint64_t n = entries.offsets.size();
   const std::uint64_t raw_bytes = detail::encode_grouped_indices(
       entries.offsets, entries.context, 5 * n, state.groups, state.grouped_raw);
+  exponents = state.groups.exponents.data();
   if (raw_bytes == 0) return pulse;
   const StoredStream stored =
       store_stream(state.cctx.get(), std::span(state.grouped_raw.data(), raw_bytes),
@@ -385,8 +388,10 @@ std::vector<std::byte> encode_context(const FrameEntries& entries, const EncodeO
   EncodeState& state = encode_state();
   const int level = options.zstd_level == 0 ? kDefaultZstdLevel : options.zstd_level;
   const IndexStream index = store_index_stream(state, entries, options, level);
-  const IndexStream context_index = context_index_stream(state, entries, options, index, level);
-  const FrameStreams context = context_streams(state, entries, context_index, level);
+  const std::uint8_t* exponents = nullptr;
+  const IndexStream context_index =
+      context_index_stream(state, entries, options, index, level, exponents);
+  const FrameStreams context = context_streams(state, entries, context_index, exponents, level);
   const FrameStreams pulse = pulse_streams(state, entries, index, level);
   return write_frame(entries, context.payload() < pulse.payload() ? context : pulse);
 }
