@@ -35,6 +35,18 @@ def emit(**fields):
     print(json.dumps(fields), flush=True)
 
 
+def failed(worker_mode):
+    """Exit status 3. A rank of torch.distributed leaves without the interpreter's teardown:
+    torch aborts it ("terminate called without an active exception") where the default gloo
+    group was not destroyed, at random, and destroying the group can wait on a collective that
+    a failed peer left."""
+    if worker_mode:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+    return 3
+
+
 def batch(worker, step, micro):
     generator = torch.Generator().manual_seed(100000 * worker + 100 * step + micro)
     x = torch.randn(8, 8, generator=generator)
@@ -112,7 +124,7 @@ def main():
                 trace_dir=args.trace_dir, overlap=args.overlap, elastic=elastic)
         except pulseloco.Error as error:
             emit(event="error", type=type(error).__name__, message=str(error), elapsed=0.0)
-            return 3
+            return failed(worker_mode)
         layout = sync.worker
         worker, local, micro_batches = layout.worker, layout.local_rank, 1
         if args.no_ddp:
@@ -174,7 +186,7 @@ def main():
     except pulseloco.Error as error:
         emit(event="error", rank=sync.rank, type=type(error).__name__, message=str(error),
              peer=getattr(error, "peer", None), elapsed=time.monotonic() - start)
-        return 3
+        return failed(worker_mode)
     count = len(sync.tensor_table())
     emit(event="done", rank=sync.rank, worker=worker, local_rank=local, digest=sync.digest,
          parameters=parameters_sha(model),

@@ -17,6 +17,7 @@ Prints one JSON line per event on stdout.
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -86,7 +87,10 @@ def main():
                 timeout=args.timeout, worker={"ranks_per_worker": args.shards, "sharded": True})
         except pulseloco.Error as error:
             emit(event="error", type=type(error).__name__, message=str(error))
-            return 3
+            # Without the interpreter's teardown: torch aborts it at random where the default
+            # gloo group was not destroyed ("terminate called without an active exception").
+            sys.stdout.flush()
+            os._exit(3)
     else:
         ranges = [(0, numel) for _, numel in UNITS]
         tensors = {name: initial_unit(i, numel) for i, (name, numel) in enumerate(UNITS)}
