@@ -117,11 +117,15 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   for (std::size_t x = 0; x < 256; ++x)
     e.index_exponent += log2_binomial(elements[x], fired[x]);
   if (n == 0) return e;
-  std::vector<std::uint8_t> d(n), u(n);
+  std::vector<std::uint8_t> d(n), u(n), ex(n);
   std::vector<std::byte> bits(codec::detail::raw_bits_capacity(n));
-  const std::uint64_t raw = codec::detail::split_against_context(offsets, values, context, nullptr,
-                                                                 d.data(), u.data(), bits.data());
-  e.value_context = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
+  const std::uint64_t raw = codec::detail::split_against_context(
+      offsets, values, context, nullptr, ex.data(), d.data(), u.data(), bits.data());
+  // D given the context exponent, U given D's bucket (as the symbol stream models them).
+  std::vector<std::uint8_t> bucket(n);
+  for (std::size_t i = 0; i < n; ++i)
+    bucket[i] = static_cast<std::uint8_t>(std::clamp<int>(static_cast<std::int8_t>(d[i]), -12, 3));
+  e.value_context = conditional_bits(ex, d) + conditional_bits(bucket, u) + static_cast<double>(raw);
   e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
   e.value_raw = static_cast<double>(raw);
   return e;

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <string>
@@ -49,8 +50,8 @@ struct ContextExponent {
 
 std::uint64_t split_against_context(std::span<const std::uint32_t> offsets,
                                     std::span<const float> values, std::span<const float> context,
-                                    const std::uint8_t* exponents, std::uint8_t* d, std::uint8_t* u,
-                                    std::byte* bits) noexcept {
+                                    const std::uint8_t* exponents, std::uint8_t* e, std::uint8_t* d,
+                                    std::uint8_t* u, std::byte* bits) noexcept {
   const std::size_t n = values.size();
   const ContextExponent context_exponent{context.data(), exponents};
   std::uint64_t acc = 0;
@@ -60,7 +61,9 @@ std::uint64_t split_against_context(std::span<const std::uint32_t> offsets,
   for (std::size_t i = 0; i < n; ++i) {
     context_exponent.prefetch(offsets, i);
     const auto v = std::bit_cast<std::uint32_t>(values[i]);
-    const std::uint32_t delta = (exponent_of(v) - context_exponent(offsets[i])) & 0xFFu;
+    const std::uint32_t c = context_exponent(offsets[i]);
+    const std::uint32_t delta = (exponent_of(v) - c) & 0xFFu;
+    e[i] = static_cast<std::uint8_t>(c);
     const std::uint32_t mantissa = v & kMantissaMask;
     const auto tz = static_cast<unsigned>(std::countr_zero(mantissa | (kMantissaMask + 1)));
     d[i] = static_cast<std::uint8_t>(delta);
@@ -98,18 +101,24 @@ RawBitsNeed raw_bits_needed(const std::uint8_t* d, const std::uint8_t* u, std::s
   return need;
 }
 
-std::size_t join_against_context(std::span<const std::uint32_t> offsets,
-                                 std::span<const float> context, const std::uint8_t* exponents,
-                                 const std::uint8_t* d, const std::uint8_t* u,
-                                 const std::byte* bits, float* out) noexcept {
-  const std::size_t n = offsets.size();
+void gather_context_exponents(std::span<const std::uint32_t> offsets,
+                              std::span<const float> context, const std::uint8_t* exponents,
+                              std::uint8_t* e) noexcept {
   const ContextExponent context_exponent{context.data(), exponents};
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    context_exponent.prefetch(offsets, i);
+    e[i] = static_cast<std::uint8_t>(context_exponent(offsets[i]));
+  }
+}
+
+std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std::uint8_t* d,
+                                 const std::uint8_t* u, const std::byte* bits,
+                                 float* out) noexcept {
   std::size_t first_bad = n;
   std::uint64_t position = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    context_exponent.prefetch(offsets, i);
     const auto tz = static_cast<unsigned>(static_cast<std::uint8_t>(u[i] - d[i]));
-    const std::uint32_t exponent = (context_exponent(offsets[i]) + d[i]) & 0xFFu;
+    const std::uint32_t exponent = (e[i] + d[i]) & 0xFFu;
     const unsigned width = raw_width(tz);
     const std::uint64_t word = load_le<std::uint64_t>(bits + (position >> 3)) >> (position & 7);
     const auto x = static_cast<std::uint32_t>(word & ((std::uint64_t{1} << width) - 1));
@@ -121,6 +130,73 @@ std::size_t join_against_context(std::span<const std::uint32_t> offsets,
     out[i] = std::bit_cast<float>(v);
   }
   return first_bad;
+}
+
+namespace {
+
+// The symbols' binarisation (docs/wire-format.md, "Symbol stream"): D as a 6-bit tree symbol
+// (D + 24) mod 256 under the context exponent's models, U as a 5-bit tree symbol (U + 8) mod 256
+// under the models of D's bucket; the tree's last symbol escapes to the byte's 8 bits, coded
+// directly.
+constexpr unsigned kExponentBias = 24;
+constexpr unsigned kZeroRunBias = 8;
+
+inline unsigned zero_run_context(std::uint8_t d) noexcept {
+  const int delta = static_cast<std::int8_t>(d);
+  return static_cast<unsigned>(std::clamp(delta, -12, 3) + 12);
+}
+
+}  // namespace
+
+void SymbolModels::reset() noexcept {
+  for (auto& tree : exponent)
+    tree.fill(BitModel{});
+  for (auto& tree : zero_run)
+    tree.fill(BitModel{});
+}
+
+void encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const std::uint8_t* u,
+                    std::size_t n, SymbolModels& models, std::vector<std::byte>& out) {
+  models.reset();
+  RangeEncoder encoder(out);
+  const auto code = [&encoder](BitModel* tree, unsigned bits, std::uint8_t symbol,
+                               unsigned bias) {
+    const unsigned escape = (1u << bits) - 1;
+    const unsigned mapped = static_cast<std::uint8_t>(symbol + bias);
+    encoder.encode_tree(tree, bits, mapped < escape ? mapped : escape);
+    if (mapped >= escape) {
+      for (unsigned b = 8; b-- > 0;)
+        encoder.encode_direct((symbol >> b) & 1u);
+    }
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    code(models.exponent[e[i]].data(), kExponentTreeBits, d[i], kExponentBias);
+    code(models.zero_run[zero_run_context(d[i])].data(), kZeroRunTreeBits, u[i], kZeroRunBias);
+  }
+  encoder.finish();
+}
+
+bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e, std::size_t n,
+                    SymbolModels& models, std::uint8_t* d, std::uint8_t* u) noexcept {
+  models.reset();
+  RangeDecoder decoder(in);
+  bool canonical = true;
+  const auto decode = [&decoder, &canonical](BitModel* tree, unsigned bits, unsigned bias) {
+    const unsigned escape = (1u << bits) - 1;
+    const unsigned mapped = decoder.decode_tree(tree, bits);
+    if (mapped < escape) return static_cast<std::uint8_t>(mapped - bias);
+    unsigned symbol = 0;
+    for (int b = 0; b < 8; ++b)
+      symbol = (symbol << 1) | decoder.decode_direct();
+    // An escaped byte the tree could have coded is not what an encoder writes.
+    if (static_cast<std::uint8_t>(symbol + bias) < escape) canonical = false;
+    return static_cast<std::uint8_t>(symbol);
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    d[i] = decode(models.exponent[e[i]].data(), kExponentTreeBits, kExponentBias);
+    u[i] = decode(models.zero_run[zero_run_context(d[i])].data(), kZeroRunTreeBits, kZeroRunBias);
+  }
+  return canonical && decoder.consumed_exactly();
 }
 
 std::uint64_t values_digest(std::span<const float> values) noexcept {
@@ -151,7 +227,7 @@ ContextLayout parse_context_layout(std::span<const std::byte> payload, std::uint
                    std::to_string(range.min) + ".." + std::to_string(range.max) + ")",
                raw_at);
   }
-  layout.decoded = {layout.index_raw_bytes, info.entries, info.entries, 0};
+  layout.decoded = {layout.index_raw_bytes, 0, 0};
   std::array<std::uint64_t, kContextStreams> stored_size{};
   std::array<std::uint64_t, kContextStreams> size_at{};
   for (int s = 0; s < kContextStreams; ++s) {
@@ -172,6 +248,17 @@ ContextLayout parse_context_layout(std::span<const std::byte> payload, std::uint
                size_at[kContextRawBitsStream]);
   }
   layout.decoded[kContextRawBitsStream] = stored_size[kContextRawBitsStream];
+  const std::uint64_t symbols_max =
+      info.entries * kContextMaxSymbolBytesPerEntry + kContextSymbolStreamOverhead;
+  if (stored_size[kContextSymbolStream] < kContextSymbolStreamOverhead ||
+      stored_size[kContextSymbolStream] > symbols_max) {
+    wire::fail(where + ": symbol stream of " + std::to_string(info.entries) +
+                   " entries cannot be " + std::to_string(stored_size[kContextSymbolStream]) +
+                   " bytes (allowed " + std::to_string(kContextSymbolStreamOverhead) + ".." +
+                   std::to_string(symbols_max) + ")",
+               size_at[kContextSymbolStream]);
+  }
+  layout.decoded[kContextSymbolStream] = stored_size[kContextSymbolStream];
   for (int s = 0; s < kContextStreams; ++s) {
     layout.compressed[s] = ((zstd_streams >> s) & 1u) != 0;
     if (!layout.compressed[s] && stored_size[s] != layout.decoded[s]) {

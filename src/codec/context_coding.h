@@ -1,8 +1,8 @@
 // Internal: the context-coded frame (encoding `context`, docs/wire-format.md, "Payload:
 // context"). Its values are coded against the fp32 bits every receiver already holds at the same
 // element (θ_g, the "context"):
-//   D = (exponent(value) - exponent(context)) mod 256          one byte per entry (entropy-coded)
-//   U = (D + trailing zeros of the value's 23-bit mantissa) mod 256   one byte (entropy-coded)
+//   D = (exponent(value) - exponent(context)) mod 256          range coded, by context exponent
+//   U = (D + trailing zeros of the value's 23-bit mantissa) mod 256   range coded, by D
 //   the sign and the mantissa bits above its lowest set bit, raw (1 + 22 - tz bits, or 1)
 // A value on the fp32 grid of its context's exponent has a small U; one whose magnitude follows
 // the context's has a peaked D. Every fp32 bit pattern codes losslessly against every context
@@ -17,17 +17,27 @@
 #include <vector>
 
 #include <pulseloco/codec/message.h>
+#include <pulseloco/codec/range_coder.h>
 
 namespace pulseloco::codec::detail {
 
-// Streams of a context frame: the index coding's bytes, the D bytes, the U bytes, the raw bits.
-inline constexpr int kContextStreams = 4;
+// Streams of a context frame: the index coding's bytes, the symbol stream (D and U, range
+// coded), the raw bits.
+inline constexpr int kContextStreams = 3;
 inline constexpr int kContextIndexStream = 0;
-inline constexpr int kContextRawBitsStream = 3;
-// Streams 0-2 may be zstd frames; the raw bits never are.
-inline constexpr std::uint8_t kContextZstdMask = 0x07;
+inline constexpr int kContextSymbolStream = 1;
+inline constexpr int kContextRawBitsStream = 2;
+// Only the index stream may be a zstd frame.
+inline constexpr std::uint8_t kContextZstdMask = 0x01;
 // The most raw bits one entry takes: the sign and 22 mantissa bits.
 inline constexpr std::uint64_t kContextMaxBitsPerEntry = 23;
+// Tree depths of the symbol stream's binarisation (context_coding.cpp).
+inline constexpr unsigned kExponentTreeBits = 6;
+inline constexpr unsigned kZeroRunTreeBits = 5;
+// The most bytes the symbol stream takes per entry: every decision of both trees at its
+// costliest probability (11 bits) and both escapes' 16 direct bits, plus the coder's 5 bytes.
+inline constexpr std::uint64_t kContextMaxSymbolBytesPerEntry = 20;
+inline constexpr std::uint64_t kContextSymbolStreamOverhead = 5;
 
 // The split of n values against their contexts. `d` and `u` have n bytes; `bits` receives
 // ceil(total / 8) bytes (room: raw_bits_capacity(n)), the last byte's padding zero. Returns the
@@ -37,11 +47,12 @@ inline constexpr std::uint64_t kContextMaxBitsPerEntry = 23;
 }
 // Only the context's exponent fields are read: from `exponents` (one byte per chunk element, as
 // the exponent_groups coding has computed them) where given, else from `context`, at the
-// offsets; the bytes are in cache where θ_g's words at scattered offsets are not.
+// offsets; the bytes are in cache where θ_g's words at scattered offsets are not. `e` receives
+// each entry's context exponent (n bytes).
 std::uint64_t split_against_context(std::span<const std::uint32_t> offsets,
                                     std::span<const float> values, std::span<const float> context,
-                                    const std::uint8_t* exponents, std::uint8_t* d, std::uint8_t* u,
-                                    std::byte* bits) noexcept;
+                                    const std::uint8_t* exponents, std::uint8_t* e, std::uint8_t* d,
+                                    std::uint8_t* u, std::byte* bits) noexcept;
 
 // The raw bits the entries of symbols d, u need; an invalid pair (trailing zeros above 23)
 // gives its entry's index in `bad_entry`, else bad_entry = n.
@@ -52,13 +63,35 @@ struct RawBitsNeed {
 [[nodiscard]] RawBitsNeed raw_bits_needed(const std::uint8_t* d, const std::uint8_t* u,
                                           std::size_t n) noexcept;
 
-// Rebuilds n values from validated symbols and raw bits (bits.size() == ceil(need / 8), followed
-// by 8 readable bytes) against the contexts at `offsets`. Returns the first entry whose value is
-// not finite, or n. `exponents` as in split_against_context.
-std::size_t join_against_context(std::span<const std::uint32_t> offsets,
-                                 std::span<const float> context, const std::uint8_t* exponents,
-                                 const std::uint8_t* d, const std::uint8_t* u,
-                                 const std::byte* bits, float* out) noexcept;
+// The context exponents of the entries at `offsets` (what split_against_context gives the
+// encoder), for the decoder; `exponents` as there.
+void gather_context_exponents(std::span<const std::uint32_t> offsets,
+                              std::span<const float> context, const std::uint8_t* exponents,
+                              std::uint8_t* e) noexcept;
+
+// Rebuilds n values from their context exponents `e`, validated symbols and raw bits
+// (bits.size() == ceil(need / 8), followed by 8 readable bytes). Returns the first entry whose
+// value is not finite, or n.
+std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std::uint8_t* d,
+                                 const std::uint8_t* u, const std::byte* bits,
+                                 float* out) noexcept;
+
+// The adaptive models of a frame's symbol stream: a tree for D per context exponent, a tree for
+// U per bucket of D. Reset at every frame, so that frames decode independently.
+struct SymbolModels {
+  std::array<std::array<BitModel, std::size_t{1} << kExponentTreeBits>, 256> exponent{};
+  std::array<std::array<BitModel, std::size_t{1} << kZeroRunTreeBits>, 16> zero_run{};
+  void reset() noexcept;
+};
+
+// Range-codes the n entries' D and U under `models` (reset first), appending to `out`.
+void encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const std::uint8_t* u,
+                    std::size_t n, SymbolModels& models, std::vector<std::byte>& out);
+// Decodes n entries' D and U from exactly `in`; false when `in` is not a stream that
+// encode_symbols writes for n entries (too short, bytes left over, a non-canonical escape).
+[[nodiscard]] bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e,
+                                  std::size_t n, SymbolModels& models, std::uint8_t* d,
+                                  std::uint8_t* u) noexcept;
 
 // The xxh3-64 of n values' bit patterns (little-endian), carried by a context frame so that a
 // receiver decoding against different context bits fails instead of returning other values.

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include <pulseloco/base/errors.h>
@@ -420,7 +421,8 @@ struct DecodeScratch::Impl {
   std::vector<std::byte> planes;     // value planes that are not used in place
   std::vector<std::byte> sparse;     // a decompressed sparse plane
   std::vector<std::uint32_t> offsets;
-  std::vector<std::uint8_t> symbols;  // a context frame's D and U bytes
+  std::vector<std::uint8_t> symbols;  // a context frame's context exponents, D and U bytes
+  std::unique_ptr<detail::SymbolModels> symbol_models;  // a context frame's symbol models
   std::vector<float> values;          // a context frame's values before their digest is checked
   detail::GroupScratch groups;        // a context frame's exponent_groups coding
 };
@@ -654,56 +656,58 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   const std::size_t n = info.entries;
   const detail::ContextLayout layout =
       detail::parse_context_layout(payload, payload_offset, info, zstd_streams, frame_index);
-  constexpr std::array<const char*, 2> kSymbolNames = {" exponent stream", " zero-run stream"};
-  for (int s = 0; s < detail::kContextRawBitsStream; ++s) {
-    if (layout.compressed[s]) {
-      detail::check_zstd_frame(
-          layout.stored[s], layout.decoded[s], layout.offset[s],
-          where + (s == 0 ? std::string(" index stream") : std::string(kSymbolNames[s - 1])));
-    }
+  // The symbols are modelled by the context exponents: decoded against other exponents, the
+  // symbol and raw bit streams stop fitting together, or the values differ (the digest).
+  constexpr const char* kAgainstThisContext =
+      " against this receiver's context (the receiver's θ_g differs from the sender's, or the "
+      "streams are corrupt)";
+  if (layout.compressed[detail::kContextIndexStream]) {
+    detail::check_zstd_frame(layout.stored[detail::kContextIndexStream],
+                             layout.decoded[detail::kContextIndexStream],
+                             layout.offset[detail::kContextIndexStream], where + " index stream");
   }
   decode_index_stream(info, layout.index_raw_bytes, layout.stored[detail::kContextIndexStream],
                       layout.compressed[detail::kContextIndexStream],
                       layout.offset[detail::kContextIndexStream], where, scratch, context);
-  if (scratch.symbols.size() < 2 * n) scratch.symbols.resize(2 * n);
-  std::array<const std::uint8_t*, 2> symbols{};
-  for (int k = 0; k < 2; ++k) {
-    const int s = 1 + k;
-    std::uint8_t* target = scratch.symbols.data() + k * n;
-    if (layout.compressed[s]) {
-      detail::zstd_decompress_exact(scratch.dctx.get(), layout.stored[s],
-                                    std::as_writable_bytes(std::span(target, n)), layout.offset[s],
-                                    where + kSymbolNames[k]);
-      symbols[k] = target;
-    } else {
-      symbols[k] = reinterpret_cast<const std::uint8_t*>(layout.stored[s].data());
-    }
+  if (scratch.symbols.size() < 3 * n) scratch.symbols.resize(3 * n);
+  std::uint8_t* const e = scratch.symbols.data();
+  std::uint8_t* const d = e + n;
+  std::uint8_t* const u = d + n;
+  const std::span<const std::uint32_t> offsets(scratch.offsets.data(), n);
+  // exponent_groups computed the chunk's exponent bytes while decoding the indices.
+  const std::uint8_t* exponents =
+      info.index_coding == IndexCoding::exponent_groups ? scratch.groups.exponents.data() : nullptr;
+  detail::gather_context_exponents(offsets, context, exponents, e);
+  if (!scratch.symbol_models) scratch.symbol_models = std::make_unique<detail::SymbolModels>();
+  if (!detail::decode_symbols(layout.stored[detail::kContextSymbolStream], e, n,
+                              *scratch.symbol_models, d, u)) {
+    fail(where + ": the symbol stream does not decode to " + std::to_string(n) +
+             " entries' symbols" + kAgainstThisContext,
+         layout.offset[detail::kContextSymbolStream]);
   }
-  const detail::RawBitsNeed need = detail::raw_bits_needed(symbols[0], symbols[1], n);
+  const detail::RawBitsNeed need = detail::raw_bits_needed(d, u, n);
   if (need.bad_entry != n) {
     fail(where + ": entry " + std::to_string(need.bad_entry) +
-             ": zero-run symbol gives more than 23 trailing zeros",
-         layout.offset[2]);
+             ": zero-run symbol gives more than 23 trailing zeros" + kAgainstThisContext,
+         layout.offset[detail::kContextSymbolStream]);
   }
   const auto& bits = layout.stored[detail::kContextRawBitsStream];
   const std::uint64_t bits_at = layout.offset[detail::kContextRawBitsStream];
   if (bits.size() != (need.bits + 7) / 8) {
     fail(where + ": raw bit stream of " + std::to_string(bits.size()) +
-             " bytes, its entries need " + std::to_string(need.bits) + " bits",
+             " bytes, its entries need " + std::to_string(need.bits) + " bits" +
+             kAgainstThisContext,
          bits_at);
   }
   if ((need.bits & 7) != 0 && (std::to_integer<unsigned>(bits.back()) >> (need.bits & 7)) != 0) {
-    fail(where + ": non-zero padding bits in the raw bit stream", bits_at + bits.size() - 1);
+    fail(where + ": non-zero padding bits in the raw bit stream" + kAgainstThisContext,
+         bits_at + bits.size() - 1);
   }
   // The raw bits are the payload's last stream, followed by the frame's 8-byte checksum: the
   // word reads of join_against_context stay inside the frame.
   if (scratch.values.size() < n) scratch.values.resize(n);
-  const std::span<const std::uint32_t> offsets(scratch.offsets.data(), n);
-  // exponent_groups computed the chunk's exponent bytes while decoding the indices.
-  const std::uint8_t* exponents =
-      info.index_coding == IndexCoding::exponent_groups ? scratch.groups.exponents.data() : nullptr;
-  const std::size_t bad = detail::join_against_context(
-      offsets, context, exponents, symbols[0], symbols[1], bits.data(), scratch.values.data());
+  const std::size_t bad =
+      detail::join_against_context(n, e, d, u, bits.data(), scratch.values.data());
   const std::span<const float> values(scratch.values.data(), n);
   const std::uint64_t digest = info.index_coding == IndexCoding::exponent_groups
                                    ? detail::entries_digest(offsets, values)

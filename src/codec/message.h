@@ -29,7 +29,7 @@ enum class Encoding : std::uint8_t {
   plain_i32_f32 = 2,  // int32 index + fp32 value, 8 B per entry
   // Values coded against the bits every receiver holds at the same elements (θ_g): needs
   // FrameEntries::context to encode and the same context to decode. A chunk where that does not
-  // pay goes as a pulse frame (format version 3).
+  // pay goes as a pulse frame (format version 4).
   context = 3,
 };
 
@@ -48,10 +48,11 @@ enum class IndexCoding : std::uint8_t {
 [[nodiscard]] std::string_view index_coding_name(IndexCoding coding) noexcept;
 
 // The format versions this library writes and reads (docs/wire-format.md, "Versioning"): a
-// message of encoding `context` is version 3 (its frames may code indices by exponent_groups),
-// every other message version 1. Version 2 (context frames without exponent_groups) is not read.
+// message of encoding `context` is version 4 (its frames range-code their D and U symbols),
+// every other message version 1. Versions 2 and 3 (context frames of earlier layouts) are not
+// read.
 inline constexpr std::uint16_t kFormatVersion = 1;
-inline constexpr std::uint16_t kContextFormatVersion = 3;
+inline constexpr std::uint16_t kContextFormatVersion = 4;
 [[nodiscard]] constexpr std::uint16_t format_version_of(Encoding encoding) noexcept {
   return encoding == Encoding::context ? kContextFormatVersion : kFormatVersion;
 }

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include <pulseloco/base/errors.h>
@@ -37,10 +38,11 @@ struct EncodeState {
   std::vector<std::byte> planes;        // 4 dense planes
   std::array<std::vector<std::byte>, 4> sparse;
   std::array<std::vector<std::byte>, 4> plane_packed;
-  std::vector<std::uint8_t> symbols;                    // context: D bytes, then U bytes
-  std::vector<std::byte> raw_bits;                      // context: the raw bit stream
-  std::array<std::vector<std::byte>, 2> symbol_packed;  // ... and the symbols' zstd frames
-  detail::GroupScratch groups;                          // context: the exponent_groups coding
+  std::vector<std::uint8_t> symbols;  // context: context exponents, D bytes, U bytes
+  std::vector<std::byte> raw_bits;    // context: the raw bit stream
+  std::vector<std::byte> symbol_stream;  // context: the range-coded D and U
+  std::unique_ptr<detail::SymbolModels> symbol_models = std::make_unique<detail::SymbolModels>();
+  detail::GroupScratch groups;  // context: the exponent_groups coding
   std::vector<std::byte> grouped_raw;
   std::vector<std::byte> grouped_packed;
 };
@@ -299,22 +301,24 @@ FrameStreams pulse_streams(EncodeState& state, const FrameEntries& entries,
 }
 
 FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
-                             const IndexStream& index, const std::uint8_t* exponents, int level) {
+                             const IndexStream& index, const std::uint8_t* exponents) {
   const std::size_t n = entries.offsets.size();
   FrameStreams out;
   out.encoding = Encoding::context;
   out.coding = index.coding;
   out.streams = detail::kContextStreams;
   out.stored[detail::kContextIndexStream] = index.stored;
-  if (state.symbols.size() < 2 * n) state.symbols.resize(2 * n);
+  if (state.symbols.size() < 3 * n) state.symbols.resize(3 * n);
+  std::uint8_t* const e = state.symbols.data();
+  std::uint8_t* const delta = e + n;
+  std::uint8_t* const zero_run = delta + n;
   grow(state.raw_bits, detail::raw_bits_capacity(n));
-  const std::uint64_t bits = detail::split_against_context(
-      entries.offsets, entries.values, entries.context, exponents, state.symbols.data(),
-      state.symbols.data() + n, state.raw_bits.data());
-  for (std::size_t k = 0; k < 2; ++k) {
-    const auto raw = std::as_bytes(std::span(state.symbols.data() + k * n, n));
-    out.stored[1 + k] = store_stream(state.cctx.get(), raw, state.symbol_packed[k], level);
-  }
+  const std::uint64_t bits =
+      detail::split_against_context(entries.offsets, entries.values, entries.context, exponents, e,
+                                    delta, zero_run, state.raw_bits.data());
+  state.symbol_stream.clear();
+  detail::encode_symbols(e, delta, zero_run, n, *state.symbol_models, state.symbol_stream);
+  out.stored[detail::kContextSymbolStream] = {std::span(state.symbol_stream), false};
   out.stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8),
                                                false};
   out.flag_compressed();
@@ -391,7 +395,7 @@ std::vector<std::byte> encode_context(const FrameEntries& entries, const EncodeO
   const std::uint8_t* exponents = nullptr;
   const IndexStream context_index =
       context_index_stream(state, entries, options, index, level, exponents);
-  const FrameStreams context = context_streams(state, entries, context_index, exponents, level);
+  const FrameStreams context = context_streams(state, entries, context_index, exponents);
   const FrameStreams pulse = pulse_streams(state, entries, index, level);
   return write_frame(entries, context.payload() < pulse.payload() ? context : pulse);
 }

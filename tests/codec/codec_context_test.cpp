@@ -14,6 +14,7 @@
 
 #include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
+#include <pulseloco/codec/context_coding.h>
 #include <pulseloco/codec/message.h>
 #include "codec_test_util.h"
 
@@ -176,7 +177,7 @@ std::size_t index_stream_of(const Bytes& message) {
   };
   const std::uint64_t raw = varint();
   const std::uint64_t stored = varint();
-  for (int s = 1; s < 4; ++s)
+  for (int s = 1; s < detail::kContextStreams; ++s)
     (void)varint();
   EXPECT_EQ(raw, stored) << "the index stream is compressed";
   return p + 8;
@@ -330,23 +331,23 @@ TEST(CodecContext, AnEmptyChunkIsAnEmptyPulseFrame) {
   EXPECT_EQ(MessageView::parse(message).frame(0).entries, 0u);
 }
 
-TEST(CodecContext, MessagesOfTheContextEncodingAreVersion3) {
+TEST(CodecContext, MessagesOfTheContextEncodingAreVersion4) {
   const Chunk chunk = realistic_chunk(4096, 0.05, 1);
   Bytes message = encode_message(chunk);
   EXPECT_EQ(load_le<std::uint16_t>(message.data() + 4), kContextFormatVersion);
   EXPECT_EQ(load_le<std::uint16_t>(encode_message(chunk, Encoding::pulse).data() + 4),
             kFormatVersion);
-  // Version 1 or 2 with the context encoding, or version 3 with another, is refused.
-  for (const std::uint16_t version : {1, 2}) {
+  // Versions 1-3 with the context encoding, or version 4 with another, are refused.
+  for (const std::uint16_t version : {1, 2, 3}) {
     Bytes older = message;
     testing::poke<std::uint16_t>(older, 4, version);
     testing::refresh_checksums(older);
     EXPECT_THROW((void)MessageView::parse(older), ProtocolError) << version;
   }
-  Bytes v3 = encode_message(chunk, Encoding::pulse);
-  testing::poke<std::uint16_t>(v3, 4, 3);
-  testing::refresh_checksums(v3);
-  EXPECT_THROW((void)MessageView::parse(v3), ProtocolError);
+  Bytes v4 = encode_message(chunk, Encoding::pulse);
+  testing::poke<std::uint16_t>(v4, 4, 4);
+  testing::refresh_checksums(v4);
+  EXPECT_THROW((void)MessageView::parse(v4), ProtocolError);
 }
 
 TEST(CodecContext, DecodingWithoutTheContextIsRefused) {

@@ -192,7 +192,7 @@ TEST_F(InspectCli, AContextMessageIsCheckedWithoutTheSendersWeights) {
       << run.output;
   const auto json =
       nlohmann::json::parse(run_cli("inspect --json " + write("c.msg", bytes)).output);
-  EXPECT_EQ(json["header"]["format_version"].get<int>(), 3);
+  EXPECT_EQ(json["header"]["format_version"].get<int>(), 4);
   EXPECT_EQ(json["context_frames"].get<int>(), 1);
   EXPECT_EQ(json["entries"].get<std::size_t>(), chunk.offsets.size());
 }
