@@ -126,6 +126,7 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   for (std::size_t i = 0; i < n; ++i)
     bucket[i] = static_cast<std::uint8_t>(std::clamp<int>(static_cast<std::int8_t>(d[i]), -12, 3));
   e.value_context = conditional_bits(ex, d) + conditional_bits(bucket, u) + static_cast<double>(raw);
+  e.value_order0 = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
   e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
   e.value_raw = static_cast<double>(raw);
   return e;
@@ -136,6 +137,7 @@ nlohmann::json entropy_json(const EntropyEstimate& bits, std::uint64_t entries) 
   return {{"index_positions", bits.index_positions / 8 / n},
           {"index_given_exponent", bits.index_exponent / 8 / n},
           {"value_context_model", bits.value_context / 8 / n},
+          {"value_order0_model", bits.value_order0 / 8 / n},
           {"value_boundary_model", bits.value_boundary / 8 / n},
           {"value_raw_bits", bits.value_raw / 8 / n}};
 }

@@ -10,12 +10,14 @@
 
 namespace pulseloco::bench {
 
-// Bits of one chunk's entries under four ideal models (no table costs):
+// Bits of one chunk's entries under five ideal models (no table costs):
 //   index_positions: log2 C(length, n), the positions given their count;
 //   index_exponent:  Σ over θ_g's exponents e of log2 C(length_e, n_e), the positions given the
 //                    count per exponent (what modelling presence with θ_g's exponent can reach);
-//   value_context:   the context split with an ideal order-0 coder per chunk for D and U plus
-//                    its raw bits (what this coding would take with an ideal entropy coder);
+//   value_context:   the context split's raw bits, D coded by an ideal coder per context
+//                    exponent and U per bucket of D (the models of the symbol stream, with ideal
+//                    coders);
+//   value_order0:    the same split with one ideal order-0 coder per chunk for D and one for U;
 //   value_boundary:  the sign and D modelled by θ_g's place in its bf16 cell (context_entropy.cpp);
 //   value_raw:       the raw bits of the context split (the sign and the mantissa bits above the
 //                    lowest set one), which both value models send as they are.
@@ -23,6 +25,7 @@ struct EntropyEstimate {
   double index_positions = 0;
   double index_exponent = 0;
   double value_context = 0;
+  double value_order0 = 0;
   double value_boundary = 0;
   double value_raw = 0;
 
@@ -30,6 +33,7 @@ struct EntropyEstimate {
     index_positions += other.index_positions;
     index_exponent += other.index_exponent;
     value_context += other.value_context;
+    value_order0 += other.value_order0;
     value_boundary += other.value_boundary;
     value_raw += other.value_raw;
     return *this;

@@ -162,7 +162,8 @@ inline constexpr std::size_t kChecksumBytes = 8;
                                                 const DecodeLimits& limits = {});
 
 // Per-thread scratch for decoding (zstd contexts, staging buffers); reuse it across frames.
-// Its memory grows to at most 15 bytes per entry of the largest frame decoded with it.
+// Its memory grows to at most 16 bytes per entry of the largest frame decoded with it, plus
+// 66 KiB of symbol models once it has decoded a context frame.
 class DecodeScratch {
  public:
   DecodeScratch();

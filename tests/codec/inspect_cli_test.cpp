@@ -185,7 +185,7 @@ TEST_F(InspectCli, AContextMessageIsCheckedWithoutTheSendersWeights) {
   ASSERT_EQ(MessageView::parse(bytes).frame(0).encoding, Encoding::context);
   const CliRun run = run_cli("inspect " + write("context.msg", bytes));
   ASSERT_EQ(run.status, 0) << run.output;
-  EXPECT_NE(run.output.find("format v3"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("format v4"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("encoding   context"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("1 context-coded frames checked up to their stream directory"),
             std::string::npos)
