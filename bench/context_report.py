@@ -22,8 +22,8 @@ def generator_table(rows):
         by_config.setdefault((r["lr"], r["H"]), {})[r["encoding"]] = r
     print("| lr | H | density | pulse B/entry (index + value) | context B/entry (index + value) "
           "| pulse / context | floor: H index given θ_g exponent + H value (context model) "
-          "| H value (boundary model) |")
-    print("|---:|---:|---:|---|---|---:|---|---:|")
+          "| H value (order-0 model) | H value (boundary model) |")
+    print("|---:|---:|---:|---|---|---:|---|---:|---:|")
     for (lr, h), pair in sorted(by_config.items(), key=lambda kv: kv[1]["pulse"]["density"]):
         p, c = pair["pulse"], pair["context"]
         pb, cb = p["bytes_per_entry"], c["bytes_per_entry"]
@@ -31,10 +31,11 @@ def generator_table(rows):
         floor = (f"{e['index_given_exponent']:.3f} + {e['value_context_model']:.3f} = "
                  f"{e['index_given_exponent'] + e['value_context_model']:.3f}") if e else "-"
         boundary = f"{e['value_boundary_model']:.3f}" if e else "-"
+        order0 = f"{e['value_order0_model']:.3f}" if e else "-"
         print(f"| {lr:.0e} | {h} | {100 * p['density']:.3f}% | {pb['ours']:.3f} "
               f"({pb['ours_index']:.3f} + {pb['ours_values']:.3f}) | **{cb['ours']:.3f}** "
               f"({cb['ours_index']:.3f} + {cb['ours_values']:.3f}) | {pb['ours'] / cb['ours']:.3f} "
-              f"| {floor} | {boundary} |")
+              f"| {floor} | {order0} | {boundary} |")
 
 
 def table(rows, benchmark, header, align, cells):
@@ -55,8 +56,8 @@ def trace_cells(r):
             f"**{c['bytes_per_entry']:.3f}**",
             f"{r['ratio_pulse_over_context']:.3f}",
             f"{h['index_positions']:.3f} / {h['index_given_exponent']:.3f}",
-            f"{h['value_context_model']:.3f}",
-            f"{h['value_boundary_model']:.3f}" if "value_boundary_model" in h else "-"]
+            f"{h['value_context_model']:.3f}", f"{h['value_order0_model']:.3f}",
+            f"{h['value_boundary_model']:.3f}"]
 
 
 def speed_cells(r):
@@ -77,8 +78,9 @@ def trace_table(rows):
           ["locals", "window", "rank", "density", "pulse: index + value = B/entry",
            "context: index + value = B/entry", "pulse / context",
            "H index: positions / given θ_g exponent", "H value (context model)",
-           "H value (boundary model)"],
-          ["---", "---:", "---:", "---:", "---", "---", "---:", "---", "---:", "---:"], trace_cells)
+           "H value (order-0 model)", "H value (boundary model)"],
+          ["---", "---:", "---:", "---:", "---", "---", "---:", "---", "---:", "---:", "---:"],
+          trace_cells)
 
 
 def speed_table(rows):

@@ -155,8 +155,8 @@ void SymbolModels::reset() noexcept {
     tree.fill(BitModel{});
 }
 
-void encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const std::uint8_t* u,
-                    std::size_t n, SymbolModels& models, std::vector<std::byte>& out) {
+std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const std::uint8_t* u,
+                           std::size_t n, SymbolModels& models, std::byte* out) noexcept {
   models.reset();
   RangeEncoder encoder(out);
   const auto code = [&encoder](BitModel* tree, unsigned bits, std::uint8_t symbol,
@@ -173,7 +173,7 @@ void encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const std::uin
     code(models.exponent[e[i]].data(), kExponentTreeBits, d[i], kExponentBias);
     code(models.zero_run[zero_run_context(d[i])].data(), kZeroRunTreeBits, u[i], kZeroRunBias);
   }
-  encoder.finish();
+  return static_cast<std::size_t>(encoder.finish() - out);
 }
 
 bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e, std::size_t n,

@@ -84,9 +84,14 @@ struct SymbolModels {
   void reset() noexcept;
 };
 
-// Range-codes the n entries' D and U under `models` (reset first), appending to `out`.
-void encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const std::uint8_t* u,
-                    std::size_t n, SymbolModels& models, std::vector<std::byte>& out);
+// Range-codes the n entries' D and U under `models` (reset first) into `out` (room:
+// symbol_stream_capacity(n)). Returns the stream's size.
+[[nodiscard]] inline std::uint64_t symbol_stream_capacity(std::uint64_t n) noexcept {
+  return n * kContextMaxSymbolBytesPerEntry + kContextSymbolStreamOverhead;
+}
+[[nodiscard]] std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d,
+                                         const std::uint8_t* u, std::size_t n,
+                                         SymbolModels& models, std::byte* out) noexcept;
 // Decodes n entries' D and U from exactly `in`; false when `in` is not a stream that
 // encode_symbols writes for n entries (too short, bytes left over, a non-canonical escape).
 [[nodiscard]] bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e,

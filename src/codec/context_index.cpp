@@ -37,6 +37,52 @@ inline void exponents_of(std::span<const float> context, std::uint8_t* out) noex
 // instantiated for each instruction set: bit k of word(p, g) is set where p[k] == g (64 bytes);
 // count() is a popcount; deposit(bits, mask) places the low bits of `bits`, in order, at the set
 // bits of `mask` (pdep).
+//
+// Without pdep a deposit selects, for each set bit of `bits`, the mask's set bit of that rank:
+// the coded ranks are the sparser side of every group, so that is a few selections per word.
+// (AMD's Zen 1 and 2 have pdep, but in microcode that takes longer than these selections.)
+// [byte][k]: the position of the byte's k-th set bit.
+struct SelectInByte {
+  std::array<std::array<std::uint8_t, 8>, 256> at{};
+  constexpr SelectInByte() {
+    for (unsigned b = 0; b < 256; ++b) {
+      unsigned k = 0;
+      for (unsigned bit = 0; bit < 8; ++bit) {
+        if (((b >> bit) & 1u) != 0) at[b][k++] = static_cast<std::uint8_t>(bit);
+      }
+    }
+  }
+};
+constexpr SelectInByte kSelectInByte{};
+
+struct SelectDeposit {
+  // The (j+1)-th set bit of x (j < popcount(x)), as a one-bit word: the byte holding it from
+  // the bytes' prefix popcounts, then the bit within the byte from a table.
+  static std::uint64_t select(std::uint64_t x, unsigned j) noexcept {
+    constexpr std::uint64_t kOnes = 0x0101010101010101u;
+    std::uint64_t s = x - ((x >> 1) & 0x5555555555555555u);
+    s = (s & 0x3333333333333333u) + ((s >> 2) & 0x3333333333333333u);
+    s = (s + (s >> 4)) & 0x0F0F0F0F0F0F0F0Fu;
+    const std::uint64_t prefix = s * kOnes;  // byte b: the set bits of bytes 0..b
+    // Bytes whose prefix is at most j (high bit of each byte), all before the one sought.
+    const std::uint64_t below =
+        (((j * kOnes) | 0x8080808080808080u) - prefix) & 0x8080808080808080u;
+    const auto byte = static_cast<unsigned>(std::popcount(below));
+    const unsigned before = byte == 0 ? 0u : static_cast<unsigned>(prefix >> (8 * byte - 8)) & 0xFFu;
+    const auto bits = static_cast<unsigned>(x >> (8 * byte)) & 0xFFu;
+    return std::uint64_t{1} << (8 * byte + kSelectInByte.at[bits][j - before]);
+  }
+  static std::uint64_t deposit(std::uint64_t bits, std::uint64_t mask) noexcept {
+    const auto members = static_cast<unsigned>(std::popcount(mask));
+    if (members < 64) bits &= (std::uint64_t{1} << members) - 1;
+    std::uint64_t out = 0;
+    for (; bits != 0; bits &= bits - 1)
+      out |= select(mask, static_cast<unsigned>(std::countr_zero(bits)));
+    return out;
+  }
+
+};
+
 struct PortableWords {
   static std::uint64_t word(const std::uint8_t* p, std::uint8_t group) noexcept {
     std::uint64_t word = 0;
@@ -55,10 +101,7 @@ struct PortableWords {
     return static_cast<unsigned>(std::popcount(word));
   }
   static std::uint64_t deposit(std::uint64_t bits, std::uint64_t mask) noexcept {
-    std::uint64_t out = 0;
-    for (; mask != 0; mask &= mask - 1, bits >>= 1)
-      out |= (bits & 1u) * (mask & (~mask + 1));
-    return out;
+    return SelectDeposit::deposit(bits, mask);
   }
 };
 
@@ -99,6 +142,14 @@ struct Avx2Words {
   }
 };
 
+// Avx2Words without pdep, for the CPUs whose pdep is microcoded.
+struct Avx2SelectWords : Avx2Words {
+  PULSELOCO_GROUP_ISA static std::uint64_t deposit(std::uint64_t bits,
+                                                   std::uint64_t mask) noexcept {
+    return SelectDeposit::deposit(bits, mask);
+  }
+};
+
 // A group's membership bitmap over a chunk: bit k of words[w] is set where element 64w + k
 // belongs to `group`, and prefix[w] counts the members before word w. Returns the group's size.
 template <class Words>
@@ -136,8 +187,8 @@ void rank_offsets(const std::uint64_t* words, const std::uint32_t* prefix,
 
 // Decoder: marks the members whose ranks are set in `coded` (a bitmap over the group's ranks,
 // one word of padding past them) in `fired`, or with `complement` the members whose ranks are
-// not set. Word by word, without a branch on the data: each chunk word takes the next
-// count(word) bits of `coded` and deposits them at its members.
+// not set. Word by word: each chunk word takes the next count(word) bits of `coded` and
+// deposits them at its members (the complement's are the members the deposit leaves clear).
 template <class Words>
 void mark_ranks(const std::uint64_t* words, const std::uint32_t* prefix, std::size_t words_n,
                 const std::uint64_t* coded, bool complement, std::uint64_t* fired) noexcept {
@@ -150,7 +201,7 @@ void mark_ranks(const std::uint64_t* words, const std::uint32_t* prefix, std::si
     // 0 does not shift by 64.
     const std::uint64_t bits =
         (coded[at / 64] >> shift) | ((coded[at / 64 + 1] << 1) << (63 - shift));
-    fired[w] |= Words::deposit(bits ^ flip, members);
+    fired[w] |= Words::deposit(bits, members) ^ (members & flip);
   }
 }
 
@@ -201,6 +252,11 @@ __attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) void mark_ranks_avx2(
     const std::uint64_t* coded, bool complement, std::uint64_t* fired) noexcept {
   mark_ranks<Avx2Words>(words, prefix, words_n, coded, complement, fired);
 }
+__attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) void mark_ranks_avx2_select(
+    const std::uint64_t* words, const std::uint32_t* prefix, std::size_t words_n,
+    const std::uint64_t* coded, bool complement, std::uint64_t* fired) noexcept {
+  mark_ranks<Avx2SelectWords>(words, prefix, words_n, coded, complement, fired);
+}
 __attribute__((target("avx2,bmi,bmi2,popcnt"), flatten)) std::size_t collect_outside_avx2(
     const std::uint8_t* exponents, std::size_t length, std::uint8_t lo, std::uint8_t span,
     std::uint32_t* out) noexcept {
@@ -225,7 +281,9 @@ const GroupPasses& group_passes() noexcept {
     const bool portable = isa != nullptr && std::string_view(isa) == "portable";
     if (!portable && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi") &&
         __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt")) {
-      return GroupPasses{exponents_avx2, membership_avx2, rank_offsets_avx2, mark_ranks_avx2,
+      const bool microcoded_pdep = __builtin_cpu_is("znver1") || __builtin_cpu_is("znver2");
+      return GroupPasses{exponents_avx2, membership_avx2, rank_offsets_avx2,
+                         microcoded_pdep ? mark_ranks_avx2_select : mark_ranks_avx2,
                          collect_outside_avx2};
     }
     return GroupPasses{exponents_of, membership<PortableWords>, rank_offsets<PortableWords>,

@@ -316,9 +316,12 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
   const std::uint64_t bits =
       detail::split_against_context(entries.offsets, entries.values, entries.context, exponents, e,
                                     delta, zero_run, state.raw_bits.data());
-  state.symbol_stream.clear();
-  detail::encode_symbols(e, delta, zero_run, n, *state.symbol_models, state.symbol_stream);
-  out.stored[detail::kContextSymbolStream] = {std::span(state.symbol_stream), false};
+  grow(state.symbol_stream, detail::symbol_stream_capacity(n));
+  const std::size_t symbol_bytes = detail::encode_symbols(e, delta, zero_run, n,
+                                                          *state.symbol_models,
+                                                          state.symbol_stream.data());
+  out.stored[detail::kContextSymbolStream] = {
+      std::span(state.symbol_stream.data(), symbol_bytes), false};
   out.stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8),
                                                false};
   out.flag_compressed();

@@ -9,6 +9,7 @@
 // a decoder that decoded every symbol has read exactly the stream: any other size is an error.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -45,11 +46,9 @@ inline void update(BitModel& model, unsigned bit) noexcept {
   const std::uint32_t rate = kRates.rate[model.seen];
   std::uint32_t zero = model.zero;
   if (bit == 0) {
-    zero += ((65536u - zero) * rate) >> 16;
-    if (zero > kProbabilityMax) zero = kProbabilityMax;
+    zero = std::min(zero + (((65536u - zero) * rate) >> 16), kProbabilityMax);
   } else {
-    zero -= (zero * rate) >> 16;
-    if (zero < kProbabilityMin) zero = kProbabilityMin;
+    zero = std::max(zero - ((zero * rate) >> 16), kProbabilityMin);
   }
   model.zero = static_cast<std::uint16_t>(zero);
   model.seen = static_cast<std::uint16_t>(model.seen + (model.seen < kBitModelWindow ? 1 : 0));
@@ -58,8 +57,9 @@ inline void update(BitModel& model, unsigned bit) noexcept {
 
 class RangeEncoder {
  public:
-  // Appends to `out`, which the encoder does not clear.
-  explicit RangeEncoder(std::vector<std::byte>& out) noexcept : out_(out) {}
+  // Writes from `out` on; the caller provides room for every byte the decisions can take
+  // (11.01 bits per modelled decision, 1.01 per direct one, and 5 bytes).
+  explicit RangeEncoder(std::byte* out) noexcept : out_(out) {}
 
   void encode(BitModel& model, unsigned bit) noexcept {
     code(model.zero, bit);
@@ -79,10 +79,12 @@ class RangeEncoder {
     }
   }
 
-  // Writes the coder's last bytes; the encoder must not be used afterwards.
-  void finish() {
+  // Writes the coder's last bytes and returns the end of its output; the encoder must not be
+  // used afterwards.
+  std::byte* finish() noexcept {
     for (int i = 0; i < 5; ++i)
       shift_low();
+    return out_;
   }
 
  private:
@@ -99,12 +101,12 @@ class RangeEncoder {
       shift_low();
     }
   }
-  void shift_low() {
+  void shift_low() noexcept {
     if (static_cast<std::uint32_t>(low_) < 0xFF000000u || (low_ >> 32) != 0) {
       const auto carry = static_cast<std::uint8_t>(low_ >> 32);
       std::uint8_t byte = cache_;
       do {
-        out_.push_back(static_cast<std::byte>(static_cast<std::uint8_t>(byte + carry)));
+        *out_++ = static_cast<std::byte>(static_cast<std::uint8_t>(byte + carry));
         byte = 0xFF;
       } while (--pending_ != 0);
       cache_ = static_cast<std::uint8_t>(low_ >> 24);
@@ -113,7 +115,7 @@ class RangeEncoder {
     low_ = (low_ & 0x00FFFFFFu) << 8;
   }
 
-  std::vector<std::byte>& out_;
+  std::byte* out_;
   std::uint64_t low_ = 0;
   std::uint32_t range_ = 0xFFFFFFFFu;
   std::uint8_t cache_ = 0;

@@ -32,12 +32,12 @@ std::vector<Decision> draw(const std::vector<double>& probabilities, std::size_t
 }
 
 std::vector<std::byte> encode(const std::vector<Decision>& decisions, std::size_t models) {
-  std::vector<std::byte> out;
+  std::vector<std::byte> out(2 * decisions.size() + 5);
   std::vector<BitModel> state(models);
-  RangeEncoder encoder(out);
+  RangeEncoder encoder(out.data());
   for (const Decision& d : decisions)
     encoder.encode(state[d.model], d.bit);
-  encoder.finish();
+  out.resize(static_cast<std::size_t>(encoder.finish() - out.data()));
   return out;
 }
 
@@ -100,14 +100,14 @@ TEST(RangeCoder, TreeSymbolsAndDirectBitsRoundTrip) {
   std::vector<unsigned> symbols(20000);
   for (auto& s : symbols)
     s = (rng() % 4 == 0) ? rng() % 64 : 20 + rng() % 3;  // a peaked alphabet of 64
-  std::vector<std::byte> out;
+  std::vector<std::byte> out(symbols.size() * 10 + 5);
   std::vector<BitModel> tree(64);
-  RangeEncoder encoder(out);
+  RangeEncoder encoder(out.data());
   for (const unsigned s : symbols) {
     encoder.encode_tree(tree.data(), 6, s);
     encoder.encode_direct(s & 1u);
   }
-  encoder.finish();
+  out.resize(static_cast<std::size_t>(encoder.finish() - out.data()));
   std::vector<BitModel> decoding_tree(64);
   RangeDecoder decoder(out);
   for (const unsigned s : symbols) {
@@ -139,8 +139,8 @@ TEST(SymbolStream, EveryByteOfBothSymbolsRoundTripsWithinTheSizeBound) {
         u[i] = surprise ? static_cast<std::uint8_t>(0x80 | (i / 97)) : 0xF8;
       }
     }
-    std::vector<std::byte> stream;
-    encode_symbols(e.data(), d.data(), u.data(), n, models, stream);
+    std::vector<std::byte> stream(symbol_stream_capacity(n));
+    stream.resize(encode_symbols(e.data(), d.data(), u.data(), n, models, stream.data()));
     EXPECT_LE(stream.size(), n * kContextMaxSymbolBytesPerEntry + kContextSymbolStreamOverhead);
     std::vector<std::uint8_t> d2(n), u2(n);
     ASSERT_TRUE(decode_symbols(stream, e.data(), n, models, d2.data(), u2.data()));
@@ -152,15 +152,15 @@ TEST(SymbolStream, EveryByteOfBothSymbolsRoundTripsWithinTheSizeBound) {
 TEST(SymbolStream, AnEscapeOfASymbolTheTreeCodesIsRefused) {
   // D = 0 is tree symbol 24; written as an escape (tree symbol 63, then its 8 bits) it decodes
   // to the same byte but is not what an encoder writes.
-  std::vector<std::byte> stream;
+  std::vector<std::byte> stream(64);
   SymbolModels models;
   models.reset();
-  RangeEncoder encoder(stream);
+  RangeEncoder encoder(stream.data());
   encoder.encode_tree(models.exponent[100].data(), kExponentTreeBits, 63);
   for (int b = 0; b < 8; ++b)
     encoder.encode_direct(0);
   encoder.encode_tree(models.zero_run[12].data(), kZeroRunTreeBits, 8);  // U = 0
-  encoder.finish();
+  stream.resize(static_cast<std::size_t>(encoder.finish() - stream.data()));
   const std::uint8_t e = 100;
   std::uint8_t d = 1;
   std::uint8_t u = 1;
