@@ -125,7 +125,8 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   std::vector<std::uint8_t> bucket(n);
   for (std::size_t i = 0; i < n; ++i)
     bucket[i] = static_cast<std::uint8_t>(std::clamp<int>(static_cast<std::int8_t>(d[i]), -12, 3));
-  e.value_context = conditional_bits(ex, d) + conditional_bits(bucket, u) + static_cast<double>(raw);
+  e.value_context =
+      conditional_bits(ex, d) + conditional_bits(bucket, u) + static_cast<double>(raw);
   e.value_order0 = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
   e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
   e.value_raw = static_cast<double>(raw);

@@ -159,8 +159,7 @@ std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const s
                            std::size_t n, SymbolModels& models, std::byte* out) noexcept {
   models.reset();
   RangeEncoder encoder(out);
-  const auto code = [&encoder](BitModel* tree, unsigned bits, std::uint8_t symbol,
-                               unsigned bias) {
+  const auto code = [&encoder](BitModel* tree, unsigned bits, std::uint8_t symbol, unsigned bias) {
     const unsigned escape = (1u << bits) - 1;
     const unsigned mapped = static_cast<std::uint8_t>(symbol + bias);
     encoder.encode_tree(tree, bits, mapped < escape ? mapped : escape);

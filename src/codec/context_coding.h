@@ -73,8 +73,7 @@ void gather_context_exponents(std::span<const std::uint32_t> offsets,
 // (bits.size() == ceil(need / 8), followed by 8 readable bytes). Returns the first entry whose
 // value is not finite, or n.
 std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std::uint8_t* d,
-                                 const std::uint8_t* u, const std::byte* bits,
-                                 float* out) noexcept;
+                                 const std::uint8_t* u, const std::byte* bits, float* out) noexcept;
 
 // The adaptive models of a frame's symbol stream: a tree for D per context exponent, a tree for
 // U per bucket of D. Reset at every frame, so that frames decode independently.
@@ -90,8 +89,8 @@ struct SymbolModels {
   return n * kContextMaxSymbolBytesPerEntry + kContextSymbolStreamOverhead;
 }
 [[nodiscard]] std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d,
-                                         const std::uint8_t* u, std::size_t n,
-                                         SymbolModels& models, std::byte* out) noexcept;
+                                         const std::uint8_t* u, std::size_t n, SymbolModels& models,
+                                         std::byte* out) noexcept;
 // Decodes n entries' D and U from exactly `in`; false when `in` is not a stream that
 // encode_symbols writes for n entries (too short, bytes left over, a non-canonical escape).
 [[nodiscard]] bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e,

@@ -68,7 +68,8 @@ struct SelectDeposit {
     const std::uint64_t below =
         (((j * kOnes) | 0x8080808080808080u) - prefix) & 0x8080808080808080u;
     const auto byte = static_cast<unsigned>(std::popcount(below));
-    const unsigned before = byte == 0 ? 0u : static_cast<unsigned>(prefix >> (8 * byte - 8)) & 0xFFu;
+    const unsigned before =
+        byte == 0 ? 0u : static_cast<unsigned>(prefix >> (8 * byte - 8)) & 0xFFu;
     const auto bits = static_cast<unsigned>(x >> (8 * byte)) & 0xFFu;
     return std::uint64_t{1} << (8 * byte + kSelectInByte.at[bits][j - before]);
   }
@@ -80,7 +81,6 @@ struct SelectDeposit {
       out |= select(mask, static_cast<unsigned>(std::countr_zero(bits)));
     return out;
   }
-
 };
 
 struct PortableWords {

@@ -423,8 +423,8 @@ struct DecodeScratch::Impl {
   std::vector<std::uint32_t> offsets;
   std::vector<std::uint8_t> symbols;  // a context frame's context exponents, D and U bytes
   std::unique_ptr<detail::SymbolModels> symbol_models;  // a context frame's symbol models
-  std::vector<float> values;          // a context frame's values before their digest is checked
-  detail::GroupScratch groups;        // a context frame's exponent_groups coding
+  std::vector<float> values;    // a context frame's values before their digest is checked
+  detail::GroupScratch groups;  // a context frame's exponent_groups coding
 };
 
 DecodeScratch::DecodeScratch() : impl_(std::make_unique<Impl>()) {}

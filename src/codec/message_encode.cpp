@@ -38,8 +38,8 @@ struct EncodeState {
   std::vector<std::byte> planes;        // 4 dense planes
   std::array<std::vector<std::byte>, 4> sparse;
   std::array<std::vector<std::byte>, 4> plane_packed;
-  std::vector<std::uint8_t> symbols;  // context: context exponents, D bytes, U bytes
-  std::vector<std::byte> raw_bits;    // context: the raw bit stream
+  std::vector<std::uint8_t> symbols;     // context: context exponents, D bytes, U bytes
+  std::vector<std::byte> raw_bits;       // context: the raw bit stream
   std::vector<std::byte> symbol_stream;  // context: the range-coded D and U
   std::unique_ptr<detail::SymbolModels> symbol_models = std::make_unique<detail::SymbolModels>();
   detail::GroupScratch groups;  // context: the exponent_groups coding
@@ -317,11 +317,10 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
       detail::split_against_context(entries.offsets, entries.values, entries.context, exponents, e,
                                     delta, zero_run, state.raw_bits.data());
   grow(state.symbol_stream, detail::symbol_stream_capacity(n));
-  const std::size_t symbol_bytes = detail::encode_symbols(e, delta, zero_run, n,
-                                                          *state.symbol_models,
-                                                          state.symbol_stream.data());
-  out.stored[detail::kContextSymbolStream] = {
-      std::span(state.symbol_stream.data(), symbol_bytes), false};
+  const std::size_t symbol_bytes = detail::encode_symbols(
+      e, delta, zero_run, n, *state.symbol_models, state.symbol_stream.data());
+  out.stored[detail::kContextSymbolStream] = {std::span(state.symbol_stream.data(), symbol_bytes),
+                                              false};
   out.stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8),
                                                false};
   out.flag_compressed();
