@@ -119,8 +119,19 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   if (n == 0) return e;
   std::vector<std::uint8_t> d(n), u(n), ex(n);
   std::vector<std::byte> bits(codec::detail::raw_bits_capacity(n));
-  const std::uint64_t raw = codec::detail::split_against_context(
+  // The boundary model reads the values as they are ...
+  const std::uint64_t raw_as_they_are = codec::detail::split_against_context(
       offsets, values, context, nullptr, ex.data(), d.data(), u.data(), bits.data());
+  e.value_boundary = boundary_value_bits(offsets, values, context, u, raw_as_they_are);
+  // ... the symbol stream's models the values as the context frame codes them: less their
+  // context's cast residue where the encoder removes it.
+  std::vector<float> less_residue(n);
+  const std::span<const float> coded =
+      codec::detail::remove_context_residue(offsets, values, context, less_residue.data())
+          ? std::span<const float>(less_residue)
+          : values;
+  const std::uint64_t raw = codec::detail::split_against_context(
+      offsets, coded, context, nullptr, ex.data(), d.data(), u.data(), bits.data());
   // D given the context exponent, U given D's bucket (as the symbol stream models them).
   std::vector<std::uint8_t> bucket(n);
   for (std::size_t i = 0; i < n; ++i)
@@ -128,7 +139,6 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   e.value_context =
       conditional_bits(ex, d) + conditional_bits(bucket, u) + static_cast<double>(raw);
   e.value_order0 = order0_bits(d) + order0_bits(u) + static_cast<double>(raw);
-  e.value_boundary = boundary_value_bits(offsets, values, context, u, raw);
   e.value_raw = static_cast<double>(raw);
   return e;
 }

@@ -16,9 +16,11 @@ namespace pulseloco::bench {
 //                    count per exponent (what modelling presence with θ_g's exponent can reach);
 //   value_context:   the context split's raw bits, D coded by an ideal coder per context
 //                    exponent and U per bucket of D (the models of the symbol stream, with ideal
-//                    coders);
+//                    coders), of the values as the context frame codes them (less their
+//                    context's bf16 cast residue where the encoder removes it);
 //   value_order0:    the same split with one ideal order-0 coder per chunk for D and one for U;
-//   value_boundary:  the sign and D modelled by θ_g's place in its bf16 cell (context_entropy.cpp);
+//   value_boundary:  the sign and D of the values as they are, modelled by θ_g's place in its
+//                    bf16 cell (context_entropy.cpp);
 //   value_raw:       the raw bits of the context split (the sign and the mantissa bits above the
 //                    lowest set one), which both value models send as they are.
 struct EntropyEstimate {

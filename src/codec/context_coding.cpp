@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -29,6 +30,14 @@ inline unsigned raw_width(unsigned tz) noexcept {
   return tz >= 22 ? 1u : 23u - tz;
 }
 
+// Fired elements are tens of elements apart: each read of θ_g is a cache miss unless fetched
+// ahead.
+inline void prefetch_context(const float* context, std::span<const std::uint32_t> offsets,
+                             std::size_t i) noexcept {
+  if (i + kPrefetchAhead < offsets.size())
+    __builtin_prefetch(context + offsets[i + kPrefetchAhead]);
+}
+
 // The exponent field of the context at an offset: from the exponent bytes where given, else
 // from θ_g's word.
 struct ContextExponent {
@@ -38,11 +47,9 @@ struct ContextExponent {
     return exponents != nullptr ? exponents[offset]
                                 : exponent_of(std::bit_cast<std::uint32_t>(context[offset]));
   }
-  // Fired elements are tens of elements apart: each read of θ_g is a cache miss unless fetched
-  // ahead (the exponent bytes of a chunk are few enough to stay cached).
+  // The exponent bytes of a chunk are few enough to stay cached; θ_g's words are not.
   void prefetch(std::span<const std::uint32_t> offsets, std::size_t i) const noexcept {
-    if (exponents == nullptr && i + kPrefetchAhead < offsets.size())
-      __builtin_prefetch(context + offsets[i + kPrefetchAhead]);
+    if (exponents == nullptr) prefetch_context(context, offsets, i);
   }
 };
 
@@ -128,6 +135,45 @@ std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std
     const std::uint32_t v = ((x & 1u) << 31) | (exponent << 23) | mantissa;
     if (exponent == 0xFFu && first_bad == n) first_bad = i;
     out[i] = std::bit_cast<float>(v);
+  }
+  return first_bad;
+}
+
+namespace {
+
+// The raw bits split_against_context takes for a value.
+inline unsigned raw_width_of(float value) noexcept {
+  const std::uint32_t mantissa = std::bit_cast<std::uint32_t>(value) & kMantissaMask;
+  return raw_width(static_cast<unsigned>(std::countr_zero(mantissa | (kMantissaMask + 1))));
+}
+
+}  // namespace
+
+bool remove_context_residue(std::span<const std::uint32_t> offsets, std::span<const float> values,
+                            std::span<const float> context, float* out) noexcept {
+  std::uint64_t bits_kept = 0;
+  std::uint64_t bits_removed = 0;
+  bool exact = true;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    prefetch_context(context.data(), offsets, i);
+    const float residue = context_residue(context[offsets[i]]);
+    const float removed = values[i] - residue;
+    exact &=
+        std::bit_cast<std::uint32_t>(removed + residue) == std::bit_cast<std::uint32_t>(values[i]);
+    bits_kept += raw_width_of(values[i]);
+    bits_removed += raw_width_of(removed);
+    out[i] = removed;
+  }
+  return exact && bits_removed < bits_kept;
+}
+
+std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
+                                std::span<const float> context, float* values) noexcept {
+  std::size_t first_bad = offsets.size();
+  for (std::size_t i = 0; i < offsets.size(); ++i) {
+    prefetch_context(context.data(), offsets, i);
+    values[i] = values[i] + context_residue(context[offsets[i]]);
+    if (!std::isfinite(values[i]) && first_bad == offsets.size()) first_bad = i;
   }
   return first_bad;
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <pulseloco/base/bf16.h>
 #include <pulseloco/codec/message.h>
 #include <pulseloco/codec/range_coder.h>
 
@@ -29,6 +30,10 @@ inline constexpr int kContextSymbolStream = 1;
 inline constexpr int kContextRawBitsStream = 2;
 // Only the index stream may be a zstd frame.
 inline constexpr std::uint8_t kContextZstdMask = 0x01;
+// A context frame's value flags (frame byte 7): bit 0, its values are coded less their
+// context's bf16 cast residue (remove_context_residue).
+inline constexpr std::uint8_t kContextLessResidue = 0x01;
+inline constexpr std::uint8_t kContextValueFlagsMask = 0x01;
 // The most raw bits one entry takes: the sign and 22 mantissa bits.
 inline constexpr std::uint64_t kContextMaxBitsPerEntry = 23;
 // Tree depths of the symbol stream's binarisation (context_coding.cpp).
@@ -74,6 +79,26 @@ void gather_context_exponents(std::span<const std::uint32_t> offsets,
 // value is not finite, or n.
 std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std::uint8_t* d,
                                  const std::uint8_t* u, const std::byte* bits, float* out) noexcept;
+
+// The context's bf16 cast residue, fl(c - bf16(c)): the part of θ_g a bf16 forward pass does
+// not see (exact for finite c). With bf16 local weights and the authors' Δ = θ_g - θ_l, every
+// s carries the residue of its element's θ_g, and the residue fills s's low mantissa bits, which
+// the receiver can then take from its own θ_g instead of the raw bit stream.
+[[nodiscard]] inline float context_residue(float context) noexcept {
+  return context - round_to_bf16(context);
+}
+
+// Encoder: writes fl(v - r) for every value v and its context's residue r to `out` and returns
+// true when that is exact for every entry (fl(fl(v - r) + r) has v's bits) and leaves fewer raw
+// bits than the values themselves; else returns false (and `out` is scratch).
+[[nodiscard]] bool remove_context_residue(std::span<const std::uint32_t> offsets,
+                                          std::span<const float> values,
+                                          std::span<const float> context, float* out) noexcept;
+
+// Decoder: values[i] = fl(values[i] + r) with r the residue of the context at offsets[i].
+// Returns the first entry whose value is then not finite, or offsets.size().
+std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
+                                std::span<const float> context, float* values) noexcept;
 
 // The adaptive models of a frame's symbol stream: a tree for D per context exponent, a tree for
 // U per bucket of D. Reset at every frame, so that frames decode independently.

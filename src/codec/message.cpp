@@ -137,7 +137,7 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
   const bool streams = (info.encoding == Encoding::pulse || info.encoding == Encoding::context);
   const auto coding_code = static_cast<std::uint8_t>(p[kFrameIndexCodingAt]);
   const auto zstd_streams = static_cast<std::uint8_t>(p[kFrameZstdStreamsAt]);
-  const auto sparse_planes = static_cast<std::uint8_t>(p[kFrameSparsePlanesAt]);
+  const auto plane_or_value_flags = static_cast<std::uint8_t>(p[kFramePlaneOrValueFlagsAt]);
   info.begin = load_le<std::uint64_t>(p + kFrameBeginAt);
   info.length = load_le<std::uint32_t>(p + kFrameLengthAt);
   info.entries = load_le<std::uint32_t>(p + kFrameEntriesAt);
@@ -176,9 +176,11 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
       fail(where + ": unknown stream flags " + std::to_string(zstd_streams),
            frame_offset + kFrameZstdStreamsAt);
     }
-    if ((sparse_planes & ~(context ? 0 : kSparsePlanesMask)) != 0) {
-      fail(where + ": unknown plane flags " + std::to_string(sparse_planes),
-           frame_offset + kFrameSparsePlanesAt);
+    if ((plane_or_value_flags & ~(context ? detail::kContextValueFlagsMask : kSparsePlanesMask)) !=
+        0) {
+      fail(where + (context ? ": unknown value flags " : ": unknown plane flags ") +
+               std::to_string(plane_or_value_flags),
+           frame_offset + kFramePlaneOrValueFlagsAt);
     }
     info.index_coding = static_cast<IndexCoding>(coding_code);
   } else {
@@ -191,9 +193,9 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
       fail(where + ": stream flags must be 0 in a frame without streams",
            frame_offset + kFrameZstdStreamsAt);
     }
-    if (sparse_planes != 0) {
+    if (plane_or_value_flags != 0) {
       fail(where + ": plane flags must be 0 in a frame without streams",
-           frame_offset + kFrameSparsePlanesAt);
+           frame_offset + kFramePlaneOrValueFlagsAt);
     }
   }
   // Sizes: everything in u64 arithmetic that cannot overflow (entries < 2^32, payload checked
@@ -241,8 +243,9 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
     info.value_bytes = payload_bytes - info.index_bytes;
   } else if (info.encoding == Encoding::pulse) {
     if (info.entries > 0) {
-      const PulseLayout layout = parse_pulse_layout(payload, frame_offset + kFramePrefixBytes, info,
-                                                    zstd_streams, sparse_planes, frame_index);
+      const PulseLayout layout =
+          parse_pulse_layout(payload, frame_offset + kFramePrefixBytes, info, zstd_streams,
+                             plane_or_value_flags, frame_index);
       info.index_bytes = layout.directory_bytes + layout.stored[wire::kIndexStream].size();
       info.value_bytes = payload_bytes - info.index_bytes;
     }
@@ -644,9 +647,9 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
 // against the frame's value digest before the caller's buffers are written.
 std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t payload_offset,
                              const FrameInfo& info, std::uint8_t zstd_streams,
-                             std::size_t frame_index, std::span<std::uint32_t> out_offsets,
-                             std::span<float> out_values, std::span<const float> context,
-                             DecodeScratch::Impl& scratch) {
+                             std::uint8_t value_flags, std::size_t frame_index,
+                             std::span<std::uint32_t> out_offsets, std::span<float> out_values,
+                             std::span<const float> context, DecodeScratch::Impl& scratch) {
   const std::string where = frame_text(frame_index);
   if (context.size() != info.length) {
     throw InvalidArgument(where + " is context-coded: decoding it needs the chunk's " +
@@ -706,8 +709,10 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   // The raw bits are the payload's last stream, followed by the frame's 8-byte checksum: the
   // word reads of join_against_context stay inside the frame.
   if (scratch.values.size() < n) scratch.values.resize(n);
-  const std::size_t bad =
-      detail::join_against_context(n, e, d, u, bits.data(), scratch.values.data());
+  std::size_t bad = detail::join_against_context(n, e, d, u, bits.data(), scratch.values.data());
+  if ((value_flags & detail::kContextLessResidue) != 0) {
+    bad = detail::add_context_residue(offsets, context, scratch.values.data());
+  }
   const std::span<const float> values(scratch.values.data(), n);
   const std::uint64_t digest = info.index_coding == IndexCoding::exponent_groups
                                    ? detail::entries_digest(offsets, values)
@@ -750,12 +755,13 @@ std::uint64_t detail::decode_frame(std::span<const std::byte> frame, const Frame
   const std::uint64_t payload_offset = info.byte_offset + kFramePrefixBytes;
   if (info.encoding == Encoding::context) {
     const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
-    return decode_context(payload, payload_offset, info, zstd_streams, frame_index, out_offsets,
-                          out_values, context, scratch.impl());
+    const auto value_flags = static_cast<std::uint8_t>(frame[kFramePlaneOrValueFlagsAt]);
+    return decode_context(payload, payload_offset, info, zstd_streams, value_flags, frame_index,
+                          out_offsets, out_values, context, scratch.impl());
   }
   if (info.encoding == Encoding::pulse) {
     const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
-    const auto sparse_planes = static_cast<std::uint8_t>(frame[kFrameSparsePlanesAt]);
+    const auto sparse_planes = static_cast<std::uint8_t>(frame[kFramePlaneOrValueFlagsAt]);
     return decode_pulse(payload, payload_offset, info, zstd_streams, sparse_planes, frame_index,
                         out_offsets, out_values, scratch.impl());
   }

@@ -48,11 +48,11 @@ enum class IndexCoding : std::uint8_t {
 [[nodiscard]] std::string_view index_coding_name(IndexCoding coding) noexcept;
 
 // The format versions this library writes and reads (docs/wire-format.md, "Versioning"): a
-// message of encoding `context` is version 4 (its frames range-code their D and U symbols),
-// every other message version 1. Versions 2 and 3 (context frames of earlier layouts) are not
-// read.
+// message of encoding `context` is version 5 (its frames range-code their D and U symbols and
+// may code their values less θ_g's bf16 cast residue), every other message version 1. Versions
+// 2 to 4 (context frames of earlier layouts) are not read.
 inline constexpr std::uint16_t kFormatVersion = 1;
-inline constexpr std::uint16_t kContextFormatVersion = 4;
+inline constexpr std::uint16_t kContextFormatVersion = 5;
 [[nodiscard]] constexpr std::uint16_t format_version_of(Encoding encoding) noexcept {
   return encoding == Encoding::context ? kContextFormatVersion : kFormatVersion;
 }

@@ -41,6 +41,7 @@ struct EncodeState {
   std::vector<std::uint8_t> symbols;     // context: context exponents, D bytes, U bytes
   std::vector<std::byte> raw_bits;       // context: the raw bit stream
   std::vector<std::byte> symbol_stream;  // context: the range-coded D and U
+  std::vector<float> less_residue;       // context: the values less their context's residue
   std::unique_ptr<detail::SymbolModels> symbol_models = std::make_unique<detail::SymbolModels>();
   detail::GroupScratch groups;  // context: the exponent_groups coding
   std::vector<std::byte> grouped_raw;
@@ -103,13 +104,13 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
 }
 
 void write_frame_prefix(std::byte* p, const FrameEntries& entries, Encoding encoding,
-                        IndexCoding coding, std::uint8_t zstd_streams, std::uint8_t sparse_planes,
-                        std::uint64_t payload_bytes) {
+                        IndexCoding coding, std::uint8_t zstd_streams,
+                        std::uint8_t plane_or_value_flags, std::uint64_t payload_bytes) {
   store_le<std::uint32_t>(p + kFrameTensorAt, entries.tensor);
   p[kFrameEncodingAt] = static_cast<std::byte>(encoding);
   p[kFrameIndexCodingAt] = static_cast<std::byte>(coding);
   p[kFrameZstdStreamsAt] = static_cast<std::byte>(zstd_streams);
-  p[kFrameSparsePlanesAt] = static_cast<std::byte>(sparse_planes);
+  p[kFramePlaneOrValueFlagsAt] = static_cast<std::byte>(plane_or_value_flags);
   store_le<std::uint64_t>(p + kFrameBeginAt, entries.begin);
   store_le<std::uint32_t>(p + kFrameLengthAt, static_cast<std::uint32_t>(entries.length));
   store_le<std::uint32_t>(p + kFrameEntriesAt, static_cast<std::uint32_t>(entries.offsets.size()));
@@ -245,7 +246,7 @@ struct FrameStreams {
   Encoding encoding = Encoding::pulse;
   IndexCoding coding = IndexCoding::varint;
   std::uint8_t zstd_streams = 0;
-  std::uint8_t sparse_planes = 0;
+  std::uint8_t plane_or_value_flags = 0;  // frame byte 7: pulse's sparse planes, context's flags
   std::array<std::byte, wire::kMaxVarint64Bytes*(1 + 4 + wire::kPulseStreams) + 8> directory{};
   std::size_t directory_bytes = 0;
   std::array<StoredStream, wire::kPulseStreams> stored{};
@@ -280,7 +281,7 @@ FrameStreams pulse_streams(EncodeState& state, const FrameEntries& entries,
     const std::size_t zeros = detail::count_zero_bytes(plane, n);
     std::span<const std::byte> raw(plane, n);
     if (2 * zeros > n) {
-      out.sparse_planes |= static_cast<std::uint8_t>(1u << k);
+      out.plane_or_value_flags |= static_cast<std::uint8_t>(1u << k);
       nonzero[k] = n - zeros;
       const std::size_t bytes = detail::sparse_plane_bytes(n, nonzero[k]);
       grow(state.sparse[k], bytes);
@@ -292,7 +293,7 @@ FrameStreams pulse_streams(EncodeState& state, const FrameEntries& entries,
   out.flag_compressed();
   std::byte* d = wire::put_varint(out.directory.data(), index.raw_bytes);
   for (std::size_t k = 0; k < 4; ++k) {
-    if (((out.sparse_planes >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
+    if (((out.plane_or_value_flags >> k) & 1u) != 0) d = wire::put_varint(d, nonzero[k]);
   }
   for (const auto& stream : out.stored)
     d = wire::put_varint(d, stream.bytes.size());
@@ -312,10 +313,18 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
   std::uint8_t* const e = state.symbols.data();
   std::uint8_t* const delta = e + n;
   std::uint8_t* const zero_run = delta + n;
+  // Values that carry their context's residue go less it, when that is exact and pays.
+  if (state.less_residue.size() < n) state.less_residue.resize(n);
+  std::span<const float> values = entries.values;
+  if (detail::remove_context_residue(entries.offsets, entries.values, entries.context,
+                                     state.less_residue.data())) {
+    values = std::span<const float>(state.less_residue.data(), n);
+    out.plane_or_value_flags = detail::kContextLessResidue;
+  }
   grow(state.raw_bits, detail::raw_bits_capacity(n));
   const std::uint64_t bits =
-      detail::split_against_context(entries.offsets, entries.values, entries.context, exponents, e,
-                                    delta, zero_run, state.raw_bits.data());
+      detail::split_against_context(entries.offsets, values, entries.context, exponents, e, delta,
+                                    zero_run, state.raw_bits.data());
   grow(state.symbol_stream, detail::symbol_stream_capacity(n));
   const std::size_t symbol_bytes = detail::encode_symbols(
       e, delta, zero_run, n, *state.symbol_models, state.symbol_stream.data());
@@ -340,7 +349,7 @@ std::vector<std::byte> write_frame(const FrameEntries& entries, const FrameStrea
   frame.reserve(kFrameOverheadBytes + payload);
   frame.resize(kFramePrefixBytes);
   write_frame_prefix(frame.data(), entries, streams.encoding, streams.coding, streams.zstd_streams,
-                     streams.sparse_planes, payload);
+                     streams.plane_or_value_flags, payload);
   frame.insert(frame.end(), streams.directory.begin(),
                streams.directory.begin() + static_cast<std::ptrdiff_t>(streams.directory_bytes));
   for (std::size_t s = 0; s < streams.streams; ++s)

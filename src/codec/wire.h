@@ -88,7 +88,8 @@ inline constexpr std::size_t kFrameTensorAt = 0;
 inline constexpr std::size_t kFrameEncodingAt = 4;
 inline constexpr std::size_t kFrameIndexCodingAt = 5;
 inline constexpr std::size_t kFrameZstdStreamsAt = 6;
-inline constexpr std::size_t kFrameSparsePlanesAt = 7;
+inline constexpr std::size_t kFramePlaneOrValueFlagsAt =
+    7;  // pulse: sparse planes; context: value flags
 inline constexpr std::size_t kFrameBeginAt = 8;
 inline constexpr std::size_t kFrameLengthAt = 16;
 inline constexpr std::size_t kFrameEntriesAt = 20;

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include <pulseloco/base/bf16.h>
 #include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/codec/context_coding.h>
@@ -41,7 +42,7 @@ Chunk realistic_chunk(std::uint32_t length, double density, std::uint64_t seed) 
   Chunk chunk;
   chunk.context.resize(length);
   for (float& w : chunk.context) {
-    w = weight(rng);
+    w = round_to_bf16(weight(rng));
   }
   for (std::uint32_t i = 0; i < length; ++i) {
     if (uniform(rng) >= density) continue;
@@ -102,6 +103,12 @@ void expect_same_bits(const Chunk& chunk, const Decoded& decoded) {
 
 Encoding frame_encoding(const Bytes& message) {
   return MessageView::parse(message).frame(0).encoding;
+}
+
+// Frame byte 7: a context frame's value flags.
+std::uint8_t frame_value_flags(const Bytes& message) {
+  return std::to_integer<std::uint8_t>(
+      message[MessageView::parse(message).frame(0).byte_offset + 7]);
 }
 
 TEST(CodecContext, RealisticChunkRoundTripsAndBeatsPulse) {
@@ -331,23 +338,23 @@ TEST(CodecContext, AnEmptyChunkIsAnEmptyPulseFrame) {
   EXPECT_EQ(MessageView::parse(message).frame(0).entries, 0u);
 }
 
-TEST(CodecContext, MessagesOfTheContextEncodingAreVersion4) {
+TEST(CodecContext, MessagesOfTheContextEncodingAreVersion5) {
   const Chunk chunk = realistic_chunk(4096, 0.05, 1);
   Bytes message = encode_message(chunk);
   EXPECT_EQ(load_le<std::uint16_t>(message.data() + 4), kContextFormatVersion);
   EXPECT_EQ(load_le<std::uint16_t>(encode_message(chunk, Encoding::pulse).data() + 4),
             kFormatVersion);
-  // Versions 1-3 with the context encoding, or version 4 with another, are refused.
-  for (const std::uint16_t version : {1, 2, 3}) {
+  // Versions 1-4 with the context encoding, or version 5 with another, are refused.
+  for (const std::uint16_t version : {1, 2, 3, 4}) {
     Bytes older = message;
     testing::poke<std::uint16_t>(older, 4, version);
     testing::refresh_checksums(older);
     EXPECT_THROW((void)MessageView::parse(older), ProtocolError) << version;
   }
-  Bytes v4 = encode_message(chunk, Encoding::pulse);
-  testing::poke<std::uint16_t>(v4, 4, 4);
-  testing::refresh_checksums(v4);
-  EXPECT_THROW((void)MessageView::parse(v4), ProtocolError);
+  Bytes v5 = encode_message(chunk, Encoding::pulse);
+  testing::poke<std::uint16_t>(v5, 4, 5);
+  testing::refresh_checksums(v5);
+  EXPECT_THROW((void)MessageView::parse(v5), ProtocolError);
 }
 
 TEST(CodecContext, DecodingWithoutTheContextIsRefused) {
@@ -365,11 +372,12 @@ TEST(CodecContext, DecodingWithoutTheContextIsRefused) {
 
 TEST(CodecContext, AReceiverWithOtherContextBitsFailsOrGetsTheSameValues) {
   // A receiver whose θ_g differs from the sender's: every change of one element's bits either
-  // leaves the decoded values as sent (the coding reads only θ_g's exponents) or is refused
-  // by the frame's value digest. It never yields other values.
+  // leaves the decoded values as sent (a frame whose values keep their bits reads only θ_g's
+  // exponents) or is refused by the frame's value digest. It never yields other values.
   const Chunk chunk = realistic_chunk(2048, 0.1, 5);
   const Bytes message = encode_message(chunk);
   ASSERT_EQ(frame_encoding(message), Encoding::context);
+  ASSERT_EQ(frame_value_flags(message), 0);
   std::mt19937 rng(9);
   int refused = 0;
   for (int trial = 0; trial < 400; ++trial) {
@@ -395,6 +403,102 @@ TEST(CodecContext, AReceiverWithOtherContextBitsFailsOrGetsTheSameValues) {
     }
   }
   EXPECT_GT(refused, 0);
+}
+
+// A chunk as the authors' Δ = θ_g - θ_l gives it with bf16 local weights from window 1 on: θ_g
+// off the bf16 grid, and every fired s its element's cast residue θ_g - bf16(θ_g) plus a few
+// bf16 ulps of θ_g.
+Chunk residue_chunk(std::uint32_t length, double density, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> weight(0.0f, 0.02f);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::uniform_int_distribution<int> steps(1, 6);
+  Chunk chunk;
+  chunk.context.resize(length);
+  for (float& w : chunk.context)
+    w = weight(rng);
+  for (std::uint32_t i = 0; i < length; ++i) {
+    if (uniform(rng) >= density) continue;
+    const float theta = chunk.context[i];
+    const float ulp = std::ldexp(1.0f, std::ilogb(theta) - 7);
+    const float step = static_cast<float>(steps(rng) * (uniform(rng) < 0.5 ? -1 : 1)) * ulp;
+    chunk.offsets.push_back(i);
+    chunk.values.push_back(detail::context_residue(theta) + step);
+  }
+  return chunk;
+}
+
+TEST(CodecContext, ValuesCarryingTheirContextsCastResidueAreCodedLessIt) {
+  for (const double density : {0.01, 0.05, 0.2}) {
+    const Chunk chunk = residue_chunk(1 << 16, density, 12);
+    const Bytes message = encode_message(chunk);
+    ASSERT_EQ(frame_encoding(message), Encoding::context) << density;
+    EXPECT_EQ(frame_value_flags(message), detail::kContextLessResidue) << density;
+    expect_same_bits(chunk, decode_message(message, chunk.context));
+    // The residue is most of each value's mantissa bits: without it a value takes a few bits.
+    EXPECT_LT(2 * message.size(), encode_message(chunk, Encoding::pulse).size()) << density;
+  }
+  // Values against a context on the bf16 grid (no residue) keep their bits.
+  const Bytes plain = encode_message(realistic_chunk(1 << 16, 0.02, 12));
+  ASSERT_EQ(frame_encoding(plain), Encoding::context);
+  EXPECT_EQ(frame_value_flags(plain), 0);
+}
+
+TEST(CodecContext, AValueTheResidueCannotBeRemovedFromExactlyKeepsTheFrameWhole) {
+  // fl(fl(v - r) + r) differs from v for a value far below its residue (and for -0, and against
+  // a context that is not finite): the frame then codes every value as it is.
+  for (const auto& [value, theta] : {std::pair{1e-30f, 0.0123f}, std::pair{-0.0f, 0.5f},
+                                     std::pair{1e-3f, std::numeric_limits<float>::infinity()},
+                                     std::pair{1e-3f, std::numeric_limits<float>::quiet_NaN()}}) {
+    Chunk chunk = residue_chunk(1 << 14, 0.05, 13);
+    ASSERT_GT(chunk.offsets.size(), 100u);
+    chunk.values[50] = value;
+    chunk.context[chunk.offsets[50]] = theta;
+    const Bytes message = encode_message(chunk);
+    EXPECT_EQ(frame_value_flags(message), 0) << value << " against " << theta;
+    expect_same_bits(chunk, decode_message(message, chunk.context));
+  }
+}
+
+TEST(CodecContext, AReceiverWithOtherContextBitsGetsNoValuesOfAResidueCodedFrame) {
+  // Values coded less their residue depend on all of θ_g's bits at the fired elements: any
+  // change there is refused (digest), never turned into other values.
+  const Chunk chunk = residue_chunk(2048, 0.1, 14);
+  const Bytes message = encode_message(chunk);
+  ASSERT_EQ(frame_value_flags(message), detail::kContextLessResidue);
+  std::mt19937 rng(15);
+  int refused = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> other = chunk.context;
+    const std::uint32_t at = chunk.offsets[rng() % chunk.offsets.size()];
+    const std::uint32_t bit = 1u << (rng() % 16);  // below bf16's bits: the residue changes
+    other[at] = from_bits(std::bit_cast<std::uint32_t>(other[at]) ^ bit);
+    const MessageView view = MessageView::parse(message);
+    std::vector<std::uint32_t> offsets(view.frame(0).entries);
+    std::vector<float> values(offsets.size());
+    DecodeScratch scratch;
+    try {
+      (void)view.decode_frame(0, offsets, values, scratch, other);
+      expect_same_bits(chunk, Decoded{offsets, values});
+    } catch (const ProtocolError& e) {
+      ++refused;
+      EXPECT_NE(std::string(e.what()).find("digest"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(refused, 200);
+}
+
+TEST(CodecContext, UnknownValueFlagsAreRefused) {
+  Bytes message = encode_message(residue_chunk(4096, 0.05, 16));
+  ASSERT_EQ(frame_encoding(message), Encoding::context);
+  message[MessageView::parse(message).frame(0).byte_offset + 7] |= std::byte{0x02};
+  testing::refresh_checksums(message);
+  try {
+    (void)MessageView::parse(message);
+    ADD_FAILURE() << "value flag 0x02 accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown value flags"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CodecContext, CorruptedFramesAreRefusedOrDecodeToValidEntries) {

@@ -2,6 +2,7 @@
 // raw and compressed streams, sparse and dense planes, empty frames and tensors, and 64-bit
 // tensor indices. Usage: codec_fuzz_seeds DIRECTORY
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <pulseloco/codec/context_coding.h>
 #include <pulseloco/codec/message.h>
 #include "codec/codec_test_util.h"
 #include "codec/fuzz/fuzz_common.h"
@@ -110,6 +112,30 @@ int main(int argc, char** argv) {
     }
     write(message_of(MessageHeader{.tensor_numels = {3000}}, {chunk},
                      {.encoding = Encoding::context, .index_coding = coding}));
+  }
+  // Context frames whose values go less their context's bf16 cast residue: each value the
+  // residue plus a bf16 ulp of θ_g, at the elements whose context is finite.
+  for (const auto coding : {IndexCoding::varint, IndexCoding::exponent_groups}) {
+    const Chunk fired = chunk_of(rng, 0, 0, 3000, 0.1, false);
+    const std::vector<float> context = fuzz::fuzz_context(0, 3000);
+    Chunk chunk = fired;
+    chunk.offsets.clear();
+    chunk.values.clear();
+    for (const std::uint32_t offset : fired.offsets) {
+      const float c = context[offset];
+      if (!std::isfinite(c) || c == 0.0f) continue;
+      chunk.offsets.push_back(offset);
+      chunk.values.push_back(detail::context_residue(c) +
+                             std::ldexp(1.0f, std::ilogb(c) - 7) * (offset % 2 ? 1.0f : -2.0f));
+    }
+    const Bytes message = message_of(MessageHeader{.tensor_numels = {3000}}, {chunk},
+                                     {.encoding = Encoding::context, .index_coding = coding});
+    const std::size_t frame_at = MessageView::parse(message).frame(0).byte_offset;
+    if (std::to_integer<std::uint8_t>(message[frame_at + 7]) != detail::kContextLessResidue) {
+      std::fprintf(stderr, "a residue seed's frame does not code its values less the residue\n");
+      return 1;
+    }
+    write(message);
   }
   std::printf("wrote %d seeds to %s\n", written, dir.c_str());
   return 0;
