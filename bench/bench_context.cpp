@@ -59,6 +59,7 @@ struct Sizes {
   std::uint64_t index_bytes = 0;
   std::uint64_t value_bytes = 0;
   std::uint64_t context_frames = 0;  // frames that went context-coded (not the fallback)
+  std::uint64_t residue_frames = 0;  // ... of them, with values coded less θ_g's cast residue
 };
 
 // Encodes, decodes again and compares; adds the frame's sizes to `sizes`.
@@ -85,6 +86,7 @@ void encode_checked(const codec::FrameEntries& entries, codec::Encoding encoding
   sizes.index_bytes += view.frame(0).index_bytes;
   sizes.value_bytes += view.frame(0).value_bytes;
   if (view.frame(0).encoding == codec::Encoding::context) ++sizes.context_frames;
+  if (view.frame(0).values_less_residue) ++sizes.residue_frames;
 }
 
 nlohmann::json sizes_json(const Sizes& s) {
@@ -93,7 +95,8 @@ nlohmann::json sizes_json(const Sizes& s) {
           {"bytes_per_entry", static_cast<double>(s.bytes) / n},
           {"index_bytes_per_entry", static_cast<double>(s.index_bytes) / n},
           {"value_bytes_per_entry", static_cast<double>(s.value_bytes) / n},
-          {"context_frames", s.context_frames}};
+          {"context_frames", s.context_frames},
+          {"residue_frames", s.residue_frames}};
 }
 
 // --- traces
@@ -129,6 +132,7 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
           total[k].index_bytes += sizes[c][k].index_bytes;
           total[k].value_bytes += sizes[c][k].value_bytes;
           total[k].context_frames += sizes[c][k].context_frames;
+          total[k].residue_frames += sizes[c][k].residue_frames;
         }
         h += entropy[c];
       }
@@ -158,7 +162,8 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
       } else {
         fmt::print(
             "{} w{} r{} {} {}: density {:.3f}%  pulse {:.3f} (idx {:.3f} val {:.3f})  context "
-            "{:.3f} (idx {:.3f} val {:.3f})  x{:.3f}  H idx {:.3f}/{:.3f} val {:.3f} / {:.3f}\n",
+            "{:.3f} (idx {:.3f} val {:.3f})  x{:.3f}  H idx {:.3f}/{:.3f} val {:.3f} / {:.3f}  "
+            "context frames {} ({} less the residue) of {}\n",
             label, window, rank, record["local_dtype"].get<std::string>(),
             record["bf16_delta"].get<std::string>(), 100 * record["density"].get<double>(),
             record["pulse"]["bytes_per_entry"].get<double>(),
@@ -168,7 +173,8 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
             record["context"]["index_bytes_per_entry"].get<double>(),
             record["context"]["value_bytes_per_entry"].get<double>(),
             record["ratio_pulse_over_context"].get<double>(), h.index_positions / 8 / n,
-            h.index_exponent / 8 / n, h.value_context / 8 / n, h.value_boundary / 8 / n);
+            h.index_exponent / 8 / n, h.value_context / 8 / n, h.value_boundary / 8 / n,
+            total[1].context_frames, total[1].residue_frames, chunks);
       }
     }
   }

@@ -155,6 +155,10 @@ bool remove_context_residue(std::span<const std::uint32_t> offsets, std::span<co
   std::uint64_t bits_removed = 0;
   bool exact = true;
   for (std::size_t i = 0; i < values.size(); ++i) {
+    // Values that carry the residue lose most of their raw bits without it; values that do not
+    // (fp32 local weights, `exact` Δ) keep about as many, and show it in their first entries:
+    // the rest of θ_g's words are then not read.
+    if (i == kResidueProbeEntries && 2 * bits_removed >= bits_kept) return false;
     prefetch_context(context.data(), offsets, i);
     const float residue = context_residue(context[offsets[i]]);
     const float removed = values[i] - residue;

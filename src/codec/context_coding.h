@@ -89,8 +89,10 @@ std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std
 }
 
 // Encoder: writes fl(v - r) for every value v and its context's residue r to `out` and returns
-// true when that is exact for every entry (fl(fl(v - r) + r) has v's bits) and leaves fewer raw
-// bits than the values themselves; else returns false (and `out` is scratch).
+// true when that is exact for every entry (fl(fl(v - r) + r) has v's bits), leaves fewer than
+// half the raw bits of the values themselves over the first kResidueProbeEntries entries, and
+// fewer over all; else returns false (and `out` is scratch).
+inline constexpr std::size_t kResidueProbeEntries = 64;
 [[nodiscard]] bool remove_context_residue(std::span<const std::uint32_t> offsets,
                                           std::span<const float> values,
                                           std::span<const float> context, float* out) noexcept;

@@ -183,6 +183,7 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
            frame_offset + kFramePlaneOrValueFlagsAt);
     }
     info.index_coding = static_cast<IndexCoding>(coding_code);
+    info.values_less_residue = context && (plane_or_value_flags & detail::kContextLessResidue) != 0;
   } else {
     // Plain frames and empty pulse frames have no streams to describe.
     if (coding_code != 0) {

@@ -149,6 +149,8 @@ struct FrameInfo {
   IndexCoding index_coding = IndexCoding::varint;
   std::uint64_t index_bytes = 0;  // payload bytes holding the indices (stream table included)
   std::uint64_t value_bytes = 0;  // payload bytes holding the values
+  // Context frames: the values are coded less θ_g's bf16 cast residue (value_flags bit 0).
+  bool values_less_residue = false;
 };
 
 // Fixed sizes of the format (docs/wire-format.md).

@@ -434,6 +434,7 @@ TEST(CodecContext, ValuesCarryingTheirContextsCastResidueAreCodedLessIt) {
     const Bytes message = encode_message(chunk);
     ASSERT_EQ(frame_encoding(message), Encoding::context) << density;
     EXPECT_EQ(frame_value_flags(message), detail::kContextLessResidue) << density;
+    EXPECT_TRUE(MessageView::parse(message).frame(0).values_less_residue) << density;
     expect_same_bits(chunk, decode_message(message, chunk.context));
     // The residue is most of each value's mantissa bits: without it a value takes a few bits.
     EXPECT_LT(2 * message.size(), encode_message(chunk, Encoding::pulse).size()) << density;
@@ -442,6 +443,7 @@ TEST(CodecContext, ValuesCarryingTheirContextsCastResidueAreCodedLessIt) {
   const Bytes plain = encode_message(realistic_chunk(1 << 16, 0.02, 12));
   ASSERT_EQ(frame_encoding(plain), Encoding::context);
   EXPECT_EQ(frame_value_flags(plain), 0);
+  EXPECT_FALSE(MessageView::parse(plain).frame(0).values_less_residue);
 }
 
 TEST(CodecContext, AValueTheResidueCannotBeRemovedFromExactlyKeepsTheFrameWhole) {
