@@ -8,7 +8,8 @@
 //                                   entropy estimates beside them;
 //   --parameters 2e7,1e8            a synthetic state of that many parameters (bf16-rounded
 //                                   N(0, 0.02²) θ_g, fp32 θ_l moved so that about --density of
-//                                   the elements fire): gate, encode, decode and apply timed
+//                                   the elements fire; with --locals bf16-authors fp32 θ_g and
+//                                   bf16 θ_l, the authors' Δ): gate, encode, decode and apply timed
 //                                   chunk by chunk, the two codecs alternating which goes first,
 //                                   on one thread and on all cores; beside them one read of θ_g,
 //                                   the least a decoder modelling the indices by θ_g adds to
@@ -182,9 +183,19 @@ void run_traces(const std::string& dir, const std::string& label, ThreadPool& po
 
 // --- speed: a synthetic state --------------------------------------------------------------------
 
+// The local weights of a synthetic state: fp32, or bf16 with the authors' Δ = θ_g − θ_l (the
+// PULSE authors' configuration, where every s carries θ_g's bf16 cast residue).
+enum class Locals { fp32, bf16_authors };
+
+const char* locals_name(Locals locals) {
+  return locals == Locals::fp32 ? "fp32" : "bf16-authors";
+}
+
 struct SyntheticState {
   std::uint64_t chunk = std::uint64_t{1} << 20;
+  Locals locals = Locals::fp32;
   std::vector<float> global, local, residual, momentum;
+  std::vector<std::uint16_t> local_bf16;
   [[nodiscard]] std::size_t chunks() const { return (global.size() + chunk - 1) / chunk; }
   [[nodiscard]] std::uint64_t begin(std::size_t c) const { return c * chunk; }
   [[nodiscard]] std::uint64_t length(std::size_t c) const {
@@ -192,11 +203,16 @@ struct SyntheticState {
   }
 };
 
-// θ_g ~ bf16(N(0, 0.02²)); θ_l = θ_g - Δ with Δ = scale * exp(1.5 z) * N(0, 1) (a log-normal
-// spread of step sizes, as Adam's across elements), the scale set so that about `density` of the
-// elements move by at least half a bf16 ulp of θ_g.
-SyntheticState make_state(std::uint64_t parameters, double density, ThreadPool& pool) {
+// fp32 locals: θ_g ~ bf16(N(0, 0.02²)); θ_l = θ_g - Δ with Δ = scale * exp(1.5 z) * N(0, 1) (a
+// log-normal spread of step sizes, as Adam's across elements), the scale set so that about
+// `density` of the elements move by at least half a bf16 ulp of θ_g.
+// bf16 locals (authors): θ_g ~ N(0, 0.02²) in fp32, off the bf16 grid as after outer steps;
+// θ_l = bf16(θ_g - Δ), the scale set so that about `density` of the elements cross a bf16
+// rounding boundary.
+SyntheticState make_state(std::uint64_t parameters, double density, Locals locals,
+                          ThreadPool& pool) {
   SyntheticState s;
+  s.locals = locals;
   s.global.resize(parameters);
   s.local.resize(parameters);
   s.residual.assign(parameters, 0.0f);
@@ -206,17 +222,25 @@ SyntheticState make_state(std::uint64_t parameters, double density, ThreadPool& 
     std::mt19937_64 rng(1000 + c);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (std::uint64_t i = s.begin(c); i < s.begin(c) + s.length(c); ++i) {
-      s.global[i] = round_to_bf16(0.02f * normal(rng));
+      s.global[i] = 0.02f * normal(rng);
+      if (locals == Locals::fp32) s.global[i] = round_to_bf16(s.global[i]);
       step[i] = std::exp(1.5f * normal(rng)) * normal(rng);
     }
   });
-  // The ratio |step| / half-ulp over a sample; its (1 - density) quantile sets the scale.
+  // The ratio |step| / (the distance at which the element fires) over a sample; its
+  // (1 - density) quantile sets the scale. fp32 locals: half a bf16 ulp of θ_g; bf16 locals: the
+  // distance from θ_g to its bf16 cell's boundary on the step's side.
   std::vector<double> ratio;
   for (std::uint64_t i = 0; i < parameters; i += std::max<std::uint64_t>(1, parameters / 200000)) {
     const float theta = s.global[i];
     if (theta == 0.0f) continue;
     const double half_ulp = std::ldexp(1.0, std::ilogb(theta) - 8);
-    ratio.push_back(std::abs(static_cast<double>(step[i])) / half_ulp);
+    const double centre = round_to_bf16(theta);
+    // θ_l = θ_g - scale * step: a positive step moves θ_g down.
+    const double distance = locals == Locals::fp32 ? half_ulp
+                            : step[i] > 0          ? theta - (centre - half_ulp)
+                                                   : (centre + half_ulp) - theta;
+    ratio.push_back(std::abs(static_cast<double>(step[i])) / std::max(distance, 1e-30));
   }
   const auto at = static_cast<std::ptrdiff_t>((1.0 - density) * static_cast<double>(ratio.size()));
   std::nth_element(ratio.begin(), ratio.begin() + at, ratio.end());
@@ -225,6 +249,11 @@ SyntheticState make_state(std::uint64_t parameters, double density, ThreadPool& 
     for (std::uint64_t i = s.begin(c); i < s.begin(c) + s.length(c); ++i)
       s.local[i] = s.global[i] - scale * step[i];
   });
+  if (locals == Locals::bf16_authors) {
+    s.local_bf16.resize(parameters);
+    float_to_bf16(s.local, s.local_bf16);
+    s.local = {};
+  }
   return s;
 }
 
@@ -239,11 +268,17 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void run_speed(std::uint64_t parameters, double density, unsigned threads, int repetitions,
-               bool json) {
+void run_speed(std::uint64_t parameters, double density, Locals locals, unsigned threads,
+               int repetitions, bool json) {
   ThreadPool pool(threads);
   const unsigned used = threads == 0 ? std::max(1u, std::thread::hardware_concurrency()) : threads;
-  SyntheticState s = make_state(parameters, density, pool);
+  SyntheticState s = make_state(parameters, density, locals, pool);
+  const bool bf16 = locals == Locals::bf16_authors;
+  const DType local_dtype = bf16 ? DType::bfloat16 : DType::float32;
+  const auto local_of = [&](std::size_t c) -> void* {
+    return bf16 ? static_cast<void*>(s.local_bf16.data() + s.begin(c))
+                : static_cast<void*>(s.local.data() + s.begin(c));
+  };
   SyntheticState pristine = s;
   const std::size_t chunks = s.chunks();
   const std::vector<std::uint64_t> numels = {parameters};
@@ -253,6 +288,7 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
   std::array<std::vector<std::vector<std::byte>>, 2> frames;
   std::array<std::vector<double>, 2> encode_s, decode_s;
   std::array<std::uint64_t, 2> bytes{};
+  std::array<std::uint64_t, 2> context_frames{}, residue_frames{};
   std::vector<double> gate_s, apply_s, theta_read_s;
   struct Scratch {
     std::uint32_t theta_bits = 0;  // keeps the read of θ_g from being optimised away
@@ -263,10 +299,11 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
   std::vector<Scratch> scratch(chunks);
   const auto kernel_chunk = [&](std::size_t c) {
     return kernels::GateChunk{.global = s.global.data() + s.begin(c),
-                              .local = s.local.data() + s.begin(c),
-                              .local_dtype = DType::float32,
+                              .local = local_of(c),
+                              .local_dtype = local_dtype,
                               .residual = s.residual.data() + s.begin(c),
-                              .count = s.length(c)};
+                              .count = s.length(c),
+                              .bf16_delta = kernels::Bf16Delta::authors};
   };
   const auto entries_of = [&](std::size_t c) {
     return codec::FrameEntries{.tensor = 0,
@@ -319,7 +356,10 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
         });
       }));
       if (rep == 0) {
+        const codec::MessageView view = codec::MessageView::parse(message);
         for (std::size_t c = 0; c < chunks; ++c) {
+          context_frames[k] += view.frame(c).encoding == codec::Encoding::context ? 1 : 0;
+          residue_frames[k] += view.frame(c).values_less_residue ? 1 : 0;
           if (scratch[c].offsets.size() != fired[c] ||
               std::memcmp(scratch[c].values.data(), values[c].data(), fired[c] * 4) != 0) {
             throw std::runtime_error("a decoded chunk differs from the gate's entries");
@@ -337,9 +377,10 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
         kernels::commit_and_outer_step({.global = s.global.data() + s.begin(c),
                                         .momentum = s.momentum.data() + s.begin(c),
                                         .residual = s.residual.data() + s.begin(c),
-                                        .local = s.local.data() + s.begin(c),
-                                        .local_dtype = DType::float32,
-                                        .count = s.length(c)},
+                                        .local = local_of(c),
+                                        .local_dtype = local_dtype,
+                                        .count = s.length(c),
+                                        .bf16_delta = kernels::Bf16Delta::authors},
                                        sc.g.data(), {.first_step = false});
       });
     }));
@@ -348,7 +389,11 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
       const std::uint64_t b = s.begin(c);
       const std::uint64_t n = s.length(c);
       std::copy_n(pristine.global.begin() + b, n, s.global.begin() + b);
-      std::copy_n(pristine.local.begin() + b, n, s.local.begin() + b);
+      if (bf16) {
+        std::copy_n(pristine.local_bf16.begin() + b, n, s.local_bf16.begin() + b);
+      } else {
+        std::copy_n(pristine.local.begin() + b, n, s.local.begin() + b);
+      }
       std::copy_n(pristine.residual.begin() + b, n, s.residual.begin() + b);
       std::copy_n(pristine.momentum.begin() + b, n, s.momentum.begin() + b);
     });
@@ -359,6 +404,7 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
   const double compute = median(gate_s) + median(apply_s);
   nlohmann::json record = {
       {"benchmark", "context-speed"},
+      {"locals", locals_name(locals)},
       {"parameters", parameters},
       {"threads", used},
       {"repetitions", repetitions},
@@ -374,24 +420,29 @@ void run_speed(std::uint64_t parameters, double density, unsigned threads, int r
         {"bytes_per_entry", static_cast<double>(bytes[k]) / static_cast<double>(entries)},
         {"encode_s", median(encode_s[k])},
         {"decode_s", median(decode_s[k])},
-        {"codec_over_compute", codec_s / compute}};
+        {"codec_over_compute", codec_s / compute},
+        {"context_frames", context_frames[k]},
+        {"residue_frames", residue_frames[k]},
+        {"chunks", chunks}};
   }
   if (json) {
     fmt::print("{}\n", record.dump());
   } else {
     fmt::print(
-        "{:.0e} params, {} threads, density {:.3f}%: gate {:.4f} s apply {:.4f} s, one read of "
-        "θ_g {:.4f} s ({:.1f}% of gate+apply)\n",
-        static_cast<double>(parameters), used, 100 * record["density"].get<double>(),
+        "{:.0e} params, {} locals, {} threads, density {:.3f}%: gate {:.4f} s apply {:.4f} s, one "
+        "read of θ_g {:.4f} s ({:.1f}% of gate+apply)\n",
+        static_cast<double>(parameters), locals_name(locals), used, 100 * record["density"].get<double>(),
         median(gate_s), median(apply_s), median(theta_read_s),
         100 * record["theta_read_over_compute"].get<double>());
     for (const codec::Encoding e : kCodecs) {
       const auto& r = record[std::string(codec::encoding_name(e))];
       fmt::print(
           "  {:8} {:.3f} B/entry  encode {:.4f} s  decode {:.4f} s  (encode+decode) / "
-          "(gate+apply) = {:.1f}%\n",
+          "(gate+apply) = {:.1f}%  context frames {} ({} less the residue) of {}\n",
           codec::encoding_name(e), r["bytes_per_entry"].get<double>(), r["encode_s"].get<double>(),
-          r["decode_s"].get<double>(), 100 * r["codec_over_compute"].get<double>());
+          r["decode_s"].get<double>(), 100 * r["codec_over_compute"].get<double>(),
+          r["context_frames"].get<std::uint64_t>(), r["residue_frames"].get<std::uint64_t>(),
+          chunks);
     }
   }
 }
@@ -405,6 +456,7 @@ int main(int argc, char** argv) {
   std::vector<unsigned> threads = {1, 0};
   double density = 0.02;
   int repetitions = 3;
+  std::vector<std::string> locals = {"fp32"};
   bool json = false;
   CLI::App app{"The context encoding against pulse on the same messages"};
   app.add_option("--trace", traces, "a pulseloco_train --trace-dir directory (repeatable)");
@@ -418,6 +470,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--repetitions", repetitions, "speed: repetitions (the median is reported)")
       ->capture_default_str();
+  app.add_option("--locals", locals,
+                 "synthetic states' local weights: fp32, bf16-authors (bf16 with the authors' Δ)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "bf16-authors"}))
+      ->capture_default_str();
   app.add_flag("--json", json, "one JSON record per line");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -427,9 +484,12 @@ int main(int argc, char** argv) {
     ThreadPool pool(0);
     for (std::size_t i = 0; i < traces.size(); ++i)
       run_traces(traces[i], labels.empty() ? traces[i] : labels[i], pool, json);
-    for (const double p : parameters) {
-      for (const unsigned t : threads)
-        run_speed(static_cast<std::uint64_t>(p), density, t, repetitions, json);
+    for (const std::string& l : locals) {
+      for (const double p : parameters) {
+        for (const unsigned t : threads)
+          run_speed(static_cast<std::uint64_t>(p), density,
+                    l == "fp32" ? Locals::fp32 : Locals::bf16_authors, t, repetitions, json);
+      }
     }
     return 0;
   } catch (const std::exception& e) {

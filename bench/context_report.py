@@ -63,14 +63,27 @@ def trace_cells(r):
 def speed_cells(r):
     p, c = r["pulse"], r["context"]
     pt, ct = p["encode_s"] + p["decode_s"], c["encode_s"] + c["decode_s"]
-    return [f"{r['parameters']:.0e}", str(r["threads"]), f"{100 * r['density']:.2f}%",
+    return [r.get("locals", "fp32"), f"{r['parameters']:.0e}", str(r["threads"]),
+            f"{100 * r['density']:.2f}%",
             f"{r['gate_s']:.4f}", f"{r['apply_s']:.4f}",
-            f"{p['encode_s']:.4f} + {p['decode_s']:.4f}",
-            f"{100 * p['codec_over_compute']:.1f}%",
+            f"{p['bytes_per_entry']:.3f}", f"{p['encode_s']:.4f} + {p['decode_s']:.4f}",
+            f"{100 * p['codec_over_compute']:.1f}%", f"{c['bytes_per_entry']:.3f}",
             f"{c['encode_s']:.4f} + {c['decode_s']:.4f}",
             f"**{100 * c['codec_over_compute']:.1f}%**", f"{ct / pt:.2f}x",
             f"{100 * r['theta_read_over_compute']:.1f}%",
-            f"{100 * (p['codec_over_compute'] + r['theta_read_over_compute']):.1f}%"]
+            f"{100 * (p['codec_over_compute'] + r['theta_read_over_compute']):.1f}%",
+            break_even(r)]
+
+
+def break_even(r):
+    """The link speed below which the context encoding's smaller message saves more transfer time
+    than its encode + decode costs beyond pulse's (per message, Mbit/s)."""
+    p, c = r["pulse"], r["context"]
+    saved_bits = 8 * (p["bytes_per_entry"] - c["bytes_per_entry"]) * r["entries"]
+    extra_s = (c["encode_s"] + c["decode_s"]) - (p["encode_s"] + p["decode_s"])
+    if saved_bits <= 0:
+        return "never"
+    return f"{saved_bits / extra_s / 1e6:.0f}" if extra_s > 0 else "always"
 
 
 def trace_table(rows):
@@ -85,12 +98,13 @@ def trace_table(rows):
 
 def speed_table(rows):
     table(rows, "context-speed",
-          ["parameters", "threads", "density", "gate s", "apply s", "pulse: encode + decode s",
-           "pulse / (gate + apply)", "context: encode + decode s", "context / (gate + apply)",
-           "context / pulse time", "one read of θ_g / (gate + apply)",
-           "floor: pulse + one read of θ_g"],
-          ["---:", "---:", "---:", "---:", "---:", "---", "---:", "---", "---:", "---:", "---:",
-           "---:"],
+          ["locals", "parameters", "threads", "density", "gate s", "apply s", "pulse B/entry",
+           "pulse: encode + decode s", "pulse / (gate + apply)", "context B/entry",
+           "context: encode + decode s", "context / (gate + apply)", "context / pulse time",
+           "one read of θ_g / (gate + apply)", "floor: pulse + one read of θ_g",
+           "context pays below, Mbit/s"],
+          ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---:", "---",
+           "---:", "---:", "---:", "---:", "---:"],
           speed_cells)
 
 

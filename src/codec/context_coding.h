@@ -7,6 +7,8 @@
 // A value on the fp32 grid of its context's exponent has a small U; one whose magnitude follows
 // the context's has a peaked D. Every fp32 bit pattern codes losslessly against every context
 // bit pattern (NaN, infinity, zero and subnormals included): both bytes are taken modulo 256.
+// A frame whose values carry their context's bf16 cast residue codes them less it (the value
+// flag kContextLessResidue), when the encoder finds that exact.
 #pragma once
 
 #include <array>
