@@ -481,8 +481,9 @@ TEST(CodecContext, AValueTheResidueCannotBeRemovedFromExactlyKeepsTheFrameWhole)
 }
 
 TEST(CodecContext, AReceiverWithOtherContextBitsGetsNoValuesOfAResidueCodedFrame) {
-  // Values coded less their residue depend on all of θ_g's bits at the fired elements: any
-  // change there is refused (digest), never turned into other values.
+  // Values coded less their residue depend on all of θ_g's bits at the fired elements. Here a
+  // value is a few bf16 ulps of θ_g, so a flip of any residue bit moves fl(w + r) by more than
+  // the value's own fp32 ulp: every flip gives other values, which the digest refuses.
   const Chunk chunk = residue_chunk(2048, 0.1, 14);
   const Bytes message = encode_message(chunk);
   ASSERT_EQ(frame_value_flags(message), detail::kContextLessResidue);
