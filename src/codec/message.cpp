@@ -648,9 +648,9 @@ std::uint64_t decode_pulse(std::span<const std::byte> payload, std::uint64_t pay
 // against the frame's value digest before the caller's buffers are written.
 std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t payload_offset,
                              const FrameInfo& info, std::uint8_t zstd_streams,
-                             std::uint8_t value_flags, std::size_t frame_index,
-                             std::span<std::uint32_t> out_offsets, std::span<float> out_values,
-                             std::span<const float> context, DecodeScratch::Impl& scratch) {
+                             std::size_t frame_index, std::span<std::uint32_t> out_offsets,
+                             std::span<float> out_values, std::span<const float> context,
+                             DecodeScratch::Impl& scratch) {
   const std::string where = frame_text(frame_index);
   if (context.size() != info.length) {
     throw InvalidArgument(where + " is context-coded: decoding it needs the chunk's " +
@@ -711,7 +711,7 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   // word reads of join_against_context stay inside the frame.
   if (scratch.values.size() < n) scratch.values.resize(n);
   std::size_t bad = detail::join_against_context(n, e, d, u, bits.data(), scratch.values.data());
-  if ((value_flags & detail::kContextLessResidue) != 0) {
+  if (info.values_less_residue) {
     bad = detail::add_context_residue(offsets, context, scratch.values.data());
   }
   const std::span<const float> values(scratch.values.data(), n);
@@ -756,9 +756,8 @@ std::uint64_t detail::decode_frame(std::span<const std::byte> frame, const Frame
   const std::uint64_t payload_offset = info.byte_offset + kFramePrefixBytes;
   if (info.encoding == Encoding::context) {
     const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
-    const auto value_flags = static_cast<std::uint8_t>(frame[kFramePlaneOrValueFlagsAt]);
-    return decode_context(payload, payload_offset, info, zstd_streams, value_flags, frame_index,
-                          out_offsets, out_values, context, scratch.impl());
+    return decode_context(payload, payload_offset, info, zstd_streams, frame_index, out_offsets,
+                          out_values, context, scratch.impl());
   }
   if (info.encoding == Encoding::pulse) {
     const auto zstd_streams = static_cast<std::uint8_t>(frame[kFrameZstdStreamsAt]);
