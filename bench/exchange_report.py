@@ -1,19 +1,20 @@
 #!/usr/bin/env python3
-"""The tables of bench/exchange_scaling.sh's records, one per local weight dtype: per worker
-count and window, the union ratio, the kind the automatic choice ran, the bytes rank 0 received
+"""The tables of bench/exchange_scaling.sh's records, one per local weight dtype and encoding: per
+worker count and window, the union ratio, the kind the automatic choice ran, the bytes rank 0 received
 under each kind and their ratios, and whether every kind ended on the same digest.
 
-    python3 bench/exchange_report.py bench/results/exchange-scaling-example.jsonl
+    python3 bench/exchange_report.py bench/results/exchange-scaling-example.jsonl [MORE.jsonl]
 """
 import json
 import sys
 
 
-def main(path):
-    records = [json.loads(line) for line in open(path) if line.strip()]
-    for dtype in sorted({r.get("local_dtype", "bf16") for r in records}):
-        print(f"local weights: {dtype}")
-        table([r for r in records if r.get("local_dtype", "bf16") == dtype])
+def main(paths):
+    records = [json.loads(line) for path in paths for line in open(path) if line.strip()]
+    setting = lambda r: (r.get("local_dtype", "bf16"), r.get("encoding", "pulse"))
+    for dtype, encoding in sorted({setting(r) for r in records}):
+        print(f"local weights: {dtype}, encoding: {encoding}")
+        table([r for r in records if setting(r) == (dtype, encoding)])
 
 
 def table(records):
@@ -42,4 +43,4 @@ def table(records):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

@@ -54,6 +54,7 @@ struct Settings {
   std::string bf16_delta = "exact";
   std::string overlap = "blocking";
   std::string exchange = "auto";
+  std::string encoding = "pulse";
   bool node_aware = true;
   std::string transport = "auto";
   int windows = 10;
@@ -200,9 +201,10 @@ void print_header(const Settings& settings, int world, const Engine& engine) {
   const bool publishing = !settings.publish_dir.empty();
   fmt::print(
       "pulseloco_train: mode {}, {} workers, {} parameters, H = {}, inner lr {:g}, "
-      "outer lr {:g}, outer momentum {:g}, state on {}{}\n",
+      "outer lr {:g}, outer momentum {:g}, state on {}{}{}\n",
       settings.mode, world, engine.parameter_count(), settings.steps_per_window, settings.lr,
       settings.outer_lr, settings.outer_momentum, engine.state_location(),
+      settings.mode == "pulse" ? fmt::format(", encoding {}", settings.encoding) : std::string(),
       settings.local_dtype == "bf16"
           ? fmt::format(", bf16 local weights (bf16 delta {})", settings.bf16_delta)
           : std::string());
@@ -374,6 +376,7 @@ int run_worker(const Settings& settings) {
   options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
   options.overlap = parse_overlap(settings.overlap);
   options.exchange = parse_exchange(settings.exchange);
+  options.codec.encoding = parse_encoding(settings.encoding);
   options.node_aware = settings.node_aware;
   options.state_location = parse_state_location(settings.state_location);
 
@@ -494,6 +497,7 @@ int run_worker(const Settings& settings) {
                                {"bf16_delta", settings.bf16_delta},
                                {"overlap", settings.overlap},
                                {"exchange", settings.exchange},
+                               {"encoding", settings.encoding},
                                {"world_size", world},
                                {"params", sync.engine().parameter_count()},
                                {"H", settings.steps_per_window},
@@ -546,6 +550,12 @@ int main(int argc, char** argv) {
                  "(chosen per window from the last window's overlap), allgather, or reduction "
                  "(each rank sums one range of the model, then the ranges are all-gathered)")
       ->check(flags::one_of({"auto", "allgather", "reduction"}))
+      ->capture_default_str();
+  app.add_option("--encoding", settings.encoding,
+                 "wire encoding of pulse messages: pulse, context (values and indices coded "
+                 "against θ_g, which every receiver holds; smaller, slower), plain_i64_f32 (the "
+                 "PULSE authors' 12 B per entry) or plain_i32_f32 (the same bits either way)")
+      ->check(flags::one_of({"pulse", "context", "plain_i64_f32", "plain_i32_f32"}))
       ->capture_default_str();
   app.add_option("--node-aware", settings.node_aware,
                  "when ranks share nodes (PULSELOCO_NODE, else the host name): each message "

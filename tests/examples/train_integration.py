@@ -8,7 +8,8 @@ the model having learnt anything.
 
   train_integration.py --train BIN --mpirun MPIRUN --work DIR replicas
       mpirun -np 4, mode pulse, 6 windows, over TCP and MPI and with every exchange kind
-      (auto, reduction, allgather): every window's digests are equal on all ranks, every rank's
+      (auto, reduction, allgather; the MPI reduction run with --encoding context): every window's
+      digests are equal on all ranks, every rank's
       final θ_g file is byte-identical to every other's, and all runs end with byte-identical
       weights. The TCP run publishes θ_g
       every window (--publish-dir): the report lists versions 1..6 with their patch sizes, and
@@ -172,16 +173,18 @@ def test_replicas(args):
     cache = args.work / "cache"
     weights = {}
     # Every exchange kind over TCP and MPI ends on the same bits (the default, auto, chooses per
-    # window; the others are forced).
-    for transport, exchange in (("tcp", "auto"), ("mpi", "reduction"), ("tcp", "allgather")):
-        name = f"{transport}-{exchange}"
+    # window; the others are forced), and so does the context encoding (the owners' reduced
+    # ranges coded against θ_g too).
+    for transport, exchange, encoding in (("tcp", "auto", "pulse"), ("mpi", "reduction", "context"),
+                                          ("tcp", "allgather", "pulse")):
+        name = f"{transport}-{exchange}-{encoding}"
         out = args.work / name
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         publish = ["--publish-dir", str(out / "versions")] if exchange == "auto" else []
         result = run(mpirun_prefix(args, ranks) + [
             args.train, "--mode", "pulse", "--transport", transport, "--windows", str(windows),
-            "--exchange", exchange,
+            "--exchange", exchange, "--encoding", encoding,
             "--json", str(out / "report.json"), "--final-weights", str(out / "final")]
             + publish + common_args(args, cache), timeout=args.timeout)
         if not check(result.returncode == 0, f"{name}: mpirun exited {result.returncode}"):
@@ -190,6 +193,9 @@ def test_replicas(args):
         if report is not None and exchange != "auto":
             ran = {w["exchange"] for w in report["windows"]}
             check(ran == {exchange}, f"{name}: the windows ran {ran}")
+        if report is not None:
+            check(report["encoding"] == encoding, f"{name}: the report names encoding "
+                  f"{report['encoding']}")
         files = final_weights(out / "final", ranks)
         check(all(f is not None for f in files), f"{name}: a rank wrote no final weights")
         if all(f is not None for f in files):
