@@ -127,7 +127,7 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   // context's cast residue where the encoder removes it.
   std::vector<float> less_residue(n);
   const std::span<const float> coded =
-      codec::detail::remove_context_residue(offsets, values, context, less_residue.data())
+      codec::detail::remove_context_residue(offsets, values, context, {}, less_residue.data())
           ? std::span<const float>(less_residue)
           : values;
   const std::uint64_t raw = codec::detail::split_against_context(

@@ -150,7 +150,8 @@ inline unsigned raw_width_of(float value) noexcept {
 }  // namespace
 
 bool remove_context_residue(std::span<const std::uint32_t> offsets, std::span<const float> values,
-                            std::span<const float> context, float* out) noexcept {
+                            std::span<const float> context, std::span<const std::uint8_t> multiples,
+                            float* out) noexcept {
   std::uint64_t bits_kept = 0;
   std::uint64_t bits_removed = 0;
   bool exact = true;
@@ -160,7 +161,8 @@ bool remove_context_residue(std::span<const std::uint32_t> offsets, std::span<co
     // the rest of θ_g's words are then not read.
     if (i == kResidueProbeEntries && 2 * bits_removed >= bits_kept) return false;
     prefetch_context(context.data(), offsets, i);
-    const float residue = context_residue(context[offsets[i]]);
+    const float residue =
+        residue_times(context[offsets[i]], multiples.empty() ? std::uint8_t{1} : multiples[i]);
     const float removed = values[i] - residue;
     exact &=
         std::bit_cast<std::uint32_t>(removed + residue) == std::bit_cast<std::uint32_t>(values[i]);
@@ -172,11 +174,13 @@ bool remove_context_residue(std::span<const std::uint32_t> offsets, std::span<co
 }
 
 std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
-                                std::span<const float> context, float* values) noexcept {
+                                std::span<const float> context, const std::uint8_t* multiples,
+                                float* values) noexcept {
   std::size_t first_bad = offsets.size();
   for (std::size_t i = 0; i < offsets.size(); ++i) {
     prefetch_context(context.data(), offsets, i);
-    values[i] = values[i] + context_residue(context[offsets[i]]);
+    values[i] = values[i] + residue_times(context[offsets[i]],
+                                          multiples == nullptr ? std::uint8_t{1} : multiples[i]);
     if (!std::isfinite(values[i]) && first_bad == offsets.size()) first_bad = i;
   }
   return first_bad;
@@ -203,12 +207,17 @@ void SymbolModels::reset() noexcept {
     tree.fill(BitModel{});
   for (auto& tree : zero_run)
     tree.fill(BitModel{});
+  multiple_repeats = BitModel{};
+  multiple.fill(BitModel{});
 }
 
 std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const std::uint8_t* u,
-                           std::size_t n, SymbolModels& models, std::byte* out) noexcept {
+                           const std::uint8_t* k, std::size_t n, SymbolModels& models,
+                           std::byte* out) noexcept {
   models.reset();
   RangeEncoder encoder(out);
+  // A multiple repeats the previous entry's (1 before the first) or is coded on its tree.
+  std::uint8_t previous_multiple = 1;
   const auto code = [&encoder](BitModel* tree, unsigned bits, std::uint8_t symbol, unsigned bias) {
     const unsigned escape = (1u << bits) - 1;
     const unsigned mapped = static_cast<std::uint8_t>(symbol + bias);
@@ -219,6 +228,12 @@ std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const s
     }
   };
   for (std::size_t i = 0; i < n; ++i) {
+    if (k != nullptr) {
+      const bool repeats = k[i] == previous_multiple;
+      encoder.encode(models.multiple_repeats, repeats ? 0u : 1u);
+      if (!repeats) encoder.encode_tree(models.multiple.data(), kMultipleTreeBits, k[i]);
+      previous_multiple = k[i];
+    }
     code(models.exponent[e[i]].data(), kExponentTreeBits, d[i], kExponentBias);
     code(models.zero_run[zero_run_context(d[i])].data(), kZeroRunTreeBits, u[i], kZeroRunBias);
   }
@@ -226,10 +241,12 @@ std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d, const s
 }
 
 bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e, std::size_t n,
-                    SymbolModels& models, std::uint8_t* d, std::uint8_t* u) noexcept {
+                    SymbolModels& models, std::uint8_t* d, std::uint8_t* u,
+                    std::uint8_t* k) noexcept {
   models.reset();
   RangeDecoder decoder(in);
   bool canonical = true;
+  std::uint8_t previous_multiple = 1;
   const auto decode = [&decoder, &canonical](BitModel* tree, unsigned bits, unsigned bias) {
     const unsigned escape = (1u << bits) - 1;
     const unsigned mapped = decoder.decode_tree(tree, bits);
@@ -242,6 +259,16 @@ bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e, std::s
     return static_cast<std::uint8_t>(symbol);
   };
   for (std::size_t i = 0; i < n; ++i) {
+    if (k != nullptr) {
+      if (decoder.decode(models.multiple_repeats) != 0) {
+        const auto multiple = static_cast<std::uint8_t>(
+            decoder.decode_tree(models.multiple.data(), kMultipleTreeBits));
+        // A repeated multiple coded on the tree is not what an encoder writes.
+        if (multiple == previous_multiple) canonical = false;
+        previous_multiple = multiple;
+      }
+      k[i] = previous_multiple;
+    }
     d[i] = decode(models.exponent[e[i]].data(), kExponentTreeBits, kExponentBias);
     u[i] = decode(models.zero_run[zero_run_context(d[i])].data(), kZeroRunTreeBits, kZeroRunBias);
   }
@@ -297,8 +324,7 @@ ContextLayout parse_context_layout(std::span<const std::byte> payload, std::uint
                size_at[kContextRawBitsStream]);
   }
   layout.decoded[kContextRawBitsStream] = stored_size[kContextRawBitsStream];
-  const std::uint64_t symbols_max =
-      info.entries * kContextMaxSymbolBytesPerEntry + kContextSymbolStreamOverhead;
+  const std::uint64_t symbols_max = symbol_stream_capacity(info.entries, info.residue_multiples);
   if (stored_size[kContextSymbolStream] < kContextSymbolStreamOverhead ||
       stored_size[kContextSymbolStream] > symbols_max) {
     wire::fail(where + ": symbol stream of " + std::to_string(info.entries) +

@@ -33,17 +33,23 @@ inline constexpr int kContextRawBitsStream = 2;
 // Only the index stream may be a zstd frame.
 inline constexpr std::uint8_t kContextZstdMask = 0x01;
 // A context frame's value flags (frame byte 7): bit 0, its values are coded less their
-// context's bf16 cast residue (remove_context_residue).
+// context's bf16 cast residue (remove_context_residue); bit 1 (only with bit 0), less a multiple
+// of it per entry, each entry's multiple coded in the symbol stream (a reduced range's sum of k
+// ranks' values carries k residues).
 inline constexpr std::uint8_t kContextLessResidue = 0x01;
-inline constexpr std::uint8_t kContextValueFlagsMask = 0x01;
+inline constexpr std::uint8_t kContextResidueMultiples = 0x02;
+inline constexpr std::uint8_t kContextValueFlagsMask = 0x03;
 // The most raw bits one entry takes: the sign and 22 mantissa bits.
 inline constexpr std::uint64_t kContextMaxBitsPerEntry = 23;
 // Tree depths of the symbol stream's binarisation (context_coding.cpp).
 inline constexpr unsigned kExponentTreeBits = 6;
 inline constexpr unsigned kZeroRunTreeBits = 5;
+inline constexpr unsigned kMultipleTreeBits = 8;
 // The most bytes the symbol stream takes per entry: every decision of both trees at its
-// costliest probability (11 bits) and both escapes' 16 direct bits, plus the coder's 5 bytes.
+// costliest probability (11 bits) and both escapes' 16 direct bits, plus the coder's 5 bytes;
+// with residue multiples, their repeat decision and tree (9 decisions) on top.
 inline constexpr std::uint64_t kContextMaxSymbolBytesPerEntry = 20;
+inline constexpr std::uint64_t kContextMaxMultipleBytesPerEntry = 13;
 inline constexpr std::uint64_t kContextSymbolStreamOverhead = 5;
 
 // The split of n values against their contexts. `d` and `u` have n bytes; `bits` receives
@@ -90,41 +96,60 @@ std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std
   return context - round_to_bf16(context);
 }
 
-// Encoder: writes fl(v - r) for every value v and its context's residue r to `out` and returns
-// true when that is exact for every entry (fl(fl(v - r) + r) has v's bits), leaves fewer than
-// half the raw bits of the values themselves over the first kResidueProbeEntries entries, and
-// fewer over all; else returns false (and `out` is scratch).
+// An entry's residue multiple k: what its value carries, k times its context's residue r, is
+// fl(k · r) (exact: r has at most 16 significant bits, k at most 8).
+[[nodiscard]] inline float residue_times(float context, std::uint8_t multiple) noexcept {
+  return static_cast<float>(multiple) * context_residue(context);
+}
+
+// Encoder: writes fl(v - fl(k·r)) for every value v, its multiple k (multiples[i], or 1 where
+// `multiples` is empty) and its context's residue r to `out` and returns true when that is exact
+// for every entry (adding fl(k·r) back gives v's bits), leaves fewer than half the raw bits of
+// the values themselves over the first kResidueProbeEntries entries, and fewer over all; else
+// returns false (and `out` is scratch).
 inline constexpr std::size_t kResidueProbeEntries = 64;
 [[nodiscard]] bool remove_context_residue(std::span<const std::uint32_t> offsets,
                                           std::span<const float> values,
-                                          std::span<const float> context, float* out) noexcept;
+                                          std::span<const float> context,
+                                          std::span<const std::uint8_t> multiples,
+                                          float* out) noexcept;
 
-// Decoder: values[i] = fl(values[i] + r) with r the residue of the context at offsets[i].
-// Returns the first entry whose value is then not finite, or offsets.size().
+// Decoder: values[i] = fl(values[i] + fl(k·r)) with r the residue of the context at offsets[i]
+// and k = multiples[i] (1 where `multiples` is null). Returns the first entry whose value is
+// then not finite, or offsets.size().
 std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
-                                std::span<const float> context, float* values) noexcept;
+                                std::span<const float> context, const std::uint8_t* multiples,
+                                float* values) noexcept;
 
 // The adaptive models of a frame's symbol stream: a tree for D per context exponent, a tree for
-// U per bucket of D. Reset at every frame, so that frames decode independently.
+// U per bucket of D, and for residue multiples a decision "the previous entry's multiple" and a
+// tree for the others. Reset at every frame, so that frames decode independently.
 struct SymbolModels {
   std::array<std::array<BitModel, std::size_t{1} << kExponentTreeBits>, 256> exponent{};
   std::array<std::array<BitModel, std::size_t{1} << kZeroRunTreeBits>, 16> zero_run{};
+  BitModel multiple_repeats{};
+  std::array<BitModel, std::size_t{1} << kMultipleTreeBits> multiple{};
   void reset() noexcept;
 };
 
 // Range-codes the n entries' D and U under `models` (reset first) into `out` (room:
 // symbol_stream_capacity(n)). Returns the stream's size.
-[[nodiscard]] inline std::uint64_t symbol_stream_capacity(std::uint64_t n) noexcept {
-  return n * kContextMaxSymbolBytesPerEntry + kContextSymbolStreamOverhead;
+[[nodiscard]] inline std::uint64_t symbol_stream_capacity(std::uint64_t n,
+                                                          bool multiples) noexcept {
+  return n * (kContextMaxSymbolBytesPerEntry + (multiples ? kContextMaxMultipleBytesPerEntry : 0)) +
+         kContextSymbolStreamOverhead;
 }
+// With `k` (n residue multiples, or null: none coded), each entry's multiple goes before its D.
 [[nodiscard]] std::size_t encode_symbols(const std::uint8_t* e, const std::uint8_t* d,
-                                         const std::uint8_t* u, std::size_t n, SymbolModels& models,
+                                         const std::uint8_t* u, const std::uint8_t* k,
+                                         std::size_t n, SymbolModels& models,
                                          std::byte* out) noexcept;
-// Decodes n entries' D and U from exactly `in`; false when `in` is not a stream that
-// encode_symbols writes for n entries (too short, bytes left over, a non-canonical escape).
+// Decodes n entries' D and U (and, with `k`, their multiples) from exactly `in`; false when
+// `in` is not a stream that encode_symbols writes for n entries (too short, bytes left over, a
+// non-canonical escape or multiple).
 [[nodiscard]] bool decode_symbols(std::span<const std::byte> in, const std::uint8_t* e,
                                   std::size_t n, SymbolModels& models, std::uint8_t* d,
-                                  std::uint8_t* u) noexcept;
+                                  std::uint8_t* u, std::uint8_t* k) noexcept;
 
 // The xxh3-64 of n values' bit patterns (little-endian), carried by a context frame so that a
 // receiver decoding against different context bits fails instead of returning other values.

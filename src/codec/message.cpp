@@ -184,6 +184,13 @@ detail::FrameParse detail::parse_frame(std::span<const std::byte> available,
     }
     info.index_coding = static_cast<IndexCoding>(coding_code);
     info.values_less_residue = context && (plane_or_value_flags & detail::kContextLessResidue) != 0;
+    info.residue_multiples =
+        context && (plane_or_value_flags & detail::kContextResidueMultiples) != 0;
+    if (info.residue_multiples && !info.values_less_residue) {
+      fail(where + ": value flags " + std::to_string(plane_or_value_flags) +
+               " give residue multiples without the residue",
+           frame_offset + kFramePlaneOrValueFlagsAt);
+    }
   } else {
     // Plain frames and empty pulse frames have no streams to describe.
     if (coding_code != 0) {
@@ -425,7 +432,7 @@ struct DecodeScratch::Impl {
   std::vector<std::byte> planes;     // value planes that are not used in place
   std::vector<std::byte> sparse;     // a decompressed sparse plane
   std::vector<std::uint32_t> offsets;
-  std::vector<std::uint8_t> symbols;  // a context frame's context exponents, D and U bytes
+  std::vector<std::uint8_t> symbols;  // a context frame's context exponents, D, U, multiples
   std::unique_ptr<detail::SymbolModels> symbol_models;  // a context frame's symbol models
   std::vector<float> values;    // a context frame's values before their digest is checked
   detail::GroupScratch groups;  // a context frame's exponent_groups coding
@@ -673,10 +680,11 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   decode_index_stream(info, layout.index_raw_bytes, layout.stored[detail::kContextIndexStream],
                       layout.compressed[detail::kContextIndexStream],
                       layout.offset[detail::kContextIndexStream], where, scratch, context);
-  if (scratch.symbols.size() < 3 * n) scratch.symbols.resize(3 * n);
+  if (scratch.symbols.size() < 4 * n) scratch.symbols.resize(4 * n);
   std::uint8_t* const e = scratch.symbols.data();
   std::uint8_t* const d = e + n;
   std::uint8_t* const u = d + n;
+  std::uint8_t* const k = info.residue_multiples ? u + n : nullptr;
   const std::span<const std::uint32_t> offsets(scratch.offsets.data(), n);
   // exponent_groups computed the chunk's exponent bytes while decoding the indices.
   const std::uint8_t* exponents =
@@ -684,7 +692,7 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   detail::gather_context_exponents(offsets, context, exponents, e);
   if (!scratch.symbol_models) scratch.symbol_models = std::make_unique<detail::SymbolModels>();
   if (!detail::decode_symbols(layout.stored[detail::kContextSymbolStream], e, n,
-                              *scratch.symbol_models, d, u)) {
+                              *scratch.symbol_models, d, u, k)) {
     fail(where + ": the symbol stream does not decode to " + std::to_string(n) +
              " entries' symbols" + kAgainstThisContext,
          layout.offset[detail::kContextSymbolStream]);
@@ -712,7 +720,7 @@ std::uint64_t decode_context(std::span<const std::byte> payload, std::uint64_t p
   if (scratch.values.size() < n) scratch.values.resize(n);
   std::size_t bad = detail::join_against_context(n, e, d, u, bits.data(), scratch.values.data());
   if (info.values_less_residue) {
-    bad = detail::add_context_residue(offsets, context, scratch.values.data());
+    bad = detail::add_context_residue(offsets, context, k, scratch.values.data());
   }
   const std::span<const float> values(scratch.values.data(), n);
   const std::uint64_t digest = info.index_coding == IndexCoding::exponent_groups

@@ -48,11 +48,11 @@ enum class IndexCoding : std::uint8_t {
 [[nodiscard]] std::string_view index_coding_name(IndexCoding coding) noexcept;
 
 // The format versions this library writes and reads (docs/wire-format.md, "Versioning"): a
-// message of encoding `context` is version 5 (its frames range-code their D and U symbols and
-// may code their values less θ_g's bf16 cast residue), every other message version 1. Versions
-// 2 to 4 (context frames of earlier layouts) are not read.
+// message of encoding `context` is version 6 (its frames range-code their D and U symbols and
+// may code their values less a multiple of θ_g's bf16 cast residue per entry), every other
+// message version 1. Versions 2 to 5 (context frames of earlier layouts) are not read.
 inline constexpr std::uint16_t kFormatVersion = 1;
-inline constexpr std::uint16_t kContextFormatVersion = 5;
+inline constexpr std::uint16_t kContextFormatVersion = 6;
 [[nodiscard]] constexpr std::uint16_t format_version_of(Encoding encoding) noexcept {
   return encoding == Encoding::context ? kContextFormatVersion : kFormatVersion;
 }
@@ -92,6 +92,10 @@ struct FrameEntries {
   // Encoding::context only: the chunk's context, `length` values (the sender's θ_g of the
   // chunk); a receiver decodes the frame against the same bits.
   std::span<const float> context;
+  // Encoding::context only, optional: per entry, how many times its value carries its context's
+  // bf16 cast residue (an owner's sum of k ranks' values, with bf16 local weights and the
+  // authors' Δ, carries it k times); empty: once. Only the size of the frame depends on it.
+  std::span<const std::uint8_t> residue_multiples;
 };
 
 // Encodes one frame. Pure and thread-safe: frames of one message may be encoded concurrently.
@@ -149,8 +153,10 @@ struct FrameInfo {
   IndexCoding index_coding = IndexCoding::varint;
   std::uint64_t index_bytes = 0;  // payload bytes holding the indices (stream table included)
   std::uint64_t value_bytes = 0;  // payload bytes holding the values
-  // Context frames: the values are coded less θ_g's bf16 cast residue (value_flags bit 0).
+  // Context frames: the values are coded less θ_g's bf16 cast residue (value_flags bit 0), each
+  // less its own multiple of it (bit 1).
   bool values_less_residue = false;
+  bool residue_multiples = false;
 };
 
 // Fixed sizes of the format (docs/wire-format.md).

@@ -92,6 +92,11 @@ void validate_frame_entries(const FrameEntries& entries, const EncodeOptions& op
     }
     next = std::uint64_t{offset} + 1;
   }
+  if (!entries.residue_multiples.empty() &&
+      entries.residue_multiples.size() != entries.offsets.size()) {
+    error(std::to_string(entries.offsets.size()) + " entries but " +
+          std::to_string(entries.residue_multiples.size()) + " residue multiples");
+  }
   if (options.encoding == Encoding::context && entries.context.size() != entries.length) {
     error("the context encoding needs the chunk's " + std::to_string(entries.length) +
           " context values, " + std::to_string(entries.context.size()) + " given");
@@ -313,21 +318,28 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
   std::uint8_t* const e = state.symbols.data();
   std::uint8_t* const delta = e + n;
   std::uint8_t* const zero_run = delta + n;
-  // Values that carry their context's residue go less it, when that is exact and pays.
+  // Values that carry their context's residue go less it (their multiple of it), when that is
+  // exact and pays; multiples that are all 1 are not coded.
   if (state.less_residue.size() < n) state.less_residue.resize(n);
   std::span<const float> values = entries.values;
+  const std::uint8_t* multiples = nullptr;
   if (detail::remove_context_residue(entries.offsets, entries.values, entries.context,
-                                     state.less_residue.data())) {
+                                     entries.residue_multiples, state.less_residue.data())) {
     values = std::span<const float>(state.less_residue.data(), n);
     out.plane_or_value_flags = detail::kContextLessResidue;
+    const auto& k = entries.residue_multiples;
+    if (std::any_of(k.begin(), k.end(), [](std::uint8_t m) { return m != 1; })) {
+      multiples = k.data();
+      out.plane_or_value_flags |= detail::kContextResidueMultiples;
+    }
   }
   grow(state.raw_bits, detail::raw_bits_capacity(n));
   const std::uint64_t bits =
       detail::split_against_context(entries.offsets, values, entries.context, exponents, e, delta,
                                     zero_run, state.raw_bits.data());
-  grow(state.symbol_stream, detail::symbol_stream_capacity(n));
+  grow(state.symbol_stream, detail::symbol_stream_capacity(n, multiples != nullptr));
   const std::size_t symbol_bytes = detail::encode_symbols(
-      e, delta, zero_run, n, *state.symbol_models, state.symbol_stream.data());
+      e, delta, zero_run, multiples, n, *state.symbol_models, state.symbol_stream.data());
   out.stored[detail::kContextSymbolStream] = {std::span(state.symbol_stream.data(), symbol_bytes),
                                               false};
   out.stored[detail::kContextRawBitsStream] = {std::span(state.raw_bits.data(), (bits + 7) / 8),

@@ -474,14 +474,16 @@ PulseWindow::ReducedRange PulseWindow::reduce_range(std::span<const codec::Messa
       finite[i] = 0;
       return;
     }
+    const std::span sum_offsets(scratch->sum_offsets.data(), n);
     range.frames[i] = codec::encode_frame(
         {
             .tensor = chunk.tensor,
             .begin = chunk.begin,
             .length = chunk.length,
-            .offsets = std::span(scratch->sum_offsets.data(), n),
+            .offsets = sum_offsets,
             .values = values,
             .context = context,
+            .residue_multiples = residue_multiples(per_rank, sum_offsets, chunk.length, *scratch),
         },
         options_.codec);
   });
@@ -490,6 +492,30 @@ PulseWindow::ReducedRange PulseWindow::reduce_range(std::span<const codec::Messa
     if (finite[i] == 0) range.finite = false;
   }
   return range;
+}
+
+std::span<const std::uint8_t> PulseWindow::residue_multiples(
+    std::span<const kernels::SparseEntries> per_rank, std::span<const std::uint32_t> sum_offsets,
+    std::uint64_t length, DecodeScratch& scratch) const {
+  // Only the context encoding codes values against θ_g's residue: a sum of k ranks' values
+  // carries it k times where each rank's does (bf16 local weights, the authors' Δ).
+  if (options_.codec.encoding != codec::Encoding::context) return {};
+  scratch.contributions.resize(length, 0);
+  for (const auto& rank : per_rank) {
+    for (const std::uint32_t offset : rank.offsets) {
+      std::uint8_t& count = scratch.contributions[offset];
+      count = static_cast<std::uint8_t>(count + (count < 255 ? 1 : 0));
+    }
+  }
+  scratch.sum_multiples.resize(sum_offsets.size());
+  for (std::size_t j = 0; j < sum_offsets.size(); ++j) {
+    scratch.sum_multiples[j] = scratch.contributions[sum_offsets[j]];
+  }
+  for (const auto& rank : per_rank) {
+    for (const std::uint32_t offset : rank.offsets)
+      scratch.contributions[offset] = 0;
+  }
+  return scratch.sum_multiples;
 }
 
 std::span<const float> PulseWindow::context_of(const ChunkRef& chunk,

@@ -91,6 +91,10 @@ class PulseWindow final : public WindowStrategy {
     std::vector<float> context;  // θ_g of a device state's chunk (the context encoding)
     std::vector<std::uint8_t>
         seen;  // elements of the chunk counted in the union (all 0 between uses)
+    // The context encoding of an owner's sums: how many ranks' entries each element's sum
+    // took (saturating at 255; all 0 between uses), and per sum its count.
+    std::vector<std::uint8_t> contributions;
+    std::vector<std::uint8_t> sum_multiples;
   };
 
   // The automatic choice's inputs: every rank's entry count and union sketch, all-gathered.
@@ -113,6 +117,11 @@ class PulseWindow final : public WindowStrategy {
   };
   [[nodiscard]] ReducedRange reduce_range(std::span<const codec::MessageView> pieces,
                                           std::size_t first, std::size_t count);
+  // The context encoding's residue multiples of an owner's sums (codec::FrameEntries): per
+  // sum, how many of `per_rank`'s entries it took; empty for the other encodings.
+  [[nodiscard]] std::span<const std::uint8_t> residue_multiples(
+      std::span<const kernels::SparseEntries> per_rank, std::span<const std::uint32_t> sum_offsets,
+      std::uint64_t length, DecodeScratch& scratch) const;
 
   // The message of `rank` for `window`: a header, then `frames` (moved out), one per chunk, of
   // `fired` entries each.

@@ -34,6 +34,7 @@ struct Chunk {
   std::vector<float> context;
   std::vector<std::uint32_t> offsets;
   std::vector<float> values;
+  std::vector<std::uint8_t> residue_multiples;  // FrameEntries::residue_multiples
 };
 
 Chunk realistic_chunk(std::uint32_t length, double density, std::uint64_t seed) {
@@ -71,7 +72,8 @@ Bytes encode_message(const Chunk& chunk, Encoding encoding = Encoding::context,
                                     .length = length,
                                     .offsets = chunk.offsets,
                                     .values = chunk.values,
-                                    .context = chunk.context},
+                                    .context = chunk.context,
+                                    .residue_multiples = chunk.residue_multiples},
                                    {.encoding = encoding, .index_coding = index_coding});
   message.insert(message.end(), frame.begin(), frame.end());
   return message;
@@ -339,23 +341,23 @@ TEST(CodecContext, AnEmptyChunkIsAnEmptyPulseFrame) {
   EXPECT_EQ(MessageView::parse(message).frame(0).entries, 0u);
 }
 
-TEST(CodecContext, MessagesOfTheContextEncodingAreVersion5) {
+TEST(CodecContext, MessagesOfTheContextEncodingAreVersion6) {
   const Chunk chunk = realistic_chunk(4096, 0.05, 1);
   Bytes message = encode_message(chunk);
   EXPECT_EQ(load_le<std::uint16_t>(message.data() + 4), kContextFormatVersion);
   EXPECT_EQ(load_le<std::uint16_t>(encode_message(chunk, Encoding::pulse).data() + 4),
             kFormatVersion);
-  // Versions 1-4 with the context encoding, or version 5 with another, are refused.
-  for (const std::uint16_t version : {1, 2, 3, 4}) {
+  // Versions 1-5 with the context encoding, or version 6 with another, are refused.
+  for (const std::uint16_t version : {1, 2, 3, 4, 5}) {
     Bytes older = message;
     testing::poke<std::uint16_t>(older, 4, version);
     testing::refresh_checksums(older);
     EXPECT_THROW((void)MessageView::parse(older), ProtocolError) << version;
   }
-  Bytes v5 = encode_message(chunk, Encoding::pulse);
-  testing::poke<std::uint16_t>(v5, 4, 5);
-  testing::refresh_checksums(v5);
-  EXPECT_THROW((void)MessageView::parse(v5), ProtocolError);
+  Bytes v6 = encode_message(chunk, Encoding::pulse);
+  testing::poke<std::uint16_t>(v6, 4, 6);
+  testing::refresh_checksums(v6);
+  EXPECT_THROW((void)MessageView::parse(v6), ProtocolError);
 }
 
 TEST(CodecContext, DecodingWithoutTheContextIsRefused) {
@@ -502,16 +504,74 @@ TEST(CodecContext, AReceiverWithOtherContextBitsGetsNoValuesOfAResidueCodedFrame
   EXPECT_EQ(refused, 200);
 }
 
+// An owner's sums as the reduction gives them in the authors' configuration: at each element
+// that k of `ranks` ranks fired, the sum of their k values, each its residue plus a few bf16
+// ulps of θ_g; `residue_multiples` holds each sum's k.
+Chunk summed_residue_chunk(std::uint32_t length, double density, int ranks, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::uniform_int_distribution<int> steps(1, 6);
+  std::uniform_int_distribution<int> contributors(1, ranks);
+  Chunk chunk = residue_chunk(length, density, seed);
+  for (std::size_t j = 0; j < chunk.offsets.size(); ++j) {
+    const float theta = chunk.context[chunk.offsets[j]];
+    const float ulp = std::ldexp(1.0f, std::ilogb(theta) - 7);
+    const int k = contributors(rng);
+    for (int more = 1; more < k; ++more) {
+      const float step = static_cast<float>(steps(rng) * (uniform(rng) < 0.5 ? -1 : 1)) * ulp;
+      chunk.values[j] += detail::context_residue(theta) + step;
+    }
+    chunk.residue_multiples.push_back(static_cast<std::uint8_t>(k));
+  }
+  return chunk;
+}
+
+TEST(CodecContext, SumsCarryingSeveralResiduesAreCodedLessTheirMultiples) {
+  for (const int ranks : {2, 4, 16}) {
+    const Chunk chunk = summed_residue_chunk(1 << 16, 0.05, ranks, 17);
+    const Bytes message = encode_message(chunk);
+    ASSERT_EQ(frame_encoding(message), Encoding::context) << ranks;
+    EXPECT_EQ(frame_value_flags(message),
+              detail::kContextLessResidue | detail::kContextResidueMultiples)
+        << ranks;
+    EXPECT_TRUE(MessageView::parse(message).frame(0).residue_multiples) << ranks;
+    expect_same_bits(chunk, decode_message(message, chunk.context));
+    // Without the multiples one residue is not what the sums carry: they keep their bits.
+    Chunk without = chunk;
+    without.residue_multiples.clear();
+    const Bytes whole = encode_message(without);
+    EXPECT_EQ(frame_value_flags(whole), 0) << ranks;
+    EXPECT_LT(10 * message.size(), 7 * whole.size()) << ranks;
+  }
+  // Multiples that are all 1 are not coded: the frame is the one without them.
+  Chunk single = residue_chunk(1 << 14, 0.05, 18);
+  const Bytes plain = encode_message(single);
+  single.residue_multiples.assign(single.offsets.size(), 1);
+  EXPECT_EQ(encode_message(single), plain);
+  EXPECT_EQ(frame_value_flags(plain), detail::kContextLessResidue);
+}
+
+TEST(CodecContext, ResidueMultiplesOfAnotherCountAreRefusedAtEncoding) {
+  Chunk chunk = summed_residue_chunk(4096, 0.05, 4, 19);
+  chunk.residue_multiples.pop_back();
+  EXPECT_THROW((void)encode_message(chunk), InvalidArgument);
+}
+
 TEST(CodecContext, UnknownValueFlagsAreRefused) {
-  Bytes message = encode_message(residue_chunk(4096, 0.05, 16));
-  ASSERT_EQ(frame_encoding(message), Encoding::context);
-  message[MessageView::parse(message).frame(0).byte_offset + 7] |= std::byte{0x02};
-  testing::refresh_checksums(message);
-  try {
-    (void)MessageView::parse(message);
-    ADD_FAILURE() << "value flag 0x02 accepted";
-  } catch (const ProtocolError& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown value flags"), std::string::npos) << e.what();
+  for (const auto& [chunk, flag, reason] :
+       {std::tuple{residue_chunk(4096, 0.05, 16), 0x04, "unknown value flags"},
+        // Multiples without the residue they multiply.
+        std::tuple{realistic_chunk(4096, 0.05, 16), 0x02, "residue multiples without"}}) {
+    Bytes message = encode_message(chunk);
+    ASSERT_EQ(frame_encoding(message), Encoding::context);
+    message[MessageView::parse(message).frame(0).byte_offset + 7] |= std::byte(flag);
+    testing::refresh_checksums(message);
+    try {
+      (void)MessageView::parse(message);
+      ADD_FAILURE() << "value flag " << flag << " accepted";
+    } catch (const ProtocolError& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
   }
 }
 

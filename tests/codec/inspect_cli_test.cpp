@@ -185,14 +185,14 @@ TEST_F(InspectCli, AContextMessageIsCheckedWithoutTheSendersWeights) {
   ASSERT_EQ(MessageView::parse(bytes).frame(0).encoding, Encoding::context);
   const CliRun run = run_cli("inspect " + write("context.msg", bytes));
   ASSERT_EQ(run.status, 0) << run.output;
-  EXPECT_NE(run.output.find("format v5"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("format v6"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("encoding   context"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("1 context-coded frames checked up to their stream directory"),
             std::string::npos)
       << run.output;
   const auto json =
       nlohmann::json::parse(run_cli("inspect --json " + write("c.msg", bytes)).output);
-  EXPECT_EQ(json["header"]["format_version"].get<int>(), 5);
+  EXPECT_EQ(json["header"]["format_version"].get<int>(), 6);
   EXPECT_EQ(json["context_frames"].get<int>(), 1);
   EXPECT_EQ(json["entries"].get<std::size_t>(), chunk.offsets.size());
 }

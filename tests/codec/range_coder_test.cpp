@@ -117,16 +117,17 @@ TEST(RangeCoder, TreeSymbolsAndDirectBitsRoundTrip) {
   EXPECT_TRUE(decoder.consumed_exactly());
 }
 
-TEST(SymbolStream, EveryByteOfBothSymbolsRoundTripsWithinTheSizeBound) {
-  // Every D and U byte under every context exponent (escapes included), and bytes drawn so as
-  // to make the models wrong as often as possible: the stream stays within the bound that the
-  // decoder's directory check allows.
+TEST(SymbolStream, EveryByteOfEverySymbolRoundTripsWithinTheSizeBound) {
+  // Every D and U byte under every context exponent (escapes included), every residue multiple,
+  // and bytes drawn so as to make the models wrong as often as possible: the stream stays within
+  // the bound that the decoder's directory check allows, with multiples and without.
   const std::size_t n = 256 * 256;
-  std::vector<std::uint8_t> e(n), d(n), u(n);
+  std::vector<std::uint8_t> e(n), d(n), u(n), k(n);
   for (std::size_t i = 0; i < n; ++i) {
     e[i] = static_cast<std::uint8_t>(i * 7);
     d[i] = static_cast<std::uint8_t>(i);
     u[i] = static_cast<std::uint8_t>(i >> 8);
+    k[i] = static_cast<std::uint8_t>(i * 13 + (i >> 9));  // never the previous entry's
   }
   SymbolModels models;
   for (int adversarial = 0; adversarial < 2; ++adversarial) {
@@ -137,16 +138,55 @@ TEST(SymbolStream, EveryByteOfBothSymbolsRoundTripsWithinTheSizeBound) {
         const bool surprise = i % 97 == 96;
         d[i] = surprise ? static_cast<std::uint8_t>(i / 97) : 0xE8;  // D = -24: tree symbol 0
         u[i] = surprise ? static_cast<std::uint8_t>(0x80 | (i / 97)) : 0xF8;
+        k[i] = surprise ? static_cast<std::uint8_t>(0x55 ^ (i / 97)) : 4;
       }
     }
-    std::vector<std::byte> stream(symbol_stream_capacity(n));
-    stream.resize(encode_symbols(e.data(), d.data(), u.data(), n, models, stream.data()));
-    EXPECT_LE(stream.size(), n * kContextMaxSymbolBytesPerEntry + kContextSymbolStreamOverhead);
-    std::vector<std::uint8_t> d2(n), u2(n);
-    ASSERT_TRUE(decode_symbols(stream, e.data(), n, models, d2.data(), u2.data()));
-    EXPECT_EQ(d2, d);
-    EXPECT_EQ(u2, u);
+    for (const bool multiples : {false, true}) {
+      std::vector<std::byte> stream(symbol_stream_capacity(n, multiples));
+      stream.resize(encode_symbols(e.data(), d.data(), u.data(), multiples ? k.data() : nullptr, n,
+                                   models, stream.data()));
+      EXPECT_LE(stream.size(), n * (kContextMaxSymbolBytesPerEntry +
+                                    (multiples ? kContextMaxMultipleBytesPerEntry : 0)) +
+                                   kContextSymbolStreamOverhead);
+      std::vector<std::uint8_t> d2(n), u2(n), k2(n);
+      ASSERT_TRUE(decode_symbols(stream, e.data(), n, models, d2.data(), u2.data(),
+                                 multiples ? k2.data() : nullptr));
+      EXPECT_EQ(d2, d);
+      EXPECT_EQ(u2, u);
+      if (multiples) {
+        EXPECT_EQ(k2, k);
+      }
+    }
   }
+}
+
+TEST(SymbolStream, AMultipleTheRepeatDecisionCodesIsRefusedOnTheTree) {
+  // The first entry's multiple 1 repeats the initial one; coded on the tree instead, it decodes
+  // to the same byte but is not what an encoder writes.
+  std::vector<std::byte> stream(64);
+  SymbolModels models;
+  models.reset();
+  RangeEncoder encoder(stream.data());
+  encoder.encode(models.multiple_repeats, 1);
+  encoder.encode_tree(models.multiple.data(), kMultipleTreeBits, 1);
+  encoder.encode_tree(models.exponent[100].data(), kExponentTreeBits, 24);  // D = 0
+  encoder.encode_tree(models.zero_run[12].data(), kZeroRunTreeBits, 8);     // U = 0
+  stream.resize(static_cast<std::size_t>(encoder.finish() - stream.data()));
+  const std::uint8_t e = 100;
+  std::uint8_t d = 1, u = 1, k = 0;
+  EXPECT_FALSE(decode_symbols(stream, &e, 1, models, &d, &u, &k));
+  // The same entry with the repeat decision decodes.
+  std::vector<std::byte> canonical(64);
+  models.reset();
+  RangeEncoder again(canonical.data());
+  again.encode(models.multiple_repeats, 0);
+  again.encode_tree(models.exponent[100].data(), kExponentTreeBits, 24);
+  again.encode_tree(models.zero_run[12].data(), kZeroRunTreeBits, 8);
+  canonical.resize(static_cast<std::size_t>(again.finish() - canonical.data()));
+  ASSERT_TRUE(decode_symbols(canonical, &e, 1, models, &d, &u, &k));
+  EXPECT_EQ(k, 1);
+  EXPECT_EQ(d, 0);
+  EXPECT_EQ(u, 0);
 }
 
 TEST(SymbolStream, AnEscapeOfASymbolTheTreeCodesIsRefused) {
@@ -164,7 +204,7 @@ TEST(SymbolStream, AnEscapeOfASymbolTheTreeCodesIsRefused) {
   const std::uint8_t e = 100;
   std::uint8_t d = 1;
   std::uint8_t u = 1;
-  EXPECT_FALSE(decode_symbols(stream, &e, 1, models, &d, &u));
+  EXPECT_FALSE(decode_symbols(stream, &e, 1, models, &d, &u, nullptr));
 }
 
 }  // namespace

@@ -126,6 +126,9 @@ INSTANTIATE_TEST_SUITE_P(
         PulseCase{3, DType::bfloat16, kernels::Bf16Delta::authors, codec::Encoding::context},
         PulseCase{4, DType::bfloat16, kernels::Bf16Delta::exact, codec::Encoding::context,
                   Exchange::reduction},
+        // The owners' sums coded less their residue multiples.
+        PulseCase{4, DType::bfloat16, kernels::Bf16Delta::authors, codec::Encoding::context,
+                  Exchange::reduction},
         PulseCase{3, DType::float32, kernels::Bf16Delta::exact, codec::Encoding::context,
                   Exchange::allgather}),
     [](const ::testing::TestParamInfo<PulseCase>& param_info) {

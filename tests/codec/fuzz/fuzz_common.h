@@ -56,6 +56,7 @@ struct DecodedFrame {
   FrameInfo info;
   std::vector<std::uint32_t> offsets;
   std::vector<float> values;
+  std::vector<std::uint8_t> residue_multiples;  // what check_round_trip encodes with
 };
 
 constexpr std::uint32_t kPoison = 0xA5A5A5A5u;
@@ -183,7 +184,8 @@ inline void check_round_trip(const MessageHeader& header, const std::vector<Deco
                                            .length = f.info.length,
                                            .offsets = f.offsets,
                                            .values = f.values,
-                                           .context = context},
+                                           .context = context,
+                                           .residue_multiples = f.residue_multiples},
                                           options));
   }
   std::vector<DecodedFrame> again;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,9 @@ Chunk chunk_of(std::mt19937_64& rng, std::uint32_t tensor, std::uint64_t begin,
   return chunk;
 }
 
+// `multiples`: every chunk's residue multiples (FrameEntries::residue_multiples).
 Bytes message_of(const MessageHeader& header, const std::vector<Chunk>& chunks,
-                 const EncodeOptions& options) {
+                 const EncodeOptions& options, std::span<const std::uint8_t> multiples = {}) {
   MessageHeader h = header;
   h.encoding = options.encoding;
   Bytes out = encode_header(h, static_cast<std::uint32_t>(chunks.size()));
@@ -47,6 +49,7 @@ Bytes message_of(const MessageHeader& header, const std::vector<Chunk>& chunks,
                                            ? fuzz::fuzz_context(c.begin, c.length)
                                            : std::vector<float>{};
     entries.context = context;
+    entries.residue_multiples = multiples;
     testing::append(out, encode_frame(entries, options));
   }
   return out;
@@ -114,28 +117,39 @@ int main(int argc, char** argv) {
                      {.encoding = Encoding::context, .index_coding = coding}));
   }
   // Context frames whose values go less their context's bf16 cast residue: each value the
-  // residue plus a bf16 ulp of θ_g, at the elements whose context is finite.
-  for (const auto coding : {IndexCoding::varint, IndexCoding::exponent_groups}) {
-    const Chunk fired = chunk_of(rng, 0, 0, 3000, 0.1, false);
-    const std::vector<float> context = fuzz::fuzz_context(0, 3000);
-    Chunk chunk = fired;
-    chunk.offsets.clear();
-    chunk.values.clear();
-    for (const std::uint32_t offset : fired.offsets) {
-      const float c = context[offset];
-      if (!std::isfinite(c) || c == 0.0f) continue;
-      chunk.offsets.push_back(offset);
-      chunk.values.push_back(detail::context_residue(c) +
-                             std::ldexp(1.0f, std::ilogb(c) - 7) * (offset % 2 ? 1.0f : -2.0f));
+  // residue plus a bf16 ulp of θ_g, at the elements whose context is finite; or, as an owner's
+  // sums, k times the residue plus such ulps, with residue multiples k of 1 to 4.
+  for (const bool summed : {false, true}) {
+    for (const auto coding : {IndexCoding::varint, IndexCoding::exponent_groups}) {
+      const Chunk fired = chunk_of(rng, 0, 0, 3000, 0.1, false);
+      const std::vector<float> context = fuzz::fuzz_context(0, 3000);
+      Chunk chunk = fired;
+      chunk.offsets.clear();
+      chunk.values.clear();
+      std::vector<std::uint8_t> multiples;
+      for (const std::uint32_t offset : fired.offsets) {
+        const float c = context[offset];
+        if (!std::isfinite(c) || c == 0.0f) continue;
+        const auto k = static_cast<std::uint8_t>(summed ? 1 + offset % 4 : 1);
+        chunk.offsets.push_back(offset);
+        chunk.values.push_back(detail::residue_times(c, k) +
+                               std::ldexp(1.0f, std::ilogb(c) - 7) * (offset % 2 ? 1.0f : -2.0f));
+        multiples.push_back(k);
+      }
+      const Bytes message =
+          message_of(MessageHeader{.tensor_numels = {3000}}, {chunk},
+                     {.encoding = Encoding::context, .index_coding = coding}, multiples);
+      const std::size_t frame_at = MessageView::parse(message).frame(0).byte_offset;
+      const std::uint8_t expected =
+          summed ? detail::kContextLessResidue | detail::kContextResidueMultiples
+                 : detail::kContextLessResidue;
+      if (std::to_integer<std::uint8_t>(message[frame_at + 7]) != expected) {
+        std::fprintf(stderr, "a residue seed's frame does not code its values less the residue%s\n",
+                     summed ? " multiples" : "");
+        return 1;
+      }
+      write(message);
     }
-    const Bytes message = message_of(MessageHeader{.tensor_numels = {3000}}, {chunk},
-                                     {.encoding = Encoding::context, .index_coding = coding});
-    const std::size_t frame_at = MessageView::parse(message).frame(0).byte_offset;
-    if (std::to_integer<std::uint8_t>(message[frame_at + 7]) != detail::kContextLessResidue) {
-      std::fprintf(stderr, "a residue seed's frame does not code its values less the residue\n");
-      return 1;
-    }
-    write(message);
   }
   std::printf("wrote %d seeds to %s\n", written, dir.c_str());
   return 0;

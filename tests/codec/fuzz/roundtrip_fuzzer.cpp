@@ -1,6 +1,7 @@
 // libFuzzer target: the encoder and decoder on arbitrary entries. The input describes a chunk
 // (length, gaps, value bits) and the encode options; the decoded frame must equal it bit for
-// bit in every encoding (the context encoding against fuzz_context).
+// bit in every encoding (the context encoding against fuzz_context, each entry's residue
+// multiple 1 + its gap byte's top two bits).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -22,9 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       1 + length_bits % (context ? fuzz::kMaxFuzzContext : (std::uint64_t{1} << 31));
   std::vector<std::uint32_t> offsets;
   std::vector<float> values;
+  std::vector<std::uint8_t> multiples;  // the context encoding's residue multiples
   std::uint64_t next = 0;
   std::size_t at = 5;
   while (at < size) {
+    const std::uint8_t gap_byte = data[at];
     std::uint64_t gap = data[at++];
     if (gap == 0xFF && size - at >= 4) {
       std::uint32_t wide;
@@ -40,6 +43,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (next + gap >= length) break;
     offsets.push_back(static_cast<std::uint32_t>(next + gap));
     values.push_back(std::bit_cast<float>(bits));
+    multiples.push_back(static_cast<std::uint8_t>(1 + (gap_byte >> 6)));
     next = next + gap + 1;
   }
   const std::uint64_t begin = (options_byte & 0x80) != 0 ? (std::uint64_t{3} << 31) : 0;
@@ -51,6 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   frame.info.entries = offsets.size();
   frame.offsets = offsets;
   frame.values = values;
+  if (context) frame.residue_multiples = multiples;
   const std::vector<fuzz::DecodedFrame> frames = {frame};
   EncodeOptions options;
   options.encoding = static_cast<Encoding>(options_byte % 4);
