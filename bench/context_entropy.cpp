@@ -126,8 +126,10 @@ EntropyEstimate estimate_entropy(std::span<const std::uint32_t> offsets,
   // ... the symbol stream's models the values as the context frame codes them: less their
   // context's cast residue where the encoder removes it.
   std::vector<float> less_residue(n);
+  std::vector<std::uint8_t> multiples(n);
   const std::span<const float> coded =
-      codec::detail::remove_context_residue(offsets, values, context, {}, less_residue.data())
+      codec::detail::remove_context_residue(offsets, values, context, {}, less_residue.data(),
+                                            multiples.data())
           ? std::span<const float>(less_residue)
           : values;
   const std::uint64_t raw = codec::detail::split_against_context(

@@ -151,26 +151,31 @@ inline unsigned raw_width_of(float value) noexcept {
 
 bool remove_context_residue(std::span<const std::uint32_t> offsets, std::span<const float> values,
                             std::span<const float> context, std::span<const std::uint8_t> multiples,
-                            float* out) noexcept {
+                            float* out, std::uint8_t* coded_multiples) noexcept {
   std::uint64_t bits_kept = 0;
   std::uint64_t bits_removed = 0;
-  bool exact = true;
   for (std::size_t i = 0; i < values.size(); ++i) {
     // Values that carry the residue lose most of their raw bits without it; values that do not
     // (fp32 local weights, `exact` Δ) keep about as many, and show it in their first entries:
     // the rest of θ_g's words are then not read.
     if (i == kResidueProbeEntries && 2 * bits_removed >= bits_kept) return false;
     prefetch_context(context.data(), offsets, i);
-    const float residue =
-        residue_times(context[offsets[i]], multiples.empty() ? std::uint8_t{1} : multiples[i]);
-    const float removed = values[i] - residue;
-    exact &=
-        std::bit_cast<std::uint32_t>(removed + residue) == std::bit_cast<std::uint32_t>(values[i]);
+    std::uint8_t multiple = multiples.empty() ? std::uint8_t{1} : multiples[i];
+    const float residue = residue_times(context[offsets[i]], multiple);
+    float removed = values[i] - residue;
+    // fp32 arithmetic does not promise the round trip (a value whose own ulp lies above the
+    // residue's lowest bits, -0, a context that is not finite): such an entry keeps its value.
+    if (std::bit_cast<std::uint32_t>(removed + residue) !=
+        std::bit_cast<std::uint32_t>(values[i])) {
+      multiple = 0;
+      removed = values[i];
+    }
     bits_kept += raw_width_of(values[i]);
     bits_removed += raw_width_of(removed);
     out[i] = removed;
+    coded_multiples[i] = multiple;
   }
-  return exact && bits_removed < bits_kept;
+  return bits_removed < bits_kept;
 }
 
 std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
@@ -179,8 +184,9 @@ std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
   std::size_t first_bad = offsets.size();
   for (std::size_t i = 0; i < offsets.size(); ++i) {
     prefetch_context(context.data(), offsets, i);
-    values[i] = values[i] + residue_times(context[offsets[i]],
-                                          multiples == nullptr ? std::uint8_t{1} : multiples[i]);
+    const std::uint8_t multiple = multiples == nullptr ? std::uint8_t{1} : multiples[i];
+    // Multiple 0: the value as coded (adding 0 · r could turn -0 into +0, or a value into NaN).
+    if (multiple != 0) values[i] = values[i] + residue_times(context[offsets[i]], multiple);
     if (!std::isfinite(values[i]) && first_bad == offsets.size()) first_bad = i;
   }
   return first_bad;

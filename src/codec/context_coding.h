@@ -103,20 +103,21 @@ std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std
 }
 
 // Encoder: writes fl(v - fl(k·r)) for every value v, its multiple k (multiples[i], or 1 where
-// `multiples` is empty) and its context's residue r to `out` and returns true when that is exact
-// for every entry (adding fl(k·r) back gives v's bits), leaves fewer than half the raw bits of
-// the values themselves over the first kResidueProbeEntries entries, and fewer over all; else
-// returns false (and `out` is scratch).
+// `multiples` is empty) and its context's residue r to `out`, and k to `coded_multiples`; an
+// entry for which adding fl(k·r) back does not give v's bits gets k = 0 (its value as it is).
+// Returns true when that leaves fewer than half the raw bits of the values themselves over the
+// first kResidueProbeEntries entries, and fewer over all; else false (`out` and
+// `coded_multiples` are then scratch).
 inline constexpr std::size_t kResidueProbeEntries = 64;
 [[nodiscard]] bool remove_context_residue(std::span<const std::uint32_t> offsets,
                                           std::span<const float> values,
                                           std::span<const float> context,
-                                          std::span<const std::uint8_t> multiples,
-                                          float* out) noexcept;
+                                          std::span<const std::uint8_t> multiples, float* out,
+                                          std::uint8_t* coded_multiples) noexcept;
 
 // Decoder: values[i] = fl(values[i] + fl(k·r)) with r the residue of the context at offsets[i]
-// and k = multiples[i] (1 where `multiples` is null). Returns the first entry whose value is
-// then not finite, or offsets.size().
+// and k = multiples[i] (1 where `multiples` is null); values[i] unchanged where k = 0. Returns
+// the first entry whose value is then not finite, or offsets.size().
 std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
                                 std::span<const float> context, const std::uint8_t* multiples,
                                 float* values) noexcept;

@@ -42,6 +42,7 @@ struct EncodeState {
   std::vector<std::byte> raw_bits;       // context: the raw bit stream
   std::vector<std::byte> symbol_stream;  // context: the range-coded D and U
   std::vector<float> less_residue;       // context: the values less their context's residue
+  std::vector<std::uint8_t> multiples;   // context: the residue multiple each value is coded less
   std::unique_ptr<detail::SymbolModels> symbol_models = std::make_unique<detail::SymbolModels>();
   detail::GroupScratch groups;  // context: the exponent_groups coding
   std::vector<std::byte> grouped_raw;
@@ -321,13 +322,15 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
   // Values that carry their context's residue go less it (their multiple of it), when that is
   // exact and pays; multiples that are all 1 are not coded.
   if (state.less_residue.size() < n) state.less_residue.resize(n);
+  if (state.multiples.size() < n) state.multiples.resize(n);
   std::span<const float> values = entries.values;
   const std::uint8_t* multiples = nullptr;
   if (detail::remove_context_residue(entries.offsets, entries.values, entries.context,
-                                     entries.residue_multiples, state.less_residue.data())) {
+                                     entries.residue_multiples, state.less_residue.data(),
+                                     state.multiples.data())) {
     values = std::span<const float>(state.less_residue.data(), n);
     out.plane_or_value_flags = detail::kContextLessResidue;
-    const auto& k = entries.residue_multiples;
+    const std::span<const std::uint8_t> k(state.multiples.data(), n);
     if (std::any_of(k.begin(), k.end(), [](std::uint8_t m) { return m != 1; })) {
       multiples = k.data();
       out.plane_or_value_flags |= detail::kContextResidueMultiples;

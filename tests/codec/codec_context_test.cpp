@@ -466,18 +466,22 @@ TEST(CodecContext, ValuesCarryingTheirContextsCastResidueAreCodedLessIt) {
   EXPECT_FALSE(MessageView::parse(plain).frame(0).values_less_residue);
 }
 
-TEST(CodecContext, AValueTheResidueCannotBeRemovedFromExactlyKeepsTheFrameWhole) {
-  // fl(fl(v - r) + r) differs from v for a value far below its residue (and for -0, and against
-  // a context that is not finite): the frame then codes every value as it is.
-  for (const auto& [value, theta] : {std::pair{1e-30f, 0.0123f}, std::pair{-0.0f, 0.5f},
-                                     std::pair{1e-3f, std::numeric_limits<float>::infinity()},
-                                     std::pair{1e-3f, std::numeric_limits<float>::quiet_NaN()}}) {
+TEST(CodecContext, AValueTheResidueCannotBeRemovedFromExactlyKeepsItsOwnBits) {
+  // fl(fl(v - r) + r) differs from v for a value far below its residue, for -0 against a
+  // positive residue, and against a context that is not finite: that entry goes as it is
+  // (residue multiple 0), the others less their residue.
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (const auto& [value, theta] :
+       {std::pair{1e-30f, 0.0123f}, std::pair{-0.0f, 0.0123f}, std::pair{1e-3f, kInf},
+        std::pair{-1e-3f, -kInf}, std::pair{1e-3f, std::numeric_limits<float>::quiet_NaN()}}) {
     Chunk chunk = residue_chunk(1 << 14, 0.05, 13);
     ASSERT_GT(chunk.offsets.size(), 100u);
     chunk.values[50] = value;
     chunk.context[chunk.offsets[50]] = theta;
     const Bytes message = encode_message(chunk);
-    EXPECT_EQ(frame_value_flags(message), 0) << value << " against " << theta;
+    EXPECT_EQ(frame_value_flags(message),
+              detail::kContextLessResidue | detail::kContextResidueMultiples)
+        << value << " against " << theta;
     expect_same_bits(chunk, decode_message(message, chunk.context));
   }
 }
