@@ -319,8 +319,9 @@ FrameStreams context_streams(EncodeState& state, const FrameEntries& entries,
   std::uint8_t* const e = state.symbols.data();
   std::uint8_t* const delta = e + n;
   std::uint8_t* const zero_run = delta + n;
-  // Values that carry their context's residue go less it (their multiple of it), when that is
-  // exact and pays; multiples that are all 1 are not coded.
+  // Values that carry their context's residue go less it (their multiple of it) when that pays,
+  // an entry whose round trip is not exact as it is (multiple 0); multiples that are all 1 are
+  // not coded.
   if (state.less_residue.size() < n) state.less_residue.resize(n);
   if (state.multiples.size() < n) state.multiples.resize(n);
   std::span<const float> values = entries.values;
