@@ -18,7 +18,6 @@ three is exact in any order.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -40,15 +39,17 @@ def free_ports(count):
     return _ports_below_ephemeral("127.0.0.1", count)
 
 
-def spawn_workers(workers, ranks_per_worker, args, per_rank_args=None):
-    """workers x ranks_per_worker processes in worker mode (torch.distributed over all)."""
+def spawn_workers(workers, ranks_per_worker, args, per_rank_args=None, rank_env=None):
+    """workers x ranks_per_worker processes in worker mode (torch.distributed over all).
+    rank_env: rank -> extra environment variables."""
     world = workers * ranks_per_worker
     torch_port, *ports = free_ports(1 + ranks_per_worker)
     processes = []
     for rank in range(world):
         env = clean_environment(dict(
             RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(torch_port), PULSELOCO_WORKER_PORTS=",".join(map(str, ports))))
+            MASTER_PORT=str(torch_port), PULSELOCO_WORKER_PORTS=",".join(map(str, ports)),
+            **(rank_env or {}).get(rank, {})))
         rank_args = (per_rank_args or {}).get(rank, ["--ranks-per-worker", str(ranks_per_worker)])
         processes.append(Process([sys.executable, str(SCRIPT), *args, *rank_args], env))
     return processes
@@ -117,19 +118,15 @@ def test_a_worker_of_two_ddp_ranks_equals_one_rank_with_the_whole_batch(mode, wo
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_a_killed_local_rank_fails_every_other_rank_naming_it(workers):
+    # Worker 1's local rank 1 (rank 3) kills itself at the start of window 1, before it sends
+    # anything (the engine's fault injection: the point is exact, where a kill from here could
+    # land before, in or after the window).
     timeout = 10.0
-    processes = spawn_workers(workers, 2, ["--windows", "3", "--announce", "--timeout",
-                                           str(timeout)])
-    victim = processes[3]  # worker 1's local rank 1
-    try:
-        entering = [victim.wait_for("entering", BOUND_SECONDS) for _ in range(2)]
-        assert entering[-1]["window"] == 1
-        os.kill(victim.popen.pid, signal.SIGKILL)
-    except BaseException:
-        finish_all(processes, 1)
-        raise
+    processes = spawn_workers(workers, 2, ["--windows", "3", "--timeout", str(timeout)],
+                              rank_env={3: {"PULSELOCO_FAULT": "window=1,phase=gate,action=kill"}})
     codes = finish_all(processes, BOUND_SECONDS)
-    assert codes[3] == -signal.SIGKILL
+    assert codes[3] == -signal.SIGKILL, processes[3].log()
+    assert [e["window"] for e in processes[3].events if e["event"] == "window"] == [0]
     survivors = [(p, c) for rank, (p, c) in enumerate(zip(processes, codes)) if rank != 3]
     for process, code in survivors:
         assert code == 3, process.log()
@@ -271,16 +268,29 @@ def test_an_elastic_worker_needs_a_torch_group_of_its_own_ranks(tmp_path):
         dist.destroy_process_group()
 
 
-def spawn_elastic_worker(worker_id, coordinator, args, env):
+def spawn_elastic_worker(worker_id, coordinator, args, env, local_env=None):
     """Worker w2 of the elastic test: two processes started here, torch.distributed over its own
-    two ranks (so that the test can kill one of them)."""
+    two ranks (so that the test can watch one of them fail). local_env: local rank -> extra
+    environment variables."""
     torch_port, *ports = free_ports(3)
     return [Process([sys.executable, str(SCRIPT), *args, "--ranks-per-worker", "2",
                      "--coordinator", coordinator, "--worker-id", worker_id],
                     clean_environment(dict(env, RANK=str(j), WORLD_SIZE="2",
                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(torch_port),
-                                           PULSELOCO_WORKER_PORTS=",".join(map(str, ports)))))
+                                           PULSELOCO_WORKER_PORTS=",".join(map(str, ports)),
+                                           **(local_env or {}).get(j, {}))))
             for j in range(2)]
+
+
+def wait_until_stopped(pid, timeout):
+    """Until the process is stopped (state T), as SIGSTOP leaves it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} was not stopped within {timeout} s")
 
 
 def launch_elastic_worker(worker_id, coordinator, args, env):
@@ -311,7 +321,9 @@ def launched_events(output, name):
 def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_fails(fault):
     # A local rank that dies (SIGKILL) or hangs (SIGSTOP) ends its worker: its local rank 0
     # names it, when the link closes or when worker_link_timeout runs out, and the other workers
-    # regroup without the worker (the hung rank's group fails at the collective timeout).
+    # regroup without the worker (the hung rank's group fails at the collective timeout). The
+    # local rank kills or stops itself at the start of window 1 (the engine's fault injection),
+    # before it sends anything.
     # (collective timeout, worker_link_timeout): the link outlasts a window that fails by timeout.
     timeout, link_timeout = (10.0, 600.0) if fault == "dies" else (5.0, 15.0)
     run = {"PULSELOCO_SECRET": "elastic-workers-test", "PULSELOCO_RUN_ID": "elastic-workers"}
@@ -319,13 +331,18 @@ def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_fails(f
     args = ["--windows", "3", "--announce", "--timeout", str(timeout),
             "--worker-link-timeout", str(link_timeout)]
     launched = [launch_elastic_worker(f"w{w}", address, args, run) for w in range(2)]
-    w2 = spawn_elastic_worker("w2", address, args, run)
+    action = "kill" if fault == "dies" else "stall"
+    w2 = spawn_elastic_worker("w2", address, args, run,
+                              {1: {"PULSELOCO_FAULT": f"window=1,phase=gate,action={action}"}})
     victim, partner = w2[1], w2[0]  # worker w2's local rank 1, and its local rank 0
     outputs = []
     try:
         entering = [victim.wait_for("entering", BOUND_SECONDS) for _ in range(2)]
         assert entering[-1]["window"] == 1
-        os.kill(victim.popen.pid, signal.SIGKILL if fault == "dies" else signal.SIGSTOP)
+        if fault == "dies":
+            victim.popen.wait(timeout=BOUND_SECONDS)
+        else:
+            wait_until_stopped(victim.popen.pid, BOUND_SECONDS)
         faulted = time.monotonic()
         codes = finish_all([partner], BOUND_SECONDS)
         noticed = time.monotonic() - faulted  # until the partner's process ended
