@@ -245,13 +245,20 @@ void expect_survivors_blame(ProcessGroup& group, int culprit, const std::string&
 }
 
 std::vector<std::string> single(const std::string& op, std::size_t bytes,
-                                const std::string& algorithm, std::size_t chunk) {
+                                const std::string& algorithm, std::size_t chunk,
+                                std::chrono::milliseconds timeout = kTimeout) {
   return {"--op",         op,
           "--bytes",      std::to_string(bytes),
           "--algorithm",  algorithm,
           "--chunk",      std::to_string(chunk),
-          "--timeout-ms", std::to_string(kTimeout.count())};
+          "--timeout-ms", std::to_string(timeout.count())};
 }
+
+// The ranks' timeout in the SIGKILL tests: a kill is noticed when the connections close, and the
+// victim, blocked, sends nothing meanwhile; a minute keeps the survivors' deadlines from running
+// out first however late this process gets to send the signal. They must still notice within
+// 2 * kTimeout of it.
+constexpr std::chrono::milliseconds kKillTimeout = 60s;
 
 class EnvRendezvous : public ::testing::TestWithParam<int> {};
 
@@ -270,7 +277,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, EnvRendezvous, ::testing::Values(2, 3, 4),
 
 TEST(SigKill, DuringASmallAllGather) {
   // The victim stops inside its callback, mid-call, until it is killed.
-  ProcessGroup group(4, single("allgather", 1000, "ring", 100), 2);
+  ProcessGroup group(4, single("allgather", 1000, "ring", 100, kKillTimeout), 2);
   ASSERT_TRUE(group.wait_for_progress(Clock::now() + 60s));
   const auto fault = Clock::now();
   group[2].signal(SIGKILL);
@@ -278,8 +285,8 @@ TEST(SigKill, DuringASmallAllGather) {
 }
 
 TEST(SigKill, DuringALargeAllGather) {
-  ProcessGroup group(4, single("allgather", std::size_t{64} << 20, "ring", std::size_t{1} << 20),
-                     1);
+  ProcessGroup group(
+      4, single("allgather", std::size_t{64} << 20, "ring", std::size_t{1} << 20, kKillTimeout), 1);
   ASSERT_TRUE(group.wait_for_progress(Clock::now() + 120s));
   const auto fault = Clock::now();
   group[1].signal(SIGKILL);
@@ -289,7 +296,7 @@ TEST(SigKill, DuringALargeAllGather) {
 TEST(SigKill, OfARankThatNeverJoinsAnAllReduce) {
   // The victim reports and blocks just before the call; the others (whose inputs are small, so
   // they are inside the call by then) wait for it there.
-  ProcessGroup group(3, single("allreduce", 64 << 10, "automatic", 16 << 10), 0);
+  ProcessGroup group(3, single("allreduce", 64 << 10, "automatic", 16 << 10, kKillTimeout), 0);
   ASSERT_TRUE(group.wait_for_progress(Clock::now() + 120s));
   const auto fault = Clock::now();
   group[0].signal(SIGKILL);

@@ -185,8 +185,10 @@ void expect_survivor_error(Child& survivor, const std::string& kind, int peer,
 }
 
 TEST(Faults, SigkillDuringASmallTransfer) {
-  auto children = start_group(
-      {worker_args("survivor-small"), worker_args("victim-idle"), worker_args("survivor-small")});
+  // The survivors' own deadline is a minute, so that the kill (noticed when the connection
+  // closes) lands before it however late this process gets to send it.
+  const auto survivor = worker_args("survivor-small", {"--timeout-ms", "60000"});
+  auto children = start_group({survivor, worker_args("victim-idle"), survivor});
   ASSERT_EQ(children.size(), 3U);
   for (int rank : {0, 2})
     ASSERT_EQ(
