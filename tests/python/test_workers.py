@@ -18,6 +18,7 @@ three is exact in any order.
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -282,17 +283,6 @@ def spawn_elastic_worker(worker_id, coordinator, args, env, local_env=None):
             for j in range(2)]
 
 
-def wait_until_stopped(pid, timeout):
-    """Until the process is stopped (state T), as SIGSTOP leaves it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} was not stopped within {timeout} s")
-
-
 def launch_elastic_worker(worker_id, coordinator, args, env):
     """An elastic worker of two ranks under its own `python -m pulseloco.launch`, as a user
     starts one (the secret and run id shared by the run come from `env`)."""
@@ -342,7 +332,8 @@ def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_fails(f
         if fault == "dies":
             victim.popen.wait(timeout=BOUND_SECONDS)
         else:
-            wait_until_stopped(victim.popen.pid, BOUND_SECONDS)
+            _, status = os.waitpid(victim.popen.pid, os.WUNTRACED)  # until it has stopped
+            assert os.WIFSTOPPED(status), victim.log()
         faulted = time.monotonic()
         codes = finish_all([partner], BOUND_SECONDS)
         noticed = time.monotonic() - faulted  # until the partner's process ended
