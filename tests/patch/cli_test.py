@@ -6,10 +6,10 @@ byte-identically (the written file is read with the standard safetensors package
 every version and checks every file; a damaged delta makes both exit 1 naming the version, and
 apply then leaves --out as it was. `pulseloco patch serve` pushes the run to
 `pulseloco patch subscribe`, which reaches the newest version byte-identically from nothing and
-resumes from the state it wrote; a subscriber with another secret, or speaking plaintext to the
-server's TLS, exits 1 naming why. With --bucket, apply and inspect run over a bucket of the
-suite's Swift instead (the fixture's PULSELOCO_TEST_S3_SERVER), the damaged objects written
-through Swift's own API.
+from a state it holds (apply's version 3), whose next version comes as a patch; a subscriber with
+another secret, or speaking plaintext to the server's TLS, exits 1 naming why. With --bucket,
+apply and inspect run over a bucket of the suite's Swift instead (the fixture's
+PULSELOCO_TEST_S3_SERVER), the damaged objects written through Swift's own API.
 
   cli_test.py --pulseloco PATH --publisher PATH --work DIR
 """
@@ -51,20 +51,25 @@ def push(pulseloco: str, published: Path, work: Path, expected: dict[str, bytes]
         line = server.stdout.readline()  # "serving DIR on HOST:PORT"
         assert line.startswith("serving "), line
         address = line.split()[-1]
-        out = work / "pushed.safetensors"
-        first = subprocess.run([pulseloco, "patch", "subscribe", address, "--out", str(out),
-                                "--until", "1"], capture_output=True, text=True, timeout=120,
-                               env=env)
+        fresh = work / "pushed-fresh.safetensors"
+        first = subprocess.run([pulseloco, "patch", "subscribe", address, "--out", str(fresh),
+                                "--until", str(VERSIONS)], capture_output=True, text=True,
+                               timeout=120, env=env)
         assert first.returncode == 0, (first.stdout, first.stderr)
         assert first.stdout.startswith("version "), first.stdout
-        held = int(first.stdout.split()[1])
-        # Resumes from the state it wrote: nothing but the versions after it.
+        assert bf16_state(fresh) == expected
+        # Resumes from a state it holds (version 3, as apply wrote it): the versions after it
+        # come as patches, not as the newest anchor.
+        out = work / "pushed.safetensors"
+        shutil.copyfile(work / "at3.safetensors", out)
         second = subprocess.run([pulseloco, "patch", "subscribe", address, "--out", str(out),
                                  "--until", str(VERSIONS)], capture_output=True, text=True,
                                 timeout=120, env=env)
         assert second.returncode == 0, (second.stdout, second.stderr)
-        if held < VERSIONS:
-            assert second.stdout.startswith(f"version {held + 1} "), second.stdout
+        lines = second.stdout.splitlines()
+        assert lines and lines[0].startswith("version 4 ") and "anchor" not in lines[0], \
+            second.stdout
+        assert lines[-1].startswith(f"version {VERSIONS} "), second.stdout
         assert bf16_state(out) == expected
         refused = subprocess.run([pulseloco, "patch", "subscribe", address, "--out",
                                   str(work / "refused.safetensors")], capture_output=True,
