@@ -218,13 +218,15 @@ TEST(Faults, SigkillDuringALargeTransfer) {
 }
 
 TEST(Faults, SigstopOfAPeerEndsInATimeoutNamingIt) {
+  // The victim streams to both survivors until it is stopped: the stop, not an idle peer, is
+  // what leaves a survivor's receive without data, its connection open.
   auto children = start_group(
-      {worker_args("survivor-small"), worker_args("victim-idle"), worker_args("survivor-small")});
+      {worker_args("survivor-large"), worker_args("victim-stream"), worker_args("survivor-large")});
   ASSERT_EQ(children.size(), 3U);
   for (int rank : {0, 2})
     ASSERT_EQ(
-        children[static_cast<std::size_t>(rank)]->expect("waiting", Clock::now() + kTestDeadline),
-        "waiting");
+        children[static_cast<std::size_t>(rank)]->expect("received", Clock::now() + kTestDeadline),
+        "received n=1");
   children[1]->signal(SIGSTOP);
   const auto stopped = Clock::now();
   for (int rank : {0, 2}) {
