@@ -5,11 +5,14 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -18,6 +21,9 @@
 #include "patch/patch_run.h"
 
 namespace pulseloco::testing {
+
+// How long the child may take to publish versions 1-3 and version 4's files.
+inline constexpr int kPublishDeadlineMs = 120000;
 
 // `in_child` runs first in the child (its environment, say).
 inline void publish_and_kill_before_manifest(const std::string& location,
@@ -28,30 +34,42 @@ inline void publish_and_kill_before_manifest(const std::string& location,
   ASSERT_GE(child, 0);
   if (child == 0) {
     ::close(ready[0]);
-    if (in_child) in_child();
-    PatchRun run(7);
-    std::uint64_t publishing = 0;
-    patch::Publisher publisher(location,
-                               {.anchor_every = 3, .fault_hook = [&](std::string_view point) {
-                                  if (publishing == 4 && point == "files written") {
-                                    const char byte = 'k';
-                                    (void)!::write(ready[1], &byte, 1);
-                                    for (;;)
-                                      ::pause();  // until SIGKILL
-                                  }
-                                }});
-    for (std::uint64_t v = 1; v <= 4; ++v) {
-      if (v > 1) run.step();
-      publishing = v;
-      (void)publisher.publish(run.views(), v);
+    // The child never returns into the test: a failed publish ends it, closing the pipe.
+    try {
+      if (in_child) in_child();
+      PatchRun run(7);
+      std::uint64_t publishing = 0;
+      patch::Publisher publisher(location,
+                                 {.anchor_every = 3, .fault_hook = [&](std::string_view point) {
+                                    if (publishing == 4 && point == "files written") {
+                                      const char byte = 'k';
+                                      (void)!::write(ready[1], &byte, 1);
+                                      for (;;)
+                                        ::pause();  // until SIGKILL
+                                    }
+                                  }});
+      for (std::uint64_t v = 1; v <= 4; ++v) {
+        if (v > 1) run.step();
+        publishing = v;
+        (void)publisher.publish(run.views(), v);
+      }
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "the publisher child failed: %s\n", error.what());
     }
-    ::_exit(3);  // not reached
+    ::_exit(3);
   }
   ::close(ready[1]);
+  pollfd event{ready[0], POLLIN, 0};
+  const int polled = ::poll(&event, 1, kPublishDeadlineMs);
   char byte = 0;
-  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  const bool reached = polled == 1 && ::read(ready[0], &byte, 1) == 1;
   ::close(ready[0]);
   ASSERT_EQ(::kill(child, SIGKILL), 0);
+  if (!reached) {
+    ::waitpid(child, nullptr, 0);
+    FAIL() << "the publisher child did not reach version 4's manifest within "
+           << kPublishDeadlineMs << " ms (it ended or hung)";
+  }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFSIGNALED(status));
