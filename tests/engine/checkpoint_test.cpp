@@ -112,9 +112,10 @@ TEST(Checkpoint, ResumingWithAnotherOverlapIsRefusedNamingIt) {
   EXPECT_EQ(options_that_change_the_state(delayed, blocking), std::vector<std::string>{"overlap"});
 }
 
-// How the bytes move is not part of the state: a job may resume with another all-gather
-// algorithm, pipeline chunk, encoding and zstd level, and without digest checks, and still
-// continues bit-identically.
+// How the bytes move is not part of the state: a job may resume with every option
+// options_that_change_the_state leaves out changed (another all-gather algorithm, pipeline chunk,
+// encoding and zstd level, exchange kind, node awareness, thread count, timeout, without digest
+// checks, with traces and publishing) and still continues bit-identically.
 TEST(Checkpoint, ResumingWithOtherTransportSettingsContinuesBitIdentically) {
   const EngineOptions options = options_for_test();
   EngineOptions other = options;
@@ -122,9 +123,21 @@ TEST(Checkpoint, ResumingWithOtherTransportSettingsContinuesBitIdentically) {
   other.pipeline_chunk_bytes = 4096;
   other.codec.encoding = codec::Encoding::plain_i32_f32;
   other.codec.zstd_level = 9;
+  other.exchange = Exchange::reduction;
+  other.node_aware = !options.node_aware;
+  other.threads = options.threads + 1;
+  other.timeout = options.timeout + std::chrono::milliseconds(10'000);
   other.verify_digests = false;
+  other.trace_dir = fresh_dir("resume_other_transport_traces").string();
+  other.publish_dir = (fresh_dir("resume_other_transport_published") / "run").string();
+  other.publish_every = 2;
+  other.anchor_every = 3;
   EXPECT_TRUE(options_that_change_the_state(options, other).empty());
   expect_resume_continues_bit_identically("resume_other_transport", options, other, 40, 2, 4);
+  EXPECT_FALSE(fs::is_empty(other.trace_dir));
+  EXPECT_TRUE(fs::exists(other.publish_dir));
+  fs::remove_all(fs::path(other.trace_dir));
+  fs::remove_all(fs::path(other.publish_dir).parent_path());
 }
 
 // An option the state depends on must match: the refusal names it with both values, on every
