@@ -25,6 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -38,6 +39,7 @@
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/engine/report.h>
 #include <pulseloco/group/make_transport.h>
+#include <pulseloco/io/atomic_file.h>
 #include "model.h"
 #include "pretrain.h"
 #include "task.h"
@@ -423,6 +425,11 @@ int run_worker(const Settings& settings) {
   }
   std::vector<WindowRow> rows;
   JsonLines json_lines(rank == 0 ? settings.json_lines_path : std::string());
+  // The report is written at the end, atomically; a place it cannot be written fails the run
+  // before it starts.
+  if (rank == 0 && !settings.json_path.empty()) {
+    const io::AtomicFile probe(settings.json_path);  // removed again: never committed
+  }
   bool identical = true;
   for (int window = first_window; window < settings.windows; ++window) {
     double loss_sum = 0;
@@ -511,9 +518,8 @@ int run_worker(const Settings& settings) {
                                {"publish_dir", settings.publish_dir},
                                {"windows_applied", sync.engine().committed_windows()},
                                {"final_loss", final_loss}};
-      std::ofstream file(settings.json_path);
-      file << out.dump(2) << '\n';
-      if (!file) throw IoError("could not write " + settings.json_path);
+      const std::string text = out.dump(2) + '\n';
+      (void)io::write_file_atomically(settings.json_path, std::as_bytes(std::span(text)));
     }
   }
   return identical ? 0 : 3;
@@ -630,7 +636,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--state-location", settings.state_location,
                  "where θ_g, m and e live: automatic, device or host (docs/operations.md)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(flags::one_of({"automatic", "auto", "device", "host"}));
   app.add_option("--final-weights", settings.final_weights_dir,
                  "every rank writes its final θ_g here (global-rank-NNNNN.safetensors)");
   app.add_option("--cache-dir", settings.pretrain.cache_dir, "pretrained-state cache")

@@ -17,22 +17,28 @@ namespace pulseloco::flags {
 
 namespace detail {
 
-// The flag's value as a number, or nullopt when it is not one (CLI11 then reports the failed
-// conversion itself, naming the flag).
-[[nodiscard]] inline std::optional<double> number(const std::string& text) {
+// The flag's value as a decimal number, or nullopt when it is not one. CLI11 converts integers
+// as strtoll does with base 0, where "010" is 8 and "0x10" 16, and a check cannot rewrite the
+// text it converts: a checked flag must be plain decimal, without leading zeros.
+[[nodiscard]] inline std::optional<double> decimal(const std::string& text) {
   double value = 0;
   const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  const auto [stop, error] = std::from_chars(text.data(), end, value, std::chars_format::general);
   if (error != std::errc{} || stop != end) return std::nullopt;
+  const std::size_t first = !text.empty() && text[0] == '-' ? 1 : 0;
+  if (first + 1 < text.size() && text[first] == '0' && text[first + 1] >= '0' &&
+      text[first + 1] <= '9')
+    return std::nullopt;
   return value;
 }
 
 template <typename Accept>
 [[nodiscard]] CLI::Validator check(std::string rule, std::string description, Accept accept) {
   return CLI::Validator(
-      [rule, accept](std::string& text) -> std::string {
-        const auto value = number(text);
-        if (!value) return {};
+      [rule, accept](const std::string& text) -> std::string {
+        const auto value = decimal(text);
+        if (!value)
+          return fmt::format("must be a decimal number without leading zeros, got {}", text);
         if (!accept(*value)) return fmt::format("must be {}, got {}", rule, text);
         return {};
       },

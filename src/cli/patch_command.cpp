@@ -29,6 +29,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/cli/commands.h>
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/group/options.h>
 #include <pulseloco/io/s3_client.h>
 #include <pulseloco/io/s3_settings.h>
@@ -317,7 +318,8 @@ void add_patch_command(CLI::App& app) {
   apply_command->add_option("--out", apply_options->out, "The state to write")->required();
   apply_command->add_option("--from", apply_options->from,
                             "A state a previous apply wrote (default: none, start from an anchor)");
-  apply_command->add_option("--to", apply_options->to, "The version (default: the newest)");
+  apply_command->add_option("--to", apply_options->to, "The version (default: the newest)")
+      ->check(flags::at_least(1));
   apply_command->add_flag("--json", apply_options->json, "Print machine-readable JSON");
   apply_command->callback([apply_options] { apply(*apply_options); });
 
@@ -339,14 +341,16 @@ void add_patch_command(CLI::App& app) {
       ->required();
   serve_command
       ->add_option("--poll-ms", serve_options->poll_ms,
-                   "How often the manifest is read for new versions")
-      ->capture_default_str();
+                   "How often the manifest is read for new versions, in milliseconds")
+      ->capture_default_str()
+      ->check(flags::at_least(1));
   serve_command
       ->add_option("--min-rate", serve_options->min_rate,
                    "Drop a subscriber that takes fewer bytes per second than this, averaged over "
                    "a minute, while a message is on its way (0: only one that takes nothing for "
                    "a minute)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(flags::at_least(0));
   serve_command->add_flag("--insecure", serve_options->insecure,
                           "Listen beyond loopback without a shared secret (a trusted network "
                           "only); also PULSELOCO_ALLOW_INSECURE=1");
@@ -362,13 +366,15 @@ void add_patch_command(CLI::App& app) {
   subscribe_command
       ->add_option("--poll-ms", subscribe_options->poll_ms,
                    "How often a bucket's manifest is read, in milliseconds")
-      ->check(CLI::PositiveNumber);
+      ->check(flags::at_least(1));
   subscribe_command
       ->add_option("--out", subscribe_options->out,
                    "The state to write (read first, when it exists, to resume)")
       ->required();
-  subscribe_command->add_option("--until", subscribe_options->until,
-                                "Stop once this version or a newer one is held");
+  subscribe_command
+      ->add_option("--until", subscribe_options->until,
+                   "Stop once this version or a newer one is held")
+      ->check(flags::at_least(1));
   subscribe_command->callback([subscribe_options] { subscribe(*subscribe_options); });
 }
 

@@ -56,10 +56,23 @@ TEST(FlagChecks, OneOfNamesTheChoices) {
   EXPECT_EQ(parse<std::string>("fp16", check), "--value: must be one of fp32, bf16, got fp16");
 }
 
-TEST(FlagChecks, ANonNumberIsLeftToTheConversionError) {
-  const std::string error = parse<double>("abc", above(0));
-  EXPECT_NE(error.find("--value"), std::string::npos) << error;
-  EXPECT_EQ(error.find("must be"), std::string::npos) << error;
+TEST(FlagChecks, ANonNumberIsRefusedNamingTheValue) {
+  EXPECT_EQ(parse<double>("abc", above(0)),
+            "--value: must be a decimal number without leading zeros, got abc");
+}
+
+// CLI11 alone would read "010" as octal (8), "0x10" as hex, and "-1" into an unsigned as
+// 2^64 - 1.
+TEST(FlagChecks, OnlyPlainDecimalNumbersPass) {
+  for (const char* text : {"010", "-007", "0x10", "0x0", "0b1", "1'000"}) {
+    EXPECT_EQ(parse<std::int64_t>(text, at_least(-10)),
+              std::string("--value: must be a decimal number without leading zeros, got ") + text);
+  }
+  EXPECT_EQ(parse<std::uint64_t>("-1", at_least(0)), "--value: must be at least 0, got -1");
+  EXPECT_EQ(parse<int>("0", at_least(0)), "");
+  EXPECT_EQ(parse<int>("-0", at_least(0)), "");
+  EXPECT_EQ(parse<double>("0.5", above(0)), "");
+  EXPECT_EQ(parse<double>("1e-6", above(0)), "");
 }
 
 }  // namespace
