@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import numbers
 import os
 import pathlib
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
@@ -51,6 +52,32 @@ def _named_tensors(parameters: Any) -> List[Tuple[str, Any]]:
                 f"got a {type(item).__name__}")
         named.append(item)
     return named
+
+
+def _integer(name: str, value: Any, minimum: int, maximum: int) -> int:
+    """`value` as an int in [minimum, maximum], else InvalidArgument naming the argument."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise InvalidArgument(f"{name}: expected an int, got a {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise InvalidArgument(f"{name}: {value} is not in [{minimum}, {maximum}]")
+    return int(value)
+
+
+def _real(name: str, value: Any) -> float:
+    """`value` as a float, else InvalidArgument naming the argument (the engine checks its
+    range)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise InvalidArgument(f"{name}: expected a float, got a {type(value).__name__}")
+    return float(value)
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name}: expected a str, got a {type(value).__name__}")
+    return value
+
+
+UINT32_MAX = 2**32 - 1
 
 
 def _cuda_device_of(tensors: List[Any]) -> Any:
@@ -144,6 +171,10 @@ class Synchronizer:
             raise InvalidArgument(
                 f"on_report: expected a callable or None, got a {type(on_report).__name__}")
         self._on_report = on_report
+        mode = _text("mode", mode)
+        inner_steps = _integer("inner_steps", inner_steps, 1, UINT32_MAX)
+        outer_lr = _real("outer_lr", outer_lr)
+        outer_momentum = _real("outer_momentum", outer_momentum)
         self._worker: Optional[_worker.Worker] = None
         named = _named_tensors(parameters)
         self._parameters = [tensor for _, tensor in named]
@@ -322,7 +353,12 @@ class Synchronizer:
         torch optimizer whose state_dict is saved as this rank's file "optimizer.pt"; files:
         this rank's own files (name -> bytes). The committed checkpoints beyond the newest
         `keep` are removed."""
+        keep = _integer("keep", keep, 1, UINT32_MAX)
         own = dict(files or {})
+        for name, data in own.items():
+            if not isinstance(name, str):
+                raise InvalidArgument(
+                    f"files: a file name must be a str, got a {type(name).__name__}")
         if optimizer is not None:
             import torch  # only when an optimizer is given: pulseloco does not need torch
 
@@ -476,15 +512,15 @@ class Synchronizer:
 
     def global_weights(self, i: int) -> Any:
         """A float32 NumPy copy of parameter i's global weights."""
-        return self._engine.global_weights(i)
+        return self._engine.global_weights(_integer("i", i, 0, 2**63 - 1))
 
     def momentum(self, i: int) -> Any:
         """A float32 NumPy copy of parameter i's outer momentum."""
-        return self._engine.momentum(i)
+        return self._engine.momentum(_integer("i", i, 0, 2**63 - 1))
 
     def residual(self, i: int) -> Any:
         """A float32 NumPy copy of parameter i's residual (this rank's error feedback)."""
-        return self._engine.residual(i)
+        return self._engine.residual(_integer("i", i, 0, 2**63 - 1))
 
     def __repr__(self) -> str:
         if getattr(self, "_engine", None) is None:  # the constructor raised

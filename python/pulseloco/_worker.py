@@ -139,10 +139,13 @@ def from_environment() -> Optional[int]:
     if not text:
         return None
     try:
-        return int(text)
+        count = int(text)
     except ValueError:
+        count = 0
+    if count < 1:
         raise InvalidArgument(f"PULSELOCO_RANKS_PER_WORKER: '{text}' is not a number of "
-                              "ranks") from None
+                              "ranks (at least 1)")
+    return count
 
 
 def parse_worker(worker: Any) -> Dict[str, Any]:
@@ -229,17 +232,29 @@ def _local_rank_ports(layout: WorkerLayout, worker: Dict[str, Any],
         except ValueError:
             raise InvalidArgument(f"PULSELOCO_WORKER_PORTS: '{text}' is not a list of ports "
                                   "(e.g. 29501,29502)") from None
+    elif ports is not None:
+        if not isinstance(ports, (list, tuple)) or not all(
+                isinstance(port, int) and not isinstance(port, bool) for port in ports):
+            raise InvalidArgument(f"worker: master_ports must be a list of ints, not {ports!r}")
     if ports is None:
+        source = "group option master_port" if overrides.get("master_port") else "MASTER_PORT"
         base = overrides.get("master_port") or os.environ.get("MASTER_PORT")
         if not base:
             raise InvalidArgument("worker: no rendezvous port for the local ranks' groups "
                                   "(set MASTER_PORT, PULSELOCO_WORKER_PORTS or "
                                   "worker={'master_ports': [...]})")
-        ports = [int(base) + 1 + i for i in range(layout.ranks_per_worker)]
+        try:
+            first = int(base)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"worker: {source} {base!r} is not a port number") from None
+        ports = [first + 1 + i for i in range(layout.ranks_per_worker)]
     if len(ports) != layout.ranks_per_worker:
         raise InvalidArgument(f"worker: {len(ports)} rendezvous ports for "
                               f"{layout.ranks_per_worker} local ranks")
-    return [int(port) for port in ports]
+    for port in ports:
+        if not 1 <= port <= 65535:
+            raise InvalidArgument(f"worker: rendezvous port {port} is not in [1, 65535]")
+    return list(ports)
 
 
 def group_overrides(layout: WorkerLayout, worker: Dict[str, Any],

@@ -233,7 +233,15 @@ def test_every_group_option_is_accepted():
     (dict(threads="two"), "threads"),
     (dict(allgather="tree"), "tree"),
     (dict(mode="fast"), "fast"),
-    (dict(inner_steps=0), "steps_per_window"),
+    (dict(inner_steps=0), "inner_steps: 0 is not in [1, "),
+    (dict(inner_steps="8"), "inner_steps: expected an int, got a str"),
+    (dict(inner_steps=8.0), "inner_steps: expected an int, got a float"),
+    (dict(mode=None), "mode: expected a str"),
+    (dict(outer_lr=None), "outer_lr: expected a float"),
+    (dict(outer_momentum="0.9"), "outer_momentum: expected a float"),
+    (dict(group={"exchange_bucket": 5}), "'exchange_bucket': expected an s3://bucket/prefix"),
+    (dict(group={"exchange_bucket": ""}), "'exchange_bucket': expected an s3://bucket/prefix"),
+    (dict(group={"exchange_bucket": "s3://b/p", 1: 2}), "a str key"),
     (dict(group={"ranks": 2}), "ranks"),
     (dict(group={"rank": "0"}), "rank"),
     (dict(group={"backend": "carrier-pigeon"}), "carrier-pigeon"),
@@ -252,6 +260,22 @@ def test_bad_options_raise_invalid_argument_naming_them(kwargs, needle):
         pulseloco.Synchronizer([np.zeros(4, np.float32)], **kwargs)
     assert needle in str(caught.value)
     assert isinstance(caught.value, ValueError) and caught.value.kind == "invalid_argument"
+
+
+def test_bad_call_arguments_raise_invalid_argument_naming_them(tmp_path):
+    with pulseloco.Synchronizer([np.zeros(4, np.float32)]) as sync:
+        for call, needle in [
+                (lambda: sync.save_checkpoint(tmp_path, keep=-1), "keep: -1 is not in [1, "),
+                (lambda: sync.save_checkpoint(tmp_path, keep="2"), "keep: expected an int"),
+                (lambda: sync.save_checkpoint(tmp_path, files={1: b"x"}),
+                 "files: a file name must be a str"),
+                (lambda: sync.global_weights(-1), "i: -1 is not in [0, "),
+                (lambda: sync.momentum("0"), "i: expected an int"),
+                (lambda: sync.residual(1), "tensor 1 does not exist")]:
+            with pytest.raises(pulseloco.InvalidArgument) as caught:
+                call()
+            assert needle in str(caught.value)
+        assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("tensor, needle", [
@@ -457,3 +481,25 @@ def test_a_new_run_refuses_another_runs_versions_unless_publish_continue(tmp_pat
     assert all("already holds versions 1 to 2" in r.publish_error for r in refused)
     assert "publish_continue" in refused[0].publish_error
     assert [r.published_version for r in run(3, publish_continue=True)] == [None, None, 3]
+
+
+def test_bad_worker_ports_raise_invalid_argument_naming_them(monkeypatch):
+    from pulseloco import _worker
+    layout = _worker.WorkerLayout(2, 1, 0, 0)
+    monkeypatch.delenv("PULSELOCO_WORKER_PORTS", raising=False)
+    monkeypatch.setenv("MASTER_PORT", "abc")
+    for worker, needle in [
+            ({"ranks_per_worker": 2}, "MASTER_PORT 'abc' is not a port number"),
+            ({"ranks_per_worker": 2, "master_ports": ["a", "b"]},
+             "master_ports must be a list of ints"),
+            ({"ranks_per_worker": 2, "master_ports": 5}, "master_ports must be a list of ints"),
+            ({"ranks_per_worker": 2, "master_ports": [0, 29501]},
+             "rendezvous port 0 is not in [1, 65535]")]:
+        with pytest.raises(pulseloco.InvalidArgument) as caught:
+            _worker.group_overrides(layout, _worker.parse_worker(worker), None)
+        assert needle in str(caught.value)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert _worker.group_overrides(layout, _worker.parse_worker(2), None)["master_port"] == 29501
+    monkeypatch.setenv("PULSELOCO_RANKS_PER_WORKER", "0")
+    with pytest.raises(pulseloco.InvalidArgument, match="PULSELOCO_RANKS_PER_WORKER: '0'"):
+        _worker.from_environment()

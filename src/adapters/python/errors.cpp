@@ -98,6 +98,9 @@ void bind_errors(nb::module_& module) {
   g_classes[static_cast<std::size_t>(ErrorKind::aborted)] = new_class(
       module, "AbortedError", g_classes[static_cast<std::size_t>(ErrorKind::peer_lost)],
       "This rank gave up its group (an interrupt, an earlier failure): also a PeerLostError.");
+  // Each class's own kind, so that an error the Python layer raises carries one too.
+  for (std::size_t kind = 0; kind < kKinds; ++kind)
+    PyObject_SetAttrString(g_classes[kind], "kind", nb::str(kKindNames[kind]).ptr());
 
   nb::register_exception_translator([](const std::exception_ptr& pointer, void*) {
     try {

@@ -138,10 +138,19 @@ class Synchronizer {
     if (PyDict_Check(group.ptr())) {
       const auto given = nb::borrow<nb::dict>(group);
       if (given.contains("exchange_bucket")) {
-        exchange_bucket = nb::cast<std::string>(given["exchange_bucket"]);
+        const nb::object address = given["exchange_bucket"];
+        if (!PyUnicode_Check(address.ptr()) || nb::cast<std::string>(address).empty()) {
+          throw InvalidArgument("group option 'exchange_bucket': expected an s3://bucket/prefix "
+                                "address, got " +
+                                (PyUnicode_Check(address.ptr())
+                                     ? std::string("an empty str")
+                                     : "a " + std::string(nb::inst_name(address).c_str())));
+        }
+        exchange_bucket = nb::cast<std::string>(address);
         nb::dict rest;
         for (auto [key, value] : given)
-          if (nb::cast<std::string>(key) != "exchange_bucket") rest[key] = value;
+          if (!PyUnicode_Check(key.ptr()) || nb::cast<std::string>(key) != "exchange_bucket")
+            rest[key] = value;
         group_rest = rest;
       }
     }
@@ -232,6 +241,10 @@ class Synchronizer {
     CheckpointSave save;
     save.keep = keep;
     for (auto [name, bytes] : files) {
+      if (!PyUnicode_Check(name.ptr())) {
+        throw InvalidArgument("checkpoint files: a file name must be a str, got a " +
+                              std::string(nb::inst_name(name).c_str()));
+      }
       const auto file_name = nb::cast<std::string>(name);
       save.files.push_back({file_name, to_bytes(bytes, file_name)});
     }
