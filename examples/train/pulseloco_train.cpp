@@ -27,6 +27,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -425,9 +426,16 @@ int run_worker(const Settings& settings) {
   }
   std::vector<WindowRow> rows;
   JsonLines json_lines(rank == 0 ? settings.json_lines_path : std::string());
-  // The report is written at the end, atomically; a place it cannot be written fails the run
-  // before it starts.
+  // The report is written at the end, atomically, its directory created as needed; a place it
+  // cannot be written fails the run before it starts.
   if (rank == 0 && !settings.json_path.empty()) {
+    const std::filesystem::path directory = std::filesystem::path(settings.json_path).parent_path();
+    std::error_code error;
+    if (!directory.empty()) std::filesystem::create_directories(directory, error);
+    if (error) {
+      throw IoError("cannot create the --json directory " + directory.string() + ": " +
+                    error.message());
+    }
     const io::AtomicFile probe(settings.json_path);  // removed again: never committed
   }
   bool identical = true;
