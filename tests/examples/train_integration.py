@@ -30,7 +30,8 @@ the model having learnt anything.
       each pseudo-gradient definition (--bf16-delta exact, authors): replicas identical every
       window and byte-identical final θ_g on both ranks; the two definitions end with different
       weights; `pulseloco replay` reproduces every traced window of the authors' run; an
-      unknown --local-dtype is refused naming the choices.
+      unknown --local-dtype is refused naming the choices, and a --json report that cannot be
+      written fails the run before its first window.
   ... bucket
       2 workers (--local-workers), 3 windows published into a bucket of a local Swift with
       s3api while `pulseloco patch subscribe s3://...` in a second process follows the run: it
@@ -502,6 +503,15 @@ def test_bf16(args):
     result = run([args.train, "--local-dtype", "fp16", "--windows", "0"], timeout=60)
     check(result.returncode != 0 and "must be one of fp32, bf16, got fp16" in result.stdout,
           f"--local-dtype fp16 was not refused by name:\n{result.stdout}")
+    # A --json report that cannot be written fails the run before its first window.
+    blocker = base / "a-file"
+    blocker.write_text("not a directory")
+    result = run([args.train, "--windows", "1", "--json", str(blocker / "report.json")] +
+                 common_args(args, cache), timeout=args.timeout)
+    check(result.returncode == 1 and
+          f"cannot create the --json directory {blocker}" in result.stdout and
+          not any(line.split()[:1] == ["0"] for line in result.stdout.splitlines()),
+          f"an unwritable --json was not refused before the first window:\n{result.stdout}")
 
 
 def check_inspect(args, trace):
