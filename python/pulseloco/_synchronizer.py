@@ -354,11 +354,7 @@ class Synchronizer:
         this rank's own files (name -> bytes). The committed checkpoints beyond the newest
         `keep` are removed."""
         keep = _integer("keep", keep, 1, UINT32_MAX)
-        own = dict(files or {})
-        for name, data in own.items():
-            if not isinstance(name, str):
-                raise InvalidArgument(
-                    f"files: a file name must be a str, got a {type(name).__name__}")
+        own = dict(files or {})  # the engine checks the names and bytes
         if optimizer is not None:
             import torch  # only when an optimizer is given: pulseloco does not need torch
 

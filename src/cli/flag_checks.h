@@ -23,7 +23,7 @@ namespace detail {
 [[nodiscard]] inline std::optional<double> decimal(const std::string& text) {
   double value = 0;
   const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(text.data(), end, value, std::chars_format::general);
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
   if (error != std::errc{} || stop != end) return std::nullopt;
   const std::size_t first = !text.empty() && text[0] == '-' ? 1 : 0;
   if (first + 1 < text.size() && text[first] == '0' && text[first + 1] >= '0' &&
