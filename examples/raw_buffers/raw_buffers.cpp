@@ -66,7 +66,6 @@ int main() try {
                    report->window, error * error, report->entries_sent, report->parameters,
                    report->replicas_identical ? "identical" : "DIFFER");
       }
-      if (!report->replicas_identical) return 3;
     }
   }
   if (rank == 0) fmt::print("done: digest {:016x}\n", engine.state_digest());

@@ -244,7 +244,12 @@ PretrainResult load_or_pretrain(TransformerLM& model, const PretrainOptions& opt
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.eval_loss_final = model.evaluate(eval);
 
-  std::filesystem::create_directories(options.cache_dir);
+  std::error_code created;
+  std::filesystem::create_directories(options.cache_dir, created);
+  if (created) {
+    throw IoError(fmt::format("cannot create the pretrained-state cache directory {}: {}",
+                              options.cache_dir.string(), created.message()));
+  }
   io::Metadata metadata = identity;
   metadata["eval_loss_initial"] = fmt::format("{:.17g}", result.eval_loss_initial);
   metadata["eval_loss_final"] = fmt::format("{:.17g}", result.eval_loss_final);

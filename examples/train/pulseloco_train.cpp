@@ -335,6 +335,41 @@ class JsonLines {
   std::ofstream file_;
 };
 
+// The places a run writes to, checked before it pretrains or trains: a run must not fail after
+// its work is done, nor save where another run's checkpoints would be removed.
+void check_output_places(const Settings& settings) {
+  const auto create = [](const fs::path& directory, std::string_view flag) {
+    std::error_code error;
+    if (!directory.empty()) fs::create_directories(directory, error);
+    if (error) {
+      throw IoError(fmt::format("cannot create the {} directory {}: {}", flag, directory.string(),
+                                error.message()));
+    }
+  };
+  create(settings.pretrain.cache_dir, "--cache-dir");
+  if (!settings.final_weights_dir.empty()) {
+    create(settings.final_weights_dir, "--final-weights");
+    const io::AtomicFile probe(fs::path(settings.final_weights_dir) / "global-rank-probe");
+  }
+  if (settings.checkpoint_dir.empty() != (settings.checkpoint_every == 0)) {
+    throw InvalidArgument(
+        "--checkpoint-dir and --checkpoint-every (windows between checkpoints, at least 1) go "
+        "together");
+  }
+  if (settings.checkpoint_dir.empty()) return;
+  const auto newest = newest_checkpoint(settings.checkpoint_dir);
+  if (!newest) return;
+  std::error_code error;
+  const fs::path root = fs::weakly_canonical(settings.checkpoint_dir, error);
+  const fs::path resume =
+      settings.resume_dir.empty() ? fs::path() : fs::weakly_canonical(settings.resume_dir, error);
+  if (!resume.empty() && (resume == root || resume.parent_path() == root)) return;
+  throw InvalidArgument(fmt::format(
+      "--checkpoint-dir {} holds another run's checkpoints (newest: {}): continue that run with "
+      "--resume {}, or choose another directory",
+      settings.checkpoint_dir, newest->filename().string(), settings.checkpoint_dir));
+}
+
 int run_worker(const Settings& settings) {
   auto transport = connect(settings);
   const int rank = transport->rank();
@@ -663,6 +698,7 @@ int main(int argc, char** argv) {
       // carry here (the model computes on fp32 copies).
       throw InvalidArgument("--local-dtype bf16 needs --mode pulse or diloco");
     }
+    check_output_places(settings);
     if (settings.pretrain_only) {
       torch::set_num_threads(settings.threads);
       example::TransformerLM model(example::ModelConfig{}, settings.seed);

@@ -8,18 +8,19 @@
     python -m pulseloco.launch ... --nproc-per-node G --ranks-per-worker G script.py ARGS...
 
 Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-(default: a free port), PULSELOCO_SECRET and PULSELOCO_RUN_ID (fresh and random unless already
-set), PYTHONUNBUFFERED=1 (unless set) and, when the master address is a loopback address,
-PULSELOCO_LISTEN_ADDR (unless set) to it, so that `pulseloco.Synchronizer(...)` forms its group
-from the environment.
+(default: a free port), PULSELOCO_SECRET (fresh and random unless it or PULSELOCO_SECRET_FILE
+is set), PULSELOCO_RUN_ID (fresh and random unless set), PYTHONUNBUFFERED=1 (unless set) and,
+when the master address is a loopback address, PULSELOCO_LISTEN_ADDR (unless set) to it, so
+that `pulseloco.Synchronizer(...)` forms its group from the environment.
 
 With --nnodes M (torchrun's static multi-node launch), run the launcher once on each node with
 its --node-rank K (0 .. M-1), the same --nproc-per-node, and the address and port of node 0's
 rank 0, which serves the rendezvous. Rank = K * N + local rank, WORLD_SIZE = M * N, GROUP_RANK
 = K, and PULSELOCO_NODE (unless set) = "node-K", so that the ranks of one launcher form one
 node for node-aware exchanges (docs/operations.md, "Nodes"). Every node must then share
-PULSELOCO_SECRET and PULSELOCO_RUN_ID: the launcher refuses to start without them (and without
---master-port) instead of generating values the other nodes cannot know.
+PULSELOCO_SECRET (or PULSELOCO_SECRET_FILE, a file holding the same secret) and
+PULSELOCO_RUN_ID: the launcher refuses to start without them (and without --master-port)
+instead of generating values the other nodes cannot know.
 
 With --ranks-per-worker G (G divides N), every G consecutive ranks of a node form one worker
 of several ranks (docs/operations.md, "A worker of several GPUs"): each process also gets
@@ -222,7 +223,11 @@ def _rank_environment(options: argparse.Namespace, port: int,
     if options.ranks_per_worker is not None:
         shared.update(PULSELOCO_RANKS_PER_WORKER=str(options.ranks_per_worker),
                       PULSELOCO_WORKER_PORTS=",".join(map(str, worker_ports)))
-    shared.setdefault("PULSELOCO_SECRET", secrets.token_hex(16))
+    # The library reads PULSELOCO_SECRET before PULSELOCO_SECRET_FILE (and an empty value as
+    # unset): a secret generated here would override the user's file, and on several nodes
+    # differ on each.
+    if not shared.get("PULSELOCO_SECRET") and not shared.get("PULSELOCO_SECRET_FILE"):
+        shared["PULSELOCO_SECRET"] = secrets.token_hex(16)
     shared.setdefault("PULSELOCO_RUN_ID", "launch-" + secrets.token_hex(8))
     shared.setdefault("PYTHONUNBUFFERED", "1")
     if _is_loopback(options.master_addr):

@@ -262,7 +262,7 @@ CheckpointFileRecord write_rank_file(const ReplicatedState& state, const EngineO
 
 std::filesystem::path save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
                                       const AttachedGroup& group, ThreadPool& pool,
-                                      const std::filesystem::path& root,
+                                      const std::filesystem::path& root, bool root_is_this_runs,
                                       const CheckpointSave& save) {
   const int rank = group.rank();
   const std::uint64_t window = state.committed_windows();
@@ -270,13 +270,29 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
       fmt::format("the checkpoint of window {} under {} was not saved", window, root.string());
   constexpr std::string_view unchanged = "; the committed checkpoints are unchanged";
 
-  // 1. Rank 0 creates the new directory; every rank checks its arguments.
+  // 1. Every rank checks its arguments and says whether its run resumed from or saved into
+  //    `root` (a root that is not shared is each rank's own).
   std::exception_ptr error;
+  try {
+    check_save_arguments(save);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const auto owners = agree(group, error, root_is_this_runs, what, unchanged);
+  const bool ours = std::any_of(owners.begin(), owners.end(),
+                                [](const nlohmann::json& owner) { return owner.get<bool>(); });
+
+  // 2. Rank 0 creates the new directory, in a root that holds no other run's checkpoints.
   std::optional<UncommittedDir> created;  // rank 0: removed unless it commits
   std::uint64_t sequence = 0;             // rank 0: its manifest's
   try {
-    check_save_arguments(save);
     if (rank == 0) {
+      if (const auto foreign = ours ? std::nullopt : newest_committed_checkpoint(root)) {
+        throw InvalidArgument(fmt::format(
+            "{} holds checkpoints (newest: {}) that this run neither resumed from nor saved: "
+            "resume from them (load_checkpoint), or save into another directory",
+            root.string(), foreign->filename().string()));
+      }
       NewCheckpointDir new_dir = create_checkpoint_dir(root, window);
       sequence = new_dir.sequence;
       created.emplace(std::move(new_dir.path));
@@ -288,7 +304,7 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
       agree(group, error, created ? created->path().filename().string() : "", what, unchanged);
   const std::filesystem::path dir = root / names[0].get<std::string>();
 
-  // 2. Every rank writes its files (temporary names, fsync, rename).
+  // 3. Every rank writes its files (temporary names, fsync, rename).
   nlohmann::json written = nlohmann::json::array();
   try {
     create_directories(dir, "checkpoint directory ", rank);  // a root that is not shared
@@ -305,7 +321,7 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
   }
   const auto reports = agree(group, error, written, what, unchanged);
 
-  // 3. Every rank succeeded: rank 0 commits the directory with its manifest.
+  // 4. Every rank succeeded: rank 0 commits the directory with its manifest.
   try {
     if (rank == 0) {
       Manifest manifest{sequence, window, group.world(), {}};

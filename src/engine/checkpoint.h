@@ -16,9 +16,13 @@
 namespace pulseloco::engine_detail {
 
 // Collective (Engine::save_checkpoint): the new checkpoint's directory once it has committed.
+// `root_is_this_runs`: this rank's run resumed from a checkpoint under `root` or saved there.
+// When no rank's is and `root` holds a committed checkpoint, it is another run's, whose
+// checkpoints the removal beyond `save.keep` would delete: InvalidArgument naming it, nothing
+// written or removed.
 std::filesystem::path save_checkpoint(const ReplicatedState& state, const EngineOptions& options,
                                       const AttachedGroup& group, ThreadPool& pool,
-                                      const std::filesystem::path& root,
+                                      const std::filesystem::path& root, bool root_is_this_runs,
                                       const CheckpointSave& save = {});
 
 // Collective (Engine::load_checkpoint). Verifies the files against the manifest and validates

@@ -207,6 +207,19 @@ NewCheckpointDir create_checkpoint_dir(const fs::path& root, std::uint64_t windo
   }
 }
 
+std::optional<fs::path> newest_committed_checkpoint(const fs::path& root) {
+  std::error_code error;
+  if (!fs::is_directory(root, error)) return std::nullopt;
+  const std::vector<FoundDir> found = checkpoint_dirs(root);
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    if (it->committed && !it->unreadable) return it->path;
+  }
+  for (const FoundDir& dir : found) {
+    if (dir.committed) return dir.path;
+  }
+  return std::nullopt;
+}
+
 bool has_manifest(const fs::path& dir) {
   std::error_code error;
   return fs::is_regular_file(dir / kManifestFile, error);

@@ -14,6 +14,7 @@
 #include <exception>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,11 @@ struct ResolvedCheckpoint {
 [[nodiscard]] ResolvedCheckpoint resolve_checkpoint_dir(const std::filesystem::path& path);
 
 [[nodiscard]] bool has_manifest(const std::filesystem::path& dir);
+
+// The newest committed checkpoint under `root` (by commit sequence; a checkpoint whose manifest
+// cannot be read counts), or nothing when `root` holds none or does not exist.
+[[nodiscard]] std::optional<std::filesystem::path> newest_committed_checkpoint(
+    const std::filesystem::path& root);
 
 // Written under a temporary name, fsynced, renamed and the directory fsynced: the directory
 // becomes a committed checkpoint in one step.

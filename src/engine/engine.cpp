@@ -20,6 +20,7 @@
 #include <pulseloco/base/log_lines.h>
 #include <pulseloco/collectives/collectives.h>
 #include <pulseloco/engine/checkpoint.h>
+#include <pulseloco/engine/checkpoint_commit.h>
 #include <pulseloco/engine/fault_injection.h>
 #include <pulseloco/engine/group_join.h>
 #include <pulseloco/engine/node_layout.h>
@@ -312,8 +313,19 @@ std::filesystem::path Engine::save_checkpoint(const std::filesystem::path& root,
                                               const CheckpointSave& save) {
   const engine_detail::StateAccess access(impl_->state);
   impl_->wait_in_flight();  // the save's collectives must not run beside the exchange
-  return engine_detail::save_checkpoint(impl_->state, impl_->options, impl_->attached_group(),
-                                        impl_->pool, root, save);
+  std::error_code error;
+  std::filesystem::path canonical = std::filesystem::weakly_canonical(root, error);
+  if (error) canonical = std::filesystem::absolute(root, error);
+  auto& roots = impl_->checkpoint_roots;
+  const bool ours = std::find(roots.begin(), roots.end(), canonical) != roots.end();
+  std::filesystem::path dir = engine_detail::save_checkpoint(
+      impl_->state, impl_->options, impl_->attached_group(), impl_->pool, root, ours, save);
+  if (!ours) roots.push_back(std::move(canonical));
+  return dir;
+}
+
+std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::path& root) {
+  return engine_detail::newest_committed_checkpoint(root);
 }
 
 LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
@@ -322,6 +334,9 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
   const engine_detail::AttachedGroup group = impl_->attached_group();
   LoadedCheckpoint loaded =
       engine_detail::load_checkpoint(impl_->state, impl_->options, group, impl_->pool, path);
+  std::error_code error;
+  impl_->checkpoint_roots.push_back(
+      std::filesystem::weakly_canonical(loaded.dir.parent_path(), error));
   impl_->steps_in_window = 0;
   impl_->publishing.state_loaded();
   if (impl_->strategy) {

@@ -147,7 +147,9 @@ class Engine final : public WindowRunner {
   // rank 0 then removes the committed checkpoints beyond the newest `save.keep` (its value
   // counts) and directories without a manifest. Returns the new directory. A failure on any
   // rank (a full disk) throws the same error on every rank, naming each failing rank and its
-  // error (kind io for the OS's errors), and leaves the committed checkpoints as they were.
+  // error (kind io for the OS's errors), and leaves the committed checkpoints as they were. A
+  // root that holds checkpoints this run neither resumed from (load_checkpoint) nor saved is
+  // another run's: InvalidArgument naming it, before anything is written or removed.
   std::filesystem::path save_checkpoint(const std::filesystem::path& root,
                                         const CheckpointSave& save = {});
   // Restores a checkpoint written by a run with the same tensor table, options and world size
@@ -212,5 +214,11 @@ class Engine final : public WindowRunner {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// The newest committed checkpoint under the checkpoint root `root` (the one committed last), or
+// nothing when it holds none or does not exist; IoError when it cannot be listed. Not
+// collective: a launcher's check before a run saves where another run's checkpoints are.
+[[nodiscard]] std::optional<std::filesystem::path> newest_checkpoint(
+    const std::filesystem::path& root);
 
 }  // namespace pulseloco

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/engine/attached_group.h>
@@ -47,6 +49,9 @@ struct Engine::Impl {
   // PULSELOCO_FAULT's injector (engine/fault_injection.h) in tests; null in production.
   std::unique_ptr<PhaseObserver> phase_observer;
   engine_detail::WeightPublishing publishing{options};  // θ_g for inference servers (rank 0)
+  // The checkpoint roots this run resumed from or saved into (weakly canonical): saving into
+  // another root that holds checkpoints is refused (engine_detail::save_checkpoint).
+  std::vector<std::filesystem::path> checkpoint_roots;
 
   explicit Impl(EngineOptions opts) : options(std::move(opts)), pool(options.threads) {}
 

@@ -76,6 +76,8 @@ struct WindowReport {
   PhaseSeconds seconds;
   Digest digest = 0;                 // combined digest of θ_g and m (ddp: of the weights)
   std::vector<Digest> rank_digests;  // every rank's digest (empty if verification is off)
+  // True in every report: digests that differ raise DivergenceError instead (or nothing was
+  // compared: verification off, rank_digests empty).
   bool replicas_identical = true;
 
   // Publishing θ_g (EngineOptions::publish_dir; rank 0 only, docs/patches.md). Set when this

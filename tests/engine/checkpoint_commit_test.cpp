@@ -18,6 +18,7 @@
 #include <pulseloco/base/errors.h>
 #include <pulseloco/engine/engine.h>
 #include <pulseloco/io/safetensors.h>
+#include <pulseloco/transport/inproc/inproc.h>
 #include "engine/training_run.h"
 
 namespace pulseloco {
@@ -338,6 +339,67 @@ TEST(CheckpointCommit, AfterResumingFromAnOlderCheckpointTheNextSaveIsTheNewest)
   run.window(6);
   const fs::path next = run.save(root, [](int) { return CheckpointSave{.keep = 1}; });
   EXPECT_EQ(entries(root), (std::set<std::string>{"window-000003", next.filename().string()}));
+  fs::remove_all(root);
+}
+
+// A root is one run's: a run that neither resumed from nor saved under a root that holds
+// checkpoints must not save there, since removing the old ones (keep) would delete the other
+// run's. Resuming from that root makes it this run's.
+TEST(CheckpointCommit, ARootHoldingAnotherRunsCheckpointsIsRefusedAndKeepsThem) {
+  const fs::path root = testing::fresh_dir("commit_other_run");
+  const fs::path other_root = testing::fresh_dir("commit_other_run_own");
+  TrainingRun first(testing::options_for_test(), 97);
+  for (int w = 0; w < 2; ++w) {
+    first.window(w);
+    (void)first.save(root);
+  }
+  const std::set<std::string> before{"window-000001", "window-000002"};
+  ASSERT_EQ(entries(root), before);
+
+  TrainingRun second(testing::options_for_test(), 98);
+  second.window(0);
+  expect_error_everywhere(try_save(second, root), ErrorKind::invalid_argument,
+                          {root.string() + " holds checkpoints (newest: window-000002)",
+                           "neither resumed from nor saved", "was not saved"});
+  EXPECT_EQ(entries(root), before);
+  // Its own root: an empty one, then again once it holds this run's checkpoint.
+  (void)second.save(other_root);
+  second.window(1);
+  (void)second.save(other_root);
+  EXPECT_EQ(entries(other_root), (std::set<std::string>{"window-000001", "window-000002"}));
+
+  // Resumed from the root, the run saves there, and the oldest checkpoint goes (keep 2).
+  (void)load_all(second, root);
+  second.window(2);
+  const fs::path saved = second.save(root);
+  EXPECT_EQ(entries(root), (std::set<std::string>{"window-000002", saved.filename().string()}));
+  fs::remove_all(root);
+  fs::remove_all(other_root);
+}
+
+// A checkpoint holds every rank's residual: a group of another size cannot resume from it, and
+// the error names both sizes before anything changes.
+TEST(CheckpointCommit, ACheckpointOfAnotherWorldSizeIsRefusedNamingBoth) {
+  const fs::path root = testing::fresh_dir("commit_world_size");
+  TrainingRun run(testing::options_for_test(), 99);
+  run.window(0);
+  const fs::path saved = run.save(root);
+
+  testing::LocalModel model = testing::make_model(testing::kCheckpointSizes, DType::float32, 99);
+  auto transports = transport::inproc::make_group(1);
+  Engine single(testing::views_of(model), testing::options_for_test(), std::move(transports[0]));
+  const Digest before = single.state_digest();
+  try {
+    (void)single.load_checkpoint(root);
+    ADD_FAILURE() << "a checkpoint of " << kWorld << " ranks loaded into a group of 1";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("{} was written by {} ranks; this group has 1",
+                                                     saved.string(), kWorld)),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(single.state_digest(), before);
+  EXPECT_EQ(single.committed_windows(), 0u);
   fs::remove_all(root);
 }
 

@@ -71,7 +71,8 @@ RunResult run_group(Mode mode, DType dtype, std::uint64_t piece_bytes, const fs:
       strategy->run(group, report);
       state.commit_window();
     }
-    engine_detail::save_checkpoint(state, options, group, pool, dir / "checkpoint");
+    (void)engine_detail::save_checkpoint(state, options, group, pool, dir / "checkpoint",
+                                         /*root_is_this_runs=*/false);
     if (mode == Mode::pulse)
       engine_detail::write_trace_inputs(state, options, group, state.committed_windows());
     result.digests[static_cast<std::size_t>(rank)] = state.digest(pool);

@@ -230,6 +230,16 @@ def test_resume(args):
                   "--checkpoint-dir", str(full / "checkpoint"), "--checkpoint-every", "2"]
                  + common, timeout=args.timeout)
     check(result.returncode == 0, f"uninterrupted run exited {result.returncode}")
+    # A run that does not resume from that root must not save there: removing old checkpoints
+    # would delete the first run's. It is refused before its first window, the root unchanged.
+    held = sorted(p.name for p in (full / "checkpoint").iterdir())
+    result = run([args.train, "--windows", "1", "--checkpoint-dir", str(full / "checkpoint"),
+                  "--checkpoint-every", "1"] + common, timeout=args.timeout)
+    check(result.returncode == 1 and
+          f"--checkpoint-dir {full / 'checkpoint'} holds another run's checkpoints (newest: "
+          f"{held[-1]})" in result.stdout and
+          sorted(p.name for p in (full / "checkpoint").iterdir()) == held,
+          f"a fresh run into another run's checkpoint root was not refused:\n{result.stdout}")
     # The run to window 2 checkpoints every window; rank 1's write of the second checkpoint
     # fails as on a full disk: every worker reports it and exits 1 (no abort), and the first
     # checkpoint stays committed.
@@ -512,6 +522,23 @@ def test_bf16(args):
           f"cannot create the --json directory {blocker}" in result.stdout and
           not any(line.split()[:1] == ["0"] for line in result.stdout.splitlines()),
           f"an unwritable --json was not refused before the first window:\n{result.stdout}")
+    # The other places a run writes to, and the flags that go together, are checked first too.
+    refusals = [
+        (["--final-weights", str(blocker / "final")],
+         f"cannot create the --final-weights directory {blocker / 'final'}"),
+        (["--checkpoint-dir", str(base / "checkpoints")],
+         "--checkpoint-dir and --checkpoint-every (windows between checkpoints, at least 1) go "
+         "together"),
+        (["--checkpoint-every", "1"], "--checkpoint-dir and --checkpoint-every"),
+        (["--local-dtype", "bf16", "--mode", "ddp"], "--local-dtype bf16 needs --mode pulse or diloco"),
+    ]
+    for flags, message in refusals:
+        result = run([args.train, "--windows", "1"] + flags + common_args(args, cache),
+                     timeout=args.timeout)
+        check(result.returncode == 1 and message in result.stdout and
+              not any(line.split()[:1] == ["0"] for line in result.stdout.splitlines()),
+              f"{' '.join(flags)} was not refused before the first window:\n{result.stdout}")
+    check(not (base / "checkpoints").exists(), "a refused run created its checkpoint root")
 
 
 def check_inspect(args, trace):

@@ -6,21 +6,25 @@ import os
 import pathlib
 import queue
 import selectors
-import socket
 import subprocess
 import sys
 import threading
 import time
 
+from pulseloco.launch import _ports_below_ephemeral
+
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"
+# How long a process' output may stay open after its exit: its readers end at EOF, at once
+# unless something it started still holds the pipes.
+READERS_SECONDS = 30
 
 
 def free_port():
-    """A TCP port that was free a moment ago (the rendezvous binds it soon after)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago (the rendezvous binds it soon after), below the
+    ephemeral range: a port from bind(0) could be taken meanwhile by one of the processes' own
+    connections or listeners."""
+    return _ports_below_ephemeral("127.0.0.1", 1)[0]
 
 
 class Process:
@@ -33,8 +37,10 @@ class Process:
         self.events = []
         self.stderr = []
         self._queue = queue.Queue()
-        threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._readers = [threading.Thread(target=self._read_stdout, daemon=True),
+                         threading.Thread(target=self._read_stderr, daemon=True)]
+        for reader in self._readers:
+            reader.start()
 
     def _read_stdout(self):
         for line in self.popen.stdout:
@@ -68,13 +74,46 @@ class Process:
                 return event
 
     def finish(self, timeout):
-        """Waits for the exit (killing the process after timeout) and returns the exit code."""
+        """Waits for the exit (killing the process after timeout) and for its last output lines;
+        returns the exit code."""
         try:
-            return self.popen.wait(timeout=timeout)
+            code = self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+            self._join_readers(READERS_SECONDS)  # for the log's last lines
             raise AssertionError(f"still running after {timeout} s: {self.log()}")
+        # The exit does not mean the readers have taken the last lines yet (callers read
+        # events and stderr next).
+        if not self._join_readers(READERS_SECONDS):
+            raise AssertionError(f"exited with {code}, but its output was still open "
+                                 f"{READERS_SECONDS} s later (held by a process it started?): "
+                                 f"{self.log()}")
+        return code
+
+    def _join_readers(self, timeout):
+        """Whether both readers reached the end of their pipe within timeout."""
+        deadline = time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        return not any(reader.is_alive() for reader in self._readers)
+
+    def wait_until_stopped(self, timeout):
+        """Until the process is stopped (SIGSTOP); fails when it exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.popen.pid, os.WNOHANG | os.WUNTRACED)
+            if pid and os.WIFSTOPPED(status):
+                return
+            if pid:
+                # waitpid has reaped it: popen could no longer learn its status.
+                self.popen.returncode = os.waitstatus_to_exitcode(status)
+                self._join_readers(READERS_SECONDS)
+                raise AssertionError(f"exited with {self.popen.returncode} instead of stopping: "
+                                     f"{self.log()}")
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"did not stop within {timeout} s: {self.log()}")
+            time.sleep(0.01)  # re-asks for the state, not a wait for an outcome
 
     def event(self, name):
         """The last event called name (None when there is none)."""

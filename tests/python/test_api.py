@@ -371,6 +371,57 @@ def test_a_damaged_checkpoint_is_a_protocol_error(tmp_path):
     assert "global.safetensors" in str(caught.value)
 
 
+class SameText(str):
+    """A name that equals only itself: a dict holds two of them with the same text, which reach
+    the engine as one name given twice (a plain dict holds each name once)."""
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("files, needle", [
+    ({"a/b": b"x"}, "checkpoint file name 'a/b' must be letters, digits, '.', '_' and '-'"),
+    ({"": b"x"}, "checkpoint file name '' must be letters, digits, '.', '_' and '-'"),
+    ({"safetensors": b"x"}, "checkpoint file name 'safetensors' must be letters, digits, '.', "
+                            "'_' and '-' (not 'safetensors')"),
+    ({SameText("notes.txt"): b"1", SameText("notes.txt"): b"2"},
+     "checkpoint file name 'notes.txt' is given twice"),
+])
+def test_bad_checkpoint_file_names_are_refused_and_nothing_is_written(tmp_path, files, needle):
+    root = tmp_path / "ckpt"
+    with pulseloco.Synchronizer([np.zeros(4, np.float32)]) as sync:
+        with pytest.raises(pulseloco.InvalidArgument) as caught:
+            sync.save_checkpoint(root, files=files)
+    assert needle in str(caught.value)
+    assert not list(root.glob("window-*"))
+
+
+def test_save_global_weights_writes_the_global_weights_as_safetensors(tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    model = linear()
+    with pulseloco.Synchronizer(model.named_parameters(), inner_steps=1) as sync:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.25)  # a window that moves θ_g away from the start
+        sync.after_optimizer_step()
+        file = tmp_path / "made" / "global.safetensors"  # its directory is created
+        sync.save_global_weights(file)
+        expected = {f"global.{info.name}": sync.global_weights(i)
+                    for i, info in enumerate(sync.tensor_table())}
+        committed = sync.committed_windows
+    with safetensors.safe_open(str(file), framework="np") as saved:
+        assert saved.metadata()["format"] == "pulseloco-global-weights"
+        assert saved.metadata()["window"] == str(committed) == "1"
+        assert sorted(saved.keys()) == sorted(expected) == ["global.bias", "global.weight"]
+        for name, weights in expected.items():
+            tensor = saved.get_tensor(name)
+            assert tensor.dtype == np.float32
+            assert tensor.shape == tuple(model.get_parameter(name.removeprefix("global.")).shape)
+            assert np.array_equal(tensor.reshape(-1), weights.reshape(-1)), name
+    assert not np.array_equal(expected["global.weight"].reshape(-1),
+                              linear().weight.detach().numpy().reshape(-1))
+
+
 def test_a_rank_that_never_comes_is_a_timeout():
     group = dict(rendezvous="env", rank=0, world_size=2, master_addr="127.0.0.1",
                  master_port=free_port(), connect_timeout=1.0)

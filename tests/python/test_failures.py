@@ -52,8 +52,7 @@ def test_ctrl_c_in_a_window_interrupts_this_rank_and_fails_the_others():
         interrupted.wait_for("ready", 60)
         while interrupted.wait_for("entering", 60)["window"] != 1:
             pass
-        _, status = os.waitpid(stalled.popen.pid, os.WUNTRACED)  # until rank 0 has stopped
-        assert os.WIFSTOPPED(status)
+        stalled.wait_until_stopped(120)  # rank 0 has stopped itself in window 1
         wait_until_main_thread_sleeps(interrupted.popen.pid)  # in the window, not before it
         os.kill(interrupted.popen.pid, signal.SIGINT)
         interrupted.wait_for("interrupted", 30)

@@ -88,7 +88,7 @@ ENVIRONMENT_SCRIPT = """
     import json, os
     names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
              "MASTER_PORT", "PULSELOCO_SECRET", "PULSELOCO_RUN_ID", "PYTHONUNBUFFERED",
-             "PULSELOCO_LISTEN_ADDR", "PULSELOCO_NODE"]
+             "PULSELOCO_LISTEN_ADDR", "PULSELOCO_NODE", "PULSELOCO_SECRET_FILE"]
     print("env " + json.dumps({name: os.environ.get(name) for name in names}))
 """
 
@@ -173,6 +173,26 @@ def test_each_node_of_a_multi_node_launch_gets_its_ranks_and_names_its_node(tmp_
     result = launch(["--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
                      "--master-port", "29124", str(script)], env=dict(env, PULSELOCO_NODE="rack-3"))
     assert environments(result.stdout)[1]["PULSELOCO_NODE"] == "rack-3"
+
+
+def test_a_secret_file_is_passed_on_without_a_generated_secret_that_would_override_it(tmp_path):
+    script = write_script(tmp_path, "env.py", ENVIRONMENT_SCRIPT)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("the-users-secret\n")
+    env = {k: v for k, v in os.environ.items() if k != "PULSELOCO_SECRET"}
+    env.update(PULSELOCO_SECRET_FILE=str(secret_file), PULSELOCO_RUN_ID="run-9")
+    runs = {"single node": ["--nproc-per-node", "2"]}
+    for node in (0, 1):
+        runs[f"node {node}"] = ["--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+                                "2", "--master-port", "29126"]
+    for name, arguments in runs.items():
+        result = launch([*arguments, str(script)], env=env)
+        assert result.returncode == 0, (name, result.stderr)
+        ranks = environments(result.stdout)
+        assert len(ranks) == 2, (name, result.stdout)
+        for variables in ranks.values():
+            assert variables["PULSELOCO_SECRET"] is None, name
+            assert variables["PULSELOCO_SECRET_FILE"] == str(secret_file), name
 
 
 def test_a_multi_node_launch_without_a_shared_port_secret_or_run_id_is_refused(tmp_path):

@@ -18,7 +18,6 @@ three is exact in any order.
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -332,8 +331,7 @@ def test_elastic_workers_of_two_ddp_ranks_lose_a_worker_whose_local_rank_fails(f
         if fault == "dies":
             victim.popen.wait(timeout=BOUND_SECONDS)
         else:
-            _, status = os.waitpid(victim.popen.pid, os.WUNTRACED)  # until it has stopped
-            assert os.WIFSTOPPED(status), victim.log()
+            victim.wait_until_stopped(BOUND_SECONDS)
         faulted = time.monotonic()
         codes = finish_all([partner], BOUND_SECONDS)
         noticed = time.monotonic() - faulted  # until the partner's process ended
