@@ -89,7 +89,11 @@ void tag_log_with_group_rank(int rank) {
 spdlog::level::level_enum shared_line_level(int rank) {
   static const bool all_ranks = [] {
     const char* env = std::getenv("PULSELOCO_LOG_ALL_RANKS");
-    return env != nullptr && std::string_view(env) == "1";
+    const std::string_view value = env == nullptr ? "" : env;
+    // A logging variable never stops a run: a bad value is named in a warning.
+    if (value != "" && value != "0" && value != "1")
+      logger().warn("PULSELOCO_LOG_ALL_RANKS='{}' is not 0 or 1; using 0", value);
+    return value == "1";
   }();
   return rank == 0 || all_ranks ? spdlog::level::info : spdlog::level::debug;
 }

@@ -242,6 +242,15 @@ void write_held(const std::string& out, const patch::Bf16State& state, std::uint
   std::fflush(stdout);
 }
 
+// Whether --out already holds a state to resume from; IoError naming it when that cannot be
+// told (a name too long, a directory that cannot be searched).
+bool out_exists(const std::filesystem::path& out) {
+  std::error_code error;
+  const bool exists = std::filesystem::exists(out, error);
+  if (error) throw IoError(fmt::format("--out {}: {}", out.string(), error.message()));
+  return exists;
+}
+
 // Follows a bucket: reads its manifest every poll interval and, when it lists a newer version,
 // brings the state there with Receiver's checks. A bucket that cannot be reached (after the
 // client's retries) is tried again at the next poll; a damaged or foreign version ends it.
@@ -249,7 +258,7 @@ void subscribe_bucket(const SubscribeOptions& options) {
   io::S3Client client(io::S3Settings::from_environment());
   const io::S3Address address = io::parse_s3_address(options.server);
   patch::Receiver receiver;
-  if (std::filesystem::exists(options.out)) {
+  if (out_exists(options.out)) {
     patch::Anchor held = patch::read_anchor_file(options.out);
     receiver = patch::Receiver(std::move(held.state), held.version);
   }
@@ -288,7 +297,7 @@ void subscribe(const SubscribeOptions& options) {
                                             .tls_files = environment.tcp.tls_files,
                                             .connect_timeout = environment.connect_timeout};
   std::unique_ptr<patch::Subscriber> subscriber;
-  if (std::filesystem::exists(options.out)) {
+  if (out_exists(options.out)) {
     patch::Anchor held = patch::read_anchor_file(options.out);
     subscriber =
         std::make_unique<patch::Subscriber>(connection, std::move(held.state), held.version);

@@ -181,7 +181,14 @@ TransportOptions from_environment(TransportOptions options) {
   if (auto env = first_env({"PULSELOCO_TCP_BUSY_POLL_US"}))
     options.tcp.busy_poll = std::chrono::microseconds(parse_integer(*env, 0, 1'000'000));
 
+  // A blank secret would authenticate anyone who guesses it; a CRLF file's '\r' would make the
+  // secret differ from the same text given in PULSELOCO_SECRET elsewhere.
+  const auto blank = [](std::string_view secret) {
+    return secret.find_first_not_of(" \t\r\n\v\f") == std::string_view::npos;
+  };
   if (auto env = first_env({"PULSELOCO_SECRET"})) {
+    if (blank(env->value))
+      throw InvalidArgument(fmt::format("{}: the secret is only whitespace", env->name));
     options.tcp.secret = env->value;
   } else if (auto file = first_env({"PULSELOCO_SECRET_FILE"})) {
     std::ifstream in(file->value);
@@ -190,9 +197,12 @@ TransportOptions from_environment(TransportOptions options) {
           fmt::format("{}='{}': the file cannot be opened", file->name, file->value));
     std::string line;
     std::getline(in, line);
-    if (line.empty())
+    if (line.ends_with('\r')) line.pop_back();
+    if (blank(line)) {
       throw InvalidArgument(
-          fmt::format("{}='{}': the first line (the secret) is empty", file->name, file->value));
+          fmt::format("{}='{}': the first line (the secret) is empty or only whitespace",
+                      file->name, file->value));
+    }
     options.tcp.secret = line;
   }
   if (auto env = first_env({"PULSELOCO_ALLOW_INSECURE"}))

@@ -239,7 +239,7 @@ struct S3Client::Impl {
     curl_easy_setopt(curl, CURLOPT_URL, address.c_str());
     curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    if (std::getenv("PULSELOCO_S3_VERBOSE")) curl_easy_setopt(curl, CURLOPT_VERBOSE, 1L);
+    if (settings.verbose) curl_easy_setopt(curl, CURLOPT_VERBOSE, 1L);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS,
                      static_cast<long>(settings.connect_timeout.count()));
     curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);

@@ -152,8 +152,8 @@ std::string S3Settings::endpoint_url() const {
 
 S3Settings S3Settings::from_environment() {
   S3Settings settings;
-  std::string profile = environment("AWS_PROFILE");
-  if (profile.empty()) profile = "default";
+  const std::string named_profile = environment("AWS_PROFILE");
+  const std::string profile = named_profile.empty() ? "default" : named_profile;
   const std::filesystem::path credentials_path =
       aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
   const std::filesystem::path config_path = aws_file("AWS_CONFIG_FILE", "config");
@@ -162,6 +162,13 @@ S3Settings S3Settings::from_environment() {
   const Profiles config = config_path.empty() ? Profiles() : read_profiles(config_path);
   // ~/.aws/config names profiles "[profile NAME]", except "[default]".
   const std::string config_section = profile == "default" ? profile : "profile " + profile;
+  // A profile named but found nowhere is a typo, not a request to send unsigned requests.
+  if (!named_profile.empty() && !credentials.contains(profile) &&
+      !config.contains(config_section)) {
+    throw InvalidArgument(fmt::format("AWS_PROFILE='{}': no such profile in '{}' or '{}'",
+                                      named_profile, credentials_path.string(),
+                                      config_path.string()));
+  }
   const auto from_profile = [&](const std::string& key) {
     std::string value = profile_value(credentials, profile, key);
     return value.empty() ? profile_value(config, config_section, key) : value;
@@ -209,6 +216,12 @@ S3Settings S3Settings::from_environment() {
     if (path_style != "0" && path_style != "1")
       throw InvalidArgument(fmt::format("PULSELOCO_S3_PATH_STYLE='{}' is not 0 or 1", path_style));
     settings.path_style = path_style == "1";
+  }
+  const std::string verbose = environment("PULSELOCO_S3_VERBOSE");
+  if (!verbose.empty()) {
+    if (verbose != "0" && verbose != "1")
+      throw InvalidArgument(fmt::format("PULSELOCO_S3_VERBOSE='{}' is not 0 or 1", verbose));
+    settings.verbose = verbose == "1";
   }
   settings.max_attempts = static_cast<int>(
       std::min<std::uint64_t>(positive_variable("PULSELOCO_S3_MAX_ATTEMPTS", 6), 100));

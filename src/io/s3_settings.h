@@ -49,6 +49,8 @@ struct S3Settings {
   // Files above this size are uploaded in parts of this size (the memory an upload holds).
   // S3 requires at least 5 MiB per part except the last.
   std::uint64_t part_bytes = std::uint64_t{16} << 20;
+  // libcurl prints every request and answer header to stderr (debugging).
+  bool verbose = false;
 
   // The endpoint as requests name it ("https://s3.us-east-1.amazonaws.com" when empty).
   [[nodiscard]] std::string endpoint_url() const;
@@ -57,7 +59,9 @@ struct S3Settings {
   // AWS_REGION or AWS_DEFAULT_REGION; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
   // AWS_SESSION_TOKEN, else the profile AWS_PROFILE (default "default") of
   // AWS_SHARED_CREDENTIALS_FILE (~/.aws/credentials) and AWS_CONFIG_FILE (~/.aws/config);
-  // PULSELOCO_S3_PATH_STYLE (0/1), PULSELOCO_S3_MAX_ATTEMPTS, PULSELOCO_S3_PART_BYTES.
+  // PULSELOCO_S3_PATH_STYLE (0/1), PULSELOCO_S3_MAX_ATTEMPTS, PULSELOCO_S3_PART_BYTES,
+  // PULSELOCO_S3_VERBOSE (0/1). InvalidArgument naming a bad value or an AWS_PROFILE found in
+  // neither file.
   // InvalidArgument naming the variable or file for a value that is not valid. Without
   // credentials, requests are unsigned (a public bucket).
   [[nodiscard]] static S3Settings from_environment();

@@ -1,8 +1,8 @@
 // Failure semantics through the in-process transport's fault injection: a rank killed (as by
 // SIGKILL) or stalled (as by SIGSTOP) during small and large collectives, a corrupted frame, a
 // lost message, a local error in a callback, an aborted transport. Every survivor must throw
-// within 2x the timeout of the fault, naming the culprit; inputs stay unchanged; the transport
-// is aborted afterwards. Faults are triggered by message events, never by sleeps.
+// within a bound of the fault (kFailsWithin), naming the culprit; inputs stay unchanged; the
+// transport is aborted afterwards. Faults are triggered by message events, never by sleeps.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -35,6 +35,11 @@ using transport::inproc::FaultInjector;
 using transport::inproc::MessageEvent;
 
 constexpr std::chrono::milliseconds kTimeout = 1000ms;
+// The latest a survivor may throw after the fault: its own wait, timeout / 2 following the
+// suspicion chain and timeout / 4 letting its notices out (docs/collectives.md), plus slack for a
+// loaded machine. It still tells a survivor that fails on this fault from one that hangs or waits
+// out deadline after deadline.
+constexpr std::chrono::milliseconds kFailsWithin = kTimeout * 7 / 4 + 5s;
 
 // Data-phase messages (not headers or notices): the low byte of the tag is the phase, and
 // phases 3..5 carry payload (collectives/detail/packets.h).
@@ -69,8 +74,8 @@ transport::Clock::time_point fault_time(const FaultInjector& faults) {
   return injected.empty() ? transport::Clock::now() : injected.front().when;
 }
 
-// Every rank outside `exempt` threw a pulseloco::Error of `kind` naming `culprit`, within 2x
-// the timeout of the fault.
+// Every rank outside `exempt` threw a pulseloco::Error of `kind` naming `culprit`, within
+// kFailsWithin of the fault.
 void expect_survivors_blame(const std::vector<RankOutcome>& outcomes, int culprit, ErrorKind kind,
                             transport::Clock::time_point fault, const std::set<int>& exempt) {
   for (int rank = 0; rank < static_cast<int>(outcomes.size()); ++rank) {
@@ -83,7 +88,7 @@ void expect_survivors_blame(const std::vector<RankOutcome>& outcomes, int culpri
     EXPECT_EQ(error->context.rank, rank) << error->what;
     const auto took =
         std::chrono::duration_cast<std::chrono::milliseconds>(outcome.finished - fault);
-    EXPECT_LE(took, 2 * kTimeout) << "rank " << rank << " took " << took.count()
+    EXPECT_LE(took, kFailsWithin) << "rank " << rank << " took " << took.count()
                                   << " ms after the fault: " << error->what;
   }
 }
@@ -339,7 +344,7 @@ TEST(Loss, OfOneMessageFailsEveryRankInTime) {
     EXPECT_EQ(error->kind, ErrorKind::timeout) << error->what;
     // Either end of the broken link.
     EXPECT_TRUE(error->context.peer == 0 || error->context.peer == 1) << error->what;
-    EXPECT_LE(outcomes[static_cast<std::size_t>(rank)].finished - fault, 2 * kTimeout)
+    EXPECT_LE(outcomes[static_cast<std::size_t>(rank)].finished - fault, kFailsWithin)
         << error->what;
   }
 }

@@ -1,8 +1,8 @@
 // Collectives across real processes joined by the environment rendezvous (MASTER_ADDR,
 // MASTER_PORT, RANK, WORLD_SIZE), and real faults: SIGKILL of one rank during a small and
 // during a large collective, SIGSTOP of one rank, a frame corrupted in flight. Every survivor
-// must fail within 2x the timeout naming the culprit. The victim tells this driver through a
-// pipe when its collective is under way; nothing waits on sleeps.
+// must fail within a bound of the fault (kFailsWithin) naming the culprit. The victim tells this
+// driver through a pipe when its collective is under way; nothing waits on sleeps.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -34,6 +34,11 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::milliseconds kTimeout = 1500ms;
+// The latest a survivor may fail after the fault: its own wait, timeout / 2 following the
+// suspicion chain and timeout / 4 letting its notices out (docs/collectives.md), plus slack for a
+// loaded machine. It stays far below kKillTimeout, so a survivor of a SIGKILL must have noticed
+// the closed connections rather than waited out its deadline.
+constexpr std::chrono::milliseconds kFailsWithin = kTimeout * 7 / 4 + 10s;
 
 // An owned file descriptor.
 class Fd {
@@ -223,14 +228,13 @@ class ProcessGroup {
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 
-// Every rank but `culprit` failed with `kind` naming `culprit`, within 2x the timeout of
-// `fault`.
+// Every rank but `culprit` failed with `kind` naming `culprit`, within kFailsWithin of `fault`.
 void expect_survivors_blame(ProcessGroup& group, int culprit, const std::string& kind,
                             Clock::time_point fault) {
   for (int rank = 0; rank < group.size(); ++rank) {
     if (rank == culprit) continue;
     Worker& worker = group[rank];
-    ASSERT_TRUE(worker.wait(fault + 2 * kTimeout + 20s)) << "rank " << rank << " hangs";
+    ASSERT_TRUE(worker.wait(fault + kFailsWithin + 20s)) << "rank " << rank << " hangs";
     EXPECT_EQ(worker.exit_code(), 3) << "rank " << rank << ": " << worker.output();
     EXPECT_EQ(worker.field("kind"), kind) << "rank " << rank << ": " << worker.output();
     EXPECT_EQ(worker.field("peer"), std::to_string(culprit))
@@ -239,7 +243,7 @@ void expect_survivors_blame(ProcessGroup& group, int culprit, const std::string&
     ASSERT_FALSE(time.empty()) << worker.output();
     const auto failed_at = Clock::time_point(std::chrono::nanoseconds(std::stoll(time)));
     const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(failed_at - fault);
-    EXPECT_LE(took, 2 * kTimeout) << "rank " << rank << " failed " << took.count()
+    EXPECT_LE(took, kFailsWithin) << "rank " << rank << " failed " << took.count()
                                   << " ms after the fault: " << worker.output();
   }
 }
@@ -257,7 +261,7 @@ std::vector<std::string> single(const std::string& op, std::size_t bytes,
 // The ranks' timeout in the SIGKILL tests: a kill is noticed when the connections close, and the
 // victim, blocked, sends nothing meanwhile; a minute keeps the survivors' deadlines from running
 // out first however late this process gets to send the signal. They must still notice within
-// 2 * kTimeout of it.
+// kFailsWithin of it.
 constexpr std::chrono::milliseconds kKillTimeout = 60s;
 
 class EnvRendezvous : public ::testing::TestWithParam<int> {};

@@ -129,6 +129,7 @@ TEST(FromEnvironment, BadValuesNameTheVariable) {
                                                   {"PULSELOCO_TCP_NODELAY", "maybe"},
                                                   {"PULSELOCO_TCP_BUSY_POLL_US", "2000000"},
                                                   {"PULSELOCO_RENDEZVOUS", "dns"},
+                                                  {"PULSELOCO_SECRET", " \t "},
                                                   {"PULSELOCO_SECRET_FILE", "/nonexistent/secret"}};
   for (const auto& [name, value] : bad) {
     const ScopedEnv env{{name.c_str(), value.c_str()}};
@@ -179,6 +180,22 @@ TEST(FromEnvironment, SecretFromAFile) {
   }
   const ScopedEnv env{{"PULSELOCO_SECRET_FILE", path.c_str()}};
   EXPECT_EQ(from_environment().tcp.secret, "file secret");
+  // A file written with CRLF line ends holds the same secret.
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << "file secret\r\nsecond line\r\n";
+  EXPECT_EQ(from_environment().tcp.secret, "file secret");
+  // A first line of whitespace (or a lone '\r') is no secret.
+  for (const char* blank : {"   \n", "\r\n", "\t\n"}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << blank;
+    try {
+      (void)from_environment();
+      ADD_FAILURE() << "a blank secret file was accepted";
+    } catch (const InvalidArgument& error) {
+      EXPECT_NE(std::string(error.what()).find("PULSELOCO_SECRET_FILE"), std::string::npos)
+          << error.what();
+      EXPECT_NE(std::string(error.what()).find("empty or only whitespace"), std::string::npos)
+          << error.what();
+    }
+  }
   std::remove(path.c_str());
 }
 

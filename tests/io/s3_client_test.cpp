@@ -102,7 +102,8 @@ TEST(S3Settings, VariablesProfilesAndEndpoints) {
       {"AWS_SHARED_CREDENTIALS_FILE", nullptr},
       {"AWS_CONFIG_FILE", nullptr},
       {"PULSELOCO_S3_MAX_ATTEMPTS", nullptr},
-      {"PULSELOCO_S3_PART_BYTES", nullptr}};
+      {"PULSELOCO_S3_PART_BYTES", nullptr},
+      {"PULSELOCO_S3_VERBOSE", nullptr}};
   {
     ScopedEnvironment environment(clean);
     const io::S3Settings settings = io::S3Settings::from_environment();
@@ -141,6 +142,8 @@ TEST(S3Settings, VariablesProfilesAndEndpoints) {
            {"PULSELOCO_S3_ENDPOINT", "https://host/path"},
            {"PULSELOCO_S3_PATH_STYLE", "yes"},
            {"PULSELOCO_S3_MAX_ATTEMPTS", "0"},
+           {"PULSELOCO_S3_VERBOSE", "yes"},
+           {"AWS_PROFILE", "tema"},
            {"AWS_ACCESS_KEY_ID", "only-the-id"}}) {
     ScopedEnvironment environment(clean);
     ScopedEnvironment bad({{name, value}});

@@ -91,6 +91,11 @@ def push(pulseloco: str, published: Path, work: Path, expected: dict[str, bytes]
             assert "link security differs: the server's links use TLS" in mismatched.stderr, \
                 mismatched.stderr
             assert not (work / "mismatched.safetensors").exists()
+        # An --out whose existence cannot be told is an error naming the flag, before anything.
+        too_long = work / ("a" * 300) / "state.safetensors"
+        failed = run([pulseloco, "patch", "subscribe", address, "--out", str(too_long)],
+                     expect=1, env=env)
+        assert f"I/O error: --out {too_long}: File name too long" in failed.stderr, failed.stderr
     finally:
         server.terminate()
     assert server.wait(timeout=60) == 0

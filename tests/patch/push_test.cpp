@@ -350,12 +350,13 @@ TEST(PatchPush, ADamagedTruncatedOrMisplacedMessageIsRefusedWithTheStateUnchange
   }
 
   // A message cut short: the connection is lost mid-payload, every reconnection too, until the
-  // deadline; the state never changes.
+  // deadline; the state never changes. The deadline leaves a loaded machine time to connect,
+  // authenticate and subscribe at least once.
   ScriptedServer truncating([&](tcp::LinkStream& link) -> asio::awaitable<void> {
     co_await send_message(link, PushType::compact, 2, digest2, patch2, std::nullopt, 7);
   });
   patch::Subscriber subscriber(subscriber_options(truncating.port()), run.expected(1), 1);
-  EXPECT_THROW((void)subscriber.receive(transport::deadline_after(std::chrono::milliseconds(500))),
+  EXPECT_THROW((void)subscriber.receive(transport::deadline_after(std::chrono::seconds(5))),
                TimeoutError);
   EXPECT_GE(subscriber.connections(), 1u);
   EXPECT_EQ(subscriber.version(), 1u);
@@ -397,17 +398,24 @@ class StalledSubscriber {
   }
   // Reads `piece` bytes, pauses for `pause`, and so on (the bytes are not decrypted: only the
   // pace matters) until the server closes or resets the connection; false when that did not
-  // happen within 60 s.
+  // happen within 60 s. Each read waits in poll() for what is left of the 60 s (a blocking read
+  // would wait forever on a server that stops sending without closing).
   bool read_slowly(std::size_t piece, std::chrono::milliseconds pause) {
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     std::vector<std::byte> bytes(piece);
-    while (std::chrono::steady_clock::now() < give_up) {
-      boost::system::error_code error;
-      const std::size_t got = asio::read(*socket_, asio::buffer(bytes), error);
-      if (error || got < piece) return true;
+    for (;;) {
+      for (std::size_t got = 0; got < piece;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            give_up - std::chrono::steady_clock::now());
+        pollfd watched{.fd = socket_->native_handle(), .events = POLLIN, .revents = 0};
+        if (left.count() <= 0 || ::poll(&watched, 1, static_cast<int>(left.count())) != 1)
+          return false;
+        boost::system::error_code error;
+        got += socket_->read_some(asio::buffer(bytes.data() + got, piece - got), error);
+        if (error) return true;  // closed or reset
+      }
       std::this_thread::sleep_for(pause);  // the slowness under test, not a synchronisation
     }
-    return false;
   }
 
  private:
@@ -517,10 +525,10 @@ TEST(PatchPush, AFileChangedSinceTheManifestListedItNeverReachesASubscriberWhole
   patch::PushServer server(dir.path(), server_options());
   patch::Subscriber subscriber(subscriber_options(server.port()));
   // Each connection ends short of the message (a whole one would fail its checksum, a protocol
-  // error); the subscriber reconnects until the deadline.
-  EXPECT_THROW(
-      (void)subscriber.receive(transport::deadline_after(std::chrono::milliseconds(1'000))),
-      TimeoutError);
+  // error); the subscriber reconnects until the deadline, which leaves a loaded machine time to
+  // connect, authenticate and subscribe at least once.
+  EXPECT_THROW((void)subscriber.receive(transport::deadline_after(std::chrono::seconds(5))),
+               TimeoutError);
   EXPECT_GE(subscriber.connections(), 1u);
   EXPECT_FALSE(subscriber.version().has_value());
 }

@@ -75,12 +75,12 @@ ALONE = """
             sync.after_optimizer_step()
 """
 
-def run_alone(tmp_path, options):
+def run_alone(tmp_path, options, **extra_env):
     """stderr of a script that makes two Synchronizers with `options` and no launcher (nothing
     that would tell it where other ranks are), at the default log level."""
     script = tmp_path / "alone.py"
     script.write_text(f"OPTIONS = {options!r}\n" + textwrap.dedent(ALONE))
-    env = clean_environment()
+    env = dict(clean_environment(), **extra_env)
     env.pop("PULSELOCO_LOG_LEVEL")
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                             text=True, timeout=BOUND_SECONDS)
@@ -99,3 +99,11 @@ def test_a_synchronizer_without_launcher_variables_warns_once_that_it_runs_alone
 def test_an_explicit_world_size_of_one_runs_alone_silently(tmp_path):
     stderr = run_alone(tmp_path, {"group": {"world_size": 1}})
     assert "group of one" not in stderr, stderr
+
+
+def test_a_bad_log_all_ranks_value_is_named_in_a_warning(tmp_path):
+    # A logging variable never stops a run; "true" is not mistaken for 1 or silently for 0.
+    stderr = run_alone(tmp_path, {"group": {"world_size": 1}}, PULSELOCO_LOG_ALL_RANKS="true")
+    warnings = [line for line in stderr.splitlines()
+                if "PULSELOCO_LOG_ALL_RANKS='true' is not 0 or 1; using 0" in line]
+    assert len(warnings) == 1, stderr

@@ -132,6 +132,9 @@ TEST(TcpTransport, ASendNobodyWaitsForGoesOutAfterTheCallerLeft) {
   std::vector<std::byte> got(big.size());
   group[1]->recv(0, 2, got, deadline_after(kTimeout));
   EXPECT_EQ(got, big);
+  // The sender marks the send done in its write handler on an I/O thread, which may run after
+  // the receiver already has every byte.
+  EXPECT_NO_THROW(unwaited->wait(deadline_after(kTimeout)));
   EXPECT_TRUE(unwaited->test());
 }
 
@@ -408,7 +411,8 @@ TEST(TcpTransport, ReceiveTimesOutAtItsDeadlineNamingThePeer) {
   } catch (const TimeoutError& error) {
     const auto elapsed = Clock::now() - start;
     EXPECT_GE(elapsed, kDeadline);
-    EXPECT_LT(elapsed, 2 * kDeadline);
+    // The wait ends at its own deadline rather than hanging; the slack absorbs a loaded machine.
+    EXPECT_LT(elapsed, kDeadline + 10s);
     EXPECT_EQ(error.context().peer, 2);
     EXPECT_EQ(error.context().rank, 0);
     EXPECT_NE(std::string(error.what()).find("receive from peer 2"), std::string::npos);

@@ -244,15 +244,21 @@ struct Fabric {
 
   // Copies a message into a claimed receive and checks it as the receiving side of a wire would.
   // Runs without the lock. Returns the error for the receive, if any.
-  [[nodiscard]] static std::exception_ptr copy_into(const Op& recv,
-                                                    std::span<const std::byte> bytes,
-                                                    Digest checksum, bool corrupt_now) {
+  // A copy's outcome: its error, and whether that is a failed checksum (the link is then
+  // corrupt, as a wire transport drops the connection).
+  struct CopyResult {
+    std::exception_ptr error;
+    bool checksum_failed = false;
+  };
+
+  [[nodiscard]] static CopyResult copy_into(const Op& recv, std::span<const std::byte> bytes,
+                                            Digest checksum, bool corrupt_now) {
     if (bytes.size() != recv.buffer.size()) {
-      return std::make_exception_ptr(ProtocolError(
+      return {std::make_exception_ptr(ProtocolError(
           fmt::format("message of {} bytes from peer {} under tag {} where {} bytes were "
                       "expected",
                       bytes.size(), recv.peer, tag_text(recv.tag), recv.buffer.size()),
-          {.rank = recv.owner, .peer = recv.peer}));
+          {.rank = recv.owner, .peer = recv.peer}))};
     }
     if (!bytes.empty()) std::memcpy(recv.buffer.data(), bytes.data(), bytes.size());
     if (corrupt_now) {
@@ -263,13 +269,14 @@ struct Fabric {
       }
     }
     if (digest_bytes(recv.buffer) != checksum) {
-      return std::make_exception_ptr(
-          ProtocolError(fmt::format("frame of {} bytes from peer {} under tag {} failed its "
-                                    "checksum (corrupted in flight)",
-                                    recv.buffer.size(), recv.peer, tag_text(recv.tag)),
-                        {.rank = recv.owner, .peer = recv.peer}));
+      return {std::make_exception_ptr(
+                  ProtocolError(fmt::format("frame of {} bytes from peer {} under tag {} failed "
+                                            "its checksum (corrupted in flight)",
+                                            recv.buffer.size(), recv.peer, tag_text(recv.tag)),
+                                {.rank = recv.owner, .peer = recv.peer})),
+              true};
     }
-    return nullptr;
+    return {};
   }
 
   // Finishes a receive after copy_into (lock held).
@@ -317,16 +324,6 @@ struct Fabric {
 };
 
 namespace {
-
-bool is_checksum_error(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const ProtocolError& e) {
-    return e.message().find("checksum") != std::string::npos;
-  } catch (...) {
-    return false;
-  }
-}
 
 class InprocRequest final : public Request {
  public:
@@ -460,8 +457,7 @@ class InprocTransport final : public Transport {
     const ChannelKey key{rank_, peer, tag};
     if (std::shared_ptr<Op> recv = f.claim_posted(key)) {
       lock.unlock();
-      std::exception_ptr error = Fabric::copy_into(*recv, data, checksum, corrupt);
-      const bool checksum_failed = error && is_checksum_error(error);
+      auto [error, checksum_failed] = Fabric::copy_into(*recv, data, checksum, corrupt);
       lock.lock();
       f.complete_receive(*recv, std::move(error), checksum_failed);
       Fabric::finish(*op);
@@ -486,8 +482,8 @@ class InprocTransport final : public Transport {
     }
     if (std::shared_ptr<Op> recv = f.claim_posted(key)) {  // posted meanwhile
       lock.unlock();
-      std::exception_ptr error = Fabric::copy_into(*recv, message.bytes, message.checksum, false);
-      const bool checksum_failed = error && is_checksum_error(error);
+      auto [error, checksum_failed] =
+          Fabric::copy_into(*recv, message.bytes, message.checksum, false);
       lock.lock();
       f.complete_receive(*recv, std::move(error), checksum_failed);
     } else {
@@ -532,8 +528,8 @@ class InprocTransport final : public Transport {
       op->status = OpStatus::claimed;
       ++me.copies_in_flight;
       lock.unlock();
-      std::exception_ptr error = Fabric::copy_into(*op, message.bytes, message.checksum, false);
-      const bool checksum_failed = error && is_checksum_error(error);
+      auto [error, checksum_failed] =
+          Fabric::copy_into(*op, message.bytes, message.checksum, false);
       lock.lock();
       f.complete_receive(*op, std::move(error), checksum_failed);
       return request;
