@@ -356,6 +356,9 @@ class Synchronizer:
         keep = _integer("keep", keep, 1, UINT32_MAX)
         own = dict(files or {})  # the engine checks the names and bytes
         if optimizer is not None:
+            if OPTIMIZER_FILE in own:
+                raise InvalidArgument(f"files holds '{OPTIMIZER_FILE}', the file optimizer= "
+                                      "writes: rename it or pass only one of them")
             import torch  # only when an optimizer is given: pulseloco does not need torch
 
             buffer = io.BytesIO()

@@ -1,6 +1,7 @@
 # Installs this build into a prefix, then configures, builds and runs a separate project that
 # finds it with find_package(pulseloco). EXTRA_ARGS (a ;-list) reach the project's configure
-# step (e.g. -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON), EXPECT is a regex its output must match.
+# step (e.g. -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON), EXPECT is a regex its output must match; with
+# EXPECT_CONFIGURE_FAILURE the configure step must fail and its output match EXPECT instead.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 
@@ -21,6 +22,18 @@ if(CUDA_COMPILER AND NOT EXTRA_ARGS MATCHES "DISABLE_FIND_PACKAGE_CUDAToolkit")
   get_filename_component(cuda_bin ${CUDA_COMPILER} DIRECTORY)
   get_filename_component(cuda_root ${cuda_bin} DIRECTORY)
   list(APPEND configure_args -DCUDAToolkit_ROOT=${cuda_root})
+endif()
+if(EXPECT_CONFIGURE_FAILURE)
+  execute_process(COMMAND ${CMAKE_COMMAND} ${configure_args} RESULT_VARIABLE rc
+    OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "the consumer configured although it should not:\n${out}\n${err}")
+  endif()
+  if(NOT "${out}${err}" MATCHES "${EXPECT}")
+    message(FATAL_ERROR "unexpected configure output (wanted '${EXPECT}'):\n${out}\n${err}")
+  endif()
+  message(STATUS "configure failed as expected")
+  return()
 endif()
 run(${CMAKE_COMMAND} ${configure_args})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)

@@ -396,6 +396,16 @@ def test_bad_checkpoint_file_names_are_refused_and_nothing_is_written(tmp_path, 
     assert not list(root.glob("window-*"))
 
 
+def test_a_file_named_like_the_optimizers_is_refused_with_optimizer(tmp_path):
+    model = linear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pulseloco.Synchronizer(model.named_parameters()) as sync:
+        with pytest.raises(pulseloco.InvalidArgument) as caught:
+            sync.save_checkpoint(tmp_path, optimizer=optimizer, files={"optimizer.pt": b"mine"})
+    assert "files holds 'optimizer.pt', the file optimizer= writes" in str(caught.value)
+    assert not list(tmp_path.glob("window-*"))
+
+
 def test_save_global_weights_writes_the_global_weights_as_safetensors(tmp_path):
     safetensors = pytest.importorskip("safetensors")
     model = linear()
