@@ -3,14 +3,17 @@
 // Usable by any test that needs real TCP transports (the collectives' tests too).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -96,29 +99,50 @@ inline std::vector<std::unique_ptr<TcpTransport>> make_loopback_group(
   return ranks;
 }
 
-// A TCP port on 127.0.0.1 that was free a moment ago (the caller must cope with losing a race).
-inline std::uint16_t pick_free_port() {
+// Whether `port` on 127.0.0.1 can be bound now (0: any; then `port` is set to the one bound).
+inline bool bind_probe(std::uint16_t& port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error("socket() failed");
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
   socklen_t length = sizeof address;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    ::close(fd);
-    throw std::runtime_error("bind() to an ephemeral port failed");
-  }
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+                     ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
   ::close(fd);
-  return ntohs(address.sin_port);
+  if (bound) port = ntohs(address.sin_port);
+  return bound;
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the caller must cope with losing a race).
+// It lies below the range the system hands out for bind(0) and outgoing connections, as the
+// Python launcher's ports do: tests beside this one open many connections, and one of them could
+// take a port that bind(0) had found free.
+inline std::uint16_t pick_free_port() {
+  int low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); !(range >> low)) low = 32768;
+  if (low > 11000) {
+    std::mt19937 chooser(std::random_device{}());
+    std::uniform_int_distribution<int> below(10000, low - 1);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      auto port = static_cast<std::uint16_t>(below(chooser));
+      if (bind_probe(port)) return port;
+    }
+  }
+  std::uint16_t any = 0;
+  if (!bind_probe(any)) throw std::runtime_error("bind() to an ephemeral port failed");
+  return any;
 }
 
 // `count` addresses 127.0.0.1:<port> with ports that were free a moment ago, for the peer-list
 // rendezvous (the caller retries when it loses a port to another process: IoError).
 inline std::vector<std::string> free_peer_list(int count) {
   std::vector<std::string> peers;
-  for (int rank = 0; rank < count; ++rank)
-    peers.push_back("127.0.0.1:" + std::to_string(pick_free_port()));
+  while (static_cast<int>(peers.size()) < count) {
+    const std::string peer = "127.0.0.1:" + std::to_string(pick_free_port());
+    if (std::find(peers.begin(), peers.end(), peer) == peers.end()) peers.push_back(peer);
+  }
   return peers;
 }
 
