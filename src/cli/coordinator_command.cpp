@@ -50,11 +50,15 @@ void add_coordinator_command(CLI::App& app) {
                    "Admit waiting workers at window boundaries that are multiples of this")
       ->check(flags::at_least(1))
       ->capture_default_str();
+  // A week is far beyond any regroup; the bound keeps the regroup deadline (now + timeout on
+  // the steady clock's nanoseconds) from overflowing into the past.
+  constexpr std::int64_t max_regroup_timeout_ms = 7 * 24 * 3600 * std::int64_t{1000};
   command
       ->add_option("--regroup-timeout-ms", *regroup_timeout_ms,
                    "How long a regroup waits for every member to ask for a new group (must "
-                   "exceed twice the workers' collective timeout and their connect timeout)")
-      ->check(flags::at_least(1))
+                   "exceed twice the workers' collective timeout and their connect timeout; at "
+                   "most 7 days)")
+      ->check(flags::between(std::int64_t{1}, max_regroup_timeout_ms))
       ->capture_default_str();
   command->add_flag("--insecure", options->allow_insecure,
                     "Listen beyond loopback without a shared secret (a trusted network only: "

@@ -8,6 +8,8 @@
 #include <CLI/CLI.hpp>
 
 #include <charconv>
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -32,6 +34,22 @@ namespace detail {
   return value;
 }
 
+// Whether `text` (already accepted by decimal()) is an integer beyond the 64-bit signed range.
+// CLI11 converts integers with strtoll or strtoull, which saturate there without an error, so
+// "--join-every 99999999999999999999" would run with 2^64 - 1. A check cannot see the option's
+// type; narrower types are refused by CLI11's own conversion, and refusing above 2^63 - 1 also
+// covers signed 64-bit options (no checked flag needs more).
+[[nodiscard]] inline bool integer_out_of_range(const std::string& text) {
+  const std::size_t first = !text.empty() && text[0] == '-' ? 1 : 0;
+  if (first == text.size()) return false;
+  for (std::size_t i = first; i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9') return false;  // a fraction or exponent: a real number
+  }
+  std::int64_t value = 0;
+  return std::from_chars(text.data(), text.data() + text.size(), value).ec ==
+         std::errc::result_out_of_range;
+}
+
 template <typename Accept>
 [[nodiscard]] CLI::Validator check(std::string rule, std::string description, Accept accept) {
   return CLI::Validator(
@@ -39,6 +57,8 @@ template <typename Accept>
         const auto value = decimal(text);
         if (!value)
           return fmt::format("must be a decimal number without leading zeros, got {}", text);
+        if (integer_out_of_range(text))
+          return fmt::format("must fit a 64-bit signed integer, got {}", text);
         if (!accept(*value)) return fmt::format("must be {}, got {}", rule, text);
         return {};
       },

@@ -280,6 +280,9 @@ GroupTable environment_rendezvous(const TransportOptions& options, std::uint16_t
     throw InvalidArgument(
         "environment rendezvous: MASTER_ADDR and MASTER_PORT (or PULSELOCO_MASTER_ADDR and "
         "PULSELOCO_MASTER_PORT) must be set");
+  // Before rank 0 starts the server: an interface without an address is this rank's own error,
+  // which waiting for the server would turn into a timeout about missing ranks.
+  (void)configured_advertise_address(options);
   const Deadline deadline = transport::deadline_after(options.connect_timeout);
   std::unique_ptr<RendezvousServer> server;
   if (options.rank == 0 && !options.external_rendezvous_server) {

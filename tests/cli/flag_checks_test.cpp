@@ -75,5 +75,42 @@ TEST(FlagChecks, OnlyPlainDecimalNumbersPass) {
   EXPECT_EQ(parse<double>("1e-6", above(0)), "");
 }
 
+// CLI11 converts with strtoll or strtoull, which saturate beyond 64 bits without an error: such
+// a value would run as 2^64 - 1 or 2^63 - 1 instead of being refused.
+TEST(FlagChecks, AnIntegerBeyondSixtyFourBitsIsRefusedInsteadOfSaturating) {
+  EXPECT_EQ(parse<std::uint64_t>("99999999999999999999", at_least(1)),
+            "--value: must fit a 64-bit signed integer, got 99999999999999999999");
+  EXPECT_EQ(parse<std::int64_t>("9223372036854775808", at_least(1)),
+            "--value: must fit a 64-bit signed integer, got 9223372036854775808");
+  EXPECT_EQ(parse<std::int64_t>("-9223372036854775809", at_least(-10)),
+            "--value: must fit a 64-bit signed integer, got -9223372036854775809");
+  EXPECT_EQ(parse<std::int64_t>("9223372036854775807", at_least(1)), "");
+  EXPECT_EQ(parse<std::uint64_t>("9223372036854775807", at_least(1)), "");
+  // A real number may be larger, written either way.
+  EXPECT_EQ(parse<double>("1e30", above(0)), "");
+  EXPECT_EQ(parse<double>("100000000000000000000.5", above(0)), "");
+}
+
+// A value within 64 bits but beyond a narrower option is refused by CLI11's own conversion,
+// which names the flag and the value.
+TEST(FlagChecks, AValueBeyondANarrowerTypeIsRefusedNamingTheFlagAndTheValue) {
+  EXPECT_EQ(parse<int>("2147483648", at_least(1)), "Could not convert: --value = 2147483648");
+  EXPECT_EQ(parse<std::uint32_t>("4294967296", at_least(1)),
+            "Could not convert: --value = 4294967296");
+  EXPECT_EQ(parse<int>("2147483647", at_least(1)), "");
+}
+
+// `pulseloco coordinator --regroup-timeout-ms` is bounded so that the regroup deadline (now +
+// timeout) cannot overflow into the past.
+TEST(FlagChecks, TheRegroupTimeoutIsAtMostAWeek) {
+  const auto check = between(std::int64_t{1}, std::int64_t{604'800'000});
+  EXPECT_EQ(parse<std::int64_t>("604800000", check), "");
+  EXPECT_EQ(parse<std::int64_t>("604800001", check),
+            "--value: must be between 1 and 604800000, got 604800001");
+  EXPECT_EQ(parse<std::int64_t>("9223372036854775807", check),
+            "--value: must be between 1 and 604800000, got 9223372036854775807");
+  EXPECT_EQ(parse<std::int64_t>("0", check), "--value: must be between 1 and 604800000, got 0");
+}
+
 }  // namespace
 }  // namespace pulseloco::flags

@@ -224,6 +224,42 @@ TEST_F(InspectCli, JsonAgreesWithTheMessage) {
             bytes.size());
 }
 
+// --no-frames leaves out the frames table (and the JSON's "frames" array) but still verifies
+// every frame.
+TEST_F(InspectCli, NoFramesKeepsTheHeaderAndTensorsAndLeavesOutEveryFrame) {
+  const Bytes bytes = message(Encoding::pulse);
+  const std::string path = write("valid.msg", bytes);
+  const CliRun run = run_cli("inspect --no-frames " + path);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find(std::to_string(bytes.size()) + " bytes"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("frames     3"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("entries    " + std::to_string(entries_)), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("\ntensors\n"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("\nframes\n"), std::string::npos) << run.output;
+  // Frame 2's begin appears only in its row of the frames table.
+  EXPECT_EQ(run.output.find("5368709120"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("verified: all 3 frames decode"), std::string::npos) << run.output;
+
+  const CliRun json_run = run_cli("inspect --json --no-frames " + path);
+  ASSERT_EQ(json_run.status, 0) << json_run.output;
+  const auto json = nlohmann::json::parse(json_run.output);
+  EXPECT_FALSE(json.contains("frames")) << json_run.output;
+  EXPECT_EQ(json["header"]["frames"].get<std::uint64_t>(), 3u);
+  EXPECT_EQ(json["tensors"].size(), 2u);
+  EXPECT_EQ(json["entries"].get<std::size_t>(), entries_);
+  EXPECT_TRUE(json["valid"].get<bool>());
+
+  Bytes corrupt = bytes;
+  const MessageView view = MessageView::parse(corrupt);
+  corrupt[view.frame(2).byte_offset + view.frame(2).byte_size - 12] ^= std::byte{0x10};
+  const CliRun corrupt_run = run_cli("inspect --no-frames " + write("corrupt.msg", corrupt));
+  EXPECT_EQ(corrupt_run.status, 1) << corrupt_run.output;
+  EXPECT_NE(corrupt_run.output.find("1 of 3 frames are invalid"), std::string::npos)
+      << corrupt_run.output;
+}
+
 TEST_F(InspectCli, ACorruptFrameFailsWithItsReasonAndOffset) {
   Bytes bytes = message(Encoding::pulse);
   const MessageView view = MessageView::parse(bytes);

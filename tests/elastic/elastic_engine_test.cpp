@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 
 #include <pulseloco/base/errors.h>
@@ -273,6 +274,26 @@ TEST(ElasticEngine, RefusesTransportsThatCannotChangeMembership) {
   elastic.transport.backend = transport::Backend::tcp;
   elastic.coordinator.clear();
   EXPECT_THROW(ElasticEngine(testing::views_of(model), worker_options(), elastic), InvalidArgument);
+}
+
+// Refused in the constructor, before anything connects: nothing listens at either address.
+TEST(ElasticEngine, RefusesOverlappedWindowsForAWorkerOfSeveralRanks) {
+  testing::LocalModel model = testing::make_model({10}, DType::float32, 1);
+  ElasticOptions elastic = elastic_options(1, "w");
+  elastic.ranks_per_worker = 2;
+  elastic.worker_link = "127.0.0.1:1";
+  EngineOptions options = worker_options();
+  options.overlap = Overlap::delayed;
+  try {
+    ElasticEngine refused(testing::views_of(model), options, elastic);
+    ADD_FAILURE() << "a worker of two ranks accepted overlapped windows";
+  } catch (const InvalidArgument& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("a worker of several ranks runs blocking windows only"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("overlap is 'delayed'"), std::string::npos) << message;
+  }
 }
 
 }  // namespace

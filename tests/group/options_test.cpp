@@ -1,15 +1,25 @@
-// Group formation's options from the environment.
+// Group formation's options from the environment, and the advertised address they choose
+// (PULSELOCO_SOCKET_IFNAME, PULSELOCO_ADVERTISE_ADDR) in groups formed over loopback.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <pulseloco/base/errors.h>
+#include <pulseloco/group/make_transport.h>
 #include <pulseloco/group/options.h>
+#include <pulseloco/group/rendezvous.h>
+#include <pulseloco/group/rendezvous_server.h>
 #include <pulseloco/group/test_hooks.h>
+#include "transport/loopback_group.h"
 
 namespace pulseloco::group {
 namespace {
@@ -197,6 +207,100 @@ TEST(FromEnvironment, SecretFromAFile) {
     }
   }
   std::remove(path.c_str());
+}
+
+constexpr std::chrono::milliseconds kFormationTimeout{30'000};
+
+// Rank `rank`'s options for a 2-rank loopback group at the rendezvous server on `port`, with what
+// the environment sets on top.
+TransportOptions loopback_options_from_environment(int rank, std::uint16_t port) {
+  TransportOptions defaults = transport::testing::loopback_options({}, rank, 2, port);
+  defaults.connect_timeout = kFormationTimeout;
+  return from_environment(defaults);
+}
+
+TEST(AdvertisedAddress, AnInterfaceWithoutAnIpv4AddressFailsNamingTheVariableAndTheInterface) {
+  const ScopedEnv env{{"PULSELOCO_ADVERTISE_ADDR", ""}, {"PULSELOCO_SOCKET_IFNAME", "pl-no-such0"}};
+  RendezvousServer server("127.0.0.1", 0, 2, transport::TcpOptions{},
+                          transport::deadline_after(kFormationTimeout));
+  try {
+    (void)make_tcp_transport(loopback_options_from_environment(0, server.port()));
+    ADD_FAILURE() << "a group formed advertising the address of interface pl-no-such0";
+  } catch (const InvalidArgument& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("PULSELOCO_SOCKET_IFNAME: interface 'pl-no-such0' has no IPv4 address"),
+              std::string::npos)
+        << what;
+  }
+  // Rank 0 hosting the rendezvous itself reports the same error, not a timeout about the ranks
+  // that never registered.
+  TransportOptions hosting =
+      loopback_options_from_environment(0, transport::testing::pick_free_port());
+  hosting.external_rendezvous_server = false;
+  try {
+    (void)make_tcp_transport(hosting);
+    ADD_FAILURE() << "rank 0 formed a group advertising the address of interface pl-no-such0";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("interface 'pl-no-such0' has no IPv4 address"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
+// Forms a 2-rank group over loopback whose ranks read their options from the environment, and
+// returns it with the table each rank received. The transports are made as make_tcp_transport()
+// makes them, without its tagging of this process's log lines with a rank (LogRank in
+// make_transport_test.cpp expects an untagged process).
+struct EnvironmentGroup {
+  std::vector<transport::GroupTable> tables;
+  std::vector<std::unique_ptr<transport::TcpTransport>> ranks;
+};
+
+EnvironmentGroup form_group_from_environment() {
+  RendezvousServer server("127.0.0.1", 0, 2, transport::TcpOptions{},
+                          transport::deadline_after(kFormationTimeout));
+  EnvironmentGroup group;
+  group.tables.resize(2);
+  group.ranks.resize(2);
+  transport::testing::run_parallel(2, [&](int rank) {
+    const auto r = static_cast<std::size_t>(rank);
+    const TransportOptions options = loopback_options_from_environment(rank, server.port());
+    group.ranks[r] = std::make_unique<transport::TcpTransport>(
+        options.tcp,
+        [&](std::uint16_t listen_port) {
+          group.tables[r] = environment_rendezvous(options, listen_port);
+          return group.tables[r];
+        },
+        options.connect_timeout);
+  });
+  server.wait();
+  return group;
+}
+
+// Every rank is listed at 127.0.0.1, and the group carries a message.
+void expect_a_working_loopback_group(const EnvironmentGroup& group) {
+  for (const auto& table : group.tables) {
+    ASSERT_EQ(table.peers.size(), 2U);
+    EXPECT_EQ(table.peers[0].host, "127.0.0.1");
+    EXPECT_EQ(table.peers[1].host, "127.0.0.1");
+  }
+  const auto sent = transport::testing::payload(1, 1000);
+  std::vector<std::byte> received(sent.size());
+  auto receive = group.ranks[1]->irecv(0, 1, received);
+  group.ranks[0]->send(1, 1, sent, transport::deadline_after(kFormationTimeout));
+  receive->wait(transport::deadline_after(kFormationTimeout));
+  EXPECT_EQ(received, sent);
+}
+
+// The variables are process-wide: each is set for the whole formation, on every rank's thread.
+TEST(AdvertisedAddress, AGroupFormsAdvertisingTheAddressOfTheSocketInterface) {
+  const ScopedEnv env{{"PULSELOCO_ADVERTISE_ADDR", ""}, {"PULSELOCO_SOCKET_IFNAME", "lo"}};
+  expect_a_working_loopback_group(form_group_from_environment());
+}
+
+TEST(AdvertisedAddress, AGroupFormsAdvertisingTheGivenAddress) {
+  const ScopedEnv env{{"PULSELOCO_ADVERTISE_ADDR", "127.0.0.1"}, {"PULSELOCO_SOCKET_IFNAME", ""}};
+  expect_a_working_loopback_group(form_group_from_environment());
 }
 
 }  // namespace
