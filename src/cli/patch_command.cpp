@@ -242,6 +242,9 @@ void write_held(const std::string& out, const patch::Bf16State& state, std::uint
   std::fflush(stdout);
 }
 
+// A poll interval's bound: clock arithmetic on larger ones overflows.
+constexpr std::int64_t kMaxPollMs = 86'400'000;
+
 // Whether --out already holds a state to resume from; IoError naming it when that cannot be
 // told (a name too long, a directory that cannot be searched).
 bool out_exists(const std::filesystem::path& out) {
@@ -350,9 +353,10 @@ void add_patch_command(CLI::App& app) {
       ->required();
   serve_command
       ->add_option("--poll-ms", serve_options->poll_ms,
-                   "How often the manifest is read for new versions, in milliseconds")
+                   "How often the manifest is read for new versions, in milliseconds (at most "
+                   "a day)")
       ->capture_default_str()
-      ->check(flags::at_least(1));
+      ->check(flags::between(std::int64_t{1}, kMaxPollMs));
   serve_command
       ->add_option("--min-rate", serve_options->min_rate,
                    "Drop a subscriber that takes fewer bytes per second than this, averaged over "
@@ -374,8 +378,8 @@ void add_patch_command(CLI::App& app) {
       ->required();
   subscribe_command
       ->add_option("--poll-ms", subscribe_options->poll_ms,
-                   "How often a bucket's manifest is read, in milliseconds")
-      ->check(flags::at_least(1));
+                   "How often a bucket's manifest is read, in milliseconds (at most a day)")
+      ->check(flags::between(std::uint64_t{1}, static_cast<std::uint64_t>(kMaxPollMs)));
   subscribe_command
       ->add_option("--out", subscribe_options->out,
                    "The state to write (read first, when it exists, to resume)")

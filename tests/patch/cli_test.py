@@ -146,6 +146,24 @@ def check_refused(pulseloco: str, location: str, work: Path, env: dict[str, str]
     assert newest.read_bytes() == before
 
 
+def check_flags_refused(pulseloco: str, published: Path, work: Path) -> None:
+    """Numbers out of their range are refused at parse time naming the flag and the value
+    (CLI11's exit status for a failed check, 105), before anything starts or is written."""
+    out = str(work / "flags.safetensors")
+    for command, message in [
+        (["serve", str(published), "--poll-ms", "0"],
+         "--poll-ms: must be between 1 and 86400000, got 0"),
+        (["serve", str(published), "--poll-ms", "86400001"], "got 86400001"),
+        (["serve", str(published), "--min-rate", "-1"], "--min-rate: must be at least 0, got -1"),
+        (["subscribe", "127.0.0.1:1", "--out", out, "--until", "-3"], "--until"),
+        (["subscribe", "s3://bucket/run", "--out", out, "--poll-ms", "86400001"],
+         "--poll-ms: must be between 1 and 86400000, got 86400001"),
+    ]:
+        refused = run([pulseloco, "patch", *command], expect=105)
+        assert message in refused.stderr + refused.stdout, (command, refused.stderr)
+    assert not Path(out).exists()
+
+
 def bucket(args: argparse.Namespace, work: Path) -> int:
     """The same over a bucket of the suite's Swift (PULSELOCO_TEST_S3_SERVER, its state file);
     the damaged objects are written through Swift's own API, as any writer of the bucket could."""
@@ -209,6 +227,7 @@ def main() -> int:
                   published / "compact" / "step_000005.plsp"):
         delta.write_bytes(flip_bit(delta.read_bytes()))
     check_refused(args.pulseloco, str(published), work)
+    check_flags_refused(args.pulseloco, published, work)
     print("ok")
     return 0
 
