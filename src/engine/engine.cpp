@@ -309,18 +309,30 @@ bool Engine::next_step_runs_window() const noexcept {
   return impl_->steps_in_window + 1 >= impl_->options.steps_per_window;
 }
 
+namespace {
+
+// A checkpoint root as Impl::checkpoint_roots compares it: absolute, links resolved where it
+// exists, without a trailing separator ("ck/" and "ck" are one root).
+std::filesystem::path root_identity(const std::filesystem::path& root) {
+  std::error_code error;
+  std::filesystem::path path = std::filesystem::weakly_canonical(root, error);
+  if (error) path = std::filesystem::absolute(root, error);
+  path = path.lexically_normal();
+  if (!path.has_filename() && path.has_parent_path()) path = path.parent_path();
+  return path;
+}
+
+}  // namespace
+
 std::filesystem::path Engine::save_checkpoint(const std::filesystem::path& root,
                                               const CheckpointSave& save) {
   const engine_detail::StateAccess access(impl_->state);
   impl_->wait_in_flight();  // the save's collectives must not run beside the exchange
-  std::error_code error;
-  std::filesystem::path canonical = std::filesystem::weakly_canonical(root, error);
-  if (error) canonical = std::filesystem::absolute(root, error);
   auto& roots = impl_->checkpoint_roots;
-  const bool ours = std::find(roots.begin(), roots.end(), canonical) != roots.end();
+  const bool ours = std::find(roots.begin(), roots.end(), root_identity(root)) != roots.end();
   std::filesystem::path dir = engine_detail::save_checkpoint(
       impl_->state, impl_->options, impl_->attached_group(), impl_->pool, root, ours, save);
-  if (!ours) roots.push_back(std::move(canonical));
+  if (!ours) roots.push_back(root_identity(root));  // it exists now: links resolved
   return dir;
 }
 
@@ -334,9 +346,7 @@ LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
   const engine_detail::AttachedGroup group = impl_->attached_group();
   LoadedCheckpoint loaded =
       engine_detail::load_checkpoint(impl_->state, impl_->options, group, impl_->pool, path);
-  std::error_code error;
-  impl_->checkpoint_roots.push_back(
-      std::filesystem::weakly_canonical(loaded.dir.parent_path(), error));
+  impl_->checkpoint_roots.push_back(root_identity(loaded.dir.parent_path()));
   impl_->steps_in_window = 0;
   impl_->publishing.state_loaded();
   if (impl_->strategy) {

@@ -362,11 +362,13 @@ TEST(CheckpointCommit, ARootHoldingAnotherRunsCheckpointsIsRefusedAndKeepsThem) 
                           {root.string() + " holds checkpoints (newest: window-000002)",
                            "neither resumed from nor saved", "was not saved"});
   EXPECT_EQ(entries(root), before);
-  // Its own root: an empty one, then again once it holds this run's checkpoint.
-  (void)second.save(other_root);
+  // Its own root: a new one (named with a trailing separator before it exists), then again once
+  // it holds this run's checkpoint.
+  const fs::path own = other_root / "runs";
+  (void)second.save(own / "");
   second.window(1);
-  (void)second.save(other_root);
-  EXPECT_EQ(entries(other_root), (std::set<std::string>{"window-000001", "window-000002"}));
+  (void)second.save(own);
+  EXPECT_EQ(entries(own), (std::set<std::string>{"window-000001", "window-000002"}));
 
   // Resumed from the root, the run saves there, and the oldest checkpoint goes (keep 2).
   (void)load_all(second, root);
