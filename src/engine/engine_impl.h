@@ -49,8 +49,9 @@ struct Engine::Impl {
   // PULSELOCO_FAULT's injector (engine/fault_injection.h) in tests; null in production.
   std::unique_ptr<PhaseObserver> phase_observer;
   engine_detail::WeightPublishing publishing{options};  // θ_g for inference servers (rank 0)
-  // The checkpoint roots this run resumed from or saved into (weakly canonical): saving into
-  // another root that holds checkpoints is refused (engine_detail::save_checkpoint).
+  // The checkpoint roots this run resumed from or saved into (as root_identity() in engine.cpp
+  // gives them): saving into another root that holds checkpoints is refused
+  // (engine_detail::save_checkpoint).
   std::vector<std::filesystem::path> checkpoint_roots;
 
   explicit Impl(EngineOptions opts) : options(std::move(opts)), pool(options.threads) {}
