@@ -335,26 +335,28 @@ class JsonLines {
   std::ofstream file_;
 };
 
+// Creates the directory an output flag names (nothing when empty); IoError naming the flag.
+void create_output_directory(const fs::path& directory, std::string_view flag) {
+  std::error_code error;
+  if (!directory.empty()) fs::create_directories(directory, error);
+  if (error) {
+    throw IoError(fmt::format("cannot create the {} directory {}: {}", flag, directory.string(),
+                              error.message()));
+  }
+}
+
 // The places a run writes to, checked before it pretrains or trains: a run must not fail after
 // its work is done, nor save where another run's checkpoints would be removed.
 void check_output_places(const Settings& settings) {
-  const auto create = [](const fs::path& directory, std::string_view flag) {
-    std::error_code error;
-    if (!directory.empty()) fs::create_directories(directory, error);
-    if (error) {
-      throw IoError(fmt::format("cannot create the {} directory {}: {}", flag, directory.string(),
-                                error.message()));
-    }
-  };
-  create(settings.pretrain.cache_dir, "--cache-dir");
-  if (!settings.final_weights_dir.empty()) {
-    create(settings.final_weights_dir, "--final-weights");
-    const io::AtomicFile probe(fs::path(settings.final_weights_dir) / "global-rank-probe");
-  }
   if (settings.checkpoint_dir.empty() != (settings.checkpoint_every == 0)) {
     throw InvalidArgument(
         "--checkpoint-dir and --checkpoint-every (windows between checkpoints, at least 1) go "
         "together");
+  }
+  create_output_directory(settings.pretrain.cache_dir, "--cache-dir");
+  if (!settings.final_weights_dir.empty()) {
+    create_output_directory(settings.final_weights_dir, "--final-weights");
+    const io::AtomicFile probe(fs::path(settings.final_weights_dir) / "global-rank-probe");
   }
   if (settings.checkpoint_dir.empty()) return;
   const auto newest = newest_checkpoint(settings.checkpoint_dir);
@@ -464,13 +466,7 @@ int run_worker(const Settings& settings) {
   // The report is written at the end, atomically, its directory created as needed; a place it
   // cannot be written fails the run before it starts.
   if (rank == 0 && !settings.json_path.empty()) {
-    const std::filesystem::path directory = std::filesystem::path(settings.json_path).parent_path();
-    std::error_code error;
-    if (!directory.empty()) std::filesystem::create_directories(directory, error);
-    if (error) {
-      throw IoError("cannot create the --json directory " + directory.string() + ": " +
-                    error.message());
-    }
+    create_output_directory(fs::path(settings.json_path).parent_path(), "--json");
     const io::AtomicFile probe(settings.json_path);  // removed again: never committed
   }
   bool identical = true;

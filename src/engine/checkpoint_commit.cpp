@@ -210,12 +210,11 @@ NewCheckpointDir create_checkpoint_dir(const fs::path& root, std::uint64_t windo
 std::optional<fs::path> newest_committed_checkpoint(const fs::path& root) {
   std::error_code error;
   if (!fs::is_directory(root, error)) return std::nullopt;
+  // Unreadable manifests order first (sequence 0): the last committed is the newest readable
+  // one, or an unreadable one when no other exists.
   const std::vector<FoundDir> found = checkpoint_dirs(root);
   for (auto it = found.rbegin(); it != found.rend(); ++it) {
-    if (it->committed && !it->unreadable) return it->path;
-  }
-  for (const FoundDir& dir : found) {
-    if (dir.committed) return dir.path;
+    if (it->committed) return it->path;
   }
   return std::nullopt;
 }

@@ -69,6 +69,15 @@ std::string profile_value(const Profiles& profiles, const std::string& section,
   return value == found->second.end() ? std::string() : value->second;
 }
 
+// A 0/1 variable; `fallback` when unset or empty.
+bool switch_variable(const char* name, bool fallback) {
+  const std::string text = environment(name);
+  if (text.empty()) return fallback;
+  if (text != "0" && text != "1")
+    throw InvalidArgument(fmt::format("{}='{}' is not 0 or 1", name, text));
+  return text == "1";
+}
+
 std::uint64_t positive_variable(const char* name, std::uint64_t fallback) {
   const std::string text = environment(name);
   if (text.empty()) return fallback;
@@ -211,18 +220,8 @@ S3Settings S3Settings::from_environment() {
   }
 
   settings.path_style = !settings.endpoint.empty();
-  const std::string path_style = environment("PULSELOCO_S3_PATH_STYLE");
-  if (!path_style.empty()) {
-    if (path_style != "0" && path_style != "1")
-      throw InvalidArgument(fmt::format("PULSELOCO_S3_PATH_STYLE='{}' is not 0 or 1", path_style));
-    settings.path_style = path_style == "1";
-  }
-  const std::string verbose = environment("PULSELOCO_S3_VERBOSE");
-  if (!verbose.empty()) {
-    if (verbose != "0" && verbose != "1")
-      throw InvalidArgument(fmt::format("PULSELOCO_S3_VERBOSE='{}' is not 0 or 1", verbose));
-    settings.verbose = verbose == "1";
-  }
+  settings.path_style = switch_variable("PULSELOCO_S3_PATH_STYLE", settings.path_style);
+  settings.verbose = switch_variable("PULSELOCO_S3_VERBOSE", settings.verbose);
   settings.max_attempts = static_cast<int>(
       std::min<std::uint64_t>(positive_variable("PULSELOCO_S3_MAX_ATTEMPTS", 6), 100));
   settings.part_bytes = positive_variable("PULSELOCO_S3_PART_BYTES", settings.part_bytes);
