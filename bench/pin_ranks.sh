@@ -4,8 +4,7 @@
 # and the scheduler then places 4 ranks on 2 cores anew in every run).
 #
 # Why not mpirun's own --rankfile with --bind-to core:overload-allowed: a bound OpenMPI stops
-# yielding the core while it polls, so two ranks on one core starve each other and OpenMPI's
-# collectives become many times slower (tried 2026-12-02; printed output not kept). Pinning from
+# yielding the core while it polls, so two ranks on one core starve each other. Pinning from
 # outside leaves OpenMPI in its oversubscribed mode, the mode the unpinned runs measure.
 #
 #   PULSELOCO_PIN_CORES="0 0 1 1" mpirun -np 4 ... -x PULSELOCO_PIN_CORES \

@@ -90,7 +90,7 @@ void load_weights(TransformerLM& model, const std::filesystem::path& path);
 
 struct PretrainOptions {
   std::uint64_t seed = 1234;  // initial weights and data
-  int steps = 200;            // ~2 minutes on 2 quiet cores; held-out loss 6.3 -> 1.6
+  int steps = 200;  // time and held-out loss: docs/benchmarks.md, "Training example model"
   int batch_size = 16;
   double peak_lr = 3e-3;
   int warmup_steps = 40;  // linear warmup, then cosine decay to 10% of the peak

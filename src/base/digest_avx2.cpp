@@ -1,9 +1,8 @@
 // xxh3-64 compiled for AVX2 from libxxhash's own header (XXH_INLINE_ALL), for CPUs that have it.
 // Debian's libxxhash is built for baseline x86-64 (SSE2); the same algorithm built for AVX2 is
-// several times faster in cache (bench/bench_digest.cpp, docs/benchmarks.md "Digests"), with
-// identical
-// results (xxh3 is defined independently of the vector width; tests/base/digest_test.cpp checks
-// it). That matters because every TCP frame's payload is checksummed on both sides.
+// faster in cache (bench/bench_digest.cpp, docs/benchmarks.md "Digests"), with identical results
+// (xxh3 is defined independently of the vector width; tests/base/digest_test.cpp checks it). That
+// matters because every TCP frame's payload is checksummed on both sides.
 //
 // This file alone is compiled with -mavx2, so it includes nothing but xxhash.h (whose functions
 // are static here) and exposes plain functions: no inline or template code that the linker could

@@ -261,8 +261,8 @@ TEST(TcpTransport, MessagesThatArriveBeforeTheirReceiveAreKept) {
 TEST(TcpTransport, AFrameWhoseReceiveIsPostedIsCopiedOnlyAtItsEdges) {
   // The kernel writes a frame's payload straight into a posted receive's buffer, except what
   // arrives in the staging buffer: a frame's header with at most 16 KiB of its payload, and a
-  // tail shorter than 16 KiB. (The staging buffer holds 64 KiB; filled whole, it took up to
-  // that much of every frame's payload, to be copied out again.)
+  // tail shorter than 16 KiB. (The staging buffer holds 64 KiB; a read that filled it whole
+  // would take up to that much of every frame's payload, to be copied out again.)
   TransportOptions options;
   options.tcp.connections_per_peer = 1;
   auto group = make_loopback_group(2, options);
