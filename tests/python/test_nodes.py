@@ -4,10 +4,11 @@ digests as the same run with node_aware off."""
 
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import textwrap
+
+from group_helpers import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 LAUNCH = HERE.parents[1] / "python" / "pulseloco" / "launch.py"
@@ -29,12 +30,6 @@ SCRIPT = """
         print(f"digest {report.window} {report.digest}", flush=True)
     sync.close()
 """
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_two_nodes(tmp_path, node_aware):
@@ -66,7 +61,7 @@ def run_two_nodes(tmp_path, node_aware):
 
 def run_until_the_port_holds(tmp_path, node_aware):
     """run_two_nodes, again when the free port found for the rendezvous was taken before rank 0
-    bound it (another test's process may take it meanwhile)."""
+    bound it (another test running beside this one may take it meanwhile)."""
     for attempt in range(3):
         digests, log = run_two_nodes(tmp_path, node_aware)
         if digests is not None:
