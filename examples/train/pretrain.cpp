@@ -8,9 +8,12 @@
 // Not self-contained: needs torch/types.h before it.
 #include <torch/nn/utils/clip_grad.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <numbers>
+#include <string>
+#include <system_error>
 
 #include <pulseloco/base/bf16.h>
 #include <pulseloco/base/digest.h>
@@ -225,7 +228,15 @@ PretrainResult load_or_pretrain(TransformerLM& model, const PretrainOptions& opt
                                             value));
         }
       }
-      result.eval_loss_initial = std::stod(reader.metadata().at("eval_loss_initial"));
+      const auto loss = reader.metadata().find("eval_loss_initial");
+      const std::string loss_text = loss == reader.metadata().end() ? "" : loss->second;
+      const auto [end, status] = std::from_chars(
+          loss_text.data(), loss_text.data() + loss_text.size(), result.eval_loss_initial);
+      if (loss_text.empty() || status != std::errc() ||
+          end != loss_text.data() + loss_text.size()) {
+        throw ProtocolError(fmt::format("metadata 'eval_loss_initial' is '{}', not a number",
+                                        loss == reader.metadata().end() ? "<absent>" : loss_text));
+      }
       load_weights(model, result.checkpoint);
       result.loaded_from_cache = true;
       result.eval_loss_final = model.evaluate(eval);

@@ -18,9 +18,12 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -131,7 +134,16 @@ int run_local_workers(int workers, int argc, char** argv) {
   std::vector<pid_t> children;
   for (int rank = 0; rank < workers; ++rank) {
     const pid_t pid = ::fork();
-    if (pid < 0) throw IoError("fork() failed");
+    if (pid < 0) {
+      // The workers started so far would wait in the rendezvous for ranks that never come.
+      const int error = errno;
+      for (const pid_t child : children) {
+        ::kill(child, SIGTERM);
+        ::waitpid(child, nullptr, 0);
+      }
+      throw IoError(
+          fmt::format("fork() of worker {} of {} failed: {}", rank, workers, std::strerror(error)));
+    }
     if (pid == 0) {
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(workers).c_str(), 1);

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import numbers
 import os
 import pathlib
@@ -41,7 +42,12 @@ def _named_tensors(parameters: Any) -> List[Tuple[str, Any]]:
     if isinstance(parameters, Mapping):
         items = list(parameters.items())
     else:
-        items = list(parameters)
+        try:
+            items = list(parameters)
+        except TypeError:
+            raise InvalidArgument(
+                "parameters: expected named_parameters(), a dict name -> tensor or tensors; got "
+                f"a {type(parameters).__name__}") from None
         if items and not (isinstance(items[0], tuple) and len(items[0]) == 2):
             items = [(str(i), tensor) for i, tensor in enumerate(items)]
     named = []
@@ -52,6 +58,14 @@ def _named_tensors(parameters: Any) -> List[Tuple[str, Any]]:
                 f"got a {type(item).__name__}")
         named.append(item)
     return named
+
+
+def _path(name: str, value: Any) -> str:
+    """`value` (str, bytes or os.PathLike) as a str, else InvalidArgument naming the argument."""
+    try:
+        return os.fsdecode(os.fspath(value))
+    except TypeError:
+        raise InvalidArgument(f"{name}: expected a path, got a {type(value).__name__}") from None
 
 
 def _integer(name: str, value: Any, minimum: int, maximum: int) -> int:
@@ -241,7 +255,13 @@ class Synchronizer:
             except InvalidArgument as error:
                 problem = str(error)
         elements = _worker.check_layouts(dist, layout, settings["sharded"], table, problem)
-        timeout = float(options.get("timeout", 60.0))
+        # The worker's own process group waits twice the engine's timeout: checked here as
+        # the engine checks it, before the group is made.
+        timeout = _real("option 'timeout'", options.get("timeout", 60.0))
+        if not math.isfinite(timeout) or timeout < 0 or timeout > 1e12:
+            raise InvalidArgument(f"option 'timeout': {timeout} s is not a duration")
+        if round(timeout * 1000) < 1:
+            raise InvalidArgument(f"option 'timeout': {timeout} s is less than a millisecond")
         process_group = settings.get("process_group") or _worker.worker_process_group(
             count, timeout=2 * timeout)
         shares = None if settings["sharded"] else _worker.split_shares(named, count)
@@ -354,8 +374,15 @@ class Synchronizer:
         this rank's own files (name -> bytes). The committed checkpoints beyond the newest
         `keep` are removed."""
         keep = _integer("keep", keep, 1, UINT32_MAX)
+        root = _path("root", root)
+        if files is not None and not isinstance(files, Mapping):
+            raise InvalidArgument(f"files: expected a dict name -> bytes, got a "
+                                  f"{type(files).__name__}")
         own = dict(files or {})  # the engine checks the names and bytes
         if optimizer is not None:
+            if not callable(getattr(optimizer, "state_dict", None)):
+                raise InvalidArgument(f"optimizer: expected a torch optimizer, got a "
+                                      f"{type(optimizer).__name__}")
             if OPTIMIZER_FILE in own:
                 raise InvalidArgument(f"files holds '{OPTIMIZER_FILE}', the file optimizer= "
                                       "writes: rename it or pass only one of them")
@@ -365,21 +392,25 @@ class Synchronizer:
             torch.save(optimizer.state_dict(), buffer)
             own[OPTIMIZER_FILE] = buffer.getvalue()
         if self._worker is not None:
-            root = os.path.join(os.fspath(root), self._share_directory())
+            root = os.path.join(root, self._share_directory())
         self._follow_current_stream()
         return pathlib.Path(self._worker_call(
-            lambda: self._engine.save_checkpoint(os.fspath(root), keep, own), broadcast=False))
+            lambda: self._engine.save_checkpoint(root, keep, own), broadcast=False))
 
     def load_checkpoint(self, path: PathLike, *, optimizer: Any = None) -> LoadedCheckpoint:
         """Restores a checkpoint (collective): a checkpoint directory, or a root whose newest
         committed checkpoint is loaded. The parameters are reset to the checkpoint's weights;
         optimizer: restored from the checkpoint's "optimizer.pt". The data loop continues at
         the returned next_step (inner steps) or next_window (windows)."""
+        path = _path("path", path)
+        if optimizer is not None and not callable(getattr(optimizer, "load_state_dict", None)):
+            raise InvalidArgument(f"optimizer: expected a torch optimizer, got a "
+                                  f"{type(optimizer).__name__}")
         if self._worker is not None:
-            path = os.path.join(os.fspath(path), self._share_directory())
+            path = os.path.join(path, self._share_directory())
         self._follow_current_stream()
         directory, window, next_window, next_step, own = self._worker_call(
-            lambda: self._engine.load_checkpoint(os.fspath(path)))
+            lambda: self._engine.load_checkpoint(path))
         if optimizer is not None:
             if OPTIMIZER_FILE not in own:
                 raise InvalidArgument(
@@ -392,7 +423,7 @@ class Synchronizer:
 
     def save_global_weights(self, file: PathLike) -> None:
         """Writes this rank's global weights to one safetensors file (not collective)."""
-        self._engine.save_global_weights(os.fspath(file))
+        self._engine.save_global_weights(_path("file", file))
 
     # --- lifetime ----------------------------------------------------------------------------
 

@@ -64,10 +64,13 @@ class Piece:
 
 
 def _numel(tensor: Any) -> int:
+    """A tensor's (or NumPy array's) element count; 0 for anything else, which the worker's
+    layout check then refuses on every rank."""
     numel = getattr(tensor, "numel", None)
     if callable(numel):
         return int(numel())
-    return int(tensor.size)
+    size = getattr(tensor, "size", None)
+    return size if isinstance(size, int) else 0
 
 
 def split_shares(named: Sequence[Tuple[str, Any]], ranks_per_worker: int) -> List[List[Piece]]:
@@ -118,6 +121,12 @@ def worker_process_group(ranks_per_worker: int, timeout: Optional[float] = None)
     """Creates one torch.distributed group per worker (ranks w*G .. w*G+G-1 of the default
     group) and returns this rank's: the group for the user's DDP inside the worker. Collective
     over every rank of the default group. timeout: seconds (None: torch's default)."""
+    if not isinstance(ranks_per_worker, int) or isinstance(ranks_per_worker, bool):
+        raise InvalidArgument(f"worker: ranks_per_worker: expected an int, got a "
+                              f"{type(ranks_per_worker).__name__}")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or not 0 < timeout < 1e12):
+        raise InvalidArgument(f"worker: timeout: expected seconds above 0 or None, got {timeout!r}")
     dist = _torch_distributed()
     world, rank = dist.get_world_size(), dist.get_rank()
     if ranks_per_worker < 1 or world % ranks_per_worker != 0:
@@ -257,12 +266,19 @@ def _local_rank_ports(layout: WorkerLayout, worker: Dict[str, Any],
     return list(ports)
 
 
+def _group_dict(group: Any) -> Dict[str, Any]:
+    if group is not None and not isinstance(group, dict):
+        raise InvalidArgument(f"option 'group': expected a dict or None, got a "
+                              f"{type(group).__name__}")
+    return dict(group or {})
+
+
 def group_overrides(layout: WorkerLayout, worker: Dict[str, Any],
                     group: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The pulseloco group of local rank index j: local rank j of every worker, ranked by
     worker, at its own rendezvous port and run id."""
     j = layout.local_rank
-    overrides = dict(group or {})
+    overrides = _group_dict(group)
     ports = _local_rank_ports(layout, worker, overrides)
     overrides.update(rank=layout.worker, world_size=layout.workers, master_port=ports[j])
     if "master_addr" not in overrides and os.environ.get("MASTER_ADDR"):
@@ -279,7 +295,7 @@ def elastic_overrides(layout: WorkerLayout, worker: Dict[str, Any],
     """An elastic worker of several ranks: `elastic` with this rank's place in its worker and
     the worker's link, which local rank 0 hosts at the first local rank port on MASTER_ADDR
     (the local ranks' groups themselves come from the coordinator)."""
-    overrides = dict(group or {})
+    overrides = _group_dict(group)
     ports = _local_rank_ports(layout, worker, overrides)
     host = overrides.get("master_addr") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
     return dict(elastic, local_rank=layout.local_rank, ranks_per_worker=layout.ranks_per_worker,

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import random
 import secrets
@@ -132,8 +133,9 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
                      f"{options.nproc_per_node}, not {options.ranks_per_worker}")
     if options.master_port is not None and not 0 < options.master_port < 65536:
         parser.error(f"--master-port must be in 1..65535, not {options.master_port}")
-    if options.grace_period < 0:
-        parser.error(f"--grace-period must not be negative, not {options.grace_period}")
+    if not math.isfinite(options.grace_period) or options.grace_period < 0:
+        parser.error(f"--grace-period must be a finite number of seconds, at least 0, not "
+                     f"{options.grace_period}")
     if options.ranks is not None:
         beyond = sorted(r for r in options.ranks if r >= options.nproc_per_node)
         if beyond:
@@ -367,11 +369,19 @@ def _run(options: argparse.Namespace) -> int:
         if worker_ports and worker_ports[-1] > 65535:
             raise SystemExit(f"{_PREFIX}--master-port {port} leaves no room for the "
                              f"{workers} ports after it that the workers' groups use")
+    ranks = list(_rank_environment(options, port, worker_ports))
+    tees: dict[int, BinaryIO] = {}
     if options.tee is not None:
+        # Every rank's file is opened before any rank starts: a --tee that cannot be written
+        # stops the launch before it begins.
         try:
             os.makedirs(options.tee, exist_ok=True)
+            for rank, _ in ranks:
+                tees[rank] = open(os.path.join(options.tee, f"rank-{rank}.log"), "wb")
         except OSError as error:
-            raise SystemExit(f"{_PREFIX}cannot create the --tee directory '{options.tee}': "
+            for tee in tees.values():
+                tee.close()
+            raise SystemExit(f"{_PREFIX}cannot write the --tee directory '{options.tee}': "
                              f"{error}") from None
     command = [sys.executable]
     command += ["-m", options.target] if options.module else [options.target]
@@ -387,18 +397,14 @@ def _run(options: argparse.Namespace) -> int:
     previous_handlers = {signum: signal.signal(signum, lambda *_: None) for signum in handled}
     selector = selectors.DefaultSelector()
     launch = _Launch(ranks=[], grace_period=options.grace_period)
-    tees: list[BinaryIO] = []
     try:
         selector.register(wake_read, selectors.EVENT_READ)
-        for local, (rank, environment) in enumerate(_rank_environment(options, port, worker_ports)):
+        for local, (rank, environment) in enumerate(ranks):
             process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        start_new_session=True)
             launch.ranks.append(_Rank(rank, process))
-            tee = None
-            if options.tee is not None:
-                tee = open(os.path.join(options.tee, f"rank-{rank}.log"), "wb")
-                tees.append(tee)
+            tee = tees.get(rank)
             shown = options.ranks is None or local in options.ranks
             for pipe, sink in ((process.stdout, sys.stdout.buffer),
                                (process.stderr, sys.stderr.buffer)):
@@ -413,7 +419,7 @@ def _run(options: argparse.Namespace) -> int:
                 rank.status = rank.process.wait()
         for stream in launch.streams.values():
             stream.close()
-        for tee in tees:
+        for tee in tees.values():
             tee.close()
         selector.close()
         for rank in launch.ranks:

@@ -19,6 +19,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -93,9 +94,10 @@ struct InspectPatchesOptions {
 };
 
 // The check of one listed file (of a directory, or an object of a bucket, read and hashed):
-// "ok" or the error.
+// "ok" or the error, the first of which `first_error` keeps (with its kind: a missing file or
+// refused credentials are no damage).
 std::string check_file(const std::string& directory, const patch::ManifestFile& file,
-                       std::optional<std::string>& first_error, io::S3Client* client) {
+                       std::exception_ptr& first_error, io::S3Client* client) {
   try {
     if (client != nullptr) {
       patch::fetch_listed_object(*client, io::parse_s3_address(directory), file, std::nullopt);
@@ -104,7 +106,7 @@ std::string check_file(const std::string& directory, const patch::ManifestFile& 
     }
     return "ok";
   } catch (const Error& error) {
-    if (!first_error) first_error = error.what();
+    if (!first_error) first_error = std::current_exception();
     return error.what();
   }
 }
@@ -124,7 +126,7 @@ void inspect_patches(const InspectPatchesOptions& options) {
   } else {
     manifest = patch::read_manifest(options.directory);
   }
-  std::optional<std::string> first_error;
+  std::exception_ptr first_error;
   nlohmann::json versions = nlohmann::json::array();
   for (const patch::ManifestVersion& entry : manifest.versions) {
     const double density =
@@ -171,8 +173,14 @@ void inspect_patches(const InspectPatchesOptions& options) {
     }
   }
   if (first_error) {
-    throw ProtocolError(fmt::format("{}: a listed file is damaged; the first: {}",
-                                    options.directory, *first_error));
+    // A damaged file is named as such; other kinds (a missing file, an unreachable bucket,
+    // refused credentials) go up as they are.
+    try {
+      std::rethrow_exception(first_error);
+    } catch (const ProtocolError& damaged) {
+      throw ProtocolError(fmt::format("{}: a listed file is damaged; the first: {}",
+                                      options.directory, damaged.what()));
+    }
   }
 }
 

@@ -85,8 +85,9 @@ void gather_context_exponents(std::span<const std::uint32_t> offsets,
 // Rebuilds n values from their context exponents `e`, validated symbols and raw bits
 // (bits.size() == ceil(need / 8), followed by 8 readable bytes). Returns the first entry whose
 // value is not finite, or n.
-std::size_t join_against_context(std::size_t n, const std::uint8_t* e, const std::uint8_t* d,
-                                 const std::uint8_t* u, const std::byte* bits, float* out) noexcept;
+[[nodiscard]] std::size_t join_against_context(std::size_t n, const std::uint8_t* e,
+                                               const std::uint8_t* d, const std::uint8_t* u,
+                                               const std::byte* bits, float* out) noexcept;
 
 // The context's bf16 cast residue, fl(c - bf16(c)): the part of θ_g a bf16 forward pass does
 // not see (exact for finite c). With bf16 local weights and the authors' Δ = θ_g - θ_l, every
@@ -118,9 +119,10 @@ inline constexpr std::size_t kResidueProbeEntries = 64;
 // Decoder: values[i] = fl(values[i] + fl(k·r)) with r the residue of the context at offsets[i]
 // and k = multiples[i] (1 where `multiples` is null); values[i] unchanged where k = 0. Returns
 // the first entry whose value is then not finite, or offsets.size().
-std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
-                                std::span<const float> context, const std::uint8_t* multiples,
-                                float* values) noexcept;
+[[nodiscard]] std::size_t add_context_residue(std::span<const std::uint32_t> offsets,
+                                              std::span<const float> context,
+                                              const std::uint8_t* multiples,
+                                              float* values) noexcept;
 
 // The adaptive models of a frame's symbol stream: a tree for D per context exponent, a tree for
 // U per bucket of D, and for residue multiples a decision "the previous entry's multiple" and a

@@ -22,6 +22,7 @@ namespace {
 
 using state_files::DigestDefinition;
 using state_files::require;
+using state_files::require_bool;
 using state_files::require_u64;
 
 constexpr std::uint64_t kIoChunkBytes = std::uint64_t{16} << 20;
@@ -443,11 +444,7 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
       throw ProtocolError(fmt::format("{}: window {}, the manifest's is {}", global_path.string(),
                                       loaded_window, manifest->window));
     }
-    const std::string& initialised = require(meta, "momentum_initialised", global_path);
-    if (initialised != "true" && initialised != "false") {
-      throw ProtocolError(global_path.string() + ": momentum_initialised is not true/false");
-    }
-    loaded_momentum_initialised = initialised == "true";
+    loaded_momentum_initialised = require_bool(meta, "momentum_initialised", global_path);
     if (meta.contains("windows_dropped")) {
       loaded_dropped = require_u64(meta, "windows_dropped", global_path);
     }

@@ -68,6 +68,16 @@ std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,
   return value;
 }
 
+bool require_bool(const io::Metadata& metadata, const std::string& key,
+                  const std::filesystem::path& file) {
+  const std::string& text = require(metadata, key, file);
+  if (text != "true" && text != "false") {
+    throw ProtocolError(
+        fmt::format("{}: metadata '{}' = '{}' is not true/false", file.string(), key, text));
+  }
+  return text == "true";
+}
+
 EngineOptions recorded_options(const io::Metadata& metadata, const std::filesystem::path& file) {
   const std::string& text = require(metadata, "options", file);
   nlohmann::json json;

@@ -51,6 +51,8 @@ enum class DigestDefinition { whole_buffer, pieces };
                                          const std::filesystem::path& file);
 [[nodiscard]] std::uint64_t require_u64(const io::Metadata& metadata, const std::string& key,
                                         const std::filesystem::path& file);
+[[nodiscard]] bool require_bool(const io::Metadata& metadata, const std::string& key,
+                                const std::filesystem::path& file);  // "true" or "false"
 
 // The engine options a checkpoint's or trace's file recorded (metadata "options", JSON). Errors
 // name the file: ProtocolError when the metadata is missing or not JSON, InvalidArgument (as

@@ -150,7 +150,7 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
   expect("world_size", std::to_string(world));
   expect("table_digest", digest_hex(state.layout().table_digest()));
   const std::uint64_t traced_window = state_files::require_u64(meta, "window", file);
-  const std::string& initialised = state_files::require(meta, "momentum_initialised", file);
+  const bool momentum_initialised = state_files::require_bool(meta, "momentum_initialised", file);
   const std::uint64_t dropped = meta.contains("windows_dropped")
                                     ? state_files::require_u64(meta, "windows_dropped", file)
                                     : 0;
@@ -176,7 +176,7 @@ void load_trace_inputs(ReplicatedState& state, int rank, int world,
                         });
     }
   }
-  state.set_progress(traced_window, initialised == "true");
+  state.set_progress(traced_window, momentum_initialised);
   state.set_windows_dropped(dropped);
   state.clear_in_flight();
   if (in_flight) state.set_in_flight(std::move(*in_flight));

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -17,6 +18,8 @@ namespace pulseloco::io {
 namespace {
 
 constexpr std::string_view kScheme = "s3://";
+// PULSELOCO_S3_MAX_ATTEMPTS's largest accepted value (docs/operations.md).
+constexpr std::uint64_t kMaxS3Attempts = 100;
 
 std::string environment(const char* name) {
   const char* value = std::getenv(name);
@@ -78,13 +81,18 @@ bool switch_variable(const char* name, bool fallback) {
   return text == "1";
 }
 
-std::uint64_t positive_variable(const char* name, std::uint64_t fallback) {
+std::uint64_t positive_variable(const char* name, std::uint64_t fallback,
+                                std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
   const std::string text = environment(name);
   if (text.empty()) return fallback;
   std::uint64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || value == 0)
-    throw InvalidArgument(fmt::format("{}='{}' is not a positive integer", name, text));
+  if (error != std::errc() || end != text.data() + text.size() || value == 0 || value > max) {
+    throw InvalidArgument(
+        max == std::numeric_limits<std::uint64_t>::max()
+            ? fmt::format("{}='{}' is not a positive integer", name, text)
+            : fmt::format("{}='{}' is not an integer from 1 to {}", name, text, max));
+  }
   return value;
 }
 
@@ -222,8 +230,8 @@ S3Settings S3Settings::from_environment() {
   settings.path_style = !settings.endpoint.empty();
   settings.path_style = switch_variable("PULSELOCO_S3_PATH_STYLE", settings.path_style);
   settings.verbose = switch_variable("PULSELOCO_S3_VERBOSE", settings.verbose);
-  settings.max_attempts = static_cast<int>(
-      std::min<std::uint64_t>(positive_variable("PULSELOCO_S3_MAX_ATTEMPTS", 6), 100));
+  settings.max_attempts =
+      static_cast<int>(positive_variable("PULSELOCO_S3_MAX_ATTEMPTS", 6, kMaxS3Attempts));
   settings.part_bytes = positive_variable("PULSELOCO_S3_PART_BYTES", settings.part_bytes);
   return settings;
 }

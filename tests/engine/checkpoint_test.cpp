@@ -398,6 +398,8 @@ TEST(Trace, ReplayErrorsAboutATracesContentNameItsFile) {
       {out, "options", incomplete.dump(), ErrorKind::invalid_argument,
        "metadata 'options' are not valid options: options JSON: "},
       {in, "rank", "7", ErrorKind::protocol, "'rank' is '7', expected '1'"},
+      {in, "momentum_initialised", "True", ErrorKind::protocol,
+       "metadata 'momentum_initialised' = 'True' is not true/false"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.says);

@@ -142,6 +142,7 @@ TEST(S3Settings, VariablesProfilesAndEndpoints) {
            {"PULSELOCO_S3_ENDPOINT", "https://host/path"},
            {"PULSELOCO_S3_PATH_STYLE", "yes"},
            {"PULSELOCO_S3_MAX_ATTEMPTS", "0"},
+           {"PULSELOCO_S3_MAX_ATTEMPTS", "101"},
            {"PULSELOCO_S3_VERBOSE", "yes"},
            {"AWS_PROFILE", "tema"},
            {"AWS_ACCESS_KEY_ID", "only-the-id"}}) {

@@ -228,6 +228,13 @@ def main() -> int:
         delta.write_bytes(flip_bit(delta.read_bytes()))
     check_refused(args.pulseloco, str(published), work)
     check_flags_refused(args.pulseloco, published, work)
+
+    # A listed file that is gone is reported as missing (an I/O error), not as damage.
+    missing = published / "deltas" / "step_000005.safetensors"
+    missing.unlink()
+    failed = run([args.pulseloco, "patch", "inspect", str(published)], expect=1)
+    assert f"I/O error: '{missing}' is missing" in failed.stderr, failed.stderr
+    assert "damaged" not in failed.stderr, failed.stderr
     print("ok")
     return 0
 

@@ -269,6 +269,15 @@ def test_bad_call_arguments_raise_invalid_argument_naming_them(tmp_path):
                 (lambda: sync.save_checkpoint(tmp_path, keep="2"), "keep: expected an int"),
                 (lambda: sync.save_checkpoint(tmp_path, files={1: b"x"}),
                  "files: a file name must be a str"),
+                (lambda: sync.save_checkpoint(None), "root: expected a path, got a NoneType"),
+                (lambda: sync.save_checkpoint(tmp_path, files="x"),
+                 "files: expected a dict name -> bytes, got a str"),
+                (lambda: sync.save_checkpoint(tmp_path, optimizer=object()),
+                 "optimizer: expected a torch optimizer, got a object"),
+                (lambda: sync.load_checkpoint(123), "path: expected a path, got a int"),
+                (lambda: sync.load_checkpoint(tmp_path, optimizer=object()),
+                 "optimizer: expected a torch optimizer, got a object"),
+                (lambda: sync.save_global_weights(None), "file: expected a path, got a NoneType"),
                 (lambda: sync.global_weights(-1), "i: -1 is not in [0, "),
                 (lambda: sync.momentum("0"), "i: expected an int"),
                 (lambda: sync.residual(1), "tensor 1 does not exist")]:
@@ -290,6 +299,14 @@ def test_bad_tensors_raise_invalid_argument_naming_them(tensor, needle):
         pulseloco.Synchronizer({"ok": torch.zeros(3), "bad": tensor})
     assert needle in str(caught.value)
     assert caught.value.tensor == "bad"
+
+
+@pytest.mark.parametrize("parameters", [None, 5, torch.nn.Linear(2, 2)])
+def test_parameters_that_are_no_collection_of_tensors_are_named(parameters):
+    with pytest.raises(pulseloco.InvalidArgument) as caught:
+        pulseloco.Synchronizer(parameters)
+    assert (f"parameters: expected named_parameters(), a dict name -> tensor or tensors; got a "
+            f"{type(parameters).__name__}") in str(caught.value)
 
 
 def test_ddp_without_gradients_names_the_parameter():

@@ -278,12 +278,30 @@ def test_script_arguments_and_module_mode(tmp_path):
      "--ranks-per-worker must be at least 1 and divide --nproc-per-node 4, not 3"),
     (["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "x.py"],
      "--node-rank must be in 0..1, not 2"),
+    (["--nproc-per-node", "2", "--grace-period", "nan", "x.py"],
+     "--grace-period must be a finite number of seconds, at least 0, not nan"),
+    (["--nproc-per-node", "2", "--grace-period", "inf", "x.py"], "not inf"),
 ])
 def test_bad_arguments_are_named(tmp_path, arguments, complaint):
     (tmp_path / "x.py").write_text("")
     result = launch(arguments, cwd=tmp_path)
     assert result.returncode == 2
     assert complaint in result.stderr
+
+
+def test_a_tee_that_cannot_be_written_stops_the_launch_before_any_rank_starts(tmp_path):
+    script = tmp_path / "marks.py"
+    script.write_text("import os, pathlib\n"
+                      "pathlib.Path(os.environ['MARKS'], os.environ['RANK']).touch()\n")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    logs = tmp_path / "logs"
+    (logs / "rank-1.log").mkdir(parents=True)  # rank 1's file cannot be opened
+    result = launch(["--nproc-per-node", "2", "--tee", str(logs), str(script)],
+                    env=dict(os.environ, MARKS=str(marks)))
+    assert result.returncode == 1, result.stderr
+    assert f"cannot write the --tee directory '{logs}'" in result.stderr, result.stderr
+    assert list(marks.iterdir()) == []
 
 
 # Ranks other than 1 start a grandchild, say their pids, tell rank 1 through the FIFO that they

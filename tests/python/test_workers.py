@@ -247,6 +247,59 @@ def test_a_worker_refuses_what_it_does_not_support(tmp_path, option, named):
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("timeout, says", [
+    ("60", "option 'timeout': expected a float, got a str"),
+    (None, "option 'timeout': expected a float, got a NoneType"),
+    (-1.0, "option 'timeout': -1.0 s is not a duration"),
+    (float("inf"), "option 'timeout': inf s is not a duration"),
+    (0, "option 'timeout': 0.0 s is less than a millisecond"),
+])
+def test_a_workers_timeout_is_checked_naming_the_option(tmp_path, monkeypatch, timeout, says):
+    # A worker's own process group waits on the timeout before the engine would check it (the
+    # port only lets the worker's group settings pass; nothing listens).
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    import torch
+    import torch.distributed as dist
+
+    import pulseloco
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    try:
+        model = torch.nn.Linear(4, 2)
+        with pytest.raises(pulseloco.InvalidArgument) as refused:
+            pulseloco.Synchronizer(model.named_parameters(), worker=1, timeout=timeout)
+        assert says in str(refused.value), refused.value
+    finally:
+        dist.destroy_process_group()
+
+
+def test_worker_arguments_of_the_wrong_kind_are_named(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    import pulseloco
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    try:
+        for call, says in [
+                (lambda: pulseloco.worker_process_group("1"),
+                 "worker: ranks_per_worker: expected an int, got a str"),
+                (lambda: pulseloco.worker_process_group(1, timeout=-5),
+                 "worker: timeout: expected seconds above 0 or None, got -5"),
+                (lambda: pulseloco.worker_process_group(1, timeout=float("nan")),
+                 "worker: timeout: expected seconds above 0 or None, got nan"),
+                (lambda: pulseloco.Synchronizer(torch.nn.Linear(4, 2).named_parameters(),
+                                                worker=1, group="tcp"),
+                 "option 'group': expected a dict or None, got a str")]:
+            with pytest.raises(pulseloco.InvalidArgument) as refused:
+                call()
+            assert says in str(refused.value), refused.value
+    finally:
+        dist.destroy_process_group()
+
+
 def test_an_elastic_worker_needs_a_torch_group_of_its_own_ranks(tmp_path):
     # A torch.distributed group of one rank cannot hold a worker of two: each elastic worker
     # runs under its own launcher, its default group being its ranks.

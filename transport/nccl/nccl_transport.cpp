@@ -195,6 +195,18 @@ struct NcclTransport::State {
     return static_cast<std::byte*>(pinned);
   }
 
+  // Runs `stage`, which stages several buffers of `op`: when one of them fails, those staged
+  // before go back for reuse (the operation never launched, so nothing writes into them).
+  template <class Staging>
+  void stage_all_locked(NcclOp& op, Staging&& staging) {
+    try {
+      staging();
+    } catch (...) {
+      release_stages_locked(op, true);
+      throw;
+    }
+  }
+
   // Returns an operation's staging: for reuse after a success, to the orphans after a failure.
   void release_stages_locked(NcclOp& op, bool reusable) noexcept {
     for (const Stage& stage : op.stages) {
@@ -542,13 +554,16 @@ bool NcclTransport::allgather_into(std::span<const std::byte> mine,
     if (state_->failure) std::rethrow_exception(state_->failure);
     // One broadcast per non-empty message, rooted at its owner; the owner's goes from `mine`
     // into its own slot (a device copy NCCL makes).
-    std::byte* mine_device = state_->device_view_locked(
-        *op, {const_cast<std::byte*>(mine.data()), mine.size()}, true, false);
+    std::byte* mine_device = nullptr;
     std::vector<std::pair<std::byte*, std::size_t>> slots;
-    for (const std::span<std::byte> slot : out) {
-      slots.emplace_back(state_->device_view_locked(*op, slot, false, true), slot.size());
-      op->bytes_received += slot.size();
-    }
+    state_->stage_all_locked(*op, [&] {
+      mine_device = state_->device_view_locked(
+          *op, {const_cast<std::byte*>(mine.data()), mine.size()}, true, false);
+      for (const std::span<std::byte> slot : out) {
+        slots.emplace_back(state_->device_view_locked(*op, slot, false, true), slot.size());
+        op->bytes_received += slot.size();
+      }
+    });
     op->collective = [slots, mine_device, rank = state_->rank](ncclComm_t comm,
                                                                cudaStream_t stream) {
       for (std::size_t root = 0; root < slots.size(); ++root) {
@@ -579,10 +594,14 @@ bool NcclTransport::allreduce_sum(std::span<const float> input, std::span<float>
   {
     const std::lock_guard lock(state_->mutex);
     if (state_->failure) std::rethrow_exception(state_->failure);
-    const std::byte* in = state_->device_view_locked(
-        *op, {const_cast<std::byte*>(std::as_bytes(input).data()), input.size_bytes()}, true,
-        false);
-    std::byte* out = state_->device_view_locked(*op, std::as_writable_bytes(output), false, true);
+    const std::byte* in = nullptr;
+    std::byte* out = nullptr;
+    state_->stage_all_locked(*op, [&] {
+      in = state_->device_view_locked(
+          *op, {const_cast<std::byte*>(std::as_bytes(input).data()), input.size_bytes()}, true,
+          false);
+      out = state_->device_view_locked(*op, std::as_writable_bytes(output), false, true);
+    });
     op->collective = [in, out, count = input.size()](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, stream);
     };
