@@ -456,7 +456,9 @@ int run_worker(const Settings& settings) {
 
   int first_window = 0;
   if (!settings.resume_dir.empty()) {
-    const LoadedCheckpoint loaded = sync.load_checkpoint(settings.resume_dir);
+    const std::string optimizer_file = "optimizer.pt";
+    const LoadedCheckpoint loaded =
+        sync.load_checkpoint(settings.resume_dir, std::span(&optimizer_file, 1));
     libtorch::load_optimizer(trainer.optimizer(), loaded);
     // Where the data continues: one past the window in flight with overlapped windows.
     first_window = static_cast<int>(loaded.next_window);

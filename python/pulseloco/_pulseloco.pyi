@@ -1,5 +1,7 @@
 """The C++ core of pulseloco (import pulseloco instead)."""
 
+from collections.abc import Sequence
+
 import numpy
 from numpy.typing import NDArray
 
@@ -307,9 +309,9 @@ class _Synchronizer:
     def save_checkpoint(self, root: str, keep: int, files: dict) -> str:
         """Writes a checkpoint under root (collective); returns its directory."""
 
-    def load_checkpoint(self, path: str) -> tuple:
+    def load_checkpoint(self, path: str, required: Sequence[str]) -> tuple:
         """
-        Loads a checkpoint (collective); returns (directory, window, next_window, next_step, files).
+        Loads a checkpoint (collective) holding this rank's files `required`; returns (directory, window, next_window, next_step, files).
         """
 
     def save_global_weights(self, file: str) -> None:

@@ -409,13 +409,11 @@ class Synchronizer:
         if self._worker is not None:
             path = os.path.join(path, self._share_directory())
         self._follow_current_stream()
+        # With optimizer=, a checkpoint saved without it is refused before anything changes.
+        required = [OPTIMIZER_FILE] if optimizer is not None else []
         directory, window, next_window, next_step, own = self._worker_call(
-            lambda: self._engine.load_checkpoint(path))
+            lambda: self._engine.load_checkpoint(path, required))
         if optimizer is not None:
-            if OPTIMIZER_FILE not in own:
-                raise InvalidArgument(
-                    f"checkpoint {directory} holds no {OPTIMIZER_FILE} for this rank "
-                    "(saved without optimizer=)")
             import torch
 
             optimizer.load_state_dict(torch.load(io.BytesIO(own[OPTIMIZER_FILE])))

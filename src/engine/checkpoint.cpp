@@ -370,7 +370,8 @@ void save_global_weights(const ReplicatedState& state, const EngineOptions& opti
 
 LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& options,
                                  const AttachedGroup& group, ThreadPool& pool,
-                                 const std::filesystem::path& path) {
+                                 const std::filesystem::path& path,
+                                 std::span<const std::string> required_files) {
   const int rank = group.rank();
   const int world = group.world();
   const bool pulse = options.mode == Mode::pulse;
@@ -417,6 +418,13 @@ LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& op
         }
         loaded.files.push_back(
             {record.name.substr(own_prefix.size()), read_verified_file(loaded.dir, record)});
+      }
+    }
+    for (const std::string& name : required_files) {
+      if (std::none_of(loaded.files.begin(), loaded.files.end(),
+                       [&](const CheckpointFile& file) { return file.name == name; })) {
+        throw InvalidArgument(
+            fmt::format("{} holds no file '{}' of rank {}", loaded.dir.string(), name, rank));
       }
     }
 

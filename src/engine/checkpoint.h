@@ -7,6 +7,8 @@
 #pragma once
 
 #include <filesystem>
+#include <span>
+#include <string>
 
 #include <pulseloco/base/thread_pool.h>
 #include <pulseloco/engine/attached_group.h>
@@ -26,11 +28,12 @@ std::filesystem::path save_checkpoint(const ReplicatedState& state, const Engine
                                       const CheckpointSave& save = {});
 
 // Collective (Engine::load_checkpoint). Verifies the files against the manifest and validates
-// every file completely (metadata, tensor table, data digests), and all ranks agree, before any
-// state changes; then θ_l is reset to cast(θ_g).
+// every file completely (metadata, tensor table, data digests, the own files `required_files`
+// names), and all ranks agree, before any state changes; then θ_l is reset to cast(θ_g).
 LoadedCheckpoint load_checkpoint(ReplicatedState& state, const EngineOptions& options,
                                  const AttachedGroup& group, ThreadPool& pool,
-                                 const std::filesystem::path& path);
+                                 const std::filesystem::path& path,
+                                 std::span<const std::string> required_files = {});
 
 // θ_g in one file (not collective); the metadata holds only the window and the digest, so
 // bit-identical replicas write byte-identical files.

@@ -340,12 +340,13 @@ std::optional<std::filesystem::path> newest_checkpoint(const std::filesystem::pa
   return engine_detail::newest_committed_checkpoint(root);
 }
 
-LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path) {
+LoadedCheckpoint Engine::load_checkpoint(const std::filesystem::path& path,
+                                         std::span<const std::string> required_files) {
   const engine_detail::StateAccess access(impl_->state);
   impl_->wait_in_flight();
   const engine_detail::AttachedGroup group = impl_->attached_group();
-  LoadedCheckpoint loaded =
-      engine_detail::load_checkpoint(impl_->state, impl_->options, group, impl_->pool, path);
+  LoadedCheckpoint loaded = engine_detail::load_checkpoint(impl_->state, impl_->options, group,
+                                                           impl_->pool, path, required_files);
   impl_->checkpoint_roots.push_back(root_identity(loaded.dir.parent_path()));
   impl_->steps_in_window = 0;
   impl_->publishing.state_loaded();

@@ -160,8 +160,11 @@ class Engine final : public WindowRunner {
   // file this rank reads against the manifest and validates everything, and all ranks agree, before
   // changing any state; a damaged file is an error on every rank naming it. θ_l is reset to
   // cast(θ_g). Returns the directory, its window, where the data loop continues (next_window,
-  // next_step) and this rank's own files.
-  LoadedCheckpoint load_checkpoint(const std::filesystem::path& path);
+  // next_step) and this rank's own files. `required_files`: own files this rank needs (its
+  // optimizer's state): a checkpoint without one of them is refused like a damaged one, on
+  // every rank, naming the file and the ranks that lack it, before any state changes.
+  LoadedCheckpoint load_checkpoint(const std::filesystem::path& path,
+                                   std::span<const std::string> required_files = {});
 
   // Writes this rank's θ_g to one safetensors file (not collective). Replicas that are
   // bit-identical write byte-identical files: the metadata holds only the window and digest.

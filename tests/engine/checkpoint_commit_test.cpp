@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -402,6 +403,34 @@ TEST(CheckpointCommit, ACheckpointOfAnotherWorldSizeIsRefusedNamingBoth) {
   }
   EXPECT_EQ(single.state_digest(), before);
   EXPECT_EQ(single.committed_windows(), 0u);
+  fs::remove_all(root);
+}
+
+TEST(CheckpointCommit, ARequiredOwnFileMissingOnOneRankIsRefusedOnEveryRankAndNothingChanges) {
+  const fs::path root = testing::fresh_dir("commit_required_file");
+  TrainingRun run(testing::options_for_test(), 98);
+  run.window(0);
+  // Rank 1 saves its optimizer's state, rank 0 does not.
+  const fs::path saved = run.save(root, [&](int r) {
+    return r == 1 ? CheckpointSave{.files = {optimizer_file(r, 1)}} : CheckpointSave{};
+  });
+  run.window(1);
+  const std::vector<Digest> at_window_2 = run.digests();
+  const std::string optimizer = "optimizer.pt";
+  const auto errors = testing::run_ranks(kWorld, [&](int r) {
+    (void)run.engines[static_cast<std::size_t>(r)]->load_checkpoint(root, std::span(&optimizer, 1));
+  });
+  expect_error_everywhere(errors, ErrorKind::invalid_argument,
+                          {fmt::format("{} holds no file 'optimizer.pt' of rank 0", saved.string()),
+                           "nothing changed"});
+  EXPECT_EQ(run.digests(), at_window_2);
+  for (const auto& engine : run.engines)
+    EXPECT_EQ(engine->committed_windows(), 2u);
+  // Without the requirement it loads, rank 1 with its file.
+  const std::vector<LoadedCheckpoint> loaded = load_all(run, root);
+  EXPECT_TRUE(loaded[0].files.empty());
+  ASSERT_EQ(loaded[1].files.size(), 1u);
+  EXPECT_EQ(loaded[1].files[0].bytes, optimizer_file(1, 1).bytes);
   fs::remove_all(root);
 }
 

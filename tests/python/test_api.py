@@ -423,6 +423,25 @@ def test_a_file_named_like_the_optimizers_is_refused_with_optimizer(tmp_path):
     assert not list(tmp_path.glob("window-*"))
 
 
+def test_loading_with_optimizer_a_checkpoint_saved_without_it_changes_nothing(tmp_path):
+    model = linear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pulseloco.Synchronizer(model.named_parameters(), inner_steps=1) as sync:
+        saved = sync.save_checkpoint(tmp_path)  # without optimizer=
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.25)
+        sync.after_optimizer_step()
+        weights = [parameter.detach().clone() for parameter in model.parameters()]
+        committed = sync.committed_windows
+        with pytest.raises(pulseloco.InvalidArgument) as caught:
+            sync.load_checkpoint(tmp_path, optimizer=optimizer)
+        assert f"{saved} holds no file 'optimizer.pt' of rank 0" in str(caught.value)
+        assert sync.committed_windows == committed == 1
+        for parameter, before in zip(model.parameters(), weights):
+            assert torch.equal(parameter.detach(), before)
+
+
 def test_save_global_weights_writes_the_global_weights_as_safetensors(tmp_path):
     safetensors = pytest.importorskip("safetensors")
     model = linear()

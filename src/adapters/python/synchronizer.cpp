@@ -140,11 +140,12 @@ class Synchronizer {
       if (given.contains("exchange_bucket")) {
         const nb::object address = given["exchange_bucket"];
         if (!PyUnicode_Check(address.ptr()) || nb::cast<std::string>(address).empty()) {
-          throw InvalidArgument("group option 'exchange_bucket': expected an s3://bucket/prefix "
-                                "address, got " +
-                                (PyUnicode_Check(address.ptr())
-                                     ? std::string("an empty str")
-                                     : "a " + std::string(nb::inst_name(address).c_str())));
+          throw InvalidArgument(
+              "group option 'exchange_bucket': expected an s3://bucket/prefix "
+              "address, got " +
+              (PyUnicode_Check(address.ptr())
+                   ? std::string("an empty str")
+                   : "a " + std::string(nb::inst_name(address).c_str())));
         }
         exchange_bucket = nb::cast<std::string>(address);
         nb::dict rest;
@@ -251,8 +252,8 @@ class Synchronizer {
     return collective([&] { return engine().save_checkpoint(root, save).string(); });
   }
 
-  nb::tuple load_checkpoint(const std::string& path) {
-    LoadedCheckpoint loaded = collective([&] { return engine().load_checkpoint(path); });
+  nb::tuple load_checkpoint(const std::string& path, const std::vector<std::string>& required) {
+    LoadedCheckpoint loaded = collective([&] { return engine().load_checkpoint(path, required); });
     nb::dict files;
     for (const CheckpointFile& file : loaded.files) {
       files[file.name.c_str()] = nb::bytes(file.bytes.data(), file.bytes.size());
@@ -362,9 +363,9 @@ void bind_synchronizer(nb::module_& module) {
            "ddp: replaces every gradient by its average over the ranks (collective).")
       .def("save_checkpoint", &S::save_checkpoint, nb::arg("root"), nb::arg("keep"),
            nb::arg("files"), "Writes a checkpoint under root (collective); returns its directory.")
-      .def("load_checkpoint", &S::load_checkpoint, nb::arg("path"),
-           "Loads a checkpoint (collective); returns (directory, window, next_window, "
-           "next_step, files).")
+      .def("load_checkpoint", &S::load_checkpoint, nb::arg("path"), nb::arg("required"),
+           "Loads a checkpoint (collective) holding this rank's files `required`; returns "
+           "(directory, window, next_window, next_step, files).")
       .def(
           "save_global_weights",
           [](S& s, const std::string& file) { s.engine().save_global_weights(file); },

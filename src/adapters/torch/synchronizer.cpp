@@ -208,10 +208,11 @@ std::filesystem::path Synchronizer::save_checkpoint(const std::filesystem::path&
   return engine().save_checkpoint(root, save);
 }
 
-LoadedCheckpoint Synchronizer::load_checkpoint(const std::filesystem::path& path) {
+LoadedCheckpoint Synchronizer::load_checkpoint(const std::filesystem::path& path,
+                                               std::span<const std::string> required_files) {
   stage_to_host();
   order_with_current_stream();
-  LoadedCheckpoint loaded = engine().load_checkpoint(path);
+  LoadedCheckpoint loaded = engine().load_checkpoint(path, required_files);
   stage_from_host();
   return loaded;
 }

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -71,10 +72,11 @@ class Synchronizer {
   // Engine::save_checkpoint and load_checkpoint (collective; docs/operations.md,
   // "Checkpoints"): a new directory under `root` that commits as a whole, with this rank's own
   // files (optimizer_file() below) listed in its manifest with their checksums; loading verifies
-  // them and returns them.
+  // them and returns them (those `required_files` names must be there: load_optimizer's).
   std::filesystem::path save_checkpoint(const std::filesystem::path& root,
                                         const CheckpointSave& save = {});
-  LoadedCheckpoint load_checkpoint(const std::filesystem::path& path);
+  LoadedCheckpoint load_checkpoint(const std::filesystem::path& path,
+                                   std::span<const std::string> required_files = {});
 
   [[nodiscard]] Engine& engine() noexcept { return runner_->engine(); }
   // The elastic driver, when constructed for an elastic run (else null).
