@@ -223,28 +223,42 @@ def test_a_rank_that_cannot_start_its_worker_is_named_to_every_rank():
             assert error["message"].startswith("rank 3 cannot start its worker: "), error
 
 
+@pytest.fixture
+def torch_group_of_one(tmp_path):
+    """torch.distributed over this process alone (gloo): a worker's own checks refuse before any
+    group or coordinator is contacted."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def expect_refusal(construct, says):
+    import pulseloco
+
+    with pytest.raises(pulseloco.InvalidArgument) as refused:
+        construct()
+    assert says in str(refused.value), refused.value
+
+
+def linear_parameters():
+    import torch
+
+    return torch.nn.Linear(4, 2).named_parameters()
+
+
 @pytest.mark.parametrize("option, named", [
     ({"mode": "ddp"}, "mode 'ddp'"),
     ({"overlap": "delayed"}, "overlap"),
     ({"publish_dir": "versions"}, "publish_dir"),
 ])
-def test_a_worker_refuses_what_it_does_not_support(tmp_path, option, named):
-    # One process, a torch.distributed group of one: the refusal comes from the worker's own
-    # check, before any group or coordinator is contacted.
-    import torch
-    import torch.distributed as dist
-
+def test_a_worker_refuses_what_it_does_not_support(torch_group_of_one, option, named):
     import pulseloco
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
-                            world_size=1)
-    try:
-        model = torch.nn.Linear(4, 2)
-        with pytest.raises(pulseloco.InvalidArgument) as refused:
-            pulseloco.Synchronizer(model.named_parameters(), worker=1, **option)
-        assert f"does not support {named}" in str(refused.value), refused.value
-    finally:
-        dist.destroy_process_group()
+    expect_refusal(lambda: pulseloco.Synchronizer(linear_parameters(), worker=1, **option),
+                   f"does not support {named}")
 
 
 @pytest.mark.parametrize("timeout, says", [
@@ -254,71 +268,36 @@ def test_a_worker_refuses_what_it_does_not_support(tmp_path, option, named):
     (float("inf"), "option 'timeout': inf s is not a duration"),
     (0, "option 'timeout': 0.0 s is less than a millisecond"),
 ])
-def test_a_workers_timeout_is_checked_naming_the_option(tmp_path, monkeypatch, timeout, says):
+def test_a_workers_timeout_is_checked_naming_the_option(torch_group_of_one, monkeypatch, timeout,
+                                                        says):
     # A worker's own process group waits on the timeout before the engine would check it (the
     # port only lets the worker's group settings pass; nothing listens).
+    import pulseloco
+
     monkeypatch.setenv("MASTER_PORT", "29999")
-    import torch
-    import torch.distributed as dist
-
-    import pulseloco
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
-                            world_size=1)
-    try:
-        model = torch.nn.Linear(4, 2)
-        with pytest.raises(pulseloco.InvalidArgument) as refused:
-            pulseloco.Synchronizer(model.named_parameters(), worker=1, timeout=timeout)
-        assert says in str(refused.value), refused.value
-    finally:
-        dist.destroy_process_group()
+    expect_refusal(lambda: pulseloco.Synchronizer(linear_parameters(), worker=1, timeout=timeout),
+                   says)
 
 
-def test_worker_arguments_of_the_wrong_kind_are_named(tmp_path):
-    import torch
-    import torch.distributed as dist
-
-    import pulseloco
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
-                            world_size=1)
-    try:
-        for call, says in [
-                (lambda: pulseloco.worker_process_group("1"),
-                 "worker: ranks_per_worker: expected an int, got a str"),
-                (lambda: pulseloco.worker_process_group(1, timeout=-5),
-                 "worker: timeout: expected seconds above 0 or None, got -5"),
-                (lambda: pulseloco.worker_process_group(1, timeout=float("nan")),
-                 "worker: timeout: expected seconds above 0 or None, got nan"),
-                (lambda: pulseloco.Synchronizer(torch.nn.Linear(4, 2).named_parameters(),
-                                                worker=1, group="tcp"),
-                 "option 'group': expected a dict or None, got a str")]:
-            with pytest.raises(pulseloco.InvalidArgument) as refused:
-                call()
-            assert says in str(refused.value), refused.value
-    finally:
-        dist.destroy_process_group()
-
-
-def test_an_elastic_worker_needs_a_torch_group_of_its_own_ranks(tmp_path):
+@pytest.mark.parametrize("call, says", [
+    (lambda pulseloco: pulseloco.worker_process_group("1"),
+     "worker: ranks_per_worker: expected an int, got a str"),
+    (lambda pulseloco: pulseloco.worker_process_group(1, timeout=-5),
+     "worker: timeout: expected seconds above 0 or None, got -5"),
+    (lambda pulseloco: pulseloco.worker_process_group(1, timeout=float("nan")),
+     "worker: timeout: expected seconds above 0 or None, got nan"),
+    (lambda pulseloco: pulseloco.Synchronizer(linear_parameters(), worker=1, group="tcp"),
+     "option 'group': expected a dict or None, got a str"),
     # A torch.distributed group of one rank cannot hold a worker of two: each elastic worker
     # runs under its own launcher, its default group being its ranks.
-    import torch
-    import torch.distributed as dist
-
+    (lambda pulseloco: pulseloco.Synchronizer(linear_parameters(), worker=2,
+                                              elastic={"coordinator": "127.0.0.1:1"}),
+     "an elastic worker of 2 ranks runs under a torch.distributed group of its own ranks"),
+])
+def test_worker_arguments_that_cannot_work_are_named(torch_group_of_one, call, says):
     import pulseloco
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
-                            world_size=1)
-    try:
-        model = torch.nn.Linear(4, 2)
-        with pytest.raises(pulseloco.InvalidArgument) as refused:
-            pulseloco.Synchronizer(model.named_parameters(), worker=2,
-                                   elastic={"coordinator": "127.0.0.1:1"})
-        assert "an elastic worker of 2 ranks runs under a torch.distributed group of its own " \
-               "ranks" in str(refused.value), refused.value
-    finally:
-        dist.destroy_process_group()
+    expect_refusal(lambda: call(pulseloco), says)
 
 
 def spawn_elastic_worker(worker_id, coordinator, args, env, local_env=None):
