@@ -49,6 +49,7 @@ Standard library only: it runs before the extension is built.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import ipaddress
 import math
 import os
@@ -143,7 +144,20 @@ def _parse_arguments(argv: list[str]) -> argparse.Namespace:
                          f"processes")
     if not options.module and not os.path.isfile(options.target):
         parser.error(f"the script '{options.target}' does not exist")
+    if options.module and not _module_exists(options.target.split(".")[0]):
+        parser.error(f"no module named '{options.target.split('.')[0]}' (-m {options.target}) "
+                     f"on the ranks' path: the working directory and PYTHONPATH")
     return options
+
+
+def _module_exists(name: str) -> bool:
+    """Whether `python -m` in this directory finds the top-level module `name` (its sys.path:
+    the working directory, then this interpreter's, less this script's own directory), without
+    importing it."""
+    if name in sys.builtin_module_names:
+        return True
+    search = [os.getcwd(), *sys.path[1:]]
+    return importlib.machinery.PathFinder.find_spec(name, search) is not None
 
 
 def _rank_list(text: str) -> frozenset[int]:

@@ -281,6 +281,8 @@ def test_script_arguments_and_module_mode(tmp_path):
     (["--nproc-per-node", "2", "--grace-period", "nan", "x.py"],
      "--grace-period must be a finite number of seconds, at least 0, not nan"),
     (["--nproc-per-node", "2", "--grace-period", "inf", "x.py"], "not inf"),
+    (["--nproc-per-node", "2", "-m", "no_such_package.entry"],
+     "no module named 'no_such_package' (-m no_such_package.entry)"),
 ])
 def test_bad_arguments_are_named(tmp_path, arguments, complaint):
     (tmp_path / "x.py").write_text("")
