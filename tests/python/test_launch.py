@@ -281,6 +281,7 @@ def test_script_arguments_and_module_mode(tmp_path):
     (["--nproc-per-node", "2", "--grace-period", "nan", "x.py"],
      "--grace-period must be a finite number of seconds, at least 0, not nan"),
     (["--nproc-per-node", "2", "--grace-period", "inf", "x.py"], "not inf"),
+    (["--nproc-per-node", "2", "--grace-period", "-1", "x.py"], "at least 0, not -1.0"),
     (["--nproc-per-node", "2", "-m", "no_such_package.entry"],
      "no module named 'no_such_package' (-m no_such_package.entry)"),
 ])
