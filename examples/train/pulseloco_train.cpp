@@ -20,6 +20,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -384,6 +385,43 @@ void check_output_places(const Settings& settings) {
       settings.checkpoint_dir, newest->filename().string(), settings.checkpoint_dir));
 }
 
+EngineOptions engine_options(const Settings& settings) {
+  EngineOptions options;
+  options.mode = parse_mode(settings.mode);
+  options.steps_per_window = settings.steps_per_window;
+  options.outer_lr = settings.outer_lr;
+  options.outer_momentum = settings.outer_momentum;
+  options.threads = static_cast<std::uint32_t>(settings.threads);
+  options.timeout = std::chrono::milliseconds(settings.timeout_ms);
+  options.pipeline_chunk_bytes = settings.pipeline_chunk_bytes;
+  options.trace_dir = settings.trace_dir;
+  options.publish_dir = settings.publish_dir;
+  options.publish_every = settings.publish_every;
+  options.publish_continue = settings.publish_continue;
+  options.anchor_every = settings.anchor_every;
+  options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
+  options.overlap = parse_overlap(settings.overlap);
+  options.exchange = parse_exchange(settings.exchange);
+  options.codec.encoding = parse_encoding(settings.encoding);
+  options.node_aware = settings.node_aware;
+  options.state_location = parse_state_location(settings.state_location);
+  return options;
+}
+
+// The engine's options, checked before anything starts. --outer-lr and --outer-momentum are
+// floats: a value their checks accept as a double may round to 0, infinity or 1.
+void check_engine_flags(const Settings& settings) {
+  if (!std::isfinite(settings.outer_lr) || settings.outer_lr <= 0) {
+    throw InvalidArgument(
+        fmt::format("--outer-lr: {} as a float, not a finite positive number", settings.outer_lr));
+  }
+  if (settings.outer_momentum >= 1) {
+    throw InvalidArgument(
+        fmt::format("--outer-momentum: {} as a float, not below 1", settings.outer_momentum));
+  }
+  engine_options(settings).validate();
+}
+
 int run_worker(const Settings& settings) {
   auto transport = connect(settings);
   const int rank = transport->rank();
@@ -412,25 +450,7 @@ int run_worker(const Settings& settings) {
     collectives::barrier(*transport, wait);
   }
 
-  EngineOptions options;
-  options.mode = parse_mode(settings.mode);
-  options.steps_per_window = settings.steps_per_window;
-  options.outer_lr = settings.outer_lr;
-  options.outer_momentum = settings.outer_momentum;
-  options.threads = static_cast<std::uint32_t>(settings.threads);
-  options.timeout = std::chrono::milliseconds(settings.timeout_ms);
-  options.pipeline_chunk_bytes = settings.pipeline_chunk_bytes;
-  options.trace_dir = settings.trace_dir;
-  options.publish_dir = settings.publish_dir;
-  options.publish_every = settings.publish_every;
-  options.publish_continue = settings.publish_continue;
-  options.anchor_every = settings.anchor_every;
-  options.bf16_delta = kernels::parse_bf16_delta(settings.bf16_delta);
-  options.overlap = parse_overlap(settings.overlap);
-  options.exchange = parse_exchange(settings.exchange);
-  options.codec.encoding = parse_encoding(settings.encoding);
-  options.node_aware = settings.node_aware;
-  options.state_location = parse_state_location(settings.state_location);
+  const EngineOptions options = engine_options(settings);
 
   // bf16 local weights: the synchronizer sees the bf16 tensors; the model computes on their
   // values (loaded before each forward pass, rounded back after each optimizer step).
@@ -708,6 +728,7 @@ int main(int argc, char** argv) {
       // carry here (the model computes on fp32 copies).
       throw InvalidArgument("--local-dtype bf16 needs --mode pulse or diloco");
     }
+    check_engine_flags(settings);
     check_output_places(settings);
     if (settings.pretrain_only) {
       torch::set_num_threads(settings.threads);

@@ -82,7 +82,10 @@ def _real(name: str, value: Any) -> float:
     range)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise InvalidArgument(f"{name}: expected a float, got a {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise InvalidArgument(f"{name}: an int too large for a float") from None
 
 
 def _text(name: str, value: Any) -> str:

@@ -29,6 +29,7 @@ void add_coordinator_command(CLI::App& app) {
   auto regroup_timeout_ms = std::make_shared<std::int64_t>(options->regroup_timeout.count());
   command->add_option("--host", options->host, "Address to listen on")->capture_default_str();
   command->add_option("--port", options->port, "Port to listen on (0: any free port)")
+      ->check(flags::between(0, 65535))
       ->capture_default_str();
   command
       ->add_option("--initial-workers", options->initial_workers,

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include <charconv>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -57,6 +58,8 @@ template <typename Accept>
         const auto value = decimal(text);
         if (!value)
           return fmt::format("must be a decimal number without leading zeros, got {}", text);
+        // from_chars reads "inf" and "nan" too; NaN fails every rule below, infinity would not.
+        if (std::isinf(*value)) return fmt::format("must be a finite number, got {}", text);
         if (integer_out_of_range(text))
           return fmt::format("must fit a 64-bit signed integer, got {}", text);
         if (!accept(*value)) return fmt::format("must be {}, got {}", rule, text);

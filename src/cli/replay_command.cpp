@@ -20,6 +20,7 @@
 
 #include <pulseloco/base/errors.h>
 #include <pulseloco/cli/commands.h>
+#include <pulseloco/cli/flag_checks.h>
 #include <pulseloco/engine/replay.h>
 #include <pulseloco/io/input_file.h>
 
@@ -110,7 +111,8 @@ void add_replay_command(CLI::App& app) {
             return {};
           },
           "DIR"));
-  command->add_option("--window", options->window, "replay only this window (default: all)");
+  command->add_option("--window", options->window, "replay only this window (default: all)")
+      ->check(flags::at_least(0));
   command->add_flag("--json", options->json, "print one JSON record per window");
   command->callback([options] { replay(*options); });
 }

@@ -51,7 +51,9 @@ long long parse_integer(const EnvValue& env, long long min, long long max) {
   return value;
 }
 
-std::size_t parse_size(const EnvValue& env) {
+// A size in [min, max] bytes, else InvalidArgument naming the variable.
+std::size_t parse_size(const EnvValue& env, std::uint64_t min = 0,
+                       std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
   std::string_view text = env.value;
   std::size_t digits = 0;
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0)
@@ -76,6 +78,10 @@ std::size_t parse_size(const EnvValue& env) {
     throw InvalidArgument(
         fmt::format("{}='{}' is not a size (bytes, optionally with K, M or G: 64K, 4M, 1G)",
                     env.name, env.value));
+  if (value * unit < min || value * unit > max) {
+    throw InvalidArgument(fmt::format("{}='{}' is {} bytes, not in [{}, {}]", env.name, env.value,
+                                      value * unit, min, max));
+  }
   return static_cast<std::size_t>(value * unit);
 }
 
@@ -153,14 +159,13 @@ TransportOptions from_environment(TransportOptions options) {
   if (auto env = first_env({"PULSELOCO_TCP_STRIPE_THRESHOLD"}))
     options.tcp.stripe_threshold_bytes = parse_size(*env);
   if (auto env = first_env({"PULSELOCO_TCP_STRIPE_CHUNK"}))
-    options.tcp.stripe_chunk_bytes = parse_size(*env);
+    options.tcp.stripe_chunk_bytes = parse_size(*env, 4096);
   if (auto env = first_env({"PULSELOCO_TCP_NODELAY"})) options.tcp.tcp_nodelay = parse_bool(*env);
+  constexpr auto kIntMax = static_cast<std::uint64_t>(std::numeric_limits<int>::max());
   if (auto env = first_env({"PULSELOCO_TCP_SNDBUF"}))
-    options.tcp.socket_send_buffer_bytes =
-        static_cast<int>(std::min<std::size_t>(parse_size(*env), std::numeric_limits<int>::max()));
+    options.tcp.socket_send_buffer_bytes = static_cast<int>(parse_size(*env, 0, kIntMax));
   if (auto env = first_env({"PULSELOCO_TCP_RCVBUF"}))
-    options.tcp.socket_receive_buffer_bytes =
-        static_cast<int>(std::min<std::size_t>(parse_size(*env), std::numeric_limits<int>::max()));
+    options.tcp.socket_receive_buffer_bytes = static_cast<int>(parse_size(*env, 0, kIntMax));
   if (auto env = first_env({"PULSELOCO_TCP_KEEPALIVE"})) options.tcp.keepalive = parse_bool(*env);
   if (auto env = first_env({"PULSELOCO_TCP_KEEPALIVE_IDLE"}))
     options.tcp.keepalive_idle_s = static_cast<int>(parse_integer(*env, 1, 86400));
@@ -223,7 +228,8 @@ TransportOptions from_environment(TransportOptions options) {
   if (auto env = first_env({"PULSELOCO_TLS_CERT"})) options.tcp.tls_files.cert = env->value;
   if (auto env = first_env({"PULSELOCO_TLS_KEY"})) options.tcp.tls_files.key = env->value;
   if (auto env = first_env({"PULSELOCO_TLS_CA"})) options.tcp.tls_files.ca = env->value;
-  if (auto env = first_env({"PULSELOCO_MPI_PART_BYTES"})) options.mpi.part_bytes = parse_size(*env);
+  if (auto env = first_env({"PULSELOCO_MPI_PART_BYTES"}))
+    options.mpi.part_bytes = parse_size(*env, 1, std::numeric_limits<int>::max());
   if (auto env = first_env({"PULSELOCO_CUDA_DEVICE"}))
     options.nccl.cuda_device = static_cast<int>(parse_integer(*env, 0, 1023));
   if (auto env = first_env({"PULSELOCO_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"}))

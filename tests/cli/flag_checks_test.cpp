@@ -33,6 +33,9 @@ TEST(FlagChecks, AtLeastNamesTheRuleAndTheValue) {
 TEST(FlagChecks, AboveRejectsTheBoundAndNotANumber) {
   EXPECT_EQ(parse<double>("0", above(0)), "--value: must be greater than 0, got 0");
   EXPECT_EQ(parse<double>("nan", above(0)), "--value: must be greater than 0, got nan");
+  EXPECT_EQ(parse<double>("inf", above(0)), "--value: must be a finite number, got inf");
+  EXPECT_EQ(parse<double>("-infinity", at_least(-1.0)),
+            "--value: must be a finite number, got -infinity");
   EXPECT_EQ(parse<double>("3e-6", above(0)), "");
 }
 

@@ -531,6 +531,9 @@ def test_bf16(args):
          "together"),
         (["--checkpoint-every", "1"], "--checkpoint-dir and --checkpoint-every"),
         (["--local-dtype", "bf16", "--mode", "ddp"], "--local-dtype bf16 needs --mode pulse or diloco"),
+        # Accepted as doubles, these round to infinity and to 1 as the floats they are stored in.
+        (["--outer-lr", "1e39"], "--outer-lr: inf as a float, not a finite positive number"),
+        (["--outer-momentum", "0.99999999"], "--outer-momentum: 1 as a float, not below 1"),
     ]
     for flags, message in refusals:
         result = run([args.train, "--windows", "1"] + flags + common_args(args, cache),

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pulseloco/base/errors.h>
@@ -131,16 +132,21 @@ TEST(FromEnvironment, PrefixedNamesWinAndEmptyMeansUnset) {
 }
 
 TEST(FromEnvironment, BadValuesNameTheVariable) {
-  const std::map<std::string, std::string> bad = {{"PULSELOCO_TRANSPORT", "udp"},
-                                                  {"RANK", "-1"},
-                                                  {"PULSELOCO_MASTER_PORT", "70000"},
-                                                  {"PULSELOCO_TCP_CONNECTIONS", "0"},
-                                                  {"PULSELOCO_TCP_STRIPE_CHUNK", "4X"},
-                                                  {"PULSELOCO_TCP_NODELAY", "maybe"},
-                                                  {"PULSELOCO_TCP_BUSY_POLL_US", "2000000"},
-                                                  {"PULSELOCO_RENDEZVOUS", "dns"},
-                                                  {"PULSELOCO_SECRET", " \t "},
-                                                  {"PULSELOCO_SECRET_FILE", "/nonexistent/secret"}};
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"PULSELOCO_TRANSPORT", "udp"},
+      {"RANK", "-1"},
+      {"PULSELOCO_MASTER_PORT", "70000"},
+      {"PULSELOCO_TCP_CONNECTIONS", "0"},
+      {"PULSELOCO_TCP_STRIPE_CHUNK", "4X"},
+      {"PULSELOCO_TCP_STRIPE_CHUNK", "1K"},
+      {"PULSELOCO_TCP_SNDBUF", "4G"},
+      {"PULSELOCO_TCP_RCVBUF", "100G"},
+      {"PULSELOCO_MPI_PART_BYTES", "4G"},
+      {"PULSELOCO_TCP_NODELAY", "maybe"},
+      {"PULSELOCO_TCP_BUSY_POLL_US", "2000000"},
+      {"PULSELOCO_RENDEZVOUS", "dns"},
+      {"PULSELOCO_SECRET", " \t "},
+      {"PULSELOCO_SECRET_FILE", "/nonexistent/secret"}};
   for (const auto& [name, value] : bad) {
     const ScopedEnv env{{name.c_str(), value.c_str()}};
     try {

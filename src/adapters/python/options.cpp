@@ -39,7 +39,12 @@ double real(const std::string& key, nb::handle value) {
   if (!PyFloat_Check(value.ptr()) && (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr()))) {
     wrong_type(key, value, "a float");
   }
-  return PyFloat_AsDouble(value.ptr());
+  const double result = PyFloat_AsDouble(value.ptr());
+  if (result == -1.0 && PyErr_Occurred() != nullptr) {  // an int beyond a double's range
+    PyErr_Clear();
+    throw InvalidArgument(fmt::format("option '{}': an int too large for a float", key));
+  }
+  return result;
 }
 
 bool boolean(const std::string& key, nb::handle value) {
