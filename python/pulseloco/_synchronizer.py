@@ -263,7 +263,7 @@ class Synchronizer:
         timeout = _real("option 'timeout'", options.get("timeout", 60.0))
         if not math.isfinite(timeout) or timeout < 0 or timeout > 1e12:
             raise InvalidArgument(f"option 'timeout': {timeout} s is not a duration")
-        if round(timeout * 1000) < 1:
+        if timeout * 1000 < 0.5:  # what the engine rounds to 0 ms
             raise InvalidArgument(f"option 'timeout': {timeout} s is less than a millisecond")
         process_group = settings.get("process_group") or _worker.worker_process_group(
             count, timeout=2 * timeout)

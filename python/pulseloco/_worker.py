@@ -125,7 +125,7 @@ def worker_process_group(ranks_per_worker: int, timeout: Optional[float] = None)
         raise InvalidArgument(f"worker: ranks_per_worker: expected an int, got a "
                               f"{type(ranks_per_worker).__name__}")
     if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                                or not 0 < timeout < 1e12):
+                                or not 0 < timeout < 1e13):
         raise InvalidArgument(f"worker: timeout: expected seconds above 0 or None, got {timeout!r}")
     dist = _torch_distributed()
     world, rank = dist.get_world_size(), dist.get_rank()

@@ -385,18 +385,6 @@ def _run(options: argparse.Namespace) -> int:
                              f"{workers} ports after it that the workers' groups use")
     ranks = list(_rank_environment(options, port, worker_ports))
     tees: dict[int, BinaryIO] = {}
-    if options.tee is not None:
-        # Every rank's file is opened before any rank starts: a --tee that cannot be written
-        # stops the launch before it begins.
-        try:
-            os.makedirs(options.tee, exist_ok=True)
-            for rank, _ in ranks:
-                tees[rank] = open(os.path.join(options.tee, f"rank-{rank}.log"), "wb")
-        except OSError as error:
-            for tee in tees.values():
-                tee.close()
-            raise SystemExit(f"{_PREFIX}cannot write the --tee directory '{options.tee}': "
-                             f"{error}") from None
     command = [sys.executable]
     command += ["-m", options.target] if options.module else [options.target]
     command += options.arguments
@@ -413,6 +401,16 @@ def _run(options: argparse.Namespace) -> int:
     launch = _Launch(ranks=[], grace_period=options.grace_period)
     try:
         selector.register(wake_read, selectors.EVENT_READ)
+        if options.tee is not None:
+            # Every rank's file is opened before any rank starts: a --tee that cannot be
+            # written stops the launch before it begins.
+            try:
+                os.makedirs(options.tee, exist_ok=True)
+                for rank, _ in ranks:
+                    tees[rank] = open(os.path.join(options.tee, f"rank-{rank}.log"), "wb")
+            except OSError as error:
+                raise SystemExit(f"{_PREFIX}cannot write the --tee directory '{options.tee}': "
+                                 f"{error}") from None
         for local, (rank, environment) in enumerate(ranks):
             process = subprocess.Popen(command, env=environment, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
