@@ -68,6 +68,13 @@ def _path(name: str, value: Any) -> str:
         raise InvalidArgument(f"{name}: expected a path, got a {type(value).__name__}") from None
 
 
+def _check_optimizer(optimizer: Any, method: str) -> None:
+    """InvalidArgument unless `optimizer` (not None) has the torch optimizer's `method`."""
+    if optimizer is not None and not callable(getattr(optimizer, method, None)):
+        raise InvalidArgument(f"optimizer: expected a torch optimizer, got a "
+                              f"{type(optimizer).__name__}")
+
+
 def _integer(name: str, value: Any, minimum: int, maximum: int) -> int:
     """`value` as an int in [minimum, maximum], else InvalidArgument naming the argument."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
@@ -382,10 +389,8 @@ class Synchronizer:
             raise InvalidArgument(f"files: expected a dict name -> bytes, got a "
                                   f"{type(files).__name__}")
         own = dict(files or {})  # the engine checks the names and bytes
+        _check_optimizer(optimizer, "state_dict")
         if optimizer is not None:
-            if not callable(getattr(optimizer, "state_dict", None)):
-                raise InvalidArgument(f"optimizer: expected a torch optimizer, got a "
-                                      f"{type(optimizer).__name__}")
             if OPTIMIZER_FILE in own:
                 raise InvalidArgument(f"files holds '{OPTIMIZER_FILE}', the file optimizer= "
                                       "writes: rename it or pass only one of them")
@@ -406,9 +411,7 @@ class Synchronizer:
         optimizer: restored from the checkpoint's "optimizer.pt". The data loop continues at
         the returned next_step (inner steps) or next_window (windows)."""
         path = _path("path", path)
-        if optimizer is not None and not callable(getattr(optimizer, "load_state_dict", None)):
-            raise InvalidArgument(f"optimizer: expected a torch optimizer, got a "
-                                  f"{type(optimizer).__name__}")
+        _check_optimizer(optimizer, "load_state_dict")
         if self._worker is not None:
             path = os.path.join(path, self._share_directory())
         self._follow_current_stream()
