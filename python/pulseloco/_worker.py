@@ -246,16 +246,23 @@ def _local_rank_ports(layout: WorkerLayout, worker: Dict[str, Any],
                 isinstance(port, int) and not isinstance(port, bool) for port in ports):
             raise InvalidArgument(f"worker: master_ports must be a list of ints, not {ports!r}")
     if ports is None:
-        source = "group option master_port" if overrides.get("master_port") else "MASTER_PORT"
-        base = overrides.get("master_port") or os.environ.get("MASTER_PORT")
-        if not base:
+        base = overrides.get("master_port")
+        if base is not None:
+            # int() would truncate 29500.9 or read True as 1.
+            if not isinstance(base, int) or isinstance(base, bool) or not 1 <= base <= 65535:
+                raise InvalidArgument(f"worker: group option master_port {base!r} is not a "
+                                      "port number")
+            first = base
+        elif os.environ.get("MASTER_PORT"):
+            try:
+                first = int(os.environ["MASTER_PORT"])
+            except ValueError:
+                raise InvalidArgument(f"worker: MASTER_PORT {os.environ['MASTER_PORT']!r} is "
+                                      "not a port number") from None
+        else:
             raise InvalidArgument("worker: no rendezvous port for the local ranks' groups "
                                   "(set MASTER_PORT, PULSELOCO_WORKER_PORTS or "
                                   "worker={'master_ports': [...]})")
-        try:
-            first = int(base)
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"worker: {source} {base!r} is not a port number") from None
         ports = [first + 1 + i for i in range(layout.ranks_per_worker)]
     if len(ports) != layout.ranks_per_worker:
         raise InvalidArgument(f"worker: {len(ports)} rendezvous ports for "

@@ -288,6 +288,12 @@ def test_a_workers_timeout_is_checked_naming_the_option(torch_group_of_one, monk
      "worker: timeout: expected seconds above 0 or None, got nan"),
     (lambda pulseloco: pulseloco.Synchronizer(linear_parameters(), worker=1, group="tcp"),
      "option 'group': expected a dict or None, got a str"),
+    (lambda pulseloco: pulseloco.Synchronizer(linear_parameters(), worker=1,
+                                              group={"master_port": 29500.9}),
+     "worker: group option master_port 29500.9 is not a port number"),
+    (lambda pulseloco: pulseloco.Synchronizer(linear_parameters(), worker=1,
+                                              group={"master_port": True}),
+     "worker: group option master_port True is not a port number"),
     # A torch.distributed group of one rank cannot hold a worker of two: each elastic worker
     # runs under its own launcher, its default group being its ranks.
     (lambda pulseloco: pulseloco.Synchronizer(linear_parameters(), worker=2,
