@@ -609,8 +609,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--local-dtype", settings.local_dtype,
                  "dtype the model's weights are stored in: fp32, or bf16 (forward and backward "
-                 "on the bf16 weights, AdamW with fp32 moments, each update rounded to bf16; "
-                 "modes pulse and diloco)")
+                 "in fp32 on the bf16 values, AdamW with fp32 moments, each update rounded to "
+                 "bf16; modes pulse and diloco)")
       ->check(flags::one_of({"fp32", "bf16"}))
       ->capture_default_str();
   app.add_option("--bf16-delta", settings.bf16_delta,

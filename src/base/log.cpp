@@ -1,3 +1,4 @@
+#include <pulseloco/base/boolean_text.h>
 #include <pulseloco/base/log.h>
 #include <pulseloco/base/log_lines.h>
 
@@ -89,11 +90,16 @@ void tag_log_with_group_rank(int rank) {
 spdlog::level::level_enum shared_line_level(int rank) {
   static const bool all_ranks = [] {
     const char* env = std::getenv("PULSELOCO_LOG_ALL_RANKS");
-    const std::string_view value = env == nullptr ? "" : env;
+    if (env == nullptr || *env == '\0') return false;
+    const std::optional<bool> value = parse_boolean_text(env);
     // A logging variable never stops a run: a bad value is named in a warning.
-    if (value != "" && value != "0" && value != "1")
-      logger().warn("PULSELOCO_LOG_ALL_RANKS='{}' is not 0 or 1; using 0", value);
-    return value == "1";
+    if (!value) {
+      logger().warn(
+          "PULSELOCO_LOG_ALL_RANKS='{}' is not a boolean (1/0, true/false, yes/no, on/off); "
+          "using 0",
+          env);
+    }
+    return value.value_or(false);
   }();
   return rank == 0 || all_ranks ? spdlog::level::info : spdlog::level::debug;
 }

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <limits>
 
+#include <pulseloco/base/boolean_text.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/group/rendezvous.h>
 #include <pulseloco/group/test_hooks.h>
@@ -86,9 +87,7 @@ std::size_t parse_size(const EnvValue& env, std::uint64_t min = 0,
 }
 
 bool parse_bool(const EnvValue& env) {
-  const std::string value = lower(env.value);
-  if (value == "1" || value == "true" || value == "yes" || value == "on") return true;
-  if (value == "0" || value == "false" || value == "no" || value == "off") return false;
+  if (const std::optional<bool> value = parse_boolean_text(env.value)) return *value;
   throw InvalidArgument(fmt::format("{}='{}' is not a boolean (1/0, true/false, yes/no, on/off)",
                                     env.name, env.value));
 }

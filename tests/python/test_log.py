@@ -60,7 +60,8 @@ def test_four_ranks_write_one_window_line_at_the_default_level(tmp_path):
 
 
 def test_every_rank_writes_its_window_line_when_asked(tmp_path):
-    lines = window_lines(launch_one_window(tmp_path, PULSELOCO_LOG_ALL_RANKS="1"))
+    # Any of the boolean spellings of the other PULSELOCO_* variables.
+    lines = window_lines(launch_one_window(tmp_path, PULSELOCO_LOG_ALL_RANKS="true"))
     assert sorted(line[:len("[rank 0]")] for line in lines) == [
         f"[rank {r}]" for r in range(4)], lines
 
@@ -102,8 +103,9 @@ def test_an_explicit_world_size_of_one_runs_alone_silently(tmp_path):
 
 
 def test_a_bad_log_all_ranks_value_is_named_in_a_warning(tmp_path):
-    # A logging variable never stops a run; "true" is not mistaken for 1 or silently for 0.
-    stderr = run_alone(tmp_path, {"group": {"world_size": 1}}, PULSELOCO_LOG_ALL_RANKS="true")
+    # A logging variable never stops a run; a value that is no boolean is not taken silently.
+    stderr = run_alone(tmp_path, {"group": {"world_size": 1}}, PULSELOCO_LOG_ALL_RANKS="2")
     warnings = [line for line in stderr.splitlines()
-                if "PULSELOCO_LOG_ALL_RANKS='true' is not 0 or 1; using 0" in line]
+                if "PULSELOCO_LOG_ALL_RANKS='2' is not a boolean (1/0, true/false, yes/no, "
+                "on/off); using 0" in line]
     assert len(warnings) == 1, stderr
