@@ -602,10 +602,11 @@ void decode_grouped_indices(std::span<const std::byte> raw, std::uint64_t n,
   };
   // Reads one Rice code; the stream's end bounds the unary run.
   const auto rice = [&](unsigned k, std::uint64_t limit, std::size_t group) -> std::uint64_t {
+    const std::uint64_t start = position;
     std::uint64_t q = 0;
     for (;;) {
-      if (position >= total_bits)
-        fail("group " + std::to_string(group) + ": truncated", bits_at + raw.size());
+      if (position >= total_bits)  // named at the byte where the cut code begins
+        fail("group " + std::to_string(group) + ": truncated", bits_at + start / 8);
       std::uint64_t word;
       std::memcpy(&word, bytes + position / 8, sizeof word);
       word >>= position % 8;

@@ -145,10 +145,12 @@ void decode_bitpack(std::span<const std::byte> raw, std::uint64_t n, std::uint64
     }
     const std::uint8_t* block = p + pos;
     const std::uint64_t mask = (std::uint64_t{1} << width) - 1;
+    std::uint64_t all_gaps = 0;
     // The caller's zero padding lets every field be read as one unaligned 64-bit load.
     for (std::uint64_t j = 0; j < count; ++j) {
       const std::uint64_t bit = j * width;
       const std::uint64_t gap = (load64(block + bit / 8) >> (bit % 8)) & mask;
+      all_gaps |= gap;
       const std::uint64_t offset = next + gap;
       if (offset >= length) {
         index_error(entry_text(i + j) + ": offset " + std::to_string(offset) +
@@ -157,6 +159,13 @@ void decode_bitpack(std::span<const std::byte> raw, std::uint64_t n, std::uint64
       }
       out[i + j] = static_cast<std::uint32_t>(offset);
       next = offset + 1;
+    }
+    // One coding per block: its width is that of its widest gap.
+    if (std::bit_width(all_gaps) != width) {
+      index_error("block " + std::to_string(i / kBitpackBlock) + " has width " +
+                      std::to_string(width) + ", its widest gap needs " +
+                      std::to_string(std::bit_width(all_gaps)),
+                  stream_offset, compressed, pos - 1);
     }
     pos += bytes;
   }

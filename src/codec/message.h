@@ -170,8 +170,9 @@ inline constexpr std::size_t kChecksumBytes = 8;
                                                 const DecodeLimits& limits = {});
 
 // Per-thread scratch for decoding (zstd contexts, staging buffers); reuse it across frames.
-// Its memory grows to at most 16 bytes per entry of the largest frame decoded with it, plus
-// 66 KiB of symbol models once it has decoded a context frame.
+// Its memory grows to at most 23 bytes per entry of the largest frame decoded with it (15
+// without context frames; docs/wire-format.md, "Decoding memory"), plus 67 KiB of symbol models
+// once it has decoded a context frame, plus the exponent_groups scratch per chunk element.
 class DecodeScratch {
  public:
   DecodeScratch();

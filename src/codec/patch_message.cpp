@@ -190,6 +190,8 @@ void PatchMessageView::decode(std::size_t i, std::span<const std::uint16_t> held
   if (n == 0) {
     if (!streams.index.empty() || !streams.values.empty() || streams.index_raw_bytes != 0)
       fail("streams of a tensor without entries", streams.index_offset);
+    if (streams.flags != 0)
+      fail("compressed streams of a tensor without entries", streams.index_offset);
     return;
   }
   const detail::SizeRange range =

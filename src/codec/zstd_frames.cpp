@@ -5,6 +5,7 @@
 #include <new>
 #include <string>
 
+#include <pulseloco/base/byte_io.h>
 #include <pulseloco/base/errors.h>
 #include <pulseloco/codec/wire.h>
 
@@ -45,6 +46,10 @@ void check_zstd_frame(std::span<const std::byte> frame, std::uint64_t expected,
   const auto fail = [&](const std::string& reason) {
     wire::fail(std::string(what) + ": " + reason, byte_offset);
   };
+  // libzstd may also read the legacy formats (v0.5-v0.7) and skippable frames; the format allows
+  // one RFC 8878 frame only, whatever the platform's libzstd was built with.
+  if (frame.size() < 4 || load_le<std::uint32_t>(frame.data()) != ZSTD_MAGICNUMBER)
+    fail("not a zstd frame (RFC 8878 magic 28 B5 2F FD)");
   const unsigned long long declared = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (declared == ZSTD_CONTENTSIZE_ERROR) fail("not a zstd frame");
   if (declared == ZSTD_CONTENTSIZE_UNKNOWN) fail("zstd frame does not declare its content size");

@@ -625,9 +625,15 @@ TEST(CodecMalformed, OffsetsOutOfRangeOrNotAscending) {
   }
   expect_rejected(with_index(IndexCoding::bitpack, testing::bitpack_index({0, 3, 300, 301, 1000})),
                   "is not below length 1000");
-  Bytes padded = testing::bitpack_index(kOffsets);  // width 9: 45 bits, 3 padding bits
+  Bytes padded = testing::bitpack_index(kOffsets);  // width 10: 50 bits, 6 padding bits
   padded.back() |= std::byte{0x80};
   expect_rejected(with_index(IndexCoding::bitpack, padded), "non-zero padding bits");
+  // One coding per block: a width above its widest gap's (697: 10 bits) is refused.
+  Bytes wider{std::byte{11}};
+  testing::BitSink sink(wider);
+  for (const std::uint64_t gap : testing::gaps_of(kOffsets))
+    sink.put(gap, 11);
+  expect_rejected(with_index(IndexCoding::bitpack, wider), "has width 11, its widest gap needs 10");
   // Elias-Fano: equal offsets, offsets past the chunk, extra or missing high bits, padding.
   const auto ef = [](std::vector<std::uint32_t> offsets) {
     return testing::elias_fano_index(offsets, 1000);
@@ -802,29 +808,36 @@ TEST(CodecMalformed, HostileZstdStreams) {
   testing::poke<std::uint32_t>(skippable, 0, 0x184D2A50u);
   testing::poke<std::uint32_t>(skippable, 4, 5);
   expect_rejected(with_plane3(skippable), "value plane 3");
+  // An index stream of `raw_size` bytes stored as `packed` (bit 0 of zstd_streams set).
+  const auto with_packed_index = [](std::size_t raw_size, const Bytes& packed) {
+    return one_frame(pulse_frame(IndexCoding::varint, [&](Streams& s, testing::RawFrame& f) {
+      f.zstd_streams = 1;
+      // Directory: raw size of the index, then stored sizes.
+      Bytes payload;
+      testing::put_leb128(payload, raw_size);
+      testing::put_leb128(payload, packed.size());
+      for (int k = 0; k < 4; ++k)
+        testing::put_leb128(payload, s.planes[k].size());
+      testing::append(payload, packed);
+      for (int k = 0; k < 4; ++k)
+        testing::append(payload, s.planes[k]);
+      f.payload = payload;
+    }));
+  };
   // A valid zstd frame whose content is invalid: the index stream decompresses to bytes with
   // an offset past the chunk.
   const Bytes bad_index = testing::varint_index({0, 3, 300, 301, 1000});
-  expect_rejected(one_frame(pulse_frame(IndexCoding::varint,
-                                        [&](Streams& s, testing::RawFrame& f) {
-                                          f.zstd_streams = 1;
-                                          s.index = bad_index;
-                                          f.payload.clear();
-                                          // Directory: raw size of the index, then stored sizes.
-                                          Bytes payload;
-                                          testing::put_leb128(payload, bad_index.size());
-                                          const Bytes packed = zstd_frame(bad_index);
-                                          testing::put_leb128(payload, packed.size());
-                                          for (int k = 0; k < 4; ++k) {
-                                            testing::put_leb128(payload, s.planes[k].size());
-                                          }
-                                          testing::append(payload, packed);
-                                          for (int k = 0; k < 4; ++k) {
-                                            testing::append(payload, s.planes[k]);
-                                          }
-                                          f.payload = payload;
-                                        })),
+  expect_rejected(with_packed_index(bad_index.size(), zstd_frame(bad_index)),
                   "is not below length 1000");
+  // A legacy (zstd v0.7) frame holding a valid index stream (offsets 0-4: five zero gaps), which
+  // a libzstd built with legacy support would decode: not the format's RFC 8878 frame.
+  const Bytes five_zero_gaps(5, std::byte{0});
+  EXPECT_EQ(decode_everything(with_packed_index(5, zstd_frame(five_zero_gaps))).outcome,
+            Outcome::accepted);
+  Bytes legacy = testing::bytes_of({0x27, 0xB5, 0x2F, 0xFD, 0x20, 0x05, 0x40, 0x00, 0x05});
+  testing::append(legacy, five_zero_gaps);
+  testing::append(legacy, testing::bytes_of({0xC0, 0x00, 0x00}));
+  expect_rejected(with_packed_index(5, legacy), "RFC 8878 magic");
 }
 
 // A pulse frame of `n` consecutive entries (chunk and tensor of n elements), every value 1.0f,

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <span>
 #include <vector>
@@ -50,6 +51,13 @@ inline void put_leb128(Bytes& out, std::uint64_t value) {
 
 inline void append(Bytes& out, std::span<const std::byte> more) {
   out.insert(out.end(), more.begin(), more.end());
+}
+
+inline Bytes bytes_of(std::initializer_list<unsigned> values) {
+  Bytes out;
+  for (const unsigned value : values)
+    out.push_back(static_cast<std::byte>(value));
+  return out;
 }
 
 [[nodiscard]] inline std::uint64_t xxh3(std::span<const std::byte> bytes) {

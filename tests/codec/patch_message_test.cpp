@@ -140,6 +140,18 @@ TEST(PatchMessage, LyingFieldsAreRefusedAgainstTheHeldTensor) {
     reseal(bytes);
     EXPECT_THROW((void)PatchMessageView::parse(bytes), ProtocolError);
   }
+  {
+    // A tensor without entries whose (empty) streams claim to be zstd frames: one coding per
+    // record, so flags 0.
+    const Tensor empty{.name = "w", .held = std::vector<std::uint16_t>(5)};
+    std::vector<std::byte> bytes = encode({empty});
+    const PatchMessageView plain = PatchMessageView::parse(bytes);
+    EXPECT_NO_THROW(plain.decode(0, empty.held, indices, values));
+    bytes[kRecord + 17] = std::byte{1};  // flags
+    reseal(bytes);
+    const PatchMessageView flagged = PatchMessageView::parse(bytes);
+    EXPECT_THROW(flagged.decode(0, empty.held, indices, values), ProtocolError);
+  }
 }
 
 }  // namespace
