@@ -35,11 +35,7 @@ using transport::inproc::FaultInjector;
 using transport::inproc::MessageEvent;
 
 constexpr std::chrono::milliseconds kTimeout = 1000ms;
-// The latest a survivor may throw after the fault: its own wait, timeout / 2 following the
-// suspicion chain and timeout / 4 letting its notices out (docs/collectives.md), plus slack for a
-// loaded machine. It still tells a survivor that fails on this fault from one that hangs or waits
-// out deadline after deadline.
-constexpr std::chrono::milliseconds kFailsWithin = kTimeout * 7 / 4 + 5s;
+constexpr std::chrono::milliseconds kFailsWithin = pulseloco::testing::fails_within(kTimeout);
 
 // Data-phase messages (not headers or notices): the low byte of the tag is the phase, and
 // phases 3..5 carry payload (collectives/detail/packets.h).

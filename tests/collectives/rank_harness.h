@@ -1,6 +1,7 @@
 // Helpers for tests that run every rank of a group as a thread of the test process.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -15,6 +16,14 @@
 #include <pulseloco/transport/transport.h>
 
 namespace pulseloco::testing {
+
+// The latest a survivor of a fault may throw after it, in a collective of this timeout: its own
+// wait, timeout / 2 following the suspicion chain and timeout / 4 letting its notices out
+// (docs/collectives.md), plus slack for a loaded machine. It still tells a survivor that fails on
+// this fault from one that hangs or waits out deadline after deadline.
+constexpr std::chrono::milliseconds fails_within(std::chrono::milliseconds timeout) {
+  return timeout * 7 / 4 + std::chrono::seconds(5);
+}
 
 struct RankOutcome {
   std::exception_ptr error;  // what the rank's body threw, if anything

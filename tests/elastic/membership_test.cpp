@@ -32,6 +32,7 @@
 #include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/tls_context.h>
 #include "base/log_capture.h"
+#include "transport/refusing_port.h"
 #include "transport/test_pki.h"
 
 namespace pulseloco::elastic {
@@ -720,13 +721,10 @@ TEST(Membership, BadOptionsAreRejectedNamingTheField) {
 }
 
 TEST(Membership, AnUnreachableCoordinatorTimesOutNamingIt) {
-  std::uint16_t port = 0;
-  {
-    Coordinator closed(coordinator_options(1));
-    port = closed.port();
-  }
+  const pulseloco::testing::RefusingPort nobody;
+  ASSERT_TRUE(nobody.bound());
   MembershipClientOptions client;
-  client.coordinator = "127.0.0.1:" + std::to_string(port);
+  client.coordinator = "127.0.0.1:" + std::to_string(nobody.port());
   client.worker_id = "a";
   client.data_address = {"127.0.0.1", 1};
   client.connect_timeout = 200ms;

@@ -7,9 +7,10 @@ runs alone without the warning.
 """
 
 import os
-import socket
 import subprocess
 import sys
+
+from ports import free_port
 
 BOUND_SECONDS = 240
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
@@ -18,11 +19,6 @@ LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL
                       "PULSELOCO_TRANSPORT")
 ALONE_WARNING = "trains as a group of one"
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_alone(program: str, **variables: str) -> str:

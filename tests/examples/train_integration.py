@@ -61,12 +61,13 @@ import pathlib
 import selectors
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from ports import free_port
 
 FAILURES = []
 
@@ -672,11 +673,6 @@ def check_files_with_safetensors(run_dir, ranks):
                            for n in names)
                 check(same, f"trace rank {rank}: θ_g after the last window is not the final θ_g")
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_kill(args):

@@ -27,6 +27,7 @@
 #include <pulseloco/transport/tcp/job_id.h>
 #include <pulseloco/transport/tcp/link_stream.h>
 #include "transport/loopback_group.h"
+#include "transport/refusing_port.h"
 #include "transport/test_pki.h"
 
 namespace pulseloco::group {
@@ -305,6 +306,9 @@ TEST(LateRanks, AfterTheLingerTheServerNoLongerListens) {
                           /*linger=*/0ms);
   (void)failure_of([&] { server.wait(); });
   server.wait_closed();
+  // Held from here on, so that no listener of another test takes the closed port meanwhile.
+  const pulseloco::testing::RefusingPort closed(server.port());
+  if (!closed.bound()) GTEST_SKIP() << "another process took port " << server.port();
   TransportOptions options = transport::testing::loopback_options({}, 1, 2, server.port());
   options.tcp.secret = kSecret;
   options.run_id = "job-a";

@@ -314,10 +314,12 @@ FAILING_RANK_SCRIPT = """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     fifo = sys.argv[1]
     if rank == 1:
+        # One descriptor, open for reading and writing throughout: the pipe always has a reader,
+        # so a byte written between two reads is never lost with the pipe.
+        reader = os.open(fifo, os.O_RDWR)
         ready = 0
         while ready < world - 1:
-            with open(fifo) as reader:
-                ready += len(reader.read())
+            ready += len(os.read(reader, world))
         print("failing now", flush=True)
         sys.exit(int(sys.argv[2]))
     if len(sys.argv) > 3:
