@@ -209,7 +209,15 @@ NewCheckpointDir create_checkpoint_dir(const fs::path& root, std::uint64_t windo
 
 std::optional<fs::path> newest_committed_checkpoint(const fs::path& root) {
   std::error_code error;
-  if (!fs::is_directory(root, error)) return std::nullopt;
+  const fs::file_status status = fs::status(root, error);
+  if (status.type() == fs::file_type::not_found) return std::nullopt;
+  if (error) {
+    throw IoError(
+        fmt::format("cannot read checkpoint root '{}': {}", root.string(), error.message()));
+  }
+  if (!fs::is_directory(status)) {
+    throw IoError(fmt::format("checkpoint root '{}' is not a directory", root.string()));
+  }
   // Unreadable manifests order first (sequence 0): the last committed is the newest readable
   // one, or an unreadable one when no other exists.
   const std::vector<FoundDir> found = checkpoint_dirs(root);

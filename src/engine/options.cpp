@@ -1,5 +1,7 @@
 #include <pulseloco/engine/options.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -122,8 +124,9 @@ void EngineOptions::validate() const {
   if (pipeline_chunk_bytes < 4096 || pipeline_chunk_bytes > (std::uint64_t{1} << 30)) {
     throw InvalidArgument("pipeline_chunk_bytes must be in [4096, 2^30]");
   }
-  if (codec.zstd_level < 0 || codec.zstd_level > 22) {
-    throw InvalidArgument("codec level must be in [0, 22] (0 = default)");
+  if (codec.zstd_level < 0 || codec.zstd_level > codec::kMaxZstdLevel) {
+    throw InvalidArgument(
+        fmt::format("codec level must be in [0, {}] (0 = default)", codec::kMaxZstdLevel));
   }
   if (timeout.count() <= 0) throw InvalidArgument("timeout must be positive");
   if (bf16_delta != kernels::Bf16Delta::exact && bf16_delta != kernels::Bf16Delta::authors) {

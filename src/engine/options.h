@@ -142,8 +142,9 @@ struct EngineOptions {
 [[nodiscard]] EngineOptions options_from_json(
     const nlohmann::json& json);  // throws InvalidArgument
 
-// The options that must agree on every rank (everything but local paths and thread counts), as
-// canonical JSON, and its digest.
+// The options that must agree on every rank, as canonical JSON, and its digest: all but the
+// thread count, the trace directory, the timeout and the weight publishing (publish_dir,
+// publish_every, anchor_every), which each rank may set for itself.
 [[nodiscard]] nlohmann::json shared_options(const EngineOptions& options);
 [[nodiscard]] std::uint64_t shared_options_digest(const EngineOptions& options);
 

@@ -42,9 +42,17 @@ void fsync_directory(const std::filesystem::path& directory) {
   }
 }
 
-AtomicFile::AtomicFile(std::filesystem::path path)
-    : path_(std::move(path)), temporary_path_(temporary_path_for(path_)) {
-  fd_ = ::open(temporary_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+AtomicFile::AtomicFile(std::filesystem::path path) : path_(std::move(path)) {
+  // A new file, never an existing one or a link: in a directory others can write to, a link
+  // planted at the temporary name would otherwise receive the bytes. A name left by a crashed
+  // process with the same pid takes the next one.
+  constexpr int kAttempts = 64;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    temporary_path_ = temporary_path_for(path_);
+    fd_ =
+        ::open(temporary_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd_ >= 0 || errno != EEXIST) break;
+  }
   if (fd_ < 0) {
     throw IoError(
         fmt::format("cannot create '{}': {}", temporary_path_.string(), std::strerror(errno)));

@@ -2,7 +2,8 @@
 // temporary name in the final directory ("<path>.tmp.<pid>.<n>"), hashes every byte it writes
 // (xxh3-64, base/digest.h) and commit() fsyncs the file, renames it and fsyncs the directory.
 // A file that is never committed (an exception, ENOSPC) is removed: the final name keeps
-// whatever it held before.
+// whatever it held before. The temporary file is always created new (O_EXCL, O_NOFOLLOW): a
+// link someone planted at its name is never written through.
 #pragma once
 
 #include <cstdint>

@@ -506,6 +506,25 @@ TEST(CheckpointCommit, ARootWithoutACommittedCheckpointIsAClearError) {
   fs::remove_all(root);
 }
 
+// A launcher's check before a run: a root that does not exist holds nothing; one that is a file
+// is an error naming it (a save there could only fail later).
+TEST(CheckpointCommit, TheNewestCheckpointOfARootThatIsAFileIsAnIoError) {
+  const fs::path root = testing::fresh_dir("commit_root_file");
+  EXPECT_EQ(newest_checkpoint(root / "missing"), std::nullopt);
+  EXPECT_EQ(newest_checkpoint(root), std::nullopt);
+  const fs::path file = root / "a-file";
+  std::ofstream(file) << "not a directory";
+  try {
+    (void)newest_checkpoint(file);
+    ADD_FAILURE() << "a file was taken for an empty checkpoint root";
+  } catch (const IoError& error) {
+    EXPECT_NE(std::string(error.what()).find(file.string() + "' is not a directory"),
+              std::string::npos)
+        << error.what();
+  }
+  fs::remove_all(root);
+}
+
 // A small tmpfs mounted for the test (root only), unmounted when it goes out of scope.
 class SmallTmpfs {
  public:

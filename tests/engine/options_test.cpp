@@ -142,6 +142,22 @@ TEST(EngineOptions, JsonWithAnInvalidPipelineChunkIsRefused) {
   EXPECT_THROW((void)options_from_json(json), InvalidArgument);
 }
 
+// The codec's range, checked before a run starts (a level the encoder refuses would otherwise
+// fail the first window).
+TEST(EngineOptions, AZstdLevelTheCodecRefusesIsRefusedByName) {
+  for (const int level : {-1, codec::kMaxZstdLevel + 1, 22}) {
+    EngineOptions options;
+    options.codec.zstd_level = level;
+    EXPECT_NE(validation_error(options).find("codec level must be in [0, 19]"), std::string::npos)
+        << level;
+  }
+  for (const int level : {0, 1, codec::kMaxZstdLevel}) {
+    EngineOptions options;
+    options.codec.zstd_level = level;
+    EXPECT_EQ(validation_error(options), "") << level;
+  }
+}
+
 TEST(EngineOptions, PipelineChunkBytesIsSharedByEveryRankThreadsAreNot) {
   const EngineOptions base;
   EngineOptions other_chunk = base;

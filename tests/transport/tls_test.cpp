@@ -295,6 +295,26 @@ TEST(SameHostLink, IsALoopbackPeerOrOneOfThisHostsOwnAddresses) {
   EXPECT_FALSE(same("0.0.0.0", "0.0.0.0"));  // not a connected socket's
 }
 
+// Plaintext links are authenticated by the secret's HMAC handshake: with certificates and no
+// secret they would be open to anyone on the host, so that setting is refused.
+TEST(SameHostLink, PlaintextLinksNeedASecretBesideCertificates) {
+  TcpOptions options;
+  options.link_security = LinkSecurity::tls;
+  options.tls_files = {.cert = "rank.pem", .key = "rank.key", .ca = "ca.pem"};
+  EXPECT_NO_THROW(validate(options));
+  options.same_host_plaintext = true;
+  try {
+    validate(options);
+    ADD_FAILURE() << "same-host plaintext links without a secret were accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("PULSELOCO_SAME_HOST_PLAINTEXT) need a shared secret"),
+              std::string::npos)
+        << error.what();
+  }
+  options.secret = "a secret";
+  EXPECT_NO_THROW(validate(options));
+}
+
 TEST(SameHostLink, PlaintextLinksCarryTheGroupsMessages) {
   const auto peers = testing::free_peer_list(2);
   std::vector<std::unique_ptr<TcpTransport>> group(2);

@@ -79,6 +79,14 @@ void validate(const TcpOptions& options) {
     fail(fmt::format("transport options: busy_poll {} us is not in [0, 1000000]",
                      options.busy_poll.count()));
   validate_link_security(options.link_security, options.secret, options.tls_files);
+  // A plaintext link is authenticated by the secret's HMAC handshake alone; with certificates
+  // and no secret, that handshake's key would be empty and anyone on the host could join.
+  if (options.same_host_plaintext && options.secret.empty() &&
+      effective_link_security(options) == LinkSecurity::tls)
+    fail(
+        "transport options: same-host plaintext links (PULSELOCO_SAME_HOST_PLAINTEXT) need a "
+        "shared secret (PULSELOCO_SECRET or PULSELOCO_SECRET_FILE): with certificates alone they "
+        "would be unauthenticated");
 }
 
 }  // namespace pulseloco::transport

@@ -7,7 +7,7 @@
 // (psk_dhe_ke), so a recorded session stays secret even if the secret leaks later. Keyed from
 // certificates: both ends present a certificate chaining to the configured CA and verify the
 // other's (no host name check: every holder of a certificate from that CA is a member).
-// Either way: TLS 1.3 only, TLS_AES_128_GCM_SHA256 or TLS_AES_256_GCM_SHA384, no session
+// Either way: TLS 1.3 only, the one cipher suite TLS_AES_128_GCM_SHA256, no session
 // tickets, no renegotiation, no compression.
 #pragma once
 

@@ -70,8 +70,10 @@ struct TlsSession::Bio {
 };
 
 TlsSession::TlsSession(TlsContext& context)
-    : staging_(std::make_unique<std::byte[]>(kRecordBytes)),
-      incoming_(std::make_unique<std::byte[]>(kMaxReadBytes)) {
+    // Not zeroed: a connection still in its handshake (perhaps a stranger's) holds only the pages
+    // its bytes reached, not the whole buffers.
+    : staging_(std::make_unique_for_overwrite<std::byte[]>(kRecordBytes)),
+      incoming_(std::make_unique_for_overwrite<std::byte[]>(kMaxReadBytes)) {
   ssl_ = SSL_new(context.context().native_handle());
   BIO* bio = ssl_ != nullptr ? BIO_new(Bio::method()) : nullptr;
   if (bio == nullptr) {
