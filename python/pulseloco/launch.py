@@ -62,7 +62,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import BinaryIO, Optional
+from typing import Any, BinaryIO, Optional
 
 _PREFIX = "pulseloco.launch: "
 # A line longer than this is passed on in pieces rather than held in memory until its end.
@@ -391,15 +391,20 @@ def _run(options: argparse.Namespace) -> int:
 
     # Signals reach the loop below through a wakeup pipe: the handlers do nothing themselves,
     # and Python writes each signal's number into the pipe. SIGCHLD says a process has ended.
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_read, False)
-    os.set_blocking(wake_write, False)
-    previous_wakeup = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    handled = (*_FORWARDED_SIGNALS, signal.SIGCHLD)
-    previous_handlers = {signum: signal.signal(signum, lambda *_: None) for signum in handled}
+    # Everything set up here is undone in the `finally` below, also when the setup fails halfway.
+    wake_fds: tuple[int, ...] = ()
+    previous_wakeup: Optional[int] = None
+    previous_handlers: dict[int, Any] = {}
     selector = selectors.DefaultSelector()
     launch = _Launch(ranks=[], grace_period=options.grace_period)
     try:
+        wake_fds = os.pipe()
+        wake_read, wake_write = wake_fds
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        previous_wakeup = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        for signum in (*_FORWARDED_SIGNALS, signal.SIGCHLD):
+            previous_handlers[signum] = signal.signal(signum, lambda *_: None)
         selector.register(wake_read, selectors.EVENT_READ)
         if options.tee is not None:
             # Every rank's file is opened before any rank starts: a --tee that cannot be
@@ -437,11 +442,12 @@ def _run(options: argparse.Namespace) -> int:
         for rank in launch.ranks:
             for pipe in (rank.process.stdout, rank.process.stderr):
                 pipe.close()
-        signal.set_wakeup_fd(previous_wakeup)
+        if previous_wakeup is not None:
+            signal.set_wakeup_fd(previous_wakeup)
         for signum, handler in previous_handlers.items():
             signal.signal(signum, handler)
-        os.close(wake_read)
-        os.close(wake_write)
+        for fd in wake_fds:
+            os.close(fd)
 
     if launch.failure is not None:
         status = launch.failure.status
