@@ -136,16 +136,21 @@ OutgoingMessage PulseWindow::assemble_message(int rank, std::uint64_t window,
 namespace {
 
 // The window's all-gathers of messages and reduced ranges: node-aware when the group is
-// (AttachedGroup::nodes()), with the same result either way.
-std::vector<std::vector<std::byte>> gather_messages(const AttachedGroup& group,
-                                                    std::span<const std::byte> mine,
-                                                    const collectives::CollectiveOptions& options,
-                                                    const collectives::OnMessage& on_message = {}) {
+// (AttachedGroup::nodes()), with the same result either way. The messages are stored in the
+// caller's `messages` (one per rank): work that on_message started on them may outlive a failed
+// collective, and must be able to finish before the bytes go away.
+void gather_messages(const AttachedGroup& group, std::span<const std::byte> mine,
+                     const collectives::CollectiveOptions& options,
+                     std::vector<std::vector<std::byte>>& messages,
+                     const collectives::OnMessage& on_message = {}) {
+  messages.assign(static_cast<std::size_t>(group.world()), {});
   if (const collectives::NodeLayout* nodes = group.nodes()) {
-    return collectives::sparse_allgather_nodes(group.transport(), *nodes, mine, options,
-                                               on_message);
+    collectives::sparse_allgather_nodes(group.transport(), *nodes, mine,
+                                        collectives::store_in(messages), options, on_message);
+    return;
   }
-  return collectives::sparse_allgather(group.transport(), mine, options, on_message);
+  collectives::sparse_allgather_into(group.transport(), mine, collectives::store_in(messages),
+                                     options, on_message);
 }
 
 }  // namespace
@@ -238,8 +243,9 @@ ReceivedMessages PulseWindow::allgather(const AttachedGroup& group, const Outgoi
     // refused before anything is allocated for it (docs/wire-format.md, "Decoding limits").
     collectives::CollectiveOptions exchange = group.collective();
     exchange.max_message_bytes = largest_message_bytes(state_.layout());
-    received.bytes = gather_messages(
-        group, mine.bytes, exchange, [&](int sender, std::span<const std::byte> bytes) {
+    gather_messages(
+        group, mine.bytes, exchange, received.bytes,
+        [&](int sender, std::span<const std::byte> bytes) {
           if (sender != rank) group.reached(WindowPhase::exchange, mine.window);
           auto validation = std::make_shared<Validation>();
           validation->data = bytes.data();
@@ -253,8 +259,8 @@ ReceivedMessages PulseWindow::allgather(const AttachedGroup& group, const Outgoi
           });
         });
   } catch (...) {
-    // The exchange failed and nothing changed; validations still reading the collective's
-    // buffers must finish before those go away.
+    // The exchange failed and nothing changed; validations still reading the messages'
+    // buffers (in `received`) must finish before those go away.
     wait_all();
     throw;
   }
@@ -389,7 +395,7 @@ ReceivedMessages PulseWindow::reduce_by_owners(const AttachedGroup& group,
 
   // Every owner's range.
   exchange.max_message_bytes = kRangePrefixBytes + largest_message_bytes(state_.layout());
-  received.bytes = gather_messages(group, reduced, exchange);
+  gather_messages(group, reduced, exchange, received.bytes);
   try {
     if (own_error) std::rethrow_exception(own_error);
     for (int owner = 0; owner < world; ++owner) {

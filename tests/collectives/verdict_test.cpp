@@ -75,12 +75,12 @@ TEST(Weight, GarbageAndDisagreementOutweighATimeoutWhichOutweighsALoss) {
 }
 
 TEST(StrongestVerdict, IsTheMostIncriminatingCulpritNotice) {
-  const auto verdict = Heard_(0, 4)
-                           .blames(1, 3, ErrorKind::peer_lost)
-                           .blames(2, 1, ErrorKind::protocol)
-                           .blames(3, 2, ErrorKind::timeout)
-                           .evidence();
-  const auto best = strongest_verdict(verdict);
+  // Evidence views what Heard_ holds: the Heard_ must outlive it.
+  Heard_ heard(0, 4);
+  heard.blames(1, 3, ErrorKind::peer_lost)
+      .blames(2, 1, ErrorKind::protocol)
+      .blames(3, 2, ErrorKind::timeout);
+  const auto best = strongest_verdict(heard.evidence());
   ASSERT_TRUE(best);
   EXPECT_EQ(best->culprit, 1);
   EXPECT_EQ(best->kind, ErrorKind::protocol);
