@@ -220,8 +220,8 @@ class Engine final : public WindowRunner {
 
 // The newest committed checkpoint under the checkpoint root `root` (the one committed last), or
 // nothing when it holds none or does not exist; IoError when it is not a directory or cannot be
-// listed. Not
-// collective: a launcher's check before a run saves where another run's checkpoints are.
+// listed. Not collective: a launcher's check before a run saves where another run's checkpoints
+// are.
 [[nodiscard]] std::optional<std::filesystem::path> newest_checkpoint(
     const std::filesystem::path& root);
 
